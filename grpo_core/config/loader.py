@@ -1,0 +1,176 @@
+"""Reading configs: TOML (ours) or the reference's YAML layout, with
+``--set key=value`` overrides, and turning pydantic's errors into messages
+that name the key path and the fix."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig
+from grpo_core.errors import ConfigError
+
+
+def read_raw(path: str | Path) -> dict[str, Any]:
+    """Parse a .toml or .yaml/.yml file into a plain dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in {".yaml", ".yml"}:
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a table of settings at the top level")
+    return data
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``trl.num_generations=4`` -> (["trl", "num_generations"], 4).
+
+    The value is read as a TOML value when it parses as one (numbers, bools,
+    quoted strings, arrays, inline tables) and as a bare string otherwise.
+    """
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects KEY=VALUE, got '{item}'")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return [part.strip() for part in key.split(".")], value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = data
+        for key in keys[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item}: '{key}' is not a table")
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class that owns the field at ``loc``'s parent."""
+    model: Any = GRPOConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return None
+        annotation = field.annotation
+        inner = getattr(annotation, "__args__", None)
+        candidates = [annotation, *(inner or [])]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _key_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _where_else(key: str) -> str | None:
+    """A key written in the wrong table: say which table has it."""
+    for table, model in (("trl", "TrlSettings"), ("vllm", "VllmSettings"), ("plugins", "PluginSettings")):
+        cls = GRPOConfig.model_fields[table].annotation
+        if key in cls.model_fields:  # type: ignore[union-attr]
+            return table
+    if key in GRPOConfig.model_fields:
+        return "the top level"
+    return None
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: {exc.error_count()} problem(s) in the config:"]
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        path = _key_path(loc)
+        if err["type"] == "extra_forbidden":
+            key = str(loc[-1])
+            model = _model_at(loc)
+            known = list(model.model_fields) if model else []
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            home = _where_else(key)
+            if close:
+                hint = f"did you mean '{_key_path(loc[:-1] + (close[0],))}'?"
+            elif home:
+                hint = f"it belongs in {home if home == 'the top level' else '[' + home + ']'}."
+            else:
+                hint = "remove it (see `grpo config schema` for every key)."
+            lines.append(f"  - unknown key '{path}': {hint}")
+        elif err["type"] == "missing":
+            lines.append(f"  - '{path}' is required.")
+        else:
+            given = err.get("input")
+            given_s = json.dumps(given, default=str) if not isinstance(given, dict) else "a table"
+            lines.append(f"  - '{path}': {err['msg']} (got {given_s}).")
+    return "\n".join(lines)
+
+
+def apply_effective_defaults(cfg: GRPOConfig) -> GRPOConfig:
+    """Replace ``None`` ("reference default") by the value that runs."""
+    trl = cfg.trl
+    for key, value in EFFECTIVE_DEFAULTS.items():
+        if getattr(trl, key) is None:
+            setattr(trl, key, value)
+    if trl.epsilon_high is None:
+        trl.epsilon_high = trl.epsilon
+    if trl.vllm_importance_sampling_correction is None:
+        trl.vllm_importance_sampling_correction = trl.use_vllm
+    if trl.vllm_mode is None and trl.use_vllm:
+        trl.vllm_mode = "server"
+    if trl.max_prompt_length is None:
+        trl.max_prompt_length = max(1, cfg.sequence_len - trl.max_completion_length)
+    return cfg
+
+
+def validate(data: dict[str, Any], source: str = "config") -> GRPOConfig:
+    try:
+        cfg = GRPOConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+    return apply_effective_defaults(cfg)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> GRPOConfig:
+    """Read, override, validate and complete a config file."""
+    data = apply_overrides(read_raw(path), overrides or [])
+    return validate(data, str(path))
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """Render a raw config dict as TOML (``None`` values dropped; TOML has no
+    null), tables after plain keys as TOML requires."""
+    import tomli_w
+
+    def drop_none(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: drop_none(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list):
+            return [drop_none(v) for v in value if v is not None]
+        return value
+
+    return tomli_w.dumps(drop_none(data))

