@@ -242,3 +242,14 @@ def grpo_step_end(progress: TrainingProgress, metrics: dict[str, float]) -> None
 def grpo_train_end(context: RunContext, status: str) -> None:
     """Training ended: ``status`` is ``"completed"``, ``"interrupted"`` or
     ``"failed"``. Release engines and processes here."""
+
+
+@hookspec
+def grpo_register_commands(app: Any) -> None:
+    """Add sub-commands to the ``grpo`` command line (a ``typer.Typer``).
+
+    Called once when the CLI starts, on always-on plugins only. Keep the
+    module that implements it cheap to import: load engines inside the
+    command, not at import time, so ``grpo --help`` stays fast and a missing
+    optional engine never breaks unrelated commands.
+    """
