@@ -1,0 +1,73 @@
+"""What a run shows while it trains: a progress bar with the numbers that
+tell whether GRPO is learning, one JSON line per step in
+``output_dir/metrics.jsonl``, and optionally a table of sample completions."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from grpo_core.types import ScoredGroup
+
+BAR_KEYS = ("loss", "reward", "reward_std", "kl", "entropy", "step_time")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLogger:
+    def __init__(self, output_dir: Path, max_steps: int, initial_step: int, logging_steps: int) -> None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.path = output_dir / "metrics.jsonl"
+        self.logging_steps = logging_steps
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
+        self.bar = tqdm(total=max_steps, initial=initial_step, desc="grpo", unit="step", dynamic_ncols=True, file=sys.stderr)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.bar.update(1)
+        if step % self.logging_steps and step != self.bar.total:
+            return
+        record = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        self.bar.set_postfix({k: f"{metrics[k]:.4g}" for k in BAR_KEYS if k in metrics}, refresh=True)
+
+    def close(self) -> None:
+        self.bar.close()
+        self._file.close()
+
+
+def print_completions(groups: list[ScoredGroup], tokenizer: Any, reward_names: list[str], limit: int, step: int) -> None:
+    """``num_completions_to_print``: a readable table of prompt / completion / rewards."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"step {step}: sample completions", show_lines=True)
+    table.add_column("prompt", overflow="fold", max_width=40)
+    table.add_column("completion", overflow="fold", max_width=60)
+    for name in reward_names:
+        table.add_column(name, justify="right")
+    table.add_column("advantage", justify="right")
+    shown = 0
+    for scored in groups:
+        prompt = scored.group.prompt.prompt
+        prompt_text = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+        for completion, rewards, adv in zip(scored.group.completions, scored.rewards, scored.advantages):
+            if shown >= limit:
+                break
+            table.add_row(
+                prompt_text[-200:],
+                completion.text[:400],
+                *("-" if r is None else f"{r:.3g}" for r in rewards),
+                f"{adv:+.3f}",
+            )
+            shown += 1
+    Console(stderr=True).print(table)

@@ -1,0 +1,280 @@
+"""The producer side of the loop: prompts in, scored rollout batches out.
+
+The trainer only ever asks a producer for the next :class:`ScoredBatch`.
+Whether that batch was made just now (synchronous), ahead of time in a
+background thread (``async_prefetch``), or scored group by group while later
+groups were still generating (``streaming_partial_batch``) changes the
+scheduling inside this module, never the trainer.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from grpo_core.config.schema import GRPOConfig
+from grpo_core.types import Prompt, RolloutGroup, SamplingSettings, ScoredGroup, TrainingProgress
+
+
+@dataclass
+class ScoredBatch:
+    """One generation batch, scored, with the numbers to log about it."""
+
+    groups: list[ScoredGroup]
+    policy_version: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    stream_state: dict[str, Any] = field(default_factory=dict)  # prompt position after this batch
+
+
+class PromptStream:
+    """Endless epoch-wise (re)shuffled walk over the prompts, resumable."""
+
+    def __init__(self, prompts: list[Prompt], seed: int, shuffle: bool) -> None:
+        self.prompts = prompts
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+        self._order = self._make_order()
+
+    def _make_order(self) -> list[int]:
+        order = list(range(len(self.prompts)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        return order
+
+    def take(self, count: int) -> list[Prompt]:
+        out = []
+        while len(out) < count:
+            if self.position >= len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._make_order()
+            out.append(self.prompts[self._order[self.position]])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._make_order()
+
+
+def sampling_from_config(cfg: GRPOConfig, stop_token_ids: list[int]) -> SamplingSettings:
+    trl = cfg.trl
+    extra = dict(trl.generation_kwargs or {})
+    stops = list(stop_token_ids) + [int(t) for t in extra.pop("stop_token_ids", [])]
+    return SamplingSettings(
+        max_tokens=int(trl.max_completion_length),  # type: ignore[arg-type]
+        temperature=float(trl.temperature),  # type: ignore[arg-type]
+        top_p=float(trl.top_p),  # type: ignore[arg-type]
+        top_k=trl.top_k or None,
+        min_p=trl.min_p,
+        repetition_penalty=trl.repetition_penalty,
+        stop_token_ids=sorted(set(stops)),
+        guided_regex=trl.vllm_guided_decoding_regex,
+        extra=extra,
+        seed=cfg.seed,
+    )
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return 0.0, 0.0
+    t = torch.tensor(values, dtype=torch.float64)
+    return float(t.mean()), float(t.std(unbiased=False)) if len(values) > 1 else 0.0
+
+
+def batch_metrics(groups: list[ScoredGroup], reward_names: list[str], weights: list[float]) -> dict[str, float]:
+    """Reward and completion statistics of one scored batch (logged per step)."""
+    metrics: dict[str, float] = {}
+    totals: list[float] = []
+    zero_std = 0
+    for scored in groups:
+        weighted = [
+            sum(w * r for w, r in zip(weights, row) if r is not None and math.isfinite(r)) for row in scored.rewards
+        ]
+        totals.extend(weighted)
+        zero_std += int(len(set(weighted)) <= 1)
+    metrics["reward"], metrics["reward_std"] = _mean_std(totals)
+    metrics["frac_reward_zero_std"] = zero_std / max(1, len(groups))
+    for j, name in enumerate(reward_names):
+        column = [row[j] for s in groups for row in s.rewards if row[j] is not None]
+        metrics[f"rewards/{name}/mean"], metrics[f"rewards/{name}/std"] = _mean_std([float(v) for v in column])
+    lengths = [len(c.token_ids) for s in groups for c in s.group.completions]
+    metrics["completions/mean_length"] = sum(lengths) / max(1, len(lengths))
+    metrics["completions/max_length"] = float(max(lengths, default=0))
+    metrics["completions/clipped_ratio"] = sum(c.truncated for s in groups for c in s.group.completions) / max(1, len(lengths))
+    metrics["replayed_groups"] = float(sum(s.replayed for s in groups))
+    return metrics
+
+
+class RolloutProducer:
+    """Makes scored batches synchronously; the base every schedule wraps."""
+
+    def __init__(
+        self,
+        cfg: GRPOConfig,
+        hook: Any,
+        scorer: Any,
+        stream: PromptStream,
+        prompts_per_batch: int,
+        sampling: SamplingSettings,
+        policy_version: Callable[[], int],
+        concurrent_rollout: bool,
+    ) -> None:
+        self.cfg = cfg
+        self.hook = hook
+        self.scorer = scorer
+        self.stream = stream
+        self.prompts_per_batch = prompts_per_batch
+        self.sampling = sampling
+        self.policy_version = policy_version
+        self.concurrent_rollout = concurrent_rollout
+        self.num_generations = int(cfg.trl.num_generations)  # type: ignore[arg-type]
+        self._batches = 0
+
+    def _generate(self, prompts: list[Prompt], version: int, seed_offset: int) -> list[RolloutGroup]:
+        sampling = self.sampling
+        if sampling.seed is not None:  # a distinct, reproducible seed per request
+            sampling = SamplingSettings(**{**sampling.__dict__, "seed": sampling.seed * 1_000_003 + seed_offset})
+        groups = self.hook.grpo_rollout_generate(
+            prompts=prompts, num_generations=self.num_generations, sampling=sampling, policy_version=version
+        )
+        if groups is None or len(groups) != len(prompts):
+            raise RuntimeError(f"rollout returned {0 if groups is None else len(groups)} groups for {len(prompts)} prompts")
+        return groups
+
+    def _chunks(self, prompts: list[Prompt]) -> list[list[Prompt]]:
+        if not self.cfg.trl.streaming_partial_batch:
+            return [prompts]
+        size = max(1, int(self.cfg.trl.streaming_min_groups or 1))
+        return [prompts[i : i + size] for i in range(0, len(prompts), size)]
+
+    def produce(self, progress: TrainingProgress) -> ScoredBatch:
+        started = time.perf_counter()
+        prompts = self.stream.take(self.prompts_per_batch)
+        stream_state = self.stream.state_dict()
+        prompts = self.hook.grpo_replay_prompts(prompts=prompts, progress=progress) or prompts
+        version = self.policy_version()
+        chunks = self._chunks(prompts)
+        base_seed = self._batches * 1000
+        self._batches += 1
+
+        groups: list[RolloutGroup] = []
+        rewards: list[list[list[float | None]]] = []
+        gen_seconds = score_seconds = 0.0
+        if len(chunks) > 1 and self.concurrent_rollout:
+            # Streaming: every chunk is in flight at once; each is scored as
+            # soon as it lands, overlapping scoring with generation.
+            with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
+                futures = [pool.submit(self._generate, chunk, version, base_seed + i) for i, chunk in enumerate(chunks)]
+                for future in futures:
+                    chunk_groups = future.result()
+                    t0 = time.perf_counter()
+                    rewards.extend(self.scorer.score(chunk_groups, progress.step))
+                    score_seconds += time.perf_counter() - t0
+                    groups.extend(chunk_groups)
+            gen_seconds = time.perf_counter() - started - score_seconds
+        else:
+            for i, chunk in enumerate(chunks):
+                t0 = time.perf_counter()
+                chunk_groups = self._generate(chunk, version, base_seed + i)
+                t1 = time.perf_counter()
+                rewards.extend(self.scorer.score(chunk_groups, progress.step))
+                gen_seconds += t1 - t0
+                score_seconds += time.perf_counter() - t1
+                groups.extend(chunk_groups)
+
+        scored = self._advantages(groups, rewards)
+        scored = self.hook.grpo_replay_groups(groups=scored, progress=progress) or scored
+        metrics = batch_metrics(scored, self.scorer.names, self.scorer.weights)
+        metrics["time/generation"] = gen_seconds
+        metrics["time/scoring"] = score_seconds
+        return ScoredBatch(groups=scored, policy_version=version, metrics=metrics, stream_state=stream_state)
+
+    def _advantages(self, groups: list[RolloutGroup], rewards: list[list[list[float | None]]]) -> list[ScoredGroup]:
+        rows = [[math.nan if v is None else float(v) for v in row] for per_group in rewards for row in per_group]
+        tensor = torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(self.scorer.names))
+        weights = torch.tensor(self.scorer.weights, dtype=torch.float32)
+        advantages = self.hook.grpo_aggregate_advantages(
+            rewards=tensor, weights=weights, group_size=self.num_generations, scale_rewards=str(self.cfg.trl.scale_rewards)
+        )
+        flat = advantages.tolist()
+        scored, k = [], 0
+        for group, per_group in zip(groups, rewards, strict=True):
+            n = len(group.completions)
+            scored.append(ScoredGroup(group=group, rewards=per_group, advantages=flat[k : k + n]))
+            k += n
+        return scored
+
+
+class PrefetchingProducer:
+    """Runs a producer ``depth`` batches ahead in a background thread.
+
+    Generation for batch k+1 overlaps training on batch k; the batch carries
+    the policy version that generated it, so the trainer knows its staleness
+    and importance sampling can correct for it. Errors in the thread surface
+    on the next :meth:`produce` call in the trainer's thread.
+    """
+
+    _STOP = object()
+
+    def __init__(self, inner: RolloutProducer, depth: int, progress_of: Callable[[int], TrainingProgress]) -> None:
+        self.inner = inner
+        self.depth = max(1, depth)
+        self.progress_of = progress_of
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.depth)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._produced = 0
+
+    def start(self, first_batch: int) -> None:
+        self._produced = first_batch
+        self._thread = threading.Thread(target=self._run, name="grpo-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item: Any = self.inner.produce(self.progress_of(self._produced))
+            except BaseException as exc:  # handed to the trainer's thread
+                item = exc
+            self._produced += 1
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=0.2)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, BaseException):
+                return
+
+    def produce(self, progress: TrainingProgress) -> ScoredBatch:
+        if self._thread is None:
+            self.start(progress.step // max(1, int(self.inner.cfg.trl.num_iterations)))
+        while True:
+            try:
+                item = self._queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if self._thread is not None and not self._thread.is_alive():
+                    raise RuntimeError("the prefetch thread stopped without producing a batch")
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)

@@ -1,0 +1,40 @@
+"""Which implementation of each extension point a config asks for.
+
+``[plugins]`` names win; otherwise the reference's own options decide
+(``use_vllm`` picks the rollout, ``vllm_lora_sync`` the weight sync, and so
+on), so a config written for the reference framework runs unchanged.
+"""
+
+from __future__ import annotations
+
+from grpo_core.config.schema import GRPOConfig
+
+
+def default_rollout(cfg: GRPOConfig) -> str:
+    return "vllm" if cfg.trl.use_vllm else "transformers"
+
+
+def default_weight_sync(cfg: GRPOConfig) -> str:
+    if not cfg.trl.use_vllm:
+        return "in_process"  # the transformers rollout samples from the trained model itself
+    if cfg.adapter == "lora" and (cfg.trl.vllm_lora_sync or cfg.plugins.weight_sync is None):
+        return "lora_filesystem"
+    return "full_filesystem"
+
+
+def default_is_correction(cfg: GRPOConfig) -> str:
+    if not cfg.trl.vllm_importance_sampling_correction:
+        return "none"
+    return str(cfg.trl.vllm_importance_sampling_mode)
+
+
+def chosen_implementations(cfg: GRPOConfig) -> dict[str, str]:
+    """Extension point -> implementation name for this run."""
+    p = cfg.plugins
+    return {
+        "rollout": p.rollout or default_rollout(cfg),
+        "weight_sync": p.weight_sync or default_weight_sync(cfg),
+        "advantage_aggregation": p.advantage_aggregation or str(cfg.trl.multi_objective_aggregation),
+        "is_correction": p.is_correction or default_is_correction(cfg),
+        "replay": p.replay or "default",
+    }

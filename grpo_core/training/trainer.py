@@ -1,0 +1,317 @@
+"""The consumer side of the loop: scored batches in, optimizer steps out.
+
+Per optimizer step: take a scored batch from the producer (a fresh one every
+``num_iterations`` steps), split it into micro-batches of similar length,
+compute log-probs (chunked over the LM head), the importance-sampling
+correction and the PPO-clip loss, accumulate gradients, step, and every
+``vllm_sync_interval`` steps push the weights to the inference engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo_core.config.schema import GRPOConfig
+from grpo_core.context import RunContext
+from grpo_core.errors import EngineUnavailable, GrpoError, RewardError, TrainingInterrupted
+from grpo_core.logprobs import token_logprobs
+from grpo_core.loss import LossSettings, policy_loss
+from grpo_core.training import checkpoint as ckpt
+from grpo_core.training.batch import MicroBatch, flatten, micro_batches
+from grpo_core.training.logging import MetricsLogger, print_completions
+from grpo_core.training.producer import ScoredBatch
+from grpo_core.types import TrainingProgress
+
+
+@dataclass
+class TrainerParts:
+    """Everything the loop needs, built by :mod:`grpo_core.training.run`."""
+
+    cfg: GRPOConfig
+    context: RunContext
+    hook: Any
+    model: torch.nn.Module
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    producer: Any
+    scorer: Any
+    stream: Any = None  # the PromptStream, restored on resume
+    reference: Any = None  # grpo_core.models reference handle when beta > 0
+    stateful: dict[str, Any] = field(default_factory=dict)  # name -> object with state_dict/load_state_dict
+
+
+class StopRequested:
+    """SIGINT/SIGTERM set a flag; the loop checkpoints at the next step edge."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequested:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. under some test runners)
+                pass
+        return self
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.signal is not None:  # second signal: stop now
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class GRPOTrainer:
+    def __init__(self, parts: TrainerParts) -> None:
+        self.p = parts
+        cfg = parts.cfg
+        self.cfg = cfg
+        self.trl = cfg.trl
+        self.loss_settings = LossSettings.from_config(cfg)
+        self.output_dir = Path(cfg.output_dir)
+        self.step = 0
+        self.policy_version = 0
+        self.last_sync_version = -1
+        self.skipped_zero_adv_batches = 0
+        self._batch: ScoredBatch | None = None
+        self._micro: list[MicroBatch] = []
+        self._num_items = 0.0
+        self._stream_state: dict[str, Any] = {}
+        self.pad_id = int(parts.tokenizer.pad_token_id)
+        self.device = next(parts.model.parameters()).device
+
+    # ---------------------------------------------------------------- state
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {
+            "policy_version": self.policy_version,
+            "skipped_zero_adv_batches": self.skipped_zero_adv_batches,
+            "stream": self._stream_state,
+            "max_steps": self.cfg.max_steps,
+        }
+
+    def save(self) -> Path:
+        extra = {name: obj.state_dict() for name, obj in self.p.stateful.items()}
+        extra["pending_batch"] = self._batch if self._batch is not None and self.step % int(self.trl.num_iterations) else None
+        return ckpt.save_checkpoint(
+            self.output_dir,
+            self.step,
+            self.p.model,
+            self.p.tokenizer,
+            self.p.optimizer,
+            self.p.scheduler,
+            self.trainer_state(),
+            extra,
+            self.cfg.save_total_limit,
+        )
+
+    def resume(self, path: Path) -> None:
+        ckpt.load_model_weights(self.p.model, path)
+        state, extra = ckpt.load_checkpoint(path, self.p.optimizer, self.p.scheduler)
+        self.step = int(state["step"])
+        self.policy_version = int(state["policy_version"])
+        self.skipped_zero_adv_batches = int(state.get("skipped_zero_adv_batches", 0))
+        self._stream_state = state.get("stream") or {}
+        if self._stream_state:
+            self.p.stream.load_state_dict(self._stream_state)
+        for name, obj in self.p.stateful.items():
+            if name in extra:
+                obj.load_state_dict(extra[name])
+        pending = extra.get("pending_batch")
+        if pending is not None:
+            self._set_batch(pending)
+
+    # ---------------------------------------------------------------- pieces
+
+    def progress(self) -> TrainingProgress:
+        return TrainingProgress(step=self.step, max_steps=self.cfg.max_steps)
+
+    def _forward(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return token_logprobs(
+            model,
+            mb.input_ids.to(self.device),
+            mb.attention_mask.to(self.device),
+            mb.num_completion_tokens,
+            temperature=float(self.trl.temperature or 1.0),
+            with_entropy=with_entropy,
+        )
+
+    def _set_batch(self, batch: ScoredBatch) -> None:
+        self._batch = batch
+        self._stream_state = batch.stream_state
+        samples = flatten(batch.groups)
+        self._micro = micro_batches(samples, self.cfg.micro_batch_size, self.pad_id, self.trl.mask_truncated_completions)
+        self._num_items = float(sum(mb.completion_mask.sum() for mb in self._micro))
+        model = self.p.model
+        if int(self.trl.num_iterations) > 1:
+            # Log-probs of the policy that the batch's updates start from: the
+            # denominator of the PPO ratio in every later iteration.
+            with torch.no_grad():
+                for mb in self._micro:
+                    mb.old_logps = self._forward(model, mb, with_entropy=False)[0].detach()
+        if float(self.trl.beta) > 0 and self.p.reference is not None:
+            with torch.no_grad(), self.p.reference.active() as ref_model:
+                for mb in self._micro:
+                    mb.ref_logps = self._forward(ref_model, mb, with_entropy=False)[0].detach()
+
+    def _is_weights(self, mb: MicroBatch, logps: torch.Tensor, metrics: dict[str, list[float]]) -> tuple[torch.Tensor | None, torch.Tensor]:
+        mask = mb.completion_mask.to(self.device)
+        if mb.sampler_logps is None:
+            return None, mask
+        trainer_at_sampling = mb.old_logps if mb.old_logps is not None else logps.detach()
+        weights, new_mask, m = self.p.hook.grpo_is_correction(
+            trainer_logps=trainer_at_sampling, sampler_logps=mb.sampler_logps.to(self.device), mask=mask
+        )
+        if self.trl.replay_recompute_logps and bool(mb.replayed.any()):
+            # Replayed rows were sampled by an old policy: their ratio is taken
+            # against freshly computed log-probs instead (no IS weight).
+            rows = mb.replayed.to(self.device)
+            weights = torch.where(rows[:, None], torch.ones_like(weights), weights)
+            new_mask = torch.where(rows[:, None], mask, new_mask)
+        for key, value in m.items():
+            metrics.setdefault(f"is/{key}", []).append(float(value))
+        return weights, new_mask
+
+    def _train_step(self) -> dict[str, float]:
+        cfg, trl = self.cfg, self.trl
+        model = self.p.model
+        model.train()
+        started = time.perf_counter()
+        fresh = self._batch is None or self.step % int(trl.num_iterations) == 0
+        if fresh:
+            self._set_batch(self.p.producer.produce(self.progress()))
+        batch = self._batch
+        assert batch is not None
+        acc: dict[str, list[float]] = {}
+        num_tokens = 0
+        trained = 0
+        ga = max(1, len(self._micro))
+        for mb in self._micro:
+            if trl.skip_zero_advantage_batches and not mb.has_signal and float(trl.beta) == 0:
+                self.skipped_zero_adv_batches += 1
+                continue
+            logps, entropy = self._forward(model, mb, with_entropy=True)
+            is_weights, mask = self._is_weights(mb, logps, acc)
+            loss, m = policy_loss(
+                self.loss_settings,
+                logps,
+                mb.advantages.to(self.device),
+                mask,
+                old_logps=mb.old_logps,
+                ref_logps=mb.ref_logps,
+                is_weights=is_weights,
+                entropy=entropy,
+                num_items_in_batch=self._num_items,
+                gradient_accumulation_steps=ga,
+            )
+            loss.backward()
+            trained += 1
+            num_tokens += int(mb.attention_mask.sum())
+            acc.setdefault("loss", []).append(float(loss.detach()) * ga)
+            for key, value in m.items():
+                acc.setdefault(key, []).append(float(value))
+        grad_norm = 0.0
+        if trained:
+            params = [p for p in model.parameters() if p.requires_grad]
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
+            grad_norm = float(norm)
+            self.p.optimizer.step()
+        lr = float(self.p.scheduler.get_last_lr()[0])
+        self.p.scheduler.step()
+        self.p.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.policy_version += int(trained > 0)
+
+        metrics = dict(batch.metrics) if fresh else {}
+        metrics.update({k: sum(v) / len(v) for k, v in acc.items()})
+        metrics.setdefault("loss", 0.0)
+        metrics.update(
+            grad_norm=grad_norm,
+            learning_rate=lr,
+            num_tokens=float(num_tokens),
+            skipped_zero_adv_batches=float(self.skipped_zero_adv_batches),
+            policy_version=float(batch.policy_version),
+            staleness=float(self.policy_version - 1 - batch.policy_version) if trained else 0.0,
+        )
+        if self.step % int(trl.vllm_sync_interval) == 0:
+            metrics.update(self.sync_weights())
+        metrics["step_time"] = time.perf_counter() - started
+        return metrics
+
+    def sync_weights(self) -> dict[str, float]:
+        if self.policy_version == self.last_sync_version:
+            return {}
+        result = self.p.hook.grpo_sync_weights(model=self.p.model, version=self.policy_version)
+        self.last_sync_version = self.policy_version
+        self.p.context.services["policy_version"] = self.policy_version
+        return {"time/weight_sync": float(result.seconds) if result is not None else 0.0}
+
+    def _update_reference(self) -> None:
+        """``sync_ref_model``: ref <- alpha * policy + (1 - alpha) * ref."""
+        ref = self.p.reference
+        if ref is None or not getattr(ref, "is_copy", False):
+            return
+        alpha = float(self.trl.ref_model_mixup_alpha)
+        with torch.no_grad():
+            for ref_param, param in zip(ref.model.parameters(), self.p.model.parameters(), strict=True):
+                ref_param.mul_(1 - alpha).add_(param.detach().to(ref_param.dtype), alpha=alpha)
+
+    # ---------------------------------------------------------------- loop
+
+    def train(self) -> str:
+        cfg, trl = self.cfg, self.trl
+        self.p.context.services["policy_version"] = self.policy_version
+        self.sync_weights()  # the engine starts from this run's weights, whatever it held before
+        logger = MetricsLogger(self.output_dir, cfg.max_steps, self.step, cfg.logging_steps)
+        status = "failed"
+        try:
+            with StopRequested() as stop:
+                while self.step < cfg.max_steps:
+                    try:
+                        metrics = self._train_step()
+                    except (EngineUnavailable, RewardError) as exc:
+                        path = self.save()
+                        raise type(exc)(f"{exc}\nTraining stopped at step {self.step}; checkpoint saved to {path}. "
+                                        f"Resume with resume_from_checkpoint = \"{path}\".") from exc
+                    if trl.sync_ref_model and self.step % trl.ref_model_sync_steps == 0:
+                        self._update_reference()
+                    self.p.hook.grpo_step_end(progress=self.progress(), metrics=metrics)
+                    logger.log(self.step, metrics)
+                    if trl.num_completions_to_print and self._batch is not None and self.step % cfg.logging_steps == 0:
+                        print_completions(self._batch.groups, self.p.tokenizer, self.p.scorer.names, int(trl.num_completions_to_print), self.step)
+                    if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
+                        self.save()
+                    if stop.signal is not None:
+                        path = self.save()
+                        status = "interrupted"
+                        raise TrainingInterrupted(
+                            f"stopped by signal {stop.signal} at step {self.step}; checkpoint saved to {path}. "
+                            f"Resume with resume_from_checkpoint = \"{path}\"."
+                        )
+            self.save()
+            status = "completed"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        except GrpoError:
+            status = "interrupted" if status == "interrupted" else "failed"
+            raise
+        finally:
+            logger.close()
+            with contextlib.suppress(Exception):
+                close = getattr(self.p.producer, "close", None)
+                if close:
+                    close()
+        return status
