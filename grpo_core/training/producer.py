@@ -142,7 +142,6 @@ class RolloutProducer:
         self.policy_version = policy_version
         self.concurrent_rollout = concurrent_rollout
         self.num_generations = int(cfg.trl.num_generations)  # type: ignore[arg-type]
-        self._batches = 0
 
     def _generate(self, prompts: list[Prompt], version: int, seed_offset: int) -> list[RolloutGroup]:
         sampling = self.sampling
@@ -168,8 +167,7 @@ class RolloutProducer:
         prompts = self.hook.grpo_replay_prompts(prompts=prompts, progress=progress) or prompts
         version = self.policy_version()
         chunks = self._chunks(prompts)
-        base_seed = self._batches * 1000
-        self._batches += 1
+        base_seed = progress.step * 1000  # from the step, not a counter: resumed runs sample alike
 
         groups: list[RolloutGroup] = []
         rewards: list[list[list[float | None]]] = []
