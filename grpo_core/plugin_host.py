@@ -37,6 +37,18 @@ def group_for(point: str) -> str:
     return GROUP_PREFIX + point
 
 
+def rescan() -> None:
+    """Forget every cached view of the installed distributions.
+
+    Needed only when packages are installed or ``sys.path`` changes inside a
+    running process (tests, notebooks): importlib, stevedore and this module
+    each cache what they found.
+    """
+    importlib.invalidate_caches()
+    _distribution_index.cache_clear()
+    ExtensionManager.ENTRY_POINT_CACHE.clear()
+
+
 @cache
 def _distribution_index() -> dict[tuple[str, str], str]:
     """(group, entry point name) -> distribution that publishes it."""
@@ -75,6 +87,58 @@ def _normalise(dist: str) -> str:
     return dist.lower().replace("_", "-")
 
 
+def _unknown_hooks(pm: pluggy.PluginManager, obj: Any) -> list[str]:
+    """Hook implementations of ``obj`` that match no hook spec."""
+    return sorted(
+        caller.name
+        for caller in pm.get_hookcallers(obj) or []
+        if caller.spec is None and any(i.plugin is obj and not i.optionalhook for i in caller.get_hookimpls())
+    )
+
+
+def contract_problem(group: str, obj: Any) -> str | None:
+    """Check a loaded entry point against the contract without building it.
+
+    Classes are registered as they are in a scratch plugin manager (pluggy
+    validates unbound methods the same way), so a wrong argument name, a
+    misspelt hook or a missing required hook shows in ``grpo plugins`` before
+    any run needs the plugin. A factory function cannot be checked until it
+    is called; ``None`` then.
+    """
+    point = group.removeprefix(GROUP_PREFIX)
+    if group == hookspecs.REWARD_GROUP:
+        return None if callable(obj) else f"not callable ({type(obj).__name__})"
+    if point not in hookspecs.NAMED_EXTENSION_POINTS and group != hookspecs.ALWAYS_ON_GROUP:
+        return None
+    if point in hookspecs.NAMED_EXTENSION_POINTS and not isinstance(obj, type):
+        return None if callable(obj) else f"not a factory: {type(obj).__name__} is not callable"
+    scratch = pluggy.PluginManager(hookspecs.PROJECT)
+    scratch.add_hookspecs(hookspecs)
+    try:
+        scratch.register(obj)
+    except pluggy.PluginValidationError as exc:
+        return f"does not match grpo's hook contract: {exc}"
+    except ValueError as exc:
+        return str(exc)
+    unknown = _unknown_hooks(scratch, obj)
+    if unknown:
+        return f"marks {unknown} with @hookimpl, but grpo has no such hook"
+    implemented = {
+        caller.name
+        for caller in scratch.get_hookcallers(obj) or []
+        if any(i.plugin is obj and not (i.wrapper or i.hookwrapper) for i in caller.get_hookimpls())
+    }
+    if group == hookspecs.ALWAYS_ON_GROUP:
+        stray = sorted(implemented & {h for hs in hookspecs.NAMED_EXTENSION_POINTS.values() for h in hs})
+        return f"always-on plugin implements extension-point hooks {stray}" if stray else None
+    missing = sorted(set(hookspecs.NAMED_EXTENSION_POINTS[point]) - implemented)
+    return f"does not implement {missing}, required by extension point '{point}'" if missing else None
+
+
+class _Skip(Exception):
+    """An always-on plugin that is skipped, never fatal."""
+
+
 class PluginHost:
     """The pluggy manager plus the entry-point loading around it."""
 
@@ -110,13 +174,27 @@ class PluginHost:
             failures[ep.name] = f"{type(err).__name__}: {err}"
 
         manager = ExtensionManager(group, invoke_on_load=False, on_load_failure_callback=on_failure)
+        loaded = {ext.name: ext.plugin for ext in manager.extensions}
         infos = []
         for ep in manager.list_entry_points():
             error = failures.get(ep.name)
+            if error is None and ep.name in loaded:
+                error = contract_problem(group, loaded[ep.name])
             if not self._allowed(group, ep.name):
                 error = f"not in the plugin allowlist ({ALLOW_ENV})"
             infos.append(EntryPointInfo(group, ep.name, ep.value, distribution_of(group, ep.name), error))
         return sorted(infos, key=lambda i: i.name)
+
+    def published(self, group: str) -> dict[str, EntryPointInfo]:
+        """Entry points of ``group`` by name, *without importing them* (cheap:
+        for config checks). ``error`` is set only for allowlist refusals."""
+        out: dict[str, EntryPointInfo] = {}
+        for ep in importlib.metadata.entry_points(group=group):
+            if ep.name in out:
+                continue
+            error = None if self._allowed(group, ep.name) else f"not in the plugin allowlist ({ALLOW_ENV})"
+            out[ep.name] = EntryPointInfo(group, ep.name, ep.value, distribution_of(group, ep.name), error)
+        return out
 
     def names(self, point: str) -> list[str]:
         return [i.name for i in self.list_group(group_for(point)) if i.error is None]
@@ -151,6 +229,13 @@ class PluginHost:
             raise PluginError(f"{description} does not match grpo's hook contract: {exc}") from exc
         except ValueError as exc:  # registered twice
             raise PluginError(f"{description}: {exc}") from exc
+        unknown = _unknown_hooks(self.pm, obj)
+        if unknown:
+            self.pm.unregister(obj)
+            raise PluginError(
+                f"{description} marks {unknown} with @hookimpl, but grpo has no such hook "
+                "(a misspelt hook name?). See grpo_core.hookspecs for the hook names."
+            )
 
     def _point_hooks(self, obj: Any) -> set[str]:
         """Extension-point hooks ``obj`` implements (wrappers excluded)."""
@@ -164,31 +249,53 @@ class PluginHost:
                         found.add(hook_name)
         return found
 
-    def load_always_on(self) -> None:
-        """Register every plugin of the ``grpo.plugins`` group (once)."""
-        if self._always_on_loaded:
-            return
-        self._always_on_loaded = True
-        group = hookspecs.ALWAYS_ON_GROUP
-        for info in self.list_group(group):
-            if info.error is not None:
-                # Broken or disallowed always-on plugins are reported, never fatal:
-                # they may have nothing to do with what the user runs.
-                import warnings
+    def load_always_on(self, strict: bool = True) -> list[str]:
+        """Register every plugin of the ``grpo.plugins`` group (once).
 
-                warnings.warn(f"skipping {self._describe(group, info.name)}: {info.error}", stacklevel=2)
-                continue
-            obj = self._load_entry_point(group, info.name)
-            obj = obj() if isinstance(obj, type) else obj
-            description = self._describe(group, info.name)
-            self._register(obj, f"{group}:{info.name}", description)
-            stray = self._point_hooks(obj)
-            if stray:
-                self.pm.unregister(obj)
-                raise PluginError(
-                    f"{description} implements extension-point hooks {sorted(stray)}; publish it under the "
-                    "group of that extension point (e.g. grpo.rollout) so the config can choose it."
-                )
+        A plugin that does not import or is not allowed is skipped with a
+        warning: it may have nothing to do with what the user runs. One that
+        imports but breaks the contract raises :class:`PluginError` when
+        ``strict`` (training), or is skipped with a warning otherwise (the CLI
+        at start-up, so one bad package never takes down unrelated commands).
+        Returns the problems found, one line each.
+        """
+        if self._always_on_loaded:
+            return []
+        self._always_on_loaded = True
+        import warnings
+
+        group = hookspecs.ALWAYS_ON_GROUP
+        problems: list[str] = []
+        for name, info in sorted(self.published(group).items()):
+            description = self._describe(group, name)
+            try:
+                if info.error is not None:
+                    raise _Skip(f"skipping {description}: {info.error}")
+                try:
+                    obj = self._load_entry_point(group, name)
+                except PluginError as exc:  # does not import: skipped, never fatal
+                    raise _Skip(f"skipping {exc}") from exc
+                try:
+                    obj = obj() if isinstance(obj, type) else obj
+                except Exception as exc:
+                    raise PluginError(f"{description} failed to start: {type(exc).__name__}: {exc}") from exc
+                self._register(obj, f"{group}:{name}", description)
+                stray = self._point_hooks(obj)
+                if stray:
+                    self.pm.unregister(obj)
+                    raise PluginError(
+                        f"{description} implements extension-point hooks {sorted(stray)}; publish it under the "
+                        "group of that extension point (e.g. grpo.rollout) so the config can choose it."
+                    )
+            except _Skip as skip:
+                problems.append(str(skip))
+                warnings.warn(str(skip), stacklevel=2)
+            except PluginError as exc:
+                if strict:
+                    raise
+                problems.append(f"skipping {exc}")
+                warnings.warn(f"skipping {exc}", stacklevel=2)
+        return problems
 
     def load_implementation(self, point: str, name: str, context: Any) -> Any:
         """Load, build and register the implementation ``name`` of ``point``."""
@@ -219,7 +326,7 @@ class PluginHost:
         """Resolve one ``reward_funcs`` entry: a ``grpo.reward`` name first,
         then any plugin's :func:`grpo_load_reward`."""
         group = hookspecs.REWARD_GROUP
-        if spec in {i.name for i in self.list_group(group)}:
+        if spec in self.published(group):  # no need to import every other reward module
             func = self._load_entry_point(group, spec)
             if not callable(func):
                 raise PluginError(f"{self._describe(group, spec)} is not callable")

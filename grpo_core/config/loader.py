@@ -113,11 +113,13 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             model = _model_at(loc)
             known = list(model.model_fields) if model else []
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            home = _where_else(key)
-            if close:
+            home = _where_else(key) if len(loc) <= 2 else None
+            if home == "the top level" and len(loc) == 2:
+                hint = f"it belongs at the top level, not in [{loc[0]}]: write '{key}'."
+            elif home and home != "the top level" and home != loc[0]:
+                hint = f"it belongs in [{home}]: write '{home}.{key}'."
+            elif close:
                 hint = f"did you mean '{_key_path(loc[:-1] + (close[0],))}'?"
-            elif home:
-                hint = f"it belongs in {home if home == 'the top level' else '[' + home + ']'}."
             else:
                 hint = "remove it (see `grpo config schema` for every key)."
             lines.append(f"  - unknown key '{path}': {hint}")
@@ -136,6 +138,8 @@ def apply_effective_defaults(cfg: GRPOConfig) -> GRPOConfig:
     for key, value in EFFECTIVE_DEFAULTS.items():
         if getattr(trl, key) is None:
             setattr(trl, key, value)
+    if isinstance(trl.scale_rewards, bool):  # the default True is not validated
+        trl.scale_rewards = {True: "group", False: "none"}[trl.scale_rewards]
     if trl.epsilon_high is None:
         trl.epsilon_high = trl.epsilon
     if trl.vllm_importance_sampling_correction is None:
@@ -143,7 +147,7 @@ def apply_effective_defaults(cfg: GRPOConfig) -> GRPOConfig:
     if trl.vllm_mode is None and trl.use_vllm:
         trl.vllm_mode = "server"
     if trl.max_prompt_length is None:
-        trl.max_prompt_length = max(1, cfg.sequence_len - trl.max_completion_length)
+        trl.max_prompt_length = cfg.sequence_len
     return cfg
 
 

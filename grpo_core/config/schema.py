@@ -87,7 +87,7 @@ class TrlSettings(_Table):
     num_generations: int | None = Field(None, ge=1, description="Completions per prompt. Default 8.")
     generation_batch_size: int | None = Field(None, ge=1, description="Completions per generation step. Default micro_batch_size x gradient_accumulation_steps x processes.")
     max_completion_length: int | None = Field(None, ge=1, description="Default 256.")
-    max_prompt_length: int | None = Field(None, ge=1, description="Prompts longer than this (in tokens) are dropped with a warning. Default: sequence_len - max_completion_length.")
+    max_prompt_length: int | None = Field(None, ge=1, description="Prompts longer than this (in tokens) are dropped with a warning. Default: sequence_len.")
     beta: float | None = Field(None, ge=0, description="KL coefficient against the reference policy. Default 0.0 (no reference model).")
     num_iterations: int | None = Field(None, ge=1, description="Updates per generated batch (mu). Default 1.")
     epsilon: float | None = Field(None, ge=0, description="Lower clip bound. Default 0.2.")

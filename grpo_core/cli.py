@@ -1,0 +1,320 @@
+"""The ``grpo`` command line.
+
+Commands: ``run`` (train), ``plugins`` (what is installed), ``config check |
+schema | convert``. Always-on plugins may add commands through
+:func:`~grpo_core.hookspecs.grpo_register_commands` (the vLLM plugin adds
+``vllm-serve``); a plugin that fails to load or to add its commands is
+reported on stderr and skipped, never fatal to the other commands.
+
+Every :class:`~grpo_core.errors.GrpoError` ends the program with its message
+on stderr and its ``exit_code``, without a traceback; Ctrl-C exits with 130.
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+
+from grpo_core import __version__
+from grpo_core.errors import ConfigError, GrpoError
+
+if TYPE_CHECKING:
+    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.plugin_host import PluginHost
+
+HELP = """GRPO training for language models, with a plugin for every step.
+
+A run is described by one config file (TOML, or the reference guide's YAML
+layout): `grpo config check CONFIG` validates it, `grpo run CONFIG` trains.
+"""
+
+SET_HELP = (
+    "Override a config key, e.g. --set trl.num_generations=4 or --set 'trl.reward_funcs=[\"a\", \"b\"]'. "
+    "VALUE is read as TOML (numbers, true/false, quoted strings, arrays, inline tables), else as a plain string. "
+    "Repeatable."
+)
+
+
+def _stderr(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+_warned: set[str] = set()
+
+
+def _warn(message: str) -> None:
+    """Print a warning once (start-up and the command may both see it)."""
+    if message not in _warned:
+        _warned.add(message)
+        _stderr(f"warning: {message}")
+
+
+def _set_option() -> Any:
+    return typer.Option(None, "--set", "-s", metavar="KEY=VALUE", help=SET_HELP, show_default=False)
+
+
+def _config_argument() -> Any:
+    return typer.Argument(..., help="Config file: .toml, or .yaml/.yml in the reference layout.", show_default=False)
+
+
+def _import_from_cwd() -> None:
+    """Reward functions and dataset transforms are named by import path
+    relative to the directory grpo runs in (``rewards.accuracy_reward``); a
+    console script does not put that directory on ``sys.path`` by itself."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def _host_for(cfg: GRPOConfig) -> PluginHost:
+    from grpo_core.plugin_host import PluginHost
+
+    return PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
+
+
+def _load_and_check(config: Path, overrides: list[str] | None) -> tuple[GRPOConfig, PluginHost, list[str]]:
+    from grpo_core.config.checks import check_config
+    from grpo_core.config.loader import load_config
+
+    _import_from_cwd()
+    cfg = load_config(config, overrides or [])
+    host = _host_for(cfg)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        host.load_always_on(strict=True)
+    notes = [str(w.message) for w in caught]
+    notes += check_config(cfg, host)
+    return cfg, host, notes
+
+
+# ---------------------------------------------------------------------- app
+
+
+def build_app() -> typer.Typer:
+    """The Typer app with the core commands and every plugin's commands."""
+    app = typer.Typer(
+        name="grpo",
+        help=HELP,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    config_app = typer.Typer(
+        help="Validate a config, print its JSON schema, or convert the reference's YAML to TOML.",
+        no_args_is_help=True,
+    )
+    app.add_typer(config_app, name="config")
+
+    def _print_version(value: bool) -> None:
+        if value:
+            typer.echo(f"grpo {__version__}")
+            raise typer.Exit(0)
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(
+            False, "--version", help="Print grpo's version and exit.", is_eager=True, callback=_print_version
+        ),
+    ) -> None:
+        """GRPO training for language models."""
+
+    @app.command("run")
+    def run_cmd(config: Path = _config_argument(), set_: Optional[list[str]] = _set_option()) -> None:
+        """Train: load and check CONFIG, then run GRPO for max_steps optimizer steps.
+
+        Checkpoints go to output_dir (every save_steps, at the end, and when
+        interrupted: Ctrl-C saves and exits with code 130).
+        """
+        cfg, host, notes = _load_and_check(config, set_)
+        for note in notes:
+            _warn(note)
+        from grpo_core.training.run import run_training  # heavy: torch, transformers
+
+        run_training(cfg, host)
+
+    @app.command("plugins")
+    def plugins_cmd(
+        as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table."),
+    ) -> None:
+        """List every installed implementation of every extension point.
+
+        Shows each implementation's name, entry point target and the
+        distribution that publishes it; one that cannot load, breaks the hook
+        contract or is not in the allowlist (GRPO_PLUGINS_ALLOW) is listed
+        with the reason instead of failing the command.
+        """
+        listing = list_plugins()
+        if as_json:
+            typer.echo(json.dumps(listing, indent=2))
+            return
+        for point, entry in listing.items():
+            typer.echo(f"{point} ({entry['group']})")
+            if not entry["implementations"]:
+                typer.echo("  (none installed)")
+            for impl in entry["implementations"]:
+                status = f"  BROKEN: {impl['error']}" if impl["error"] else ""
+                typer.echo(f"  {impl['name']:<24} {impl['distribution']:<24} {impl['target']}{status}")
+
+    @config_app.command("check")
+    def check_cmd(
+        config: Path = _config_argument(),
+        set_: Optional[list[str]] = _set_option(),
+        full: bool = typer.Option(False, "--full", help="Print the whole effective config (TOML) instead of a summary."),
+    ) -> None:
+        """Validate CONFIG and print the effective settings and any warnings.
+
+        Exit code 0 when the config can run (warnings included), 2 when it
+        cannot; the message names each offending key and the fix.
+        """
+        cfg, _host, notes = _load_and_check(config, set_)
+        if full:
+            from grpo_core.config.convert import to_toml_text
+
+            typer.echo(to_toml_text(cfg.model_dump(mode="json")), nl=False)
+        else:
+            typer.echo(summary(cfg))
+        for note in notes:
+            _warn(note)
+        typer.echo(f"{config}: OK" + (f" ({len(notes)} warning(s))" if notes else ""))
+
+    @config_app.command("schema")
+    def schema_cmd() -> None:
+        """Print the JSON schema of the config (every key, type and default)."""
+        from grpo_core.config.schema import GRPOConfig
+
+        typer.echo(json.dumps(GRPOConfig.model_json_schema(), indent=2))
+
+    @config_app.command("convert")
+    def convert_cmd(
+        config: Path = typer.Argument(..., help="A config in the reference's YAML layout.", show_default=False),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the TOML here instead of printing it."),
+    ) -> None:
+        """Convert a YAML config (the reference layout) to grpo's TOML.
+
+        Keys map one to one: `trl:` becomes [trl], `vllm:` [vllm], the
+        `datasets:` list [[datasets]]. null values are left out (TOML has no
+        null; they mean the default) and listed in a comment.
+        """
+        from grpo_core.config.convert import to_toml_text
+        from grpo_core.config.loader import read_raw, validate
+
+        if config.suffix not in {".yaml", ".yml"}:
+            raise ConfigError(f"{config}: expected a .yaml or .yml file to convert (grpo configs are TOML already).")
+        data = read_raw(config)
+        text = to_toml_text(data)
+        try:
+            validate(json.loads(json.dumps(data, default=str)), str(config))
+        except ConfigError as exc:
+            _warn(f"converted, but the config does not validate yet:\n{exc}")
+        if output is None:
+            typer.echo(text, nl=False)
+        else:
+            output.write_text(text, encoding="utf-8")
+            _stderr(f"wrote {output}")
+
+    _add_plugin_commands(app)
+    return app
+
+
+def _add_plugin_commands(app: typer.Typer) -> None:
+    """Let always-on plugins add commands; any failure only warns."""
+    from grpo_core.plugin_host import PluginHost
+
+    try:
+        host = PluginHost()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            host.load_always_on(strict=False)
+    except GrpoError as exc:  # e.g. a malformed allowlist: commands still work
+        _warn(f"plugins not loaded: {exc}")
+        return
+    for w in caught:
+        _warn(str(w.message))
+    caller = host.hook.grpo_register_commands
+    for impl in caller.get_hookimpls():
+        try:
+            impl.function(*[{"app": app}[name] for name in impl.argnames])
+        except Exception as exc:  # a plugin bug must not break `grpo --help`
+            _warn(f"plugin '{impl.plugin_name}' could not add its commands: {type(exc).__name__}: {exc}")
+
+
+# ---------------------------------------------------------------------- views
+
+
+def list_plugins() -> dict[str, dict[str, Any]]:
+    """Extension point -> its entry point group and implementations."""
+    from grpo_core import hookspecs
+    from grpo_core.plugin_host import PluginHost, group_for
+
+    host = PluginHost()
+    out: dict[str, dict[str, Any]] = {}
+    for point in (*hookspecs.EXTENSION_POINTS, "plugins"):
+        group = group_for(point)
+        impls = [
+            {"name": i.name, "target": i.target, "distribution": i.distribution, "error": i.error}
+            for i in host.list_group(group)
+        ]
+        out[point] = {"group": group, "implementations": impls}
+    return out
+
+
+def summary(cfg: GRPOConfig) -> str:
+    """The settings that decide what a run does, after defaults."""
+    from grpo_core.config.checks import implementation_names
+
+    trl = cfg.trl
+    batch = trl.generation_batch_size or cfg.micro_batch_size * cfg.gradient_accumulation_steps
+    funcs = trl.reward_funcs or []
+    weights = trl.reward_weights or [1.0] * len(funcs)
+    lines = [
+        f"model:        {cfg.base_model}" + (f" + LoRA r={cfg.lora_r} alpha={cfg.lora_alpha}" if cfg.adapter else " (full fine-tune)"),
+        "datasets:     " + (", ".join(f"{d.path}[{d.split}]" for d in cfg.datasets) or "none"),
+        f"steps:        {cfg.max_steps} x {batch} completions "
+        f"({batch // max(1, int(trl.num_generations or 1))} prompts x {trl.num_generations} generations), "
+        f"micro_batch_size {cfg.micro_batch_size}, gradient_accumulation_steps {cfg.gradient_accumulation_steps}",
+        f"optimizer:    {cfg.optimizer}, lr {cfg.learning_rate:g}, {cfg.lr_scheduler}, warmup {cfg.warmup_steps}",
+        f"generation:   max_completion_length {trl.max_completion_length}, max_prompt_length {trl.max_prompt_length}, "
+        f"temperature {trl.temperature}, top_p {trl.top_p}",
+        f"loss:         {trl.loss_type}, beta {trl.beta}, epsilon {trl.epsilon}/{trl.epsilon_high}, "
+        f"num_iterations {trl.num_iterations}, scale_rewards {trl.scale_rewards}",
+        "rewards:      " + (", ".join(f"{f} x{w:g}" for f, w in zip(funcs, weights)) or "none"),
+        f"async:        async_prefetch {trl.async_prefetch}, sync every {trl.vllm_sync_interval} step(s)",
+        "plugins:      " + ", ".join(f"{p}={n}" for p, n in implementation_names(cfg).items()),
+        f"output_dir:   {cfg.output_dir}",
+    ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point (``sys.exit(main())``): run the CLI and
+    turn user errors into a message and an exit code."""
+    try:
+        command = typer.main.get_command(build_app())
+        command.main(args=argv, prog_name="grpo", standalone_mode=True)
+    except GrpoError as exc:
+        _stderr(f"error: {exc}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _stderr("interrupted")
+        return 130
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        _stderr(str(exc.code))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

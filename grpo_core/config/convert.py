@@ -1,0 +1,88 @@
+"""YAML (the reference's layout) -> grpo's TOML, for ``grpo config convert``.
+
+The layouts map one to one: top-level keys stay top-level, ``vllm:`` and
+``trl:`` become ``[vllm]`` and ``[trl]``, the ``datasets:`` list becomes
+``[[datasets]]`` entries. Written by hand rather than with ``tomli_w.dumps``
+so tables and arrays of tables come out as sections a person would write.
+TOML has no null: ``null`` values are left out (they mean "the default") and
+listed in a comment so nothing disappears silently.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import tomli_w
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _key(key: Any) -> str:
+    key = str(key)
+    return key if _BARE_KEY.match(key) else tomli_w.dumps({"k": key}).split("=", 1)[1].strip()
+
+
+def _value(value: Any) -> str:
+    """One TOML value, inline (arrays of scalars, inline tables, ...)."""
+    if isinstance(value, dict) and not value:
+        return "{}"  # tomli_w would open a [table] for it
+    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
+
+
+def _is_table_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def _drop_none(value: Any, path: str, dropped: list[str]) -> Any:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if v is None:
+                dropped.append(sub)
+            else:
+                out[k] = _drop_none(v, sub, dropped)
+        return out
+    if isinstance(value, list):
+        kept = []
+        for i, v in enumerate(value):
+            if v is None:
+                dropped.append(f"{path}[{i}]")
+            else:
+                kept.append(_drop_none(v, f"{path}[{i}]", dropped))
+        return kept
+    return value
+
+
+def _render_table(data: dict[str, Any], prefix: list[str], out: list[str]) -> None:
+    tables, arrays = [], []
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            tables.append((key, value))
+        elif _is_table_list(value):
+            arrays.append((key, value))
+        else:
+            out.append(f"{_key(key)} = {_value(value)}")
+    for key, value in tables:
+        path = [*prefix, _key(key)]
+        out.append("")
+        out.append(f"[{'.'.join(path)}]")
+        _render_table(value, path, out)
+    for key, items in arrays:
+        path = [*prefix, _key(key)]
+        for item in items:
+            out.append("")
+            out.append(f"[[{'.'.join(path)}]]")
+            _render_table(item, path, out)
+
+
+def to_toml_text(data: dict[str, Any]) -> str:
+    """Render a raw config dict (as read from YAML) as TOML text."""
+    dropped: list[str] = []
+    clean = _drop_none(data, "", dropped)
+    out: list[str] = []
+    if dropped:
+        out.append("# null in the source (left out; the default applies): " + ", ".join(dropped))
+    _render_table(clean, [], out)
+    return "\n".join(out).lstrip("\n") + "\n"

@@ -1,0 +1,476 @@
+"""Config loading, validation messages, defaults and the semantic checks.
+
+Everything here is pure Python on small dicts and files: no model loads.
+The option tables of the reference guide are parsed from the guide itself,
+so an option added there and missing here fails the test.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grpo_core.config import checks
+from grpo_core.config.checks import check_config, implementation_names
+from grpo_core.config.convert import to_toml_text
+from grpo_core.config.loader import apply_overrides, load_config, parse_override, read_raw, validate
+from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig, TrlSettings
+from grpo_core.errors import ConfigError, GrpoError, NotImplementedYet
+
+REPO = Path(__file__).resolve().parent.parent
+QUICKSTART = REPO / "examples" / "quickstart"
+REFERENCE = Path("/work/shared/reference/grpo-training-seed.md")
+
+
+def minimal(**top: Any) -> dict[str, Any]:
+    """The smallest config that passes every check."""
+    data: dict[str, Any] = {
+        "base_model": "some/model",
+        "datasets": [{"path": "my-org/arith"}],  # a hub id: not checked on disk
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
+    }
+    for key, value in top.items():
+        if key == "trl":
+            data["trl"] = {**data["trl"], **value}
+        else:
+            data[key] = value
+    return data
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------ quickstart
+
+
+def test_quickstart_yaml_and_toml_twin_validate_to_the_same_config() -> None:
+    from_yaml = load_config(QUICKSTART / "config.yaml")
+    from_toml = load_config(QUICKSTART / "config.toml")
+    assert from_yaml.model_dump() == from_toml.model_dump()
+    assert from_yaml.trl.reward_funcs == ["rewards.accuracy_reward", "rewards.format_reward"]
+    assert from_yaml.trl.num_generations == 8 and from_yaml.learning_rate == pytest.approx(5e-6)
+    warnings = check_config(from_yaml)
+    assert all(isinstance(w, str) for w in warnings)
+
+
+def test_convert_of_quickstart_yaml_reads_back_as_the_same_data() -> None:
+    raw = read_raw(QUICKSTART / "config.yaml")
+    text = to_toml_text(raw)
+    assert tomllib.loads(text) == raw
+    assert "[[datasets]]" in text and "[trl]" in text and "[vllm]" in text
+
+
+def test_convert_lists_dropped_nulls_in_a_comment() -> None:
+    text = to_toml_text({"base_model": "m", "chat_template": None, "trl": {"beta": None, "top_k": 5}})
+    assert text.startswith("# null in the source")
+    assert "chat_template" in text.splitlines()[0] and "trl.beta" in text.splitlines()[0]
+    assert tomllib.loads(text) == {"base_model": "m", "trl": {"top_k": 5}}
+
+
+def test_quickstart_rewards_score_real_completions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(QUICKSTART))
+    import rewards  # examples/quickstart/rewards.py
+
+    completions = [
+        [{"role": "assistant", "content": "<think>6*7</think> <answer>42</answer>"}],
+        [{"role": "assistant", "content": "It is 41."}],
+        [{"role": "assistant", "content": "1,042 apples"}],
+    ]
+    assert rewards.accuracy_reward(completions, answer=["42", "42", "1042"]) == [1.0, 0.0, 1.0]
+    assert rewards.format_reward(completions) == [1.0, 0.0, 0.0]
+    transform, kwargs = rewards.prompt_transform(None)
+    row = transform({"question": "What is 6*7?", "answer": "6*7=42\n#### 1,042"})
+    assert row["answer"] == "1042" and row["prompt"][-1] == {"role": "user", "content": "What is 6*7?"}
+    assert kwargs == {"remove_columns": ["question"]}
+
+
+# ------------------------------------------------------------------ messages
+
+
+def test_misspelt_key_is_named_with_a_suggestion() -> None:
+    data = minimal()
+    data["trl"]["num_generatons"] = 4
+    with pytest.raises(ConfigError) as info:
+        validate(data, "cfg.toml")
+    message = str(info.value)
+    assert "'trl.num_generatons'" in message and "'trl.num_generations'" in message and "cfg.toml" in message
+
+
+@pytest.mark.parametrize(
+    ("where", "key", "hint"),
+    [
+        ((), "num_generations", "[trl]: write 'trl.num_generations'"),
+        (("trl",), "learning_rate", "top level, not in [trl]"),
+        (("trl",), "gpu_memory_utilization", "[vllm]: write 'vllm.gpu_memory_utilization'"),
+        (("vllm",), "use_vllm", "[trl]: write 'trl.use_vllm'"),
+    ],
+)
+def test_key_in_the_wrong_table_names_the_right_table(where: tuple[str, ...], key: str, hint: str) -> None:
+    data = minimal()
+    node = data
+    for part in where:
+        node = node.setdefault(part, {})
+    node[key] = 1
+    with pytest.raises(ConfigError, match=re.escape(hint)):
+        validate(data)
+
+
+def test_wrong_type_names_the_key_path() -> None:
+    data = minimal(trl={"num_generations": "eight"})
+    with pytest.raises(ConfigError) as info:
+        validate(data)
+    assert "'trl.num_generations'" in str(info.value) and '"eight"' in str(info.value)
+    data = minimal(datasets=[{"path": "a.jsonl"}, {"path": 3, "split": ["x"]}])
+    with pytest.raises(ConfigError) as info:
+        validate(data)
+    assert "'datasets[1].path'" in str(info.value) and "'datasets[1].split'" in str(info.value)
+
+
+def test_missing_required_key_is_named() -> None:
+    data = minimal()
+    del data["base_model"]
+    with pytest.raises(ConfigError, match="'base_model' is required"):
+        validate(data)
+
+
+def test_malformed_toml_and_yaml_give_clear_errors(tmp_path: Path) -> None:
+    bad_toml = write(tmp_path, "bad.toml", 'base_model = "m"\n[trl\nbeta = 0\n')
+    with pytest.raises(ConfigError, match=r"bad\.toml is not valid TOML.*line 2"):
+        load_config(bad_toml)
+    bad_yaml = write(tmp_path, "bad.yaml", "trl:\n  beta: [0\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml is not valid YAML"):
+        load_config(bad_yaml)
+    not_table = write(tmp_path, "list.yaml", "- a\n- b\n")
+    with pytest.raises(ConfigError, match="table of settings"):
+        load_config(not_table)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.toml")
+
+
+# ------------------------------------------------------------------ overrides
+
+
+def test_set_overrides_nested_and_typed_values(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.toml", to_toml_text(minimal()))
+    cfg = load_config(
+        path,
+        [
+            "trl.num_generations=8",
+            "trl.temperature=0.5",
+            "trl.use_vllm=true",
+            "trl.vllm_lora_sync=false",
+            'trl.reward_funcs=["a.b", "c.d"]',
+            "trl.generation_kwargs={stop = ['</answer>']}",
+            "vllm.port=9001",
+            "output_dir=/tmp/run 1",
+            "lora_r = 8",
+        ],
+    )
+    assert cfg.trl.num_generations == 8 and isinstance(cfg.trl.num_generations, int)
+    assert cfg.trl.temperature == 0.5 and cfg.trl.use_vllm is True
+    assert cfg.trl.reward_funcs == ["a.b", "c.d"]
+    assert cfg.trl.generation_kwargs == {"stop": ["</answer>"]}
+    assert cfg.vllm.port == 9001 and str(cfg.output_dir) == "/tmp/run 1" and cfg.lora_r == 8
+
+
+def test_set_override_errors_name_the_item() -> None:
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_override("trl.beta")
+    with pytest.raises(ConfigError, match="'base_model' is not a table"):
+        apply_overrides({"base_model": "m"}, ["base_model.x=1"])
+    with pytest.raises(ConfigError, match="trl.num_generatons"):
+        validate(apply_overrides(minimal(), ["trl.num_generatons=3"]))
+
+
+# ------------------------------------------------------------------ defaults / schema
+
+
+def test_effective_defaults_are_filled() -> None:
+    cfg = validate({"base_model": "m", "sequence_len": 600, "trl": {"max_completion_length": 100, "epsilon": 0.3}})
+    for key, value in EFFECTIVE_DEFAULTS.items():
+        if key in {"max_completion_length", "epsilon"}:
+            continue
+        assert getattr(cfg.trl, key) == value, key
+    assert cfg.trl.epsilon_high == 0.3  # defaults to epsilon
+    assert cfg.trl.max_prompt_length == 600  # defaults to sequence_len
+    assert cfg.trl.scale_rewards == "group"
+    assert cfg.trl.vllm_importance_sampling_correction is False and cfg.trl.vllm_mode is None
+    vllm_cfg = validate(minimal(adapter="lora", trl={"use_vllm": True}))
+    assert vllm_cfg.trl.vllm_importance_sampling_correction is True and vllm_cfg.trl.vllm_mode == "server"
+    assert vllm_cfg.lora_target_linear is True
+
+
+def test_json_schema_is_generated_with_every_table() -> None:
+    schema = GRPOConfig.model_json_schema()
+    assert schema["required"] == ["base_model"]
+    assert {"trl", "vllm", "plugins", "datasets"} <= set(schema["properties"])
+    trl = schema["$defs"]["TrlSettings"]
+    assert trl["additionalProperties"] is False and "num_generations" in trl["properties"]
+
+
+# ------------------------------------------------------------------ reference tables
+
+
+def reference_options() -> list[tuple[str, str, str, str]]:
+    """(section, option, type, default) for every row of the guide's
+    Configuration Reference tables. Cells are lines ending in ' |'; each
+    table starts with the Option/Type/Default/Description header."""
+    text = REFERENCE.read_text(encoding="utf-8").split("## Configuration Reference", 1)[1]
+    rows: list[tuple[str, str, str, str]] = []
+    for section in re.split(r"^### ", text, flags=re.M)[1:]:
+        title = section.splitlines()[0].strip()
+        cells = [line[:-2].strip() for line in section.splitlines() if line.endswith(" |")]
+        assert cells[:4] == ["Option", "Type", "Default", "Description"], title
+        body = cells[4:]
+        assert len(body) % 4 == 0, title
+        for i in range(0, len(body), 4):
+            rows.append((title, body[i].strip("`"), body[i + 1], body[i + 2].strip("`")))
+    return rows
+
+
+def _doc_default(text: str) -> Any:
+    return {"null": None, "true": True, "false": False}.get(text, None) if text in {"null", "true", "false"} else (
+        text.strip('"') if text.startswith('"') else (float(text) if "." in text else int(text))
+    )
+
+
+def _sample_values(doc_type: str) -> list[Any]:
+    """Values the guide's type column says are valid (str types are checked
+    by their options elsewhere)."""
+    quoted = re.findall(r'"([^"]+)"', doc_type)
+    if quoted:
+        return quoted
+    return {"bool": [True, False], "int": [1], "float": [0.5], "list[str]": [["a"]], "list[float]": [[1.0]], "dict": [{}]}.get(
+        doc_type, []
+    )
+
+
+def test_reference_tables_parse() -> None:
+    rows = reference_options()
+    sections = {r[0] for r in rows}
+    assert {"Core GRPO", "Reward functions", "Generation parameters", "Async pipeline", "Importance sampling",
+            "Replay and re-roll", "Reference model", "Logging"} == sections
+    assert len(rows) >= 50
+
+
+@pytest.mark.parametrize(("section", "option", "doc_type", "default"), reference_options())
+def test_every_reference_option_exists_under_trl_with_the_doc_default(
+    section: str, option: str, doc_type: str, default: str
+) -> None:
+    fields = TrlSettings.model_fields
+    assert option in fields, f"[trl].{option} ({section}) is missing from the schema"
+    assert fields[option].default == _doc_default(default), f"trl.{option}: doc default {default}"
+    for value in _sample_values(doc_type):
+        TrlSettings.model_validate({option: value})  # the doc's type is accepted
+
+
+# ------------------------------------------------------------------ semantic checks
+
+
+def test_minimal_config_passes_without_warnings() -> None:
+    assert check_config(validate(minimal())) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragments"),
+    [
+        ({"trl": {"reward_funcs": []}}, ["trl.reward_funcs is empty"]),
+        ({"trl": {"reward_weights": [1.0, 0.5]}}, ["2 weight(s)", "1 function(s)"]),
+        ({"datasets": []}, ["datasets is empty"]),
+        ({"trl": {"num_generations": 3}}, ["micro_batch_size (4) x gradient_accumulation_steps (2) = 8",
+                                           "trl.num_generations = 3", "gradient_accumulation_steps = 3",
+                                           "divisor of 8 (2, 4, 8)"]),
+        ({"trl": {"generation_batch_size": 10}}, ["trl.generation_batch_size = 10", "trl.num_generations = 4",
+                                                  "trl.generation_batch_size = 8"]),
+        ({"trl": {"num_generations": 1}}, ["at least 2"]),
+        ({"trl": {"temperature": 0.0}}, ["greedy"]),
+        ({"trl": {"async_prefetch": True}}, ["background thread", "trl.use_vllm = true", "trl.async_prefetch = false"]),
+        ({"trl": {"use_vllm": True, "vllm_lora_sync": True}}, ["no adapter", "adapter = 'lora'"]),
+        ({"bf16": True, "fp16": True}, ["bf16 and fp16"]),
+    ],
+)
+def test_impossible_configs_raise_with_the_fix(changes: dict[str, Any], fragments: list[str]) -> None:
+    cfg = validate(minimal(**changes))
+    with pytest.raises(ConfigError) as info:
+        check_config(cfg)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_deepspeed_zero3_with_non_reentrant_checkpointing_is_an_error(tmp_path: Path) -> None:
+    ds = write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 3}}')
+    cfg = validate(minimal(deepspeed=str(ds), gradient_checkpointing=True,
+                           gradient_checkpointing_kwargs={"use_reentrant": False}))
+    with pytest.raises(ConfigError) as info:
+        check_config(cfg)
+    assert "use_reentrant = true" in str(info.value)
+    assert "`deepspeed` is not implemented yet" in str(info.value)  # both problems, listed together
+    stage2 = write(tmp_path, "ds2.json", '{"zero_optimization": {"stage": 2}}')
+    cfg = validate(minimal(deepspeed=str(stage2), gradient_checkpointing=True,
+                           gradient_checkpointing_kwargs={"use_reentrant": False}))
+    with pytest.raises(NotImplementedYet, match="deepspeed"):  # only the missing feature is left
+        check_config(cfg)
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"trl": {"use_vllm": True, "async_prefetch": True, "use_data_producer": True,
+                  "vllm_importance_sampling_correction": False}}, "vllm_importance_sampling_correction"),
+        ({"trl": {"use_vllm": True, "async_prefetch": True}}, "use_data_producer = true"),
+        ({"trl": {"replay_buffer_size": 10, "replay_recompute_logps": False}}, "stale log-probabilities"),
+        ({"trl": {"use_vllm": False, "vllm_lora_sync": True}, "adapter": "lora"}, "no effect without trl.use_vllm"),
+        ({"datasets": [{"path": "./missing.jsonl"}]}, "does not exist"),
+        ({"gradient_checkpointing_kwargs": {"use_reentrant": False}}, "gradient_checkpointing is false"),
+    ],
+)
+def test_risky_configs_warn(changes: dict[str, Any], fragment: str) -> None:
+    warnings = check_config(validate(minimal(**changes)))
+    assert any(fragment in w for w in warnings), warnings
+
+
+def test_fsdp_with_async_prefetch_warns_when_fsdp_lands(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = validate(minimal(fsdp=["full_shard"], trl={"use_vllm": True, "async_prefetch": True, "use_data_producer": True}))
+    with pytest.raises(NotImplementedYet, match="fsdp"):
+        check_config(cfg)
+    kept = tuple(item for item in checks.NOT_IMPLEMENTED if item.key != "fsdp")
+    monkeypatch.setattr(checks, "NOT_IMPLEMENTED", kept)  # as if FSDP were built
+    assert any("deadlock" in w for w in check_config(cfg))
+
+
+def test_sequence_level_is_with_liger_warns_when_liger_lands(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = validate(minimal(trl={"importance_sampling_level": "sequence", "use_liger_loss": True}))
+    with pytest.raises(NotImplementedYet, match="use_liger_loss"):
+        check_config(cfg)
+    monkeypatch.setattr(checks, "NOT_IMPLEMENTED", tuple(i for i in checks.NOT_IMPLEMENTED if "liger" not in i.key))
+    assert any("'token'" in w for w in check_config(cfg))
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"fp8": True}, "fp8"),
+        ({"torch_compile": True}, "torch_compile"),
+        ({"fsdp": ["full_shard"]}, "fsdp"),
+        ({"fsdp_config": {"x": 1}}, "fsdp_config"),
+        ({"deepspeed": "zero2.json"}, "deepspeed"),
+        ({"trl": {"use_liger_loss": True}}, "trl.use_liger_loss"),
+        ({"trl": {"log_completions": True}}, "trl.log_completions"),
+        ({"use_wandb": True}, "use_wandb"),
+        ({"trl": {"use_vllm": True, "vllm_mode": "colocate"}}, "trl.vllm_mode"),
+    ],
+)
+def test_unimplemented_options_are_refused(changes: dict[str, Any], key: str) -> None:
+    with pytest.raises(NotImplementedYet) as info:
+        check_config(validate(minimal(**changes)))
+    assert f"`{key}` is not implemented yet" in str(info.value)
+
+
+def test_several_unimplemented_options_are_listed_together() -> None:
+    with pytest.raises(ConfigError) as info:
+        check_config(validate(minimal(fp8=True, torch_compile=True)))
+    assert "2 problems" in str(info.value) and "`fp8`" in str(info.value) and "`torch_compile`" in str(info.value)
+
+
+def test_implementation_names_follow_the_reference_options() -> None:
+    assert implementation_names(validate(minimal())) == {
+        "rollout": "transformers", "advantage_aggregation": "sum_then_normalize", "is_correction": "none",
+        "weight_sync": "in_process", "replay": "default",
+    }
+    cfg = validate(minimal(adapter="lora", trl={"use_vllm": True, "vllm_lora_sync": True,
+                                                "multi_objective_aggregation": "normalize_then_sum",
+                                                "vllm_importance_sampling_mode": "sequence_mask"},
+                           plugins={"replay": "mine"}))
+    assert implementation_names(cfg) == {
+        "rollout": "vllm", "advantage_aggregation": "normalize_then_sum", "is_correction": "sequence_mask",
+        "weight_sync": "lora_filesystem", "replay": "mine",
+    }
+
+
+def test_unknown_implementation_names_are_errors_with_a_host() -> None:
+    from grpo_core.plugin_host import PluginHost
+
+    cfg = validate(minimal(plugins={"advantage_aggregation": "no_such_thing"}))
+    with pytest.raises(ConfigError) as info:
+        check_config(cfg, PluginHost())
+    message = str(info.value)
+    assert "plugins.advantage_aggregation" in message and "'no_such_thing'" in message
+    assert "sum_then_normalize" in message  # lists what is available
+
+
+# ------------------------------------------------------------------ fuzz
+
+_KNOWN_KEYS = sorted(GRPOConfig.model_fields) + [f"trl.{k}" for k in TrlSettings.model_fields][:40]
+_scalars = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True) | st.text(max_size=12)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _nest(flat: dict[Any, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        if not isinstance(key, str):  # YAML allows non-string keys
+            out[key] = value
+            continue
+        head, _, tail = key.partition(".")
+        if tail:
+            table = out.setdefault(head, {})
+            if isinstance(table, dict):
+                table[tail] = value
+        else:
+            out[key] = value
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(_KNOWN_KEYS) | st.text(max_size=10) | st.integers(0, 3), _values, max_size=8))
+def test_fuzz_loader_raises_only_config_errors(flat: dict[Any, Any]) -> None:
+    data = _nest(flat)
+    data.setdefault("base_model", "m")
+    try:
+        cfg = validate(data)
+    except ConfigError as exc:
+        assert str(exc)
+        return
+    try:
+        check_config(cfg)
+    except ConfigError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=30), max_size=4))
+def test_fuzz_overrides_raise_only_config_errors(items: list[str]) -> None:
+    try:
+        data = apply_overrides(minimal(), items)
+        validate(data)
+    except GrpoError as exc:
+        assert isinstance(exc, ConfigError)
+
+
+_toml_scalars = st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=10)
+_toml_values = st.recursive(
+    _toml_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), _toml_values, max_size=6))
+def test_fuzz_convert_round_trips(data: dict[str, Any]) -> None:
+    assert tomllib.loads(to_toml_text(data)) == data

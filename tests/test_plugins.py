@@ -1,0 +1,424 @@
+"""Third-party plugins, for real: installed packages found by entry point.
+
+* ``examples/grpo-plugin-example`` is built and installed with pip into a
+  temporary ``--target`` directory (not into the shared venv, so other tests
+  and other people's runs never see it); the CLI sees it via ``PYTHONPATH``,
+  in-process tests via ``sys.path``. Nothing is left behind.
+* Broken plugins are a real distribution too: a ``.dist-info`` with
+  ``entry_points.txt`` next to a module, written into another temporary
+  directory. That is exactly what pip would install for them.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from grpo_core import plugin_host
+from grpo_core.config.checks import check_config
+from grpo_core.config.loader import validate
+from grpo_core.context import RunContext
+from grpo_core.errors import ConfigError, PluginError
+from grpo_core.plugin_host import ALLOW_ENV, PluginHost
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "grpo-plugin-example"
+GRPO = shutil.which("grpo", path=str(Path(sys.executable).parent)) or "grpo"
+EXAMPLE_DIST = "grpo-plugin-example"
+BROKEN_DIST = "grpo-broken-example"
+
+
+def grpo(*args: str, pythonpath: Path | None = None, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    if pythonpath is not None:
+        full_env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run([GRPO, *args], env=full_env, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@contextmanager
+def on_path(site: Path, *modules: str) -> Iterator[None]:
+    """Make ``site`` importable in this process and forget it afterwards."""
+    sys.path.insert(0, str(site))
+    plugin_host.rescan()
+    try:
+        yield
+    finally:
+        sys.path.remove(str(site))
+        for name in list(sys.modules):
+            if name.split(".")[0] in modules:
+                del sys.modules[name]
+        plugin_host.rescan()
+
+
+def context(tmp_path: Path, **trl: Any) -> RunContext:
+    cfg = validate({
+        "base_model": "m",
+        "datasets": [{"path": "org/data"}],
+        "micro_batch_size": 4,
+        "trl": {"num_generations": 4, "reward_funcs": ["length_bonus"], **trl},
+    })
+    return RunContext(config=cfg, output_dir=tmp_path)
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def example_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example package, pip-installed into a private target directory
+    (built from a copy so no build/ or egg-info lands in the repository)."""
+    root = tmp_path_factory.mktemp("example")
+    source = root / "src"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    site = root / "site"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+         "--target", str(site), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert list(site.glob("grpo_plugin_example-*.dist-info/entry_points.txt"))
+    return site
+
+
+BROKEN_MODULE = '''
+from grpo_core import hookimpl
+
+
+class WrongArg:
+    """Its hook asks for an argument the spec does not have."""
+    def __init__(self, context):
+        self.context = context
+
+    @hookimpl
+    def grpo_aggregate_advantages(self, rewardz, group_size):
+        return rewardz
+
+
+class NoHook:
+    """Forgot @hookimpl: implements nothing."""
+    def __init__(self, context):
+        pass
+
+    def grpo_aggregate_advantages(self, rewards):
+        return rewards
+
+
+class Misspelt:
+    def __init__(self, context):
+        pass
+
+    @hookimpl
+    def grpo_aggregate_advantage(self, rewards):
+        return rewards
+
+
+def crashing_factory(context):
+    raise RuntimeError("no GPU found")
+
+
+class BadAlwaysOn:
+    @hookimpl
+    def grpo_train_start(self, ctx):
+        pass
+
+
+class HelloCommand:
+    @hookimpl
+    def grpo_register_commands(self, app):
+        @app.command("hello")
+        def hello(name: str = "world") -> None:
+            """Say hello (added by a plugin)."""
+            print(f"hello {name}")
+
+        @app.command("wait")
+        def wait() -> None:
+            """Block until interrupted."""
+            import time
+            print("waiting", flush=True)
+            time.sleep(60)
+
+        @app.command("fail")
+        def fail() -> None:
+            """Fail the way a lost engine does."""
+            from grpo_core.errors import EngineUnavailable
+            raise EngineUnavailable("vLLM server at http://127.0.0.1:9 did not answer: start it first")
+
+
+class BoomCommand:
+    @hookimpl
+    def grpo_register_commands(self, app):
+        raise RuntimeError("boom while adding commands")
+'''
+
+BROKEN_ENTRY_POINTS = '''
+[grpo.advantage_aggregation]
+missing_module = grpo_broken_nowhere.impl:Thing
+wrong_arg = grpo_broken_example.impls:WrongArg
+no_hook = grpo_broken_example.impls:NoHook
+misspelt = grpo_broken_example.impls:Misspelt
+crashing = grpo_broken_example.impls:crashing_factory
+
+[grpo.plugins]
+bad_always_on = grpo_broken_example.impls:BadAlwaysOn
+hello_command = grpo_broken_example.impls:HelloCommand
+boom_command = grpo_broken_example.impls:BoomCommand
+'''
+
+
+@pytest.fixture(scope="module")
+def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("broken")
+    package = site / "grpo_broken_example"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "impls.py").write_text(textwrap.dedent(BROKEN_MODULE), encoding="utf-8")
+    info = site / "grpo_broken_example-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {BROKEN_DIST}\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(BROKEN_ENTRY_POINTS, encoding="utf-8")
+    return site
+
+
+# ---------------------------------------------------------------- the example package
+
+
+def test_cli_lists_the_example_plugin_with_its_distribution(example_site: Path) -> None:
+    result = grpo("plugins", "--json", pythonpath=example_site)
+    assert result.returncode == 0, result.stderr
+    listing = json.loads(result.stdout)
+    reward = {i["name"]: i for i in listing["reward"]["implementations"]}
+    advantages = {i["name"]: i for i in listing["advantage_aggregation"]["implementations"]}
+    assert reward["length_bonus"] == {
+        "name": "length_bonus", "target": "grpo_plugin_example.rewards:length_bonus",
+        "distribution": EXAMPLE_DIST, "error": None,
+    }
+    assert advantages["rank"]["distribution"] == EXAMPLE_DIST and advantages["rank"]["error"] is None
+    assert advantages["rank"]["target"] == "grpo_plugin_example.ranking:RankAdvantages"
+    # without the package on the path, it is gone: nothing was installed into the venv
+    plain = json.loads(grpo("plugins", "--json").stdout)
+    assert "rank" not in {i["name"] for i in plain["advantage_aggregation"]["implementations"]}
+
+
+def test_example_reward_and_aggregation_load_and_run(example_site: Path, tmp_path: Path) -> None:
+    with on_path(example_site, "grpo_plugin_example"):
+        host = PluginHost()
+        ctx = context(tmp_path, multi_objective_aggregation="rank")
+        reward = host.load_reward("length_bonus", ctx)
+        scores = reward(prompts=["p"] * 4, completions=["a", "b", "c", "d"],
+                        completion_ids=[[1] * 64, [1] * 32, [], [1] * 200])
+        assert scores == [1.0, 0.5, 0.0, 0.0]
+
+        obj = host.load_implementation("advantage_aggregation", "rank", ctx)
+        assert type(obj).__module__ == "grpo_plugin_example.ranking" and obj.context is ctx
+        assert host.chosen == {"advantage_aggregation": "rank"}
+        nan = float("nan")
+        rewards = torch.tensor([[0.2, 1.0], [0.9, 0.0], [5.0, 1.0], [0.0, 0.0],   # group 1: distinct totals
+                                [1.0, 1.0], [1.0, 1.0], [nan, nan], [1.0, 1.0]])  # group 2: no signal
+        advantages = host.hook.grpo_aggregate_advantages(
+            rewards=rewards, weights=torch.tensor([1.0, 0.5]), group_size=4, scale_rewards="group"
+        )
+        # group 1 totals 0.7, 0.9, 5.5, 0.0 -> ranks 1, 2, 3, 0 -> centred on [-1, 1]
+        assert advantages[:4].tolist() == pytest.approx([-1 / 3, 1 / 3, 1.0, -1.0])
+        assert advantages[4:].tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_config_check_accepts_the_plugin_by_name(example_site: Path, tmp_path: Path) -> None:
+    cfg_path = tmp_path / "c.toml"
+    cfg_path.write_text(
+        'base_model = "m"\nmicro_batch_size = 4\n[[datasets]]\npath = "org/data"\n'
+        '[trl]\nnum_generations = 4\nreward_funcs = ["length_bonus"]\nmulti_objective_aggregation = "rank"\n',
+        encoding="utf-8",
+    )
+    ok = grpo("config", "check", str(cfg_path), pythonpath=example_site)
+    assert ok.returncode == 0, ok.stderr
+    assert "advantage_aggregation=rank" in ok.stdout
+    missing = grpo("config", "check", str(cfg_path))
+    assert missing.returncode == 2
+    assert "trl.multi_objective_aggregation chooses advantage_aggregation implementation 'rank'" in missing.stderr
+
+
+# ---------------------------------------------------------------- allowlist
+
+
+def test_allowlist_env_blocks_a_distribution(example_site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = grpo("plugins", "--json", pythonpath=example_site, env={ALLOW_ENV: "some-other-dist"})
+    assert result.returncode == 0, result.stderr
+    listing = json.loads(result.stdout)
+    rank = next(i for i in listing["advantage_aggregation"]["implementations"] if i["name"] == "rank")
+    assert "allowlist" in rank["error"]
+    builtin = next(i for i in listing["advantage_aggregation"]["implementations"] if i["name"] == "sum_then_normalize")
+    assert builtin["error"] is None or "allowlist" not in builtin["error"]  # grpo itself is always allowed
+
+    with on_path(example_site, "grpo_plugin_example"):
+        monkeypatch.setenv(ALLOW_ENV, "some-other-dist")
+        ctx = context(tmp_path)
+        with pytest.raises(PluginError) as info:
+            PluginHost().load_reward("length_bonus", ctx)
+        assert "not allowed" in str(info.value) and EXAMPLE_DIST in str(info.value) and ALLOW_ENV in str(info.value)
+        with pytest.raises(PluginError, match="not allowed"):
+            PluginHost().load_implementation("advantage_aggregation", "rank", ctx)
+        monkeypatch.setenv(ALLOW_ENV, f"some-other-dist, {EXAMPLE_DIST.upper().replace('-', '_')}")
+        assert PluginHost().load_reward("length_bonus", ctx).__name__ == "length_bonus"  # names are normalised
+
+
+def test_config_allowlist_blocks_a_chosen_implementation(example_site: Path, tmp_path: Path) -> None:
+    with on_path(example_site, "grpo_plugin_example"):
+        blocked = validate({
+            "base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
+            "trl": {"num_generations": 4, "reward_funcs": ["x.y"], "multi_objective_aggregation": "rank"},
+            "plugins": {"allow": ["someone-else"]},
+        })
+        with pytest.raises(ConfigError, match="rank.*allowlist"):
+            check_config(blocked, PluginHost(allow=set(blocked.plugins.allow or [])))
+        check_config(blocked, PluginHost(allow={EXAMPLE_DIST}))
+
+
+# ---------------------------------------------------------------- broken plugins
+
+
+def test_cli_plugins_still_works_and_marks_broken_ones(broken_site: Path) -> None:
+    result = grpo("plugins", "--json", pythonpath=broken_site)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    listing = json.loads(result.stdout)
+    aggregations = {i["name"]: i for i in listing["advantage_aggregation"]["implementations"]}
+    always_on = {i["name"]: i for i in listing["plugins"]["implementations"]}
+    assert "ModuleNotFoundError" in aggregations["missing_module"]["error"]
+    assert "rewardz" in aggregations["wrong_arg"]["error"]
+    assert "does not implement ['grpo_aggregate_advantages']" in aggregations["no_hook"]["error"]
+    assert "grpo_aggregate_advantage'" in aggregations["misspelt"]["error"]
+    assert aggregations["crashing"]["error"] is None  # a factory function is only checked when called
+    assert "ctx" in always_on["bad_always_on"]["error"]
+    assert always_on["hello_command"]["error"] is None
+    assert {aggregations[n]["distribution"] for n in ("wrong_arg", "no_hook", "missing_module")} == {BROKEN_DIST}
+    assert aggregations["sum_then_normalize"]["distribution"] == "grpo"  # built-ins listed as before
+
+
+def test_broken_always_on_plugins_do_not_break_other_commands(broken_site: Path) -> None:
+    help_result = grpo("--help", pythonpath=broken_site)
+    assert help_result.returncode == 0, help_result.stderr
+    assert "hello" in help_result.stdout  # the healthy plugin's command is there
+    assert "boom while adding commands" in help_result.stderr
+    assert "bad_always_on" in help_result.stderr and BROKEN_DIST in help_result.stderr
+    assert "Traceback" not in help_result.stderr
+    hello = grpo("hello", "--name", "plugin", pythonpath=broken_site)
+    assert hello.returncode == 0 and hello.stdout.strip() == "hello plugin"
+    schema = grpo("config", "schema", pythonpath=broken_site)
+    assert schema.returncode == 0 and json.loads(schema.stdout)["title"] == "GRPOConfig"
+
+
+def test_grpo_errors_and_ctrl_c_map_to_exit_codes(broken_site: Path) -> None:
+    failed = grpo("fail", pythonpath=broken_site)
+    assert failed.returncode == 3  # EngineUnavailable.exit_code
+    assert "error: vLLM server at http://127.0.0.1:9 did not answer" in failed.stderr
+    assert "Traceback" not in failed.stderr
+
+    env = {**os.environ, "PYTHONPATH": str(broken_site)}
+    proc = subprocess.Popen([GRPO, "wait"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "waiting"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in stderr
+
+
+def test_config_check_refuses_a_run_with_a_broken_always_on_plugin(broken_site: Path) -> None:
+    result = grpo("config", "check", "config.yaml", pythonpath=broken_site, cwd=REPO / "examples" / "quickstart")
+    assert result.returncode == 2
+    assert "bad_always_on" in result.stderr and BROKEN_DIST in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("missing_module", "ModuleNotFoundError"),
+        ("wrong_arg", "rewardz"),
+        ("no_hook", "does not implement ['grpo_aggregate_advantages']"),
+        ("misspelt", "no such hook"),
+        ("crashing", "failed to start: RuntimeError: no GPU found"),
+    ],
+)
+def test_broken_implementation_raises_plugin_error_naming_dist_and_entry_point(
+    broken_site: Path, tmp_path: Path, name: str, fragment: str
+) -> None:
+    with on_path(broken_site, "grpo_broken_example"):
+        host = PluginHost()
+        with pytest.raises(PluginError) as info:
+            host.load_implementation("advantage_aggregation", name, context(tmp_path))
+        message = str(info.value)
+        assert f"entry point '{name}'" in message and BROKEN_DIST in message and fragment in message
+        assert "advantage_aggregation" not in host.chosen
+        # nothing half-registered remains: a good implementation still loads
+        assert not [p for p in host.pm.get_plugins() if type(p).__module__ == "grpo_broken_example.impls"]
+
+
+def test_broken_always_on_plugin_strict_and_lenient(broken_site: Path) -> None:
+    with on_path(broken_site, "grpo_broken_example"):
+        with pytest.raises(PluginError) as info:
+            PluginHost().load_always_on(strict=True)
+        assert "bad_always_on" in str(info.value) and BROKEN_DIST in str(info.value)
+        host = PluginHost()
+        with pytest.warns(UserWarning):
+            problems = host.load_always_on(strict=False)
+        assert any("bad_always_on" in p for p in problems)
+        names = {host.pm.get_name(p) for p in host.pm.get_plugins()}
+        assert "grpo.plugins:hello_command" in names and "grpo.plugins:bad_always_on" not in names
+
+
+def test_unknown_implementation_name_lists_the_available_ones(tmp_path: Path) -> None:
+    with pytest.raises(PluginError) as info:
+        PluginHost().load_implementation("advantage_aggregation", "nope", context(tmp_path))
+    assert "no plugin named 'nope'" in str(info.value) and "grpo.advantage_aggregation" in str(info.value)
+
+
+# ---------------------------------------------------------------- core independence
+
+FORBIDDEN = {"grpo_plugins", "plugins", "vllm", "deepspeed", "liger_kernel", "liger", "grpo_plugin_example"}
+
+
+def _imported_modules(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in {
+            "import_module", "__import__", "find_spec"
+        }:
+            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                found.append(node.args[0].value)
+    return found
+
+
+def test_core_never_imports_plugins_or_engines() -> None:
+    sources = sorted((REPO / "grpo_core").rglob("*.py"))
+    assert len(sources) >= 10
+    offenders = []
+    for path in sources:
+        for module in _imported_modules(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if module.split(".")[0] in FORBIDDEN:
+                offenders.append(f"{path.relative_to(REPO)}: {module}")
+    assert offenders == []
+
+
+def test_the_import_scan_catches_each_form() -> None:
+    code = "import vllm\nfrom grpo_plugins.vllm import x\nimportlib.import_module('deepspeed')\n"
+    assert {m.split(".")[0] for m in _imported_modules(ast.parse(code))} == {"vllm", "grpo_plugins", "deepspeed"}
