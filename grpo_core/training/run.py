@@ -48,7 +48,7 @@ def check_output_dir(output_dir: Path) -> None:
 
 def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
     """Train per ``cfg``; return the final status (``completed``)."""
-    from grpo_core.data import load_prompts
+    from grpo_core.data import common_columns, load_prompts
     from grpo_core.model_files import resolve_model_dir
     from grpo_core.models import load_policy, load_tokenizer, reference_model, save_final
     from grpo_core.rewards import RewardScorer
@@ -69,7 +69,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
 
     scorer = RewardScorer(cfg, host, context)
     prompts = load_prompts(cfg, tokenizer)
-    scorer.check_columns(set(prompts[0].columns) if prompts else set())
+    scorer.check_columns(common_columns(prompts))
 
     # Engines start before the model loads: a managed vLLM server boots while
     # the trainer's model is read from disk.
@@ -84,7 +84,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
 
         model = load_policy(cfg, model_dir, tokenizer)
         model_holder["model"] = model
-        reference = reference_model(cfg, model_dir, model) if float(cfg.trl.beta or 0) > 0 else None
+        reference = reference_model(cfg, model_dir, model)  # None unless beta > 0
         optimizer = build_optimizer(cfg, model)
         scheduler = build_scheduler(cfg, optimizer)
 

@@ -260,13 +260,8 @@ class GRPOTrainer:
 
     def _update_reference(self) -> None:
         """``sync_ref_model``: ref <- alpha * policy + (1 - alpha) * ref."""
-        ref = self.p.reference
-        if ref is None or not getattr(ref, "is_copy", False):
-            return
-        alpha = float(self.trl.ref_model_mixup_alpha)
-        with torch.no_grad():
-            for ref_param, param in zip(ref.model.parameters(), self.p.model.parameters(), strict=True):
-                ref_param.mul_(1 - alpha).add_(param.detach().to(ref_param.dtype), alpha=alpha)
+        if self.p.reference is not None:
+            self.p.reference.sync(self.p.model, float(self.trl.ref_model_mixup_alpha))
 
     # ---------------------------------------------------------------- loop
 

@@ -1,0 +1,49 @@
+"""Built-in reward functions, published under ``grpo.reward`` so a config can
+name them directly (``reward_funcs = ["last_number_match"]``). They serve the
+arithmetic example and follow TRL's calling convention."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+ANSWER = re.compile(r"<answer>.*?</answer>", re.DOTALL)
+
+
+def completion_text(completion: Any) -> str:
+    """Text of a completion: plain text, or the content of conversational
+    messages (``[{"role": "assistant", "content": ...}]``)."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def _as_float(text: Any) -> float | None:
+    try:
+        return float(str(text).replace(",", "").strip())
+    except ValueError:
+        return None
+
+
+def last_number_match(completions: list[Any], answer: list[Any], **kwargs: Any) -> list[float]:
+    """1.0 when the last number in the completion equals the ``answer``
+    column (compared as numbers, thousands separators ignored), else 0.0."""
+    rewards = []
+    for completion, expected in zip(completions, answer, strict=True):
+        numbers = NUMBER.findall(completion_text(completion))
+        got = _as_float(numbers[-1]) if numbers else None
+        want = _as_float(expected)
+        rewards.append(1.0 if got is not None and want is not None and got == want else 0.0)
+    return rewards
+
+
+def think_answer_format(completions: list[Any], **kwargs: Any) -> list[float]:
+    """1.0 when the completion has a closed ``<think>...</think>`` and a
+    closed ``<answer>...</answer>`` block, else 0.0."""
+    rewards = []
+    for completion in completions:
+        text = completion_text(completion)
+        rewards.append(1.0 if THINK.search(text) and ANSWER.search(text) else 0.0)
+    return rewards
