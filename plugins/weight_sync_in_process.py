@@ -1,0 +1,32 @@
+"""Weight sync for the transformers rollout: nothing to copy.
+
+The transformers rollout samples with the trainer's own model, so the
+"engine" already holds the trained weights the moment the optimizer steps.
+A sync only records which policy version is now live (for logs and for
+checking that rollouts are stamped with it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from grpo_core import hookimpl
+from grpo_core.context import RunContext
+from grpo_core.types import SyncResult
+
+
+class InProcessSync:
+    """``grpo.weight_sync`` implementation ``in_process``."""
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+        self.version: int | None = None  # the live policy version; None before the first sync
+        self.syncs = 0
+
+    @hookimpl
+    def grpo_sync_weights(self, model: Any, version: int) -> SyncResult:
+        start = time.perf_counter()
+        self.version = version
+        self.syncs += 1
+        return SyncResult(version=version, seconds=time.perf_counter() - start, detail="in-process")
