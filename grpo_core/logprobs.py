@@ -1,0 +1,153 @@
+"""Per-token log-probabilities (and entropies) of completion tokens.
+
+A GRPO step needs ``log p(token)`` for the C completion tokens only, but a
+causal LM's ``forward`` returns logits for every position: ``[B, L, V]``
+floats, which for a 150k vocabulary dwarfs the rest of the activations.
+Here the decoder body runs once, only the C hidden states that predict
+completion tokens are kept, and the LM head is applied to them chunk by
+chunk. With gradients on, each chunk runs under activation checkpointing,
+so backward also holds one chunk of logits at a time instead of all of them.
+
+Semantics follow TRL: the logits are divided by the sampling temperature
+before the softmax, and the returned entropy is that of the tempered
+distribution (in nats).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from grpo_core.errors import GrpoError
+
+DEFAULT_CHUNK_SIZE = 256
+"""Rows (positions) per LM-head chunk: 256 x 49k vocab x fp32 = 48 MiB."""
+
+
+def _unwrap_peft(model: Any) -> Any:
+    """The transformers model inside a PEFT wrapper (LoRA layers stay injected
+    in it, so running it directly still applies the adapter)."""
+    get_base = getattr(model, "get_base_model", None)
+    if get_base is None or not hasattr(model, "peft_config"):
+        return model
+    config = getattr(model, "active_peft_config", None)
+    if config is not None and getattr(config, "is_prompt_learning", False):
+        raise GrpoError(
+            f"token_logprobs: PEFT method '{config.peft_type}' adds virtual tokens, which this log-prob path does "
+            "not support; use a LoRA-type adapter (adapter = 'lora')."
+        )
+    return get_base()
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any]:
+    lm = _unwrap_peft(model)
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    prefix = getattr(lm, "base_model_prefix", "model")
+    body = getattr(lm, prefix, None)
+    if head is None or body is None or body is lm:
+        raise GrpoError(
+            f"token_logprobs: {type(lm).__name__} is not a causal LM with a separate decoder body "
+            f"(`.{prefix}`) and LM head (`get_output_embeddings()`); load it with AutoModelForCausalLM."
+        )
+    return body, head
+
+
+def _logit_transform(lm: Any) -> tuple[float, float | None]:
+    """(scale, softcap) some architectures apply after the head (Cohere's
+    ``logit_scale``, Gemma-2's ``final_logit_softcapping``)."""
+    config = getattr(lm, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    scale = getattr(text_config, "logit_scale", None)
+    softcap = getattr(text_config, "final_logit_softcapping", None)
+    return (1.0 if scale is None else float(scale)), softcap
+
+
+def _chunk_logps(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    scale: float,
+    softcap: float | None,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden).float()
+    if scale != 1.0:
+        logits = logits * scale
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    if temperature != 1.0:
+        logits = logits / temperature
+    logps_all = F.log_softmax(logits, dim=-1)
+    logps = logps_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if with_entropy:
+        entropy = -(logps_all.exp() * logps_all).sum(-1)
+    else:
+        entropy = logps.new_zeros(())
+    return logps, entropy
+
+
+def token_logprobs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_completion_tokens: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of the last ``num_completion_tokens`` tokens of ``input_ids``.
+
+    ``input_ids``/``attention_mask`` are ``[B, L]`` (prompt left-padded,
+    completion right-padded). Returns ``(logps [B, C], entropy [B, C] or
+    None)`` in float32. Padded completion positions get values too; the
+    caller masks them. Works for a plain HF causal LM and a PEFT-wrapped one,
+    with or without gradients.
+    """
+    if temperature <= 0:
+        raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"token_logprobs: chunk_size must be >= 1, got {chunk_size}")
+    batch, length = input_ids.shape
+    c = int(num_completion_tokens)
+    if not 0 < c < length:
+        raise ValueError(f"token_logprobs: num_completion_tokens={c} must be in [1, {length - 1}] for length {length}")
+
+    body, head = _decoder_and_head(model)
+    scale, softcap = _logit_transform(_unwrap_peft(model))
+    outputs = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    # Position t predicts token t+1: the C completion tokens come from the C
+    # positions just before them.
+    hidden = outputs.last_hidden_state[:, -c - 1 : -1, :]
+    targets = input_ids[:, -c:]
+    flat_hidden = hidden.reshape(batch * c, hidden.size(-1))
+    flat_targets = targets.reshape(batch * c)
+
+    use_checkpoint = torch.is_grad_enabled() and (
+        flat_hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    logps_parts: list[torch.Tensor] = []
+    entropy_parts: list[torch.Tensor] = []
+    for start in range(0, batch * c, chunk_size):
+        args = (
+            head,
+            flat_hidden[start : start + chunk_size],
+            flat_targets[start : start + chunk_size],
+            temperature,
+            scale,
+            softcap,
+            with_entropy,
+        )
+        if use_checkpoint:
+            logps, entropy = checkpoint(_chunk_logps, *args, use_reentrant=False)
+        else:
+            logps, entropy = _chunk_logps(*args)
+        logps_parts.append(logps)
+        entropy_parts.append(entropy)
+
+    logps_out = torch.cat(logps_parts).view(batch, c)
+    entropy_out = torch.cat(entropy_parts).view(batch, c) if with_entropy else None
+    return logps_out, entropy_out
