@@ -1,0 +1,238 @@
+"""A small HTTP client for the endpoints of a vLLM (0.32) OpenAI server that
+grpo needs: generation, adapter loading, full-weight reload, cache reset.
+
+Why our own client: TRL's client refuses vLLM 0.32 and syncs weights over
+NCCL only; grpo talks to vLLM's HTTP API directly. Transient failures
+(connection refused, 5xx, a garbled answer) are retried with exponential
+backoff until ``timeout`` seconds have passed in total, then become
+:class:`~grpo_core.errors.EngineUnavailable` naming the URL and what to check.
+A 4xx answer is the caller's fault and is never retried.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import requests
+
+from grpo_core.errors import EngineUnavailable, GrpoError
+
+# Endpoints that only exist when the server runs with VLLM_SERVER_DEV_MODE=1.
+DEV_MODE_HINT = "start the server with VLLM_SERVER_DEV_MODE=1 (grpo vllm-serve does when it is safe)"
+
+
+class EngineRequestError(GrpoError):
+    """The server answered, but refused the request (4xx)."""
+
+    def __init__(self, message: str, status: int, body: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class ModelNotLoaded(EngineRequestError):
+    """The requested model name (e.g. the 'policy' adapter) is not on the
+    server: typically the server restarted and lost its adapters."""
+
+
+class EndpointMissing(EngineRequestError):
+    """The server does not offer this endpoint (404 on the path): an older
+    vLLM, LoRA updating disabled, or dev mode off."""
+
+
+class VLLMClient:
+    """HTTP client of one vLLM server.
+
+    Safe to share between the trainer thread and a prefetch thread: each
+    thread gets its own ``requests.Session``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = 240.0,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = float(timeout)
+        self.log = log
+        self._local = threading.local()
+        self.outages = 0  # how many times the server stopped answering and came back
+        # Adapters this client loaded (name -> path), so hygiene leaves them alone.
+        self.owned_adapters: dict[str, str] = {}
+        # Managed mode: says why the server can never answer (its process
+        # exited), so a request fails at once instead of waiting out the timeout.
+        self.dead_check: Callable[[], str | None] | None = None
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            if self.api_key:
+                session.headers["Authorization"] = f"Bearer {self.api_key}"
+            self._local.session = session
+        return session
+
+    def _unavailable(self, path: str, waited: float, last: str) -> EngineUnavailable:
+        return EngineUnavailable(
+            f"vLLM server at {self.base_url} did not answer {path} properly for {waited:.0f} s "
+            f"(last problem: {last}). Check that the server is running (`grpo vllm-serve CONFIG`, "
+            "or trl.vllm_managed = true), that trl.vllm_server_host/port or trl.vllm_server_base_url "
+            "point at it, and its log; raise trl.vllm_server_timeout if it is just slow."
+        )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        *,
+        params: dict[str, Any] | None = None,
+        parse: Callable[[requests.Response], Any] | None = None,
+        timeout: float | None = None,
+        retry: bool = True,
+    ) -> Any:
+        """Send one request, retrying transient failures.
+
+        ``parse`` turns a 2xx response into the result; if it raises
+        ``ValueError``/``KeyError``/``TypeError`` the answer counts as garbage
+        and is retried like a 5xx. Returns the parsed value (or the response).
+        """
+        total = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + total
+        delay = 0.25
+        start = time.monotonic()
+        failed = False
+        url = self.base_url + path
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                response = self._session().request(
+                    method, url, json=json, params=params, timeout=(min(10.0, max(remaining, 1.0)), max(remaining, 1.0))
+                )
+            except requests.exceptions.ReadTimeout:
+                raise EngineUnavailable(
+                    f"vLLM server at {self.base_url} accepted {path} but sent no answer within {total:.0f} s. "
+                    "Raise trl.vllm_server_timeout, or generate fewer/shorter completions per step."
+                ) from None
+            except requests.exceptions.RequestException as exc:
+                last = f"{type(exc).__name__}: {str(exc)[:200]}"
+            else:
+                if response.status_code < 400:
+                    try:
+                        result = parse(response) if parse else response
+                    except (ValueError, KeyError, TypeError, IndexError) as exc:
+                        last = f"unreadable answer ({type(exc).__name__}: {exc}): {response.text[:200]!r}"
+                    else:
+                        if failed:
+                            self.outages += 1
+                        return result
+                elif response.status_code >= 500:
+                    last = f"HTTP {response.status_code}: {response.text[:300]}"
+                else:
+                    raise self._client_error(path, response)
+            failed = True
+            dead = self.dead_check() if self.dead_check else None
+            if dead:
+                raise EngineUnavailable(f"vLLM server at {self.base_url} is gone: {dead}")
+            if not retry or time.monotonic() + delay > deadline:
+                raise self._unavailable(path, time.monotonic() - start, last)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _client_error(self, path: str, response: requests.Response) -> EngineRequestError:
+        status, body = response.status_code, response.text[:1000]
+        if status == 401:
+            return EngineRequestError(
+                f"vLLM server at {self.base_url} refused {path}: wrong or missing API key. Set [vllm] api_key "
+                "to the key the server was started with.",
+                status,
+                body,
+            )
+        if status == 404 and "does not exist" in body:
+            return ModelNotLoaded(f"vLLM server at {self.base_url}: {body}", status, body)
+        if status in (404, 405) and ('"Not Found"' in body or '"Method Not Allowed"' in body):
+            return EndpointMissing(f"vLLM server at {self.base_url} has no endpoint {path} (HTTP {status}).", status, body)
+        return EngineRequestError(f"vLLM server at {self.base_url} refused {path} (HTTP {status}): {body}", status, body)
+
+    # ------------------------------------------------------------------ endpoints
+
+    def health(self, timeout: float = 2.0) -> bool:
+        """One quick probe of /health; never raises."""
+        try:
+            return self._session().get(self.base_url + "/health", timeout=timeout).status_code == 200
+        except requests.exceptions.RequestException:
+            return False
+
+    def wait_healthy(self, timeout: float | None = None) -> None:
+        self.request("GET", "/health", timeout=timeout)
+
+    def models(self) -> list[dict[str, Any]]:
+        """Served models: the base model and every loaded LoRA adapter
+        (adapters carry a ``parent``)."""
+        return self.request("GET", "/v1/models", parse=lambda r: list(r.json()["data"]))
+
+    def completions(self, payload: dict[str, Any], parse: Callable[[dict[str, Any]], Any] | None = None) -> Any:
+        """POST /v1/completions. ``parse`` validates the JSON (garbage -> retry)."""
+        return self.request("POST", "/v1/completions", payload, parse=lambda r: (parse or (lambda d: d))(r.json()))
+
+    def load_lora_adapter(self, name: str, path: str, inplace: bool = True) -> None:
+        try:
+            self.request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": inplace})
+        except EndpointMissing as exc:
+            raise EngineRequestError(
+                f"vLLM server at {self.base_url} cannot load LoRA adapters at runtime. Start it with "
+                "--enable-lora --max-lora-rank <lora_r> and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
+                "(grpo vllm-serve does this when adapter = 'lora').",
+                exc.status,
+                exc.body,
+            ) from None
+        self.owned_adapters[name] = path
+
+    def unload_lora_adapter(self, name: str) -> None:
+        self.request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+        self.owned_adapters.pop(name, None)
+
+    def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        """Run ``method`` on every worker (dev mode only)."""
+        try:
+            return self.request(
+                "POST", "/collective_rpc", {"method": method, "kwargs": kwargs or {}}, timeout=timeout,
+                parse=lambda r: r.json() if r.content else None,
+            )
+        except EndpointMissing as exc:
+            raise EngineRequestError(f"vLLM server at {self.base_url} has no /collective_rpc: {DEV_MODE_HINT}.", exc.status) from None
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop cached KV blocks computed with older weights (dev mode only)."""
+        return bool(self.request("POST", "/reset_prefix_cache", parse=lambda r: r.json().get("success", True)))
+
+    def weight_version(self) -> str | None:
+        """The weight tag the server holds (dev mode); ``None`` without dev mode."""
+        try:
+            return self.request("GET", "/weight_info", parse=lambda r: str(r.json()["weight_version"]))
+        except EndpointMissing:
+            return None
+
+    def set_weight_version(self, tag: str) -> bool:
+        """Label the server's weights, so a restarted server (which forgets the
+        label) can be told apart from one that still holds our weights."""
+        try:
+            self.request("POST", "/update_weight_version", {"new_version": tag})
+            return True
+        except EndpointMissing:
+            return False
+
+    def openapi_fields(self, schema: str = "CompletionRequest") -> set[str] | None:
+        """Field names the server accepts in ``schema`` (from /openapi.json)."""
+        try:
+            spec = self.request("GET", "/openapi.json", parse=lambda r: r.json())
+            return set(spec["components"]["schemas"][schema]["properties"])
+        except (GrpoError, KeyError, TypeError):
+            return None

