@@ -197,6 +197,7 @@ class GRPOTrainer:
         acc: dict[str, list[float]] = {}
         num_tokens = 0
         trained = 0
+        loss_total = 0.0
         ga = max(1, len(self._micro))
         for mb in self._micro:
             if trl.skip_zero_advantage_batches and not mb.has_signal and float(trl.beta) == 0:
@@ -214,12 +215,13 @@ class GRPOTrainer:
                 is_weights=is_weights,
                 entropy=entropy,
                 num_items_in_batch=self._num_items,
-                gradient_accumulation_steps=ga,
+                sampler_logps=None if mb.sampler_logps is None else mb.sampler_logps.to(self.device),
+                accumulation_steps=ga,
             )
             loss.backward()
             trained += 1
             num_tokens += int(mb.attention_mask.sum())
-            acc.setdefault("loss", []).append(float(loss.detach()) * ga)
+            loss_total += float(loss.detach())  # micro-batch losses are pre-scaled: their sum is the step's loss
             for key, value in m.items():
                 acc.setdefault(key, []).append(float(value))
         grad_norm = 0.0
@@ -236,8 +238,8 @@ class GRPOTrainer:
 
         metrics = dict(batch.metrics) if fresh else {}
         metrics.update({k: sum(v) / len(v) for k, v in acc.items()})
-        metrics.setdefault("loss", 0.0)
         metrics.update(
+            loss=loss_total,
             grad_norm=grad_norm,
             learning_rate=lr,
             num_tokens=float(num_tokens),
