@@ -159,10 +159,31 @@ def validate(data: dict[str, Any], source: str = "config") -> GRPOConfig:
     return apply_effective_defaults(cfg)
 
 
+def anchor_to_config_dir(cfg: GRPOConfig, config_dir: Path) -> GRPOConfig:
+    """Let a config find the files that sit next to it.
+
+    A relative dataset path that does not exist from the working directory
+    but does from the config's folder is taken from there, and that folder
+    goes on ``sys.path`` after the working directory, so
+    ``grpo run examples/arithmetic/config.toml`` finds ``rewards.py`` and
+    ``data/`` beside it while a file in the working directory still wins.
+    """
+    import sys
+
+    config_dir = config_dir.resolve()
+    for spec in cfg.datasets:
+        candidate = config_dir / spec.path
+        if not Path(spec.path).is_absolute() and not Path(spec.path).exists() and candidate.exists():
+            spec.path = str(candidate)
+    if str(config_dir) not in sys.path:
+        sys.path.append(str(config_dir))
+    return cfg
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> GRPOConfig:
     """Read, override, validate and complete a config file."""
     data = apply_overrides(read_raw(path), overrides or [])
-    return validate(data, str(path))
+    return anchor_to_config_dir(validate(data, str(path)), Path(path).parent)
 
 
 def to_toml(data: dict[str, Any]) -> str:

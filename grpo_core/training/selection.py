@@ -17,8 +17,10 @@ def default_rollout(cfg: GRPOConfig) -> str:
 def default_weight_sync(cfg: GRPOConfig) -> str:
     if not cfg.trl.use_vllm:
         return "in_process"  # the transformers rollout samples from the trained model itself
-    if cfg.adapter == "lora" and (cfg.trl.vllm_lora_sync or cfg.plugins.weight_sync is None):
+    if cfg.adapter == "lora" and cfg.trl.vllm_lora_sync:
         return "lora_filesystem"
+    # Merged full weights: with a LoRA adapter the engine then serves plain
+    # weights, which generates faster than LoRA-enabled layers.
     return "full_filesystem"
 
 
