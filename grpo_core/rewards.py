@@ -71,6 +71,8 @@ def build_batch(groups: list[RolloutGroup], step: int) -> Batch:
     keys: list[str] = []
     for group in groups:
         keys.extend(k for k in group.prompt.columns if k not in keys and k not in RESERVED_ARGS)
+        for completion in group.completions:  # a rollout's per-completion extras
+            keys.extend(k for k in completion.extra if k not in keys and k not in RESERVED_ARGS)
     prompts, completions, ids = [], [], []
     columns: dict[str, list[Any]] = {k: [] for k in keys}
     for group in groups:
@@ -80,7 +82,7 @@ def build_batch(groups: list[RolloutGroup], step: int) -> Batch:
             completions.append([{"role": "assistant", "content": completion.text}] if conversational else completion.text)
             ids.append(list(completion.token_ids))
             for k in keys:
-                columns[k].append(group.prompt.columns.get(k))
+                columns[k].append(completion.extra[k] if k in completion.extra else group.prompt.columns.get(k))
     return Batch(prompts, completions, ids, columns, step, [len(g.completions) for g in groups])
 
 

@@ -59,13 +59,16 @@ class Completion:
     ``logprobs`` are the *sampler's* log-probabilities of ``token_ids`` (one per
     token) when the engine reports them; importance-sampling correction needs
     them. ``truncated`` is true when generation stopped at ``max_tokens``
-    rather than at an end-of-sequence or stop token.
+    rather than at an end-of-sequence or stop token. ``extra`` holds
+    per-completion values a rollout wants reward functions to see (they
+    arrive as keyword arguments, like dataset columns).
     """
 
     token_ids: list[int]
     text: str
     logprobs: list[float] | None = None
     truncated: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -46,6 +46,7 @@ NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = (
         lambda c: c.trl.log_completions,
         "it logs to Weights & Biases, which grpo does not ship; use trl.num_completions_to_print",
     ),
+    _Unimplemented("val_set_size", lambda c: c.val_set_size > 0, "there is no evaluation loop yet; set it to 0.0"),
     _Unimplemented("use_wandb", lambda c: c.use_wandb, "grpo logs to the console and output_dir/metrics.jsonl only"),
     _Unimplemented(
         "trl.vllm_mode",

@@ -30,6 +30,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def apply_precision_flags(cfg: GRPOConfig) -> None:
+    """``tf32``: TensorFloat-32 matmuls on Ampere+ GPUs (no effect on CPU)."""
+    if cfg.tf32 is not None and torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = bool(cfg.tf32)
+        torch.backends.cudnn.allow_tf32 = bool(cfg.tf32)
+
+
 def prompts_per_batch(cfg: GRPOConfig) -> int:
     generation_batch = cfg.trl.generation_batch_size or cfg.micro_batch_size * cfg.gradient_accumulation_steps
     return max(1, generation_batch // int(cfg.trl.num_generations))  # type: ignore[arg-type]
@@ -60,6 +67,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
     output_dir = Path(cfg.output_dir)
     check_output_dir(output_dir)
     seed_everything(cfg.seed)
+    apply_precision_flags(cfg)
 
     context = RunContext(config=cfg, output_dir=output_dir)
     model_dir = resolve_model_dir(cfg.base_model)
@@ -69,7 +77,8 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
 
     scorer = RewardScorer(cfg, host, context)
     prompts = load_prompts(cfg, tokenizer)
-    scorer.check_columns(common_columns(prompts))
+    if not cfg.trl.rollout_func:  # a rollout_func may add per-completion fields
+        scorer.check_columns(common_columns(prompts))
 
     # Engines start before the model loads: a managed vLLM server boots while
     # the trainer's model is read from disk.

@@ -10,7 +10,7 @@ import pytest
 
 from grpo_core.errors import ConfigError, NotImplementedYet
 from grpo_core.context import RunContext
-from grpo_plugins.vllm.server import server_spec
+from grpo_plugins.vllm.server import cpu_has_fast_bf16, cuda_available, resolve_dtype, server_spec
 from grpo_plugins.vllm.weight_sync import nccl_refusal
 
 
@@ -28,11 +28,27 @@ def test_server_spec_from_config(smollm2_dir, tmp_path, config_for):
     assert _arg(argv, "--model") == smollm2_dir and _arg(argv, "--served-model-name") == "base"
     assert _arg(argv, "--max-lora-rank") == "16" and "--enable-lora" in argv  # rounded up to a rank vLLM accepts
     assert _arg(argv, "--logprobs-mode") == "processed_logprobs"
-    assert _arg(argv, "--api-key") == "test-key-123" and _arg(argv, "--dtype") == "bfloat16"
+    assert _arg(argv, "--api-key") == "test-key-123" and _arg(argv, "--dtype") == resolve_dtype("auto")
     assert spec.port > 0 and _arg(argv, "--port") == str(spec.port)  # port 0 -> a free port
     assert argv[-1] == "--enforce-eager"
     assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and spec.env["VLLM_SERVER_DEV_MODE"] == "1"
     assert spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and not spec.warnings
+
+
+def test_cpu_dtype_and_core_defaults(smollm2_dir, tmp_path, config_for):
+    """dtype=auto means float32 on a CPU that only emulates bf16; explicit
+    dtypes pass through; synchronous CPU runs give vLLM every core."""
+    assert resolve_dtype("bfloat16") == "bfloat16" and resolve_dtype("float16") == "float16"
+    if not cuda_available():
+        assert resolve_dtype("auto") == ("bfloat16" if cpu_has_fast_bf16() else "float32")
+        assert server_spec(config_for(smollm2_dir, tmp_path)).env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+        prefetching = config_for(smollm2_dir, tmp_path, async_prefetch=True, use_data_producer=True)
+        assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in server_spec(prefetching).env  # the trainer keeps a core
+
+
+def test_merged_weight_runs_serve_without_lora_layers(smollm2_dir, tmp_path, config_for):
+    merged = config_for(smollm2_dir, tmp_path, vllm_lora_sync=False)
+    assert "--enable-lora" not in server_spec(merged).argv
 
 
 def test_public_bind_warns_and_drops_unguarded_dev_mode(smollm2_dir, tmp_path, config_for):
