@@ -226,13 +226,12 @@ class PrefetchingProducer:
     on the next :meth:`produce` call in the trainer's thread.
     """
 
-    _STOP = object()
-
     def __init__(self, inner: RolloutProducer, depth: int, progress_of: Callable[[int], TrainingProgress]) -> None:
         self.inner = inner
         self.depth = max(1, depth)
         self.progress_of = progress_of
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.depth)
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._slots = threading.Semaphore(self.depth)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._produced = 0
@@ -244,17 +243,17 @@ class PrefetchingProducer:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            # A slot frees when the trainer takes a batch: at most `depth`
+            # batches exist ahead of training, the one being built included,
+            # so a batch is never more than `depth` policy versions stale.
+            if not self._slots.acquire(timeout=0.2):
+                continue
             try:
                 item: Any = self.inner.produce(self.progress_of(self._produced))
             except BaseException as exc:  # handed to the trainer's thread
                 item = exc
             self._produced += 1
-            while not self._stop.is_set():
-                try:
-                    self._queue.put(item, timeout=0.2)
-                    break
-                except queue.Full:
-                    continue
+            self._queue.put(item)
             if isinstance(item, BaseException):
                 return
 
@@ -268,6 +267,7 @@ class PrefetchingProducer:
             except queue.Empty:
                 if self._thread is not None and not self._thread.is_alive():
                     raise RuntimeError("the prefetch thread stopped without producing a batch")
+        self._slots.release()
         if isinstance(item, BaseException):
             raise item
         return item

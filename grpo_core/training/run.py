@@ -16,7 +16,7 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
-from grpo_core.errors import GrpoError
+from grpo_core.errors import GrpoError, TrainingInterrupted
 from grpo_core.plugin_host import PluginHost
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.producer import PrefetchingProducer, PromptStream, RolloutProducer, sampling_from_config
@@ -141,11 +141,8 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
         save_final(model, tokenizer, output_dir)
         context.log(f"training {status}: {trainer.step} steps; model saved to {output_dir}")
         return status
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, TrainingInterrupted):
         status = "interrupted"
-        raise
-    except GrpoError as exc:
-        status = "interrupted" if getattr(exc, "exit_code", 0) == 130 else "failed"
         raise
     finally:
         host.hook.grpo_train_end(context=context, status=status)

@@ -9,8 +9,8 @@ correction and the PPO-clip loss, accumulate gradients, step, and every
 
 from __future__ import annotations
 
-import contextlib
 import signal
+import warnings
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,7 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
-from grpo_core.errors import EngineUnavailable, GrpoError, RewardError, TrainingInterrupted
+from grpo_core.errors import EngineUnavailable, RewardError, TrainingInterrupted
 from grpo_core.logprobs import token_logprobs
 from grpo_core.loss import LossSettings, policy_loss
 from grpo_core.training import checkpoint as ckpt
@@ -231,7 +231,11 @@ class GRPOTrainer:
             grad_norm = float(norm)
             self.p.optimizer.step()
         lr = float(self.p.scheduler.get_last_lr()[0])
-        self.p.scheduler.step()
+        with warnings.catch_warnings():
+            # A step whose micro-batches were all skipped still advances the
+            # schedule (it counts optimizer steps); torch warns about that order.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            self.p.scheduler.step()
         self.p.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.policy_version += int(trained > 0)
@@ -272,14 +276,13 @@ class GRPOTrainer:
         self.p.context.services["policy_version"] = self.policy_version
         self.sync_weights()  # the engine starts from this run's weights, whatever it held before
         logger = MetricsLogger(self.output_dir, cfg.max_steps, self.step, cfg.logging_steps)
-        status = "failed"
         try:
             with StopRequested() as stop:
                 while self.step < cfg.max_steps:
                     try:
                         metrics = self._train_step()
                     except (EngineUnavailable, RewardError) as exc:
-                        path = self.save()
+                        path = self.save()  # everything finished so far is kept
                         raise type(exc)(f"{exc}\nTraining stopped at step {self.step}; checkpoint saved to {path}. "
                                         f"Resume with resume_from_checkpoint = \"{path}\".") from exc
                     if trl.sync_ref_model and self.step % trl.ref_model_sync_steps == 0:
@@ -292,23 +295,14 @@ class GRPOTrainer:
                         self.save()
                     if stop.signal is not None:
                         path = self.save()
-                        status = "interrupted"
                         raise TrainingInterrupted(
                             f"stopped by signal {stop.signal} at step {self.step}; checkpoint saved to {path}. "
                             f"Resume with resume_from_checkpoint = \"{path}\"."
                         )
             self.save()
-            status = "completed"
-        except KeyboardInterrupt:
-            status = "interrupted"
-            raise
-        except GrpoError:
-            status = "interrupted" if status == "interrupted" else "failed"
-            raise
         finally:
             logger.close()
-            with contextlib.suppress(Exception):
-                close = getattr(self.p.producer, "close", None)
-                if close:
-                    close()
-        return status
+            close = getattr(self.p.producer, "close", None)
+            if close is not None:
+                close()
+        return "completed"

@@ -60,10 +60,19 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_async_prefetch_streaming_lora_sync(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
+PARITY_REWARD = """
+def parity_reward(completion_ids, **kwargs):
+    return [float(sum(ids) % 2) for ids in completion_ids]
+"""
+
+
+def test_async_prefetch_streaming_lora_sync(vllm_server, smollm2_dir: str, tmp_path: Path, monkeypatch) -> None:
+    # a reward that varies within (almost) every group, so every step trains
+    (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
     cfg = validate(
         run_config(
-            smollm2_dir, tmp_path / "run", vllm_server.base_url,
+            smollm2_dir, tmp_path / "run", vllm_server.base_url, reward_funcs=["parity_rewards.parity_reward"],
             vllm_lora_sync=True, use_data_producer=True, async_prefetch=True, prefetch_depth=1,
             streaming_partial_batch=True, streaming_min_groups=1, vllm_importance_sampling_correction=True,
         )

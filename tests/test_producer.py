@@ -1,0 +1,74 @@
+"""Scheduling of the producer side: prefetch depth bounds staleness, errors
+in the background thread reach the trainer, the prompt stream resumes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from grpo_core.training.producer import PrefetchingProducer, PromptStream, ScoredBatch
+from grpo_core.types import Prompt, TrainingProgress
+
+
+class VersionStampingProducer:
+    """Stands in for RolloutProducer: stamps each batch with the policy
+    version current when generation *started* (as the real one does)."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.cfg = SimpleNamespace(trl=SimpleNamespace(num_iterations=1))
+        self.version = 0
+        self.lock = threading.Lock()
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def produce(self, progress: TrainingProgress) -> ScoredBatch:
+        with self.lock:
+            version = self.version
+            self.calls += 1
+            if self.fail_at is not None and self.calls == self.fail_at:
+                raise RuntimeError("engine exploded")
+        time.sleep(0.01)  # generation takes a while
+        return ScoredBatch(groups=[], policy_version=version)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_prefetch_depth_bounds_staleness(depth: int) -> None:
+    inner = VersionStampingProducer()
+    prefetch = PrefetchingProducer(inner, depth, lambda k: TrainingProgress(k, 10))
+    stalest = 0
+    try:
+        for step in range(8):
+            batch = prefetch.produce(TrainingProgress(step, 8))
+            time.sleep(0.05)  # training is slower than generation: the thread runs ahead
+            stalest = max(stalest, inner.version - batch.policy_version)
+            with inner.lock:
+                inner.version += 1  # optimizer step + weight sync
+    finally:
+        prefetch.close()
+    assert stalest == depth  # it really ran ahead, and never further than depth
+    assert inner.calls <= 8 + depth
+
+
+def test_errors_in_the_thread_reach_the_trainer() -> None:
+    prefetch = PrefetchingProducer(VersionStampingProducer(fail_at=2), 1, lambda k: TrainingProgress(k, 10))
+    try:
+        prefetch.produce(TrainingProgress(0, 5))
+        with pytest.raises(RuntimeError, match="engine exploded"):
+            prefetch.produce(TrainingProgress(1, 5))
+    finally:
+        prefetch.close()
+
+
+def test_prompt_stream_resumes_where_it_stopped() -> None:
+    prompts = [Prompt(prompt=str(i), prompt_ids=[i]) for i in range(5)]
+    a = PromptStream(prompts, seed=3, shuffle=True)
+    first = [p.prompt for p in a.take(7)]  # crosses an epoch boundary
+    state = a.state_dict()
+    rest = [p.prompt for p in a.take(6)]
+    b = PromptStream(prompts, seed=3, shuffle=True)
+    b.load_state_dict(state)
+    assert [p.prompt for p in b.take(6)] == rest
+    assert sorted(first[:5]) == [str(i) for i in range(5)]  # each epoch is a permutation
