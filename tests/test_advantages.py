@@ -7,9 +7,7 @@ source text itself, cut out between two marker lines, on the same rewards.
 
 from __future__ import annotations
 
-import inspect
 import math
-import textwrap
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,24 +22,13 @@ from grpo_core.context import RunContext
 from grpo_core.errors import GrpoError
 from grpo_core.plugin_host import PluginHost
 from grpo_plugins.advantages import NormalizeThenSum, SumThenNormalize
+from trl_source import trl_block
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # TRL warns about the vLLM version at import
     from trl.trainer import grpo_trainer as trl_grpo
 
 CLASSES = {"sum_then_normalize": SumThenNormalize, "normalize_then_sum": NormalizeThenSum}
-
-
-def trl_block(method, start: str, end: str) -> str:
-    """TRL's source from the line holding ``start`` up to (not including) the
-    line holding ``end``, dedented so it can be executed."""
-    lines = inspect.getsource(method).splitlines()
-    try:
-        i = next(n for n, line in enumerate(lines) if start in line)
-        j = next(n for n, line in enumerate(lines) if n > i and end in line)
-    except StopIteration:
-        pytest.fail(f"TRL's {method.__qualname__} no longer contains '{start}' ... '{end}': update the parity test")
-    return textwrap.dedent("\n".join(lines[i:j]))
 
 
 TRL_ADVANTAGES = trl_block(

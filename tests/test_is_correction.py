@@ -10,9 +10,7 @@ stand-in (one process here).
 
 from __future__ import annotations
 
-import inspect
 import math
-import textwrap
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -26,6 +24,7 @@ from grpo_core.context import RunContext
 from grpo_core.errors import ConfigError
 from grpo_core.plugin_host import PluginHost
 from grpo_plugins import is_correction as isc
+from trl_source import trl_block
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # TRL warns about the vLLM version at import
@@ -33,18 +32,6 @@ with warnings.catch_warnings():
 
 MODES = ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 FACTORIES = {m: getattr(isc, m) for m in MODES}
-
-
-def trl_block(method, start: str, end: str) -> str:
-    """TRL's source from the line holding ``start`` up to (not including) the
-    line holding ``end``, dedented so it can be executed."""
-    lines = inspect.getsource(method).splitlines()
-    try:
-        i = next(n for n, line in enumerate(lines) if start in line)
-        j = next(n for n, line in enumerate(lines) if n > i and end in line)
-    except StopIteration:
-        pytest.fail(f"TRL's {method.__qualname__} no longer contains '{start}' ... '{end}': update the parity test")
-    return textwrap.dedent("\n".join(lines[i:j]))
 
 
 _METHOD = trl_grpo.GRPOTrainer._generate_and_score_completions
