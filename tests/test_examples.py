@@ -4,6 +4,7 @@ rollout so no server is needed; the vLLM path is covered in tests/vllm)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 @pytest.mark.parametrize("name", ["arithmetic", "gsm8k"])
 def test_example_trains_one_step(name: str, smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # the config must find its data and rewards beside itself
-    monkeypatch.delitem(__import__("sys").modules, "rewards", raising=False)
+    # both examples have a `rewards.py`: start each from a clean import state
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "rewards", raising=False)
     cfg = load_config(
         EXAMPLES / name / "config.toml",
         [f"base_model={json.dumps(smollm2_dir)}", "trl.use_vllm=false", "max_steps=1", "micro_batch_size=8",

@@ -91,10 +91,18 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
         for point in ("rollout", "weight_sync", "advantage_aggregation", "is_correction", "replay"):
             implementations[point] = host.load_implementation(point, chosen[point], context)
 
+        # accelerate places the model and optimizer on the run's device (GPU
+        # where there is one) and owns backward / gradient clipping.
+        from accelerate import Accelerator
+
+        accelerator = Accelerator()
         model = load_policy(cfg, model_dir, tokenizer)
+        optimizer = build_optimizer(cfg, model)
+        model, optimizer = accelerator.prepare(model, optimizer)
         model_holder["model"] = model
         reference = reference_model(cfg, model_dir, model)  # None unless beta > 0
-        optimizer = build_optimizer(cfg, model)
+        if reference is not None and hasattr(reference, "model"):
+            reference.model.to(accelerator.device)
         scheduler = build_scheduler(cfg, optimizer)
 
         stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)
@@ -122,6 +130,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
             context=context,
             hook=host.hook,
             model=model,
+            accelerator=accelerator,
             tokenizer=tokenizer,
             optimizer=optimizer,
             scheduler=scheduler,

@@ -38,6 +38,7 @@ class TrainerParts:
     context: RunContext
     hook: Any
     model: torch.nn.Module
+    accelerator: Any
     tokenizer: Any
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -90,7 +91,7 @@ class GRPOTrainer:
         self._num_items = 0.0
         self._stream_state: dict[str, Any] = {}
         self.pad_id = int(parts.tokenizer.pad_token_id)
-        self.device = next(parts.model.parameters()).device
+        self.device = parts.accelerator.device
 
     # ---------------------------------------------------------------- state
 
@@ -218,7 +219,7 @@ class GRPOTrainer:
                 sampler_logps=None if mb.sampler_logps is None else mb.sampler_logps.to(self.device),
                 accumulation_steps=ga,
             )
-            loss.backward()
+            self.p.accelerator.backward(loss)
             trained += 1
             num_tokens += int(mb.attention_mask.sum())
             loss_total += float(loss.detach())  # micro-batch losses are pre-scaled: their sum is the step's loss
@@ -227,7 +228,7 @@ class GRPOTrainer:
         grad_norm = 0.0
         if trained:
             params = [p for p in model.parameters() if p.requires_grad]
-            norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
+            norm = self.p.accelerator.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
             grad_norm = float(norm)
             self.p.optimizer.step()
         lr = float(self.p.scheduler.get_last_lr()[0])

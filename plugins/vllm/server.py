@@ -75,8 +75,8 @@ def cpu_has_fast_bf16() -> bool:
     """True when this x86 CPU computes bf16 natively (AVX512-BF16 or AMX).
 
     Without it vLLM's CPU backend emulates bf16 and generates several times
-    slower than in float32 (measured: 21 vs 174 tokens/s for SmolLM2 on a
-    2-core AVX2 machine; see benchmarks/RESULTS.md)."""
+    slower than in float32 (21 vs 114 tokens/s for SmolLM2 on one core of an
+    AVX2 machine; benchmarks/RESULTS.md)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -141,13 +141,13 @@ def server_spec(cfg: GRPOConfig, host: str | None = None, port: int | None = Non
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     lora = uses_lora_sync(cfg)
     if lora:
-        # Only for adapter sync: LoRA-enabled layers cost every request time
-        # (2.5x slower generation on CPU here), so merged-weight runs skip it.
+        # Only for adapter sync: serving through LoRA layers is slow on CPU
+        # (3.9x here, benchmarks/RESULTS.md), so merged-weight runs skip it.
         argv += ["--enable-lora", "--max-lora-rank", str(_lora_rank_bucket(cfg.lora_r))]
     if not cuda_available() and not cfg.trl.async_prefetch:
         # vLLM's CPU backend keeps one core for the API server by default; in
         # a synchronous run the trainer idles while vLLM generates, so let the
-        # engine use every core (2.7x faster generation on 2 cores here).
+        # engine use every core (1.6x faster generation on 2 cores here).
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     warnings: list[str] = []
     dev_mode = is_loopback(host) or not lora
