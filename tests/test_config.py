@@ -474,3 +474,12 @@ _toml_values = st.recursive(
 @given(st.dictionaries(st.text(max_size=8), _toml_values, max_size=6))
 def test_fuzz_convert_round_trips(data: dict[str, Any]) -> None:
     assert tomllib.loads(to_toml_text(data)) == data
+
+
+def test_top_level_key_written_after_a_table_header_says_move_it(tmp_path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('base_model = "m"\n\n[[datasets]]\npath = "d.jsonl"\nmax_steps = 3\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert "datasets[0].max_steps" in message and "move 'max_steps' above the first [table] header" in message

@@ -113,9 +113,13 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             model = _model_at(loc)
             known = list(model.model_fields) if model else []
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            home = _where_else(key) if len(loc) <= 2 else None
-            if home == "the top level" and len(loc) == 2:
-                hint = f"it belongs at the top level, not in [{loc[0]}]: write '{key}'."
+            tables = [part for part in loc[:-1] if not isinstance(part, int)]
+            home = _where_else(key) if len(tables) <= 1 else None
+            if home == "the top level" and tables:
+                hint = (
+                    f"it belongs at the top level, not in [{tables[0]}]: move '{key}' above the first [table] "
+                    "header (in TOML, keys written after a header belong to that table)."
+                )
             elif home and home != "the top level" and home != loc[0]:
                 hint = f"it belongs in [{home}]: write '{home}.{key}'."
             elif close:
