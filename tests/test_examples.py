@@ -18,8 +18,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 @pytest.mark.parametrize("name", ["arithmetic", "gsm8k"])
 def test_example_trains_one_step(name: str, smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # the config must find its data and rewards beside itself
-    # both examples have a `rewards.py`: start each from a clean import state
-    monkeypatch.setattr(sys, "path", list(sys.path))
+    # Several examples have a `rewards.py`, and loading a config puts its folder
+    # on sys.path for the rest of the process: put this example's folder first.
+    monkeypatch.setattr(sys, "path", [str(EXAMPLES / name), *sys.path])
     monkeypatch.delitem(sys.modules, "rewards", raising=False)
     cfg = load_config(
         EXAMPLES / name / "config.toml",

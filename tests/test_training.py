@@ -148,9 +148,12 @@ def test_failing_reward_names_function_and_keeps_checkpoint(workdir: Path, smoll
     assert (workdir / "out" / "checkpoint-1" / "trainer_state.json").is_file()
 
 
-def test_num_iterations_and_beta_run_with_reference(workdir: Path, smollm2_dir: str) -> None:
-    cfg = validate(tiny_config(workdir, smollm2_dir, max_steps=2, trl={"num_iterations": 2, "beta": 0.04, "loss_type": "grpo"}))
+def test_num_iterations_and_beta_run_with_reference(workdir: Path, smollm2_dir: str, capsys: pytest.CaptureFixture) -> None:
+    cfg = validate(tiny_config(workdir, smollm2_dir, max_steps=2, trl={
+        "num_iterations": 2, "beta": 0.04, "loss_type": "grpo", "num_completions_to_print": 2}))
     run_training(cfg)
+    shown = capsys.readouterr().err
+    assert "sample completions" in shown and "last_digit_even" in shown  # the completions table
     records = read_metrics(workdir / "out")
     assert "kl" in records[0] and records[0]["kl"] is not None
     # the second iteration reuses the batch: its ratio differs from 1 after an update

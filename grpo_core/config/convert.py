@@ -15,12 +15,13 @@ from typing import Any
 
 import tomli_w
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _key(key: Any) -> str:
     key = str(key)
-    return key if _BARE_KEY.match(key) else tomli_w.dumps({"k": key}).split("=", 1)[1].strip()
+    # fullmatch: `$` would also accept a key ending in a newline
+    return key if _BARE_KEY.fullmatch(key) else tomli_w.dumps({"k": key}).split("=", 1)[1].strip()
 
 
 def _value(value: Any) -> str:

@@ -70,4 +70,5 @@ def print_completions(groups: list[ScoredGroup], tokenizer: Any, reward_names: l
                 f"{adv:+.3f}",
             )
             shown += 1
-    Console(stderr=True).print(table)
+    # Piped to a log file, rich would assume 80 columns and squeeze the table.
+    Console(stderr=True, width=None if sys.stderr.isatty() else 160).print(table)
