@@ -188,18 +188,3 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> GRPOCon
     """Read, override, validate and complete a config file."""
     data = apply_overrides(read_raw(path), overrides or [])
     return anchor_to_config_dir(validate(data, str(path)), Path(path).parent)
-
-
-def to_toml(data: dict[str, Any]) -> str:
-    """Render a raw config dict as TOML (``None`` values dropped; TOML has no
-    null), tables after plain keys as TOML requires."""
-    import tomli_w
-
-    def drop_none(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: drop_none(v) for k, v in value.items() if v is not None}
-        if isinstance(value, list):
-            return [drop_none(v) for v in value if v is not None]
-        return value
-
-    return tomli_w.dumps(drop_none(data))
