@@ -157,21 +157,65 @@ class LoraFilesystemSync(_FilesystemSync):
         self._label(client, version)
 
 
-def merged_state_dict(model: Any) -> dict[str, Any]:
-    """The plain HF state dict of ``model``, a LoRA merged into its weights
-    (the trainer's model is left as it was)."""
+# vLLM fuses these projections into one weight (qkv_proj, gate_up_proj); an
+# in-place reload of one member without the others would leave the rest of
+# the fused weight unset, so a partial update carries the whole group.
+PACKED_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _lora_modules(base: Any) -> dict[str, Any]:
+    return {name: m for name, m in base.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")}
+
+
+def _modules_to_send(base: Any, lora: dict[str, Any], packed_groups: tuple[tuple[str, ...], ...]) -> set[str] | None:
+    """Names of the modules whose weights training changes (LoRA-wrapped
+    ones, plus their fused siblings); ``None`` when other weights train too
+    (everything is sent then)."""
+    if any(p.requires_grad and "lora_" not in n for n, p in base.named_parameters()):
+        return None
+    names = set(lora)
+    for name in lora:
+        parent, _, leaf = name.rpartition(".")
+        for group in packed_groups:
+            if leaf in group:
+                names.update(f"{parent}.{member}" if parent else member for member in group)
+    return names
+
+
+def merged_weights(model: Any, packed_groups: tuple[tuple[str, ...], ...] = PACKED_GROUPS) -> dict[str, Any]:
+    """The HF-named weights the inference engine needs to sample from
+    ``model``: every weight for full fine-tuning; for a LoRA, only the
+    adapted modules (and their fused siblings), as ``W + delta``.
+
+    The delta is computed beside the weights, never merged into them, so the
+    trainer's frozen base stays bit-exact however many syncs run (a merge
+    followed by an unmerge does not round-trip in floating point), and the
+    ~25% of the model a LoRA never touches (embeddings, norms) is neither
+    copied nor sent. vLLM's in-place reload keeps weights it is not given.
+    """
+    import torch
+
     if not _is_peft(model):
         return {k: v.detach() for k, v in model.state_dict().items()}
-    model.merge_adapter()
-    try:
-        state = {}
-        for key, value in model.get_base_model().state_dict().items():
+    base = model.get_base_model()
+    lora = _lora_modules(base)
+    send = _modules_to_send(base, lora, packed_groups)
+    state: dict[str, Any] = {}
+    with torch.no_grad():
+        for key, value in base.state_dict().items():
             if "lora_" in key:
                 continue
-            state[key.replace(".base_layer.", ".")] = value.detach().clone()
-        return state
-    finally:
-        model.unmerge_adapter()
+            name = key.replace(".base_layer.", ".")
+            module_name, _, param = name.rpartition(".")
+            if send is not None and module_name not in send:
+                continue
+            module = lora.get(module_name)
+            if module is not None and param == "weight" and not module.merged:
+                for adapter in module.active_adapters:
+                    if adapter in module.lora_A:
+                        value = value + module.get_delta_weight(adapter)
+            state[name] = value.detach()
+    return state
 
 
 class FullFilesystemSync(_FilesystemSync):
@@ -183,7 +227,7 @@ class FullFilesystemSync(_FilesystemSync):
     def _save(self, model: Any, out: Path) -> None:
         from safetensors.torch import save_file
 
-        state = merged_state_dict(model)
+        state = merged_weights(model)
         seen: dict[int, str] = {}
         unique = {}
         for key, tensor in state.items():  # tied weights (lm_head = embed_tokens) are stored once
