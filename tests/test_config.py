@@ -297,6 +297,8 @@ def test_minimal_config_passes_without_warnings() -> None:
         ({"trl": {"temperature": 0.0}}, ["greedy"]),
         ({"trl": {"async_prefetch": True}}, ["background thread", "trl.use_vllm = true", "trl.async_prefetch = false"]),
         ({"trl": {"use_vllm": True, "vllm_lora_sync": True}}, ["no adapter", "adapter = 'lora'"]),
+        ({"trl": {"use_vllm": True, "vllm_mode": "colocate", "async_prefetch": True, "use_data_producer": True}},
+         ["take turns", "vllm_mode = 'server'"]),
         ({"bf16": True, "fp16": True}, ["bf16 and fp16"]),
     ],
 )
@@ -331,6 +333,8 @@ def test_deepspeed_zero3_with_non_reentrant_checkpointing_is_an_error(tmp_path: 
         ({"trl": {"use_vllm": True, "async_prefetch": True}}, "use_data_producer = true"),
         ({"trl": {"replay_buffer_size": 10, "replay_recompute_logps": False}}, "stale log-probabilities"),
         ({"trl": {"use_vllm": False, "vllm_lora_sync": True}, "adapter": "lora"}, "no effect without trl.use_vllm"),
+        ({"trl": {"use_vllm": True, "vllm_mode": "colocate", "vllm_lora_sync": True}, "adapter": "lora"},
+         "merged weights in memory"),
         ({"datasets": [{"path": "./missing.jsonl"}]}, "does not exist"),
         ({"gradient_checkpointing_kwargs": {"use_reentrant": False}}, "gradient_checkpointing is false"),
     ],
@@ -368,7 +372,6 @@ def test_sequence_level_is_with_liger_warns_when_liger_lands(monkeypatch: pytest
         ({"trl": {"use_liger_loss": True}}, "trl.use_liger_loss"),
         ({"trl": {"log_completions": True}}, "trl.log_completions"),
         ({"use_wandb": True}, "use_wandb"),
-        ({"trl": {"use_vllm": True, "vllm_mode": "colocate"}}, "trl.vllm_mode"),
     ],
 )
 def test_unimplemented_options_are_refused(changes: dict[str, Any], key: str) -> None:
@@ -396,6 +399,8 @@ def test_implementation_names_follow_the_reference_options() -> None:
         "rollout": "vllm", "advantage_aggregation": "normalize_then_sum", "is_correction": "sequence_mask",
         "weight_sync": "lora_filesystem", "replay": "mine",
     }
+    cfg.trl.vllm_mode = "colocate"
+    assert (implementation_names(cfg)["rollout"], implementation_names(cfg)["weight_sync"]) == ("vllm_colocate", "vllm_in_memory")
 
 
 def test_unknown_implementation_names_are_errors_with_a_host() -> None:

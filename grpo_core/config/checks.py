@@ -48,11 +48,6 @@ NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = (
     ),
     _Unimplemented("val_set_size", lambda c: c.val_set_size > 0, "there is no evaluation loop yet; set it to 0.0"),
     _Unimplemented("use_wandb", lambda c: c.use_wandb, "grpo logs to the console and output_dir/metrics.jsonl only"),
-    _Unimplemented(
-        "trl.vllm_mode",
-        lambda c: c.trl.vllm_mode == "colocate",
-        "only vllm_mode 'server' is supported (grpo starts and owns the server unless one answers)",
-    ),
 )
 
 def implementation_names(cfg: GRPOConfig) -> dict[str, str]:
@@ -158,6 +153,12 @@ def _async_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
             "false) samples from the model being trained and cannot: set trl.use_vllm = true (a vLLM server "
             "generates) or trl.async_prefetch = false."
         )
+    if trl.async_prefetch and trl.use_vllm and trl.vllm_mode == "colocate":
+        errors.append(
+            "trl.async_prefetch overlaps generation with training, but trl.vllm_mode = 'colocate' runs vLLM in "
+            "the trainer's process on the same device, so they would only take turns: use vllm_mode = 'server' "
+            "(a managed server, still one command) or trl.async_prefetch = false."
+        )
     if trl.use_data_producer and names["rollout"] == "transformers" and not trl.async_prefetch:
         warnings.append("trl.use_data_producer has no effect without trl.use_vllm and trl.async_prefetch.")
     if trl.async_prefetch and not trl.use_data_producer:
@@ -179,6 +180,11 @@ def _async_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
         )
     if trl.vllm_lora_sync and not trl.use_vllm:
         warnings.append("trl.vllm_lora_sync has no effect without trl.use_vllm.")
+    if trl.vllm_lora_sync and trl.use_vllm and trl.vllm_mode == "colocate":
+        warnings.append(
+            "trl.vllm_lora_sync has no effect with trl.vllm_mode = 'colocate': the engine lives in the trainer's "
+            "process and receives merged weights in memory."
+        )
     if trl.replay_buffer_size > 0 and not trl.replay_recompute_logps:
         warnings.append(
             "trl.replay_recompute_logps = false: replayed groups keep stale log-probabilities (an importance-"

@@ -13,13 +13,17 @@ from grpo_core.config.schema import GRPOConfig
 def default_rollout(cfg: GRPOConfig) -> str:
     if cfg.trl.rollout_func:
         return "function"
-    return "vllm" if cfg.trl.use_vllm else "transformers"
+    if not cfg.trl.use_vllm:
+        return "transformers"
+    return "vllm_colocate" if cfg.trl.vllm_mode == "colocate" else "vllm"
 
 
 def default_weight_sync(cfg: GRPOConfig) -> str:
     if not cfg.trl.use_vllm or cfg.trl.rollout_func:
         # A rollout_func reads the live model from its `trainer` argument.
         return "in_process"  # the transformers rollout samples from the trained model itself
+    if cfg.trl.vllm_mode == "colocate":
+        return "vllm_in_memory"  # same process: tensors, not files
     if cfg.adapter == "lora" and cfg.trl.vllm_lora_sync:
         return "lora_filesystem"
     # Merged full weights: with a LoRA adapter the engine then serves plain

@@ -25,9 +25,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from grpo_core import hookimpl
-from grpo_core.errors import ConfigError, EngineUnavailable, NotImplementedYet
+from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import Completion, Prompt, RolloutGroup, SamplingSettings
 from grpo_plugins.vllm.client import EndpointMissing, ModelNotLoaded, VLLMClient
+from grpo_plugins.vllm.sampling import sampling_fields
 from grpo_plugins.vllm.server import LOG_NAME, SERVED_MODEL_NAME, ManagedServer, server_spec
 
 if TYPE_CHECKING:
@@ -46,22 +47,6 @@ def server_url(context: RunContext) -> str:
     return f"http://{host}:{trl.vllm_server_port}"
 
 
-def _colocate_refusal(context: RunContext) -> Exception:
-    """Colocate mode (in-process ``vllm.LLM``) is refused with the reason."""
-    import torch
-
-    on_cpu = not torch.cuda.is_available()
-    if on_cpu and context.config.trl.vllm_enable_sleep_mode:
-        return ConfigError(
-            "trl.vllm_enable_sleep_mode = true: vLLM refuses sleep mode on CPU. Remove it (or set it false)."
-        )
-    return NotImplementedYet(
-        "trl.vllm_mode = 'colocate'",
-        "in-process vLLM is not wired into grpo's weight sync yet. Use vllm_mode = 'server' with "
-        "trl.vllm_managed = true: grpo then starts and stops the server itself, still one command",
-    )
-
-
 class VLLMRollout:
     """``grpo.rollout:vllm``."""
 
@@ -70,7 +55,10 @@ class VLLMRollout:
         cfg = context.config
         trl = cfg.trl
         if trl.vllm_mode == "colocate":
-            raise _colocate_refusal(context)
+            raise ConfigError(
+                "plugins.rollout = 'vllm' talks to a vLLM server, but trl.vllm_mode = 'colocate'. Remove "
+                "plugins.rollout (colocate mode picks 'vllm_colocate'), or set trl.vllm_mode = 'server'."
+            )
         self.timeout = float(trl.vllm_server_timeout or 240)
         self.server: ManagedServer | None = None
         self._prepared = False
@@ -181,36 +169,14 @@ class VLLMRollout:
     # ------------------------------------------------------------------ generation
 
     def _payload(self, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings) -> dict[str, Any]:
-        if sampling.temperature == 0 and n > 1:
-            raise ConfigError(
-                f"trl.temperature = 0 is greedy decoding: vLLM cannot sample num_generations = {n} different "
-                "completions. Use a temperature > 0 or num_generations = 1."
-            )
         payload: dict[str, Any] = {
             "model": self.context.services.get("vllm.model", SERVED_MODEL_NAME),
             "prompt": prompt_ids,
-            "n": n,
-            "max_tokens": sampling.max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "logprobs": 0,
             "return_token_ids": True,
-            "skip_special_tokens": True,
+            **sampling_fields(sampling, n, self._calls),
         }
-        if sampling.top_k:  # 0 / None: no top-k
-            payload["top_k"] = sampling.top_k
-        if sampling.min_p:
-            payload["min_p"] = sampling.min_p
-        if sampling.repetition_penalty is not None:
-            payload["repetition_penalty"] = sampling.repetition_penalty
-        if sampling.stop_token_ids:
-            payload["stop_token_ids"] = list(sampling.stop_token_ids)
         if sampling.guided_regex:
             payload["structured_outputs"] = {"regex": sampling.guided_regex}
-        if sampling.seed is not None:
-            # vLLM seeds the n samples of a prompt seed, seed+1, ...; move the
-            # base per call so steps do not replay the same random stream.
-            payload["seed"] = (sampling.seed + 1_000_003 * self._calls) % (2**63)
         if sampling.extra:
             self._check_extra(sampling.extra)
             payload.update(sampling.extra)

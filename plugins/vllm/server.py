@@ -103,6 +103,30 @@ def uses_lora_sync(cfg: GRPOConfig) -> bool:
     return cfg.adapter == "lora" and chosen_implementations(cfg)["weight_sync"] == "lora_filesystem"
 
 
+def max_model_len(cfg: GRPOConfig) -> int:
+    """The engine's context length: ``[vllm] max_model_len``, else room for
+    the longest prompt plus completion the config allows."""
+    trl = cfg.trl
+    return cfg.vllm.max_model_len or max(cfg.sequence_len, (trl.max_prompt_length or 0) + (trl.max_completion_length or 0))
+
+
+DEFAULT_CPU_KVCACHE_GIB = 2
+
+
+def cpu_kvcache_gib(cfg: GRPOConfig) -> int | None:
+    """GiB of KV cache for vLLM on CPU (``VLLM_CPU_KVCACHE_SPACE``), or
+    ``None`` to leave it to vLLM (on a GPU, or when the environment sets it).
+
+    Unset, vLLM's CPU backend sizes its cache to ``gpu_memory_utilization``
+    of *host* memory (85%), which leaves nothing for a trainer on the same
+    machine; grpo asks for a fixed 2 GiB instead unless told otherwise."""
+    if cfg.vllm.cpu_kvcache_space is not None:
+        return cfg.vllm.cpu_kvcache_space
+    if cuda_available() or "VLLM_CPU_KVCACHE_SPACE" in os.environ:
+        return None
+    return DEFAULT_CPU_KVCACHE_GIB
+
+
 def server_spec(cfg: GRPOConfig, host: str | None = None, port: int | None = None) -> ServerSpec:
     """The ``python -m vllm.entrypoints.openai.api_server`` command for ``cfg``.
 
@@ -120,7 +144,7 @@ def server_spec(cfg: GRPOConfig, host: str | None = None, port: int | None = Non
     if port == 0:
         port = free_port(host)
     model_dir = resolve_model_dir(cfg.base_model)
-    max_len = v.max_model_len or max(cfg.sequence_len, (cfg.trl.max_prompt_length or 0) + (cfg.trl.max_completion_length or 0))
+    max_len = max_model_len(cfg)
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model_dir,
@@ -138,6 +162,8 @@ def server_spec(cfg: GRPOConfig, host: str | None = None, port: int | None = Non
     ]  # fmt: skip
     if v.enable_prefix_caching is not None:
         argv.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
+    if v.enforce_eager:
+        argv.append("--enforce-eager")
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     lora = uses_lora_sync(cfg)
     if lora:
@@ -163,8 +189,9 @@ def server_spec(cfg: GRPOConfig, host: str | None = None, port: int | None = Non
         )  # fmt: skip
     if v.api_key:
         argv += ["--api-key", v.api_key]
-    if v.cpu_kvcache_space is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(v.cpu_kvcache_space)
+    kvcache = cpu_kvcache_gib(cfg)
+    if kvcache is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kvcache)
     argv += list(v.extra_args)
     return ServerSpec(argv, env, host, port, v.api_key, dev_mode, warnings)
 

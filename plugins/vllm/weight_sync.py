@@ -13,7 +13,7 @@ versions are deleted; the newest is kept so a restarted server can be given
 it again (``context.services['vllm.resync']``).
 
 Both need the ``vllm`` rollout, which publishes the client. NCCL transfer
-to GPU servers is not offered: see :func:`nccl_refusal`.
+to GPU servers is refused with these alternatives (:class:`NcclSync`).
 """
 
 from __future__ import annotations
@@ -37,13 +37,29 @@ if TYPE_CHECKING:
 POLICY_NAME = "policy"
 
 
-def nccl_refusal() -> NotImplementedYet:
-    return NotImplementedYet(
-        "NCCL weight sync to vLLM",
-        "it needs CUDA GPUs on both sides. Use weight_sync 'lora_filesystem' (trl.vllm_lora_sync = true, "
-        "adapter = 'lora') or 'full_filesystem' (full fine-tuning); both work wherever the trainer and "
-        "the server share a filesystem",
-    )
+class NcclSync:
+    """``grpo.weight_sync:nccl``: refused with the alternatives.
+
+    NCCL transfer into vLLM (its weight-transfer API) needs CUDA GPUs on
+    both sides, and grpo has not been run on GPUs yet; the name exists so a
+    config asking for it gets this explanation instead of "unknown name".
+    """
+
+    def __init__(self, context: RunContext) -> None:
+        raise self.refusal()
+
+    @staticmethod
+    def refusal() -> NotImplementedYet:
+        return NotImplementedYet(
+            "weight sync 'nccl' (NCCL transfer to vLLM)",
+            "it needs CUDA GPUs on both sides and has not been built and tested here. Use 'lora_filesystem' "
+            "(trl.vllm_lora_sync = true, adapter = 'lora') or 'full_filesystem' with a vLLM server on a shared "
+            "filesystem, or 'vllm_in_memory' (trl.vllm_mode = 'colocate'), which hands tensors over in memory",
+        )
+
+    @hookimpl
+    def grpo_sync_weights(self, model: Any, version: int) -> SyncResult:  # the contract's shape; never reached
+        raise self.refusal()
 
 
 def _is_peft(model: Any) -> bool:

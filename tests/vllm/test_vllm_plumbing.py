@@ -11,7 +11,6 @@ import pytest
 from grpo_core.errors import ConfigError, NotImplementedYet
 from grpo_core.context import RunContext
 from grpo_plugins.vllm.server import cpu_has_fast_bf16, cuda_available, resolve_dtype, server_spec
-from grpo_plugins.vllm.weight_sync import nccl_refusal
 
 
 def _arg(argv: list[str], flag: str) -> str:
@@ -76,17 +75,26 @@ def test_commands_module_does_not_import_vllm():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_colocate_refused_clearly(smollm2_dir, tmp_path, config_for):
+def test_colocate_mode_picks_the_in_process_engine(smollm2_dir, tmp_path, config_for):
+    from grpo_core.training.selection import chosen_implementations
+    from grpo_plugins.vllm.colocate import VLLMColocateRollout
     from grpo_plugins.vllm.rollout import VLLMRollout
 
-    cfg = config_for(smollm2_dir, tmp_path, vllm_mode="colocate", vllm_enable_sleep_mode=True)
-    with pytest.raises(ConfigError, match="sleep mode on CPU"):
+    cfg = config_for(smollm2_dir, tmp_path, vllm_mode="colocate")
+    chosen = chosen_implementations(cfg)
+    assert (chosen["rollout"], chosen["weight_sync"]) == ("vllm_colocate", "vllm_in_memory")
+    with pytest.raises(ConfigError, match="vllm_colocate"):  # the server rollout forced onto a colocate config
         VLLMRollout(RunContext(config=cfg, output_dir=tmp_path))
-    cfg.trl.vllm_enable_sleep_mode = False
-    with pytest.raises(NotImplementedYet, match="vllm_managed = true"):
-        VLLMRollout(RunContext(config=cfg, output_dir=tmp_path))
+    cfg.trl.vllm_enable_sleep_mode = True
+    with pytest.raises(ConfigError, match="CUDA GPUs only"):  # vLLM refuses sleep mode on CPU
+        VLLMColocateRollout(RunContext(config=cfg, output_dir=tmp_path))
 
 
-def test_nccl_refusal_names_the_alternatives():
-    message = str(nccl_refusal())
-    assert "lora_filesystem" in message and "full_filesystem" in message
+def test_nccl_sync_is_refused_with_the_alternatives(smollm2_dir, tmp_path, config_for):
+    from grpo_core.plugin_host import PluginHost
+
+    cfg = config_for(smollm2_dir, tmp_path, vllm_lora_sync=False)
+    with pytest.raises(NotImplementedYet) as info:
+        PluginHost().load_implementation("weight_sync", "nccl", RunContext(config=cfg, output_dir=tmp_path))
+    message = str(info.value)
+    assert "CUDA" in message and "lora_filesystem" in message and "vllm_in_memory" in message

