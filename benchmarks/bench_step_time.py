@@ -1,15 +1,20 @@
-"""Seconds per GRPO step: grpo (transformers rollout, vLLM rollout) against
-TRL 1.16's GRPOTrainer, on the same model, data, rewards and batch shape, in
-one invocation so the machine's state is shared.
+"""Seconds per GRPO step: grpo (transformers rollout, vLLM server, vLLM
+colocated) against TRL 1.16's GRPOTrainer, on the same model, data, rewards
+and batch shape, in one invocation so the machine's state is shared.
 
-    .venv/bin/python benchmarks/bench_step_time.py --steps 5 --runners trl,grpo-transformers,grpo-vllm,grpo-vllm-lora
+    .venv/bin/python benchmarks/bench_step_time.py --steps 5 \
+        --runners trl,grpo-transformers,grpo-vllm,grpo-vllm-colocate
 
 Every runner trains SmolLM2-135M-Instruct with LoRA r=16 on the arithmetic
-example's prompts, 2 prompts x 8 completions per step, 48 completion tokens.
-The first step of each runner is warm-up and excluded (model load, server
-start, compilation). ``grpo-vllm`` syncs merged weights, ``grpo-vllm-lora``
-hot-loads the adapter (``vllm_lora_sync = true``). Prints a table with seconds per step, generated tokens
-per second and the ratio to TRL, and writes benchmarks/results/step_time.json.
+example's prompts with its batch shape: 4 prompts x 8 completions per step
+(2 micro-batches of 16), 48 completion tokens. The first step of each runner
+is warm-up and excluded (model load, server start, compilation).
+``grpo-vllm`` is a managed server syncing merged weights through files,
+``grpo-vllm-lora`` the same server hot-loading the adapter
+(``vllm_lora_sync = true``), ``grpo-vllm-colocate`` vLLM in the trainer's
+process with in-memory sync (``vllm_mode = "colocate"``). Prints a table
+with seconds per step, generated tokens per second and the ratio to TRL, and
+writes benchmarks/results/step_time.json.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DATA = ROOT / "examples" / "arithmetic" / "data" / "train.jsonl"
-PROMPTS_PER_STEP = 2
+PROMPTS_PER_STEP = 4
+MICRO_BATCH = 16
 NUM_GENERATIONS = 8
 COMPLETION_TOKENS = 48
 LORA_R = 16
@@ -47,8 +53,8 @@ def run_trl(model_dir: str, steps: int, workdir: Path) -> dict:
     dataset = load_dataset("json", data_files=str(DATA), split="train")
     args = GRPOConfig(
         output_dir=str(workdir / "trl"),
-        per_device_train_batch_size=PROMPTS_PER_STEP * NUM_GENERATIONS,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=PROMPTS_PER_STEP * NUM_GENERATIONS // MICRO_BATCH,
         num_generations=NUM_GENERATIONS,
         max_completion_length=COMPLETION_TOKENS,
         learning_rate=LR,
@@ -87,7 +93,7 @@ def run_trl(model_dir: str, steps: int, workdir: Path) -> dict:
     return {"step_seconds": times, "generated_tokens": tokens}
 
 
-def grpo_config(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_sync: bool = False) -> dict:
+def grpo_config(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_sync: bool = False, mode: str = "server") -> dict:
     trl = {
         "num_generations": NUM_GENERATIONS,
         "max_completion_length": COMPLETION_TOKENS,
@@ -96,7 +102,7 @@ def grpo_config(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_
         "use_vllm": use_vllm,
     }
     if use_vllm:
-        trl["vllm_lora_sync"] = lora_sync
+        trl.update(vllm_lora_sync=lora_sync, vllm_mode=mode)
     return {
         "base_model": model_dir,
         "adapter": "lora",
@@ -104,8 +110,8 @@ def grpo_config(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_
         "lora_alpha": 2 * LORA_R,
         "datasets": [{"path": str(DATA)}],
         "sequence_len": 256,
-        "micro_batch_size": PROMPTS_PER_STEP * NUM_GENERATIONS,
-        "gradient_accumulation_steps": 1,
+        "micro_batch_size": MICRO_BATCH,
+        "gradient_accumulation_steps": PROMPTS_PER_STEP * NUM_GENERATIONS // MICRO_BATCH,
         "max_steps": steps,
         "learning_rate": LR,
         "lr_scheduler": "constant",
@@ -116,17 +122,20 @@ def grpo_config(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_
     }
 
 
-def run_grpo(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_sync: bool = False) -> dict:
+def run_grpo(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_sync: bool = False, mode: str = "server") -> dict:
     sys.path.insert(0, str(ROOT / "examples" / "arithmetic"))
     from grpo_core.config.loader import validate
     from grpo_core.training.run import run_training
 
-    cfg = validate(grpo_config(model_dir, steps, workdir, use_vllm, lora_sync))
+    cfg = validate(grpo_config(model_dir, steps, workdir, use_vllm, lora_sync, mode))
     run_training(cfg)
     records = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     return {
         "step_seconds": [r["step_time"] for r in records],
         "generated_tokens": [r["completions/mean_length"] * PROMPTS_PER_STEP * NUM_GENERATIONS for r in records],
+        "generation_seconds": [r.get("time/generation", 0.0) for r in records],
+        "sync_seconds": [r.get("time/weight_sync", 0.0) for r in records],
+        "skipped": [r.get("skipped_zero_adv_batches", 0.0) for r in records],
     }
 
 
@@ -135,6 +144,7 @@ RUNNERS = {
     "grpo-transformers": lambda m, s, w: run_grpo(m, s, w, use_vllm=False),
     "grpo-vllm": lambda m, s, w: run_grpo(m, s, w, use_vllm=True),
     "grpo-vllm-lora": lambda m, s, w: run_grpo(m, s, w, use_vllm=True, lora_sync=True),
+    "grpo-vllm-colocate": lambda m, s, w: run_grpo(m, s, w, use_vllm=True, mode="colocate"),
 }
 
 
@@ -142,13 +152,19 @@ def summarise(result: dict) -> dict:
     steady = result["step_seconds"][1:] or result["step_seconds"]
     toks = result["generated_tokens"][1:] or result["generated_tokens"]
     mean = statistics.mean(steady)
-    return {"sec_per_step": mean, "tokens_per_sec": statistics.mean(toks) / mean if toks else float("nan"), "steps": len(steady)}
+    row = {"sec_per_step": mean, "tokens_per_sec": statistics.mean(toks) / mean if toks else float("nan"), "steps": len(steady)}
+    for key in ("generation_seconds", "sync_seconds"):
+        if key in result:
+            row[key] = statistics.mean(result[key][1:] or result[key])
+    if "skipped" in result:  # cumulative count of micro-batches skipped for zero advantage
+        row["skipped_micro_batches"] = result["skipped"][-1] - (result["skipped"][0] if len(result["skipped"]) > 1 else 0)
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--runners", default="trl,grpo-transformers,grpo-vllm")
+    parser.add_argument("--runners", default="trl,grpo-transformers,grpo-vllm,grpo-vllm-colocate")
     parser.add_argument("--runner", help=argparse.SUPPRESS)  # child-process mode
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -173,11 +189,13 @@ def main() -> None:
         os.unlink(out)
 
     base = summary.get("trl")
-    print(f"\n{'runner':<20}{'s/step':>10}{'gen tok/s':>12}{'speed-up vs TRL':>18}")
+    print(f"\n{'runner':<20}{'s/step':>10}{'gen tok/s':>12}{'speed-up vs TRL':>18}{'generate s':>12}{'sync s':>9}{'skipped':>9}")
     for name, row in summary.items():
         ratio = base["sec_per_step"] / row["sec_per_step"] if base else float("nan")
         row["speedup_vs_trl"] = ratio
-        print(f"{name:<20}{row['sec_per_step']:>10.2f}{row['tokens_per_sec']:>12.1f}{ratio:>17.2f}x")
+        phases = "".join(f"{row[k]:>{w}.2f}" if k in row else f"{'-':>{w}}" for k, w in (("generation_seconds", 12), ("sync_seconds", 9)))
+        skipped = f"{row['skipped_micro_batches']:>9.0f}" if "skipped_micro_batches" in row else f"{'-':>9}"
+        print(f"{name:<20}{row['sec_per_step']:>10.2f}{row['tokens_per_sec']:>12.1f}{ratio:>17.2f}x{phases}{skipped}")
     results = HERE / "results"
     results.mkdir(exist_ok=True)
     (results / "step_time.json").write_text(json.dumps(summary, indent=2))
