@@ -33,6 +33,11 @@ class DataError(GrpoError):
     """A dataset could not be loaded or lacks what the run needs."""
 
 
+class StorageError(GrpoError):
+    """``output_dir`` could not be written (disk full, quota, file-size limit,
+    permissions). The message names the path and what is still on disk."""
+
+
 class EngineUnavailable(GrpoError):
     """The inference engine could not be reached after retries."""
 

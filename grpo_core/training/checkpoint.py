@@ -5,6 +5,12 @@ place only after every file (weights, optimizer, scheduler, RNG, trainer
 state) is on disk and flushed, with ``trainer_state.json`` written last. A
 crash while saving therefore leaves at most a ``.tmp-`` directory, which
 loading ignores, never a ``checkpoint-N`` that looks valid but is not.
+Such leftovers are removed when the next run starts
+(:func:`recover_interrupted_saves`).
+
+A write that fails (disk full, quota, file-size limit) is reported as a
+:class:`~grpo_core.errors.StorageError` naming ``output_dir`` and the last
+complete checkpoint, which the failed write never touches.
 """
 
 from __future__ import annotations
@@ -14,16 +20,18 @@ import os
 import random
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from grpo_core.errors import ConfigError, GrpoError
+from grpo_core.errors import ConfigError, GrpoError, StorageError
 
 PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
+PARTIAL_PREFIXES = (f".tmp-{PREFIX}", f".old-{PREFIX}")
 
 
 def rng_state() -> dict[str, Any]:
@@ -61,33 +69,111 @@ def save_checkpoint(
     extra_state: dict[str, Any],
     total_limit: int | None = None,
 ) -> Path:
-    """Write ``output_dir/checkpoint-<step>`` atomically and prune old ones."""
+    """Write ``output_dir/checkpoint-<step>`` atomically and prune old ones.
+
+    Raises :class:`StorageError` when the files cannot be written: the
+    libraries that write them (torch, safetensors, tokenizers) report a full
+    disk as ``RuntimeError`` or their own types, not ``OSError``, so any
+    failure while writing counts; the state is gathered before, so a bug
+    there still shows its traceback.
+    """
     final = output_dir / f"{PREFIX}{step}"
-    output_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{PREFIX}{step}-", dir=output_dir))
+    optimizer_state = optimizer.state_dict()
+    scheduler_state = scheduler.state_dict()
+    rng = rng_state()
+    tmp: Path | None = None
     try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{PREFIX}{step}-", dir=output_dir))
         model.save_pretrained(tmp / "model")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / "model")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        torch.save(rng_state(), tmp / "rng_state.pt")
+        torch.save(optimizer_state, tmp / "optimizer.pt")
+        torch.save(scheduler_state, tmp / "scheduler.pt")
+        torch.save(rng, tmp / "rng_state.pt")
         torch.save(extra_state, tmp / "extra_state.pt")
         (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=2))
         _fsync_tree(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise GrpoError(f"could not save checkpoint {final}: {exc}. The previous checkpoint is intact.") from exc
+        _move_into_place(tmp, final)
+    except Exception as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise StorageError(_write_failure(final, exc)) from exc
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     if total_limit:
         for old in list_checkpoints(output_dir)[:-total_limit]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final``. A checkpoint already at ``final`` (the same
+    step saved again, e.g. before a reward error stops the run) is renamed
+    aside and deleted only afterwards: deleting it first would leave no
+    complete copy for as long as the deletion takes."""
+    aside: Path | None = None
+    if final.exists():
+        aside = final.with_name(f".old-{final.name}-{uuid.uuid4().hex[:8]}")
+        final.rename(aside)
+    tmp.rename(final)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _write_failure(final: Path, exc: Exception) -> str:
+    """The message of a failed checkpoint write: what failed, the free
+    space, and which checkpoint is still there to resume from."""
+    output_dir = final.parent
+    try:
+        free = f" ({shutil.disk_usage(output_dir).free / 2**30:.1f} GiB free there)"
+    except OSError:
+        free = ""
+    previous = [p for p in list_checkpoints(output_dir) if p != final]
+    if previous:
+        kept = (
+            f"The previous checkpoint {previous[-1]} is intact: resume with "
+            f'resume_from_checkpoint = "{previous[-1]}".'
+        )
+    else:
+        kept = "No earlier checkpoint exists in output_dir."
+    return (
+        f"could not write checkpoint {final}: {type(exc).__name__}: {exc}. Make room in output_dir "
+        f"{output_dir}{free} or point output_dir at a disk with space (a full disk, a quota or a "
+        f"file-size limit cause this). {kept}"
+    )
+
+
+def recover_interrupted_saves(output_dir: Path) -> list[str]:
+    """Tidy what a crash while saving left in ``output_dir``; return one line
+    per action, for the log. Called when a run starts.
+
+    A ``.tmp-checkpoint-*`` directory was still being written: deleted (it is
+    never resumed from, but can be as big as a checkpoint). A complete
+    ``.old-checkpoint-N-*`` whose ``checkpoint-N`` is missing was renamed
+    aside by :func:`_move_into_place` just before the crash: renamed back.
+    Any other ``.old-`` copy is deleted.
+    """
+    if not output_dir.is_dir():
+        return []
+    actions = []
+    for path in sorted(output_dir.iterdir()):
+        if not path.is_dir() or not path.name.startswith(PARTIAL_PREFIXES):
+            continue
+        if path.name.startswith(".old-"):
+            final = output_dir / path.name[len(".old-") :].rsplit("-", 1)[0]
+            if not final.exists() and (path / STATE_FILE).is_file():
+                path.rename(final)
+                actions.append(f"restored {final}: a run crashed while replacing it")
+                continue
+        shutil.rmtree(path, ignore_errors=True)
+        if path.name.startswith(".tmp-"):
+            actions.append(f"removed {path}: an incomplete checkpoint left by a run that crashed while saving")
+        else:
+            actions.append(f"removed {path}: a replaced checkpoint a crashed run had not deleted yet")
+    return actions
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from grpo_core.errors import StorageError
 from grpo_core.types import ScoredGroup
 
 BAR_KEYS = ("loss", "reward", "reward_std", "kl", "entropy", "step_time")
@@ -36,13 +37,23 @@ class MetricsLogger:
         if step % self.logging_steps and step != self.bar.total:
             return
         record = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as exc:  # a full disk usually shows here first: this is the most frequent write
+            raise StorageError(
+                f"could not write step {step}'s metrics to {self.path}: {exc}. Make room in output_dir "
+                f"{self.path.parent} or point output_dir at a disk with space; checkpoints already in "
+                "output_dir are complete and can be resumed from."
+            ) from exc
         self.bar.set_postfix({k: f"{metrics[k]:.4g}" for k in BAR_KEYS if k in metrics}, refresh=True)
 
     def close(self) -> None:
         self.bar.close()
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:  # the buffered tail could not be flushed: log() already raised for it
+            pass
 
 
 def print_completions(groups: list[ScoredGroup], tokenizer: Any, reward_names: list[str], limit: int, step: int) -> None:

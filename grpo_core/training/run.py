@@ -7,6 +7,7 @@ loads or a server starts, so a typo costs seconds, not minutes.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
-from grpo_core.errors import GrpoError, TrainingInterrupted
+from grpo_core.errors import StorageError, TrainingInterrupted
 from grpo_core.plugin_host import PluginHost
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.producer import PrefetchingProducer, PromptStream, RolloutProducer, sampling_from_config
@@ -42,15 +43,27 @@ def prompts_per_batch(cfg: GRPOConfig) -> int:
     return max(1, generation_batch // int(cfg.trl.num_generations))  # type: ignore[arg-type]
 
 
+OUTPUT_PROBE_BYTES = 1 << 20
+"""What :func:`check_output_dir` writes: less than the smallest checkpoint
+(a small LoRA adapter, a tokenizer.json), so a disk without that much room
+fails at start instead of at the first save, hours later."""
+
+
 def check_output_dir(output_dir: Path) -> None:
     """Fail before training, not at the first checkpoint, if output_dir is unusable."""
+    probe = output_dir / ".grpo-write-test"
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".grpo-write-test"
-        probe.write_text("ok")
+        with open(probe, "wb") as handle:
+            handle.write(bytes(OUTPUT_PROBE_BYTES))
         probe.unlink()
     except OSError as exc:
-        raise GrpoError(f"output_dir {output_dir} is not writable: {exc}. Choose another `output_dir`.") from None
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+        raise StorageError(
+            f"output_dir {output_dir} is not writable: {exc}. Choose another `output_dir`, or make room there "
+            f"(a run writes checkpoints; the check writes {OUTPUT_PROBE_BYTES >> 20} MiB)."
+        ) from None
 
 
 def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
@@ -70,6 +83,8 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
     apply_precision_flags(cfg)
 
     context = RunContext(config=cfg, output_dir=output_dir)
+    for action in ckpt.recover_interrupted_saves(output_dir):
+        context.log(action)
     model_dir = resolve_model_dir(cfg.base_model)
     context.services["model_dir"] = model_dir
     tokenizer = load_tokenizer(cfg, model_dir)
@@ -96,6 +111,8 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
         from accelerate import Accelerator
 
         accelerator = Accelerator()
+        # Everything above fails in seconds; from here on a fault costs a model load.
+        context.log(f"loading model from {model_dir}")
         model = load_policy(cfg, model_dir, tokenizer)
         optimizer = build_optimizer(cfg, model)
         model, optimizer = accelerator.prepare(model, optimizer)
