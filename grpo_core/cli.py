@@ -56,6 +56,23 @@ def _warn(message: str) -> None:
         _stderr(f"warning: {message}")
 
 
+_CORE_DIR = Path(__file__).resolve().parent
+_library_formatwarning = warnings.formatwarning  # Python's, as imported
+
+
+def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+    """grpo's own run-time warnings (a dropped prompt, a reward scored None)
+    read like its start-up ones: ``warning: ...``, without a file name and a
+    source line the user did not write. Other libraries' keep their format."""
+    try:
+        ours = Path(filename).resolve().is_relative_to(_CORE_DIR)
+    except (OSError, ValueError):
+        ours = False
+    if ours:
+        return f"warning: {message}\n"
+    return _library_formatwarning(message, category, filename, lineno, line)
+
+
 def _set_option() -> Any:
     return typer.Option(None, "--set", "-s", metavar="KEY=VALUE", help=SET_HELP, show_default=False)
 
@@ -299,6 +316,14 @@ def summary(cfg: GRPOConfig) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point (``sys.exit(main())``): run the CLI and
     turn user errors into a message and an exit code."""
+    library_format, warnings.formatwarning = warnings.formatwarning, _format_warning
+    try:
+        return _main(argv)
+    finally:
+        warnings.formatwarning = library_format
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         command = typer.main.get_command(build_app())
         command.main(args=argv, prog_name="grpo", standalone_mode=True)

@@ -78,7 +78,14 @@ def load_raw(spec: DatasetSpec, index: int = 0) -> Any:
             builder = FILE_BUILDERS.get(path.suffix.lower())
             if builder is None:
                 raise DataError(f"{label}: unsupported file type '{path.suffix}'; use .json, .jsonl, .csv or .parquet.")
-            return load_dataset(builder, data_files={_base_split(spec.split): str(path)}, split=spec.split)
+            try:
+                return load_dataset(builder, data_files={_base_split(spec.split): str(path)}, split=spec.split)
+            except ValueError as exc:
+                # datasets cannot build a split with no rows (a CSV with only a header, a JSON "[]")
+                # and says 'Instruction "train" corresponds to no data!', which reads like a bad `split`.
+                if "corresponds to no data" in str(exc):
+                    raise DataError(f"{label}: the dataset is empty (the file {path} has no rows). Fix `path`.") from exc
+                raise
         if path.is_dir():
             if _is_saved_dataset(path):
                 return _load_saved(path, spec.split, label)
@@ -237,7 +244,8 @@ def load_prompts(cfg: GRPOConfig, tokenizer: Any) -> list[Prompt]:
         dropped = len(prompts) - len(kept)
         if dropped:
             warnings.warn(
-                f"dropped {dropped} of {len(prompts)} prompts longer than trl.max_prompt_length = {limit} tokens.",
+                f"dropped {dropped} of {len(prompts)} prompts longer than trl.max_prompt_length = {limit} tokens "
+                "(it defaults to sequence_len). Raise it and sequence_len to train on them, or shorten them.",
                 stacklevel=2,
             )
         if not kept:

@@ -94,6 +94,14 @@ class _Worker:
         self.conn.close()
 
 
+def _crashed(worker: _Worker) -> str:
+    """The problem text for a worker that died. Its sentinel and pipe report
+    the death a moment before the process can be reaped, so wait for that:
+    otherwise the exit code reads ``None``."""
+    worker.process.join(timeout=5)
+    return f"crashed: its reward worker process died (exit code {worker.process.exitcode})"
+
+
 class _Job:
     """Progress of one shard on one worker."""
 
@@ -166,7 +174,7 @@ class WorkerPool:
                 if job.worker.conn in ready:
                     self._drain(job)
                 if not job.done and job.worker.process.sentinel in ready and not job.worker.conn.poll():
-                    self._lost(job, f"crashed: its reward worker process died (exit code {job.worker.process.exitcode})")
+                    self._lost(job, _crashed(job.worker))
                 if not job.done and time.monotonic() >= job.deadline:
                     self._lost(job, f"took longer than trl.reward_timeout = {self.timeout}s; its worker was killed")
         return [[o if o is not None else Outcome(None, FIX_HINT) for o in job.outcomes] for job in jobs]
@@ -176,8 +184,7 @@ class WorkerPool:
             try:
                 message = job.worker.conn.recv()
             except (EOFError, OSError):
-                job.worker.process.join(timeout=5)
-                self._lost(job, f"crashed: its reward worker process died (exit code {job.worker.process.exitcode})")
+                self._lost(job, _crashed(job.worker))
                 return
             kind = message[0]
             if kind == "running":
