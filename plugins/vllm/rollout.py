@@ -10,6 +10,8 @@ Services shared with the vLLM weight syncs (through ``context.services``):
 * ``vllm.client``  - the :class:`VLLMClient` (published here)
 * ``vllm.prepare`` - waits until the server is up and cleans what earlier
   runs left on it (published here; idempotent)
+* ``vllm.restart`` - restarts a managed server that exited; True if it did
+  (published here)
 * ``vllm.model``   - the model name to request (``'base'``; a LoRA sync sets
   ``'policy'``)
 * ``vllm.weight_tag`` / ``vllm.resync`` - the label the last sync gave the
@@ -86,9 +88,17 @@ class VLLMRollout:
         self.client = VLLMClient(url, cfg.vllm.api_key, timeout=self.timeout, log=context.log)
         if self.server is not None:
             self.client.dead_check = self.server.dead_reason
+        elif trl.vllm_managed is False and not self.client.health():
+            # Said now, not after the model has loaded (it may just be starting up too).
+            context.log(
+                f"WARNING: nothing answers at {url} yet; after loading the model grpo waits up to "
+                f"{self.timeout:.0f} s (trl.vllm_server_timeout) for it. Start it with `grpo vllm-serve CONFIG`, "
+                "or set trl.vllm_managed = true."
+            )
         services = context.services
         services["vllm.client"] = self.client
         services["vllm.prepare"] = self.prepare
+        services["vllm.restart"] = self._restart_if_dead
         services.setdefault("vllm.model", SERVED_MODEL_NAME)
 
     # ------------------------------------------------------------------ server hygiene
@@ -143,14 +153,19 @@ class VLLMRollout:
     # ------------------------------------------------------------------ weights after a restart
 
     def _restart_if_dead(self) -> bool:
-        """Managed mode: bring a server that exited back up. True if restarted."""
-        if self.server is None or self.server.alive():
-            return False
-        self.context.log("vLLM: " + (self.server.dead_reason() or "managed server is gone").splitlines()[0] + "; restarting it")
-        self.server.stop()
-        self.server.start()
-        self.server.wait_ready(max(self.timeout, 300.0))
-        return True
+        """Managed mode: bring a server that exited back up. True if restarted.
+
+        Published as ``vllm.restart`` so a weight sync that finds the server
+        gone can bring it back too; the lock keeps the prefetch thread and
+        the trainer thread from restarting it twice."""
+        with self._lock:
+            if self.server is None or self.server.alive():
+                return False
+            self.context.log("vLLM: " + (self.server.dead_reason() or "managed server is gone").splitlines()[0] + "; restarting it")
+            self.server.stop()
+            self.server.start()
+            self.server.wait_ready(max(self.timeout, 300.0))
+            return True
 
     def _weights_lost(self) -> bool:
         tag = self.context.services.get("vllm.weight_tag")
@@ -158,6 +173,19 @@ class VLLMRollout:
             return False
         current = self.client.weight_version()
         return current is not None and current != tag
+
+    def _ensure_weights(self) -> None:
+        """Before generating: a server that died is restarted, and one that
+        lost our weights (restarted behind our back) gets them again."""
+        try:
+            if self._restart_if_dead():
+                self._resync("the managed server was restarted")
+            elif self._weights_lost():
+                self._resync("the server holds other weights than the last sync (restarted?)")
+        except EngineUnavailable:  # it died while we asked
+            if not self._restart_if_dead():
+                raise
+            self._resync("the managed server was restarted")
 
     def _resync(self, why: str) -> None:
         resync = self.context.services.get("vllm.resync")
@@ -248,10 +276,7 @@ class VLLMRollout:
         self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, policy_version: int
     ) -> list[RolloutGroup]:
         self.prepare()
-        if self._restart_if_dead():
-            self._resync("the managed server was restarted")
-        elif self._weights_lost():
-            self._resync("the server holds other weights than the last sync (restarted?)")
+        self._ensure_weights()
         completions: list[list[Completion]] = []
         for start in range(0, len(prompts), MAX_PROMPTS_PER_REQUEST):
             chunk = [list(p.prompt_ids) for p in prompts[start : start + MAX_PROMPTS_PER_REQUEST]]

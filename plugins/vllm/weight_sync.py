@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_core import hookimpl
-from grpo_core.errors import ConfigError, NotImplementedYet
+from grpo_core.errors import ConfigError, EngineUnavailable, NotImplementedYet
 from grpo_core.types import SyncResult
 
 if TYPE_CHECKING:
@@ -127,7 +127,15 @@ class _FilesystemSync:
             start = time.perf_counter()
             path = self._write_version(model, version)
             saved = time.perf_counter()
-            self._apply(client, path.resolve(), version)
+            try:
+                self._apply(client, path.resolve(), version)
+            except EngineUnavailable:
+                # A managed server that died is restarted (with base weights): give it ours.
+                restart = self.context.services.get("vllm.restart")
+                if restart is None or not restart():
+                    raise
+                self.context.log("vLLM: re-applying this weight sync to the restarted server")
+                self._apply(client, path.resolve(), version)
             self._last = (path, version)
             self._prune(path)
             end = time.perf_counter()
