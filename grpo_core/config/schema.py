@@ -37,7 +37,7 @@ class VllmSettings(_Table):
     data_parallel_size: int = Field(1, ge=1)
     enable_prefix_caching: bool | None = None
     enforce_eager: bool | None = Field(
-        None, description="Skip vLLM's graph compilation: much faster engine start, possibly slower generation. Default: vLLM's (compile)."
+        None, description="Skip vLLM's graph compilation: much faster engine start, slightly slower generation. Default: true on CPU, vLLM's own on GPU."
     )
     api_key: str | None = Field(None, description="Require this key on every request (vLLM --api-key); the trainer sends it.")
     cpu_kvcache_space: int | None = Field(None, ge=1, description="GiB of KV cache on CPU (VLLM_CPU_KVCACHE_SPACE). Default 2: vLLM would otherwise take 85% of host memory.")

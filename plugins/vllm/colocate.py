@@ -31,7 +31,7 @@ from grpo_core import hookimpl
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import Completion, Prompt, RolloutGroup, SamplingSettings, SyncResult
 from grpo_plugins.vllm.sampling import sampling_fields
-from grpo_plugins.vllm.server import cpu_kvcache_gib, cuda_available, max_model_len, resolve_dtype
+from grpo_plugins.vllm.server import cpu_kvcache_gib, cuda_available, enforce_eager, max_model_len, resolve_dtype
 from grpo_plugins.vllm.weight_sync import PACKED_GROUPS, merged_weights
 
 if TYPE_CHECKING:
@@ -105,8 +105,7 @@ class ColocatedEngine:
             }
             if v.enable_prefix_caching is not None:
                 kwargs["enable_prefix_caching"] = v.enable_prefix_caching
-            if v.enforce_eager is not None:
-                kwargs["enforce_eager"] = v.enforce_eager
+            kwargs["enforce_eager"] = enforce_eager(cfg)
             started = time.perf_counter()
             self.log("vLLM: starting the colocated engine in this process")
             try:

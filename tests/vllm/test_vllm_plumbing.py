@@ -19,7 +19,7 @@ def _arg(argv: list[str], flag: str) -> str:
 
 def test_server_spec_from_config(smollm2_dir, tmp_path, config_for):
     cfg = config_for(smollm2_dir, tmp_path)
-    cfg.vllm.extra_args = ["--enforce-eager"]
+    cfg.vllm.extra_args = ["--seed", "5"]
     cfg.lora_r = 12
     spec = server_spec(cfg)
     argv = spec.argv
@@ -29,9 +29,19 @@ def test_server_spec_from_config(smollm2_dir, tmp_path, config_for):
     assert _arg(argv, "--logprobs-mode") == "processed_logprobs"
     assert _arg(argv, "--api-key") == "test-key-123" and _arg(argv, "--dtype") == resolve_dtype("auto")
     assert spec.port > 0 and _arg(argv, "--port") == str(spec.port)  # port 0 -> a free port
-    assert argv[-1] == "--enforce-eager"
+    assert argv[-2:] == ["--seed", "5"]  # extra_args last
     assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and spec.env["VLLM_SERVER_DEV_MODE"] == "1"
     assert spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and not spec.warnings
+
+
+def test_enforce_eager_defaults_to_cpu_only(smollm2_dir, tmp_path, config_for):
+    """On CPU graph compilation costs far more start-up than it saves."""
+    cfg = config_for(smollm2_dir, tmp_path)
+    assert ("--enforce-eager" in server_spec(cfg).argv) == (not cuda_available())
+    cfg.vllm.enforce_eager = False
+    assert "--enforce-eager" not in server_spec(cfg).argv
+    cfg.vllm.enforce_eager = True
+    assert "--enforce-eager" in server_spec(cfg).argv
 
 
 def test_cpu_dtype_and_core_defaults(smollm2_dir, tmp_path, config_for):
