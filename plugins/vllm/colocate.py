@@ -102,10 +102,10 @@ class ColocatedEngine:
                 # the trainer reproduces by dividing its logits by temperature.
                 "logprobs_mode": "processed_logprobs",
                 "enable_sleep_mode": self.sleep_mode,
+                "enforce_eager": enforce_eager(cfg),
             }
             if v.enable_prefix_caching is not None:
                 kwargs["enable_prefix_caching"] = v.enable_prefix_caching
-            kwargs["enforce_eager"] = enforce_eager(cfg)
             started = time.perf_counter()
             self.log("vLLM: starting the colocated engine in this process")
             try:
