@@ -330,7 +330,9 @@ def test_deepspeed_zero3_with_non_reentrant_checkpointing_is_an_error(tmp_path: 
     [
         ({"trl": {"use_vllm": True, "async_prefetch": True, "use_data_producer": True,
                   "vllm_importance_sampling_correction": False}}, "vllm_importance_sampling_correction"),
-        ({"trl": {"use_vllm": True, "async_prefetch": True}}, "use_data_producer = true"),
+        ({"trl": {"use_vllm": True, "async_prefetch": True, "use_data_producer": True}},
+         "trl.use_data_producer is accepted for compatibility and has no effect"),
+        ({"skip_prepare_dataset": True}, "skip_prepare_dataset is accepted for compatibility"),
         ({"trl": {"replay_buffer_size": 10, "replay_recompute_logps": False}}, "stale log-probabilities"),
         ({"trl": {"use_vllm": False, "vllm_lora_sync": True}, "adapter": "lora"}, "no effect without trl.use_vllm"),
         ({"trl": {"use_vllm": True, "vllm_mode": "colocate", "vllm_lora_sync": True}, "adapter": "lora"},

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from grpo_core.config.compat import compat_warnings
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.errors import ConfigError, NotImplementedYet
 
@@ -159,10 +160,6 @@ def _async_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
             "the trainer's process on the same device, so they would only take turns: use vllm_mode = 'server' "
             "(a managed server, still one command) or trl.async_prefetch = false."
         )
-    if trl.use_data_producer and names["rollout"] == "transformers" and not trl.async_prefetch:
-        warnings.append("trl.use_data_producer has no effect without trl.use_vllm and trl.async_prefetch.")
-    if trl.async_prefetch and not trl.use_data_producer:
-        warnings.append("trl.async_prefetch implies the data producer; set trl.use_data_producer = true to say so.")
     if trl.async_prefetch and trl.vllm_importance_sampling_correction is False:
         warnings.append(
             "trl.async_prefetch samples from weights one sync behind; enable "
@@ -261,6 +258,7 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None) -> list[str]:
     _training_checks(cfg, errors, warnings)
     if host is not None:
         _plugin_checks(cfg, host, names, errors)
+    warnings += compat_warnings(cfg)
     unimplemented = _unimplemented(cfg)
     if unimplemented and not errors and len(unimplemented) == 1:
         raise unimplemented[0]
