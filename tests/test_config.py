@@ -1,8 +1,9 @@
 """Config loading, validation messages, defaults and the semantic checks.
 
 Everything here is pure Python on small dicts and files: no model loads.
-The option tables of the reference guide are parsed from the guide itself,
-so an option added there and missing here fails the test.
+The option tables of the reference guide (names, types, defaults) are kept
+as test data in ``tests/data/reference_options.json``, so an option of the
+guide missing from the schema fails the test on any clone.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from grpo_core.errors import ConfigError, GrpoError, NotImplementedYet
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart"
-REFERENCE = Path("/work/shared/reference/grpo-training-seed.md")
+REFERENCE_OPTIONS = Path(__file__).resolve().parent / "data" / "reference_options.json"
 
 
 def minimal(**top: Any) -> dict[str, Any]:
@@ -224,19 +225,10 @@ def test_json_schema_is_generated_with_every_table() -> None:
 
 def reference_options() -> list[tuple[str, str, str, str]]:
     """(section, option, type, default) for every row of the guide's
-    Configuration Reference tables. Cells are lines ending in ' |'; each
-    table starts with the Option/Type/Default/Description header."""
-    text = REFERENCE.read_text(encoding="utf-8").split("## Configuration Reference", 1)[1]
-    rows: list[tuple[str, str, str, str]] = []
-    for section in re.split(r"^### ", text, flags=re.M)[1:]:
-        title = section.splitlines()[0].strip()
-        cells = [line[:-2].strip() for line in section.splitlines() if line.endswith(" |")]
-        assert cells[:4] == ["Option", "Type", "Default", "Description"], title
-        body = cells[4:]
-        assert len(body) % 4 == 0, title
-        for i in range(0, len(body), 4):
-            rows.append((title, body[i].strip("`"), body[i + 1], body[i + 2].strip("`")))
-    return rows
+    Configuration Reference tables."""
+    import json
+
+    return [tuple(row) for row in json.loads(REFERENCE_OPTIONS.read_text(encoding="utf-8"))["rows"]]  # type: ignore[misc]
 
 
 def _doc_default(text: str) -> Any:
