@@ -171,50 +171,15 @@ def policy_loss(
     mask = mask.to(logps.dtype)
     if old_logps is None:
         old_logps = logps.detach()
-
-    entropy_mask = None
-    if s.top_entropy_quantile < 1.0:
-        if entropy is None:
-            raise ValueError("policy_loss: top_entropy_quantile < 1 needs `entropy` (token_logprobs(with_entropy=True))")
-        entropy_mask = high_entropy_mask(entropy, mask, s.top_entropy_quantile)
-
+    entropy_mask = _entropy_mask(s, entropy, mask)
     opsm = None
     if s.off_policy_mask_threshold is not None:
         behaviour = sampler_logps if sampler_logps is not None else old_logps
         opsm = off_policy_sequence_mask(advantages, logps, behaviour, mask, s.off_policy_mask_threshold)
+    ratio = _ratio(s, logps, old_logps, mask)
+    per_token_kl = _k3_kl(s, logps, ref_logps, ratio) if s.beta != 0.0 else None
 
-    log_ratio = logps - old_logps
-    if s.importance_sampling_level == "sequence":
-        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-    ratio = torch.exp(log_ratio)  # [B, C] or [B, 1]
-
-    if s.beta != 0.0:
-        if ref_logps is None:
-            raise ValueError("policy_loss: beta > 0 needs `ref_logps` (the reference policy's log-probs)")
-        ref_minus = ref_logps - logps
-        per_token_kl = torch.exp(ref_minus) - ref_minus - 1  # k3 estimator of KL(pi || ref)
-        if s.use_bias_correction_kl:
-            per_token_kl = per_token_kl * ratio
-
-    metrics: dict[str, float] = {}
-    if s.loss_type == "cispo":
-        weight = torch.clamp(ratio, max=s.epsilon_high).detach()
-        per_token = -weight * advantages * logps
-        metrics["cispo_clip_ratio"] = _masked_mean(((ratio > s.epsilon_high) & (advantages > 0)).float(), mask)
-    elif s.loss_type == "sapo":
-        tau = torch.where(advantages > 0, s.sapo_temperature_pos, s.sapo_temperature_neg)
-        per_token = -(torch.sigmoid(tau * (ratio - 1)) * 4 / tau) * advantages
-    else:
-        clipped = torch.clamp(ratio, 1 - s.epsilon, 1 + s.epsilon_high)
-        if s.delta is not None:
-            ratio = torch.clamp(ratio, max=s.delta)
-        per_token = -torch.min(ratio * advantages, clipped * advantages)
-        low = ((ratio < 1 - s.epsilon) & (advantages < 0)).float()
-        high = ((ratio > 1 + s.epsilon_high) & (advantages > 0)).float()
-        metrics["clip_ratio/low_mean"] = _masked_mean(low, mask)
-        metrics["clip_ratio/high_mean"] = _masked_mean(high, mask)
-        metrics["clip_ratio/region_mean"] = _masked_mean(torch.maximum(low, high), mask)
-
+    per_token, metrics = _surrogate(s, logps, ratio, advantages, mask)
     if opsm is not None:
         per_token = per_token * opsm
         metrics["opsm/dropped_fraction"] = float(1.0 - opsm.float().mean())
@@ -222,22 +187,82 @@ def policy_loss(
         per_token = per_token * entropy_mask
     if is_weights is not None:
         per_token = per_token * is_weights
-    if s.beta != 0.0:
+    if per_token_kl is not None:
         per_token = per_token + s.beta * per_token_kl
         metrics["kl"] = _masked_mean(per_token_kl.detach(), mask)
     if entropy is not None:
         metrics["entropy"] = _masked_mean(entropy.detach(), mask)
+    return _reduce(s, per_token, mask, num_items_in_batch, accumulation_steps), metrics
 
+
+def _entropy_mask(s: LossSettings, entropy: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor | None:
+    """``top_entropy_quantile < 1``: train only on the high-entropy tokens."""
+    if s.top_entropy_quantile >= 1.0:
+        return None
+    if entropy is None:
+        raise ValueError("policy_loss: top_entropy_quantile < 1 needs `entropy` (token_logprobs(with_entropy=True))")
+    return high_entropy_mask(entropy, mask, s.top_entropy_quantile)
+
+
+def _ratio(s: LossSettings, logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``pi_theta / pi_old`` per token, or per sequence (GSPO: ``[B, 1]``)."""
+    log_ratio = logps - old_logps
+    if s.importance_sampling_level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    return torch.exp(log_ratio)
+
+
+def _k3_kl(s: LossSettings, logps: torch.Tensor, ref_logps: torch.Tensor | None, ratio: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || ref), bias-corrected by the ratio
+    when ``use_bias_correction_kl``."""
+    if ref_logps is None:
+        raise ValueError("policy_loss: beta > 0 needs `ref_logps` (the reference policy's log-probs)")
+    ref_minus = ref_logps - logps
+    per_token_kl = torch.exp(ref_minus) - ref_minus - 1
+    return per_token_kl * ratio if s.use_bias_correction_kl else per_token_kl
+
+
+def _surrogate(
+    s: LossSettings, logps: torch.Tensor, ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The per-token policy-gradient term of ``loss_type`` and its clipping metrics."""
+    metrics: dict[str, float] = {}
+    if s.loss_type == "cispo":
+        weight = torch.clamp(ratio, max=s.epsilon_high).detach()
+        metrics["cispo_clip_ratio"] = _masked_mean(((ratio > s.epsilon_high) & (advantages > 0)).float(), mask)
+        return -weight * advantages * logps, metrics
+    if s.loss_type == "sapo":
+        tau = torch.where(advantages > 0, s.sapo_temperature_pos, s.sapo_temperature_neg)
+        return -(torch.sigmoid(tau * (ratio - 1)) * 4 / tau) * advantages, metrics
+    clipped = torch.clamp(ratio, 1 - s.epsilon, 1 + s.epsilon_high)
+    if s.delta is not None:
+        ratio = torch.clamp(ratio, max=s.delta)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    low = ((ratio < 1 - s.epsilon) & (advantages < 0)).float()
+    high = ((ratio > 1 + s.epsilon_high) & (advantages > 0)).float()
+    metrics["clip_ratio/low_mean"] = _masked_mean(low, mask)
+    metrics["clip_ratio/high_mean"] = _masked_mean(high, mask)
+    metrics["clip_ratio/region_mean"] = _masked_mean(torch.maximum(low, high), mask)
+    return per_token, metrics
+
+
+def _reduce(
+    s: LossSettings,
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    num_items_in_batch: int | float | torch.Tensor | None,
+    accumulation_steps: int,
+) -> torch.Tensor:
+    """Normalise the masked per-token loss as ``loss_type`` prescribes."""
     masked = per_token * mask
     if s.loss_type in ("grpo", "sapo"):
-        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation_steps
-    elif s.loss_type == "bnpo":
-        loss = masked.sum() / mask.sum().clamp(min=1.0) / accumulation_steps
-    elif s.loss_type == "dr_grpo":
-        loss = masked.sum() / (per_token.size(0) * s.max_completion_length) / accumulation_steps
-    else:  # dapo, cispo
-        if num_items_in_batch is None:
-            num_items_in_batch = mask.sum() * accumulation_steps
-        normaliser = torch.as_tensor(num_items_in_batch, dtype=masked.dtype, device=masked.device).clamp(min=1.0)
-        loss = masked.sum() / normaliser
-    return loss, metrics
+        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation_steps
+    if s.loss_type == "bnpo":
+        return masked.sum() / mask.sum().clamp(min=1.0) / accumulation_steps
+    if s.loss_type == "dr_grpo":
+        return masked.sum() / (per_token.size(0) * s.max_completion_length) / accumulation_steps
+    # dapo, cispo: the whole accumulation window's token count
+    if num_items_in_batch is None:
+        num_items_in_batch = mask.sum() * accumulation_steps
+    normaliser = torch.as_tensor(num_items_in_batch, dtype=masked.dtype, device=masked.device).clamp(min=1.0)
+    return masked.sum() / normaliser
