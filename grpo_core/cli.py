@@ -14,7 +14,6 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -85,9 +84,9 @@ def _import_from_cwd() -> None:
     """Reward functions and dataset transforms are named by import path
     relative to the directory grpo runs in (``rewards.accuracy_reward``); a
     console script does not put that directory on ``sys.path`` by itself."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+    from grpo_core.data import make_cwd_importable
+
+    make_cwd_importable()
 
 
 def _host_for(cfg: GRPOConfig) -> PluginHost:
@@ -103,19 +102,29 @@ def _load_and_check(config: Path, overrides: list[str] | None) -> tuple[GRPOConf
     _import_from_cwd()
     cfg = load_config(config, overrides or [])
     host = _host_for(cfg)
+    notes = _load_always_on(host)
+    notes += check_config(cfg, host)
+    return cfg, host, notes
+
+
+def _load_always_on(host: PluginHost) -> list[str]:
+    """Register the always-on plugins the allowlist permits; their problems
+    come back as notes."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         host.load_always_on(strict=True)
-    notes = [str(w.message) for w in caught]
-    notes += check_config(cfg, host)
-    return cfg, host, notes
+    return [str(w.message) for w in caught]
 
 
 # ---------------------------------------------------------------------- app
 
 
-def build_app() -> typer.Typer:
-    """The Typer app with the core commands and every plugin's commands."""
+def build_app(host: PluginHost | None = None) -> typer.Typer:
+    """The Typer app with the core commands and every plugin's commands.
+
+    ``host`` holds the always-on plugins whose commands are added; it is
+    built with the allowlist of the config named on the command line, so a
+    distribution outside that list is never imported."""
     app = typer.Typer(
         name="grpo",
         help=HELP,
@@ -129,7 +138,15 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
     )
     app.add_typer(config_app, name="config")
+    _add_root_options(app)
+    _add_run_command(app)
+    _add_plugins_command(app)
+    _add_config_commands(config_app)
+    _add_plugin_commands(app, host)
+    return app
 
+
+def _add_root_options(app: typer.Typer) -> None:
     def _print_version(value: bool) -> None:
         if value:
             typer.echo(f"grpo {__version__}")
@@ -143,6 +160,8 @@ def build_app() -> typer.Typer:
     ) -> None:
         """GRPO training for language models."""
 
+
+def _add_run_command(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(config: Path = _config_argument(), set_: Optional[list[str]] = _set_option()) -> None:
         """Train: load and check CONFIG, then run GRPO for max_steps optimizer steps.
@@ -150,13 +169,19 @@ def build_app() -> typer.Typer:
         Checkpoints go to output_dir (every save_steps, at the end, and when
         interrupted: Ctrl-C saves and exits with code 130).
         """
-        cfg, host, notes = _load_and_check(config, set_)
-        for note in notes:
+        from grpo_core.config.loader import load_config
+
+        _import_from_cwd()
+        cfg = load_config(config, set_ or [])
+        host = _host_for(cfg)
+        for note in _load_always_on(host):
             _warn(note)
         from grpo_core.training.run import run_training  # heavy: torch, transformers
 
-        run_training(cfg, host)
+        run_training(cfg, host, warn=_warn)  # the same checks as `grpo config check`
 
+
+def _add_plugins_command(app: typer.Typer) -> None:
     @app.command("plugins")
     def plugins_cmd(
         as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table."),
@@ -165,8 +190,9 @@ def build_app() -> typer.Typer:
 
         Shows each implementation's name, entry point target and the
         distribution that publishes it; one that cannot load, breaks the hook
-        contract or is not in the allowlist (GRPO_PLUGINS_ALLOW) is listed
-        with the reason instead of failing the command.
+        contract, is ambiguous (published by two distributions) or is not in
+        the allowlist (GRPO_PLUGINS_ALLOW) is listed with the reason instead
+        of failing the command.
         """
         listing = list_plugins()
         if as_json:
@@ -180,6 +206,8 @@ def build_app() -> typer.Typer:
                 status = f"  BROKEN: {impl['error']}" if impl["error"] else ""
                 typer.echo(f"  {impl['name']:<24} {impl['distribution']:<24} {impl['target']}{status}")
 
+
+def _add_config_commands(config_app: typer.Typer) -> None:
     @config_app.command("check")
     def check_cmd(
         config: Path = _config_argument(),
@@ -188,8 +216,11 @@ def build_app() -> typer.Typer:
     ) -> None:
         """Validate CONFIG and print the effective settings and any warnings.
 
-        Exit code 0 when the config can run (warnings included), 2 when it
-        cannot; the message names each offending key and the fix.
+        Each chosen implementation is imported and checked against the plugin
+        contract, its settings and the other choices, so OK means `grpo run`
+        gets past wiring. Exit code 0 when the config can run (warnings
+        included), 2 when it cannot; the message names each offending key and
+        the fix.
         """
         cfg, _host, notes = _load_and_check(config, set_)
         if full:
@@ -237,16 +268,13 @@ def build_app() -> typer.Typer:
             output.write_text(text, encoding="utf-8")
             _stderr(f"wrote {output}")
 
-    _add_plugin_commands(app)
-    return app
 
-
-def _add_plugin_commands(app: typer.Typer) -> None:
+def _add_plugin_commands(app: typer.Typer, host: PluginHost | None) -> None:
     """Let always-on plugins add commands; any failure only warns."""
     from grpo_core.plugin_host import PluginHost
 
     try:
-        host = PluginHost()
+        host = host or PluginHost()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             host.load_always_on(strict=False)
@@ -255,26 +283,48 @@ def _add_plugin_commands(app: typer.Typer) -> None:
         return
     for w in caught:
         _warn(str(w.message))
-    caller = host.hook.grpo_register_commands
-    for impl in caller.get_hookimpls():
+    for impl in host.pm.hook.grpo_register_commands.get_hookimpls():
         try:
             impl.function(*[{"app": app}[name] for name in impl.argnames])
         except Exception as exc:  # a plugin bug must not break `grpo --help`
             _warn(f"plugin '{impl.plugin_name}' could not add its commands: {type(exc).__name__}: {exc}")
 
 
+def allowlist_of_command_line(argv: list[str]) -> set[str] | None:
+    """``plugins.allow`` of the config file a command names, read before any
+    plugin loads (so the allowlist also covers the plugins' commands).
+    ``--set plugins.allow=[...]`` wins over the file."""
+    from grpo_core.config.loader import parse_override, read_raw
+
+    allow: Any = None
+    for i, arg in enumerate(argv):
+        if arg in ("--set", "-s") and i + 1 < len(argv):
+            keys, value = parse_override(argv[i + 1])
+            if keys == ["plugins", "allow"]:
+                return set(value) if isinstance(value, list) else None
+        elif allow is None and Path(arg).suffix in {".toml", ".yaml", ".yml"} and Path(arg).is_file():
+            try:
+                plugins = read_raw(arg).get("plugins")
+            except GrpoError:
+                continue
+            if isinstance(plugins, dict) and isinstance(plugins.get("allow"), list):
+                allow = set(plugins["allow"])
+    return allow
+
+
 # ---------------------------------------------------------------------- views
 
 
 def list_plugins() -> dict[str, dict[str, Any]]:
-    """Extension point -> its entry point group and implementations."""
-    from grpo_core import hookspecs
-    from grpo_core.plugin_host import PluginHost, group_for
+    """Extension point (and the reward and always-on groups) -> its entry
+    point group and implementations."""
+    from grpo_core.extension_points import ALWAYS_ON_GROUP, EXTENSION_POINTS, REWARD_GROUP
+    from grpo_core.plugin_host import PluginHost
 
     host = PluginHost()
+    groups = {point.name: point.group for point in EXTENSION_POINTS} | {"reward": REWARD_GROUP, "plugins": ALWAYS_ON_GROUP}
     out: dict[str, dict[str, Any]] = {}
-    for point in (*hookspecs.EXTENSION_POINTS, "plugins"):
-        group = group_for(point)
+    for point, group in groups.items():
         impls = [
             {"name": i.name, "target": i.target, "distribution": i.distribution, "error": i.error}
             for i in host.list_group(group)
@@ -300,7 +350,7 @@ def summary(cfg: GRPOConfig) -> str:
         f"optimizer:    {cfg.optimizer}, lr {cfg.learning_rate:g}, {cfg.lr_scheduler}, warmup {cfg.warmup_steps}",
         f"generation:   max_completion_length {trl.max_completion_length}, max_prompt_length {trl.max_prompt_length}, "
         f"temperature {trl.temperature}, top_p {trl.top_p}",
-        f"loss:         {trl.loss_type}, beta {trl.beta}, epsilon {trl.epsilon}/{trl.epsilon_high}, "
+        f"loss:         {cfg.rl}: {trl.loss_type}, beta {trl.beta}, epsilon {trl.epsilon}/{trl.epsilon_high}, "
         f"num_iterations {trl.num_iterations}, scale_rewards {trl.scale_rewards}",
         "rewards:      " + (", ".join(f"{f} x{w:g}" for f, w in zip(funcs, weights)) or "none"),
         f"async:        async_prefetch {trl.async_prefetch}, sync every {trl.vllm_sync_interval} step(s)",
@@ -324,8 +374,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from grpo_core.plugin_host import PluginHost
+
     try:
-        command = typer.main.get_command(build_app())
+        allow = allowlist_of_command_line(list(sys.argv[1:] if argv is None else argv))
+        command = typer.main.get_command(build_app(PluginHost(allow=allow)))
         command.main(args=argv, prog_name="grpo", standalone_mode=True)
     except GrpoError as exc:
         _stderr(f"error: {exc}")

@@ -1,8 +1,13 @@
-"""The run context: what an extension-point implementation is built with.
+"""The run context: what every implementation is built with.
 
-Implementations are constructed as ``factory(context)``. The context gives
-them the validated config and the pieces the trainer owns, without the
-trainer having to know which of them each implementation needs.
+Implementations are constructed as ``factory(context)`` (or
+``factory(context, settings)``, see :mod:`grpo_core.hookspecs`). The context
+carries the validated config and the pieces the trainer owns, without the
+trainer having to know which of them each implementation needs. It holds
+nothing else: implementations of different extension points that must
+cooperate do it through typed hooks (the rollout's engine handle reaches the
+weight sync as an argument of ``grpo_sync_weights``), never through shared
+state here.
 """
 
 from __future__ import annotations
@@ -15,23 +20,30 @@ if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
 
 
+def _no_model() -> Any:
+    return None
+
+
 @dataclass
 class RunContext:
-    """Shared state of one run.
-
-    ``get_model`` returns the trainer's current (unwrapped) model; it is a
-    callable rather than the model so implementations built before the model
-    is loaded (e.g. a vLLM rollout that starts a server) still see the live
-    one later. ``tokenizer`` is the processing class (HF tokenizer).
-    ``services`` is a small registry where implementations of different
-    extension points can share an object without importing each other (e.g.
-    the vLLM rollout publishes its server client under ``"vllm.client"`` and
-    the vLLM weight sync reads it).
-    """
+    """Shared, read-only facts of one run."""
 
     config: GRPOConfig
+    """The validated config, defaults filled in."""
     output_dir: Path
+    """Where checkpoints, logs and the final model go; an implementation may
+    keep its own files in a subfolder (and should remove large ones at
+    ``grpo_train_end``)."""
     tokenizer: Any = None
-    get_model: Callable[[], Any] = lambda: None
-    services: dict[str, Any] = field(default_factory=dict)
+    """The processing class (an HF tokenizer), loaded before any
+    implementation is built."""
+    get_model: Callable[[], Any] = _no_model
+    """Returns the trainer's current (unwrapped) model, ``None`` until it is
+    loaded: implementations are built before the model so that an engine
+    (a vLLM server) can start while the model loads."""
     log: Callable[[str], None] = print
+    """Print a line on the run's console."""
+    engine_requirements: frozenset[str] = field(default_factory=frozenset)
+    """The capabilities the chosen weight sync needs from the rollout's
+    engine (its ``required_capabilities``), so a rollout starts its engine
+    accordingly (e.g. with LoRA loading only when adapters will be loaded)."""

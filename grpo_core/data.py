@@ -107,15 +107,21 @@ def load_raw(spec: DatasetSpec, index: int = 0) -> Any:
 # ----------------------------------------------------------------------------- transforms
 
 
+def make_cwd_importable() -> None:
+    """Put the working directory first on ``sys.path`` (where a user's
+    ``rewards.py`` lives); a console script does not do it by itself."""
+    cwd = str(Path.cwd())
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def import_from_cwd(dotted: str) -> Any:
     """Import ``module.attr`` with the working directory importable (where a
     user's ``rewards.py`` lives), nested packages included."""
     module_name, _, attr = dotted.rpartition(".")
     if not module_name or not attr:
         raise ImportError(f"'{dotted}' is not a 'module.function' path")
-    cwd = str(Path.cwd())
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+    make_cwd_importable()
     importlib.invalidate_caches()
     module = importlib.import_module(module_name)
     try:

@@ -1,37 +1,83 @@
-"""The plugin contract of grpo: every hook a plugin may implement.
+"""The plugin contract of grpo: every hook a plugin may implement, and
+everything an implementation receives or must honour.
 
 grpo's core is a loop: *rollout* prompts into completions, *reward* them,
 turn rewards into *advantages*, correct for stale samples
 (*is_correction*), take a gradient step, *sync weights* back to the
-inference engine, and decide what to *replay*. Each of those six steps is an
-**extension point**: a small set of hooks below, implemented by exactly one
-implementation per run, chosen by name in the config. A few **lifecycle
-hooks** are observed by every registered plugin.
+inference engine, and decide what to *replay*. Each step is an **extension
+point**: a few hooks below, implemented by one implementation per run,
+chosen by name. :data:`grpo_core.extension_points.EXTENSION_POINTS` is the
+table of points (hooks, config key, default); **lifecycle hooks** are
+observed by every registered plugin.
 
-How implementations are found
------------------------------
-An implementation is a class (or any factory) published under an entry point
-group named after its extension point::
+How implementations are found and built
+---------------------------------------
+An implementation is a class (or any factory) published under the entry
+point group of its extension point::
 
     [project.entry-points."grpo.advantage_aggregation"]
-    rank = "my_pkg.ranking:RankAdvantages"
+    rank_sum = "my_pkg.ranking:RankSum"
 
-The core loads the one the config names (``plugins.advantage_aggregation =
-"rank"``, or the option the seed defines for it, e.g.
-``trl.multi_objective_aggregation``), calls ``factory(context)`` with the
-:class:`~grpo_core.context.RunContext`, and registers the result with pluggy,
-which checks every ``@hookimpl`` against the specs below. The built-ins in
-``plugins/`` are published the same way, so the core cannot tell them from a
-third-party package.
+A config chooses it with ``[plugins] advantage_aggregation = "rank_sum"``
+(unset, the reference's own options decide: ``trl.use_vllm`` picks the
+rollout, and so on). When two installed distributions publish the same name,
+the name is ambiguous and refused, naming both; qualify it with the
+distribution: ``"my-pkg:rank_sum"``. ``plugins.allow`` (or
+``GRPO_PLUGINS_ALLOW``) restricts which distributions may load at all.
+
+The core builds the implementation as ``factory(context)``, or as
+``factory(context, settings)`` when it declares ``Settings`` (below), with
+the :class:`~grpo_core.context.RunContext` of the run, and registers the
+result with pluggy, which checks every ``@hookimpl`` against the specs here.
+The built-ins in ``plugins/`` are published the same way: the core cannot
+tell them from a third-party package.
 
 Two more groups exist:
 
 * ``grpo.reward``: a named reward function (TRL calling convention), usable
   as ``reward_funcs = ["name"]``.
-* ``grpo.plugins``: always-on plugins that observe lifecycle hooks or
-  resolve reward specs (:func:`grpo_load_reward`). They may wrap an
-  extension-point hook (``@hookimpl(wrapper=True)``, e.g. to time it) but
-  must not implement one.
+* ``grpo.plugins``: always-on plugins that observe lifecycle hooks, resolve
+  reward specs (:func:`grpo_load_reward`) or add CLI commands. They may wrap
+  an extension-point hook (``@hookimpl(wrapper=True)``, e.g. to time it)
+  but must not implement one.
+
+What the core reads from an implementation
+------------------------------------------
+Besides its hooks, the core reads only these class attributes, each
+optional (defaults in the extension-point table):
+
+``Settings`` (any implementation, any named reward function)
+    A pydantic model. The ``[plugins.<name>]`` table of the config is
+    validated with it (errors name ``plugins.<name>.<key>``) before anything
+    heavy starts; the implementation is then built as
+    ``factory(context, settings)``, and a reward function is called with the
+    settings' fields as extra keyword arguments. Without ``Settings`` a
+    ``[plugins.<name>]`` table is an error.
+``engine_capabilities: frozenset[str]`` (rollout)
+    What the inference engine this rollout owns can do
+    (:data:`~grpo_core.types.ENGINE_CAPABILITIES`); a rollout that samples the
+    trainer's live model declares ``SAMPLES_TRAINER_MODEL``.
+``required_capabilities: frozenset[str]`` (weight_sync)
+    What the sync needs from the rollout's engine. ``grpo config check``
+    refuses a sync whose needs the chosen rollout does not declare.
+``concurrent_generate: bool`` (rollout)
+    ``True`` when :func:`grpo_rollout_generate` may run in several threads at
+    once. Streaming scoring (``trl.streaming_partial_batch``) then keeps
+    every chunk of a batch in flight and scores each as it lands; otherwise
+    chunks are generated one after another.
+``state_dict()`` / ``load_state_dict(state)`` (any implementation)
+    State that must survive a resume
+    (:class:`~grpo_core.types.Checkpointable`): plain JSON data, saved with
+    every checkpoint.
+
+When a hook fails
+-----------------
+Raise a :class:`grpo_core.errors.GrpoError` subclass for a problem the user
+can fix (its message is shown as is; ``EngineUnavailable`` when the engine
+is unreachable after your own retries). Any other exception is reported as
+one error naming the hook, the implementation and its distribution, with
+the traceback in ``output_dir/grpo-error.log``; inside the training loop a
+checkpoint is saved first.
 
 Writing a hook
 --------------
@@ -52,6 +98,7 @@ if TYPE_CHECKING:  # imported for annotations only: keep plugin import cheap
 
     from grpo_core.context import RunContext
     from grpo_core.types import (
+        InferenceEngine,
         Prompt,
         RewardFunction,
         RolloutGroup,
@@ -64,24 +111,6 @@ if TYPE_CHECKING:  # imported for annotations only: keep plugin import cheap
 PROJECT = "grpo"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
-
-# Extension points with one implementation per run, chosen by name -> the
-# hooks that implementation must provide. The plugin host rejects an
-# implementation that forgot one, and an always-on plugin that implements one.
-NAMED_EXTENSION_POINTS: dict[str, tuple[str, ...]] = {
-    "rollout": ("grpo_rollout_generate",),
-    "advantage_aggregation": ("grpo_aggregate_advantages",),
-    "is_correction": ("grpo_is_correction",),
-    "weight_sync": ("grpo_sync_weights",),
-    "replay": ("grpo_replay_prompts", "grpo_replay_groups"),
-}
-# The reward point is open-ended: many reward functions per run. Named ones
-# come from the ``grpo.reward`` group; any always-on plugin may implement
-# ``grpo_load_reward`` to resolve other specs (first non-None answer wins).
-REWARD_GROUP = "grpo.reward"
-ALWAYS_ON_GROUP = "grpo.plugins"
-EXTENSION_POINTS: tuple[str, ...] = ("rollout", "reward", *list(NAMED_EXTENSION_POINTS)[1:])
-
 
 # --------------------------------------------------------------------------
 # rollout: prompts -> completions
@@ -105,7 +134,20 @@ def grpo_rollout_generate(
     must not touch the trainer's model then (use the inference engine).
     Raise :class:`grpo_core.errors.EngineUnavailable` when the engine cannot
     be reached after the implementation's own retries: the trainer then saves
-    a checkpoint and stops cleanly.
+    a checkpoint and stops cleanly. Declare ``concurrent_generate = True``
+    only if several calls may safely run at once.
+    """
+
+
+@hookspec(firstresult=True)
+def grpo_inference_engine() -> InferenceEngine | None:
+    """The inference engine this rollout owns, for the weight sync.
+
+    Implemented by a rollout that samples from an engine of its own; called
+    once after the rollout is built. The handle
+    (:class:`~grpo_core.types.InferenceEngine`) is what the chosen weight
+    sync receives as ``engine``. A rollout that samples the trainer's model
+    (no engine) does not implement it.
     """
 
 
@@ -163,11 +205,27 @@ def grpo_is_correction(
     """Correct for completions sampled by a stale or different policy.
 
     All tensors are ``[batch, completion_len]``: the trainer's log-probs of
-    the sampled tokens at sampling time (no grad), the sampler's (inference
-    engine's) log-probs of the same tokens, and the 0/1 completion mask.
-    Return ``(weights, mask, metrics)``: per-token multipliers applied to the
-    policy-gradient loss, the (possibly narrowed) mask, and scalars to log
-    under ``is/<name>``.
+    the sampled tokens under the policy that generated the batch (no grad;
+    the old log-probs when ``num_iterations > 1``), the sampler's (inference
+    engine's) log-probs of the same tokens (``NaN`` where the engine gave
+    none), and the 0/1 completion mask.
+
+    Return ``(weights, mask, metrics)``:
+
+    * ``weights``: per-token multipliers of the policy-gradient term, the
+      ratio ``pi_trainer / pi_sampler`` (i.e. ``exp(trainer_logps -
+      sampler_logps)``), capped or zeroed as the implementation decides. A
+      token you want dropped gets weight 0 here.
+    * ``mask``: the completion mask the loss normalises by (count of tokens).
+      Return it unchanged unless you mean to change the loss's denominator;
+      the built-ins never narrow it (as in TRL).
+    * ``metrics``: scalars logged as ``is/<key>``, averaged over the step's
+      micro-batches. They are the only ``is/*`` metrics: the core adds none
+      of its own, so report the ones users look for (the built-ins log
+      ``sampling_logp_difference/mean`` and ``/max``, ``ratio/mean``, ...).
+
+    Replayed rows of ``trl.replay_recompute_logps`` get weight 1 afterwards,
+    whatever this hook returned for them.
     """
 
 
@@ -177,15 +235,24 @@ def grpo_is_correction(
 
 
 @hookspec(firstresult=True)
-def grpo_sync_weights(model: Any, version: int) -> SyncResult:
+def grpo_sync_weights(model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
     """Make the inference engine sample from ``model``'s current weights.
 
     ``model`` is the trainer's (unwrapped) model: a PEFT model when an
-    adapter is trained. ``version`` is the new policy version; rollouts that
-    follow must be stamped with it. Called every ``trl.vllm_sync_interval``
-    optimizer steps, and once before the first rollout so the engine starts
-    from the run's own initial weights (whatever an earlier experiment left
-    on the server). Return what was done and how long it took.
+    adapter is trained. ``version`` is the new policy version: the core
+    stamps every rollout requested after this call returns with it.
+    ``engine`` is the rollout's engine handle
+    (:func:`grpo_inference_engine`), ``None`` when the rollout samples the
+    trainer's model; use only the capabilities you declared in
+    ``required_capabilities``.
+
+    Called every ``trl.vllm_sync_interval`` optimizer steps, and once before
+    the first rollout so the engine starts from this run's own weights
+    (whatever an earlier experiment left on it). May run while a prefetch
+    thread generates. After an engine restart the engine re-applies your
+    last ``load_*`` call by itself: keep the files it read until your next
+    sync replaces them, and delete them when a newer version is loaded.
+    Return what was done and how long it took.
     """
 
 
@@ -222,7 +289,10 @@ def grpo_replay_groups(groups: list[ScoredGroup], progress: TrainingProgress) ->
 def grpo_validate_config(config: Any) -> list[str] | None:
     """Check the loaded config before anything heavy happens.
 
-    Raise :class:`grpo_core.errors.ConfigError` for a config that cannot run;
+    Asked of every always-on plugin and of each implementation the config
+    chooses (a static method or class method, since nothing is built yet:
+    ``grpo config check`` calls it on the class). Raise
+    :class:`grpo_core.errors.ConfigError` for a config that cannot run;
     return warnings (strings) for one that can but probably should not.
     """
 

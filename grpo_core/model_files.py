@@ -12,10 +12,9 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from grpo_core.atomic import atomic_directory
 from grpo_core.errors import ConfigError
 
 PACKAGE_SCHEME = "package://"
@@ -65,22 +64,13 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
         del config.quantization_config
     fresh = AutoModelForCausalLM.from_config(config)
     fresh.load_state_dict(loaded.state_dict())
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
-    try:
+    with atomic_directory(out_dir, replace=False) as tmp:  # another process may win the race
         fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         cfg_path = tmp / "config.json"
         cfg = json.loads(cfg_path.read_text())
         cfg.pop("quantization_config", None)
         cfg_path.write_text(json.dumps(cfg, indent=2))
-        if out_dir.exists():  # another process won the race
-            shutil.rmtree(tmp)
-            return
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def resolve_model_dir(base_model: str) -> str:

@@ -32,7 +32,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from grpo_core.errors import ConfigError, DataError, RewardError
+from grpo_core.errors import DataError, RewardError
 from grpo_core.types import RolloutGroup
 
 if TYPE_CHECKING:
@@ -276,21 +276,14 @@ class RewardScorer:
     """
 
     def __init__(self, cfg: GRPOConfig, host: PluginHost, context: RunContext) -> None:
+        from grpo_core.config.checks import reward_weights
+
+        self.weights = reward_weights(cfg)
         specs = list(cfg.trl.reward_funcs or [])
-        if not specs:
-            raise ConfigError("trl.reward_funcs is empty: name at least one reward function (e.g. 'rewards.accuracy_reward').")
         self.cfg = cfg
         self.specs = specs
         self.funcs = [host.load_reward(spec, context) for spec in specs]
         self.names = [_function_name(f, s) for f, s in zip(self.funcs, specs)]
-        weights = cfg.trl.reward_weights
-        if weights is None:
-            weights = [1.0] * len(specs)
-        if len(weights) != len(specs):
-            raise ConfigError(
-                f"trl.reward_weights has {len(weights)} value(s) but trl.reward_funcs has {len(specs)}; give one weight per function."
-            )
-        self.weights = [float(w) for w in weights]
         self.policy = cfg.trl.reward_error_policy
         self.timeout = cfg.trl.reward_timeout
         self._pool: Any = None

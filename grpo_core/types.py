@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 Messages = list[dict[str, Any]]
@@ -141,3 +143,97 @@ class SyncResult:
     version: int
     seconds: float
     detail: str = ""
+
+
+# --------------------------------------------------------------------------
+# The inference engine, as the contract sees it
+# --------------------------------------------------------------------------
+
+WEIGHTS_FROM_PATH = "weights_from_path"
+"""Engine capability: :meth:`InferenceEngine.load_weights_from_path`."""
+ADAPTER_FROM_PATH = "adapter_from_path"
+"""Engine capability: :meth:`InferenceEngine.load_adapter`."""
+WEIGHTS_IN_MEMORY = "weights_in_memory"
+"""Engine capability: :meth:`InferenceEngine.load_weights` (same process)."""
+SAMPLES_TRAINER_MODEL = "samples_trainer_model"
+"""Rollout capability without an engine: it samples the trainer's live model,
+so the weights are current the moment the optimizer steps."""
+
+ENGINE_CAPABILITIES: frozenset[str] = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_IN_MEMORY, SAMPLES_TRAINER_MODEL})
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """The inference engine a rollout owns, as a weight sync sees it.
+
+    A rollout implementation that samples from an engine of its own (a vLLM
+    server, an in-process vLLM) hands this handle out through
+    :func:`~grpo_core.hookspecs.grpo_inference_engine`; the core passes it to
+    :func:`~grpo_core.hookspecs.grpo_sync_weights`. A sync uses only the
+    ``load_*`` methods listed in :attr:`capabilities`; the others raise
+    :class:`NotImplementedError`.
+
+    Restarts are the engine's business: an engine that dies and comes back
+    re-applies the last ``load_*`` call itself before it samples again, so a
+    path given to a ``load_*`` method must stay readable until the next load.
+    """
+
+    @property
+    def description(self) -> str:
+        """Where the engine is, for messages (``"vLLM server at http://..."``)."""
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Which ``load_*`` methods work (a subset of :data:`ENGINE_CAPABILITIES`)."""
+
+    @property
+    def served_model(self) -> str:
+        """The model name a generation request names now (the base model, or
+        the adapter a LoRA load installed)."""
+
+    @property
+    def weight_label(self) -> str | None:
+        """A label of the weights the engine holds, set by each load; an
+        engine that restarted with other weights reports a different one."""
+
+    def ensure_ready(self) -> None:
+        """Block until the engine answers and holds nothing an earlier run
+        left on it. Idempotent; raise ``EngineUnavailable`` when it never does."""
+
+    def healthy(self) -> bool:
+        """One quick probe; never raises."""
+
+    def restart_if_dead(self) -> bool:
+        """Bring an engine whose process exited back up (then re-apply the last
+        load). ``True`` if it restarted; ``False`` if it was alive or cannot be
+        restarted (an external server)."""
+
+    def load_weights_from_path(self, path: Path) -> None:
+        """Replace the weights with the safetensors under ``path`` (HF names;
+        weights not in the files keep their values) and drop cached prefixes."""
+
+    def load_adapter(self, path: Path) -> None:
+        """Load the PEFT adapter saved at ``path`` (replacing the previous one)
+        and serve it from now on."""
+
+    def load_weights(self, weights: Mapping[str, Any]) -> None:
+        """Copy ``weights`` (HF names -> tensors) into the engine in place."""
+
+    def fused_modules(self) -> tuple[tuple[str, ...], ...]:
+        """Groups of HF projections the engine stores as one weight (e.g.
+        ``("q_proj", "k_proj", "v_proj")``): a partial update must carry every
+        member of a group."""
+
+
+@runtime_checkable
+class Checkpointable(Protocol):
+    """An implementation with state that must survive a resume (a replay
+    buffer, a learned schedule). ``state_dict`` returns plain data (JSON
+    types: dicts, lists, strings, numbers, booleans, ``None``); it is saved
+    with every checkpoint and handed back to ``load_state_dict`` on resume."""
+
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...

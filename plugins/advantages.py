@@ -50,10 +50,8 @@ class _Aggregation:
         self._warned_unscorable = False
 
     def _prepare(
-        self, rewards: torch.Tensor, weights: torch.Tensor, group_size: int, scale_rewards: str | bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
-        if isinstance(scale_rewards, bool):  # the config's true/false spelling
-            scale_rewards = "group" if scale_rewards else "none"
+        self, rewards: torch.Tensor, weights: torch.Tensor, group_size: int, scale_rewards: str
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if scale_rewards not in SCALE_CHOICES:
             raise GrpoError(f"trl.scale_rewards = '{scale_rewards}' must be one of {', '.join(SCALE_CHOICES)}")
         if rewards.dim() == 1:
@@ -80,14 +78,14 @@ class _Aggregation:
                 f"warning: {int(unscorable.sum())} of {n} completions got no reward from any function "
                 "(all returned None); their advantage is 0 (shown once)"
             )
-        return rewards, weights, unscorable, scale_rewards
+        return rewards, weights, unscorable
 
     @hookimpl
     def grpo_aggregate_advantages(
         self, rewards: torch.Tensor, weights: torch.Tensor, group_size: int, scale_rewards: str
     ) -> torch.Tensor:
-        rewards, weights, unscorable, scale = self._prepare(rewards, weights, group_size, scale_rewards)
-        advantages = self._aggregate(rewards, weights, unscorable, group_size, scale)
+        rewards, weights, unscorable = self._prepare(rewards, weights, group_size, scale_rewards)
+        advantages = self._aggregate(rewards, weights, unscorable, group_size, scale_rewards)
         # Undefined statistics (too few values) and unscorable rows -> 0.
         return torch.nan_to_num(advantages, nan=0.0, posinf=0.0, neginf=0.0)
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from grpo_core import hookimpl
 from grpo_core.context import RunContext
 from grpo_core.errors import ConfigError, GrpoError
-from grpo_core.types import Completion, Prompt, RolloutGroup, SamplingSettings
+from grpo_core.types import SAMPLES_TRAINER_MODEL, Completion, Prompt, RolloutGroup, SamplingSettings
 
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
 
@@ -57,7 +57,12 @@ def import_rollout_func(spec: str) -> Callable[..., dict[str, Any]]:
 
 
 class FunctionRollout:
-    """The ``function`` rollout: delegates generation to ``trl.rollout_func``."""
+    """The ``function`` rollout: delegates generation to ``trl.rollout_func``.
+
+    The function reads the live model from its ``trainer`` argument, so the
+    weights it samples are current without a sync."""
+
+    engine_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
 
     def __init__(self, context: RunContext) -> None:
         spec = context.config.trl.rollout_func

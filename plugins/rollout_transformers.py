@@ -24,9 +24,10 @@ from typing import Any
 import torch
 
 from grpo_core import hookimpl
+from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
 from grpo_core.errors import ConfigError, GrpoError
-from grpo_core.types import Completion, Prompt, RolloutGroup, SamplingSettings
+from grpo_core.types import SAMPLES_TRAINER_MODEL, Completion, Prompt, RolloutGroup, SamplingSettings
 
 DEFAULT_CHUNK_SIZE = 64
 """Sequences generated per ``generate`` call (bounds activation/KV memory)."""
@@ -129,21 +130,29 @@ class TransformersRollout:
     ``generate`` call; a prompt's completions may span several calls.
     """
 
+    engine_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
+
     def __init__(self, context: RunContext, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        trl = context.config.trl
+        self.grpo_validate_config(context.config)
+        self.context = context
+        self.chunk_size = chunk_size
+
+    @staticmethod
+    def grpo_validate_config(config: GRPOConfig) -> list[str]:
+        trl = config.trl
         if trl.async_prefetch:
             raise ConfigError(
-                "rollout 'transformers' samples with the trainer's own model and cannot run in a background "
-                "thread: set trl.async_prefetch = false, or sample with vLLM (trl.use_vllm = true)."
+                "trl.async_prefetch generates in a background thread, but rollout 'transformers' (trl.use_vllm = "
+                "false) samples with the model being trained and cannot: set trl.use_vllm = true (a vLLM server "
+                "generates) or trl.async_prefetch = false."
             )
         if trl.vllm_guided_decoding_regex:
             raise ConfigError(
                 "trl.vllm_guided_decoding_regex needs the vLLM rollout: set trl.use_vllm = true or remove the key."
             )
-        self.context = context
-        self.chunk_size = chunk_size
+        return []
 
     # ------------------------------------------------------------------ hook
 

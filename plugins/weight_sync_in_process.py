@@ -13,11 +13,13 @@ from typing import Any
 
 from grpo_core import hookimpl
 from grpo_core.context import RunContext
-from grpo_core.types import SyncResult
+from grpo_core.types import SAMPLES_TRAINER_MODEL, InferenceEngine, SyncResult
 
 
 class InProcessSync:
     """``grpo.weight_sync`` implementation ``in_process``."""
+
+    required_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
 
     def __init__(self, context: RunContext) -> None:
         self.context = context
@@ -25,7 +27,7 @@ class InProcessSync:
         self.syncs = 0
 
     @hookimpl
-    def grpo_sync_weights(self, model: Any, version: int) -> SyncResult:
+    def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
         start = time.perf_counter()
         self.version = version
         self.syncs += 1

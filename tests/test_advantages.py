@@ -135,12 +135,14 @@ def test_all_nan_rows_get_zero_and_warn_once(strategy):
     assert (agg.grpo_aggregate_advantages(everything_nan, torch.ones(2), 2, "batch") == 0).all()
 
 
-def test_bool_scale_and_errors():
+def test_bool_scale_is_spelled_out_once_by_the_config_and_errors():
+    from grpo_core.config.schema import GRPOConfig
+
+    # true/false become the words the hook receives, in one place: the schema (the default too)
+    assert GRPOConfig(base_model="x").trl.scale_rewards == "group"
+    assert GRPOConfig(base_model="x", trl={"scale_rewards": False}).trl.scale_rewards == "none"
     agg = plugin("sum_then_normalize")
     r = sample_rewards(3, 8, 1)
-    torch.testing.assert_close(
-        agg.grpo_aggregate_advantages(r, torch.ones(1), 4, True), agg.grpo_aggregate_advantages(r, torch.ones(1), 4, "group")
-    )
     with pytest.raises(GrpoError, match="groups of 3"):
         agg.grpo_aggregate_advantages(r, torch.ones(1), 3, "group")
     with pytest.raises(GrpoError, match="reward_weights"):

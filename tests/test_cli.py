@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core import hookspecs
+from grpo_core.extension_points import EXTENSION_POINTS
+
+POINTS = [point.name for point in EXTENSION_POINTS]
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart"
@@ -155,8 +157,8 @@ def test_plugins_json_lists_every_point_and_the_builtins() -> None:
     no_traceback(result)
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
-    assert set(listing) == {*hookspecs.EXTENSION_POINTS, "plugins"}
-    assert len(hookspecs.EXTENSION_POINTS) == 6
+    assert set(listing) == {*POINTS, "reward", "plugins"}
+    assert len(POINTS) == 5
     from importlib.metadata import distribution
 
     published = {(ep.group, ep.name, ep.value) for ep in distribution("grpo").entry_points if ep.group.startswith("grpo.")}
@@ -167,13 +169,13 @@ def test_plugins_json_lists_every_point_and_the_builtins() -> None:
         if impl["distribution"] == "grpo"
     }
     assert published == listed
-    for point in hookspecs.EXTENSION_POINTS:
+    for point in (*POINTS, "reward"):
         assert any(i["distribution"] == "grpo" for i in listing[point]["implementations"]), point
 
 
 def test_plugins_table_output() -> None:
     result = grpo("plugins")
     assert result.returncode == 0, result.stderr
-    for point in hookspecs.EXTENSION_POINTS:
+    for point in (*POINTS, "reward"):
         assert f"{point} (grpo.{point})" in result.stdout
     assert "sum_then_normalize" in result.stdout

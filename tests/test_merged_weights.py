@@ -8,6 +8,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from grpo_plugins.vllm.engine import PACKED_GROUPS
 from grpo_plugins.vllm.weight_sync import merged_weights
 
 
@@ -29,13 +30,13 @@ def lora_model(targets: list[str] | str):
 
 def test_full_model_sends_every_weight() -> None:
     model = tiny_llama()
-    assert set(merged_weights(model)) == set(model.state_dict())
+    assert set(merged_weights(model, PACKED_GROUPS)) == set(model.state_dict())
 
 
 def test_lora_weights_equal_peft_merge_and_base_is_untouched() -> None:
     model = lora_model("all-linear")
     before = {k: v.clone() for k, v in model.get_base_model().state_dict().items()}
-    sent = merged_weights(model)
+    sent = merged_weights(model, PACKED_GROUPS)
     # bit-exact: no merge/unmerge round trip on the trainer's weights
     assert all(torch.equal(v, model.get_base_model().state_dict()[k]) for k, v in before.items())
 
@@ -50,7 +51,7 @@ def test_lora_weights_equal_peft_merge_and_base_is_untouched() -> None:
 
 def test_fused_siblings_of_adapted_modules_are_sent_whole() -> None:
     model = lora_model(["q_proj", "v_proj", "gate_proj"])
-    sent = merged_weights(model)
+    sent = merged_weights(model, PACKED_GROUPS)
     layer = "model.layers.0."
     # vLLM fuses q/k/v and gate/up: k_proj and up_proj travel (unchanged) with their adapted siblings
     for member in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
@@ -64,11 +65,11 @@ def test_fused_siblings_of_adapted_modules_are_sent_whole() -> None:
 def test_other_trainable_weights_mean_everything_is_sent() -> None:
     model = lora_model(["q_proj"])
     model.get_base_model().model.norm.weight.requires_grad_(True)
-    assert set(merged_weights(model)) == {k for k in tiny_llama().state_dict()}
+    assert set(merged_weights(model, PACKED_GROUPS)) == {k for k in tiny_llama().state_dict()}
 
 
 @pytest.mark.parametrize("targets", [["q_proj"], "all-linear"])
 def test_a_zero_adapter_sends_the_base_weights(targets) -> None:
     model = get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=targets))  # B = 0 at init
     base = tiny_llama().state_dict()
-    assert all(torch.equal(t, base[k]) for k, t in merged_weights(model).items())
+    assert all(torch.equal(t, base[k]) for k, t in merged_weights(model, PACKED_GROUPS).items())

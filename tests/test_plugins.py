@@ -248,7 +248,7 @@ def test_config_check_accepts_the_plugin_by_name(example_site: Path, tmp_path: P
     assert "advantage_aggregation=rank" in ok.stdout
     missing = grpo("config", "check", str(cfg_path))
     assert missing.returncode == 2
-    assert "trl.multi_objective_aggregation chooses advantage_aggregation implementation 'rank'" in missing.stderr
+    assert "trl.multi_objective_aggregation = 'rank': no installed package publishes 'rank'" in missing.stderr
 
 
 # ---------------------------------------------------------------- allowlist
@@ -282,7 +282,7 @@ def test_config_allowlist_blocks_a_chosen_implementation(example_site: Path, tmp
             "trl": {"num_generations": 4, "reward_funcs": ["x.y"], "multi_objective_aggregation": "rank"},
             "plugins": {"allow": ["someone-else"]},
         })
-        with pytest.raises(ConfigError, match="rank.*allowlist"):
+        with pytest.raises(ConfigError, match="rank.*not allowed.*plugins.allow"):
             check_config(blocked, PluginHost(allow=set(blocked.plugins.allow or [])))
         check_config(blocked, PluginHost(allow={EXAMPLE_DIST}))
 
@@ -379,13 +379,176 @@ def test_broken_always_on_plugin_strict_and_lenient(broken_site: Path) -> None:
             problems = host.load_always_on(strict=False)
         assert any("bad_always_on" in p for p in problems)
         names = {host.pm.get_name(p) for p in host.pm.get_plugins()}
-        assert "grpo.plugins:hello_command" in names and "grpo.plugins:bad_always_on" not in names
+        assert f"grpo.plugins:{BROKEN_DIST}:hello_command" in names
+        assert f"grpo.plugins:{BROKEN_DIST}:bad_always_on" not in names
 
 
 def test_unknown_implementation_name_lists_the_available_ones(tmp_path: Path) -> None:
     with pytest.raises(PluginError) as info:
         PluginHost().load_implementation("advantage_aggregation", "nope", context(tmp_path))
-    assert "no plugin named 'nope'" in str(info.value) and "grpo.advantage_aggregation" in str(info.value)
+    message = str(info.value)
+    assert "no installed package publishes 'nope'" in message and "grpo.advantage_aggregation" in message
+    assert "normalize_then_sum, sum_then_normalize" in message
+
+
+# ---------------------------------------------------------------- one index: ambiguity and qualification
+
+TWIN_DIST = "grpo-rank-twin"
+
+
+@pytest.fixture(scope="module")
+def twin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second distribution that also publishes 'rank' (and a marker-writing
+    always-on plugin, for the allowlist test)."""
+    site = tmp_path_factory.mktemp("twin")
+    package = site / "grpo_rank_twin"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import os, pathlib\n"
+        "marker = os.environ.get('GRPO_TWIN_MARKER')\n"
+        "if marker:\n    pathlib.Path(marker).write_text('imported')\n"
+        "from grpo_core import hookimpl\n\n"
+        "class Twin:\n    def __init__(self, context):\n        pass\n\n"
+        "    @hookimpl\n    def grpo_aggregate_advantages(self, rewards):\n        return rewards.sum(dim=1)\n\n"
+        "class Hello:\n    @hookimpl\n    def grpo_register_commands(self, app):\n"
+        "        app.command('twin-hello')(lambda: print('twin'))\n",
+        encoding="utf-8",
+    )
+    info = site / "grpo_rank_twin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {TWIN_DIST}\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(
+        "[grpo.advantage_aggregation]\nrank = grpo_rank_twin:Twin\n\n[grpo.plugins]\ntwin_hello = grpo_rank_twin:Hello\n",
+        encoding="utf-8",
+    )
+    return site
+
+
+def test_a_name_published_twice_is_refused_naming_both_and_qualifies(example_site: Path, twin_site: Path, tmp_path: Path) -> None:
+    with on_path(example_site, "grpo_plugin_example"), on_path(twin_site, "grpo_rank_twin"):
+        host = PluginHost()
+        with pytest.raises(PluginError) as info:
+            host.load_implementation("advantage_aggregation", "rank", context(tmp_path))
+        message = str(info.value)
+        assert "ambiguous" in message and EXAMPLE_DIST in message and TWIN_DIST in message
+        assert f"'{EXAMPLE_DIST}:rank'" in message and f"'{TWIN_DIST}:rank'" in message
+        obj = host.load_implementation("advantage_aggregation", f"{TWIN_DIST}:rank", context(tmp_path))
+        assert type(obj).__module__ == "grpo_rank_twin"
+        # the allowlist can settle it too: only one of them may load
+        only = PluginHost(allow={EXAMPLE_DIST}).load_implementation("advantage_aggregation", "rank", context(tmp_path))
+        assert type(only).__module__ == "grpo_plugin_example.ranking"
+        listing = {(i.name, i.distribution): i.error for i in host.list_group("grpo.advantage_aggregation")}
+        assert "ambiguous" in listing[("rank", EXAMPLE_DIST)] and "ambiguous" in listing[("rank", TWIN_DIST)]
+
+
+# ---------------------------------------------------------------- plugin settings
+
+
+def write_config(tmp_path: Path, trl: str, extra: str = "") -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        f'base_model = "m"\nmicro_batch_size = 4\n[[datasets]]\npath = "org/data"\n[trl]\nnum_generations = 4\n{trl}\n{extra}',
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_length_bonus_is_configured_from_a_toml_file(example_site: Path, tmp_path: Path) -> None:
+    from grpo_core.config.loader import load_config
+
+    path = write_config(tmp_path, 'reward_funcs = ["length_bonus"]', "[plugins.length_bonus]\ntarget_tokens = 4\n")
+    with on_path(example_site, "grpo_plugin_example"):
+        cfg = load_config(path)
+        reward = PluginHost().load_reward("length_bonus", RunContext(config=cfg, output_dir=tmp_path))
+        assert reward.__name__ == "length_bonus"
+        # 4 tokens is now the target: full bonus; 8 tokens is twice the target: none
+        assert reward(completions=["a", "b"], completion_ids=[[1] * 4, [1] * 8]) == [1.0, 0.0]
+        assert check_config(cfg) == []
+    ok = grpo("config", "check", str(path), pythonpath=example_site)
+    assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize(
+    ("table", "fragment"),
+    [
+        ("[plugins.length_bonus]\ntarget_token = 4\n", "plugins.length_bonus.target_token: Extra inputs are not permitted"),
+        ("[plugins.length_bonus]\ntarget_tokens = 0\n", "plugins.length_bonus.target_tokens: Input should be greater than or equal to 1"),
+        ("[plugins.rank]\nstrength = 2\n", "[plugins.rank] sets ['strength'], but 'rank' declares no settings"),
+    ],
+)
+def test_bad_plugin_settings_name_the_key(example_site: Path, tmp_path: Path, table: str, fragment: str) -> None:
+    path = write_config(tmp_path, 'reward_funcs = ["length_bonus"]\nmulti_objective_aggregation = "rank"', table)
+    result = grpo("config", "check", str(path), pythonpath=example_site)
+    assert result.returncode == 2 and fragment in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_settings_for_an_unused_implementation_are_named(example_site: Path, tmp_path: Path) -> None:
+    path = write_config(tmp_path, 'reward_funcs = ["last_number_match"]', "[plugins.length_bonus]\ntarget_tokens = 8\n")
+    result = grpo("config", "check", str(path), pythonpath=example_site)
+    assert result.returncode == 0 and "[plugins.length_bonus] configures 'length_bonus', which this run does not use" in result.stderr
+
+
+# ---------------------------------------------------------------- config check loads what it reports
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"plugins": {"advantage_aggregation": "wrong_arg"}}, "rewardz"),
+        ({"plugins": {"advantage_aggregation": "missing_module"}}, "ModuleNotFoundError"),
+        ({"plugins": {"weight_sync": "full_filesystem"}},
+         "weight sync 'full_filesystem' (plugins.weight_sync) needs ['weights_from_path'] from the rollout's inference engine, "
+         "but rollout 'transformers'"),
+        ({"trl": {"use_vllm": True}, "plugins": {"weight_sync": "in_process"}},
+         "needs ['samples_trainer_model'] from the rollout's inference engine, but rollout 'vllm'"),
+        ({"trl": {"use_vllm": True}, "plugins": {"weight_sync": "nccl"}}, "`weight sync 'nccl' (NCCL transfer to vLLM)` is not implemented"),
+    ],
+)
+def test_config_check_imports_and_checks_each_chosen_implementation(broken_site: Path, changes: dict[str, Any], fragment: str) -> None:
+    data = {"base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
+            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **changes.get("trl", {})},
+            "plugins": changes.get("plugins", {})}
+    with on_path(broken_site, "grpo_broken_example"):
+        with pytest.raises(ConfigError) as info:
+            check_config(validate(data))
+    assert fragment in str(info.value)
+
+
+# ---------------------------------------------------------------- the allowlist holds everywhere
+
+
+def test_allowlist_in_a_config_keeps_other_distributions_unimported(twin_site: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    env = {"GRPO_TWIN_MARKER": str(marker)}
+    open_cfg = write_config(tmp_path, 'reward_funcs = ["last_number_match"]')
+    sanity = grpo("config", "check", str(open_cfg), pythonpath=twin_site, env=env)
+    assert sanity.returncode == 0 and marker.exists()  # without an allowlist its always-on plugin loads
+    marker.unlink()
+
+    closed = tmp_path / "closed.toml"
+    closed.write_text(open_cfg.read_text(encoding="utf-8") + '[plugins]\nallow = ["grpo-plugin-example"]\n', encoding="utf-8")
+    for args in (("config", "check", str(closed)), ("run", str(closed)), ("config", "check", str(open_cfg), "--set", 'plugins.allow=["x"]')):
+        result = grpo(*args, pythonpath=twin_site, env=env)
+        assert not marker.exists(), (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert "twin-hello" not in grpo("run", str(closed), "--help", pythonpath=twin_site, env=env).stdout
+
+
+# ---------------------------------------------------------------- a hook that raises
+
+
+def test_a_raising_hook_is_one_error_naming_hook_implementation_and_distribution(broken_site: Path, tmp_path: Path) -> None:
+    with on_path(broken_site, "grpo_broken_example"):
+        host = PluginHost()
+        host.error_log = tmp_path / "grpo-error.log"
+        host.load_implementation("advantage_aggregation", "sum_then_normalize", context(tmp_path))
+        with pytest.raises(PluginError) as info:
+            host.hook.grpo_aggregate_advantages(rewards="not a tensor", weights=torch.ones(1), group_size=2, scale_rewards="group")
+    message = str(info.value)
+    assert "hook grpo_aggregate_advantages of advantage_aggregation implementation 'sum_then_normalize'" in message
+    assert "distribution 'grpo'" in message and str(host.error_log) in message
+    assert "Traceback" in host.error_log.read_text(encoding="utf-8")
 
 
 # ---------------------------------------------------------------- core independence

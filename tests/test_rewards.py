@@ -145,7 +145,7 @@ def test_named_and_imported_functions_resolve(reward_dir):
 
 
 def test_weights_length_checked(reward_dir):
-    with pytest.raises(ConfigError, match="reward_weights has 1 value.*reward_funcs has 2"):
+    with pytest.raises(ConfigError, match="reward_weights has 1 weight.*reward_funcs has 2"):
         scorer_for([M + "length", M + "exact"], reward_weights=[1.0])
 
 

@@ -21,8 +21,8 @@ def test_sync_records_version_and_leaves_weights_alone(tmp_path):
     sync = InProcessSync(make_context(tmp_path, model))
     assert sync.version is None
 
-    first = sync.grpo_sync_weights(model=model, version=0)
-    second = sync.grpo_sync_weights(model=model, version=3)
+    first = sync.grpo_sync_weights(model=model, version=0, engine=None)
+    second = sync.grpo_sync_weights(model=model, version=3, engine=None)
 
     assert first == SyncResult(version=0, seconds=first.seconds, detail="in-process")
     assert second.version == 3 and second.detail == "in-process"
@@ -36,6 +36,6 @@ def test_loads_through_the_entry_point(tmp_path):
     model = torch.nn.Linear(3, 2)
     host = PluginHost()
     obj = host.load_implementation("weight_sync", "in_process", make_context(tmp_path, model))
-    result = host.hook.grpo_sync_weights(model=model, version=7)
+    result = host.hook.grpo_sync_weights(model=model, version=7, engine=None)
     assert isinstance(obj, InProcessSync)
     assert result.version == 7 and obj.version == 7

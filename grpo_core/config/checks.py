@@ -17,14 +17,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from grpo_core.config.compat import compat_warnings
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.errors import ConfigError, NotImplementedYet
-
-if TYPE_CHECKING:
-    from grpo_core.plugin_host import PluginHost
+from grpo_core.errors import ConfigError, NotImplementedYet, PluginError
+from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, chosen_implementations, declared, source_key
+from grpo_core.plugin_host import PluginHost, own_checks, split_qualified, validate_settings
 
 
 @dataclass(frozen=True)
@@ -53,24 +52,8 @@ NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = (
 
 def implementation_names(cfg: GRPOConfig) -> dict[str, str]:
     """The implementation each extension point will load, by name: the
-    trainer's own choice (:func:`grpo_core.training.selection.chosen_implementations`),
-    so the checks judge exactly what will run."""
-    from grpo_core.training.selection import chosen_implementations
-
+    trainer's own choice, so the checks judge exactly what will run."""
     return chosen_implementations(cfg)
-
-
-def _source_key(cfg: GRPOConfig, point: str) -> str:
-    """The config key that chose ``point``'s implementation, for messages."""
-    if getattr(cfg.plugins, point) is not None:
-        return f"plugins.{point}"
-    return {
-        "rollout": "trl.use_vllm",
-        "advantage_aggregation": "trl.multi_objective_aggregation",
-        "is_correction": "trl.vllm_importance_sampling_mode",
-        "weight_sync": "trl.use_vllm / trl.vllm_lora_sync",
-        "replay": "plugins.replay",
-    }[point]
 
 
 def _zero_stage(deepspeed: str) -> int | None:
@@ -129,37 +112,39 @@ def _gcd(a: int, b: int) -> int:
     return a
 
 
-def _reward_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> None:
-    trl = cfg.trl
-    funcs = trl.reward_funcs or []
+def reward_weights(cfg: GRPOConfig) -> list[float]:
+    """One weight per reward function (all 1.0 unless ``trl.reward_weights``);
+    a :class:`ConfigError` naming the fix when the lists do not pair up."""
+    funcs = cfg.trl.reward_funcs or []
     if not funcs:
-        errors.append(
+        raise ConfigError(
             "trl.reward_funcs is empty: name at least one reward function, a registered name (see `grpo plugins`) "
             "or an import path such as 'rewards.accuracy_reward'."
         )
-    if trl.reward_weights is not None and len(trl.reward_weights) != len(funcs):
-        errors.append(
-            f"trl.reward_weights has {len(trl.reward_weights)} weight(s) but trl.reward_funcs has {len(funcs)} "
+    weights = cfg.trl.reward_weights
+    if weights is None:
+        return [1.0] * len(funcs)
+    if len(weights) != len(funcs):
+        raise ConfigError(
+            f"trl.reward_weights has {len(weights)} weight(s) but trl.reward_funcs has {len(funcs)} "
             "function(s): give one weight per function, in the same order, or drop reward_weights (all 1.0)."
         )
+    return [float(w) for w in weights]
+
+
+def _reward_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> None:
+    trl = cfg.trl
+    funcs = trl.reward_funcs or []
+    try:
+        reward_weights(cfg)
+    except ConfigError as exc:
+        errors.append(str(exc))
     if len(set(funcs)) != len(funcs):
         warnings.append("trl.reward_funcs lists the same function twice: its reward counts double.")
 
 
 def _async_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], warnings: list[str]) -> None:
     trl = cfg.trl
-    if trl.async_prefetch and names["rollout"] == "transformers":
-        errors.append(
-            "trl.async_prefetch generates in a background thread, but the transformers rollout (trl.use_vllm = "
-            "false) samples from the model being trained and cannot: set trl.use_vllm = true (a vLLM server "
-            "generates) or trl.async_prefetch = false."
-        )
-    if trl.async_prefetch and names["rollout"] == "vllm_colocate":
-        errors.append(
-            "trl.async_prefetch overlaps generation with training, but trl.vllm_mode = 'colocate' runs vLLM in "
-            "the trainer's process on the same device, so they would only take turns: use vllm_mode = 'server' "
-            "(a managed server, still one command) or trl.async_prefetch = false."
-        )
     if trl.async_prefetch and trl.vllm_importance_sampling_correction is False:
         warnings.append(
             "trl.async_prefetch samples from weights one sync behind; enable "
@@ -200,6 +185,30 @@ def _async_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
         warnings.append(f"trl.epsilon_high ({trl.epsilon_high}) is below trl.epsilon ({trl.epsilon}).")
 
 
+def _no_effect_checks(cfg: GRPOConfig, names: dict[str, str], warnings: list[str]) -> None:
+    """Options that are valid but do nothing in this combination: named, so
+    none is ignored silently."""
+    trl = cfg.trl
+    if trl.vllm_enable_sleep_mode and names["rollout"] != "vllm_colocate":
+        warnings.append(
+            "trl.vllm_enable_sleep_mode has no effect here: only the colocated engine (trl.vllm_mode = 'colocate') "
+            "sleeps between generations; a vLLM server keeps its memory."
+        )
+    if trl.sync_ref_model and not float(trl.beta or 0) > 0:
+        warnings.append(
+            "trl.sync_ref_model has no effect with trl.beta = 0: there is no reference model to update (set beta > 0 "
+            "for a KL penalty)."
+        )
+    if trl.vllm_mode is not None and not trl.use_vllm:
+        warnings.append(f"trl.vllm_mode = '{trl.vllm_mode}' has no effect without trl.use_vllm = true.")
+    if trl.generation_batch_size is not None and cfg.gradient_accumulation_steps != 1:
+        warnings.append(
+            f"gradient_accumulation_steps = {cfg.gradient_accumulation_steps} has no effect when "
+            f"trl.generation_batch_size is set: each generation batch of {trl.generation_batch_size} completions is "
+            "one optimizer step, split into micro-batches of micro_batch_size."
+        )
+
+
 def _training_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> None:
     if not cfg.datasets:
         errors.append("datasets is empty: add at least one [[datasets]] entry with a path.")
@@ -223,31 +232,55 @@ def _unimplemented(cfg: GRPOConfig) -> list[NotImplementedYet]:
     return [NotImplementedYet(item.key, item.detail) for item in NOT_IMPLEMENTED if item.is_set(cfg)]
 
 
-def _plugin_checks(cfg: GRPOConfig, host: PluginHost, names: dict[str, str], errors: list[str]) -> None:
-    """Each chosen implementation is published and allowed (not imported:
-    loading happens when the run needs it)."""
-    from grpo_core.plugin_host import group_for
-
-    for point, name in names.items():
-        published = host.published(group_for(point))
-        info = published.get(name)
-        if info is None:
-            available = ", ".join(sorted(published)) or "none"
+def _plugin_checks(cfg: GRPOConfig, host: PluginHost, names: dict[str, str], errors: list[str], warnings: list[str]) -> None:
+    """Import each chosen implementation (never build it) and check it
+    against the contract, its settings, the other choices and its own rules,
+    so that "OK" means ``grpo run`` gets past wiring."""
+    classes: dict[str, tuple[Any, Any]] = {}
+    for point in EXTENSION_POINTS:
+        try:
+            info, cls = host.implementation_class(point.name, names[point.name], key=source_key(cfg, point))
+            validate_settings(cls, info.name, cfg.plugins.settings_table(info.name))
+            warnings += own_checks(cls, cfg)
+        except (PluginError, ConfigError) as exc:
+            errors.append(str(exc))
+            continue
+        classes[point.name] = (info, cls)
+    if "rollout" in classes and "weight_sync" in classes:
+        (rollout, rollout_cls), (sync, sync_cls) = classes["rollout"], classes["weight_sync"]
+        offered = declared(rollout_cls, BY_NAME["rollout"], "engine_capabilities")
+        missing = declared(sync_cls, BY_NAME["weight_sync"], "required_capabilities") - offered
+        if missing:
             errors.append(
-                f"{_source_key(cfg, point)} chooses {point} implementation '{name}', but no installed package "
-                f"publishes it under '{group_for(point)}' (available: {available})."
+                f"weight sync '{sync.name}' ({source_key(cfg, BY_NAME['weight_sync'])}) needs {sorted(missing)} from the "
+                f"rollout's inference engine, but rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) offers "
+                f"{sorted(offered) or 'none'}: choose a weight sync made for that rollout (see `grpo plugins`), or "
+                "remove plugins.weight_sync to get the default one."
             )
-        elif info.error:
-            errors.append(f"{point} implementation '{name}' of distribution '{info.distribution}': {info.error}.")
+    used = {info.name for info, _ in classes.values()}
+    for spec in cfg.trl.reward_funcs or []:
+        if split_qualified(spec)[1] in host.published(REWARD_GROUP):
+            try:
+                info, func = host.import_entry_point(REWARD_GROUP, spec, "trl.reward_funcs")
+                validate_settings(func, info.name, cfg.plugins.settings_table(info.name))
+                used.add(info.name)
+            except (PluginError, ConfigError) as exc:
+                errors.append(str(exc))
+    for name in sorted(set(cfg.plugins.settings_tables()) - used):
+        warnings.append(
+            f"[plugins.{name}] configures '{name}', which this run does not use (implementations: "
+            f"{', '.join(sorted(used))}): it has no effect."
+        )
 
 
 def check_config(cfg: GRPOConfig, host: PluginHost | None = None) -> list[str]:
     """Return warnings for ``cfg``; raise :class:`ConfigError` listing every
     problem that stops it from running.
 
-    With ``host``, also check that each chosen implementation is installed
-    and allowed, and ask every registered plugin's ``grpo_validate_config``
-    (register always-on plugins first to include theirs).
+    Each chosen implementation is imported and checked (contract, settings,
+    engine capabilities, its own ``grpo_validate_config``); with ``host``,
+    every plugin registered on it is asked too (register always-on plugins
+    first to include theirs).
     """
     errors: list[str] = []
     warnings: list[str] = []
@@ -256,8 +289,8 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None) -> list[str]:
     _generation_checks(cfg, errors, warnings)
     _async_checks(cfg, names, errors, warnings)
     _training_checks(cfg, errors, warnings)
-    if host is not None:
-        _plugin_checks(cfg, host, names, errors)
+    _no_effect_checks(cfg, names, warnings)
+    _plugin_checks(cfg, host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None), names, errors, warnings)
     warnings += compat_warnings(cfg)
     unimplemented = _unimplemented(cfg)
     if unimplemented and not errors and len(unimplemented) == 1:

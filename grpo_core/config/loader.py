@@ -129,6 +129,9 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             lines.append(f"  - unknown key '{path}': {hint}")
         elif err["type"] == "missing":
             lines.append(f"  - '{path}' is required.")
+        elif err["type"] == "value_error" and isinstance(err.get("input"), dict):
+            # A table's own validator: its message names the keys and the fix.
+            lines.append(f"  - {str(err['msg']).removeprefix('Value error, ')}")
         else:
             given = err.get("input")
             given_s = json.dumps(given, default=str) if not isinstance(given, dict) else "a table"
@@ -142,8 +145,6 @@ def apply_effective_defaults(cfg: GRPOConfig) -> GRPOConfig:
     for key, value in EFFECTIVE_DEFAULTS.items():
         if getattr(trl, key) is None:
             setattr(trl, key, value)
-    if isinstance(trl.scale_rewards, bool):  # the default True is not validated
-        trl.scale_rewards = {True: "group", False: "none"}[trl.scale_rewards]
     if trl.epsilon_high is None:
         trl.epsilon_high = trl.epsilon
     if trl.vllm_importance_sampling_correction is None:

@@ -5,8 +5,8 @@ Names, types and defaults follow the reference feature list
 level, a ``[vllm]`` table for the inference server, a ``[trl]`` table for
 every GRPO option, ``[[datasets]]`` entries. Where the reference's default is
 ``null`` ("use TRL's default"), the field's default stays ``None`` in the
-schema and :meth:`TrlSettings.effective` fills the concrete value, so
-``grpo config check`` shows what will actually run.
+schema and :data:`EFFECTIVE_DEFAULTS` fills the concrete value after
+validation, so ``grpo config check`` shows what will actually run.
 
 ``[plugins]`` is grpo's own: it picks an implementation per extension point
 by name and restricts which plugin distributions may load.
@@ -14,10 +14,13 @@ by name and restricts which plugin distributions may load.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+from grpo_core.extension_points import EXTENSION_POINTS
 
 
 class _Table(BaseModel):
@@ -54,19 +57,55 @@ class DatasetSpec(_Table):
     data_files: str | list[str] | None = None
 
 
-class PluginSettings(_Table):
-    """``[plugins]``: choose an implementation per extension point by name.
+class _PluginTable(BaseModel):
+    """``[plugins]``: choose an implementation per extension point by name,
+    restrict which distributions may load, and configure implementations.
 
     Unset entries are derived from the reference options (e.g. ``trl.use_vllm``
-    picks the rollout, ``trl.vllm_lora_sync`` the weight sync).
+    picks the rollout, ``trl.vllm_lora_sync`` the weight sync). A sub-table
+    ``[plugins.<name>]`` holds the settings of the implementation or named
+    reward function ``<name>``; that implementation validates it.
     """
 
-    rollout: str | None = None
-    advantage_aggregation: str | None = None
-    is_correction: str | None = None
-    weight_sync: str | None = None
-    replay: str | None = None
+    # extra="allow": the [plugins.<name>] settings tables; each is checked to
+    # be a table here and validated by its implementation later.
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
     allow: list[str] | None = Field(None, description="Only these plugin distributions may load (grpo itself always may).")
+
+    @model_validator(mode="after")
+    def _settings_are_tables(self) -> _PluginTable:
+        for key, value in (self.model_extra or {}).items():
+            if not isinstance(value, dict):
+                points = [p.name for p in EXTENSION_POINTS]
+                close = difflib.get_close_matches(key, [*points, "allow"], n=1, cutoff=0.6)
+                guess = f"did you mean 'plugins.{close[0]}'? " if close else ""
+                raise ValueError(
+                    f"unknown key 'plugins.{key}': {guess}[plugins] names an implementation per extension point "
+                    f"({', '.join(points)}) and the allowlist ('allow'); the settings of an implementation go in "
+                    f"a table of their own, [plugins.{key}], with key = value lines."
+                )
+        return self
+
+    def settings_table(self, name: str) -> dict[str, Any] | None:
+        """The ``[plugins.<name>]`` table, if the config has one."""
+        return (self.model_extra or {}).get(name)
+
+    def settings_tables(self) -> dict[str, dict[str, Any]]:
+        return dict(self.model_extra or {})
+
+
+PluginSettings = create_model(
+    "PluginSettings",
+    __base__=_PluginTable,
+    **{
+        point.name: (
+            str | None,
+            Field(None, description=f"{point.summary}: the implementation's name (or 'distribution:name'). Unset: decided by {point.decided_by}."),
+        )
+        for point in EXTENSION_POINTS
+    },
+)  # type: ignore[call-overload]
 
 
 ScaleRewards = Literal["group", "batch", "none"]
@@ -97,7 +136,7 @@ class TrlSettings(_Table):
     epsilon_high: float | None = Field(None, ge=0, description="Upper clip bound. Default: epsilon.")
     delta: float | None = Field(None, gt=0, description="Two-sided clipping of the ratio for negative advantages (INTELLECT-2).")
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] | None = Field(None, description="Default dapo.")
-    scale_rewards: ScaleRewards | bool = Field(True, description="true/'group', 'batch', false/'none'.")
+    scale_rewards: ScaleRewards | bool = Field(True, validate_default=True, description="true/'group', 'batch', false/'none'.")
     mask_truncated_completions: bool = False
     top_entropy_quantile: float = Field(1.0, gt=0, le=1)
     sapo_temperature_pos: float = Field(1.0, gt=0)
@@ -221,7 +260,7 @@ class GRPOConfig(_Table):
 
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     trl: TrlSettings = Field(default_factory=TrlSettings)
-    plugins: PluginSettings = Field(default_factory=PluginSettings)
+    plugins: PluginSettings = Field(default_factory=PluginSettings)  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _lora_targets(self) -> GRPOConfig:

@@ -7,7 +7,7 @@ pads to a similar length: on CPU the padding is pure wasted compute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -42,7 +42,6 @@ class MicroBatch:
     replayed: torch.Tensor  # [B] bool
     old_logps: torch.Tensor | None = None  # filled when num_iterations > 1 or replay needs it
     ref_logps: torch.Tensor | None = None  # filled when beta > 0
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_completion_tokens(self) -> int:

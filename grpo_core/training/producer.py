@@ -14,7 +14,7 @@ import queue
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -120,7 +120,11 @@ def batch_metrics(groups: list[ScoredGroup], reward_names: list[str], weights: l
 
 
 class RolloutProducer:
-    """Makes scored batches synchronously; the base every schedule wraps."""
+    """Makes scored batches synchronously; the base every schedule wraps.
+
+    ``concurrent_rollout``: the rollout declared ``concurrent_generate``, so
+    with streaming every chunk of a batch is requested at once and each is
+    scored as soon as it lands."""
 
     def __init__(
         self,
@@ -130,7 +134,6 @@ class RolloutProducer:
         stream: PromptStream,
         prompts_per_batch: int,
         sampling: SamplingSettings,
-        policy_version: Callable[[], int],
         concurrent_rollout: bool,
     ) -> None:
         self.cfg = cfg
@@ -139,9 +142,14 @@ class RolloutProducer:
         self.stream = stream
         self.prompts_per_batch = prompts_per_batch
         self.sampling = sampling
-        self.policy_version = policy_version
         self.concurrent_rollout = concurrent_rollout
         self.num_generations = int(cfg.trl.num_generations)  # type: ignore[arg-type]
+        self.synced_version = 0  # the policy version the engine samples from
+
+    def weights_synced(self, version: int) -> None:
+        """The trainer synced ``version`` to the engine: rollouts requested
+        from now on are stamped with it."""
+        self.synced_version = version
 
     def _generate(self, prompts: list[Prompt], version: int, seed_offset: int) -> list[RolloutGroup]:
         sampling = self.sampling
@@ -160,45 +168,70 @@ class RolloutProducer:
         size = max(1, int(self.cfg.trl.streaming_min_groups or 1))
         return [prompts[i : i + size] for i in range(0, len(prompts), size)]
 
+    def _score(self, groups: list[RolloutGroup], step: int) -> tuple[list[list[list[float | None]]], float]:
+        started = time.perf_counter()
+        return self.scorer.score(groups, step), time.perf_counter() - started
+
+    def _stream_concurrently(self, chunks: list[list[Prompt]], version: int, base_seed: int, step: int) -> tuple[list[RolloutGroup], list[Any], float, float]:
+        """Every chunk in flight at once; each scored as soon as the scorer is
+        free after it lands, so scoring overlaps the generation still running.
+        Generation time is measured from the request to the last landing, in
+        the requesting threads (not when the scorer gets round to a chunk)."""
+        started = time.perf_counter()
+
+        def generate(i: int) -> tuple[list[RolloutGroup], float]:
+            groups = self._generate(chunks[i], version, base_seed + i)
+            return groups, time.perf_counter()
+
+        landed: dict[int, tuple[list[RolloutGroup], list[Any]]] = {}
+        landings: list[float] = []
+        score_seconds = 0.0
+        with ThreadPoolExecutor(max_workers=len(chunks), thread_name_prefix="grpo-rollout") as pool:
+            futures = {pool.submit(generate, i): i for i in range(len(chunks))}
+            for future in as_completed(futures):
+                chunk_groups, landed_at = future.result()
+                landings.append(landed_at)
+                rewards, seconds = self._score(chunk_groups, step)
+                score_seconds += seconds
+                landed[futures[future]] = (chunk_groups, rewards)
+        groups = [g for i in sorted(landed) for g in landed[i][0]]
+        rewards = [r for i in sorted(landed) for r in landed[i][1]]
+        return groups, rewards, max(landings) - started, score_seconds
+
+    def _one_after_another(self, chunks: list[list[Prompt]], version: int, base_seed: int, step: int) -> tuple[list[RolloutGroup], list[Any], float, float]:
+        groups: list[RolloutGroup] = []
+        rewards: list[Any] = []
+        gen_seconds = score_seconds = 0.0
+        for i, chunk in enumerate(chunks):
+            t0 = time.perf_counter()
+            chunk_groups = self._generate(chunk, version, base_seed + i)
+            gen_seconds += time.perf_counter() - t0
+            chunk_rewards, seconds = self._score(chunk_groups, step)
+            score_seconds += seconds
+            groups.extend(chunk_groups)
+            rewards.extend(chunk_rewards)
+        return groups, rewards, gen_seconds, score_seconds
+
     def produce(self, progress: TrainingProgress) -> ScoredBatch:
         started = time.perf_counter()
         prompts = self.stream.take(self.prompts_per_batch)
         stream_state = self.stream.state_dict()
         prompts = self.hook.grpo_replay_prompts(prompts=prompts, progress=progress) or prompts
-        version = self.policy_version()
+        version = self.synced_version
         chunks = self._chunks(prompts)
         base_seed = progress.step * 1000  # from the step, not a counter: resumed runs sample alike
-
-        groups: list[RolloutGroup] = []
-        rewards: list[list[list[float | None]]] = []
-        gen_seconds = score_seconds = 0.0
-        if len(chunks) > 1 and self.concurrent_rollout:
-            # Streaming: every chunk is in flight at once; each is scored as
-            # soon as it lands, overlapping scoring with generation.
-            with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
-                futures = [pool.submit(self._generate, chunk, version, base_seed + i) for i, chunk in enumerate(chunks)]
-                for future in futures:
-                    chunk_groups = future.result()
-                    t0 = time.perf_counter()
-                    rewards.extend(self.scorer.score(chunk_groups, progress.step))
-                    score_seconds += time.perf_counter() - t0
-                    groups.extend(chunk_groups)
-            gen_seconds = time.perf_counter() - started - score_seconds
-        else:
-            for i, chunk in enumerate(chunks):
-                t0 = time.perf_counter()
-                chunk_groups = self._generate(chunk, version, base_seed + i)
-                t1 = time.perf_counter()
-                rewards.extend(self.scorer.score(chunk_groups, progress.step))
-                gen_seconds += t1 - t0
-                score_seconds += time.perf_counter() - t1
-                groups.extend(chunk_groups)
+        schedule = self._stream_concurrently if len(chunks) > 1 and self.concurrent_rollout else self._one_after_another
+        groups, rewards, gen_seconds, score_seconds = schedule(chunks, version, base_seed, progress.step)
 
         scored = self._advantages(groups, rewards)
         scored = self.hook.grpo_replay_groups(groups=scored, progress=progress) or scored
         metrics = batch_metrics(scored, self.scorer.names, self.scorer.weights)
+        # generation: wall time until the last chunk landed; scoring: summed
+        # time in reward functions. With concurrent streaming they overlap, so
+        # their sum exceeds the batch's wall time.
         metrics["time/generation"] = gen_seconds
         metrics["time/scoring"] = score_seconds
+        metrics["time/rollout_wall"] = time.perf_counter() - started
         return ScoredBatch(groups=scored, policy_version=version, metrics=metrics, stream_state=stream_state)
 
     def _advantages(self, groups: list[RolloutGroup], rewards: list[list[list[float | None]]]) -> list[ScoredGroup]:
@@ -271,6 +304,9 @@ class PrefetchingProducer:
         if isinstance(item, BaseException):
             raise item
         return item
+
+    def weights_synced(self, version: int) -> None:
+        self.inner.weights_synced(version)
 
     def close(self) -> None:
         self._stop.set()

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import random
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
-from grpo_core.errors import StorageError, TrainingInterrupted
-from grpo_core.plugin_host import PluginHost
+from grpo_core.errors import PluginError, StorageError, TrainingInterrupted
+from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, chosen_implementations, declared
+from grpo_core.plugin_host import ERROR_LOG, PluginHost
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.producer import PrefetchingProducer, PromptStream, RolloutProducer, sampling_from_config
-from grpo_core.training.selection import chosen_implementations
-from grpo_core.types import TrainingProgress
+from grpo_core.types import Checkpointable, InferenceEngine, TrainingProgress
 
 
 def seed_everything(seed: int) -> None:
@@ -66,96 +67,132 @@ def check_output_dir(output_dir: Path) -> None:
         ) from None
 
 
-def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
-    """Train per ``cfg``; return the final status (``completed``)."""
+@dataclass
+class Implementations:
+    """The run's chosen implementation of every extension point, built."""
+
+    objects: dict[str, Any]
+    engine: InferenceEngine | None
+
+    @property
+    def concurrent_generate(self) -> bool:
+        return bool(declared(self.objects["rollout"], BY_NAME["rollout"], "concurrent_generate"))
+
+    def checkpointable(self) -> dict[str, Checkpointable]:
+        """Implementations with state to save (``state_dict``/``load_state_dict``)."""
+        return {name: obj for name, obj in self.objects.items() if isinstance(obj, Checkpointable)}
+
+
+def build_implementations(host: PluginHost, cfg: GRPOConfig, context: RunContext) -> Implementations:
+    """Build each extension point's implementation in the table's order (the
+    rollout first, so a managed engine starts before the model loads), then
+    take the rollout's engine handle for the weight sync."""
+    chosen = chosen_implementations(cfg)
+    objects = {point.name: host.load_implementation(point.name, chosen[point.name], context) for point in EXTENSION_POINTS}
+    engine = host.hook.grpo_inference_engine()
+    if engine is not None and not isinstance(engine, InferenceEngine):
+        raise PluginError(
+            f"rollout '{chosen['rollout']}' returned {type(engine).__name__} from grpo_inference_engine, which is not "
+            "an InferenceEngine (grpo_core.types)"
+        )
+    return Implementations(objects, engine)
+
+
+def _make_producer(cfg: GRPOConfig, host: PluginHost, scorer: Any, stream: PromptStream, tokenizer: Any, impls: Implementations) -> Any:
+    stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    producer: Any = RolloutProducer(
+        cfg,
+        host.hook,
+        scorer,
+        stream,
+        prompts_per_batch(cfg),
+        sampling_from_config(cfg, stop_ids),
+        concurrent_rollout=impls.concurrent_generate,
+    )
+    if cfg.trl.async_prefetch:
+        producer = PrefetchingProducer(
+            producer,
+            int(cfg.trl.prefetch_depth or 1),
+            # batch k is consumed at optimizer step k * num_iterations
+            progress_of=lambda k: TrainingProgress(step=k * int(cfg.trl.num_iterations), max_steps=cfg.max_steps),
+        )
+    return producer
+
+
+def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> tuple[Any, Any, Any, Any, Any]:
+    """Model, optimizer and schedule placed by accelerate (GPU where there
+    is one; it owns backward and gradient clipping), and the reference."""
+    from accelerate import Accelerator
+
+    from grpo_core.models import load_policy, reference_model
+    from grpo_core.training.optim import build_optimizer, build_scheduler
+
+    accelerator = Accelerator()
+    context.log(f"loading model from {model_dir}")
+    model = load_policy(cfg, model_dir, context.tokenizer)
+    optimizer = build_optimizer(cfg, model)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    reference = reference_model(cfg, model_dir, model)  # None unless beta > 0
+    if reference is not None and hasattr(reference, "model"):
+        reference.model.to(accelerator.device)
+    return accelerator, model, optimizer, build_scheduler(cfg, optimizer), reference
+
+
+def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable[[str], None] | None = None) -> str:
+    """Check ``cfg`` exactly as ``grpo run`` does (warnings go to ``warn``),
+    train, and return the final status (``completed``). Everything cheap that
+    can fail (checks, plugins, data, reward columns) happens before a model
+    loads or a server starts."""
+    from grpo_core.config.checks import check_config
     from grpo_core.data import common_columns, load_prompts
     from grpo_core.model_files import resolve_model_dir
-    from grpo_core.models import load_policy, load_tokenizer, reference_model, save_final
+    from grpo_core.models import load_tokenizer, save_final
     from grpo_core.rewards import RewardScorer
-    from grpo_core.training.optim import build_optimizer, build_scheduler
     from grpo_core.training.trainer import GRPOTrainer, TrainerParts
 
     host = host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
     host.load_always_on()
+    for warning in check_config(cfg, host):
+        (warn or (lambda message: print(f"warning: {message}")))(warning)
     output_dir = Path(cfg.output_dir)
     check_output_dir(output_dir)
+    host.error_log = output_dir / ERROR_LOG
     seed_everything(cfg.seed)
     apply_precision_flags(cfg)
 
-    context = RunContext(config=cfg, output_dir=output_dir)
+    context = RunContext(config=cfg, output_dir=output_dir, engine_requirements=host.engine_requirements(cfg))
     for action in ckpt.recover_interrupted_saves(output_dir):
         context.log(action)
     model_dir = resolve_model_dir(cfg.base_model)
-    context.services["model_dir"] = model_dir
-    tokenizer = load_tokenizer(cfg, model_dir)
-    context.tokenizer = tokenizer
-
+    context.tokenizer = load_tokenizer(cfg, model_dir)
     scorer = RewardScorer(cfg, host, context)
-    prompts = load_prompts(cfg, tokenizer)
+    prompts = load_prompts(cfg, context.tokenizer)
     if not cfg.trl.rollout_func:  # a rollout_func may add per-completion fields
         scorer.check_columns(common_columns(prompts))
 
-    # Engines start before the model loads: a managed vLLM server boots while
-    # the trainer's model is read from disk.
-    chosen = chosen_implementations(cfg)
-    implementations: dict[str, Any] = {}
     model_holder: dict[str, Any] = {}
     context.get_model = lambda: model_holder.get("model")
     status = "failed"
     try:
-        for point in ("rollout", "weight_sync", "advantage_aggregation", "is_correction", "replay"):
-            implementations[point] = host.load_implementation(point, chosen[point], context)
-
-        # accelerate places the model and optimizer on the run's device (GPU
-        # where there is one) and owns backward / gradient clipping.
-        from accelerate import Accelerator
-
-        accelerator = Accelerator()
-        # Everything above fails in seconds; from here on a fault costs a model load.
-        context.log(f"loading model from {model_dir}")
-        model = load_policy(cfg, model_dir, tokenizer)
-        optimizer = build_optimizer(cfg, model)
-        model, optimizer = accelerator.prepare(model, optimizer)
+        impls = build_implementations(host, cfg, context)
+        accelerator, model, optimizer, scheduler, reference = _load_model_parts(cfg, context, model_dir)
         model_holder["model"] = model
-        reference = reference_model(cfg, model_dir, model)  # None unless beta > 0
-        if reference is not None and hasattr(reference, "model"):
-            reference.model.to(accelerator.device)
-        scheduler = build_scheduler(cfg, optimizer)
-
         stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)
-        stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        producer: Any = RolloutProducer(
-            cfg,
-            host.hook,
-            scorer,
-            stream,
-            prompts_per_batch(cfg),
-            sampling_from_config(cfg, stop_ids),
-            policy_version=lambda: int(context.services.get("policy_version", 0)),
-            concurrent_rollout=bool(getattr(implementations["rollout"], "thread_safe", False)),
-        )
-        if cfg.trl.async_prefetch:
-            producer = PrefetchingProducer(
-                producer,
-                int(cfg.trl.prefetch_depth or 1),
-                # batch k is consumed at optimizer step k * num_iterations
-                progress_of=lambda k: TrainingProgress(step=k * int(cfg.trl.num_iterations), max_steps=cfg.max_steps),
-            )
-        stateful = {name: obj for name, obj in implementations.items() if hasattr(obj, "state_dict")}
         parts = TrainerParts(
             cfg=cfg,
             context=context,
             hook=host.hook,
             model=model,
             accelerator=accelerator,
-            tokenizer=tokenizer,
+            tokenizer=context.tokenizer,
             optimizer=optimizer,
             scheduler=scheduler,
-            producer=producer,
+            producer=_make_producer(cfg, host, scorer, stream, context.tokenizer, impls),
             scorer=scorer,
             stream=stream,
             reference=reference,
-            stateful=stateful,
+            engine=impls.engine,
+            stateful=impls.checkpointable(),
         )
         trainer = GRPOTrainer(parts)
         resume = ckpt.resolve_resume(cfg.resume_from_checkpoint, output_dir)
@@ -164,7 +201,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None) -> str:
             context.log(f"resumed from {resume} at step {trainer.step}")
         host.hook.grpo_train_start(context=context)
         status = trainer.train()
-        save_final(model, tokenizer, output_dir)
+        save_final(model, context.tokenizer, output_dir)
         context.log(f"training {status}: {trainer.step} steps; model saved to {output_dir}")
         return status
     except (KeyboardInterrupt, TrainingInterrupted):

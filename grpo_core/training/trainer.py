@@ -20,14 +20,14 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
-from grpo_core.errors import EngineUnavailable, RewardError, TrainingInterrupted
+from grpo_core.errors import EngineUnavailable, PluginError, RewardError, TrainingInterrupted
 from grpo_core.logprobs import token_logprobs
 from grpo_core.loss import LossSettings, policy_loss
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.batch import MicroBatch, flatten, micro_batches
 from grpo_core.training.logging import MetricsLogger, print_completions
 from grpo_core.training.producer import ScoredBatch
-from grpo_core.types import TrainingProgress
+from grpo_core.types import Checkpointable, InferenceEngine, TrainingProgress
 
 
 @dataclass
@@ -46,7 +46,8 @@ class TrainerParts:
     scorer: Any
     stream: Any = None  # the PromptStream, restored on resume
     reference: Any = None  # grpo_core.models reference handle when beta > 0
-    stateful: dict[str, Any] = field(default_factory=dict)  # name -> object with state_dict/load_state_dict
+    engine: InferenceEngine | None = None  # the rollout's engine, handed to the weight sync
+    stateful: dict[str, Checkpointable] = field(default_factory=dict)  # extension point -> implementation with state
 
 
 class StopRequested:
@@ -76,7 +77,7 @@ class StopRequested:
 
 class GRPOTrainer:
     def __init__(self, parts: TrainerParts) -> None:
-        self.p = parts
+        self.parts = parts
         cfg = parts.cfg
         self.cfg = cfg
         self.trl = cfg.trl
@@ -104,30 +105,30 @@ class GRPOTrainer:
         }
 
     def save(self) -> Path:
-        extra = {name: obj.state_dict() for name, obj in self.p.stateful.items()}
+        extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
         extra["pending_batch"] = self._batch if self._batch is not None and self.step % int(self.trl.num_iterations) else None
         return ckpt.save_checkpoint(
             self.output_dir,
             self.step,
-            self.p.model,
-            self.p.tokenizer,
-            self.p.optimizer,
-            self.p.scheduler,
+            self.parts.model,
+            self.parts.tokenizer,
+            self.parts.optimizer,
+            self.parts.scheduler,
             self.trainer_state(),
             extra,
             self.cfg.save_total_limit,
         )
 
     def resume(self, path: Path) -> None:
-        ckpt.load_model_weights(self.p.model, path)
-        state, extra = ckpt.load_checkpoint(path, self.p.optimizer, self.p.scheduler)
+        ckpt.load_model_weights(self.parts.model, path)
+        state, extra = ckpt.load_checkpoint(path, self.parts.optimizer, self.parts.scheduler)
         self.step = int(state["step"])
         self.policy_version = int(state["policy_version"])
         self.skipped_zero_adv_batches = int(state.get("skipped_zero_adv_batches", 0))
         self._stream_state = state.get("stream") or {}
         if self._stream_state:
-            self.p.stream.load_state_dict(self._stream_state)
-        for name, obj in self.p.stateful.items():
+            self.parts.stream.load_state_dict(self._stream_state)
+        for name, obj in self.parts.stateful.items():
             if name in extra:
                 obj.load_state_dict(extra[name])
         pending = extra.get("pending_batch")
@@ -155,24 +156,24 @@ class GRPOTrainer:
         samples = flatten(batch.groups)
         self._micro = micro_batches(samples, self.cfg.micro_batch_size, self.pad_id, self.trl.mask_truncated_completions)
         self._num_items = float(sum(mb.completion_mask.sum() for mb in self._micro))
-        model = self.p.model
+        model = self.parts.model
         if int(self.trl.num_iterations) > 1:
             # Log-probs of the policy that the batch's updates start from: the
             # denominator of the PPO ratio in every later iteration.
             with torch.no_grad():
                 for mb in self._micro:
                     mb.old_logps = self._forward(model, mb, with_entropy=False)[0].detach()
-        if float(self.trl.beta) > 0 and self.p.reference is not None:
-            with torch.no_grad(), self.p.reference.active() as ref_model:
+        if float(self.trl.beta) > 0 and self.parts.reference is not None:
+            with torch.no_grad(), self.parts.reference.active() as ref_model:
                 for mb in self._micro:
                     mb.ref_logps = self._forward(ref_model, mb, with_entropy=False)[0].detach()
 
-    def _is_weights(self, mb: MicroBatch, logps: torch.Tensor, metrics: dict[str, list[float]]) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def _is_weights(self, mb: MicroBatch, logps: torch.Tensor, step_metrics: dict[str, list[float]]) -> tuple[torch.Tensor | None, torch.Tensor]:
         mask = mb.completion_mask.to(self.device)
         if mb.sampler_logps is None:
             return None, mask
         trainer_at_sampling = mb.old_logps if mb.old_logps is not None else logps.detach()
-        weights, new_mask, m = self.p.hook.grpo_is_correction(
+        weights, new_mask, m = self.parts.hook.grpo_is_correction(
             trainer_logps=trainer_at_sampling, sampler_logps=mb.sampler_logps.to(self.device), mask=mask
         )
         if self.trl.replay_recompute_logps and bool(mb.replayed.any()):
@@ -182,30 +183,30 @@ class GRPOTrainer:
             weights = torch.where(rows[:, None], torch.ones_like(weights), weights)
             new_mask = torch.where(rows[:, None], mask, new_mask)
         for key, value in m.items():
-            metrics.setdefault(f"is/{key}", []).append(float(value))
+            step_metrics.setdefault(f"is/{key}", []).append(float(value))
         return weights, new_mask
 
     def _train_step(self) -> dict[str, float]:
         cfg, trl = self.cfg, self.trl
-        model = self.p.model
+        model = self.parts.model
         model.train()
         started = time.perf_counter()
         fresh = self._batch is None or self.step % int(trl.num_iterations) == 0
         if fresh:
-            self._set_batch(self.p.producer.produce(self.progress()))
+            self._set_batch(self.parts.producer.produce(self.progress()))
         batch = self._batch
         assert batch is not None
-        acc: dict[str, list[float]] = {}
+        step_metrics: dict[str, list[float]] = {}
         num_tokens = 0
         trained = 0
         loss_total = 0.0
-        ga = max(1, len(self._micro))
+        accumulation_steps = max(1, len(self._micro))
         for mb in self._micro:
             if trl.skip_zero_advantage_batches and not mb.has_signal and float(trl.beta) == 0:
                 self.skipped_zero_adv_batches += 1
                 continue
             logps, entropy = self._forward(model, mb, with_entropy=True)
-            is_weights, mask = self._is_weights(mb, logps, acc)
+            is_weights, mask = self._is_weights(mb, logps, step_metrics)
             loss, m = policy_loss(
                 self.loss_settings,
                 logps,
@@ -217,32 +218,32 @@ class GRPOTrainer:
                 entropy=entropy,
                 num_items_in_batch=self._num_items,
                 sampler_logps=None if mb.sampler_logps is None else mb.sampler_logps.to(self.device),
-                accumulation_steps=ga,
+                accumulation_steps=accumulation_steps,
             )
-            self.p.accelerator.backward(loss)
+            self.parts.accelerator.backward(loss)
             trained += 1
             num_tokens += int(mb.attention_mask.sum())
             loss_total += float(loss.detach())  # micro-batch losses are pre-scaled: their sum is the step's loss
             for key, value in m.items():
-                acc.setdefault(key, []).append(float(value))
+                step_metrics.setdefault(key, []).append(float(value))
         grad_norm = 0.0
         if trained:
             params = [p for p in model.parameters() if p.requires_grad]
-            norm = self.p.accelerator.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
+            norm = self.parts.accelerator.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
             grad_norm = float(norm)
-            self.p.optimizer.step()
-        lr = float(self.p.scheduler.get_last_lr()[0])
+            self.parts.optimizer.step()
+        lr = float(self.parts.scheduler.get_last_lr()[0])
         with warnings.catch_warnings():
             # A step whose micro-batches were all skipped still advances the
             # schedule (it counts optimizer steps); torch warns about that order.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
-            self.p.scheduler.step()
-        self.p.optimizer.zero_grad(set_to_none=True)
+            self.parts.scheduler.step()
+        self.parts.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.policy_version += int(trained > 0)
 
         metrics = dict(batch.metrics) if fresh else {}
-        metrics.update({k: sum(v) / len(v) for k, v in acc.items()})
+        metrics.update({k: sum(v) / len(v) for k, v in step_metrics.items()})
         metrics.update(
             loss=loss_total,
             grad_norm=grad_norm,
@@ -260,21 +261,20 @@ class GRPOTrainer:
     def sync_weights(self) -> dict[str, float]:
         if self.policy_version == self.last_sync_version:
             return {}
-        result = self.p.hook.grpo_sync_weights(model=self.p.model, version=self.policy_version)
+        result = self.parts.hook.grpo_sync_weights(model=self.parts.model, version=self.policy_version, engine=self.parts.engine)
         self.last_sync_version = self.policy_version
-        self.p.context.services["policy_version"] = self.policy_version
+        self.parts.producer.weights_synced(self.policy_version)
         return {"time/weight_sync": float(result.seconds) if result is not None else 0.0}
 
     def _update_reference(self) -> None:
         """``sync_ref_model``: ref <- alpha * policy + (1 - alpha) * ref."""
-        if self.p.reference is not None:
-            self.p.reference.sync(self.p.model, float(self.trl.ref_model_mixup_alpha))
+        if self.parts.reference is not None:
+            self.parts.reference.sync(self.parts.model, float(self.trl.ref_model_mixup_alpha))
 
     # ---------------------------------------------------------------- loop
 
     def train(self) -> str:
         cfg, trl = self.cfg, self.trl
-        self.p.context.services["policy_version"] = self.policy_version
         self.sync_weights()  # the engine starts from this run's weights, whatever it held before
         logger = MetricsLogger(self.output_dir, cfg.max_steps, self.step, cfg.logging_steps)
         try:
@@ -282,16 +282,16 @@ class GRPOTrainer:
                 while self.step < cfg.max_steps:
                     try:
                         metrics = self._train_step()
-                    except (EngineUnavailable, RewardError) as exc:
+                    except (EngineUnavailable, RewardError, PluginError) as exc:
                         path = self.save()  # everything finished so far is kept
                         raise type(exc)(f"{exc}\nTraining stopped at step {self.step}; checkpoint saved to {path}. "
                                         f"Resume with resume_from_checkpoint = \"{path}\".") from exc
                     if trl.sync_ref_model and self.step % trl.ref_model_sync_steps == 0:
                         self._update_reference()
-                    self.p.hook.grpo_step_end(progress=self.progress(), metrics=metrics)
+                    self.parts.hook.grpo_step_end(progress=self.progress(), metrics=metrics)
                     logger.log(self.step, metrics)
                     if trl.num_completions_to_print and self._batch is not None and self.step % cfg.logging_steps == 0:
-                        print_completions(self._batch.groups, self.p.tokenizer, self.p.scorer.names, int(trl.num_completions_to_print), self.step)
+                        print_completions(self._batch.groups, self.parts.tokenizer, self.parts.scorer.names, int(trl.num_completions_to_print), self.step)
                     if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
                         self.save()
                     if stop.signal is not None:
@@ -303,7 +303,7 @@ class GRPOTrainer:
             self.save()
         finally:
             logger.close()
-            close = getattr(self.p.producer, "close", None)
+            close = getattr(self.parts.producer, "close", None)
             if close is not None:
                 close()
         return "completed"

@@ -4,12 +4,13 @@ One ``vllm.LLM`` lives next to the trainer's model. Its engine core runs
 in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is what makes the
 weight sync cheap: the new weights go from the trainer's tensors straight
 into vLLM's through ``reload_weights`` with an iterator, with no file, no
-HTTP and no second copy of the model on disk. On this project's 2-core CPU
-machine the colocated engine also generates faster than a server process
-(no request serialisation, no API-server core): see benchmarks/RESULTS.md.
+HTTP and no second copy of the model on disk. It also skips request
+serialisation and the API server's own process (benchmarks/RESULTS.md
+compares the two modes).
 
 * ``grpo.rollout:vllm_colocate`` - :class:`VLLMColocateRollout`, which owns
-  the engine and publishes it as ``context.services['vllm.colocated']``.
+  the engine (:class:`ColocatedEngine`, an ``InferenceEngine`` that takes
+  weights in memory) and hands it out through ``grpo_inference_engine``.
 * ``grpo.weight_sync:vllm_in_memory`` - :class:`InMemorySync`.
 
 Sleep mode (``trl.vllm_enable_sleep_mode``) frees the engine's GPU memory
@@ -29,16 +30,15 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_core import hookimpl
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import Completion, Prompt, RolloutGroup, SamplingSettings, SyncResult
+from grpo_core.types import WEIGHTS_IN_MEMORY, Completion, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult
+from grpo_plugins.vllm.engine import PACKED_GROUPS
 from grpo_plugins.vllm.sampling import sampling_fields
 from grpo_plugins.vllm.server import cpu_kvcache_gib, cuda_available, enforce_eager, max_model_len, resolve_dtype
-from grpo_plugins.vllm.weight_sync import PACKED_GROUPS, merged_weights
+from grpo_plugins.vllm.weight_sync import merged_weights
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
     from grpo_core.context import RunContext
-
-ENGINE_SERVICE = "vllm.colocated"
 
 # A LoRA sync reloads only the adapted modules; vLLM warns about every
 # module it was not given (100+ lines per sync). That is intended here.
@@ -50,8 +50,12 @@ class ColocatedEngine:
 
     Every call takes one lock: vLLM's ``LLM`` is not thread-safe, and with
     ``async_prefetch`` the producer thread generates while the trainer
-    thread may want to sync weights.
+    thread may want to sync weights. It lives and dies with the trainer's
+    process, so it never restarts behind the trainer's back.
     """
+
+    capabilities = frozenset({WEIGHTS_IN_MEMORY})
+    served_model = "base"
 
     def __init__(self, cfg: GRPOConfig, log: Any = print) -> None:
         self.cfg = cfg
@@ -61,6 +65,33 @@ class ColocatedEngine:
         self._asleep = False
         self._lock = threading.RLock()
         self._packed: tuple[tuple[str, ...], ...] | None = None
+        self._loads = 0
+
+    @property
+    def description(self) -> str:
+        return "vLLM engine in the trainer's process (vllm_mode = 'colocate')"
+
+    @property
+    def weight_label(self) -> str | None:
+        return f"grpo-memory-{self._loads}" if self._loads else None
+
+    def ensure_ready(self) -> None:
+        self.start()
+
+    def healthy(self) -> bool:
+        return self.llm is not None
+
+    def restart_if_dead(self) -> bool:
+        return False  # in-process: if it died, so did the trainer
+
+    def load_weights_from_path(self, path: Any) -> None:
+        raise NotImplementedError(f"{self.description} takes weights in memory (load_weights)")
+
+    def load_adapter(self, path: Any) -> None:
+        raise NotImplementedError(f"{self.description} serves merged weights; it loads no adapters")
+
+    def fused_modules(self) -> tuple[tuple[str, ...], ...]:
+        return self.packed_groups()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -131,7 +162,7 @@ class ColocatedEngine:
             self.llm.wake_up()
             self._asleep = False
 
-    def _rest(self) -> None:
+    def _sleep_if_enabled(self) -> None:
         if self.sleep_mode:
             self.llm.sleep(level=1)
             self._asleep = True
@@ -161,7 +192,7 @@ class ColocatedEngine:
             try:
                 return self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
             finally:
-                self._rest()
+                self._sleep_if_enabled()
 
     def packed_groups(self) -> tuple[tuple[str, ...], ...]:
         """Which HF projections vLLM fuses into one weight, from the loaded
@@ -192,8 +223,9 @@ class ColocatedEngine:
                     "reload_weights", kwargs={"weights_iterator": iter(weights.items()), "is_checkpoint_format": True}
                 )
                 self.llm.reset_prefix_cache()
+                self._loads += 1
             finally:
-                self._rest()
+                self._sleep_if_enabled()
 
 
 def _completions(output: Any) -> list[Completion]:
@@ -208,18 +240,32 @@ def _completions(output: Any) -> list[Completion]:
 class VLLMColocateRollout:
     """``grpo.rollout:vllm_colocate``."""
 
-    thread_safe = False
+    engine_capabilities = frozenset({WEIGHTS_IN_MEMORY})
+    concurrent_generate = False  # one in-process engine, one call at a time
 
     def __init__(self, context: RunContext) -> None:
         self.context = context
-        if context.config.trl.vllm_enable_sleep_mode and not cuda_available():
+        self.engine = ColocatedEngine(context.config, context.log)
+        self._calls = 0
+
+    @staticmethod
+    def grpo_validate_config(config: GRPOConfig) -> list[str]:
+        if config.trl.vllm_enable_sleep_mode and not cuda_available():
             raise ConfigError(
                 "trl.vllm_enable_sleep_mode = true: vLLM offers sleep mode on CUDA GPUs only, and this machine has "
                 "none. Remove it: on CPU the engine's memory is ordinary host memory."
             )
-        self.engine = ColocatedEngine(context.config, context.log)
-        self._calls = 0
-        context.services[ENGINE_SERVICE] = self.engine
+        if config.trl.async_prefetch:
+            raise ConfigError(
+                "trl.async_prefetch overlaps generation with training, but trl.vllm_mode = 'colocate' runs vLLM in "
+                "the trainer's process on the same device, so they would only take turns: use vllm_mode = 'server' "
+                "(a managed server, still one command) or trl.async_prefetch = false."
+            )
+        return []
+
+    @hookimpl
+    def grpo_inference_engine(self) -> InferenceEngine:
+        return self.engine
 
     @hookimpl
     def grpo_train_start(self) -> None:
@@ -241,21 +287,23 @@ class VLLMColocateRollout:
 
 class InMemorySync:
     """``grpo.weight_sync:vllm_in_memory``: the trainer's weights (a LoRA
-    merged in, only what training changes) copied into the colocated engine."""
+    merged in, only what training changes) copied into an engine in the
+    same process."""
+
+    required_capabilities = frozenset({WEIGHTS_IN_MEMORY})
 
     def __init__(self, context: RunContext) -> None:
         self.context = context
 
     @hookimpl
-    def grpo_sync_weights(self, model: Any, version: int) -> SyncResult:
-        engine = self.context.services.get(ENGINE_SERVICE)
+    def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
         if engine is None:
             raise ConfigError(
-                "weight sync 'vllm_in_memory' copies weights into the colocated vLLM engine, which is not loaded: "
+                "weight sync 'vllm_in_memory' copies weights into a colocated vLLM engine, and the rollout has none: "
                 "set trl.use_vllm = true and trl.vllm_mode = 'colocate' (or plugins.rollout = 'vllm_colocate')."
             )
         start = time.perf_counter()
-        weights = merged_weights(model, engine.packed_groups())
+        weights = merged_weights(model, engine.fused_modules())
         engine.load_weights(weights)
         seconds = time.perf_counter() - start
         return SyncResult(version, seconds, f"vllm_in_memory: {len(weights)} tensors in {seconds:.2f}s")

@@ -21,10 +21,14 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
 
     from grpo_core.config.loader import load_config
     from grpo_core.errors import EngineUnavailable
+    from grpo_core.plugin_host import PluginHost
+    from grpo_core.types import ADAPTER_FROM_PATH
     from grpo_plugins.vllm.server import ManagedServer, server_spec
 
     cfg = load_config(config, overrides)
-    spec = server_spec(cfg, host=host, port=port)
+    # LoRA layers only when the config's weight sync loads adapters (they slow CPU generation).
+    needs = PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None).engine_requirements(cfg)
+    spec = server_spec(cfg, host=host, port=port, lora=ADAPTER_FROM_PATH in needs)
     for warning in spec.warnings:
         typer.echo(f"warning: {warning}", err=True)
     stop = threading.Event()

@@ -96,13 +96,6 @@ def resolve_dtype(dtype: str) -> str:
     return dtype
 
 
-def uses_lora_sync(cfg: GRPOConfig) -> bool:
-    """Whether this run syncs a LoRA adapter (vs merged full weights)."""
-    from grpo_core.training.selection import chosen_implementations
-
-    return cfg.adapter == "lora" and chosen_implementations(cfg)["weight_sync"] == "lora_filesystem"
-
-
 def max_model_len(cfg: GRPOConfig) -> int:
     """The engine's context length: ``[vllm] max_model_len``, else room for
     the longest prompt plus completion the config allows."""
@@ -138,8 +131,9 @@ def cpu_kvcache_gib(cfg: GRPOConfig) -> int | None:
     return DEFAULT_CPU_KVCACHE_GIB
 
 
-def server_spec(cfg: GRPOConfig, host: str | None = None, port: int | None = None) -> ServerSpec:
-    """The ``python -m vllm.entrypoints.openai.api_server`` command for ``cfg``.
+def server_spec(cfg: GRPOConfig, host: str | None = None, port: int | None = None, lora: bool = False) -> ServerSpec:
+    """The ``python -m vllm.entrypoints.openai.api_server`` command for ``cfg``;
+    ``lora``: the weight sync loads adapters, so the server needs LoRA layers.
 
     Dev mode (``/collective_rpc``, ``/reset_prefix_cache``, ``/weight_info``)
     is needed for full-weight reload and server hygiene, but vLLM's
@@ -176,7 +170,6 @@ def server_spec(cfg: GRPOConfig, host: str | None = None, port: int | None = Non
     if enforce_eager(cfg):
         argv.append("--enforce-eager")
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-    lora = uses_lora_sync(cfg)
     if lora:
         # Only for adapter sync: serving through LoRA layers is slow on CPU
         # (3.9x here, benchmarks/RESULTS.md), so merged-weight runs skip it.

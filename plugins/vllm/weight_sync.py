@@ -1,40 +1,37 @@
 """Weight syncs to a vLLM server through the filesystem.
 
-* ``lora_filesystem``: save the PEFT adapter, ``POST /v1/load_lora_adapter``
-  (in place, under the name ``'policy'``); requests then name ``'policy'``.
-* ``full_filesystem``: save all weights (safetensors; a LoRA is merged
-  first), ``POST /collective_rpc reload_weights`` and reset the prefix cache
-  (the server needs ``VLLM_SERVER_DEV_MODE=1``).
+* ``lora_filesystem``: save the PEFT adapter, then the engine loads it in
+  place (``/v1/load_lora_adapter``) and serves it.
+* ``full_filesystem``: save the weights a LoRA changes merged into the base
+  (or all weights, for full fine-tuning) as safetensors; the engine reloads
+  them in place (``reload_weights``) and resets its prefix cache.
 
-Each version goes to a fresh directory (written under a temporary name and
-renamed, so the server never reads half a file; a new path also keeps vLLM
+Both work against any engine handle (:class:`~grpo_core.types.InferenceEngine`)
+that declares the capability they need, not a particular client. Each
+version goes to a fresh directory (written under a temporary name and
+renamed, so the engine never reads half a file; a new path also keeps vLLM
 from reusing prefix-cache blocks computed with the old weights). Older
-versions are deleted; the newest is kept so a restarted server can be given
-it again (``context.services['vllm.resync']``).
-
-Both need the ``vllm`` rollout, which publishes the client. NCCL transfer
-to GPU servers is refused with these alternatives (:class:`NcclSync`).
+versions are deleted; the newest stays until the next sync, because an
+engine that restarts re-applies it. NCCL transfer to GPU servers is refused
+with these alternatives (:class:`NcclSync`).
 """
 
 from __future__ import annotations
 
 import shutil
-import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_core import hookimpl
-from grpo_core.errors import ConfigError, EngineUnavailable, NotImplementedYet
-from grpo_core.types import SyncResult
+from grpo_core.atomic import atomic_directory
+from grpo_core.errors import ConfigError, NotImplementedYet
+from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, InferenceEngine, SyncResult
 
 if TYPE_CHECKING:
+    from grpo_core.config.schema import GRPOConfig
     from grpo_core.context import RunContext
-    from grpo_plugins.vllm.client import VLLMClient
-
-POLICY_NAME = "policy"
 
 
 class NcclSync:
@@ -49,6 +46,10 @@ class NcclSync:
         raise self.refusal()
 
     @staticmethod
+    def grpo_validate_config(config: GRPOConfig) -> list[str]:
+        raise NcclSync.refusal()
+
+    @staticmethod
     def refusal() -> NotImplementedYet:
         return NotImplementedYet(
             "weight sync 'nccl' (NCCL transfer to vLLM)",
@@ -58,7 +59,7 @@ class NcclSync:
         )
 
     @hookimpl
-    def grpo_sync_weights(self, model: Any, version: int) -> SyncResult:  # the contract's shape; never reached
+    def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:  # never reached
         raise self.refusal()
 
 
@@ -67,7 +68,7 @@ def _is_peft(model: Any) -> bool:
 
 
 class _FilesystemSync:
-    """What both syncs share: versioned directories, the client, re-sync."""
+    """What both syncs share: versioned directories handed to the engine."""
 
     subdir = ""
     kind = ""
@@ -75,44 +76,18 @@ class _FilesystemSync:
     def __init__(self, context: RunContext) -> None:
         self.context = context
         self.root = Path(context.output_dir) / self.subdir
-        self.run_id = uuid.uuid4().hex[:8]
         self._lock = threading.Lock()
-        self._last: tuple[Path, int] | None = None
-        context.services["vllm.resync"] = self.resync
 
-    def _client(self) -> VLLMClient:
-        client = self.context.services.get("vllm.client")
-        if client is None:
-            raise ConfigError(
-                f"weight sync '{self.kind}' sends weights to the vLLM server of the 'vllm' rollout, which is not "
-                "loaded: set trl.use_vllm = true (or plugins.rollout = 'vllm')."
-            )
-        prepare = self.context.services.get("vllm.prepare")
-        if prepare is not None:
-            prepare()
-        return client
-
-    def _tag(self, version: int) -> str:
-        return f"grpo-{self.kind.split('_')[0]}-{self.run_id}-v{version}"
-
-    def _save(self, model: Any, out: Path) -> None:
+    def _save(self, model: Any, out: Path, engine: InferenceEngine) -> None:
         raise NotImplementedError
 
-    def _apply(self, client: VLLMClient, path: Path, version: int) -> None:
+    def _apply(self, engine: InferenceEngine, path: Path) -> None:
         raise NotImplementedError
 
-    def _write_version(self, model: Any, version: int) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
+    def _write_version(self, model: Any, version: int, engine: InferenceEngine) -> Path:
         target = self.root / f"v{version}"
-        tmp = Path(tempfile.mkdtemp(prefix=f".v{version}.tmp-", dir=self.root))
-        try:
-            self._save(model, tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        with atomic_directory(target) as tmp:
+            self._save(model, tmp, engine)
         return target
 
     def _prune(self, keep: Path) -> None:
@@ -121,39 +96,20 @@ class _FilesystemSync:
                 shutil.rmtree(old, ignore_errors=True)
 
     @hookimpl
-    def grpo_sync_weights(self, model: Any, version: int) -> SyncResult:
-        client = self._client()
+    def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
+        if engine is None:
+            raise ConfigError(
+                f"weight sync '{self.kind}' sends weights to an inference engine, but the rollout has none: set "
+                "trl.use_vllm = true (or choose the rollout's own weight sync)."
+            )
         with self._lock:
             start = time.perf_counter()
-            path = self._write_version(model, version)
+            path = self._write_version(model, version, engine)
             saved = time.perf_counter()
-            try:
-                self._apply(client, path.resolve(), version)
-            except EngineUnavailable:
-                # A managed server that died is restarted (with base weights): give it ours.
-                restart = self.context.services.get("vllm.restart")
-                if restart is None or not restart():
-                    raise
-                self.context.log("vLLM: re-applying this weight sync to the restarted server")
-                self._apply(client, path.resolve(), version)
-            self._last = (path, version)
+            self._apply(engine, path.resolve())
             self._prune(path)
             end = time.perf_counter()
         return SyncResult(version, end - start, f"{self.kind}: save {saved - start:.2f}s, load {end - saved:.2f}s ({path})")
-
-    def resync(self) -> None:
-        """Give a restarted server the newest weights again."""
-        with self._lock:
-            if self._last is None:
-                return
-            path, version = self._last
-            client = self.context.services["vllm.client"]
-            self._apply(client, path.resolve(), version)
-
-    def _label(self, client: VLLMClient, version: int) -> None:
-        tag = self._tag(version)
-        if client.set_weight_version(tag):
-            self.context.services["vllm.weight_tag"] = tag
 
 
 class LoraFilesystemSync(_FilesystemSync):
@@ -161,8 +117,18 @@ class LoraFilesystemSync(_FilesystemSync):
 
     subdir = "vllm-adapters"
     kind = "lora_filesystem"
+    required_capabilities = frozenset({ADAPTER_FROM_PATH})
 
-    def _save(self, model: Any, out: Path) -> None:
+    @staticmethod
+    def grpo_validate_config(config: GRPOConfig) -> list[str]:
+        if config.adapter != "lora":
+            raise ConfigError(
+                "weight sync 'lora_filesystem' (trl.vllm_lora_sync = true) loads a LoRA adapter into the engine, but "
+                "no adapter is trained: set adapter = 'lora', or trl.vllm_lora_sync = false (full weights are synced)."
+            )
+        return []
+
+    def _save(self, model: Any, out: Path, engine: InferenceEngine) -> None:
         if not _is_peft(model):
             raise ConfigError(
                 "weight sync 'lora_filesystem' (trl.vllm_lora_sync = true) needs a LoRA adapter: set "
@@ -175,16 +141,13 @@ class LoraFilesystemSync(_FilesystemSync):
                 item.rename(out / item.name)
             (out / name).rmdir()
 
-    def _apply(self, client: VLLMClient, path: Path, version: int) -> None:
-        client.load_lora_adapter(POLICY_NAME, str(path), inplace=True)
-        self.context.services["vllm.model"] = POLICY_NAME
-        self._label(client, version)
+    def _apply(self, engine: InferenceEngine, path: Path) -> None:
+        engine.load_adapter(path)
 
 
-# vLLM fuses these projections into one weight (qkv_proj, gate_up_proj); an
-# in-place reload of one member without the others would leave the rest of
-# the fused weight unset, so a partial update carries the whole group.
-PACKED_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# An engine that fuses projections into one weight (vLLM: qkv_proj,
+# gate_up_proj) needs every member of a group in a partial update; the
+# engine says which groups (InferenceEngine.fused_modules).
 
 
 def _lora_modules(base: Any) -> dict[str, Any]:
@@ -206,7 +169,7 @@ def _modules_to_send(base: Any, lora: dict[str, Any], packed_groups: tuple[tuple
     return names
 
 
-def merged_weights(model: Any, packed_groups: tuple[tuple[str, ...], ...] = PACKED_GROUPS) -> dict[str, Any]:
+def merged_weights(model: Any, packed_groups: tuple[tuple[str, ...], ...]) -> dict[str, Any]:
     """The HF-named weights the inference engine needs to sample from
     ``model``: every weight for full fine-tuning; for a LoRA, only the
     adapted modules (and their fused siblings), as ``W + delta``.
@@ -247,23 +210,24 @@ class FullFilesystemSync(_FilesystemSync):
 
     subdir = "vllm-weights"
     kind = "full_filesystem"
+    required_capabilities = frozenset({WEIGHTS_FROM_PATH})
 
-    def _save(self, model: Any, out: Path) -> None:
-        from safetensors.torch import save_file
+    def _save(self, model: Any, out: Path, engine: InferenceEngine) -> None:
+        save_safetensors(merged_weights(model, engine.fused_modules()), out / "model.safetensors")
 
-        state = merged_weights(model)
-        seen: dict[int, str] = {}
-        unique = {}
-        for key, tensor in state.items():  # tied weights (lm_head = embed_tokens) are stored once
-            ptr = tensor.data_ptr()
-            if ptr in seen:
-                continue
-            seen[ptr] = key
-            unique[key] = tensor.contiguous()
-        save_file(unique, str(out / "model.safetensors"), metadata={"format": "pt"})
+    def _apply(self, engine: InferenceEngine, path: Path) -> None:
+        engine.load_weights_from_path(path)
 
-    def _apply(self, client: VLLMClient, path: Path, version: int) -> None:
-        client.collective_rpc("reload_weights", {"weights_path": str(path)})
-        client.reset_prefix_cache()
-        self.context.services["vllm.model"] = "base"
-        self._label(client, version)
+
+def save_safetensors(state: dict[str, Any], path: Path) -> None:
+    """Write ``state`` with tied weights (lm_head = embed_tokens) stored once."""
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    unique = {}
+    for key, tensor in state.items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        unique[key] = tensor.contiguous()
+    save_file(unique, str(path), metadata={"format": "pt"})

@@ -232,7 +232,7 @@ def vllm_upstream(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory) ->
     cfg = base_config(work, smollm2_dir)
     settings = vllm_settings()
     cfg["vllm"], cfg["trl"] = settings["vllm"], {**cfg["trl"], **settings["trl"]}
-    server = ManagedServer(server_spec(validate(cfg)), work / "vllm-server.log")
+    server = ManagedServer(server_spec(validate(cfg), lora=True), work / "vllm-server.log")
     server.start()
     try:
         server.wait_ready(900)

@@ -67,7 +67,7 @@ def main(model_dir: str, output_dir: str) -> None:
     sampling = SamplingSettings(max_tokens=12, seed=3)
     rollout.grpo_train_start()
     before = rollout.grpo_rollout_generate(prompts=prompts, num_generations=3, sampling=sampling, policy_version=0)
-    result = sync.grpo_sync_weights(model=model, version=1)
+    result = sync.grpo_sync_weights(model=model, version=1, engine=host.hook.grpo_inference_engine())
     after = rollout.grpo_rollout_generate(prompts=prompts, num_generations=3, sampling=sampling, policy_version=1)
     with model.disable_adapter():
         before_vs_base = logprob_gap(before, model)

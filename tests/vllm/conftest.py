@@ -50,7 +50,7 @@ def vllm_server(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory):
     from grpo_plugins.vllm.server import ManagedServer, server_spec
 
     out = tmp_path_factory.mktemp("vllm-server")
-    spec = server_spec(make_config(smollm2_dir, out))
+    spec = server_spec(make_config(smollm2_dir, out), lora=True)  # serves the LoRA-sync tests too
     external = os.environ.get("GRPO_TEST_VLLM_PORT")
     if external:  # developer shortcut: reuse a server started by hand with the same flags
         spec.port = int(external)

@@ -56,13 +56,22 @@ def test_cpu_dtype_and_core_defaults(smollm2_dir, tmp_path, config_for):
 
 
 def test_merged_weight_runs_serve_without_lora_layers(smollm2_dir, tmp_path, config_for):
+    """The managed server gets LoRA layers only when the chosen weight sync
+    declares it loads adapters."""
+    from grpo_core.plugin_host import PluginHost
+    from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
+
     merged = config_for(smollm2_dir, tmp_path, vllm_lora_sync=False)
-    assert "--enable-lora" not in server_spec(merged).argv
+    adapter = config_for(smollm2_dir, tmp_path, vllm_lora_sync=True)
+    assert PluginHost().engine_requirements(merged) == {WEIGHTS_FROM_PATH}
+    assert PluginHost().engine_requirements(adapter) == {ADAPTER_FROM_PATH}
+    assert "--enable-lora" not in server_spec(merged, lora=False).argv
+    assert "--enable-lora" in server_spec(adapter, lora=True).argv
 
 
 def test_public_bind_warns_and_drops_unguarded_dev_mode(smollm2_dir, tmp_path, config_for):
     cfg = config_for(smollm2_dir, tmp_path)
-    spec = server_spec(cfg, host="0.0.0.0", port=8123)
+    spec = server_spec(cfg, host="0.0.0.0", port=8123, lora=True)
     assert "VLLM_SERVER_DEV_MODE" not in spec.env  # LoRA sync does not need it; --api-key would not guard it
     assert spec.warnings and "0.0.0.0" in spec.warnings[0]
     cfg.adapter = None  # full fine-tuning: reload_weights needs dev mode, and the warning says so
@@ -86,18 +95,18 @@ def test_commands_module_does_not_import_vllm():
 
 
 def test_colocate_mode_picks_the_in_process_engine(smollm2_dir, tmp_path, config_for):
-    from grpo_core.training.selection import chosen_implementations
-    from grpo_plugins.vllm.colocate import VLLMColocateRollout
-    from grpo_plugins.vllm.rollout import VLLMRollout
+    from grpo_core.extension_points import chosen_implementations
+    from grpo_core.plugin_host import PluginHost
 
     cfg = config_for(smollm2_dir, tmp_path, vllm_mode="colocate")
     chosen = chosen_implementations(cfg)
     assert (chosen["rollout"], chosen["weight_sync"]) == ("vllm_colocate", "vllm_in_memory")
+    # Each implementation validates the config before it is built.
     with pytest.raises(ConfigError, match="vllm_colocate"):  # the server rollout forced onto a colocate config
-        VLLMRollout(RunContext(config=cfg, output_dir=tmp_path))
+        PluginHost().load_implementation("rollout", "vllm", RunContext(config=cfg, output_dir=tmp_path))
     cfg.trl.vllm_enable_sleep_mode = True
     with pytest.raises(ConfigError, match="CUDA GPUs only"):  # vLLM refuses sleep mode on CPU
-        VLLMColocateRollout(RunContext(config=cfg, output_dir=tmp_path))
+        PluginHost().load_implementation("rollout", "vllm_colocate", RunContext(config=cfg, output_dir=tmp_path))
 
 
 def test_nccl_sync_is_refused_with_the_alternatives(smollm2_dir, tmp_path, config_for):

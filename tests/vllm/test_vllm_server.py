@@ -113,9 +113,9 @@ def test_lora_sync_changes_outputs_and_matches_trainer_logprobs(make_context, pr
     base_groups = rollout.grpo_rollout_generate(prompts, 4, sampling, 0)
 
     sync = LoraFilesystemSync(ctx)
-    result = sync.grpo_sync_weights(peft_model, 1)
+    result = sync.grpo_sync_weights(peft_model, 1, rollout.engine)
     assert result.version == 1 and result.seconds > 0
-    assert ctx.services["vllm.model"] == "policy"
+    assert rollout.engine.served_model == "policy"
     assert (ctx.output_dir / "vllm-adapters" / "v1" / "adapter_model.safetensors").is_file()
 
     rollout._calls = 0  # same derived seed as the base generation
@@ -131,7 +131,7 @@ def test_lora_sync_changes_outputs_and_matches_trainer_logprobs(make_context, pr
     assert lora_err < 0.1  # bf16 server vs fp32 trainer: ~0.04-0.06 per token here
     assert base_err > 3 * lora_err
 
-    sync.grpo_sync_weights(peft_model, 2)
+    sync.grpo_sync_weights(peft_model, 2, rollout.engine)
     versions = sorted(p.name for p in (ctx.output_dir / "vllm-adapters").iterdir())
     assert versions == ["v2"]  # older versions (and temporary dirs) are gone
 
@@ -140,9 +140,9 @@ def test_full_sync_then_next_run_starts_from_base(make_context, prompts, peft_mo
     # Run A: full-weight sync of the merged LoRA model into the base weights.
     ctx_a = make_context()
     rollout_a = VLLMRollout(ctx_a)
-    LoraFilesystemSync(ctx_a).grpo_sync_weights(peft_model, 1)  # also leave an adapter behind
-    FullFilesystemSync(ctx_a).grpo_sync_weights(peft_model, 2)
-    assert ctx_a.services["vllm.model"] == "base"
+    LoraFilesystemSync(ctx_a).grpo_sync_weights(peft_model, 1, rollout_a.engine)  # also leave an adapter behind
+    FullFilesystemSync(ctx_a).grpo_sync_weights(peft_model, 2, rollout_a.engine)
+    assert rollout_a.engine.served_model == "base"
     groups_a = rollout_a.grpo_rollout_generate(prompts, 2, SamplingSettings(max_tokens=10, seed=2), 2)
     # The base weights now hold the merged LoRA (merged in bf16: a little less exact than an adapter).
     merged_err = mean_abs_diff(groups_a, peft_model)
@@ -155,7 +155,7 @@ def test_full_sync_then_next_run_starts_from_base(make_context, prompts, peft_mo
     ctx_b = make_context()
     rollout_b = VLLMRollout(ctx_b)
     rollout_b.grpo_train_start()
-    client = ctx_b.services["vllm.client"]
+    client = rollout_b.client
     assert [m["id"] for m in client.models()] == ["base"]
     assert any("unloaded adapter 'policy'" in line for line in ctx_b.logs)
     groups_b = rollout_b.grpo_rollout_generate(prompts, 2, SamplingSettings(max_tokens=10, seed=2), 0)
@@ -195,7 +195,7 @@ def test_server_restart_mid_run_is_survived(make_context, prompts, peft_model, v
         pytest.skip("the server is not owned by the tests (GRPO_TEST_VLLM_PORT)")
     ctx = make_context(vllm_server_timeout=300)
     rollout = VLLMRollout(ctx)
-    LoraFilesystemSync(ctx).grpo_sync_weights(peft_model, 1)
+    LoraFilesystemSync(ctx).grpo_sync_weights(peft_model, 1, rollout.engine)
     sampling = SamplingSettings(max_tokens=8, seed=4)
     rollout.grpo_rollout_generate(prompts, 2, sampling, 1)
 
@@ -207,7 +207,7 @@ def test_server_restart_mid_run_is_survived(make_context, prompts, peft_model, v
     groups = rollout.grpo_rollout_generate(prompts, 2, sampling, 1)
     restarter.join()
     assert any("re-applying the last weight sync" in line for line in ctx.logs)
-    assert "policy" in [m["id"] for m in ctx.services["vllm.client"].models()]
+    assert "policy" in [m["id"] for m in rollout.client.models()]
     err = mean_abs_diff(groups, peft_model)
     with peft_model.disable_adapter():
         base_err = mean_abs_diff(groups, peft_model)

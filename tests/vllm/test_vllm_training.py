@@ -90,6 +90,37 @@ def test_async_prefetch_streaming_lora_sync(vllm_server, smollm2_dir: str, tmp_p
     assert (tmp_path / "run" / "adapter_model.safetensors").is_file()
 
 
+SLOW_REWARD = """
+import time
+
+def slow_parity(completion_ids, **kwargs):
+    time.sleep(0.4)  # a verifier that takes real time (e.g. running code)
+    return [float(sum(ids) % 2) for ids in completion_ids]
+"""
+
+
+def test_streaming_scores_chunks_while_others_generate(vllm_server, smollm2_dir: str, tmp_path: Path, monkeypatch) -> None:
+    """With the HTTP rollout every chunk of a batch is requested at once and
+    each is scored as it lands: generation (until the last chunk landed) and
+    scoring (summed) overlap, so their sum exceeds the batch's wall time."""
+    (tmp_path / "slow_rewards.py").write_text(SLOW_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = validate(
+        run_config(
+            smollm2_dir, tmp_path / "run", vllm_server.base_url, reward_funcs=["slow_rewards.slow_parity"],
+            max_completion_length=48, streaming_partial_batch=True, streaming_min_groups=1,
+        )
+    )  # fmt: skip
+    cfg.micro_batch_size = 16  # 4 prompts x 4: four chunks per batch
+    assert run_training(cfg) == "completed"
+    records = metrics(tmp_path / "run")
+    overlap = [r["time/generation"] + r["time/scoring"] - r["time/rollout_wall"] for r in records]
+    print("per-step overlap (s):", [round(o, 2) for o in overlap], records[0]["time/generation"], records[0]["time/scoring"])
+    assert all(r["time/scoring"] >= 4 * 0.4 for r in records)  # each of the four chunks was scored
+    assert all(r["time/rollout_wall"] < r["time/generation"] + r["time/scoring"] for r in records)
+    assert sum(overlap) > 0.4  # at least one chunk's scoring ran while generation was still going
+
+
 def test_merged_weight_sync_run_and_server_reuse(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
     # Two experiments in a row on one server: the second starts from its own
     # initial weights whatever the first left loaded.

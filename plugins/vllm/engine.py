@@ -1,0 +1,230 @@
+"""The vLLM server as an :class:`~grpo_core.types.InferenceEngine`.
+
+:class:`VLLMServerEngine` is what the ``vllm`` rollout owns and what any
+weight sync for it receives: the HTTP client, the managed server process (if
+grpo started it), server hygiene, restarts, and which model name and weight
+label the server holds. A restarted server forgets its adapters and weights;
+the engine notices (the process exited, the weight label changed, or the
+adapter is unknown) and re-applies the last load before it samples again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from grpo_core.errors import ConfigError, EngineUnavailable
+from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
+from grpo_plugins.vllm.client import EndpointMissing, VLLMClient
+from grpo_plugins.vllm.server import LOG_NAME, SERVED_MODEL_NAME, ManagedServer, server_spec
+
+if TYPE_CHECKING:
+    from grpo_core.context import RunContext
+
+POLICY_ADAPTER = "policy"
+OWN_TAG_PREFIX = "grpo-"
+# vLLM fuses these projections into one weight (qkv_proj, gate_up_proj).
+PACKED_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def server_url(context: RunContext) -> str:
+    trl = context.config.trl
+    if trl.vllm_server_base_url:
+        return trl.vllm_server_base_url.rstrip("/")
+    host = "127.0.0.1" if trl.vllm_server_host in ("0.0.0.0", "") else trl.vllm_server_host
+    return f"http://{host}:{trl.vllm_server_port}"
+
+
+class VLLMServerEngine:
+    """One vLLM OpenAI server, managed (grpo started it) or external."""
+
+    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH})
+
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+        cfg = context.config
+        trl = cfg.trl
+        self.log = context.log
+        self.timeout = float(trl.vllm_server_timeout or 240)
+        self.server: ManagedServer | None = None
+        self._lock = threading.RLock()
+        self._prepared = False
+        self._served = SERVED_MODEL_NAME
+        self._label: str | None = None
+        self._loads = 0
+        self._last_load: Callable[[], None] | None = None
+        self.run_id = f"{id(self):x}"[-8:]
+        managed = trl.vllm_managed
+        url = server_url(context)
+        if managed is None:
+            managed = not VLLMClient(url, cfg.vllm.api_key).health()
+            if not managed:
+                self.log(f"vLLM: using the server already answering at {url}")
+        if managed:
+            if trl.vllm_server_base_url:
+                raise ConfigError(
+                    "trl.vllm_managed = true starts its own server; remove trl.vllm_server_base_url "
+                    "(or set trl.vllm_managed = false to use that server)."
+                )
+            spec = server_spec(cfg, lora=ADAPTER_FROM_PATH in context.engine_requirements)
+            for warning in spec.warnings:
+                self.log("WARNING: " + warning)
+            self.server = ManagedServer(spec, context.output_dir / LOG_NAME, log=self.log)
+            self.server.start()  # does not block: readiness is awaited at first use
+            url = spec.base_url
+        self.client = VLLMClient(url, cfg.vllm.api_key, timeout=self.timeout, log=self.log)
+        if self.server is not None:
+            self.client.dead_check = self.server.dead_reason
+        elif trl.vllm_managed is False and not self.client.health():
+            # Said now, not after the model has loaded (it may just be starting up too).
+            self.log(
+                f"WARNING: nothing answers at {url} yet; after loading the model grpo waits up to "
+                f"{self.timeout:.0f} s (trl.vllm_server_timeout) for it. Start it with `grpo vllm-serve CONFIG`, "
+                "or set trl.vllm_managed = true."
+            )
+
+    # ------------------------------------------------------------------ InferenceEngine
+
+    @property
+    def description(self) -> str:
+        return f"vLLM server at {self.client.base_url}" + (" (managed)" if self.server is not None else "")
+
+    @property
+    def served_model(self) -> str:
+        return self._served
+
+    @property
+    def weight_label(self) -> str | None:
+        return self._label
+
+    def healthy(self) -> bool:
+        return self.client.health()
+
+    def ensure_ready(self) -> None:
+        """Wait for the server, then clean what earlier runs left: foreign
+        adapters unloaded, foreign full weights replaced by the base model,
+        prefix cache reset. Runs once; later calls return at once."""
+        with self._lock:
+            if self._prepared:
+                return
+            if self.server is not None:
+                self.server.wait_ready(max(self.timeout, 300.0))
+            else:
+                self.client.wait_healthy()
+            self._clean_server()
+            self._prepared = True
+
+    def restart_if_dead(self) -> bool:
+        """Managed mode: bring a server that exited back up and give it the
+        last weights again. The lock keeps the prefetch thread and the
+        trainer thread from restarting it twice."""
+        with self._lock:
+            if self.server is None or self.server.alive():
+                return False
+            self.log("vLLM: " + (self.server.dead_reason() or "managed server is gone").splitlines()[0] + "; restarting it")
+            self.server.stop()
+            self.server.start()
+            self.server.wait_ready(max(self.timeout, 300.0))
+            self.reapply("the managed server was restarted")
+            return True
+
+    def load_weights_from_path(self, path: Path) -> None:
+        def load() -> None:
+            self.client.collective_rpc("reload_weights", {"weights_path": str(path)})
+            self.client.reset_prefix_cache()
+            self._served = SERVED_MODEL_NAME
+
+        self._load("full", load)
+
+    def load_adapter(self, path: Path) -> None:
+        def load() -> None:
+            self.client.load_lora_adapter(POLICY_ADAPTER, str(path), inplace=True)
+            self._served = POLICY_ADAPTER
+
+        self._load("lora", load)
+
+    def load_weights(self, weights: Mapping[str, Any]) -> None:
+        raise NotImplementedError(f"{self.description} cannot take weights in memory; use load_weights_from_path")
+
+    def fused_modules(self) -> tuple[tuple[str, ...], ...]:
+        return PACKED_GROUPS
+
+    # ------------------------------------------------------------------ weights
+
+    def _load(self, kind: str, load: Callable[[], None]) -> None:
+        """Run one load (restarting a dead managed server once), remember it
+        for re-application, and label the server's weights."""
+        self.ensure_ready()
+        with self._lock:
+            self._loads += 1
+            tag = f"{OWN_TAG_PREFIX}{kind}-{self.run_id}-{self._loads}"
+
+            def apply() -> None:
+                load()
+                self._label = tag if self.client.set_weight_version(tag) else None
+
+            try:
+                apply()
+            except EngineUnavailable:
+                if self.server is None or self.server.alive():
+                    raise
+                self._last_load = apply
+                self.restart_if_dead()  # re-applies
+                return
+            self._last_load = apply
+
+    def reapply(self, why: str) -> None:
+        """Give a server that lost our weights the last load again."""
+        with self._lock:
+            if self._last_load is None:
+                return
+            self.log(f"vLLM: {why}; re-applying the last weight sync")
+            self._last_load()
+
+    def weights_lost(self) -> bool:
+        """The server holds other weights than our last load (it restarted
+        behind our back)."""
+        if self._label is None or self._last_load is None:
+            return False
+        current = self.client.weight_version()
+        return current is not None and current != self._label
+
+    def ensure_weights(self) -> None:
+        """Before generating: a server that died is restarted, and one that
+        lost our weights gets them again."""
+        try:
+            if not self.restart_if_dead() and self.weights_lost():
+                self.reapply("the server holds other weights than the last sync (restarted?)")
+        except EngineUnavailable:  # it died while we asked
+            if not self.restart_if_dead():
+                raise
+
+    def _clean_server(self) -> None:
+        client = self.client
+        base_root = None
+        for model in client.models():
+            if model.get("parent") is None:
+                base_root = base_root or model.get("root")
+                continue
+            if client.owned_adapters.get(model["id"]) == model.get("root"):
+                continue
+            client.unload_lora_adapter(model["id"])
+            self.log(f"vLLM: unloaded adapter '{model['id']}' left on the server by an earlier run")
+        tag = client.weight_version()
+        if tag is not None and tag.startswith(OWN_TAG_PREFIX + "full-") and tag != self._label:
+            if not base_root:
+                raise EngineUnavailable(f"vLLM server at {client.base_url} does not report its base model path")
+            client.collective_rpc("reload_weights", {"weights_path": base_root})
+            client.set_weight_version("default")
+            self.log(f"vLLM: restored base weights from {base_root} (an earlier run had replaced them, tag {tag})")
+        try:
+            client.reset_prefix_cache()
+        except EndpointMissing:
+            self.log("vLLM: server has no /reset_prefix_cache (dev mode off); prefix cache not reset")
+
+    def shutdown(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.log("vLLM: managed server stopped")

@@ -1,0 +1,1 @@
+"""Test plugin package for grpo's contract (see pyproject.toml)."""

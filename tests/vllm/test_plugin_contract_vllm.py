@@ -1,0 +1,108 @@
+"""A plugin package written only against grpo_core's public contract, in a
+real `grpo run` against the real vLLM server.
+
+``tests/plugin_packages/grpo-contract-test`` publishes a weight sync
+(``timed_full``: writes safetensors, loads them through the engine handle it
+receives) and a configurable advantage aggregation (``scaled_group``). It is
+pip-installed into a private folder, chosen by a TOML config with
+``[plugins.<name>]`` settings, and must drive the server grpo talks to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "tests" / "plugin_packages" / "grpo-contract-test"
+GRPO = Path(sys.executable).with_name("grpo")
+
+
+@pytest.fixture(scope="module")
+def contract_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("contract")
+    source = root / "src"
+    shutil.copytree(PACKAGE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    site = root / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+         "--target", str(site), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return site
+
+
+def write_config(tmp_path: Path, smollm2_dir: str, base_url: str, **aggregation: object) -> Path:
+    cfg = {
+        "base_model": smollm2_dir, "adapter": "lora", "lora_r": 8, "sequence_len": 256,
+        "datasets": [{"path": str(ROOT / "examples" / "arithmetic" / "data" / "train.jsonl")}],
+        "micro_batch_size": 8, "max_steps": 2, "learning_rate": 1e-3, "lr_scheduler": "constant", "seed": 5,
+        "output_dir": str(tmp_path / "out"),
+        "vllm": {"api_key": "test-key-123"},
+        "trl": {"use_vllm": True, "vllm_managed": False, "vllm_server_base_url": base_url, "num_generations": 4,
+                "max_completion_length": 12, "reward_funcs": ["last_number_match"], "vllm_server_timeout": 60},
+        "plugins": {"weight_sync": "timed_full", "advantage_aggregation": "scaled_group",
+                    "timed_full": {"folder": "my-weights"}, "scaled_group": {"scale": 0.5, **aggregation}},
+    }  # fmt: skip
+    path = tmp_path / "config.toml"
+    path.write_text(tomli_w.dumps(cfg), encoding="utf-8")
+    return path
+
+
+def grpo(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([str(GRPO), *args], capture_output=True, text=True, timeout=900, env=env)
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_third_party_sync_and_aggregation_drive_a_real_run(vllm_server, smollm2_dir: str, contract_site: Path, tmp_path: Path) -> None:
+    from grpo_plugins.vllm.client import VLLMClient
+
+    config = write_config(tmp_path, smollm2_dir, vllm_server.base_url)
+    check = grpo(contract_site, "config", "check", str(config))
+    assert check.returncode == 0, check.stderr
+    assert "weight_sync=timed_full" in check.stdout and "advantage_aggregation=scaled_group" in check.stdout
+
+    result = grpo(contract_site, "run", str(config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "out"
+    syncs = records(out / "timed_full_syncs.jsonl")
+    assert [s["version"] for s in syncs] == [0, 1, 2]  # the initial weights, then after each step
+    labels = [s["label_after"] for s in syncs]
+    assert len(set(labels)) == 3 and all(s["label_before"] != s["label_after"] for s in syncs)
+    assert all(s["served_model"] == "base" and vllm_server.base_url in s["engine"] for s in syncs)
+    # the server holds the weights of the last sync, loaded from the plugin's own folder
+    client = VLLMClient(vllm_server.base_url, "test-key-123")
+    assert client.weight_version() == labels[-1]
+    assert sorted(p.name for p in (out / "my-weights").iterdir()) == ["v2"]
+    calls = records(out / "scaled_group_calls.jsonl")
+    assert len(calls) == 2 and all(c["scale"] == 0.5 for c in calls)  # [plugins.scaled_group] reached the factory
+
+
+def test_a_raising_plugin_hook_stops_with_one_error_and_a_checkpoint(vllm_server, smollm2_dir: str, contract_site: Path, tmp_path: Path) -> None:
+    config = write_config(tmp_path, smollm2_dir, vllm_server.base_url, fail_on_call=2)
+    result = grpo(contract_site, "run", str(config))
+    out = tmp_path / "out"
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    error = result.stderr
+    assert "hook grpo_aggregate_advantages of advantage_aggregation implementation 'scaled_group'" in error
+    assert "distribution 'grpo-contract-test'" in error and "ZeroDivisionError: injected failure on call 2" in error
+    assert f"The traceback is in {out / 'grpo-error.log'}" in error
+    assert "Training stopped at step 1; checkpoint saved to" in error
+    assert (out / "checkpoint-1" / "trainer_state.json").is_file()
+    log = (out / "grpo-error.log").read_text(encoding="utf-8")
+    assert "Traceback" in log and "aggregation.py" in log
