@@ -95,6 +95,15 @@ def test_short_run_writes_metrics_checkpoints_and_a_loadable_adapter(workdir: Pa
     missing = REQUIRED_METRICS - set(records[0])
     assert not missing, f"metrics.jsonl lacks {missing}"
     assert records[0]["completions/mean_length"] > 0
+    # every second of a step is accounted for: the phases add up to step_time
+    from grpo_core.training.timing import PHASES
+
+    for record in records:
+        parts = [record[f"time/{phase}"] for phase in (*PHASES, "other")]
+        assert sum(parts) == pytest.approx(record["step_time"], rel=1e-6)
+        assert record["time/rollout"] > 0 and record["time/forward_backward"] > 0 and record["time/optimizer"] > 0
+    assert records[0]["time/checkpoint"] > 0  # save_steps = 1: the checkpoint is part of the step
+    assert records[-1]["time/checkpoint"] == 0  # the final save happens after the last step's record
     assert (out / "checkpoint-1" / "trainer_state.json").is_file()
     assert (out / "checkpoint-2" / "trainer_state.json").is_file()
 

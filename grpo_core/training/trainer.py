@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import signal
 import warnings
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.batch import MicroBatch, flatten, micro_batches
 from grpo_core.training.logging import MetricsLogger, print_completions
 from grpo_core.training.producer import ScoredBatch
+from grpo_core.training.timing import StepClock, dominant_phases
 from grpo_core.types import Checkpointable, InferenceEngine, TrainingProgress
 
 
@@ -92,6 +92,8 @@ class GRPOTrainer:
         self._num_items = 0.0
         self._stream_state: dict[str, Any] = {}
         self.pad_id = int(parts.tokenizer.pad_token_id)
+        self.clock = StepClock()
+        self.timings: list[dict[str, float]] = []  # each step's metrics, for the end-of-run time shares
         self.device = parts.accelerator.device
 
     # ---------------------------------------------------------------- state
@@ -190,10 +192,13 @@ class GRPOTrainer:
         cfg, trl = self.cfg, self.trl
         model = self.parts.model
         model.train()
-        started = time.perf_counter()
+        clock = self.clock = StepClock()
         fresh = self._batch is None or self.step % int(trl.num_iterations) == 0
         if fresh:
-            self._set_batch(self.parts.producer.produce(self.progress()))
+            with clock.phase("rollout"):
+                produced = self.parts.producer.produce(self.progress())
+            with clock.phase("forward_backward"):  # old / reference log-probs of the new batch
+                self._set_batch(produced)
         batch = self._batch
         assert batch is not None
         step_metrics: dict[str, list[float]] = {}
@@ -205,43 +210,64 @@ class GRPOTrainer:
             if trl.skip_zero_advantage_batches and not mb.has_signal and float(trl.beta) == 0:
                 self.skipped_zero_adv_batches += 1
                 continue
-            logps, entropy = self._forward(model, mb, with_entropy=True)
-            is_weights, mask = self._is_weights(mb, logps, step_metrics)
-            loss, m = policy_loss(
-                self.loss_settings,
-                logps,
-                mb.advantages.to(self.device),
-                mask,
-                old_logps=mb.old_logps,
-                ref_logps=mb.ref_logps,
-                is_weights=is_weights,
-                entropy=entropy,
-                num_items_in_batch=self._num_items,
-                sampler_logps=None if mb.sampler_logps is None else mb.sampler_logps.to(self.device),
-                accumulation_steps=accumulation_steps,
-            )
-            self.parts.accelerator.backward(loss)
+            with clock.phase("forward_backward"):
+                loss, m = self._micro_batch_loss(model, mb, accumulation_steps, step_metrics)
             trained += 1
             num_tokens += int(mb.attention_mask.sum())
             loss_total += float(loss.detach())  # micro-batch losses are pre-scaled: their sum is the step's loss
             for key, value in m.items():
                 step_metrics.setdefault(key, []).append(float(value))
         grad_norm = 0.0
-        if trained:
-            params = [p for p in model.parameters() if p.requires_grad]
-            norm = self.parts.accelerator.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
-            grad_norm = float(norm)
-            self.parts.optimizer.step()
-        lr = float(self.parts.scheduler.get_last_lr()[0])
-        with warnings.catch_warnings():
-            # A step whose micro-batches were all skipped still advances the
-            # schedule (it counts optimizer steps); torch warns about that order.
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
-            self.parts.scheduler.step()
-        self.parts.optimizer.zero_grad(set_to_none=True)
+        with clock.phase("optimizer"):
+            if trained:
+                params = [p for p in model.parameters() if p.requires_grad]
+                norm = self.parts.accelerator.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
+                grad_norm = float(norm)
+                self.parts.optimizer.step()
+            lr = float(self.parts.scheduler.get_last_lr()[0])
+            with warnings.catch_warnings():
+                # A step whose micro-batches were all skipped still advances the
+                # schedule (it counts optimizer steps); torch warns about that order.
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+                self.parts.scheduler.step()
+            self.parts.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.policy_version += int(trained > 0)
+        return self._step_metrics(batch, fresh, step_metrics, loss_total, grad_norm, lr, num_tokens, trained)
 
+    def _micro_batch_loss(
+        self, model: torch.nn.Module, mb: MicroBatch, accumulation_steps: int, step_metrics: dict[str, list[float]]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Forward, IS correction, loss and backward of one micro-batch."""
+        logps, entropy = self._forward(model, mb, with_entropy=True)
+        is_weights, mask = self._is_weights(mb, logps, step_metrics)
+        loss, m = policy_loss(
+            self.loss_settings,
+            logps,
+            mb.advantages.to(self.device),
+            mask,
+            old_logps=mb.old_logps,
+            ref_logps=mb.ref_logps,
+            is_weights=is_weights,
+            entropy=entropy,
+            num_items_in_batch=self._num_items,
+            sampler_logps=None if mb.sampler_logps is None else mb.sampler_logps.to(self.device),
+            accumulation_steps=accumulation_steps,
+        )
+        self.parts.accelerator.backward(loss)
+        return loss, m
+
+    def _step_metrics(
+        self,
+        batch: ScoredBatch,
+        fresh: bool,
+        step_metrics: dict[str, list[float]],
+        loss_total: float,
+        grad_norm: float,
+        lr: float,
+        num_tokens: int,
+        trained: int,
+    ) -> dict[str, float]:
         metrics = dict(batch.metrics) if fresh else {}
         metrics.update({k: sum(v) / len(v) for k, v in step_metrics.items()})
         metrics.update(
@@ -253,18 +279,17 @@ class GRPOTrainer:
             policy_version=float(batch.policy_version),
             staleness=float(self.policy_version - 1 - batch.policy_version) if trained else 0.0,
         )
-        if self.step % int(trl.vllm_sync_interval) == 0:
-            metrics.update(self.sync_weights())
-        metrics["step_time"] = time.perf_counter() - started
+        if self.step % int(self.trl.vllm_sync_interval) == 0:
+            with self.clock.phase("weight_sync"):
+                self.sync_weights()
         return metrics
 
-    def sync_weights(self) -> dict[str, float]:
+    def sync_weights(self) -> None:
         if self.policy_version == self.last_sync_version:
-            return {}
-        result = self.parts.hook.grpo_sync_weights(model=self.parts.model, version=self.policy_version, engine=self.parts.engine)
+            return
+        self.parts.hook.grpo_sync_weights(model=self.parts.model, version=self.policy_version, engine=self.parts.engine)
         self.last_sync_version = self.policy_version
         self.parts.producer.weights_synced(self.policy_version)
-        return {"time/weight_sync": float(result.seconds) if result is not None else 0.0}
 
     def _update_reference(self) -> None:
         """``sync_ref_model``: ref <- alpha * policy + (1 - alpha) * ref."""
@@ -288,14 +313,18 @@ class GRPOTrainer:
                                         f"Resume with resume_from_checkpoint = \"{path}\".") from exc
                     if trl.sync_ref_model and self.step % trl.ref_model_sync_steps == 0:
                         self._update_reference()
+                    saved = None
+                    if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
+                        with self.clock.phase("checkpoint"):
+                            saved = self.save()
+                    metrics.update(self.clock.metrics())  # the phases add up to step_time
+                    self.timings.append(metrics)
                     self.parts.hook.grpo_step_end(progress=self.progress(), metrics=metrics)
                     logger.log(self.step, metrics)
                     if trl.num_completions_to_print and self._batch is not None and self.step % cfg.logging_steps == 0:
                         print_completions(self._batch.groups, self.parts.tokenizer, self.parts.scorer.names, int(trl.num_completions_to_print), self.step)
-                    if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
-                        self.save()
                     if stop.signal is not None:
-                        path = self.save()
+                        path = saved or self.save()
                         raise TrainingInterrupted(
                             f"stopped by signal {stop.signal} at step {self.step}; checkpoint saved to {path}. "
                             f"Resume with resume_from_checkpoint = \"{path}\"."
@@ -306,4 +335,7 @@ class GRPOTrainer:
             close = getattr(self.parts.producer, "close", None)
             if close is not None:
                 close()
+        shares = dominant_phases(self.timings)
+        if shares:
+            self.parts.context.log(f"time per step went to: {shares} (metrics.jsonl: time/*)")
         return "completed"

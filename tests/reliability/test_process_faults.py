@@ -55,7 +55,7 @@ def assert_same_result(out: Path, reference: tuple[dict[int, dict], dict], from_
     assert sorted(resumed) == sorted(records) == list(range(1, MAX_STEPS + 1))
     for step in range(from_step + 1, MAX_STEPS + 1):
         assert resumed[step].keys() == records[step].keys()
-        for key in resumed[step].keys() - TIMINGS:
+        for key in resumed[step].keys() - TIMINGS - {k for k in resumed[step] if k.startswith("time/")}:
             assert resumed[step][key] == pytest.approx(records[step][key], rel=1e-4, abs=1e-6), (step, key)
     assert any(records[step].get("grad_norm") for step in records)  # the weights moved, so comparing them means something
     final = load_file(str(out / "adapter_model.safetensors"))
