@@ -196,6 +196,17 @@ class InferenceEngine(Protocol):
         """A label of the weights the engine holds, set by each load; an
         engine that restarted with other weights reports a different one."""
 
+    @property
+    def same_host(self) -> bool:
+        """The engine runs on this machine: files handed to it may live in
+        this machine's memory-backed temporary storage, not in output_dir."""
+
+    @property
+    def weight_dtype(self) -> str | None:
+        """The dtype the engine keeps its weights in (``"bfloat16"``,
+        ``"float32"``, ...) when known; a sync may send weights in it (half
+        the bytes of float32 for bf16). ``None``: send them as they are."""
+
     def ensure_ready(self) -> None:
         """Block until the engine answers and holds nothing an earlier run
         left on it. Idempotent; raise ``EngineUnavailable`` when it never does."""

@@ -56,6 +56,8 @@ class ColocatedEngine:
 
     capabilities = frozenset({WEIGHTS_IN_MEMORY})
     served_model = "base"
+    same_host = True
+    weight_dtype = None  # tensors are handed over as they are; vLLM casts on load
 
     def __init__(self, cfg: GRPOConfig, log: Any = print) -> None:
         self.cfg = cfg

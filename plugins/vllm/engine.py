@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from urllib.parse import urlparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
 from grpo_plugins.vllm.client import EndpointMissing, VLLMClient
-from grpo_plugins.vllm.server import LOG_NAME, SERVED_MODEL_NAME, ManagedServer, server_spec
+from grpo_plugins.vllm.server import LOG_NAME, SERVED_MODEL_NAME, ManagedServer, is_loopback, resolve_dtype, server_spec
 
 if TYPE_CHECKING:
     from grpo_core.context import RunContext
@@ -98,6 +99,19 @@ class VLLMServerEngine:
     @property
     def weight_label(self) -> str | None:
         return self._label
+
+    @property
+    def same_host(self) -> bool:
+        return self.server is not None or is_loopback(urlparse(self.client.base_url).hostname or "")
+
+    @property
+    def weight_dtype(self) -> str | None:
+        """Known for a server grpo started from the config; an external
+        server may have been started with any dtype."""
+        if self.server is None:
+            return None
+        dtype = resolve_dtype(self.context.config.vllm.dtype)
+        return None if dtype == "auto" else dtype
 
     def healthy(self) -> bool:
         return self.client.health()

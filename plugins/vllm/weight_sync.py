@@ -18,7 +18,9 @@ with these alternatives (:class:`NcclSync`).
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -67,15 +69,28 @@ def _is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
+def memory_backed_dir() -> str | None:
+    """``/dev/shm`` where this OS has a writable one (Linux), else the
+    system's temporary directory."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
 class _FilesystemSync:
-    """What both syncs share: versioned directories handed to the engine."""
+    """What both syncs share: versioned directories handed to the engine.
+
+    An engine on this machine reads them from a private (0700) temporary
+    directory, memory-backed where the OS has one, so a sync costs no disk
+    I/O and leaves nothing in ``output_dir``; an engine elsewhere reads them
+    from ``output_dir/<subdir>`` (a filesystem both sides share). Either is
+    removed when training ends."""
 
     subdir = ""
     kind = ""
 
     def __init__(self, context: RunContext) -> None:
         self.context = context
-        self.root = Path(context.output_dir) / self.subdir
+        self.root: Path | None = None  # chosen at the first sync, by where the engine runs
         self._lock = threading.Lock()
 
     def _save(self, model: Any, out: Path, engine: InferenceEngine) -> None:
@@ -84,14 +99,22 @@ class _FilesystemSync:
     def _apply(self, engine: InferenceEngine, path: Path) -> None:
         raise NotImplementedError
 
+    def _root_for(self, engine: InferenceEngine) -> Path:
+        if self.root is None:
+            if engine.same_host:
+                self.root = Path(tempfile.mkdtemp(prefix=f"grpo-{self.kind}-", dir=memory_backed_dir()))
+            else:
+                self.root = Path(self.context.output_dir) / self.subdir
+        return self.root
+
     def _write_version(self, model: Any, version: int, engine: InferenceEngine) -> Path:
-        target = self.root / f"v{version}"
+        target = self._root_for(engine) / f"v{version}"
         with atomic_directory(target) as tmp:
             self._save(model, tmp, engine)
         return target
 
     def _prune(self, keep: Path) -> None:
-        for old in self.root.glob("v*"):
+        for old in keep.parent.glob("v*"):
             if old.is_dir() and old != keep:
                 shutil.rmtree(old, ignore_errors=True)
 
@@ -110,6 +133,13 @@ class _FilesystemSync:
             self._prune(path)
             end = time.perf_counter()
         return SyncResult(version, end - start, f"{self.kind}: save {saved - start:.2f}s, load {end - saved:.2f}s ({path})")
+
+    @hookimpl
+    def grpo_train_end(self) -> None:
+        """The engine is done with the files: nothing large stays behind."""
+        with self._lock:
+            if self.root is not None:
+                shutil.rmtree(self.root, ignore_errors=True)
 
 
 class LoraFilesystemSync(_FilesystemSync):
@@ -213,7 +243,17 @@ class FullFilesystemSync(_FilesystemSync):
     required_capabilities = frozenset({WEIGHTS_FROM_PATH})
 
     def _save(self, model: Any, out: Path, engine: InferenceEngine) -> None:
-        save_safetensors(merged_weights(model, engine.fused_modules()), out / "model.safetensors")
+        weights = merged_weights(model, engine.fused_modules())
+        if engine.weight_dtype is not None:  # what the engine keeps anyway: fewer bytes to write and read
+            import torch
+
+            dtype = getattr(torch, engine.weight_dtype)
+            cast: dict[int, Any] = {}  # by storage, so tied weights stay one tensor
+            for key, value in weights.items():
+                if value.data_ptr() not in cast:
+                    cast[value.data_ptr()] = value.to(dtype) if value.is_floating_point() else value
+                weights[key] = cast[value.data_ptr()]
+        save_safetensors(weights, out / "model.safetensors")
 
     def _apply(self, engine: InferenceEngine, path: Path) -> None:
         engine.load_weights_from_path(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -116,7 +117,11 @@ def test_lora_sync_changes_outputs_and_matches_trainer_logprobs(make_context, pr
     result = sync.grpo_sync_weights(peft_model, 1, rollout.engine)
     assert result.version == 1 and result.seconds > 0
     assert rollout.engine.served_model == "policy"
-    assert (ctx.output_dir / "vllm-adapters" / "v1" / "adapter_model.safetensors").is_file()
+    # the server is on this machine: the adapter went to a private memory-backed folder, not output_dir
+    assert sync.root is not None and (sync.root / "v1" / "adapter_model.safetensors").is_file()
+    assert not (ctx.output_dir / "vllm-adapters").exists()
+    if Path("/dev/shm").is_dir():
+        assert sync.root.parent == Path("/dev/shm") and sync.root.stat().st_mode & 0o777 == 0o700
 
     rollout._calls = 0  # same derived seed as the base generation
     lora_groups = rollout.grpo_rollout_generate(prompts, 4, sampling, 1)
@@ -132,8 +137,10 @@ def test_lora_sync_changes_outputs_and_matches_trainer_logprobs(make_context, pr
     assert base_err > 3 * lora_err
 
     sync.grpo_sync_weights(peft_model, 2, rollout.engine)
-    versions = sorted(p.name for p in (ctx.output_dir / "vllm-adapters").iterdir())
+    versions = sorted(p.name for p in sync.root.iterdir())
     assert versions == ["v2"]  # older versions (and temporary dirs) are gone
+    sync.grpo_train_end()
+    assert not sync.root.exists()  # nothing large is left behind
 
 
 def test_full_sync_then_next_run_starts_from_base(make_context, prompts, peft_model, smollm2_dir):

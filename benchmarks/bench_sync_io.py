@@ -1,0 +1,117 @@
+"""Merged-weight sync to a real vLLM server: where the files go, and in
+which dtype.
+
+    .venv/bin/python benchmarks/bench_sync_io.py [--syncs 5]
+
+Starts one managed server (SmolLM2-135M-Instruct, ``dtype`` float32, eager)
+and syncs a LoRA-r16 policy (random B, so the weights really change) with
+``full_filesystem`` in three ways, each ``--syncs`` times:
+
+* ``output_dir``: files under ``output_dir/vllm-weights`` (what grpo did
+  before: disk I/O, and the folder stayed behind);
+* ``memory``: a private temporary folder in ``/dev/shm`` (the default now
+  for a server on the same machine; removed when training ends);
+* ``memory_bf16``: the same, cast to bfloat16 first, as for a server that
+  serves bf16 (the reload is into this float32 server, so only the save and
+  the bytes are comparable).
+
+Prints the median seconds to save, to reload and in total, the bytes
+written, the ratio against ``output_dir``, and the CPU's flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+
+def cpu_flags() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return " ".join(f for f in wanted if f in flags) or "none of avx2/avx512/amx"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--syncs", type=int, default=5)
+    args = parser.parse_args()
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core.config.loader import validate
+    from grpo_core.context import RunContext
+    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.types import WEIGHTS_FROM_PATH
+    from grpo_plugins.vllm.engine import VLLMServerEngine
+    from grpo_plugins.vllm.weight_sync import FullFilesystemSync
+
+    model_dir = resolve_model_dir(DEFAULT_MODEL)
+    work = Path(tempfile.mkdtemp(prefix="bench-sync-"))
+    cfg = validate({
+        "base_model": model_dir, "adapter": "lora", "output_dir": str(work), "sequence_len": 256,
+        "vllm": {"port": 0, "dtype": "float32", "max_model_len": 256, "cpu_kvcache_space": 1},
+        "trl": {"use_vllm": True, "vllm_managed": True},
+    })  # fmt: skip
+    context = RunContext(config=cfg, output_dir=work, engine_requirements=frozenset({WEIGHTS_FROM_PATH}), log=lambda m: None)
+    engine = VLLMServerEngine(context)
+    torch.manual_seed(0)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0),
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.02)
+    engine.ensure_ready()
+
+    class Bf16View:
+        """The engine as a bf16 server would present it to the sync."""
+
+        def __getattr__(self, name: str):
+            return "bfloat16" if name == "weight_dtype" else getattr(engine, name)
+
+    results = {}
+    try:
+        for variant in ("output_dir", "memory", "memory_bf16"):
+            sync = FullFilesystemSync(context)
+            if variant == "output_dir":
+                sync.root = work / "vllm-weights"
+            target = Bf16View() if variant == "memory_bf16" else engine
+            saves, loads, totals, sizes = [], [], [], []
+            for version in range(1, args.syncs + 1):
+                result = sync.grpo_sync_weights(model, version, target)
+                detail = result.detail
+                save = float(detail.split("save ")[1].split("s,")[0])
+                load = float(detail.split("load ")[1].split("s ")[0])
+                saves.append(save)
+                loads.append(load)
+                totals.append(result.seconds)
+                sizes.append(sum(f.stat().st_size for f in (sync.root / f"v{version}").iterdir()))
+            results[variant] = {
+                "root": str(sync.root.parent), "save_s": statistics.median(saves), "load_s": statistics.median(loads),
+                "total_s": statistics.median(totals), "bytes": sizes[-1],
+            }
+            sync.grpo_train_end()
+    finally:
+        engine.shutdown()
+    base = results["output_dir"]["total_s"]
+    for variant, r in results.items():
+        r["speedup_vs_output_dir"] = base / r["total_s"]
+        print(f"{variant:<12} save {r['save_s']:.3f}s  load {r['load_s']:.3f}s  total {r['total_s']:.3f}s  "
+              f"{r['bytes'] / 2**20:.0f} MiB  {r['speedup_vs_output_dir']:.2f}x vs output_dir  ({r['root']})")
+    print("cpu flags:", cpu_flags())
+    print("RESULT " + json.dumps({"cpu_flags": cpu_flags(), "syncs": args.syncs, **results}))
+
+
+if __name__ == "__main__":
+    main()
