@@ -336,6 +336,7 @@ def list_plugins() -> dict[str, dict[str, Any]]:
 def summary(cfg: GRPOConfig) -> str:
     """The settings that decide what a run does, after defaults."""
     from grpo_core.config.checks import implementation_names
+    from grpo_core.precision import resolve_precision
 
     trl = cfg.trl
     batch = trl.generation_batch_size or cfg.micro_batch_size * cfg.gradient_accumulation_steps
@@ -354,6 +355,7 @@ def summary(cfg: GRPOConfig) -> str:
         f"num_iterations {trl.num_iterations}, scale_rewards {trl.scale_rewards}",
         "rewards:      " + (", ".join(f"{f} x{w:g}" for f, w in zip(funcs, weights)) or "none"),
         f"async:        async_prefetch {trl.async_prefetch}, sync every {trl.vllm_sync_interval} step(s)",
+        f"precision:    {resolve_precision(cfg).reason}",
         "plugins:      " + ", ".join(f"{p}={n}" for p, n in implementation_names(cfg).items()),
         f"output_dir:   {cfg.output_dir}",
     ]

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from grpo_core.errors import ConfigError, NotImplementedYet
+from grpo_core.precision import resolve_precision
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -114,15 +115,9 @@ def load_tokenizer(cfg: GRPOConfig, model_dir: str) -> Any:
 
 
 def resolve_dtype(cfg: GRPOConfig) -> torch.dtype:
-    """Weights dtype: bf16 true -> bfloat16 (CPU too); 'auto' -> bfloat16
-    where CUDA supports it, else float32; fp16 -> float16; else float32."""
-    if cfg.bf16 is True:
-        return torch.bfloat16
-    if cfg.bf16 == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-    if cfg.fp16:
-        return torch.float16
-    return torch.float32
+    """Dtype the policy's weights load in (:mod:`grpo_core.precision`): bf16
+    or fp16 only for a LoRA's frozen base; trained weights stay float32."""
+    return resolve_precision(cfg).load_dtype
 
 
 def resolve_attn_implementation(cfg: GRPOConfig) -> str | None:

@@ -27,6 +27,7 @@ from grpo_core import hookimpl
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
 from grpo_core.errors import ConfigError, GrpoError
+from grpo_core.precision import resolve_precision
 from grpo_core.types import SAMPLES_TRAINER_MODEL, Completion, Prompt, RolloutGroup, SamplingSettings
 
 DEFAULT_CHUNK_SIZE = 64
@@ -177,7 +178,9 @@ class TransformersRollout:
         # than with num_return_sequences, which greedy decoding refuses.
         rows = [prompt for prompt in prompts for _ in range(num_generations)]
         completions: list[Completion] = []
-        with _generation_mode(model), _seeded(sampling.seed):
+        device_type = next(model.parameters()).device.type
+        # The same precision the trainer computes in, so its log-probs and ours agree.
+        with _generation_mode(model), _seeded(sampling.seed), resolve_precision(self.context.config, device_type).autocast(device_type):
             for start in range(0, len(rows), self.chunk_size):
                 chunk = rows[start : start + self.chunk_size]
                 completions.extend(self._generate(model, tokenizer, chunk, config, sampling, stop_ids))

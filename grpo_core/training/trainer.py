@@ -22,6 +22,7 @@ from grpo_core.context import RunContext
 from grpo_core.errors import EngineUnavailable, PluginError, RewardError, TrainingInterrupted
 from grpo_core.logprobs import token_logprobs
 from grpo_core.loss import LossSettings, policy_loss
+from grpo_core.precision import resolve_precision
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.batch import MicroBatch, flatten, micro_batches
 from grpo_core.training.logging import MetricsLogger, print_completions
@@ -95,6 +96,7 @@ class GRPOTrainer:
         self.clock = StepClock()
         self.timings: list[dict[str, float]] = []  # each step's metrics, for the end-of-run time shares
         self.device = parts.accelerator.device
+        self.precision = resolve_precision(cfg, self.device.type)
 
     # ---------------------------------------------------------------- state
 
@@ -143,14 +145,16 @@ class GRPOTrainer:
         return TrainingProgress(step=self.step, max_steps=self.cfg.max_steps)
 
     def _forward(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return token_logprobs(
-            model,
-            mb.input_ids.to(self.device),
-            mb.attention_mask.to(self.device),
-            mb.num_completion_tokens,
-            temperature=float(self.trl.temperature or 1.0),
-            with_entropy=with_entropy,
-        )
+        with self.precision.autocast(self.device.type):  # bf16/fp16 compute; log-probs come back in float32
+            logps, entropy = token_logprobs(
+                model,
+                mb.input_ids.to(self.device),
+                mb.attention_mask.to(self.device),
+                mb.num_completion_tokens,
+                temperature=float(self.trl.temperature or 1.0),
+                with_entropy=with_entropy,
+            )
+        return logps.float(), None if entropy is None else entropy.float()
 
     def _set_batch(self, batch: ScoredBatch) -> None:
         self._batch = batch
