@@ -33,6 +33,7 @@ from grpo_core.config.loader import validate
 from grpo_core.context import RunContext
 from grpo_core.errors import ConfigError, PluginError
 from grpo_core.plugin_host import ALLOW_ENV, PluginHost
+from pip_target import install_into_target
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "grpo-plugin-example"
@@ -78,18 +79,8 @@ def context(tmp_path: Path, **trl: Any) -> RunContext:
 
 @pytest.fixture(scope="module")
 def example_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The example package, pip-installed into a private target directory
-    (built from a copy so no build/ or egg-info lands in the repository)."""
-    root = tmp_path_factory.mktemp("example")
-    source = root / "src"
-    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    site = root / "site"
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(site), str(source)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
+    """The example package, pip-installed into a private target directory."""
+    site = install_into_target(EXAMPLE, tmp_path_factory.mktemp("example"))
     assert list(site.glob("grpo_plugin_example-*.dist-info/entry_points.txt"))
     return site
 

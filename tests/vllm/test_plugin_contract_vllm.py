@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import tomli_w
+from pip_target import install_into_target
 
 pytestmark = pytest.mark.vllm
 
@@ -29,17 +29,7 @@ GRPO = Path(sys.executable).with_name("grpo")
 
 @pytest.fixture(scope="module")
 def contract_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("contract")
-    source = root / "src"
-    shutil.copytree(PACKAGE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    site = root / "site"
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(site), str(source)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return site
+    return install_into_target(PACKAGE, tmp_path_factory.mktemp("contract"))
 
 
 def write_config(tmp_path: Path, smollm2_dir: str, base_url: str, **aggregation: object) -> Path:
@@ -50,18 +40,22 @@ def write_config(tmp_path: Path, smollm2_dir: str, base_url: str, **aggregation:
         "output_dir": str(tmp_path / "out"),
         "vllm": {"api_key": "test-key-123"},
         "trl": {"use_vllm": True, "vllm_managed": False, "vllm_server_base_url": base_url, "num_generations": 4,
-                "max_completion_length": 12, "reward_funcs": ["last_number_match"], "vllm_server_timeout": 60},
+                "max_completion_length": 12, "reward_funcs": ["parity_rewards.parity_reward"], "vllm_server_timeout": 60},
         "plugins": {"weight_sync": "timed_full", "advantage_aggregation": "scaled_group",
                     "timed_full": {"folder": "my-weights"}, "scaled_group": {"scale": 0.5, **aggregation}},
     }  # fmt: skip
+    # a reward that varies within (almost) every group, so every step trains and syncs
+    (tmp_path / "parity_rewards.py").write_text(
+        "def parity_reward(completion_ids, **kwargs):\n    return [float(sum(ids) % 2) for ids in completion_ids]\n"
+    )
     path = tmp_path / "config.toml"
     path.write_text(tomli_w.dumps(cfg), encoding="utf-8")
     return path
 
 
-def grpo(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def grpo(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([str(GRPO), *args], capture_output=True, text=True, timeout=900, env=env)
+    return subprocess.run([str(GRPO), *args], capture_output=True, text=True, timeout=900, env=env, cwd=cwd)
 
 
 def records(path: Path) -> list[dict]:
@@ -72,11 +66,11 @@ def test_third_party_sync_and_aggregation_drive_a_real_run(vllm_server, smollm2_
     from grpo_plugins.vllm.client import VLLMClient
 
     config = write_config(tmp_path, smollm2_dir, vllm_server.base_url)
-    check = grpo(contract_site, "config", "check", str(config))
+    check = grpo(contract_site, "config", "check", str(config), cwd=tmp_path)
     assert check.returncode == 0, check.stderr
     assert "weight_sync=timed_full" in check.stdout and "advantage_aggregation=scaled_group" in check.stdout
 
-    result = grpo(contract_site, "run", str(config))
+    result = grpo(contract_site, "run", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "out"
     syncs = records(out / "timed_full_syncs.jsonl")
@@ -94,7 +88,7 @@ def test_third_party_sync_and_aggregation_drive_a_real_run(vllm_server, smollm2_
 
 def test_a_raising_plugin_hook_stops_with_one_error_and_a_checkpoint(vllm_server, smollm2_dir: str, contract_site: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, smollm2_dir, vllm_server.base_url, fail_on_call=2)
-    result = grpo(contract_site, "run", str(config))
+    result = grpo(contract_site, "run", str(config), cwd=tmp_path)
     out = tmp_path / "out"
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
