@@ -130,10 +130,11 @@ class VLLMServerEngine:
             self._clean_server()
             self._prepared = True
 
-    def restart_if_dead(self) -> bool:
+    def restart_if_dead(self, reapplying: str = "the managed server was restarted; re-applying the last weight sync") -> bool:
         """Managed mode: bring a server that exited back up and give it the
-        last weights again. The lock keeps the prefetch thread and the
-        trainer thread from restarting it twice."""
+        last weights again (``reapplying`` is what the log says then). The
+        lock keeps the prefetch thread and the trainer thread from restarting
+        it twice."""
         with self._lock:
             if self.server is None or self.server.alive():
                 return False
@@ -141,7 +142,7 @@ class VLLMServerEngine:
             self.server.stop()
             self.server.start()
             self.server.wait_ready(max(self.timeout, 300.0))
-            self.reapply("the managed server was restarted")
+            self.reapply(reapplying)
             return True
 
     def load_weights_from_path(self, path: Path) -> None:
@@ -185,16 +186,17 @@ class VLLMServerEngine:
                 if self.server is None or self.server.alive():
                     raise
                 self._last_load = apply
-                self.restart_if_dead()  # re-applies
+                self.restart_if_dead("re-applying this weight sync to the restarted server")
                 return
             self._last_load = apply
 
-    def reapply(self, why: str) -> None:
-        """Give a server that lost our weights the last load again."""
+    def reapply(self, message: str) -> None:
+        """Give a server that lost our weights the last load again, saying
+        ``message`` first."""
         with self._lock:
             if self._last_load is None:
                 return
-            self.log(f"vLLM: {why}; re-applying the last weight sync")
+            self.log(f"vLLM: {message}")
             self._last_load()
 
     def weights_lost(self) -> bool:
@@ -210,7 +212,7 @@ class VLLMServerEngine:
         lost our weights gets them again."""
         try:
             if not self.restart_if_dead() and self.weights_lost():
-                self.reapply("the server holds other weights than the last sync (restarted?)")
+                self.reapply("the server holds other weights than the last sync (restarted?); re-applying the last weight sync")
         except EngineUnavailable:  # it died while we asked
             if not self.restart_if_dead():
                 raise

@@ -128,7 +128,7 @@ class VLLMRollout:
             except ModelNotLoaded:
                 if last:
                     raise
-                engine.reapply("the server does not know the policy adapter (restarted?)")
+                engine.reapply("the server does not know the policy adapter (restarted?); re-applying the last weight sync")
                 continue
             except EngineUnavailable:
                 if last or not engine.restart_if_dead():
@@ -137,7 +137,7 @@ class VLLMRollout:
             # Answered after an outage: the server may have restarted in between
             # and sampled from base weights without complaint (full-weight sync).
             if self.client.outages != outages and engine.weights_lost() and not last:
-                engine.reapply("the server came back without our weights")
+                engine.reapply("the server came back without our weights; re-applying the last weight sync")
                 continue
             return result
         raise AssertionError("unreachable")

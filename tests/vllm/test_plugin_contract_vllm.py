@@ -40,13 +40,13 @@ def write_config(tmp_path: Path, smollm2_dir: str, base_url: str, **aggregation:
         "output_dir": str(tmp_path / "out"),
         "vllm": {"api_key": "test-key-123"},
         "trl": {"use_vllm": True, "vllm_managed": False, "vllm_server_base_url": base_url, "num_generations": 4,
-                "max_completion_length": 12, "reward_funcs": ["parity_rewards.parity_reward"], "vllm_server_timeout": 60},
+                "max_completion_length": 12, "reward_funcs": ["alternating_rewards.alternating"], "vllm_server_timeout": 60},
         "plugins": {"weight_sync": "timed_full", "advantage_aggregation": "scaled_group",
                     "timed_full": {"folder": "my-weights"}, "scaled_group": {"scale": 0.5, **aggregation}},
     }  # fmt: skip
-    # a reward that varies within (almost) every group, so every step trains and syncs
-    (tmp_path / "parity_rewards.py").write_text(
-        "def parity_reward(completion_ids, **kwargs):\n    return [float(sum(ids) % 2) for ids in completion_ids]\n"
+    # a reward that varies within every group (0, 1, 0, 1), so every step trains and syncs
+    (tmp_path / "alternating_rewards.py").write_text(
+        "def alternating(completion_ids, **kwargs):\n    return [float(i % 2) for i in range(len(completion_ids))]\n"
     )
     path = tmp_path / "config.toml"
     path.write_text(tomli_w.dumps(cfg), encoding="utf-8")

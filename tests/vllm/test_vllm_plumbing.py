@@ -21,7 +21,7 @@ def test_server_spec_from_config(smollm2_dir, tmp_path, config_for):
     cfg = config_for(smollm2_dir, tmp_path)
     cfg.vllm.extra_args = ["--seed", "5"]
     cfg.lora_r = 12
-    spec = server_spec(cfg)
+    spec = server_spec(cfg, lora=True)
     argv = spec.argv
     assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert _arg(argv, "--model") == smollm2_dir and _arg(argv, "--served-model-name") == "base"
@@ -84,7 +84,7 @@ def test_rank_beyond_vllm_limit_is_a_config_error(smollm2_dir, tmp_path, config_
     cfg = config_for(smollm2_dir, tmp_path)
     cfg.lora_r = 1024
     with pytest.raises(ConfigError, match="lora_r"):
-        server_spec(cfg)
+        server_spec(cfg, lora=True)
 
 
 def test_commands_module_does_not_import_vllm():
