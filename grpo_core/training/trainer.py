@@ -10,7 +10,6 @@ correction and the PPO-clip loss, accumulate gradients, step, and every
 from __future__ import annotations
 
 import signal
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from grpo_core.loss import LossSettings, policy_loss
 from grpo_core.precision import resolve_precision
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.batch import MicroBatch, flatten, micro_batches
+from grpo_core.training.optim import advance_schedule
 from grpo_core.training.logging import MetricsLogger, print_completions
 from grpo_core.training.producer import ScoredBatch
 from grpo_core.training.timing import StepClock, dominant_phases
@@ -229,11 +229,7 @@ class GRPOTrainer:
                 grad_norm = float(norm)
                 self.parts.optimizer.step()
             lr = float(self.parts.scheduler.get_last_lr()[0])
-            with warnings.catch_warnings():
-                # A step whose micro-batches were all skipped still advances the
-                # schedule (it counts optimizer steps); torch warns about that order.
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
-                self.parts.scheduler.step()
+            advance_schedule(self.parts.scheduler)  # also on a step that trained nothing, without torch's warning
             self.parts.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.policy_version += int(trained > 0)

@@ -71,17 +71,23 @@ class ServerSpec:
         return f"http://{client_host(self.host)}:{self.port}"
 
 
-def cpu_has_fast_bf16() -> bool:
+def cpu_flags() -> str:
+    """The ``flags`` line(s) of /proc/cpuinfo ('' where it cannot be read)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def cpu_has_fast_bf16(flags: str | None = None) -> bool:
     """True when this x86 CPU computes bf16 natively (AVX512-BF16 or AMX).
 
     Without it vLLM's CPU backend emulates bf16 and generates several times
     slower than in float32 (21 vs 114 tokens/s for SmolLM2 on one core of an
-    AVX2 machine; benchmarks/RESULTS.md)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    AVX2 machine; benchmarks/RESULTS.md). ``flags`` is the cpuinfo text to
+    judge (tests pass a fake one); unset, this machine's."""
+    words = set((cpu_flags() if flags is None else flags).split())
+    return bool(words & {"avx512_bf16", "amx_bf16"})
 
 
 def cuda_available() -> bool:
@@ -89,11 +95,28 @@ def cuda_available() -> bool:
     return Path("/proc/driver/nvidia/version").exists() or bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip("-1 "))
 
 
-def resolve_dtype(dtype: str) -> str:
-    """``auto`` on a CPU without native bf16 means float32; else as given."""
-    if dtype == "auto" and not cuda_available() and not cpu_has_fast_bf16():
-        return "float32"
-    return dtype
+def resolve_dtype(dtype: str, flags: str | None = None, cuda: bool | None = None) -> str:
+    """The dtype vLLM is started with; explicit dtypes pass through.
+
+    ``auto`` on a GPU is left to vLLM. On a CPU it is decided here, never
+    left to vLLM (whose CPU backend picks bf16 for a fp32 checkpoint where
+    bf16 is native, so the same config would compute differently on two
+    machines without saying so):
+
+    - AVX2 only, or AVX512 without AVX512-BF16/AMX: ``float32`` (no native
+      bf16 arithmetic: measured 21 vs 114 tokens/s on an AVX2 core);
+    - AVX512-BF16 or AMX: ``bfloat16`` (native; the arithmetic example's
+      4x8x48-token batch in ~2 s, /work/shared/ENVIRONMENT.md). The trainer
+      keeps its own precision (``bf16``); the gap between the two is what
+      the importance-sampling correction is for. Set ``[vllm] dtype =
+      "float32"`` to sample at the trainer's float32 precision.
+
+    ``flags`` / ``cuda`` stand for this machine's when unset (tests fake them)."""
+    if dtype != "auto":
+        return dtype
+    if cuda_available() if cuda is None else cuda:
+        return dtype
+    return "bfloat16" if cpu_has_fast_bf16(flags) else "float32"
 
 
 def max_model_len(cfg: GRPOConfig) -> int:

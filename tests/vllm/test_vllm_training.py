@@ -50,7 +50,7 @@ def run_config(smollm2_dir: str, out: Path, base_url: str | None, **trl: object)
         "lr_scheduler": "constant",
         "output_dir": str(out),
         "seed": 3,
-        "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "auto", "max_model_len": 512,
+        "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "float32", "max_model_len": 512,  # the trainer's precision
                  "cpu_kvcache_space": 1, "api_key": "test-key-123"},  # the shared server's key
         "trl": trl_table,
     }  # fmt: skip
