@@ -18,7 +18,8 @@ class VersionStampingProducer:
     version current when generation *started* (as the real one does)."""
 
     def __init__(self, fail_at: int | None = None) -> None:
-        self.cfg = SimpleNamespace(trl=SimpleNamespace(num_iterations=1))
+        self.cfg = SimpleNamespace(micro_batch_size=1, gradient_accumulation_steps=1,
+                                   trl=SimpleNamespace(num_iterations=1, generation_batch_size=None, steps_per_generation=None))
         self.version = 0
         self.lock = threading.Lock()
         self.calls = 0

@@ -63,16 +63,24 @@ def metrics(out: Path) -> list[dict]:
 PARITY_REWARD = """
 def parity_reward(completion_ids, **kwargs):
     return [float(sum(ids) % 2) for ids in completion_ids]
+
+def math_verified(completions, answer, **kwargs):
+    # The reference's recommended reward (math-verify uses signal.alarm)
+    from math_verify import parse, verify
+    return [1.0 if verify(parse(a), parse(c[0]["content"])) else 0.0 for c, a in zip(completions, answer)]
 """
 
 
 def test_async_prefetch_streaming_lora_sync(vllm_server, smollm2_dir: str, tmp_path: Path, monkeypatch) -> None:
-    # a reward that varies within (almost) every group, so every step trains
+    # a reward that varies within (almost) every group, so every step trains;
+    # and math-verify, which must work under async prefetch with no setting
+    pytest.importorskip("math_verify")  # in the test extra
     (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = validate(
         run_config(
-            smollm2_dir, tmp_path / "run", vllm_server.base_url, reward_funcs=["parity_rewards.parity_reward"],
+            smollm2_dir, tmp_path / "run", vllm_server.base_url,
+            reward_funcs=["parity_rewards.parity_reward", "parity_rewards.math_verified"],
             vllm_lora_sync=True, use_data_producer=True, async_prefetch=True, prefetch_depth=1,
             streaming_partial_batch=True, streaming_min_groups=1, vllm_importance_sampling_correction=True,
         )
@@ -80,6 +88,7 @@ def test_async_prefetch_streaming_lora_sync(vllm_server, smollm2_dir: str, tmp_p
     assert run_training(cfg) == "completed"
     records = metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(0.0 <= r["rewards/math_verified/mean"] <= 1.0 for r in records)  # scored, in a worker process
     # sampler log-probs came back and were compared with the trainer's
     assert all("is/importance_sampling_ratio/mean" in r for r in records)
     assert all(0.3 < r["is/importance_sampling_ratio/mean"] < 3.0 for r in records)
