@@ -114,7 +114,11 @@ class GRPOTrainer:
 
     def save(self) -> Path:
         extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
-        extra["pending_batch"] = self._batch if self._batch is not None and self.step % self.steps_per_batch else None
+        pending = self._batch is not None and self.step % self.steps_per_batch
+        extra["pending_batch"] = self._batch if pending else None
+        # The policy the pending batch's updates started from is gone once
+        # the weights moved: keep its log-probs, or a resumed PPO ratio is 1.
+        extra["pending_old_logps"] = [mb.old_logps for mb in self._micro] if pending else None
         return ckpt.save_checkpoint(
             self.output_dir,
             self.step,
@@ -141,7 +145,7 @@ class GRPOTrainer:
                 obj.load_state_dict(extra[name])
         pending = extra.get("pending_batch")
         if pending is not None:
-            self._set_batch(pending)
+            self._set_batch(pending, old_logps=extra.get("pending_old_logps"))
 
     # ---------------------------------------------------------------- pieces
 
@@ -160,7 +164,7 @@ class GRPOTrainer:
             )
         return logps.float(), None if entropy is None else entropy.float()
 
-    def _set_batch(self, batch: ScoredBatch) -> None:
+    def _set_batch(self, batch: ScoredBatch, old_logps: list[torch.Tensor | None] | None = None) -> None:
         self._batch = batch
         self._stream_state = batch.stream_state
         samples = flatten(batch.groups)
@@ -171,7 +175,10 @@ class GRPOTrainer:
         self._micro = [mb for part in self._micro_per_step for mb in part]
         self._num_items = float(sum(mb.completion_mask.sum() for mb in self._micro))
         model = self.parts.model
-        if self.steps_per_batch > 1:
+        if old_logps is not None:  # a resumed pending batch: as saved
+            for mb, saved in zip(self._micro, old_logps, strict=True):
+                mb.old_logps = saved
+        elif self.steps_per_batch > 1:
             # Log-probs of the policy that the batch's updates start from: the
             # denominator of the PPO ratio in every later step on this batch.
             with torch.no_grad():
