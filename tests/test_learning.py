@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -168,3 +169,47 @@ def test_num_iterations_takes_old_logps_once_per_batch(workdir: Path, tiny_dir: 
     assert clip[0] == 0.0 and clip[2] == 0.0, clip  # first iteration of each batch: ratio exactly 1
     assert clip[1] > 0.05 and clip[3] > 0.05, clip  # second: the policy moved since the old log-probs
     assert "reward" in rows[0] and "reward" not in rows[1]  # one generation per two steps
+
+
+def test_ref_model_sync_steps_moves_the_reference_to_the_policy(workdir: Path, tiny_dir: str) -> None:
+    """sync_ref_model with alpha 1 every 2 steps: the reference becomes the
+    policy after steps 2 and 4, so KL is ~0 again on steps 3 and 5 (first
+    forward after the copy) and positive on the steps in between."""
+    cfg = config(workdir, tiny_dir, "refsync", beta=0.1, sync_ref_model=True, ref_model_mixup_alpha=1.0,
+                 ref_model_sync_steps=2, max_steps=5)  # fmt: skip
+    assert run_training(cfg) == "completed"
+    kl = [r["kl"] for r in metrics(Path(cfg.output_dir))]
+    assert kl[0] == pytest.approx(0.0, abs=1e-7) and kl[2] == pytest.approx(0.0, abs=1e-7) and kl[4] == pytest.approx(0.0, abs=1e-7), kl
+    assert kl[1] > 1e-4 and kl[3] > 1e-4, kl
+
+
+def test_replay_recompute_logps_gives_replayed_rows_no_is_weight(tmp_path: Path) -> None:
+    """A replayed row was sampled by an old policy: with
+    replay_recompute_logps its ratio is taken against fresh log-probs and the
+    sampler's stale log-probs neither weight nor mask it; without, the
+    IS correction (token_mask, cap 3) masks its far-off tokens. The real
+    is_correction implementation, loaded through the plugin host."""
+    from grpo_core.context import RunContext
+    from grpo_core.plugin_host import PluginHost
+    from grpo_core.training.batch import Sample, collate
+    from grpo_core.training.trainer import GRPOTrainer
+
+    def weights(recompute: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = validate({"base_model": "unused/model", "trl": {"reward_funcs": ["x.y"], "vllm_importance_sampling_correction": True,
+                        "vllm_importance_sampling_mode": "token_mask", "replay_recompute_logps": recompute}})  # fmt: skip
+        host = PluginHost()
+        host.load_implementation("is_correction", "token_mask", RunContext(config=cfg, output_dir=tmp_path))
+        trainer = GRPOTrainer.__new__(GRPOTrainer)  # only _is_weights is exercised: no model needed
+        trainer.p, trainer.trl, trainer.device = SimpleNamespace(hook=host.hook), cfg.trl, torch.device("cpu")
+        fresh = Sample([1], [2, 3], 1.0, sampler_logps=[-0.1, -0.2])
+        stale = Sample([1], [4, 5], -1.0, sampler_logps=[-5.0, -6.0], replayed=True)
+        mb = collate([fresh, stale], pad_id=0, mask_truncated=False)
+        trainer_logps = torch.tensor([[-0.1, -0.2], [-0.1, -0.1]])
+        w, mask = trainer._is_weights(mb, trainer_logps, {})
+        return w, mask
+
+    w, mask = weights(recompute=True)
+    assert torch.equal(w[1], torch.ones(2)) and torch.equal(mask[1], torch.ones(2))
+    assert torch.allclose(w[0], torch.ones(2))  # the fresh row: ratio exp(0) = 1
+    w, mask = weights(recompute=False)
+    assert torch.equal(w[1], torch.zeros(2))  # ratio e^4.9, e^5.9 > cap: masked
