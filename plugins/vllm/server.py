@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import ipaddress
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -244,6 +245,44 @@ def _set_parent_death_signal() -> None:
         pass
 
 
+_SPAWN_QUEUE: queue.SimpleQueue[tuple[Callable[[], object], list[tuple[bool, object]], threading.Event]] | None = None
+_SPAWN_LOCK = threading.Lock()
+
+
+def _spawner_loop(jobs: queue.SimpleQueue) -> None:
+    while True:
+        job, box, done = jobs.get()
+        try:
+            box.append((True, job()))
+        except BaseException as exc:  # handed back to the caller
+            box.append((False, exc))
+        done.set()
+
+
+def _in_lifelong_thread(job: Callable[[], object]) -> object:
+    """Run ``job`` in one daemon thread that lives as long as this process.
+
+    Linux's parent-death signal fires when the *thread* that started the
+    child exits, not the process. A server (re)started from a short-lived
+    thread (the prefetch thread restarting a dead server) would either be
+    killed when that thread ends, or, without the signal, orphaned when grpo
+    is SIGKILLed. Started from this thread, it dies exactly with the process."""
+    global _SPAWN_QUEUE
+    with _SPAWN_LOCK:
+        if _SPAWN_QUEUE is None:
+            _SPAWN_QUEUE = queue.SimpleQueue()
+            threading.Thread(target=_spawner_loop, args=(_SPAWN_QUEUE,), name="grpo-server-spawner", daemon=True).start()
+        jobs = _SPAWN_QUEUE
+    box: list[tuple[bool, object]] = []
+    done = threading.Event()
+    jobs.put((job, box, done))
+    done.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value  # type: ignore[misc]
+    return value
+
+
 _LIVE: weakref.WeakSet[ManagedServer] = weakref.WeakSet()
 
 
@@ -287,17 +326,22 @@ class ManagedServer:
                 out: IO[bytes] | None = self._log_file
             else:
                 out = None
+
+            def launch() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(  # noqa: S603 - our own interpreter, args from config
+                    self.spec.argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out is not None else None,
+                    start_new_session=True,  # own process group: stop() reaches the engine core too
+                    preexec_fn=_set_parent_death_signal,
+                )
+
+            # The death signal is tied to the starting thread: the main thread
+            # lives as long as the process; any other hands the start to one that does.
             in_main = threading.current_thread() is threading.main_thread()
-            self.process = subprocess.Popen(  # noqa: S603 - our own interpreter, args from config
-                self.spec.argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT if out is not None else None,
-                start_new_session=True,  # own process group: stop() reaches the engine core too
-                # The death signal fires when the starting *thread* exits, so only use it from the main thread.
-                preexec_fn=_set_parent_death_signal if in_main else None,
-            )
+            self.process = launch() if in_main else _in_lifelong_thread(launch)  # type: ignore[assignment]
             _LIVE.add(self)
             where = f", log: {self.log_path}" if self.log_path else ""
             self.log(f"vLLM: starting server (pid {self.process.pid}) at {self.base_url}{where}")
