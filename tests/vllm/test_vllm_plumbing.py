@@ -71,9 +71,11 @@ def test_auto_dtype_reaches_the_server_command(smollm2_dir, tmp_path, config_for
     import grpo_plugins.vllm.server as server
 
     monkeypatch.setattr(server, "cuda_available", lambda: False)
+    cfg = config_for(smollm2_dir, tmp_path)
+    cfg.vllm.dtype = "auto"  # the shared test config states float32
     for flags, expected in CPU_CLASSES.values():
         monkeypatch.setattr(server, "cpu_flags", lambda flags=flags: flags)
-        assert _arg(server_spec(config_for(smollm2_dir, tmp_path)).argv, "--dtype") == expected
+        assert _arg(server_spec(cfg).argv, "--dtype") == expected
 
 
 def test_cpu_core_defaults(smollm2_dir, tmp_path, config_for):

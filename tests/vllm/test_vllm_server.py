@@ -218,12 +218,16 @@ def test_nothing_listening_gives_clear_engine_unavailable():
 # ---------------------------------------------------------------------- restart (last: kills the server)
 
 
-def test_server_restart_mid_run_is_survived(make_context, prompts, peft_model, vllm_server):
+@pytest.mark.parametrize("sync", ["lora", "merged"])
+def test_server_restart_mid_run_is_survived(make_context, prompts, peft_model, vllm_server, sync):
+    """The server dies and comes back (from another thread) with its base
+    weights; the next rollout re-applies the last sync before sampling:
+    the LoRA adapter, or the merged weights (the default sync)."""
     if vllm_server.process is None:
         pytest.skip("the server is not owned by the tests (GRPO_TEST_VLLM_PORT)")
-    ctx = make_context(vllm_server_timeout=300)
+    ctx = make_context(vllm_server_timeout=300, vllm_lora_sync=sync == "lora")
     rollout = VLLMRollout(ctx)
-    LoraFilesystemSync(ctx).grpo_sync_weights(peft_model, 1, rollout.engine)
+    (LoraFilesystemSync if sync == "lora" else FullFilesystemSync)(ctx).grpo_sync_weights(peft_model, 1, rollout.engine)
     sampling = SamplingSettings(max_tokens=8, seed=4)
     rollout.grpo_rollout_generate(prompts, 2, sampling, 1)
 
@@ -235,7 +239,8 @@ def test_server_restart_mid_run_is_survived(make_context, prompts, peft_model, v
     groups = rollout.grpo_rollout_generate(prompts, 2, sampling, 1)
     restarter.join()
     assert any("re-applying the last weight sync" in line for line in ctx.logs)
-    assert "policy" in [m["id"] for m in rollout.client.models()]
+    if sync == "lora":
+        assert "policy" in [m["id"] for m in rollout.client.models()]
     err = mean_abs_diff(groups, peft_model)
     with peft_model.disable_adapter():
         base_err = mean_abs_diff(groups, peft_model)
