@@ -339,7 +339,10 @@ def summary(cfg: GRPOConfig) -> str:
     from grpo_core.precision import resolve_precision
 
     trl = cfg.trl
-    batch = trl.generation_batch_size or cfg.micro_batch_size * cfg.gradient_accumulation_steps
+    from grpo_core.training.batch import generation_batch_size, steps_per_generation
+
+    batch = generation_batch_size(cfg)
+    per_generation = steps_per_generation(cfg)
     funcs = trl.reward_funcs or []
     weights = trl.reward_weights or [1.0] * len(funcs)
     lines = [
@@ -347,7 +350,8 @@ def summary(cfg: GRPOConfig) -> str:
         "datasets:     " + (", ".join(f"{d.path}[{d.split}]" for d in cfg.datasets) or "none"),
         f"steps:        {cfg.max_steps} x {batch} completions "
         f"({batch // max(1, int(trl.num_generations or 1))} prompts x {trl.num_generations} generations), "
-        f"micro_batch_size {cfg.micro_batch_size}, gradient_accumulation_steps {cfg.gradient_accumulation_steps}",
+        f"micro_batch_size {cfg.micro_batch_size}, gradient_accumulation_steps {cfg.gradient_accumulation_steps}"
+        + (f", {per_generation} optimizer steps per generation" if per_generation > 1 else ""),
         f"optimizer:    {cfg.optimizer}, lr {cfg.learning_rate:g}, {cfg.lr_scheduler}, warmup {cfg.warmup_steps}",
         f"generation:   max_completion_length {trl.max_completion_length}, max_prompt_length {trl.max_prompt_length}, "
         f"temperature {trl.temperature}, top_p {trl.top_p}",

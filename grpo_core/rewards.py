@@ -13,7 +13,9 @@ Where the functions run:
 * in this process (default): synchronous functions one after another in the
   calling thread, ``async def`` functions concurrently on one event loop;
 * in subprocess workers when ``trl.reward_num_workers > 1`` or
-  ``trl.reward_timeout`` is set (see :mod:`grpo_core.reward_workers`): each
+  ``trl.reward_timeout`` is set, or ``trl.async_prefetch`` is on (scoring in
+  a background thread; see :func:`uses_workers` and
+  :mod:`grpo_core.reward_workers`): each
   worker resolves the specs itself and runs them in its own main thread, so
   ``signal.alarm`` works, and a worker that overruns the timeout is killed.
 
@@ -261,6 +263,18 @@ def required_columns(func: Callable[..., Any]) -> list[str]:
     ]
 
 
+def uses_workers(cfg: GRPOConfig) -> bool:
+    """Whether reward functions run in subprocess workers.
+
+    Asked for with ``reward_num_workers > 1`` or ``reward_timeout``; also
+    chosen, with no setting, when ``async_prefetch`` is on: scoring then
+    happens in the prefetch thread, where ``signal.alarm`` raises
+    (math_verify's ``parse`` refuses to run there), while a worker runs the
+    functions in its own main thread."""
+    trl = cfg.trl
+    return trl.reward_num_workers > 1 or trl.reward_timeout is not None or bool(trl.async_prefetch)
+
+
 def _function_name(func: Any, spec: str) -> str:
     name = getattr(func, "__name__", None)
     return name if isinstance(name, str) and name else spec
@@ -288,10 +302,13 @@ class RewardScorer:
         self.timeout = cfg.trl.reward_timeout
         self._pool: Any = None
         self._num_workers = cfg.trl.reward_num_workers
-        if self._num_workers > 1 or self.timeout is not None:
+        if uses_workers(cfg):
             from grpo_core.reward_workers import WorkerPool
 
             self._pool = WorkerPool(cfg, specs, self.names, host.allow, max(1, self._num_workers), self.timeout)
+            if cfg.trl.async_prefetch and self._num_workers <= 1 and self.timeout is None:
+                context.log("reward functions run in a worker process: async_prefetch scores in a background thread, "
+                            "where signal.alarm (e.g. math_verify) cannot work")
 
     # ------------------------------------------------------------------ checks
 

@@ -18,7 +18,8 @@ class VersionStampingProducer:
     version current when generation *started* (as the real one does)."""
 
     def __init__(self, fail_at: int | None = None) -> None:
-        self.cfg = SimpleNamespace(trl=SimpleNamespace(num_iterations=1))
+        self.cfg = SimpleNamespace(micro_batch_size=1, gradient_accumulation_steps=1,
+                                   trl=SimpleNamespace(num_iterations=1, generation_batch_size=None, steps_per_generation=None))
         self.version = 0
         self.lock = threading.Lock()
         self.calls = 0
@@ -72,3 +73,19 @@ def test_prompt_stream_resumes_where_it_stopped() -> None:
     b.load_state_dict(state)
     assert [p.prompt for p in b.take(6)] == rest
     assert sorted(first[:5]) == [str(i) for i in range(5)]  # each epoch is a permutation
+
+
+def test_sampling_options_reach_the_engine_fields() -> None:
+    """trl.top_p / min_p / repetition_penalty / top_k go from the config into
+    what vLLM is asked for (their effect on real sampling:
+    tests/vllm/test_vllm_server.py::test_sampling_settings_reach_the_server)."""
+    from grpo_core.config.loader import validate
+    from grpo_core.training.producer import sampling_from_config
+    from grpo_plugins.vllm.sampling import sampling_fields
+
+    cfg = validate({"base_model": "unused/model", "trl": {"reward_funcs": ["x.y"], "top_p": 0.9, "min_p": 0.05,
+                    "repetition_penalty": 1.3, "top_k": 20, "temperature": 0.7}})  # fmt: skip
+    fields = sampling_fields(sampling_from_config(cfg, [2]), n=4, call_index=0)
+    assert {k: fields[k] for k in ("top_p", "min_p", "repetition_penalty", "top_k", "temperature", "n")} == {
+        "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.3, "top_k": 20, "temperature": 0.7, "n": 4}
+    assert fields["stop_token_ids"] == [2]

@@ -82,6 +82,12 @@ def needs_reference(completions, reference, **kwargs):
 def abstains(completions, **kwargs):
     return [None] * len(completions)
 
+def math_verified(completions, answer, **kwargs):
+    # The reference's recommended reward: math-verify (signal.alarm inside parse/verify).
+    from math_verify import parse, verify
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [1.0 if verify(parse(a), parse(t)) else 0.0 for t, a in zip(texts, answer)]
+
 NOT_CALLABLE = 3
 '''
 
@@ -259,6 +265,31 @@ def test_signal_alarm_fails_off_the_main_thread(reward_dir):
     thread.start()
     thread.join()
     assert "signal only works in main thread" in errors[0]
+
+
+def test_async_prefetch_runs_math_verify_with_no_setting(reward_dir, tmp_path):
+    """With async_prefetch the producer scores in its background thread;
+    math_verify there raises ("doesn't support threaded environment"). grpo
+    picks a worker process by itself, with no reward setting given."""
+    import threading
+
+    pytest.importorskip("math_verify")  # in the test extra
+    with scorer_for([M + "math_verified"], tmp_path, async_prefetch=True) as scorer:
+        box = []
+        scoring = groups([["The answer is $\\frac{1}{2}$", "0.5", "2"], ["$4$", "five"]], answers=["1/2", "4"])
+
+
+        def score() -> None:
+            try:
+                box.append(scorer.score(scoring, step=0))
+            except RewardError as exc:
+                box.append(str(exc))
+
+        thread = threading.Thread(target=score)
+        thread.start()
+        thread.join()
+        assert box == [[[[1.0], [1.0], [0.0]], [[1.0], [0.0]]]], box
+        assert scorer._pool is not None
 
 
 def _score_or_error(scorer):

@@ -80,7 +80,18 @@ def _generation_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) 
             "per prompt (8 is typical)."
         )
         return
-    if trl.generation_batch_size is not None:
+    step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
+    if trl.generation_batch_size is not None and trl.steps_per_generation is not None:
+        errors.append(
+            f"trl.generation_batch_size = {trl.generation_batch_size} and trl.steps_per_generation = "
+            f"{trl.steps_per_generation} are both set: they say the same thing (generation_batch_size = "
+            "micro_batch_size x steps_per_generation), so set only one, as in TRL."
+        )
+        return
+    if trl.steps_per_generation is not None:
+        batch = cfg.micro_batch_size * trl.steps_per_generation
+        source = f"micro_batch_size ({cfg.micro_batch_size}) x trl.steps_per_generation ({trl.steps_per_generation}) = {batch}"
+    elif trl.generation_batch_size is not None:
         batch, source = trl.generation_batch_size, f"trl.generation_batch_size = {trl.generation_batch_size}"
     else:
         batch = cfg.micro_batch_size * cfg.gradient_accumulation_steps
@@ -88,9 +99,25 @@ def _generation_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) 
             f"micro_batch_size ({cfg.micro_batch_size}) x gradient_accumulation_steps "
             f"({cfg.gradient_accumulation_steps}) = {batch}"
         )
+    if batch % step:
+        # TRL's meaning: one generation feeds batch / step optimizer steps. A
+        # generation smaller than a step, or one that ends inside a step, is
+        # TRL-legal but not built here: refused by name, never reinterpreted.
+        key = "trl.steps_per_generation" if trl.steps_per_generation is not None else "trl.generation_batch_size"
+        multiple = max(1, batch // step) * step
+        value = multiple // cfg.micro_batch_size if key == "trl.steps_per_generation" else multiple
+        errors.append(
+            f"the generation batch, {source} completions, is not a multiple of micro_batch_size x "
+            f"gradient_accumulation_steps = {step}: each generation must feed a whole number of optimizer steps "
+            f"(a generation smaller than a step, or one ending inside a step, is not supported). Set {key} = {value} "
+            f"({multiple // step} step(s) per generation), or change gradient_accumulation_steps."
+        )
     if batch % n:
         fits = ", ".join(str(d) for d in _divisors(batch)) or "none"
-        if trl.generation_batch_size is not None:
+        if trl.steps_per_generation is not None:
+            k = n // _gcd(n, cfg.micro_batch_size)  # micro_batch_size x steps_per_generation divisible by n
+            fix = f"trl.steps_per_generation = {-(-trl.steps_per_generation // k) * k}"
+        elif trl.generation_batch_size is not None:
             fix = f"trl.generation_batch_size = {max(1, batch // n) * n}"
         else:
             fix = f"gradient_accumulation_steps = {n // _gcd(n, cfg.micro_batch_size)}"

@@ -1,8 +1,12 @@
 """From scored groups to padded tensors.
 
-A generation batch becomes micro-batches of ``micro_batch_size``
-completions. Completions are sorted by length first, so each micro-batch
-pads to a similar length: on CPU the padding is pure wasted compute.
+A generation batch feeds ``steps_per_generation(cfg)`` optimizer steps
+(TRL's meaning of ``generation_batch_size`` / ``steps_per_generation``):
+its completions are cut, in order, into that many equal slices, one per
+step, and each slice into ``gradient_accumulation_steps`` micro-batches of
+``micro_batch_size``. Within a slice completions are sorted by length first,
+so each micro-batch pads to a similar length: on CPU the padding is pure
+wasted compute.
 """
 
 from __future__ import annotations
@@ -11,7 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
+from typing import TYPE_CHECKING
+
 from grpo_core.types import ScoredGroup
+
+if TYPE_CHECKING:
+    from grpo_core.config.schema import GRPOConfig
 
 
 @dataclass
@@ -106,3 +115,32 @@ def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int, mas
         collate(ordered[i : i + micro_batch_size], pad_id, mask_truncated)
         for i in range(0, len(ordered), micro_batch_size)
     ]
+
+
+def generation_batch_size(cfg: GRPOConfig) -> int:
+    """Completions per generation: ``trl.generation_batch_size``, else
+    ``micro_batch_size x trl.steps_per_generation`` (default
+    ``gradient_accumulation_steps``), as TRL on one process."""
+    trl = cfg.trl
+    if trl.generation_batch_size is not None:
+        return int(trl.generation_batch_size)
+    return cfg.micro_batch_size * int(trl.steps_per_generation or cfg.gradient_accumulation_steps)
+
+
+def steps_per_generation(cfg: GRPOConfig) -> int:
+    """Optimizer steps one generation batch feeds, per iteration. The config
+    checks refuse a generation batch that is not a whole number (>= 1) of
+    optimizer steps, so this divides exactly."""
+    return max(1, generation_batch_size(cfg) // (cfg.micro_batch_size * cfg.gradient_accumulation_steps))
+
+
+def steps_per_batch(cfg: GRPOConfig) -> int:
+    """Optimizer steps between two generations: every slice, ``num_iterations`` times."""
+    return steps_per_generation(cfg) * int(cfg.trl.num_iterations or 1)
+
+
+def step_slices(samples: list[Sample], steps: int) -> list[list[Sample]]:
+    """``samples`` cut, in order, into ``steps`` slices of equal size (the
+    last takes any remainder), one per optimizer step."""
+    size = len(samples) // steps
+    return [samples[i * size : (i + 1) * size if i < steps - 1 else len(samples)] for i in range(steps)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from typing import Any
 
 import torch
@@ -56,3 +58,18 @@ def build_scheduler(cfg: GRPOConfig, optimizer: torch.optim.Optimizer) -> Any:
 
     warmup = cfg.warmup_steps or int((cfg.warmup_ratio or 0.0) * cfg.max_steps)
     return get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=cfg.max_steps)
+
+
+STEP_ORDER_WARNING = re.escape("Detected call of `lr_scheduler.step()` before `optimizer.step()`")
+
+
+def advance_schedule(scheduler: Any) -> None:
+    """Step the learning-rate schedule once per optimizer step, trained or not.
+
+    A step whose micro-batches were all skipped (no advantage signal) still
+    counts, so the schedule stays a function of the step number (and a
+    resumed run lines up). torch then warns that the scheduler stepped
+    before the optimizer: true, and intended, so the user never sees it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=STEP_ORDER_WARNING)
+        scheduler.step()

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from grpo_core.config.schema import GRPOConfig
+from grpo_core.training.batch import steps_per_batch
 from grpo_core.types import Prompt, RolloutGroup, SamplingSettings, ScoredGroup, TrainingProgress
 
 
@@ -292,7 +293,7 @@ class PrefetchingProducer:
 
     def produce(self, progress: TrainingProgress) -> ScoredBatch:
         if self._thread is None:
-            self.start(progress.step // max(1, int(self.inner.cfg.trl.num_iterations)))
+            self.start(progress.step // steps_per_batch(self.inner.cfg))
         while True:
             try:
                 item = self._queue.get(timeout=1.0)

@@ -22,6 +22,7 @@ from grpo_core.errors import PluginError, StorageError, TrainingInterrupted
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, chosen_implementations, declared
 from grpo_core.plugin_host import ERROR_LOG, PluginHost
 from grpo_core.training import checkpoint as ckpt
+from grpo_core.training.batch import generation_batch_size, steps_per_batch
 from grpo_core.training.producer import PrefetchingProducer, PromptStream, RolloutProducer, sampling_from_config
 from grpo_core.types import Checkpointable, InferenceEngine, TrainingProgress
 
@@ -40,7 +41,7 @@ def apply_precision_flags(cfg: GRPOConfig) -> None:
 
 
 def prompts_per_batch(cfg: GRPOConfig) -> int:
-    generation_batch = cfg.trl.generation_batch_size or cfg.micro_batch_size * cfg.gradient_accumulation_steps
+    generation_batch = generation_batch_size(cfg)
     return max(1, generation_batch // int(cfg.trl.num_generations))  # type: ignore[arg-type]
 
 
@@ -113,8 +114,8 @@ def _make_producer(cfg: GRPOConfig, host: PluginHost, scorer: Any, stream: Promp
         producer = PrefetchingProducer(
             producer,
             int(cfg.trl.prefetch_depth or 1),
-            # batch k is consumed at optimizer step k * num_iterations
-            progress_of=lambda k: TrainingProgress(step=k * int(cfg.trl.num_iterations), max_steps=cfg.max_steps),
+            # batch k is consumed at optimizer step k * steps_per_batch
+            progress_of=lambda k: TrainingProgress(step=k * steps_per_batch(cfg), max_steps=cfg.max_steps),
         )
     return producer
 

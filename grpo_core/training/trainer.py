@@ -1,7 +1,8 @@
 """The consumer side of the loop: scored batches in, optimizer steps out.
 
 Per optimizer step: take a scored batch from the producer (a fresh one every
-``num_iterations`` steps), split it into micro-batches of similar length,
+``steps_per_generation x num_iterations`` steps, TRL's schedule), take this
+step's slice of it, split into micro-batches of similar length,
 compute log-probs (chunked over the LM head), the importance-sampling
 correction and the PPO-clip loss, accumulate gradients, step, and every
 ``vllm_sync_interval`` steps push the weights to the inference engine.
@@ -10,7 +11,6 @@ correction and the PPO-clip loss, accumulate gradients, step, and every
 from __future__ import annotations
 
 import signal
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,8 @@ from grpo_core.logprobs import token_logprobs
 from grpo_core.loss import LossSettings, policy_loss
 from grpo_core.precision import resolve_precision
 from grpo_core.training import checkpoint as ckpt
-from grpo_core.training.batch import MicroBatch, flatten, micro_batches
+from grpo_core.training.batch import MicroBatch, flatten, micro_batches, step_slices, steps_per_batch, steps_per_generation
+from grpo_core.training.optim import advance_schedule
 from grpo_core.training.logging import MetricsLogger, print_completions
 from grpo_core.training.producer import ScoredBatch
 from grpo_core.training.timing import StepClock, dominant_phases
@@ -90,6 +91,9 @@ class GRPOTrainer:
         self.skipped_zero_adv_batches = 0
         self._batch: ScoredBatch | None = None
         self._micro: list[MicroBatch] = []
+        self._micro_per_step: list[list[MicroBatch]] = []
+        self.steps_per_generation = steps_per_generation(cfg)
+        self.steps_per_batch = steps_per_batch(cfg)
         self._num_items = 0.0
         self._stream_state: dict[str, Any] = {}
         self.pad_id = int(parts.tokenizer.pad_token_id)
@@ -110,7 +114,11 @@ class GRPOTrainer:
 
     def save(self) -> Path:
         extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
-        extra["pending_batch"] = self._batch if self._batch is not None and self.step % int(self.trl.num_iterations) else None
+        pending = self._batch is not None and self.step % self.steps_per_batch
+        extra["pending_batch"] = self._batch if pending else None
+        # The policy the pending batch's updates started from is gone once
+        # the weights moved: keep its log-probs, or a resumed PPO ratio is 1.
+        extra["pending_old_logps"] = [mb.old_logps for mb in self._micro] if pending else None
         return ckpt.save_checkpoint(
             self.output_dir,
             self.step,
@@ -137,7 +145,7 @@ class GRPOTrainer:
                 obj.load_state_dict(extra[name])
         pending = extra.get("pending_batch")
         if pending is not None:
-            self._set_batch(pending)
+            self._set_batch(pending, old_logps=extra.get("pending_old_logps"))
 
     # ---------------------------------------------------------------- pieces
 
@@ -156,16 +164,23 @@ class GRPOTrainer:
             )
         return logps.float(), None if entropy is None else entropy.float()
 
-    def _set_batch(self, batch: ScoredBatch) -> None:
+    def _set_batch(self, batch: ScoredBatch, old_logps: list[torch.Tensor | None] | None = None) -> None:
         self._batch = batch
         self._stream_state = batch.stream_state
         samples = flatten(batch.groups)
-        self._micro = micro_batches(samples, self.cfg.micro_batch_size, self.pad_id, self.trl.mask_truncated_completions)
+        self._micro_per_step = [
+            micro_batches(part, self.cfg.micro_batch_size, self.pad_id, self.trl.mask_truncated_completions)
+            for part in step_slices(samples, self.steps_per_generation)
+        ]
+        self._micro = [mb for part in self._micro_per_step for mb in part]
         self._num_items = float(sum(mb.completion_mask.sum() for mb in self._micro))
         model = self.parts.model
-        if int(self.trl.num_iterations) > 1:
+        if old_logps is not None:  # a resumed pending batch: as saved
+            for mb, saved in zip(self._micro, old_logps, strict=True):
+                mb.old_logps = saved
+        elif self.steps_per_batch > 1:
             # Log-probs of the policy that the batch's updates start from: the
-            # denominator of the PPO ratio in every later iteration.
+            # denominator of the PPO ratio in every later step on this batch.
             with torch.no_grad():
                 for mb in self._micro:
                     mb.old_logps = self._forward(model, mb, with_entropy=False)[0].detach()
@@ -197,7 +212,7 @@ class GRPOTrainer:
         model = self.parts.model
         model.train()
         clock = self.clock = StepClock()
-        fresh = self._batch is None or self.step % int(trl.num_iterations) == 0
+        fresh = self._batch is None or self.step % self.steps_per_batch == 0
         if fresh:
             with clock.phase("rollout"):
                 produced = self.parts.producer.produce(self.progress())
@@ -209,8 +224,9 @@ class GRPOTrainer:
         num_tokens = 0
         trained = 0
         loss_total = 0.0
-        accumulation_steps = max(1, len(self._micro))
-        for mb in self._micro:
+        step_micro = self._micro_per_step[self.step % self.steps_per_generation]
+        accumulation_steps = max(1, len(step_micro))
+        for mb in step_micro:
             if trl.skip_zero_advantage_batches and not mb.has_signal and float(trl.beta) == 0:
                 self.skipped_zero_adv_batches += 1
                 continue
@@ -229,11 +245,7 @@ class GRPOTrainer:
                 grad_norm = float(norm)
                 self.parts.optimizer.step()
             lr = float(self.parts.scheduler.get_last_lr()[0])
-            with warnings.catch_warnings():
-                # A step whose micro-batches were all skipped still advances the
-                # schedule (it counts optimizer steps); torch warns about that order.
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
-                self.parts.scheduler.step()
+            advance_schedule(self.parts.scheduler)  # also on a step that trained nothing, without torch's warning
             self.parts.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.policy_version += int(trained > 0)
@@ -254,7 +266,8 @@ class GRPOTrainer:
             ref_logps=mb.ref_logps,
             is_weights=is_weights,
             entropy=entropy,
-            num_items_in_batch=self._num_items,
+            # TRL's dapo/cispo normaliser: the generation batch's tokens, rescaled to one step
+            num_items_in_batch=self._num_items / self.steps_per_generation,
             sampler_logps=None if mb.sampler_logps is None else mb.sampler_logps.to(self.device),
             accumulation_steps=accumulation_steps,
         )

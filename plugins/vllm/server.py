@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import ipaddress
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -71,17 +72,23 @@ class ServerSpec:
         return f"http://{client_host(self.host)}:{self.port}"
 
 
-def cpu_has_fast_bf16() -> bool:
+def cpu_flags() -> str:
+    """The ``flags`` line(s) of /proc/cpuinfo ('' where it cannot be read)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def cpu_has_fast_bf16(flags: str | None = None) -> bool:
     """True when this x86 CPU computes bf16 natively (AVX512-BF16 or AMX).
 
     Without it vLLM's CPU backend emulates bf16 and generates several times
     slower than in float32 (21 vs 114 tokens/s for SmolLM2 on one core of an
-    AVX2 machine; benchmarks/RESULTS.md)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    AVX2 machine; benchmarks/RESULTS.md). ``flags`` is the cpuinfo text to
+    judge (tests pass a fake one); unset, this machine's."""
+    words = set((cpu_flags() if flags is None else flags).split())
+    return bool(words & {"avx512_bf16", "amx_bf16"})
 
 
 def cuda_available() -> bool:
@@ -89,11 +96,28 @@ def cuda_available() -> bool:
     return Path("/proc/driver/nvidia/version").exists() or bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip("-1 "))
 
 
-def resolve_dtype(dtype: str) -> str:
-    """``auto`` on a CPU without native bf16 means float32; else as given."""
-    if dtype == "auto" and not cuda_available() and not cpu_has_fast_bf16():
-        return "float32"
-    return dtype
+def resolve_dtype(dtype: str, flags: str | None = None, cuda: bool | None = None) -> str:
+    """The dtype vLLM is started with; explicit dtypes pass through.
+
+    ``auto`` on a GPU is left to vLLM. On a CPU it is decided here, never
+    left to vLLM (whose CPU backend picks bf16 for a fp32 checkpoint where
+    bf16 is native, so the same config would compute differently on two
+    machines without saying so):
+
+    - AVX2 only, or AVX512 without AVX512-BF16/AMX: ``float32`` (no native
+      bf16 arithmetic: measured 21 vs 114 tokens/s on an AVX2 core);
+    - AVX512-BF16 or AMX: ``bfloat16`` (native; the arithmetic example's
+      4x8x48-token batch in ~2 s, /work/shared/ENVIRONMENT.md). The trainer
+      keeps its own precision (``bf16``); the gap between the two is what
+      the importance-sampling correction is for. Set ``[vllm] dtype =
+      "float32"`` to sample at the trainer's float32 precision.
+
+    ``flags`` / ``cuda`` stand for this machine's when unset (tests fake them)."""
+    if dtype != "auto":
+        return dtype
+    if cuda_available() if cuda is None else cuda:
+        return dtype
+    return "bfloat16" if cpu_has_fast_bf16(flags) else "float32"
 
 
 def max_model_len(cfg: GRPOConfig) -> int:
@@ -221,6 +245,44 @@ def _set_parent_death_signal() -> None:
         pass
 
 
+_SPAWN_QUEUE: queue.SimpleQueue[tuple[Callable[[], object], list[tuple[bool, object]], threading.Event]] | None = None
+_SPAWN_LOCK = threading.Lock()
+
+
+def _spawner_loop(jobs: queue.SimpleQueue) -> None:
+    while True:
+        job, box, done = jobs.get()
+        try:
+            box.append((True, job()))
+        except BaseException as exc:  # handed back to the caller
+            box.append((False, exc))
+        done.set()
+
+
+def _in_lifelong_thread(job: Callable[[], object]) -> object:
+    """Run ``job`` in one daemon thread that lives as long as this process.
+
+    Linux's parent-death signal fires when the *thread* that started the
+    child exits, not the process. A server (re)started from a short-lived
+    thread (the prefetch thread restarting a dead server) would either be
+    killed when that thread ends, or, without the signal, orphaned when grpo
+    is SIGKILLed. Started from this thread, it dies exactly with the process."""
+    global _SPAWN_QUEUE
+    with _SPAWN_LOCK:
+        if _SPAWN_QUEUE is None:
+            _SPAWN_QUEUE = queue.SimpleQueue()
+            threading.Thread(target=_spawner_loop, args=(_SPAWN_QUEUE,), name="grpo-server-spawner", daemon=True).start()
+        jobs = _SPAWN_QUEUE
+    box: list[tuple[bool, object]] = []
+    done = threading.Event()
+    jobs.put((job, box, done))
+    done.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value  # type: ignore[misc]
+    return value
+
+
 _LIVE: weakref.WeakSet[ManagedServer] = weakref.WeakSet()
 
 
@@ -264,17 +326,22 @@ class ManagedServer:
                 out: IO[bytes] | None = self._log_file
             else:
                 out = None
+
+            def launch() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(  # noqa: S603 - our own interpreter, args from config
+                    self.spec.argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out is not None else None,
+                    start_new_session=True,  # own process group: stop() reaches the engine core too
+                    preexec_fn=_set_parent_death_signal,
+                )
+
+            # The death signal is tied to the starting thread: the main thread
+            # lives as long as the process; any other hands the start to one that does.
             in_main = threading.current_thread() is threading.main_thread()
-            self.process = subprocess.Popen(  # noqa: S603 - our own interpreter, args from config
-                self.spec.argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT if out is not None else None,
-                start_new_session=True,  # own process group: stop() reaches the engine core too
-                # The death signal fires when the starting *thread* exits, so only use it from the main thread.
-                preexec_fn=_set_parent_death_signal if in_main else None,
-            )
+            self.process = launch() if in_main else _in_lifelong_thread(launch)  # type: ignore[assignment]
             _LIVE.add(self)
             where = f", log: {self.log_path}" if self.log_path else ""
             self.log(f"vLLM: starting server (pid {self.process.pid}) at {self.base_url}{where}")

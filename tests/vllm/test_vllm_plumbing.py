@@ -27,7 +27,7 @@ def test_server_spec_from_config(smollm2_dir, tmp_path, config_for):
     assert _arg(argv, "--model") == smollm2_dir and _arg(argv, "--served-model-name") == "base"
     assert _arg(argv, "--max-lora-rank") == "16" and "--enable-lora" in argv  # rounded up to a rank vLLM accepts
     assert _arg(argv, "--logprobs-mode") == "processed_logprobs"
-    assert _arg(argv, "--api-key") == "test-key-123" and _arg(argv, "--dtype") == resolve_dtype("auto")
+    assert _arg(argv, "--api-key") == "test-key-123" and _arg(argv, "--dtype") == "float32"
     assert spec.port > 0 and _arg(argv, "--port") == str(spec.port)  # port 0 -> a free port
     assert argv[-2:] == ["--seed", "5"]  # extra_args last
     assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and spec.env["VLLM_SERVER_DEV_MODE"] == "1"
@@ -44,12 +44,43 @@ def test_enforce_eager_defaults_to_cpu_only(smollm2_dir, tmp_path, config_for):
     assert "--enforce-eager" in server_spec(cfg).argv
 
 
-def test_cpu_dtype_and_core_defaults(smollm2_dir, tmp_path, config_for):
-    """dtype=auto means float32 on a CPU that only emulates bf16; explicit
-    dtypes pass through; synchronous CPU runs give vLLM every core."""
-    assert resolve_dtype("bfloat16") == "bfloat16" and resolve_dtype("float16") == "float16"
+# /proc/cpuinfo flag lines of each x86-64 CPU class a user may have (trimmed).
+CPU_CLASSES = {
+    "avx2": ("flags : fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi2", "float32"),
+    "avx512": ("flags : fpu sse2 avx avx2 fma avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni", "float32"),
+    "avx512_bf16": ("flags : fpu sse2 avx avx2 avx512f avx512bw avx512vl avx512_vnni avx512_bf16", "bfloat16"),
+    "amx": ("flags : fpu avx2 avx512f avx512bw avx512_vnni amx_bf16 amx_tile amx_int8", "bfloat16"),
+}
+
+
+@pytest.mark.parametrize("cpu", sorted(CPU_CLASSES))
+def test_auto_dtype_per_cpu_class(cpu: str) -> None:
+    """dtype=auto on CPU: float32 where bf16 is emulated (AVX2, plain
+    AVX512), bfloat16 where it is native (AVX512-BF16, AMX). The flags are
+    faked: this machine's are never consulted."""
+    flags, expected = CPU_CLASSES[cpu]
+    assert resolve_dtype("auto", flags=flags, cuda=False) == expected
+    assert cpu_has_fast_bf16(flags) == (expected == "bfloat16")
+    assert resolve_dtype("auto", flags=flags, cuda=True) == "auto"  # a GPU: vLLM decides
+    for explicit in ("float32", "bfloat16", "float16"):
+        assert resolve_dtype(explicit, flags=flags, cuda=False) == explicit
+
+
+def test_auto_dtype_reaches_the_server_command(smollm2_dir, tmp_path, config_for, monkeypatch) -> None:
+    """The server is started with the dtype its CPU class resolves to."""
+    import grpo_plugins.vllm.server as server
+
+    monkeypatch.setattr(server, "cuda_available", lambda: False)
+    cfg = config_for(smollm2_dir, tmp_path)
+    cfg.vllm.dtype = "auto"  # the shared test config states float32
+    for flags, expected in CPU_CLASSES.values():
+        monkeypatch.setattr(server, "cpu_flags", lambda flags=flags: flags)
+        assert _arg(server_spec(cfg).argv, "--dtype") == expected
+
+
+def test_cpu_core_defaults(smollm2_dir, tmp_path, config_for):
+    """Synchronous CPU runs give vLLM every core; prefetching runs leave the trainer one."""
     if not cuda_available():
-        assert resolve_dtype("auto") == ("bfloat16" if cpu_has_fast_bf16() else "float32")
         assert server_spec(config_for(smollm2_dir, tmp_path)).env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
         prefetching = config_for(smollm2_dir, tmp_path, async_prefetch=True, use_data_producer=True)
         assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in server_spec(prefetching).env  # the trainer keeps a core

@@ -94,6 +94,18 @@ def test_sampling_settings_reach_the_server(make_context, prompts):
     for g in run(top_k=1, seed=3):
         assert all(lp > -0.7 for c in g.completions for lp in c.logprobs), [c.logprobs for c in g.completions]
     assert min(lp for g in same_seed[0] for c in g.completions for lp in c.logprobs) < -2
+    # top_p and min_p truncate the same way: a tiny nucleus, or a floor at
+    # 99% of the top token's probability, leaves (almost) only the top token.
+    for g in run(top_p=1e-6, seed=3) + run(min_p=0.99, seed=3):
+        assert all(lp > -0.7 for c in g.completions for lp in c.logprobs), [c.logprobs for c in g.completions]
+    # repetition_penalty: a huge one forbids every token already in the prompt
+    # or the completion; unpenalised greedy-ish sampling does reuse them.
+    def reuses(groups) -> bool:
+        return any(len(set(c.token_ids)) < len(c.token_ids) or set(c.token_ids) & set(g.prompt.prompt_ids)
+                   for g in groups for c in g.completions)  # fmt: skip
+
+    assert reuses(run(top_k=1, seed=3))
+    assert not reuses(run(top_k=1, repetition_penalty=1e4, seed=3))
     # generation_kwargs pass through (min_tokens forbids stopping early)...
     for g in run(extra={"min_tokens": 8}, stop_token_ids=[EOS]):
         assert all(len(c.token_ids) == 8 for c in g.completions)
@@ -102,6 +114,15 @@ def test_sampling_settings_reach_the_server(make_context, prompts):
         run(extra={"min_tokenz": 8})
     with pytest.raises(ConfigError, match="greedy"):
         run(temperature=0.0)
+
+
+def test_server_found_by_host_and_port(make_context, prompts, vllm_server):
+    """trl.vllm_server_host / vllm_server_port, without a base URL (every
+    other test uses one), reach the server."""
+    context = make_context(vllm_server_base_url=None, vllm_server_host="127.0.0.1", vllm_server_port=vllm_server.spec.port)
+    groups = VLLMRollout(context).grpo_rollout_generate(prompts, 2, SamplingSettings(max_tokens=4, seed=1), 0)
+    assert [len(g.completions) for g in groups] == [2, 2]
+    assert all(c.token_ids and len(c.logprobs) == len(c.token_ids) for g in groups for c in g.completions)
 
 
 # ---------------------------------------------------------------------- weight syncs
@@ -197,12 +218,16 @@ def test_nothing_listening_gives_clear_engine_unavailable():
 # ---------------------------------------------------------------------- restart (last: kills the server)
 
 
-def test_server_restart_mid_run_is_survived(make_context, prompts, peft_model, vllm_server):
+@pytest.mark.parametrize("sync", ["lora", "merged"])
+def test_server_restart_mid_run_is_survived(make_context, prompts, peft_model, vllm_server, sync):
+    """The server dies and comes back (from another thread) with its base
+    weights; the next rollout re-applies the last sync before sampling:
+    the LoRA adapter, or the merged weights (the default sync)."""
     if vllm_server.process is None:
         pytest.skip("the server is not owned by the tests (GRPO_TEST_VLLM_PORT)")
-    ctx = make_context(vllm_server_timeout=300)
+    ctx = make_context(vllm_server_timeout=300, vllm_lora_sync=sync == "lora")
     rollout = VLLMRollout(ctx)
-    LoraFilesystemSync(ctx).grpo_sync_weights(peft_model, 1, rollout.engine)
+    (LoraFilesystemSync if sync == "lora" else FullFilesystemSync)(ctx).grpo_sync_weights(peft_model, 1, rollout.engine)
     sampling = SamplingSettings(max_tokens=8, seed=4)
     rollout.grpo_rollout_generate(prompts, 2, sampling, 1)
 
@@ -214,7 +239,8 @@ def test_server_restart_mid_run_is_survived(make_context, prompts, peft_model, v
     groups = rollout.grpo_rollout_generate(prompts, 2, sampling, 1)
     restarter.join()
     assert any("re-applying the last weight sync" in line for line in ctx.logs)
-    assert "policy" in [m["id"] for m in rollout.client.models()]
+    if sync == "lora":
+        assert "policy" in [m["id"] for m in rollout.client.models()]
     err = mean_abs_diff(groups, peft_model)
     with peft_model.disable_adapter():
         base_err = mean_abs_diff(groups, peft_model)

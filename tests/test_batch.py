@@ -1,0 +1,113 @@
+"""grpo_core/training/batch.py on hand-built groups of uneven lengths.
+
+Every token id below is unique, so each row of a micro-batch can be traced
+back to the completion it came from and every value (advantage, mask,
+sampler log-prob) checked against the token it must sit on. Pure tensors,
+no model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_core.training.batch import Sample, collate, flatten, micro_batches
+from grpo_core.types import Completion, Prompt, RolloutGroup, ScoredGroup
+
+PAD = 0
+
+
+def _completion(ids: list[int], truncated: bool = False, logps: bool = True) -> Completion:
+    # sampler log-prob of token t is -t/1000: unique, and readable back from the value
+    return Completion(token_ids=ids, text="", logprobs=[-t / 1000 for t in ids] if logps else None, truncated=truncated)
+
+
+def groups() -> list[ScoredGroup]:
+    a = RolloutGroup(Prompt("a", [11, 12, 13]), [_completion([101, 102]), _completion([103, 104, 105, 106], truncated=True),
+                                                 _completion([107])])  # fmt: skip
+    b = RolloutGroup(Prompt("b", [21]), [_completion([201, 202, 203]), _completion([])], policy_version=3)
+    c = RolloutGroup(Prompt("c", [31, 32, 33, 34, 35]), [_completion([301]), _completion([302, 303, 304, 305, 306, 307])])
+    return [
+        ScoredGroup(a, rewards=[[1.0], [0.0], [0.0]], advantages=[1.0, -0.5, -0.25]),
+        ScoredGroup(b, rewards=[[0.0], [0.0]], advantages=[0.0, 0.0], replayed=True),
+        ScoredGroup(c, rewards=[[1.0], [0.0]], advantages=[0.75, -0.75]),
+    ]
+
+
+# completion's first token (or the prompt's, for the empty one) -> (prompt, completion, advantage, truncated, replayed)
+EXPECTED = {
+    101: ([11, 12, 13], [101, 102], 1.0, False, False),
+    103: ([11, 12, 13], [103, 104, 105, 106], -0.5, True, False),
+    107: ([11, 12, 13], [107], -0.25, False, False),
+    201: ([21], [201, 202, 203], 0.0, False, True),
+    21: ([21], [], 0.0, False, True),
+    301: ([31, 32, 33, 34, 35], [301], 0.75, False, False),
+    302: ([31, 32, 33, 34, 35], [302, 303, 304, 305, 306, 307], -0.75, False, False),
+}
+
+
+def test_flatten_keeps_each_completion_with_its_prompt_and_advantage() -> None:
+    samples = flatten(groups())
+    got = [(s.prompt_ids, s.completion_ids, s.advantage, s.truncated, s.replayed) for s in samples]
+    assert got == [EXPECTED[k] for k in (101, 103, 107, 201, 21, 301, 302)]
+    assert samples[0].sampler_logps == [-0.101, -0.102] and samples[4].sampler_logps == []
+    assert [s.length for s in samples] == [5, 7, 4, 4, 1, 6, 11]
+
+
+def _check_rows(mb, mask_truncated: bool) -> list[int]:
+    """Assert every row of ``mb`` is laid out right; return the rows' keys."""
+    width_c = mb.completion_mask.shape[1]
+    width_p = mb.input_ids.shape[1] - width_c
+    keys = []
+    for row in range(mb.input_ids.shape[0]):
+        ids = mb.input_ids[row].tolist()
+        completion_part = ids[width_p:]
+        key = completion_part[0] if completion_part[0] != PAD else ids[width_p - 1]
+        prompt, completion, advantage, truncated, replayed = EXPECTED[key]
+        p, c = len(prompt), len(completion)
+        # prompt left-padded against the prompt/completion boundary, completion right after it
+        assert ids[:width_p] == [PAD] * (width_p - p) + prompt
+        assert completion_part == completion + [PAD] * (width_c - c)
+        assert mb.attention_mask[row].tolist() == [0] * (width_p - p) + [1] * (p + c) + [0] * (width_c - c)
+        masked_out = mask_truncated and truncated
+        assert mb.completion_mask[row].tolist() == [0.0 if masked_out else 1.0] * c + [0.0] * (width_c - c)
+        assert mb.advantages[row].item() == advantage
+        assert bool(mb.replayed[row]) == replayed
+        assert mb.sampler_logps is not None
+        torch.testing.assert_close(mb.sampler_logps[row, :c], torch.tensor([-t / 1000 for t in completion]))
+        assert mb.sampler_logps[row, c:].abs().sum() == 0
+        keys.append(key)
+    return keys
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+@pytest.mark.parametrize("mask_truncated", [False, True])
+def test_micro_batches_put_every_value_on_its_own_tokens(size: int, mask_truncated: bool) -> None:
+    batches = micro_batches(flatten(groups()), size, PAD, mask_truncated)
+    assert [mb.input_ids.shape[0] for mb in batches] == [min(size, 7 - i) for i in range(0, 7, size)]
+    keys = [key for mb in batches for key in _check_rows(mb, mask_truncated)]
+    assert sorted(keys) == sorted(EXPECTED)  # every completion exactly once
+    # sorted by total length: each micro-batch pads only to lengths like its own
+    lengths = [len(EXPECTED[k][0]) + len(EXPECTED[k][1]) for k in keys]
+    assert lengths == sorted(lengths)
+    # masked tokens: all real completion tokens, less the truncated one's when masked
+    assert sum(float(mb.completion_mask.sum()) for mb in batches) == 17 - (4 if mask_truncated else 0)
+
+
+def test_truncated_row_masked_only_when_asked() -> None:
+    truncated = [s for s in flatten(groups()) if s.truncated]
+    assert collate(truncated, PAD, mask_truncated=True).completion_mask.sum() == 0
+    assert collate(truncated, PAD, mask_truncated=False).completion_mask.sum() == 4
+
+
+def test_no_sampler_logps_when_any_row_lacks_them() -> None:
+    rows = [Sample([1], [2, 3], 1.0, sampler_logps=[-0.1, -0.2]), Sample([1], [4], -1.0, sampler_logps=None)]
+    assert collate(rows, PAD, mask_truncated=False).sampler_logps is None
+    assert collate(rows[:1], PAD, mask_truncated=False).sampler_logps is not None
+
+
+def test_has_signal_is_false_only_for_all_zero_advantages() -> None:
+    zero = [Sample([1], [2], 0.0), Sample([1], [3, 4], 0.0)]
+    assert not collate(zero, PAD, False).has_signal
+    assert collate([*zero, Sample([1], [5], 1e-3)], PAD, False).has_signal
+    assert collate([Sample([1], [5], -0.5)], PAD, False).has_signal

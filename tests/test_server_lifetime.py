@@ -1,0 +1,70 @@
+"""A managed server is never orphaned when the process that owns it is
+killed with SIGKILL, whichever thread started it (docs/reliability.md).
+
+Real processes, no vLLM: ``ManagedServer`` runs a sleeping Python process
+as its "server", inside a driver process that the test then SIGKILLs. The
+start from a short-lived thread is the case of a dead server restarted by
+the prefetch thread; the server must outlive that thread and die with its
+owner.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+DRIVER = """
+import sys, threading, time
+from pathlib import Path
+from grpo_plugins.vllm.server import ManagedServer, ServerSpec
+
+spec = ServerSpec(argv=[sys.executable, "-c", "import time; time.sleep(600)"], env={}, host="127.0.0.1", port=1)
+server = ManagedServer(spec, log=lambda _m: None)
+if sys.argv[2] == "thread":
+    starter = threading.Thread(target=server.start)
+    starter.start()
+    starter.join()  # the thread that started it is gone
+else:
+    server.start()
+time.sleep(1.0)
+Path(sys.argv[1]).write_text(str(server.process.pid))
+time.sleep(600)
+"""
+
+
+def gone(pid: int) -> bool:
+    try:
+        return "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("starter", ["main", "thread"])
+def test_server_dies_with_its_sigkilled_owner(tmp_path: Path, starter: str) -> None:
+    pidfile = tmp_path / "server.pid"
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(pidfile), starter])
+    try:
+        deadline = time.monotonic() + 60
+        while not pidfile.is_file() and time.monotonic() < deadline:
+            assert driver.poll() is None, "the driver exited early"
+            time.sleep(0.1)
+        server = int(pidfile.read_text())
+        assert not gone(server), "the server died with the thread that started it"
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(10)
+        deadline = time.monotonic() + 10
+        while not gone(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        orphaned = not gone(server)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        if pidfile.is_file() and not gone(int(pidfile.read_text())):
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)  # the one process this test started
+    assert not orphaned, f"server {server} outlived its SIGKILLed owner (started from the {starter} thread)"
