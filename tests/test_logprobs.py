@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from grpo_core.errors import GrpoError
 from grpo_core.logprobs import token_logprobs

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 from grpo_core.config.loader import validate
