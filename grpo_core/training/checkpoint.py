@@ -11,12 +11,19 @@ Such leftovers are removed when the next run starts
 A write that fails (disk full, quota, file-size limit) is reported as a
 :class:`~grpo_core.errors.StorageError` naming ``output_dir`` and the last
 complete checkpoint, which the failed write never touches.
+
+Loading never runs code from the checkpoint: weights are safetensors, the
+trainer state is JSON, and the ``.pt`` files (optimizer, scheduler, RNG,
+plugin and pending-batch state) are read with torch's restricted unpickler
+(:mod:`grpo_core.training.safe_load`). Saving checks that each plugin's state
+reads back under the same rule, so grpo never writes what it would refuse.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 import random
 import shutil
 import tempfile
@@ -28,6 +35,7 @@ import numpy as np
 import torch
 
 from grpo_core.errors import ConfigError, GrpoError, StorageError
+from grpo_core.training.safe_load import numpy_array_types, safe_load, unloadable_reason
 
 PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
@@ -35,20 +43,45 @@ PARTIAL_PREFIXES = (f".tmp-{PREFIX}", f".old-{PREFIX}")
 
 
 def rng_state() -> dict[str, Any]:
+    """Every RNG the run draws from, as tensors and plain data (numpy's key
+    as a list of ints, not an array, so reading it back needs no numpy
+    globals)."""
+    kind, key, pos, has_gauss, cached = np.random.get_state()
     return {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, [int(k) for k in key], int(pos), int(has_gauss), float(cached)),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    """Restore :func:`rng_state` output (or an older checkpoint's, whose numpy
+    key is an array)."""
+    python = state["python"]
+    random.setstate((python[0], tuple(python[1]), python[2]))
+    kind, key, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def check_state_is_plain(extra_state: dict[str, Any]) -> None:
+    """Refuse to save plugin state that :func:`safe_load` could not read back.
+
+    A plugin's ``state_dict()`` must return tensors and plain data (dict,
+    list, tuple, str, int, float, bool, None); anything else would need code
+    to rebuild, which loading refuses. Raised before anything is written, so
+    the previous checkpoint stays the latest."""
+    for name, value in extra_state.items():
+        reason = unloadable_reason(value)
+        if reason is not None:
+            raise GrpoError(
+                f"cannot checkpoint the state of '{name}': its state_dict() holds something that loading would "
+                f"have to run code to rebuild ({reason}). A plugin's state_dict() must return tensors and plain "
+                "data (dict, list, tuple, str, int, float, bool, None): convert other objects to those."
+            )
 
 
 def _fsync_tree(path: Path) -> None:
@@ -78,6 +111,7 @@ def save_checkpoint(
     there still shows its traceback.
     """
     final = output_dir / f"{PREFIX}{step}"
+    check_state_is_plain(extra_state)
     optimizer_state = optimizer.state_dict()
     scheduler_state = scheduler.state_dict()
     rng = rng_state()
@@ -201,16 +235,61 @@ def resolve_resume(spec: str | None, output_dir: Path) -> Path | None:
     return path
 
 
+@dataclass
+class LoadedCheckpoint:
+    """Everything in a checkpoint but the model weights, read and checked."""
+
+    path: Path
+    trainer_state: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    rng: dict[str, Any]
+    extra: dict[str, Any]
+
+
+def read_checkpoint(path: Path) -> LoadedCheckpoint:
+    """Read every state file of ``path`` without running code from it.
+
+    Called before the model loads, so a checkpoint that asks for code is
+    refused in seconds (:class:`~grpo_core.training.safe_load.UnsafeCheckpoint`,
+    naming the file) and nothing has been restored from it. Checkpoints
+    written before this rule load too: theirs hold the same data, with
+    numpy's RNG key as an array, allowed for that file only."""
+    try:
+        trainer_state = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise GrpoError(f"could not read {path / STATE_FILE}: {exc}. Resume from another checkpoint.") from None
+    if not isinstance(trainer_state, dict) or not isinstance(trainer_state.get("step"), int):
+        raise GrpoError(f"{path / STATE_FILE} is not a grpo trainer state (no integer 'step'). Resume from another checkpoint.")
+    files = {name: path / f"{name}.pt" for name in ("optimizer", "scheduler", "rng_state", "extra_state")}
+    missing = [str(f) for f in files.values() if not f.is_file()]
+    if missing:
+        raise GrpoError(f"checkpoint {path} is incomplete: {', '.join(missing)} missing. Resume from another checkpoint.")
+    return LoadedCheckpoint(
+        path=path,
+        trainer_state=trainer_state,
+        optimizer=safe_load(files["optimizer"]),
+        scheduler=safe_load(files["scheduler"]),
+        rng=safe_load(files["rng_state"], allow=numpy_array_types()),
+        extra=safe_load(files["extra_state"]),
+    )
+
+
+def restore_checkpoint(loaded: LoadedCheckpoint, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    """Put a :func:`read_checkpoint` result's optimizer, scheduler and RNG
+    state into place (the model weights are loaded by the caller)."""
+    optimizer.load_state_dict(loaded.optimizer)
+    scheduler.load_state_dict(loaded.scheduler)
+    set_rng_state(loaded.rng)
+
+
 def load_checkpoint(path: Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Restore optimizer, scheduler and RNG; return (trainer_state, extra_state).
 
     Model weights are loaded by the caller (adapter vs full model differ)."""
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-    set_rng_state(torch.load(path / "rng_state.pt", weights_only=False))
-    extra = torch.load(path / "extra_state.pt", weights_only=False)
-    state = json.loads((path / STATE_FILE).read_text())
-    return state, extra
+    loaded = read_checkpoint(path)
+    restore_checkpoint(loaded, optimizer, scheduler)
+    return loaded.trainer_state, loaded.extra
 
 
 def load_model_weights(model: Any, path: Path) -> None:

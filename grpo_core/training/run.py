@@ -164,6 +164,9 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     context = RunContext(config=cfg, output_dir=output_dir, engine_requirements=host.engine_requirements(cfg))
     for action in ckpt.recover_interrupted_saves(output_dir):
         context.log(action)
+    # Read (and refuse, if it would run code) the checkpoint before anything slow starts.
+    resume = ckpt.resolve_resume(cfg.resume_from_checkpoint, output_dir)
+    resume_state = ckpt.read_checkpoint(resume) if resume is not None else None
     model_dir = resolve_model_dir(cfg.base_model)
     context.tokenizer = load_tokenizer(cfg, model_dir)
     scorer = RewardScorer(cfg, host, context)
@@ -196,9 +199,8 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
             stateful=impls.checkpointable(),
         )
         trainer = GRPOTrainer(parts)
-        resume = ckpt.resolve_resume(cfg.resume_from_checkpoint, output_dir)
         if resume is not None:
-            trainer.resume(resume)
+            trainer.resume(resume, resume_state)
             context.log(f"resumed from {resume} at step {trainer.step}")
         host.hook.grpo_train_start(context=context)
         status = trainer.train()

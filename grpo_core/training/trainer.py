@@ -114,11 +114,14 @@ class GRPOTrainer:
 
     def save(self) -> Path:
         extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
-        pending = self._batch is not None and self.step % self.steps_per_batch
-        extra["pending_batch"] = self._batch if pending else None
+        extra["pending_batch"] = self._pending_batch()
         # The policy the pending batch's updates started from is gone once
         # the weights moved: keep its log-probs, or a resumed PPO ratio is 1.
-        extra["pending_old_logps"] = [mb.old_logps for mb in self._micro] if pending else None
+        extra["pending_old_logps"] = (
+            [None if mb.old_logps is None else mb.old_logps.cpu() for mb in self._micro]
+            if extra["pending_batch"] is not None
+            else None
+        )
         return ckpt.save_checkpoint(
             self.output_dir,
             self.step,
@@ -131,9 +134,31 @@ class GRPOTrainer:
             self.cfg.save_total_limit,
         )
 
-    def resume(self, path: Path) -> None:
+    def _pending_batch(self) -> ScoredBatch | None:
+        """The batch later steps still train on (``num_iterations`` or ``steps_per_generation > 1``),
+        to checkpoint. A batch that cannot be read back without running code
+        (a dataset column of a type such as ``datetime``) is left out with a
+        warning: resuming then samples a fresh batch instead."""
+        if self._batch is None or not self.step % self.steps_per_batch:
+            return None
+        reason = ckpt.unloadable_reason(self._batch)
+        if reason is not None:
+            warnings.warn(
+                f"checkpoint at step {self.step} leaves out the batch still being trained on: it holds {reason}, "
+                "which loading would need code to rebuild. Resuming from it samples a new batch (not an exact resume).",
+                stacklevel=2,
+            )
+            return None
+        return self._batch
+
+    def resume(self, path: Path, loaded: ckpt.LoadedCheckpoint | None = None) -> None:
+        """Continue from checkpoint ``path``; ``loaded`` is its
+        :func:`~grpo_core.training.checkpoint.read_checkpoint` result when the
+        caller checked it early (before the model loaded)."""
+        loaded = loaded or ckpt.read_checkpoint(path)
         ckpt.load_model_weights(self.parts.model, path)
-        state, extra = ckpt.load_checkpoint(path, self.parts.optimizer, self.parts.scheduler)
+        ckpt.restore_checkpoint(loaded, self.parts.optimizer, self.parts.scheduler)
+        state, extra = loaded.trainer_state, loaded.extra
         self.step = int(state["step"])
         self.policy_version = int(state["policy_version"])
         self.skipped_zero_adv_batches = int(state.get("skipped_zero_adv_batches", 0))
@@ -165,6 +190,9 @@ class GRPOTrainer:
         return logps.float(), None if entropy is None else entropy.float()
 
     def _set_batch(self, batch: ScoredBatch, old_logps: list[torch.Tensor | None] | None = None) -> None:
+        """Make ``batch`` the one the next steps train on. ``old_logps`` (one
+        per micro-batch, from a checkpoint) are used instead of recomputing
+        them, which after a resume would give the already-updated policy's."""
         self._batch = batch
         self._stream_state = batch.stream_state
         samples = flatten(batch.groups)
@@ -175,9 +203,13 @@ class GRPOTrainer:
         self._micro = [mb for part in self._micro_per_step for mb in part]
         self._num_items = float(sum(mb.completion_mask.sum() for mb in self._micro))
         model = self.parts.model
+        if old_logps is not None and len(old_logps) != len(self._micro):
+            warnings.warn("micro_batch_size changed since the checkpoint: the resumed batch's PPO ratios start "
+                          "from the resumed policy (not an exact resume)", stacklevel=2)  # fmt: skip
+            old_logps = None
         if old_logps is not None:  # a resumed pending batch: as saved
             for mb, saved in zip(self._micro, old_logps, strict=True):
-                mb.old_logps = saved
+                mb.old_logps = None if saved is None else saved.to(self.device)
         elif self.steps_per_batch > 1:
             # Log-probs of the policy that the batch's updates start from: the
             # denominator of the PPO ratio in every later step on this batch.

@@ -1,0 +1,112 @@
+"""Read checkpoint files without running code from them.
+
+``torch.load(..., weights_only=False)`` unpickles: a checkpoint someone else
+wrote (downloaded, shared on a cluster, left in a world-writable directory)
+could run any code on resume. Every ``.pt`` file grpo reads goes through
+:func:`safe_load`, which uses torch's restricted unpickler
+(``weights_only=True``): tensors, plain containers and numbers, plus grpo's
+own plain dataclasses (:func:`grpo_types`), which have no custom
+``__setstate__``/``__reduce__`` and so cannot run code when rebuilt. Anything
+else is refused with a :class:`UnsafeCheckpoint` naming the file.
+
+:func:`unloadable_reason` is the same test applied before writing, so grpo
+never writes a checkpoint it would refuse to read back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import pickle
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from grpo_core.errors import GrpoError
+
+
+class UnsafeCheckpoint(GrpoError):
+    """A checkpoint file holds objects that only executing code could rebuild.
+    The message names the file and the object type that was refused."""
+
+
+def grpo_types() -> list[type]:
+    """grpo's own plain dataclasses that checkpoints may hold (the pending
+    batch of a run with ``num_iterations > 1``): every dataclass in
+    :mod:`grpo_core.types` and the producer's :class:`ScoredBatch`."""
+    from grpo_core import types as contract_types
+    from grpo_core.training.producer import ScoredBatch
+
+    found: list[type] = [ScoredBatch]
+    for value in vars(contract_types).values():
+        if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == contract_types.__name__:
+            found.append(value)
+    return found
+
+
+def numpy_array_types() -> list[Any]:
+    """What a pickled numpy array needs (checkpoints written before grpo read
+    them safely kept numpy's RNG state as an array). These rebuild raw numeric buffers only."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _reason(exc: BaseException) -> str:
+    """The useful line of torch's long weights-only error: which global or
+    opcode was refused."""
+    for line in str(exc).splitlines():
+        line = line.strip()
+        for marker in ("WeightsUnpickler error:", "Trying to load"):
+            if marker in line:
+                return line.split("WeightsUnpickler error:")[-1].strip()
+    for line in str(exc).splitlines():
+        if "nsupported" in line:
+            return line.strip()
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+def _load(source: str | Path | BinaryIO, allow: Iterable[Any]) -> Any:
+    with torch.serialization.safe_globals([*grpo_types(), *allow]):
+        return torch.load(source, map_location="cpu", weights_only=True)
+
+
+def safe_load(path: Path, allow: Iterable[Any] = ()) -> Any:
+    """Load a ``.pt`` file with the restricted unpickler, or refuse it.
+
+    ``allow`` adds globals beyond grpo's types (numpy arrays, for an old RNG
+    file). Raises :class:`UnsafeCheckpoint` naming ``path`` when the file
+    asks for anything else; nothing in it has run by then."""
+    try:
+        return _load(path, allow)
+    except pickle.UnpicklingError as exc:
+        raise UnsafeCheckpoint(
+            f"refused to load {path}: it needs {_reason(exc)}, and rebuilding that would run code from the "
+            "checkpoint. grpo reads checkpoints as tensors and plain data only (weights_only). If you wrote this "
+            "checkpoint yourself with a plugin whose state is not plain data, fix the plugin's state_dict(); "
+            "if it came from someone else, do not resume from it (start without resume_from_checkpoint)."
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise GrpoError(
+            f"could not read {path}: {type(exc).__name__}: {str(exc).strip()[:300]}. The checkpoint is damaged or "
+            "not a grpo checkpoint: resume from an earlier one, or start without resume_from_checkpoint."
+        ) from None
+
+
+def unloadable_reason(value: Any) -> str | None:
+    """Why :func:`safe_load` would refuse ``value`` once saved, or None if it
+    reads back. Serialises into memory and reads it back: the exact test."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(value, buffer)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:  # a lambda, a lock, a local class
+        return f"an object that cannot be saved at all ({exc})"
+    buffer.seek(0)
+    try:
+        _load(buffer, ())
+    except pickle.UnpicklingError as exc:
+        return _reason(exc)
+    return None
