@@ -363,6 +363,8 @@ def summary(cfg: GRPOConfig) -> str:
         "plugins:      " + ", ".join(f"{p}={n}" for p, n in implementation_names(cfg).items()),
         f"output_dir:   {cfg.output_dir}",
     ]
+    if cfg.trust_remote_code:
+        lines.append("trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward models runs")
     return "\n".join(lines)
 
 

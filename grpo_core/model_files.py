@@ -56,8 +56,9 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     never leaves a half-written cache that looks complete."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # A GGUF file holds tensors and metadata only: nothing to trust, say so anyway.
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
     # save_pretrained refuses GGUF-loaded models; rebuild a plain one.
     config = loaded.config
     if hasattr(config, "quantization_config"):

@@ -76,17 +76,28 @@ def _resolve_chat_template(tokenizer: Any, choice: str | None) -> str | None:
     )
 
 
+def remote_code_error(key: str, source: str, exc: Exception) -> ConfigError | None:
+    """The refusal to give when ``source`` needs its own Python code and the
+    config does not trust it (transformers says so in a ValueError)."""
+    if "trust_remote_code" not in str(exc):
+        return None
+    return ConfigError(
+        f"{key}: '{source}' ships its own Python code (modelling or tokenizer files), which grpo does not run "
+        "unless the config says `trust_remote_code = true`. Read that code first: it runs with your permissions."
+    )
+
+
 def load_tokenizer(cfg: GRPOConfig, model_dir: str) -> Any:
     """The tokenizer with the config's chat template and special tokens,
     a pad token, and left padding (prompts are left-padded in batches)."""
     from transformers import AutoTokenizer
 
     source = cfg.tokenizer_config or model_dir
+    key = "tokenizer_config" if cfg.tokenizer_config else "base_model"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as exc:
-        key = "tokenizer_config" if cfg.tokenizer_config else "base_model"
-        raise ConfigError(f"{key}: cannot load a tokenizer from '{source}': {exc}") from exc
+        raise remote_code_error(key, source, exc) or ConfigError(f"{key}: cannot load a tokenizer from '{source}': {exc}") from exc
 
     template = _resolve_chat_template(tokenizer, cfg.chat_template)
     if template is not None:
@@ -145,7 +156,7 @@ def resolve_attn_implementation(cfg: GRPOConfig) -> str | None:
 def _load_causal_lm(cfg: GRPOConfig, model_dir: str) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg)}
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg), "trust_remote_code": cfg.trust_remote_code}
     attn = resolve_attn_implementation(cfg)
     if attn is not None:
         kwargs["attn_implementation"] = attn
@@ -153,6 +164,11 @@ def _load_causal_lm(cfg: GRPOConfig, model_dir: str) -> nn.Module:
         return AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     except OSError as exc:
         raise ConfigError(f"base_model: cannot load a causal LM from '{model_dir}': {exc}") from exc
+    except ValueError as exc:
+        refused = remote_code_error("base_model", model_dir, exc)
+        if refused is None:
+            raise
+        raise refused from None
 
 
 def linear_module_names(model: nn.Module) -> set[str]:

@@ -42,7 +42,18 @@ class VllmSettings(_Table):
     enforce_eager: bool | None = Field(
         None, description="Skip vLLM's graph compilation: much faster engine start, slightly slower generation. Default: true on CPU, vLLM's own on GPU."
     )
-    api_key: str | None = Field(None, description="Require this key on every request (vLLM --api-key); the trainer sends it.")
+    api_key: str | None = Field(
+        None,
+        description="Require this key on every request but /health (default: VLLM_API_KEY, else one made up per TCP server); the trainer sends it.",
+    )
+    transport: Literal["unix", "tcp"] | None = Field(
+        None,
+        description="How `grpo run` reaches the server it starts: 'unix' (default where available) is a socket in a private directory, no TCP port; 'tcp' binds host:port with a per-run API key.",
+    )
+    expose_dev_endpoints: bool = Field(
+        False,
+        description="Serve vLLM's dev endpoints (/collective_rpc: load weights from any path) on a non-loopback host. Off: such a bind is refused for full-weight sync.",
+    )
     cpu_kvcache_space: int | None = Field(None, ge=1, description="GiB of KV cache on CPU (VLLM_CPU_KVCACHE_SPACE). Default 2: vLLM would otherwise take 85% of host memory.")
     extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` command-line arguments.")
 
@@ -124,7 +135,7 @@ class TrlSettings(_Table):
     vllm_server_host: str = "0.0.0.0"
     vllm_server_port: int = 8000
     vllm_server_timeout: int | None = Field(None, gt=0, description="Seconds to wait for a vLLM response (and for it to come up). Default 240.")
-    vllm_server_base_url: str | None = Field(None, description="Full base URL of an external server; overrides host/port.")
+    vllm_server_base_url: str | None = Field(None, description="Full base URL of an external server (http://host:port, or unix:/path/to/socket); overrides host/port.")
     vllm_managed: bool | None = Field(None, description="Start and own the vLLM server as a subprocess. Default: true unless a server already answers at host:port.")
     num_generations: int | None = Field(None, ge=1, description="Completions per prompt. Default 8.")
     generation_batch_size: int | None = Field(None, ge=1, description="Completions per generation (TRL's meaning): a multiple of micro_batch_size x gradient_accumulation_steps; each multiple is one optimizer step fed by the same generation. Default micro_batch_size x gradient_accumulation_steps.")
@@ -207,6 +218,10 @@ class GRPOConfig(_Table):
     """A whole run: the top-level TOML table."""
 
     base_model: str = Field(description="Local HF directory, hub id, or a .gguf file (dequantised once and cached).")
+    trust_remote_code: bool = Field(
+        False,
+        description="Run Python code shipped with the model, tokenizer or reward model (their own modelling files). Off: such models are refused.",
+    )
     rl: Literal["grpo"] = "grpo"
     chat_template: str | None = Field("tokenizer_default", description="'tokenizer_default', a template name known to transformers, or an inline Jinja template.")
     tokenizer_config: str | None = None

@@ -85,9 +85,15 @@ def reward_model_from_dir(spec: str, path: Path, context: RunContext) -> Any:
 def reward_model_from_hub(spec: str, context: RunContext) -> Any:
     from transformers import AutoConfig
 
+    trust = bool(context.config.trust_remote_code)
     try:
-        config = AutoConfig.from_pretrained(spec)
+        config = AutoConfig.from_pretrained(spec, trust_remote_code=trust)
     except Exception as exc:
+        if "trust_remote_code" in str(exc):
+            raise PluginError(
+                f"reward function '{spec}' ships its own Python code, which grpo does not run unless the config says "
+                "`trust_remote_code = true`. Read that code first: it runs with your permissions."
+            ) from None
         raise PluginError(
             f"reward function '{spec}' looks like a hub id of a reward model but could not be fetched "
             f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}). Download it where a hub is reachable and give its local directory."
@@ -114,6 +120,7 @@ class RewardModelFunction:
         cfg = context.config
         self.chat_template_kwargs = dict(cfg.trl.chat_template_kwargs or {})
         self.use_bf16 = cfg.bf16 is True
+        self.trust_remote_code = bool(cfg.trust_remote_code)  # the base model's rule applies to reward models too
         self._lock = threading.Lock()
         self._model: Any = None
         self._tokenizer: Any = None
@@ -122,12 +129,21 @@ class RewardModelFunction:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(self.source)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = torch.bfloat16 if self.use_bf16 else torch.float32
-        model = AutoModelForSequenceClassification.from_pretrained(self.source, dtype=dtype).to(device).eval()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(self.source, trust_remote_code=self.trust_remote_code)
+            if tokenizer.pad_token is None:
+                tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            dtype = torch.bfloat16 if self.use_bf16 else torch.float32
+            model = AutoModelForSequenceClassification.from_pretrained(self.source, dtype=dtype, trust_remote_code=self.trust_remote_code)
+        except ValueError as exc:
+            if "trust_remote_code" not in str(exc):
+                raise
+            raise PluginError(
+                f"reward model '{self.__name__}' ({self.source}) ships its own Python code, which grpo does not run "
+                "unless the config says `trust_remote_code = true`. Read that code first: it runs with your permissions."
+            ) from None
+        model = model.to(device).eval()
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
         self._tokenizer, self._model = tokenizer, model

@@ -2,7 +2,10 @@
 grpo needs: generation, adapter loading, full-weight reload, cache reset.
 
 Why our own client: TRL's client refuses vLLM 0.32 and syncs weights over
-NCCL only; grpo talks to vLLM's HTTP API directly. Transient failures
+NCCL only; grpo talks to vLLM's HTTP API directly. It uses httpx, which
+reaches a server on a Unix domain socket as well as over TCP: a base URL
+``unix:/path/to/socket`` (what a managed server listens on by default, see
+:mod:`grpo_plugins.vllm.server`) or ``http(s)://host:port``. Transient failures
 (connection refused, 5xx, a garbled answer) are retried with exponential
 backoff until ``timeout`` seconds have passed in total, then become
 :class:`~grpo_core.errors.EngineUnavailable` naming the URL and what to check.
@@ -15,9 +18,12 @@ import threading
 import time
 from typing import Any, Callable
 
-import requests
+import httpx
 
 from grpo_core.errors import EngineUnavailable, GrpoError
+
+UNIX_PREFIX = "unix:"
+"""Base URLs starting with this name a Unix domain socket: ``unix:/run/x/vllm.sock``."""
 
 # Endpoints that only exist when the server runs with VLLM_SERVER_DEV_MODE=1.
 DEV_MODE_HINT = "start the server with VLLM_SERVER_DEV_MODE=1 (grpo vllm-serve does when it is safe)"
@@ -42,11 +48,16 @@ class EndpointMissing(EngineRequestError):
     vLLM, LoRA updating disabled, or dev mode off."""
 
 
+def socket_path(base_url: str) -> str | None:
+    """The socket file of a ``unix:`` base URL, else ``None`` (TCP)."""
+    return base_url[len(UNIX_PREFIX) :] if base_url.startswith(UNIX_PREFIX) else None
+
+
 class VLLMClient:
-    """HTTP client of one vLLM server.
+    """HTTP client of one vLLM server, over TCP or a Unix domain socket.
 
     Safe to share between the trainer thread and a prefetch thread: each
-    thread gets its own ``requests.Session``.
+    thread gets its own ``httpx.Client``.
     """
 
     def __init__(
@@ -57,6 +68,9 @@ class VLLMClient:
         log: Callable[[str], None] = print,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.socket = socket_path(self.base_url)
+        # Over a socket the host part is only the Host header; the path does the routing.
+        self._http_base = "http://localhost" if self.socket else self.base_url
         self.api_key = api_key
         self.timeout = float(timeout)
         self.log = log
@@ -70,14 +84,22 @@ class VLLMClient:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _session(self) -> requests.Session:
+    def _session(self) -> httpx.Client:
         session = getattr(self._local, "session", None)
         if session is None:
-            session = requests.Session()
-            if self.api_key:
-                session.headers["Authorization"] = f"Bearer {self.api_key}"
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            # No proxy from the environment for a socket (it could only break it).
+            transport = httpx.HTTPTransport(uds=self.socket) if self.socket else None
+            session = httpx.Client(headers=headers, transport=transport, trust_env=self.socket is None)
             self._local.session = session
         return session
+
+    def close(self) -> None:
+        """Close this thread's connections (other threads' close when collected)."""
+        session = getattr(self._local, "session", None)
+        if session is not None:
+            session.close()
+            self._local.session = None
 
     def _unavailable(self, path: str, waited: float, last: str) -> EngineUnavailable:
         return EngineUnavailable(
@@ -94,7 +116,7 @@ class VLLMClient:
         json: Any = None,
         *,
         params: dict[str, Any] | None = None,
-        parse: Callable[[requests.Response], Any] | None = None,
+        parse: Callable[[httpx.Response], Any] | None = None,
         timeout: float | None = None,
         retry: bool = True,
     ) -> Any:
@@ -109,19 +131,20 @@ class VLLMClient:
         delay = 0.25
         start = time.monotonic()
         failed = False
-        url = self.base_url + path
+        url = self._http_base + path
         while True:
             remaining = deadline - time.monotonic()
             try:
                 response = self._session().request(
-                    method, url, json=json, params=params, timeout=(min(10.0, max(remaining, 1.0)), max(remaining, 1.0))
-                )
-            except requests.exceptions.ReadTimeout:
+                    method, url, json=json, params=params,
+                    timeout=httpx.Timeout(max(remaining, 1.0), connect=min(10.0, max(remaining, 1.0))),
+                )  # fmt: skip
+            except httpx.ReadTimeout:
                 raise EngineUnavailable(
                     f"vLLM server at {self.base_url} accepted {path} but sent no answer within {total:.0f} s. "
                     "Raise trl.vllm_server_timeout, or generate fewer/shorter completions per step."
                 ) from None
-            except requests.exceptions.RequestException as exc:
+            except httpx.RequestError as exc:
                 last = f"{type(exc).__name__}: {str(exc)[:200]}"
             else:
                 if response.status_code < 400:
@@ -146,7 +169,7 @@ class VLLMClient:
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    def _client_error(self, path: str, response: requests.Response) -> EngineRequestError:
+    def _client_error(self, path: str, response: httpx.Response) -> EngineRequestError:
         status, body = response.status_code, response.text[:1000]
         if status == 401:
             return EngineRequestError(
@@ -166,8 +189,8 @@ class VLLMClient:
     def health(self, timeout: float = 2.0) -> bool:
         """One quick probe of /health; never raises."""
         try:
-            return self._session().get(self.base_url + "/health", timeout=timeout).status_code == 200
-        except requests.exceptions.RequestException:
+            return self._session().get(self._http_base + "/health", timeout=timeout).status_code == 200
+        except httpx.RequestError:
             return False
 
     def wait_healthy(self, timeout: float | None = None) -> None:

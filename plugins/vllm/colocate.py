@@ -136,6 +136,7 @@ class ColocatedEngine:
                 "logprobs_mode": "processed_logprobs",
                 "enable_sleep_mode": self.sleep_mode,
                 "enforce_eager": enforce_eager(cfg),
+                "trust_remote_code": cfg.trust_remote_code,  # never the model's own code unless the config says so
             }
             if v.enable_prefix_caching is not None:
                 kwargs["enable_prefix_caching"] = v.enable_prefix_caching

@@ -12,8 +12,12 @@ from typing import Any, List, Optional
 from grpo_core import hookimpl
 
 
-def serve_foreground(config: Path, overrides: List[str], host: Optional[str], port: Optional[int]) -> int:
-    """Start the server, say when it is ready, stop it on a signal."""
+def serve_foreground(config: Path, overrides: List[str], host: Optional[str], port: Optional[int], uds: Optional[Path] = None) -> int:
+    """Start the server, say when it is ready, stop it on a signal.
+
+    ``uds``: serve on that Unix socket only (its directory must be private);
+    otherwise TCP, with ``[vllm] api_key`` / ``VLLM_API_KEY`` or a key made
+    up here and printed once, required on every path but ``/health``."""
     import signal
     import threading
 
@@ -23,12 +27,18 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
     from grpo_core.errors import EngineUnavailable
     from grpo_core.plugin_host import PluginHost
     from grpo_core.types import ADAPTER_FROM_PATH
-    from grpo_plugins.vllm.server import ManagedServer, server_spec
+    from grpo_plugins.vllm.server import ManagedServer, check_socket_path, server_spec
 
     cfg = load_config(config, overrides)
     # LoRA layers only when the config's weight sync loads adapters (they slow CPU generation).
     needs = PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None).engine_requirements(cfg)
-    spec = server_spec(cfg, host=host, port=port, lora=ADAPTER_FROM_PATH in needs)
+    lora = ADAPTER_FROM_PATH in needs
+    if uds is not None:
+        uds = uds.absolute()
+        check_socket_path(uds)
+        spec = server_spec(cfg, lora=lora, uds=uds)
+    else:
+        spec = server_spec(cfg, host=host, port=port, lora=lora, generate_key=True)
     for warning in spec.warnings:
         typer.echo(f"warning: {warning}", err=True)
     stop = threading.Event()
@@ -47,12 +57,20 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
         if not stop.is_set():
             key = " (API key required)" if spec.api_key else ""
             typer.echo(f"vLLM server ready at {spec.base_url}, model 'base'{key}. Ctrl-C to stop.", err=True)
+            if spec.uds:
+                typer.echo(f'Point the trainer at it: trl.vllm_server_base_url = "{spec.base_url}", trl.vllm_managed = false.', err=True)
+            if spec.key_generated:
+                typer.echo(
+                    f"API key for this server (made up now; none was configured): {spec.api_key}\n"
+                    "Give it to the trainer as VLLM_API_KEY in its environment or [vllm] api_key.",
+                    err=True,
+                )
         while not stop.is_set() and server.alive():
             stop.wait(0.5)
         if not stop.is_set():
             raise EngineUnavailable(f"vLLM server at {spec.base_url} exited on its own with code {server.process.returncode if server.process else '?'}")
     finally:
-        server.stop()
+        server.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     typer.echo("vLLM server stopped.", err=True)
@@ -72,10 +90,23 @@ class VLLMCommands:
             set_: Optional[List[str]] = typer.Option(None, "--set", "-s", metavar="KEY=VALUE", help="Override a config key (repeatable)."),
             host: Optional[str] = typer.Option(None, help="Bind address (default: vllm.host in the config, 127.0.0.1)."),
             port: Optional[int] = typer.Option(None, help="Port (default: vllm.port in the config; 0 picks a free one)."),
+            uds: Optional[Path] = typer.Option(
+                None, "--uds", help="Serve on this Unix socket only, no TCP port; its directory must be yours and mode 700."
+            ),
         ) -> None:
             """Serve the config's base model with vLLM for `grpo run` (LoRA loading and weight reload enabled).
 
-            Binds 127.0.0.1 unless the config says otherwise: the server loads
-            adapters and weights from its own filesystem when asked to.
+            The server loads adapters and weights from its own filesystem when
+            asked to, so who can reach it matters (docs/security.md):
+
+            --uds PATH: a Unix socket in a private directory; only you can
+            connect. Point the trainer at it with
+            trl.vllm_server_base_url = "unix:PATH".
+
+            TCP (default): binds 127.0.0.1 unless the config says otherwise.
+            Every request but /health needs the API key: [vllm] api_key or
+            VLLM_API_KEY, else one is made up and printed at start. A
+            non-loopback host serves the dev endpoints (full-weight reload)
+            only with [vllm] expose_dev_endpoints = true.
             """
-            serve_foreground(config, set_ or [], host, port)
+            serve_foreground(config, set_ or [], host, port, uds)

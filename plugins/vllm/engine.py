@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any, Callable
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
 from grpo_plugins.vllm.client import EndpointMissing, VLLMClient
-from grpo_plugins.vllm.server import LOG_NAME, SERVED_MODEL_NAME, ManagedServer, is_loopback, resolve_dtype, server_spec
+from grpo_plugins.vllm.server import (
+    LOG_NAME,
+    SERVED_MODEL_NAME,
+    ManagedServer,
+    configured_api_key,
+    is_loopback,
+    managed_spec,
+    resolve_dtype,
+)
 
 if TYPE_CHECKING:
     from grpo_core.context import RunContext
@@ -59,8 +67,9 @@ class VLLMServerEngine:
         self.run_id = f"{id(self):x}"[-8:]
         managed = trl.vllm_managed
         url = server_url(context)
+        api_key = configured_api_key(cfg)
         if managed is None:
-            managed = not VLLMClient(url, cfg.vllm.api_key).health()
+            managed = not VLLMClient(url, api_key).health()
             if not managed:
                 self.log(f"vLLM: using the server already answering at {url}")
         if managed:
@@ -69,13 +78,14 @@ class VLLMServerEngine:
                     "trl.vllm_managed = true starts its own server; remove trl.vllm_server_base_url "
                     "(or set trl.vllm_managed = false to use that server)."
                 )
-            spec = server_spec(cfg, lora=ADAPTER_FROM_PATH in context.engine_requirements)
+            # A private Unix socket, or TCP with a key made for this run.
+            spec = managed_spec(cfg, lora=ADAPTER_FROM_PATH in context.engine_requirements)
             for warning in spec.warnings:
                 self.log("WARNING: " + warning)
             self.server = ManagedServer(spec, context.output_dir / LOG_NAME, log=self.log)
             self.server.start()  # does not block: readiness is awaited at first use
-            url = spec.base_url
-        self.client = VLLMClient(url, cfg.vllm.api_key, timeout=self.timeout, log=self.log)
+            url, api_key = spec.base_url, spec.api_key
+        self.client = VLLMClient(url, api_key, timeout=self.timeout, log=self.log)
         if self.server is not None:
             self.client.dead_check = self.server.dead_reason
         elif trl.vllm_managed is False and not self.client.health():
@@ -102,7 +112,9 @@ class VLLMServerEngine:
 
     @property
     def same_host(self) -> bool:
-        return self.server is not None or is_loopback(urlparse(self.client.base_url).hostname or "")
+        if self.server is not None or self.client.socket is not None:  # a Unix socket is always on this host
+            return True
+        return is_loopback(urlparse(self.client.base_url).hostname or "")
 
     @property
     def weight_dtype(self) -> str | None:
@@ -242,5 +254,5 @@ class VLLMServerEngine:
 
     def shutdown(self) -> None:
         if self.server is not None:
-            self.server.stop()
+            self.server.close()  # also deletes the private socket directory
             self.log("vLLM: managed server stopped")

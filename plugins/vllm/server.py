@@ -6,6 +6,20 @@ environment; :class:`ManagedServer` runs it in its own process group, waits
 for ``/health`` and guarantees the whole group (API server and engine core)
 goes away with us: ``stop()``, an ``atexit`` guard, and a parent-death
 signal. Nothing here imports vLLM: the server runs in another interpreter.
+
+Who can reach the server (docs/security.md):
+
+* A managed server (``grpo run`` starts it) listens on a Unix domain socket
+  in a fresh directory only this user can open (mode 0700), and on no TCP
+  port: other users of the machine cannot call it at all.
+* Over TCP (``[vllm] transport = "tcp"``, a platform without Unix sockets,
+  or ``grpo vllm-serve``) every request but ``/health`` needs an API key
+  (``[vllm] api_key``, ``VLLM_API_KEY``, else one generated per server),
+  checked by :mod:`grpo_plugins.vllm.guard` on *all* paths, the dev-mode ones
+  included (vLLM's own ``--api-key`` skips them). The key travels in the
+  server's environment, never on its command line.
+* A non-loopback bind serves the dev-mode endpoints only when the config
+  opts in by name (``[vllm] expose_dev_endpoints = true``).
 """
 
 from __future__ import annotations
@@ -14,10 +28,14 @@ import atexit
 import ipaddress
 import os
 import queue
+import secrets
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -32,6 +50,9 @@ if TYPE_CHECKING:
 
 SERVED_MODEL_NAME = "base"
 LOG_NAME = "vllm-server.log"
+SOCKET_NAME = "vllm.sock"
+GUARD_MIDDLEWARE = "grpo_plugins.vllm.guard.RequireApiKey"
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, NUL included
 
 
 def is_loopback(host: str) -> bool:
@@ -66,10 +87,52 @@ class ServerSpec:
     api_key: str | None = None
     dev_mode: bool = False
     warnings: list[str] = field(default_factory=list)
+    uds: str | None = None  # the Unix socket it listens on instead of host:port
+    key_generated: bool = False  # api_key was made up for this server (no key configured)
 
     @property
     def base_url(self) -> str:
+        if self.uds:
+            return f"unix:{self.uds}"
         return f"http://{client_host(self.host)}:{self.port}"
+
+
+def unix_sockets_available() -> bool:
+    return hasattr(socket, "AF_UNIX")
+
+
+def configured_api_key(cfg: GRPOConfig) -> str | None:
+    """``[vllm] api_key``, else ``VLLM_API_KEY`` from the environment (the
+    variable vLLM itself reads), else ``None``."""
+    return cfg.vllm.api_key or os.environ.get("VLLM_API_KEY") or None
+
+
+def private_socket_dir() -> Path:
+    """A fresh directory only this user can open (``mkdtemp`` makes it 0700),
+    short enough for a socket path."""
+    return Path(tempfile.mkdtemp(prefix="grpo-vllm-"))
+
+
+def check_socket_path(path: Path) -> None:
+    """Refuse a socket path others could reach, or one too long for AF_UNIX.
+
+    The socket's directory must belong to this user and give nobody else any
+    access: vLLM creates the socket world-readable, so the directory is what
+    keeps other users out."""
+    if len(os.fsencode(str(path))) > MAX_SOCKET_PATH:
+        raise ConfigError(f"Unix socket path {path} is longer than {MAX_SOCKET_PATH} bytes; choose a shorter one (e.g. under /tmp).")
+    parent = path.parent
+    try:
+        info = parent.stat()
+    except FileNotFoundError:
+        parent.mkdir(mode=0o700, parents=True)
+        info = parent.stat()
+    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        raise ConfigError(
+            f"the directory of the Unix socket {path} must belong to you and be closed to others "
+            f"(it is mode {stat.S_IMODE(info.st_mode):o}, owner uid {info.st_uid}): `chmod 700 {parent}`, or pick "
+            "a directory of your own; otherwise other users could talk to the server."
+        )
 
 
 def cpu_flags() -> str:
@@ -155,31 +218,43 @@ def cpu_kvcache_gib(cfg: GRPOConfig) -> int | None:
     return DEFAULT_CPU_KVCACHE_GIB
 
 
-def server_spec(cfg: GRPOConfig, host: str | None = None, port: int | None = None, lora: bool = False) -> ServerSpec:
+def server_spec(
+    cfg: GRPOConfig,
+    host: str | None = None,
+    port: int | None = None,
+    lora: bool = False,
+    *,
+    uds: Path | None = None,
+    generate_key: bool = False,
+) -> ServerSpec:
     """The ``python -m vllm.entrypoints.openai.api_server`` command for ``cfg``;
     ``lora``: the weight sync loads adapters, so the server needs LoRA layers.
 
+    ``uds``: listen on that Unix socket (no TCP port at all), else on
+    ``host:port``. Over TCP the API key (configured, or made up when
+    ``generate_key``) guards every path but ``/health``.
+
     Dev mode (``/collective_rpc``, ``/reset_prefix_cache``, ``/weight_info``)
-    is needed for full-weight reload and server hygiene, but vLLM's
-    ``--api-key`` does not guard those endpoints (only ``/v1/*``). So it is
-    on when the server binds loopback or full weights must be reloaded, and
-    off for a LoRA server reachable from the network.
+    is needed for full-weight reload and server hygiene. It is on for a
+    socket and a loopback bind; a non-loopback bind gets it only with
+    ``[vllm] expose_dev_endpoints = true``, and a full-weight run that needs
+    it is refused without (a LoRA run works without dev mode).
     """
     from grpo_core.model_files import resolve_model_dir
 
     v = cfg.vllm
     host = host or v.host
     port = v.port if port is None else port
-    if port == 0:
+    if uds is None and port == 0:
         port = free_port(host)
     model_dir = resolve_model_dir(cfg.base_model)
     max_len = max_model_len(cfg)
+    where = ["--uds", str(uds)] if uds is not None else ["--host", host, "--port", str(port)]
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model_dir,
         "--served-model-name", SERVED_MODEL_NAME,
-        "--host", host,
-        "--port", str(port),
+        *where,
         "--dtype", resolve_dtype(v.dtype),
         "--max-model-len", str(max_len),
         "--gpu-memory-utilization", str(v.gpu_memory_utilization),
@@ -189,6 +264,8 @@ def server_spec(cfg: GRPOConfig, host: str | None = None, port: int | None = Non
         # trainer reproduces by dividing its logits by the temperature.
         "--logprobs-mode", "processed_logprobs",
     ]  # fmt: skip
+    if cfg.trust_remote_code:
+        argv.append("--trust-remote-code")
     if v.enable_prefix_caching is not None:
         argv.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
     if enforce_eager(cfg):
@@ -204,24 +281,56 @@ def server_spec(cfg: GRPOConfig, host: str | None = None, port: int | None = Non
         # engine use every core (1.6x faster generation on 2 cores here).
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     warnings: list[str] = []
-    dev_mode = is_loopback(host) or not lora
+    network = uds is None and not is_loopback(host)
+    if network and not lora and not v.expose_dev_endpoints:
+        raise ConfigError(
+            f"vLLM would bind {host}, reachable from the network, and this run syncs full weights through vLLM's "
+            "dev-mode endpoint /collective_rpc (which makes the server load weights from any path it can read). "
+            "Bind [vllm] host = '127.0.0.1' (reach it across hosts through an SSH tunnel, docs/security.md), "
+            "sync a LoRA adapter instead (adapter = 'lora', which needs no dev endpoints), or accept the risk by name "
+            "with [vllm] expose_dev_endpoints = true."
+        )
+    dev_mode = not network or v.expose_dev_endpoints
     if dev_mode:
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    if not is_loopback(host):
+    if network:
         warnings.append(
-            f"vLLM binds {host}: anyone who reaches this port can make the server load adapters and "
-            "weights from its own filesystem"
-            + (" and call its dev endpoints (/collective_rpc, /reset_prefix_cache), which --api-key does NOT protect"
-               if dev_mode else "")
+            f"vLLM binds {host}: anyone who reaches this port and has the API key can make the server load adapters "
+            "and weights from its own filesystem"
+            + (" and call its dev endpoints (/collective_rpc, /reset_prefix_cache)" if dev_mode else "")
             + ". Prefer [vllm] host = '127.0.0.1' unless the trainer runs on another machine."
         )  # fmt: skip
-    if v.api_key:
-        argv += ["--api-key", v.api_key]
+    api_key = configured_api_key(cfg)
+    generated = False
+    if api_key is None and uds is None and generate_key:
+        api_key, generated = secrets.token_urlsafe(32), True
+    if api_key:
+        env["VLLM_API_KEY"] = api_key  # vLLM's own check on /v1; the guard reads it too
+        if uds is None:
+            argv += ["--middleware", GUARD_MIDDLEWARE]
+    elif uds is None:
+        warnings.append(
+            f"vLLM serves {host}:{port} without an API key: any process that reaches the port (every user of this "
+            "machine, at least) can generate with it, load adapters and, in dev mode, reload its weights. Set "
+            "[vllm] api_key, or serve on a Unix socket (--uds)."
+        )
     kvcache = cpu_kvcache_gib(cfg)
     if kvcache is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kvcache)
     argv += list(v.extra_args)
-    return ServerSpec(argv, env, host, port, v.api_key, dev_mode, warnings)
+    return ServerSpec(argv, env, host, port, api_key, dev_mode, warnings, str(uds) if uds is not None else None, generated)
+
+
+def managed_spec(cfg: GRPOConfig, lora: bool = False) -> ServerSpec:
+    """The server ``grpo run`` starts for itself: on a Unix socket in a
+    private directory (``[vllm] transport`` unset or ``"unix"``), or over TCP
+    with a key made up for this run (``"tcp"``, or no Unix sockets here)."""
+    transport = cfg.vllm.transport or ("unix" if unix_sockets_available() else "tcp")
+    if transport == "unix":
+        if not unix_sockets_available():
+            raise ConfigError("[vllm] transport = 'unix', but this platform has no Unix domain sockets: use 'tcp'.")
+        return server_spec(cfg, lora=lora, uds=private_socket_dir() / SOCKET_NAME)
+    return server_spec(cfg, lora=lora, generate_key=True)
 
 
 def _lora_rank_bucket(rank: int) -> int:
@@ -289,7 +398,7 @@ _LIVE: weakref.WeakSet[ManagedServer] = weakref.WeakSet()
 @atexit.register
 def _stop_all() -> None:
     for server in list(_LIVE):
-        server.stop()
+        server.close()
 
 
 class ManagedServer:
@@ -320,6 +429,10 @@ class ManagedServer:
             if self.alive():
                 return
             env = {**os.environ, **self.spec.env}
+            if self.spec.uds:
+                socket_file = Path(self.spec.uds)
+                check_socket_path(socket_file)  # (re)creates a private directory for a restart
+                socket_file.unlink(missing_ok=True)  # a socket left by a server that was killed
             if self.log_path is not None:
                 self.log_path.parent.mkdir(parents=True, exist_ok=True)
                 self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's life
@@ -368,8 +481,9 @@ class ManagedServer:
     def wait_ready(self, timeout: float, cancel: threading.Event | None = None) -> None:
         """Block until ``/health`` answers 200 (or ``cancel`` is set); a
         clear error with the log's tail otherwise."""
-        import requests
+        from grpo_plugins.vllm.client import VLLMClient
 
+        probe = VLLMClient(self.base_url, self.spec.api_key)
         deadline = time.monotonic() + timeout
         started = time.monotonic()
         while time.monotonic() < deadline:
@@ -378,12 +492,10 @@ class ManagedServer:
             reason = self.dead_reason()
             if reason:
                 raise EngineUnavailable(f"vLLM server at {self.base_url} failed to start: {reason}")
-            try:
-                if requests.get(self.base_url + "/health", timeout=2).status_code == 200:
-                    self.log(f"vLLM: server ready at {self.base_url} after {time.monotonic() - started:.0f} s")
-                    return
-            except requests.exceptions.RequestException:
-                pass
+            if probe.health(timeout=2):
+                self.log(f"vLLM: server ready at {self.base_url} after {time.monotonic() - started:.0f} s")
+                probe.close()
+                return
             if cancel is not None:
                 cancel.wait(0.5)
             else:
@@ -415,18 +527,31 @@ class ManagedServer:
                     _signal_group(proc.pid, signal.SIGKILL)
                     proc.wait(timeout=5)
             self.process = None
+            self._remove_socket()
             if self._log_file is not None:
                 self._log_file.close()
                 self._log_file = None
             _LIVE.discard(self)
             return proc.returncode
 
+    def _remove_socket(self) -> None:
+        if self.spec.uds:
+            Path(self.spec.uds).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Stop for good: also delete the private socket directory grpo made
+        (kept across :meth:`stop`/:meth:`start`, so a restart never has to
+        re-create a name others have seen in /tmp)."""
+        self.stop()
+        if self.spec.uds and Path(self.spec.uds).parent.name.startswith("grpo-vllm-"):
+            shutil.rmtree(Path(self.spec.uds).parent, ignore_errors=True)
+
     def __enter__(self) -> ManagedServer:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.close()
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -3,8 +3,11 @@ line built from a config, import hygiene, refusals. Fast."""
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +30,10 @@ def test_server_spec_from_config(smollm2_dir, tmp_path, config_for):
     assert _arg(argv, "--model") == smollm2_dir and _arg(argv, "--served-model-name") == "base"
     assert _arg(argv, "--max-lora-rank") == "16" and "--enable-lora" in argv  # rounded up to a rank vLLM accepts
     assert _arg(argv, "--logprobs-mode") == "processed_logprobs"
-    assert _arg(argv, "--api-key") == "test-key-123" and _arg(argv, "--dtype") == "float32"
+    assert _arg(argv, "--dtype") == "float32"
+    # The key travels in the environment (ps shows every user the command line) and guards every path.
+    assert "--api-key" not in argv and "test-key-123" not in " ".join(argv) and spec.env["VLLM_API_KEY"] == "test-key-123"
+    assert _arg(argv, "--middleware") == "grpo_plugins.vllm.guard.RequireApiKey"
     assert spec.port > 0 and _arg(argv, "--port") == str(spec.port)  # port 0 -> a free port
     assert argv[-2:] == ["--seed", "5"]  # extra_args last
     assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and spec.env["VLLM_SERVER_DEV_MODE"] == "1"
@@ -103,12 +109,50 @@ def test_merged_weight_runs_serve_without_lora_layers(smollm2_dir, tmp_path, con
 def test_public_bind_warns_and_drops_unguarded_dev_mode(smollm2_dir, tmp_path, config_for):
     cfg = config_for(smollm2_dir, tmp_path)
     spec = server_spec(cfg, host="0.0.0.0", port=8123, lora=True)
-    assert "VLLM_SERVER_DEV_MODE" not in spec.env  # LoRA sync does not need it; --api-key would not guard it
+    assert "VLLM_SERVER_DEV_MODE" not in spec.env  # LoRA sync does not need it
     assert spec.warnings and "0.0.0.0" in spec.warnings[0]
-    cfg.adapter = None  # full fine-tuning: reload_weights needs dev mode, and the warning says so
+    cfg.adapter = None  # full fine-tuning: reload_weights needs dev mode, refused on the network unless named
+    with pytest.raises(ConfigError, match="expose_dev_endpoints = true"):
+        server_spec(cfg, host="0.0.0.0", port=8123)
+    cfg.vllm.expose_dev_endpoints = True
     full = server_spec(cfg, host="0.0.0.0", port=8123)
     assert full.env["VLLM_SERVER_DEV_MODE"] == "1" and "--enable-lora" not in full.argv
     assert "/collective_rpc" in full.warnings[0]
+
+
+def test_managed_server_is_a_private_socket_and_tcp_gets_a_key(smollm2_dir, tmp_path, config_for, monkeypatch):
+    from grpo_plugins.vllm.server import managed_spec
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    cfg = config_for(smollm2_dir, tmp_path)
+    cfg.vllm.api_key = None
+    spec = managed_spec(cfg)
+    socket_dir = Path(spec.uds).parent
+    try:
+        assert spec.base_url == f"unix:{spec.uds}" and "--host" not in spec.argv and "--port" not in spec.argv
+        assert _arg(spec.argv, "--uds") == spec.uds and spec.env["VLLM_SERVER_DEV_MODE"] == "1"
+        assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700 and socket_dir.stat().st_uid == os.getuid()
+    finally:
+        socket_dir.rmdir()
+    cfg.vllm.transport = "tcp"
+    first, second = managed_spec(cfg), managed_spec(cfg)
+    assert first.key_generated and len(first.api_key) >= 40 and first.api_key != second.api_key  # one per run
+    assert first.env["VLLM_API_KEY"] == first.api_key and first.api_key not in " ".join(first.argv)
+    assert "--middleware" in first.argv and not first.warnings
+
+
+def test_a_socket_directory_others_can_open_is_refused(tmp_path):
+    from grpo_plugins.vllm.server import check_socket_path
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    with pytest.raises(ConfigError, match="chmod 700"):
+        check_socket_path(shared / "vllm.sock")
+    check_socket_path(tmp_path / "new" / "vllm.sock")  # created private
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
+    with pytest.raises(ConfigError, match="longer than"):
+        check_socket_path(tmp_path / ("x" * 120) / "vllm.sock")
 
 
 def test_rank_beyond_vllm_limit_is_a_config_error(smollm2_dir, tmp_path, config_for):

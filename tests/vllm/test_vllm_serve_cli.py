@@ -46,6 +46,13 @@ def test_vllm_serve_starts_and_stops_on_sigterm(smollm2_dir: str, tmp_path: Path
         text = log.read_text()
         assert f"ready at http://127.0.0.1:{port}" in text, text[-3000:]
         assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        # No key configured: one was made up, printed once, and is required everywhere else.
+        key = re.search(r"API key for this server \(made up now; none was configured\): (\S+)", text).group(1)
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": "/nonexistent"}}
+        assert requests.post(f"http://127.0.0.1:{port}/collective_rpc", json=rpc, timeout=30).status_code == 401
+        assert requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).status_code == 401
+        models = requests.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert models.status_code == 200 and models.json()["data"][0]["id"] == "base"
         server_pid = int(re.search(r"starting server \(pid (\d+)\)", text).group(1))
 
         proc.send_signal(signal.SIGTERM)

@@ -203,6 +203,25 @@ def test_api_key_is_required(vllm_server, prompts):
     assert VLLMClient(vllm_server.base_url, api_key=vllm_server.spec.api_key).models()[0]["id"] == "base"
 
 
+def test_a_tcp_server_refuses_requests_without_its_key_on_every_path(vllm_server):
+    """vLLM's own --api-key leaves /collective_rpc (reload weights from any
+    path), /reset_prefix_cache and /metrics open; grpo's guard does not."""
+    url, key = vllm_server.base_url, vllm_server.spec.api_key
+    rpc = {"method": "reload_weights", "kwargs": {"weights_path": "/nonexistent"}}
+    assert requests.post(url + "/collective_rpc", json=rpc, timeout=30).status_code == 401
+    assert requests.post(url + "/reset_prefix_cache", timeout=30).status_code == 401
+    assert requests.get(url + "/metrics", timeout=30).status_code == 401
+    assert requests.get(url + "/v1/models", headers={"Authorization": "Bearer wrong"}, timeout=30).status_code == 401
+    assert requests.get(url + "/health", timeout=30).status_code == 200  # the readiness probe stays open
+    # The same requests with the key reach vLLM (dev mode is on: a loopback bind).
+    with_key = {"Authorization": f"Bearer {key}"}
+    assert requests.post(url + "/reset_prefix_cache", headers=with_key, timeout=30).status_code == 200
+    assert requests.get(url + "/metrics", headers=with_key, timeout=30).status_code == 200
+    # The key is not on the server's command line, which every local user can read.
+    if vllm_server.process is not None:
+        assert key.encode() not in Path(f"/proc/{vllm_server.process.pid}/cmdline").read_bytes()
+
+
 def test_nothing_listening_gives_clear_engine_unavailable():
     from grpo_plugins.vllm.server import free_port
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -217,7 +219,62 @@ def test_engine_down_stops_with_checkpoint(smollm2_dir: str, tmp_path: Path) -> 
     assert f"127.0.0.1:{port}" in str(info.value)
 
 
+def process_group(pgid: int) -> list[int]:
+    """Every process of group ``pgid`` (a server and its engine core)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def tcp_listeners(pids: list[int]) -> list[tuple[int, str]]:
+    """``(pid, local_address:port)`` (hex, as the kernel writes it) of every
+    TCP socket in LISTEN state that one of ``pids`` holds: their fds' socket
+    inodes, looked up in /proc/net/tcp and tcp6."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes[target[len("socket:[") : -1]] = pid
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                found.append((inodes[cols[9]], cols[1]))
+    return found
+
+
+LOOPBACK_V4 = "0100007F"  # 127.0.0.1 in /proc/net/tcp's byte order
+
+
+def test_tcp_listeners_sees_a_listening_process_group(tmp_path: Path) -> None:
+    """The control for the managed-run check below: a process group that
+    does listen on TCP is seen doing so, by the right pid."""
+    listener = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-c", "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+         "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == b"up"
+        assert [(pid, port.split(":")[0]) for pid, port in tcp_listeners(process_group(listener.pid))] == [(listener.pid, LOOPBACK_V4)]
+    finally:
+        listener.kill()
+        listener.wait()
+
+
 def test_grpo_run_manages_its_own_server(smollm2_dir: str, tmp_path: Path) -> None:
+    """``grpo run`` starts its server on a Unix socket in a private directory:
+    while it serves the run (full-weight sync, so dev mode is on), its API
+    server listens on no TCP port, and the directory is gone afterwards."""
     cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_lora_sync=False)
     cfg["max_steps"] = 2
     import tomli_w
@@ -225,14 +282,37 @@ def test_grpo_run_manages_its_own_server(smollm2_dir: str, tmp_path: Path) -> No
     config = tmp_path / "config.toml"
     config.write_text(tomli_w.dumps(cfg))
     grpo = Path(sys.executable).with_name("grpo")
-    result = subprocess.run([str(grpo), "run", str(config)], capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    output = result.stdout + result.stderr
+    log = tmp_path / "run.out"
+    with open(log, "wb") as out:
+        run = subprocess.Popen([str(grpo), "run", str(config)], stdout=out, stderr=subprocess.STDOUT,  # noqa: S603
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900
+        while "vLLM: server ready" not in log.read_text() and time.monotonic() < deadline:
+            assert run.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        started = re.search(r"starting server \(pid (\d+)\) at unix:(\S+?),", log.read_text())
+        assert started, log.read_text()[-3000:]
+        pid, socket_file = int(started.group(1)), Path(started.group(2))
+        group = process_group(pid)
+        assert len(group) >= 2  # the API server and its engine core
+        listeners = tcp_listeners(group)
+        # The HTTP API (generation, adapter loading, /collective_rpc) is served by
+        # the group leader: it holds no TCP listener at all.
+        assert [port for owner, port in listeners if owner == pid] == []
+        # vLLM's engine core on CPU opens loopback-only ports for torch.distributed's
+        # gloo transport even with one worker (no HTTP there); none faces the network.
+        assert all(port.split(":")[0] == LOOPBACK_V4 for _, port in listeners), listeners
+        assert stat.S_IMODE(socket_file.parent.stat().st_mode) == 0o700 and socket_file.is_socket()
+        assert run.wait(timeout=900) == 0, log.read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    output = log.read_text()
+    assert "Traceback" not in output
     assert "managed server stopped" in output
     assert len(metrics(tmp_path / "out")) == 2
     assert (tmp_path / "out" / "vllm-server.log").stat().st_size > 0
+    assert not socket_file.parent.exists()
     # the server process it started is gone, not orphaned
-    pid = int(re.search(r"starting server \(pid (\d+)\)", output).group(1))
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
