@@ -23,6 +23,7 @@ import httpx
 from grpo_core.errors import EngineUnavailable, GrpoError
 
 UNIX_PREFIX = "unix:"
+NOTHING_ANSWERS = "nothing answers there"
 """Base URLs starting with this name a Unix domain socket: ``unix:/run/x/vllm.sock``."""
 
 # Endpoints that only exist when the server runs with VLLM_SERVER_DEV_MODE=1.
@@ -259,3 +260,32 @@ class VLLMClient:
             return set(spec["components"]["schemas"][schema]["properties"])
         except (GrpoError, KeyError, TypeError):
             return None
+
+
+def adoption_refusal(base_url: str, api_key: str | None) -> str | None:
+    """Why ``grpo run`` must not adopt the server answering at ``base_url``
+    on its own (``trl.vllm_managed`` unset), or ``None`` if it may.
+
+    On a shared node any user can start something on the default port, and a
+    server grpo adopts decides what the trainer learns from. So an answering
+    server is adopted only if it proves it holds our key: it refuses a
+    made-up key and accepts ours. Without a configured key nothing is proven."""
+    import secrets
+
+    ours = VLLMClient(base_url, api_key, timeout=10)
+    if not ours.health():
+        return NOTHING_ANSWERS
+    if not api_key:
+        return "a server answers there, but no API key is configured to check that it is yours"
+    made_up = VLLMClient(base_url, "grpo-probe-" + secrets.token_hex(16), timeout=10)
+    try:
+        wrong = made_up._session().get(made_up._http_base + "/v1/models", timeout=10).status_code
+        right = ours._session().get(ours._http_base + "/v1/models", timeout=10).status_code
+    except httpx.RequestError as exc:
+        return f"it did not answer /v1/models ({type(exc).__name__})"
+    finally:
+        made_up.close()
+        ours.close()
+    if wrong != 401 or right != 200:
+        return f"it does not check our API key (HTTP {wrong} with a made-up key, {right} with ours)"
+    return None

@@ -192,3 +192,33 @@ def test_nccl_sync_is_refused_with_the_alternatives(smollm2_dir, tmp_path, confi
         PluginHost().load_implementation("weight_sync", "nccl", RunContext(config=cfg, output_dir=tmp_path))
     message = str(info.value)
     assert "CUDA" in message and "lora_filesystem" in message and "vllm_in_memory" in message
+
+
+def test_a_server_that_accepts_any_key_is_not_adopted():
+    """A stand-in for someone else's server on the default port: it answers
+    200 to everything, so it proves nothing about our key."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from grpo_plugins.vllm.client import NOTHING_ANSWERS, adoption_refusal
+
+    class AnswersEverything(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"data": [{"id": "base"}]}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), AnswersEverything)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert "HTTP 200 with a made-up key, 200 with ours" in adoption_refusal(url, "our-key")
+        assert "no API key is configured" in adoption_refusal(url, None)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert adoption_refusal(url, "our-key") == NOTHING_ANSWERS

@@ -222,6 +222,17 @@ def test_a_tcp_server_refuses_requests_without_its_key_on_every_path(vllm_server
         assert key.encode() not in Path(f"/proc/{vllm_server.process.pid}/cmdline").read_bytes()
 
 
+def test_only_a_server_that_holds_our_key_is_adopted(vllm_server):
+    """trl.vllm_managed unset: grpo uses a server already answering only if it
+    refuses a made-up key and accepts ours (anyone can start one on a port)."""
+    from grpo_plugins.vllm.client import adoption_refusal
+
+    url = vllm_server.base_url
+    assert adoption_refusal(url, vllm_server.spec.api_key) is None
+    assert "no API key is configured" in adoption_refusal(url, None)
+    assert "HTTP 401 with a made-up key, 401 with ours" in adoption_refusal(url, "not-the-key")
+
+
 def test_nothing_listening_gives_clear_engine_unavailable():
     from grpo_plugins.vllm.server import free_port
 
