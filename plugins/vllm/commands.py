@@ -104,9 +104,9 @@ class VLLMCommands:
             trl.vllm_server_base_url = "unix:PATH".
 
             TCP (default): binds 127.0.0.1 unless the config says otherwise.
-            Every request but /health needs the API key: [vllm] api_key or
+            Every request but /health needs the API key: vllm.api_key or
             VLLM_API_KEY, else one is made up and printed at start. A
             non-loopback host serves the dev endpoints (full-weight reload)
-            only with [vllm] expose_dev_endpoints = true.
+            only with vllm.expose_dev_endpoints = true.
             """
             serve_foreground(config, set_ or [], host, port, uds)
