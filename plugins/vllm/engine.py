@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
-from grpo_plugins.vllm.client import EndpointMissing, VLLMClient
+from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, VLLMClient, adoption_refusal
 from grpo_plugins.vllm.server import (
     LOG_NAME,
     SERVED_MODEL_NAME,
@@ -69,9 +69,13 @@ class VLLMServerEngine:
         url = server_url(context)
         api_key = configured_api_key(cfg)
         if managed is None:
-            managed = not VLLMClient(url, api_key).health()
+            refusal = adoption_refusal(url, api_key)  # a server someone else started must prove it has our key
+            managed = refusal is not None
             if not managed:
                 self.log(f"vLLM: using the server already answering at {url}")
+            elif refusal != NOTHING_ANSWERS:
+                self.log(f"vLLM: not using the server at {url}: {refusal}; starting a private one "
+                         "(set trl.vllm_managed = false and [vllm] api_key to use that server)")  # fmt: skip
         if managed:
             if trl.vllm_server_base_url:
                 raise ConfigError(
