@@ -11,6 +11,7 @@ correction and the PPO-clip loss, accumulate gradients, step, and every
 from __future__ import annotations
 
 import signal
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -222,13 +222,13 @@ def test_engine_down_stops_with_checkpoint(smollm2_dir: str, tmp_path: Path) -> 
 def process_group(pgid: int) -> list[int]:
     """Every process of group ``pgid`` (a server and its engine core)."""
     pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if int(fields[2]) == pgid:
-            pids.append(int(stat.parent.name))
+            pids.append(int(stat_file.parent.name))
     return pids
 
 
