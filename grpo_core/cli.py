@@ -348,7 +348,9 @@ def summary(cfg: GRPOConfig) -> str:
     lines = [
         f"model:        {cfg.base_model}" + (f" + LoRA r={cfg.lora_r} alpha={cfg.lora_alpha}" if cfg.adapter else " (full fine-tune)"),
         "datasets:     " + (", ".join(f"{d.path}[{d.split}]" for d in cfg.datasets) or "none"),
-        f"steps:        {cfg.max_steps} x {batch} completions "
+        ("steps:        " + (f"num_epochs {cfg.num_epochs:g} (max_steps counted from the dataset at start)"
+                             if cfg.num_epochs is not None and "max_steps" not in cfg.model_fields_set else str(cfg.max_steps)))
+        + f" x {batch} completions "
         f"({batch // max(1, int(trl.num_generations or 1))} prompts x {trl.num_generations} generations), "
         f"micro_batch_size {cfg.micro_batch_size}, gradient_accumulation_steps {cfg.gradient_accumulation_steps}"
         + (f", {per_generation} optimizer steps per generation" if per_generation > 1 else ""),

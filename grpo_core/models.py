@@ -30,6 +30,7 @@ from torch import nn
 
 from grpo_core.errors import ConfigError, NotImplementedYet
 from grpo_core.precision import resolve_precision
+from grpo_core.quantization import quantization_config
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -131,21 +132,34 @@ def resolve_dtype(cfg: GRPOConfig) -> torch.dtype:
     return resolve_precision(cfg).load_dtype
 
 
-def resolve_attn_implementation(cfg: GRPOConfig) -> str | None:
-    """``flash_attention`` -> flash_attention_2 where it can run; otherwise
-    say what runs instead rather than failing or silently ignoring it."""
-    if cfg.flash_attention:
-        from transformers.utils import is_flash_attn_2_available
+_FLASH_AVAILABLE = {"flash_attention_2": "is_flash_attn_2_available", "flash_attention_3": "is_flash_attn_3_available"}
 
-        if torch.cuda.is_available() and is_flash_attn_2_available():
-            return "flash_attention_2"
-        why = "no CUDA device" if not torch.cuda.is_available() else "the flash-attn package is not installed"
-        warnings.warn(
-            f"flash_attention: flash_attention_2 is unavailable ({why}); using 'sdpa' "
-            "(PyTorch scaled-dot-product attention) instead.",
-            stacklevel=3,
-        )
-        return "sdpa"
+
+def _flash_or_sdpa(kernel: str, key: str) -> str:
+    """A flash kernel where it can run; otherwise sdpa, saying so."""
+    import transformers.utils as tu
+
+    probe = getattr(tu, _FLASH_AVAILABLE[kernel], None)
+    if torch.cuda.is_available() and probe is not None and probe():
+        return kernel
+    why = "no CUDA device" if not torch.cuda.is_available() else "the flash-attn package is not installed"
+    warnings.warn(
+        f"{key}: {kernel} is unavailable ({why}); using 'sdpa' (PyTorch scaled-dot-product attention) instead.",
+        stacklevel=4,
+    )
+    return "sdpa"
+
+
+def resolve_attn_implementation(cfg: GRPOConfig) -> str | None:
+    """``attn_implementation`` (Axolotl's and transformers' key) or the older
+    ``flash_attention`` / ``sdp_attention`` flags -> what from_pretrained gets.
+    Flash kernels need CUDA: elsewhere say what runs instead rather than fail."""
+    if cfg.attn_implementation is not None:
+        if cfg.attn_implementation in _FLASH_AVAILABLE:
+            return _flash_or_sdpa(cfg.attn_implementation, f"attn_implementation = '{cfg.attn_implementation}'")
+        return cfg.attn_implementation
+    if cfg.flash_attention:
+        return _flash_or_sdpa("flash_attention_2", "flash_attention")
     if cfg.sdp_attention is True:
         return "sdpa"
     if cfg.sdp_attention is False:
@@ -160,6 +174,9 @@ def _load_causal_lm(cfg: GRPOConfig, model_dir: str) -> nn.Module:
     attn = resolve_attn_implementation(cfg)
     if attn is not None:
         kwargs["attn_implementation"] = attn
+    quantization = quantization_config(cfg, kwargs["dtype"])
+    if quantization is not None:
+        kwargs["quantization_config"] = quantization
     try:
         return AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     except OSError as exc:
@@ -338,7 +355,7 @@ def unwrap(model: Any) -> Any:
         model = inner
 
 
-def save_final(model: nn.Module, tokenizer: Any, output_dir: str | Path) -> Path:
+def save_final(model: nn.Module, tokenizer: Any, output_dir: str | Path, safetensors: bool = True) -> Path:
     """Save in the standard format: a PEFT adapter directory
     (``adapter_config.json`` + ``adapter_model.safetensors``, loadable by
     ``PeftModel.from_pretrained`` and by vLLM as a LoRA module) or a full HF
@@ -346,7 +363,7 @@ def save_final(model: nn.Module, tokenizer: Any, output_dir: str | Path) -> Path
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = unwrap(model)
-    model.save_pretrained(out, safe_serialization=True)
+    model.save_pretrained(out, safe_serialization=safetensors)  # save_safetensors = false: .bin files
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out

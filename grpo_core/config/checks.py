@@ -41,11 +41,6 @@ NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = (
     _Unimplemented("fsdp_config", lambda c: bool(c.fsdp_config), "multi-GPU FSDP training is not built"),
     _Unimplemented("deepspeed", lambda c: c.deepspeed is not None, "DeepSpeed is not integrated"),
     _Unimplemented("trl.use_liger_loss", lambda c: c.trl.use_liger_loss is True, "the Liger fused GRPO loss is not integrated"),
-    _Unimplemented(
-        "trl.log_completions",
-        lambda c: c.trl.log_completions,
-        "it logs to Weights & Biases, which grpo does not ship; use trl.num_completions_to_print",
-    ),
     _Unimplemented("val_set_size", lambda c: c.val_set_size > 0, "there is no evaluation loop yet; set it to 0.0"),
     _Unimplemented("use_wandb", lambda c: c.use_wandb, "grpo logs to the console and output_dir/metrics.jsonl only"),
 )
@@ -255,6 +250,47 @@ def _training_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) ->
         warnings.append("gradient_checkpointing_kwargs is set but gradient_checkpointing is false.")
 
 
+ATTN_IMPLEMENTATIONS = {"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "paged_attention"}
+
+
+def _model_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], warnings: list[str]) -> None:
+    """Model-loading keys Axolotl users bring: attention, k-bit loading, epochs, packing."""
+    attn = cfg.attn_implementation
+    if attn is not None and attn not in ATTN_IMPLEMENTATIONS and "/" not in attn:
+        errors.append(
+            f"attn_implementation = '{attn}' is not an attention implementation transformers knows: use one of "
+            f"{', '.join(sorted(ATTN_IMPLEMENTATIONS))} (or a hub kernel 'org/repo')."
+        )
+    if attn is not None and (cfg.flash_attention or cfg.sdp_attention is not None):
+        errors.append("attn_implementation and flash_attention / sdp_attention are both set: keep attn_implementation only.")
+    if cfg.sample_packing:
+        errors.append(
+            "sample_packing = true is not supported: a GRPO batch is completions generated during the run, padded per "
+            "micro-batch; packing them is not built. Set sample_packing = false or remove it."
+        )
+    if cfg.num_epochs is not None and "max_steps" in cfg.model_fields_set:
+        warnings.append(f"max_steps = {cfg.max_steps} takes precedence over num_epochs = {cfg.num_epochs:g} (as in Axolotl).")
+    bits = "load_in_4bit" if cfg.load_in_4bit else "load_in_8bit" if cfg.load_in_8bit else None
+    if cfg.load_in_4bit and cfg.load_in_8bit:
+        errors.append("load_in_4bit and load_in_8bit are both true: choose one.")
+    if bits is None:
+        if cfg.bnb_config_kwargs:
+            warnings.append("bnb_config_kwargs has no effect without load_in_4bit or load_in_8bit.")
+        return
+    if cfg.adapter is None:
+        errors.append(f"{bits} quantises the frozen base weights, so it needs a LoRA adapter to train: set adapter = 'lora'.")
+    if names.get("weight_sync") in {"full_filesystem", "vllm_in_memory", "nccl"}:
+        errors.append(
+            f"{bits}: weight sync '{names['weight_sync']}' sends merged full weights, which a quantised base cannot "
+            "give: set trl.vllm_lora_sync = true (vLLM serves the base model with the adapter loaded)."
+        )
+    from grpo_core.quantization import bitsandbytes_problem
+
+    problem = bitsandbytes_problem()
+    if problem is not None:
+        errors.append(f"{bits} cannot run here: {problem}")
+
+
 def _unimplemented(cfg: GRPOConfig) -> list[NotImplementedYet]:
     return [NotImplementedYet(item.key, item.detail) for item in NOT_IMPLEMENTED if item.is_set(cfg)]
 
@@ -317,6 +353,7 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None) -> list[str]:
     _async_checks(cfg, names, errors, warnings)
     _training_checks(cfg, errors, warnings)
     _no_effect_checks(cfg, names, warnings)
+    _model_checks(cfg, names, errors, warnings)
     _plugin_checks(cfg, host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None), names, errors, warnings)
     warnings += compat_warnings(cfg)
     unimplemented = _unimplemented(cfg)

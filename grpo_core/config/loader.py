@@ -4,6 +4,7 @@ that name the key path and the fix."""
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import tomllib
@@ -142,6 +143,13 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 def apply_effective_defaults(cfg: GRPOConfig) -> GRPOConfig:
     """Replace ``None`` ("reference default") by the value that runs."""
     trl = cfg.trl
+    if cfg.rl == "gdpo":
+        if "multi_objective_aggregation" in trl.model_fields_set and trl.multi_objective_aggregation != "normalize_then_sum":
+            raise ConfigError(
+                f"rl = 'gdpo' is GRPO with trl.multi_objective_aggregation = 'normalize_then_sum', but the config sets "
+                f"'{trl.multi_objective_aggregation}': drop one of the two (rl = 'grpo' keeps your aggregation)."
+            )
+        trl.multi_objective_aggregation = "normalize_then_sum"
     for key, value in EFFECTIVE_DEFAULTS.items():
         if getattr(trl, key) is None:
             setattr(trl, key, value)
@@ -157,10 +165,16 @@ def apply_effective_defaults(cfg: GRPOConfig) -> GRPOConfig:
 
 
 def validate(data: dict[str, Any], source: str = "config") -> GRPOConfig:
+    """Validate a raw config dict (ours, or written for Axolotl: its keys are
+    adapted or refused with a reason first, see :mod:`grpo_core.config.axolotl`)."""
+    from grpo_core.config.axolotl import adapt
+
+    data, notes = adapt(copy.deepcopy(data), source)
     try:
         cfg = GRPOConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, source)) from None
+    cfg._notes = notes
     return apply_effective_defaults(cfg)
 
 

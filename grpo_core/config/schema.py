@@ -18,7 +18,7 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, field_validator, model_validator
 
 from grpo_core.extension_points import EXTENSION_POINTS
 
@@ -222,7 +222,11 @@ class GRPOConfig(_Table):
         False,
         description="Run Python code shipped with the model, tokenizer or reward model (their own modelling files). Off: such models are refused.",
     )
-    rl: Literal["grpo"] = "grpo"
+    rl: Literal["grpo", "gdpo"] = Field(
+        "grpo", description="'gdpo' (Axolotl's name) is GRPO with trl.multi_objective_aggregation = 'normalize_then_sum'."
+    )
+    model_type: str | None = Field(None, description="Axolotl's model class (e.g. 'AutoModelForCausalLM'): every model loads as a causal LM here.")
+    tokenizer_type: str | None = Field(None, description="Axolotl's tokenizer class (e.g. 'AutoTokenizer'): the tokenizer always loads with AutoTokenizer.")
     chat_template: str | None = Field("tokenizer_default", description="'tokenizer_default', a template name known to transformers, or an inline Jinja template.")
     tokenizer_config: str | None = None
 
@@ -232,22 +236,42 @@ class GRPOConfig(_Table):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_target_linear: bool | None = None
     lora_target_modules: list[str] | None = None
+    load_in_8bit: bool = Field(False, description="Load the frozen base weights in 8 bits (bitsandbytes); needs adapter = 'lora'.")
+    load_in_4bit: bool = Field(False, description="Load the frozen base weights in 4 bits, NF4 (bitsandbytes): QLoRA; needs adapter = 'lora'.")
+    bnb_config_kwargs: dict[str, Any] | None = Field(None, description="Extra transformers BitsAndBytesConfig arguments (e.g. bnb_4bit_quant_type).")
 
     datasets: list[DatasetSpec] = Field(default_factory=list)
     skip_prepare_dataset: bool = False
+    dataset_prepared_path: str | None = Field(None, description="Axolotl's prepared-dataset cache: accepted, no effect (prompts are prepared at start).")
+    strict: bool | None = Field(None, description="Axolotl's strict mode: accepted, no effect (grpo's validation is always strict).")
+    hf_use_auth_token: bool | None = Field(None, description="Accepted, no effect: Hugging Face credentials are read the standard way (HF_TOKEN).")
     val_set_size: float = Field(0.0, ge=0)
     shuffle_dataset: bool = True
     dataset_num_proc: int | None = Field(None, ge=1)
 
     sequence_len: int = Field(1024, ge=8)
+    sample_packing: bool | None = Field(None, description="Axolotl's SFT packing: only false is accepted (completions are padded per micro-batch).")
+    pad_to_sequence_len: bool | None = Field(None, description="Axolotl's padding choice: accepted, no effect (each micro-batch is padded to its longest sequence).")
     micro_batch_size: int = Field(1, ge=1, description="Completions per forward/backward pass.")
     gradient_accumulation_steps: int = Field(1, ge=1)
-    max_steps: int = Field(100, ge=1)
+    max_steps: int = Field(100, ge=1, description="Optimizer steps. Takes precedence over num_epochs when both are set (as in Axolotl).")
+    num_epochs: float | None = Field(
+        None, gt=0, description="Passes over the prompts; used when max_steps is not set: max_steps = ceil(num_epochs x prompts / prompts per step) x num_iterations."
+    )
     learning_rate: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float | None = Field(1.0, gt=0)
     optimizer: str = "adamw_torch"
-    lr_scheduler: Literal["cosine", "linear", "constant", "constant_with_warmup"] = "cosine"
+    adam_beta1: float | None = Field(None, ge=0, lt=1, description="AdamW beta1 (default 0.9).")
+    adam_beta2: float | None = Field(None, ge=0, lt=1, description="AdamW beta2 (default 0.999).")
+    adam_epsilon: float | None = Field(None, gt=0, description="AdamW epsilon (default 1e-8).")
+    optim_args: dict[str, Any] | None = Field(None, description="Extra keyword arguments for the optimizer's constructor.")
+    lr_scheduler: Literal[
+        "cosine", "linear", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial", "inverse_sqrt",
+        "cosine_with_min_lr", "warmup_stable_decay",
+    ] = "cosine"
+    lr_scheduler_kwargs: dict[str, Any] | None = Field(None, description="Extra arguments of the transformers schedule (e.g. num_cycles, power, min_lr_rate).")
+    cosine_min_lr_ratio: float | None = Field(None, ge=0, le=1, description="Cosine decays to this fraction of learning_rate instead of 0.")
     warmup_steps: int = Field(0, ge=0)
     warmup_ratio: float | None = Field(None, ge=0, lt=1)
     seed: int = 42
@@ -259,6 +283,9 @@ class GRPOConfig(_Table):
     torch_compile: bool = False
     flash_attention: bool = False
     sdp_attention: bool | None = None
+    attn_implementation: str | None = Field(
+        None, description="transformers' attn_implementation (eager, sdpa, flash_attention_2, ...); flash kernels fall back to sdpa without CUDA."
+    )
     gradient_checkpointing: bool = False
     gradient_checkpointing_kwargs: dict[str, Any] | None = None
     special_tokens: dict[str, str] | None = None
@@ -271,12 +298,15 @@ class GRPOConfig(_Table):
     logging_steps: int = Field(1, ge=1)
     save_steps: int | None = Field(None, ge=1, description="Checkpoint every N steps; also at the end and on interruption.")
     save_total_limit: int | None = Field(None, ge=1)
+    save_safetensors: bool = Field(True, description="Save weights as safetensors (false: PyTorch .bin files).")
     resume_from_checkpoint: str | None = Field(None, description="A checkpoint directory, or 'latest' for the newest in output_dir.")
     use_wandb: bool = False
 
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     trl: TrlSettings = Field(default_factory=TrlSettings)
     plugins: PluginSettings = Field(default_factory=PluginSettings)  # type: ignore[valid-type]
+
+    _notes: list[str] = PrivateAttr(default_factory=list)  # what the loader adapted from a foreign layout
 
     @model_validator(mode="after")
     def _lora_targets(self) -> GRPOConfig:

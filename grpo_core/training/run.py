@@ -8,6 +8,7 @@ loads or a server starts, so a typo costs seconds, not minutes.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,13 @@ def check_output_dir(output_dir: Path) -> None:
             f"output_dir {output_dir} is not writable: {exc}. Choose another `output_dir`, or make room there "
             f"(a run writes checkpoints; the check writes {OUTPUT_PROBE_BYTES >> 20} MiB)."
         ) from None
+
+
+def steps_for_epochs(cfg: GRPOConfig, num_prompts: int) -> int:
+    """``num_epochs`` in optimizer steps: each generation batch takes
+    prompts_per_batch prompts and num_iterations optimizer steps."""
+    batches = math.ceil(float(cfg.num_epochs or 0) * num_prompts / prompts_per_batch(cfg))
+    return max(1, batches * int(cfg.trl.num_iterations or 1))
 
 
 @dataclass
@@ -173,6 +181,9 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     prompts = load_prompts(cfg, context.tokenizer)
     if not cfg.trl.rollout_func:  # a rollout_func may add per-completion fields
         scorer.check_columns(common_columns(prompts))
+    if cfg.num_epochs is not None and "max_steps" not in cfg.model_fields_set:  # max_steps wins, as in Axolotl
+        cfg.max_steps = steps_for_epochs(cfg, len(prompts))
+        context.log(f"num_epochs = {cfg.num_epochs:g} over {len(prompts)} prompts: max_steps = {cfg.max_steps}")
 
     model_holder: dict[str, Any] = {}
     context.get_model = lambda: model_holder.get("model")
@@ -204,7 +215,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
             context.log(f"resumed from {resume} at step {trainer.step}")
         host.hook.grpo_train_start(context=context)
         status = trainer.train()
-        save_final(model, context.tokenizer, output_dir)
+        save_final(model, context.tokenizer, output_dir, safetensors=cfg.save_safetensors)
         context.log(f"training {status}: {trainer.step} steps; model saved to {output_dir}")
         return status
     except (KeyboardInterrupt, TrainingInterrupted):

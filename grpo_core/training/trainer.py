@@ -371,8 +371,10 @@ class GRPOTrainer:
                     self.timings.append(metrics)
                     self.parts.hook.grpo_step_end(progress=self.progress(), metrics=metrics)
                     logger.log(self.step, metrics)
-                    if trl.num_completions_to_print and self._batch is not None and self.step % cfg.logging_steps == 0:
-                        print_completions(self._batch.groups, self.parts.tokenizer, self.parts.scorer.names, int(trl.num_completions_to_print), self.step)
+                    # TRL's log_completions without a tracker: print the sample (all of it unless limited)
+                    shown = trl.num_completions_to_print or (1 << 30 if trl.log_completions else 0)
+                    if shown and self._batch is not None and self.step % cfg.logging_steps == 0:
+                        print_completions(self._batch.groups, self.parts.tokenizer, self.parts.scorer.names, int(shown), self.step)
                     if stop.signal is not None:
                         path = saved or self.save()
                         raise TrainingInterrupted(

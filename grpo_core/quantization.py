@@ -1,0 +1,51 @@
+"""``load_in_4bit`` / ``load_in_8bit``: a bitsandbytes-quantised frozen base for LoRA (QLoRA).
+
+bitsandbytes runs on CUDA GPUs and, through its CPU backend, on x86-64 CPUs
+(measured here: bitsandbytes 0.50.2 loads SmolLM2 in NF4 and in 8 bits and
+trains LoRA on it, on an AVX512 CPU without avx512_bf16). Whether it works is
+asked of the library itself with one tiny quantisation, so a machine where it
+does not is refused before the model loads, with the hardware it needs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from grpo_core.config.schema import GRPOConfig
+
+HARDWARE = "a CUDA GPU, or an x86-64 CPU that bitsandbytes' CPU backend supports (bitsandbytes >= 0.48)"
+
+
+@lru_cache(maxsize=1)
+def bitsandbytes_problem() -> str | None:
+    """None when bitsandbytes can quantise on this machine, else why not."""
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return f"bitsandbytes is not installed: `pip install bitsandbytes` (or grpo's `qlora` extra); it needs {HARDWARE}."
+    try:
+        import bitsandbytes.functional as bnbf
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        packed, state = bnbf.quantize_4bit(torch.randn(64, 64, device=device), quant_type="nf4")
+        bnbf.dequantize_4bit(packed, state)
+    except Exception as exc:  # any failure means "not on this hardware"
+        return f"bitsandbytes could not quantise on this machine ({type(exc).__name__}: {exc}); it needs {HARDWARE}."
+    return None
+
+
+def quantization_config(cfg: GRPOConfig, compute_dtype: Any) -> Any | None:
+    """transformers' BitsAndBytesConfig for the config, or None (no k-bit loading)."""
+    if not (cfg.load_in_4bit or cfg.load_in_8bit):
+        return None
+    from transformers import BitsAndBytesConfig
+
+    kwargs: dict[str, Any] = {"load_in_8bit": True} if cfg.load_in_8bit else {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_compute_dtype": compute_dtype,
+    }
+    kwargs.update(cfg.bnb_config_kwargs or {})
+    return BitsAndBytesConfig(**kwargs)
