@@ -45,6 +45,13 @@ NAMED_CHAT_TEMPLATES: dict[str, str] = {
         "{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
     ),
+    # Meta's Llama 3 chat format (Axolotl's `chat_template: llama3`), written from its model card.
+    "llama3": (
+        "{{ bos_token }}{% for message in messages %}"
+        "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+    ),
 }
 TOKENIZER_DEFAULT = "tokenizer_default"
 

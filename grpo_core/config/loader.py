@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -52,19 +53,33 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
-    return [part.strip() for part in key.split(".")], value
+    # datasets[0].path and datasets.0.path both index the list
+    return [part.strip() for part in re.sub(r"\[(\d+)\]", r".\1", key).split(".")], value
+
+
+def _step(node: Any, key: str, item: str, last: bool) -> Any:
+    """One level of an override path: a table key, or a list index."""
+    if isinstance(node, list):
+        if not key.isdigit() or int(key) >= len(node):
+            raise ConfigError(f"--set {item}: '{key}' is not an index of a list of {len(node)} entries")
+        return int(key)
+    if not isinstance(node, dict):
+        raise ConfigError(f"--set {item}: '{key}' is not inside a table")
+    if not last:
+        node.setdefault(key, {})
+    return key
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         keys, value = parse_override(item)
-        node = data
+        node: Any = data
         for key in keys[:-1]:
-            child = node.setdefault(key, {})
-            if not isinstance(child, dict):
+            child = node[_step(node, key, item, last=False)]
+            if not isinstance(child, (dict, list)):
                 raise ConfigError(f"--set {item}: '{key}' is not a table")
             node = child
-        node[keys[-1]] = value
+        node[_step(node, keys[-1], item, last=True)] = value
     return data
 
 
