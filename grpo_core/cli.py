@@ -249,7 +249,9 @@ def _add_config_commands(config_app: typer.Typer) -> None:
 
         Keys map one to one: `trl:` becomes [trl], `vllm:` [vllm], the
         `datasets:` list [[datasets]]. null values are left out (TOML has no
-        null; they mean the default) and listed in a comment.
+        null; they mean the default) and listed in a comment. Keys of
+        Axolotl's layout get a comment saying what grpo does with them;
+        refused ones are written commented out, with the reason.
         """
         from grpo_core.config.convert import to_toml_text
         from grpo_core.config.loader import read_raw, validate
@@ -257,7 +259,7 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         if config.suffix not in {".yaml", ".yml"}:
             raise ConfigError(f"{config}: expected a .yaml or .yml file to convert (grpo configs are TOML already).")
         data = read_raw(config)
-        text = to_toml_text(data)
+        text = to_toml_text(data, explain=True)
         try:
             validate(json.loads(json.dumps(data, default=str)), str(config))
         except ConfigError as exc:

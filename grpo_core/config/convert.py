@@ -10,8 +10,9 @@ listed in a comment so nothing disappears silently.
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Any
+from typing import Any, Callable, Optional
 
 import tomli_w
 
@@ -56,34 +57,49 @@ def _drop_none(value: Any, path: str, dropped: list[str]) -> Any:
     return value
 
 
-def _render_table(data: dict[str, Any], prefix: list[str], out: list[str]) -> None:
+Explain = Callable[[str, Any], tuple[Optional[str], bool]]
+
+
+def _render_table(data: dict[str, Any], prefix: list[str], out: list[str], explain: Explain | None = None, where: str = "") -> None:
     tables, arrays = [], []
     for key, value in data.items():
-        if isinstance(value, dict) and value:
-            tables.append((key, value))
+        path = f"{where}.{key}" if where else str(key)
+        note, drop = explain(path, value) if explain else (None, False)
+        if drop:  # refused: kept as a comment, so the TOML runs and shows what was left
+            out.append(f"# {_key(key)} = {json.dumps(value, ensure_ascii=False, default=str)}  # {note}")
+        elif isinstance(value, dict) and value:
+            tables.append((key, value, note))
         elif _is_table_list(value):
             arrays.append((key, value))
         else:
-            out.append(f"{_key(key)} = {_value(value)}")
-    for key, value in tables:
+            out.append(f"{_key(key)} = {_value(value)}" + (f"  # {note}" if note else ""))
+    for key, value, note in tables:
         path = [*prefix, _key(key)]
         out.append("")
-        out.append(f"[{'.'.join(path)}]")
-        _render_table(value, path, out)
+        out.append(f"[{'.'.join(path)}]" + (f"  # {note}" if note else ""))
+        _render_table(value, path, out, explain, f"{where}.{key}" if where else str(key))
     for key, items in arrays:
         path = [*prefix, _key(key)]
-        for item in items:
+        for i, item in enumerate(items):
             out.append("")
             out.append(f"[[{'.'.join(path)}]]")
-            _render_table(item, path, out)
+            _render_table(item, path, out, explain, f"{where}.{key}[{i}]" if where else f"{key}[{i}]")
 
 
-def to_toml_text(data: dict[str, Any]) -> str:
-    """Render a raw config dict (as read from YAML) as TOML text."""
+def to_toml_text(data: dict[str, Any], explain: bool = False) -> str:
+    """Render a raw config dict (as read from YAML) as TOML text.
+
+    ``explain``: comment every key another framework's layout brings (Axolotl's)
+    with what grpo does with it, and write refused keys commented out with
+    the reason (:func:`grpo_core.config.axolotl.explain`).
+    """
     dropped: list[str] = []
     clean = _drop_none(data, "", dropped)
     out: list[str] = []
     if dropped:
         out.append("# null in the source (left out; the default applies): " + ", ".join(dropped))
-    _render_table(clean, [], out)
+    explainer: Explain | None = None
+    if explain:
+        from grpo_core.config.axolotl import explain as explainer
+    _render_table(clean, [], out, explainer)
     return "\n".join(out).lstrip("\n") + "\n"

@@ -19,6 +19,18 @@ from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig
 from grpo_core.errors import ConfigError
 
 
+class _Yaml12Floats(yaml.SafeLoader):
+    """PyYAML follows YAML 1.1, where ``5e-5`` (no dot) is a string; YAML 1.2,
+    and every config in the wild, mean a number."""
+
+
+_Yaml12Floats.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def read_raw(path: str | Path) -> dict[str, Any]:
     """Parse a .toml or .yaml/.yml file into a plain dict."""
     path = Path(path)
@@ -27,7 +39,7 @@ def read_raw(path: str | Path) -> dict[str, Any]:
     text = path.read_text(encoding="utf-8")
     if path.suffix in {".yaml", ".yml"}:
         try:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_Yaml12Floats) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     else:

@@ -1,0 +1,17 @@
+"""``import grpo``: the names a training script needs, in one place.
+
+A thin alias over :mod:`grpo_core` (where everything lives)::
+
+    import grpo
+    result = grpo.train("config.toml", max_steps=3)
+
+See :func:`grpo_core.api.train`.
+"""
+
+from grpo_core import __version__, hookimpl
+from grpo_core.api import TrainResult, train
+from grpo_core.config.loader import load_config
+from grpo_core.config.schema import GRPOConfig
+from grpo_core.errors import ConfigError, GrpoError
+
+__all__ = ["ConfigError", "GRPOConfig", "GrpoError", "TrainResult", "__version__", "hookimpl", "load_config", "train"]
