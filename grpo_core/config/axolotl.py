@@ -217,6 +217,7 @@ REFUSED_DATASET.update(
 REWRITTEN = {
     "plugins": "a list of Axolotl plugin classes is answered with how grpo plugins are installed and chosen",
     "chat_template_jinja": "becomes chat_template (grpo's chat_template takes an inline Jinja template)",
+    "max_prompt_len": "becomes trl.max_prompt_length (longer prompts are dropped with a warning)",
 }
 
 RL_TYPES = {"grpo", "gdpo"}
@@ -269,6 +270,12 @@ def _rewrite(data: dict[str, Any], errors: list[str], notes: list[str]) -> None:
         notes.append("adapter = 'qlora' is LoRA on a base loaded with load_in_4bit.")
         if data.get("load_in_4bit") is not True:
             errors.append("'adapter: qlora' trains LoRA on a 4-bit base: set load_in_4bit: true (or use adapter: lora).")
+    max_prompt = data.pop("max_prompt_len", None)
+    if max_prompt is not None:
+        trl = data.setdefault("trl", {}) if isinstance(data.get("trl", {}), dict) else {}
+        if trl.get("max_prompt_length") not in (None, max_prompt):
+            errors.append(f"max_prompt_len ({max_prompt}) and trl.max_prompt_length ({trl['max_prompt_length']}) differ: keep one.")
+        trl["max_prompt_length"] = max_prompt
     jinja = data.pop("chat_template_jinja", None)
     if jinja:
         if data.get("chat_template") not in (None, "jinja"):
@@ -325,6 +332,7 @@ _NOTES_BY_KEY = {
     "load_in_4bit": lambda v: "bitsandbytes NF4 base for LoRA (CUDA, or a CPU bitsandbytes supports)" if v else None,
     "load_in_8bit": lambda v: "bitsandbytes 8-bit base for LoRA (CUDA, or a CPU bitsandbytes supports)" if v else None,
     "chat_template_jinja": lambda v: "grpo reads it as chat_template (an inline Jinja template)",
+    "max_prompt_len": lambda v: "grpo reads it as trl.max_prompt_length",
 }
 
 
