@@ -15,7 +15,7 @@ from grpo_core.training.run import run_training
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-@pytest.mark.parametrize("name", ["arithmetic", "gsm8k"])
+@pytest.mark.parametrize("name", ["arithmetic", "gsm8k", "gdpo"])
 def test_example_trains_one_step(name: str, smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # the config must find its data and rewards beside itself
     # Several examples have a `rewards.py`, and loading a config puts its folder
