@@ -70,8 +70,7 @@ def test_each_compatibility_key_is_a_real_option_and_is_named_when_set(item: Any
     assert item.key in schema_keys()
     table, _, name = item.key.rpartition(".")
     data: dict[str, Any] = {"base_model": "m", "trl": {"reward_funcs": ["r"]}}
-    value = True
-    (data.setdefault(table, {}) if table else data)[name] = value
+    (data.setdefault(table, {}) if table else data)[name] = item.example
     warnings = compat_warnings(validate(data))
     assert any(item.key in w and "no effect" in w for w in warnings), warnings
     assert not any(item.key in w for w in compat_warnings(validate({"base_model": "m"})))

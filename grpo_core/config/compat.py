@@ -13,7 +13,7 @@ Each entry: dotted key -> (when it counts as set, what the user should know).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -24,6 +24,7 @@ class CompatKey:
     key: str
     is_set: Callable[[GRPOConfig], bool]
     note: str
+    example: Any = True  # a value that sets it (what tests/test_option_coverage.py writes)
 
 
 COMPATIBILITY_ONLY: tuple[CompatKey, ...] = (
@@ -43,6 +44,7 @@ COMPATIBILITY_ONLY: tuple[CompatKey, ...] = (
         "sample_packing",
         lambda c: c.sample_packing is False,
         "grpo never packs: each micro-batch of completions is padded to its longest sequence (true is refused)",
+        example=False,
     ),
     CompatKey(
         "pad_to_sequence_len",
@@ -53,17 +55,20 @@ COMPATIBILITY_ONLY: tuple[CompatKey, ...] = (
         "model_type",
         lambda c: c.model_type is not None,
         "every model loads with AutoModelForCausalLM, which picks the class named in the model's config.json",
+        example="LlamaForCausalLM",
     ),
     CompatKey(
         "tokenizer_type",
         lambda c: c.tokenizer_type is not None,
         "the tokenizer loads with AutoTokenizer, which picks the class the model publishes",
+        example="AutoTokenizer",
     ),
     CompatKey("strict", lambda c: c.strict is not None, "grpo's validation is always strict: unknown keys are errors"),
     CompatKey(
         "dataset_prepared_path",
         lambda c: c.dataset_prepared_path is not None,
         "grpo keeps no prepared-dataset cache: prompts are templated and tokenised once at start",
+        example="last_run_prepared",
     ),
     CompatKey(
         "hf_use_auth_token",
