@@ -36,7 +36,6 @@ RENAMES = {
 ELSEWHERE = {
     "model_init_kwargs": "`base_model`, `bf16`, `attn_implementation`, `load_in_4bit` (no free-form kwargs)",
     "report_to": "not built: metrics go to `output_dir/metrics.jsonl` and the console",
-    "trust_remote_code": "not supported: models load as published in transformers",
     "vllm_importance_sampling_clip_max": "`trl.vllm_importance_sampling_cap`",
     "reward_funcs": "a GRPOTrainer argument in TRL; names or import paths here, or callables passed to `grpo.train`",
 }
