@@ -142,6 +142,9 @@ def build_app(host: PluginHost | None = None) -> typer.Typer:
     _add_run_command(app)
     _add_plugins_command(app)
     _add_config_commands(config_app)
+    from grpo_core.cli_tools import register_tools
+
+    register_tools(app)  # report, rewards test, eval, merge
     _add_plugin_commands(app, host)
     return app
 

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from grpo_core.errors import StorageError
 from grpo_core.types import ScoredGroup
 
-BAR_KEYS = ("loss", "reward", "reward_std", "kl", "entropy", "step_time")
+BAR_KEYS = ("loss", "reward", "reward_std", "kl", "entropy", "eval/reward", "step_time")
 
 
 def _clean(value: Any) -> Any:
@@ -47,6 +47,10 @@ class MetricsLogger:
                 "output_dir are complete and can be resumed from."
             ) from exc
         self.bar.set_postfix({k: f"{metrics[k]:.4g}" for k in BAR_KEYS if k in metrics}, refresh=True)
+
+    def phase(self, name: str) -> None:
+        """What the step in flight is doing, on long steps the only thing moving."""
+        self.bar.set_description_str(f"grpo [{name}]", refresh=True)
 
     def close(self) -> None:
         self.bar.close()
