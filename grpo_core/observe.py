@@ -98,8 +98,8 @@ class RunObserver:
 
         parts = trainer.parts
         parts.producer.produce = labelled("generating", "training", parts.producer.produce)
-        scorer = getattr(parts.producer, "inner", parts.producer).scorer
-        scorer.score = labelled("scoring", None, scorer.score)
+        if hasattr(parts.scorer, "score"):
+            parts.scorer.score = labelled("scoring", None, parts.scorer.score)
         trainer.sync_weights = labelled("syncing", None, trainer.sync_weights)
 
     # ------------------------------------------------------------------ per step
@@ -122,12 +122,13 @@ class RunObserver:
 
     def step_end(self, trainer: Any, metrics: dict[str, float]) -> None:
         step, cfg, trl = trainer.step, self.cfg, self.cfg.trl
-        if self._eval_due(step):
+        evaluated = self._eval_due(step)
+        if evaluated:
             self._evaluate(trainer, metrics)
-        self.monitor.update(step, metrics)
-        self.logger.log(step, metrics)
+        alerted = bool(self.monitor.update(step, metrics))
         logged = step % cfg.logging_steps == 0 or step == cfg.max_steps
-        if logged:
+        self.logger.log(step, metrics, force=evaluated or alerted)  # never lose an eval score or an alert
+        if logged or evaluated or alerted:
             self.trackers.log(metrics, step)
         batch = trainer._batch
         fresh = batch is not None and id(batch) != self._last_batch  # num_iterations > 1 reuses a batch

@@ -32,9 +32,11 @@ class MetricsLogger:
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
         self.bar = tqdm(total=max_steps, initial=initial_step, desc="grpo", unit="step", dynamic_ncols=True, file=sys.stderr)
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], force: bool = False) -> None:
+        """Write ``metrics`` on logging steps, the last step, and when
+        ``force``d (a step that evaluated or raised an alert)."""
         self.bar.update(1)
-        if step % self.logging_steps and step != self.bar.total:
+        if step % self.logging_steps and step != self.bar.total and not force:
             return
         record = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
         try:
