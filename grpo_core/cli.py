@@ -325,7 +325,9 @@ def list_plugins() -> dict[str, dict[str, Any]]:
     from grpo_core.plugin_host import PluginHost
 
     host = PluginHost()
-    groups = {point.name: point.group for point in EXTENSION_POINTS} | {"reward": REWARD_GROUP, "plugins": ALWAYS_ON_GROUP}
+    from grpo_core.tracking import TRACKER_GROUP
+
+    groups = {point.name: point.group for point in EXTENSION_POINTS} | {"reward": REWARD_GROUP, "plugins": ALWAYS_ON_GROUP, "tracker": TRACKER_GROUP}
     out: dict[str, dict[str, Any]] = {}
     for point, group in groups.items():
         impls = [
