@@ -232,3 +232,62 @@ def test_report_summary_lists_first_last_best_and_alerts(tmp_path: Path) -> None
     assert {p.stem for p in pngs} == {"reward", "reward_std", "entropy", "grad_norm", "eval"}
     with pytest.raises(DataError, match="metrics.jsonl"):
         build_report(tmp_path / "nothing")
+
+
+# --------------------------------------------------------------------------- a third-party tracker
+
+
+THIRD_PARTY = '''
+import json
+from pathlib import Path
+
+
+class LinesTracker:
+    def __init__(self, context):
+        self.path = Path(context.output_dir) / "lines.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(self, metrics, step):
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\\n")
+
+    def log_table(self, name, rows, step):
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"table": name, "rows": len(rows), "step": step}) + "\\n")
+
+    def close(self):
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"closed": True}) + "\\n")
+'''
+
+
+def test_a_third_party_tracker_package_is_chosen_by_its_entry_point_name(tmp_path: Path, monkeypatch) -> None:
+    from grpo_core import plugin_host
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "grpo_lines_tracker.py").write_text(THIRD_PARTY)
+    info = site / "grpo_lines_tracker-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: grpo-lines-tracker\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[grpo.tracker]\nlines = grpo_lines_tracker:LinesTracker\n")
+    monkeypatch.syspath_prepend(str(site))
+    plugin_host.rescan()
+    try:
+        cfg, ctx = _context(tmp_path, report_to=["lines"])
+        check_config(cfg, PluginHost())  # known by name to the config check
+        trackers = TrackerSet.build(cfg, PluginHost(), ctx)
+        trackers.log({"reward": 0.25}, 3)
+        trackers.log_table("completions", [{"step": 3, "completion": "x"}], 3)
+        trackers.close()
+        lines = [json.loads(line) for line in (tmp_path / "out" / "lines.jsonl").read_text().splitlines()]
+        assert lines == [{"step": 3, "reward": 0.25}, {"table": "completions", "rows": 1, "step": 3}, {"closed": True}]
+        # the plugin allowlist applies to trackers as to every other plugin
+        from grpo_core.errors import PluginError
+
+        with pytest.raises(PluginError, match="not allowed"):
+            TrackerSet.build(cfg, PluginHost(allow={"someone-else"}), ctx)
+    finally:
+        sys.modules.pop("grpo_lines_tracker", None)
+        monkeypatch.undo()
+        plugin_host.rescan()
