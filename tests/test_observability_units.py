@@ -291,3 +291,15 @@ def test_a_third_party_tracker_package_is_chosen_by_its_entry_point_name(tmp_pat
         sys.modules.pop("grpo_lines_tracker", None)
         monkeypatch.undo()
         plugin_host.rescan()
+
+
+def test_metrics_logger_writes_forced_steps_between_logging_steps(tmp_path: Path) -> None:
+    from grpo_core.training.logging import MetricsLogger
+
+    logger = MetricsLogger(tmp_path, max_steps=6, initial_step=0, logging_steps=3)
+    for step in range(1, 7):
+        logger.log(step, {"reward": float(step)}, force=step == 2)  # step 2 evaluated (or raised an alert)
+    logger.phase("evaluating")
+    logger.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 3, 6]
