@@ -55,14 +55,14 @@ def requested_trackers(cfg: GRPOConfig, available: list[str]) -> list[str]:
 
 
 def check_report_to(cfg: GRPOConfig, host: PluginHost) -> list[str]:
-    """Config-check errors: every requested tracker is published (cheap: no import)."""
-    published = host.published(TRACKER_GROUP)
+    """Config-check errors: every requested tracker is published, allowed and
+    unambiguous (cheap: nothing is imported)."""
     errors = []
     for name in requested_trackers(cfg, []):
-        if name not in published:
-            known = ", ".join([ALWAYS, *sorted(published)])
-            errors.append(f"report_to names tracker '{name}', but no installed package publishes it under "
-                          f"'{TRACKER_GROUP}' (available: {known}, or 'none').")
+        try:
+            host.resolve(TRACKER_GROUP, name, key="report_to")
+        except PluginError as exc:
+            errors.append(f"{exc} '{ALWAYS}' (metrics.jsonl) is always written; 'none' turns the others off.")
     return errors
 
 
@@ -85,12 +85,12 @@ class TrackerSet:
 
     @classmethod
     def build(cls, cfg: GRPOConfig, host: PluginHost, context: RunContext) -> TrackerSet:
-        available = [name for name, info in host.published(TRACKER_GROUP).items() if info.error is None]
+        available = [name for name, infos in host.published(TRACKER_GROUP).items() if any(i.error is None for i in infos)]
         names = requested_trackers(cfg, available)
         built: dict[str, Tracker] = {}
         try:
             for name in names:
-                factory = host._load_entry_point(TRACKER_GROUP, name)
+                _info, factory = host.import_entry_point(TRACKER_GROUP, name, key="report_to")
                 try:
                     built[name] = factory(context)
                 except (ConfigError, PluginError):

@@ -58,7 +58,7 @@ def test_formerly_refused_options_now_pass_the_checks() -> None:
 def test_config_check_names_an_unknown_tracker_and_what_exists() -> None:
     with pytest.raises(ConfigError) as info:
         check_config(validate(minimal(report_to=["tensorbored"])), PluginHost())
-    assert "report_to names tracker 'tensorbored'" in str(info.value) and "tensorboard" in str(info.value)
+    assert "report_to = 'tensorbored'" in str(info.value) and "tensorboard" in str(info.value)
 
 
 def test_eval_strategy_without_data_and_unknown_alert_names_are_refused() -> None:
