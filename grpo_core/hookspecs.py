@@ -86,8 +86,10 @@ Trackers
 is a ``factory(context)`` returning an object that satisfies
 :class:`grpo_core.types.Tracker` (``log(metrics, step)``,
 ``log_table(name, rows, step)``, ``close()``). A factory whose library is
-missing raises :class:`grpo_core.tracking.MissingTrackerLibrary`.
-``metrics.jsonl`` is always written, whatever ``report_to`` says.
+missing raises :class:`grpo_core.tracking.MissingTrackerLibrary`. Names
+resolve like implementations (``"my-pkg:name"`` when ambiguous;
+``plugins.allow`` applies). ``metrics.jsonl`` is always written, whatever
+``report_to`` says.
 
 Writing a hook
 --------------
