@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/eval_arithmetic.py                       # base model
     .venv/bin/python benchmarks/eval_arithmetic.py grpo-output/arithmetic  # + trained adapter
 
-Greedy-decodes the 64 held-out prompts of examples/arithmetic/data/test.jsonl
-(no (a, b) pair of them is in the training split) with transformers, and
-scores them with the example's own `correct_answer` reward.
+A call of ``grpo eval``: the example's config with its 64 held-out prompts
+(examples/arithmetic/data/test.jsonl; no (a, b) pair of them is in the
+training split) as ``test_datasets``, greedy decoding with transformers, and
+the example's own ``correct_answer`` reward, whose mean is the accuracy.
 """
 
 from __future__ import annotations
@@ -13,47 +14,40 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "arithmetic"
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("adapter", nargs="?", help="a trained adapter (or model) directory; omit for the base model")
+    parser.add_argument("adapter", nargs="?", help="a trained adapter directory; omit for the base model")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args()
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from grpo_core.cli import main as grpo
 
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
-
-    sys.path.insert(0, str(EXAMPLE))
-    from rewards import correct_answer  # noqa: E402
-
-    model_dir = resolve_model_dir(DEFAULT_MODEL)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if args.adapter:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, args.adapter).merge_and_unload()
-    model.eval()
-    rows = [json.loads(line) for line in (EXAMPLE / "data" / "test.jsonl").read_text().splitlines()]
-    texts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    completions = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-    scores = correct_answer([[{"role": "assistant", "content": c}] for c in completions], [r["answer"] for r in rows])
-    accuracy = sum(scores) / len(scores)
-    print(f"held-out greedy accuracy: {accuracy:.1%} ({int(sum(scores))}/{len(scores)})  model: {args.adapter or 'base'}")
-    for text, completion, score in list(zip(rows, completions, scores))[:3]:
-        print(f"  {text['prompt'][-1]['content']!r} -> {completion.strip()[:80]!r} ({'right' if score else 'wrong'})")
+    test_set = (EXAMPLE / "data" / "test.jsonl").as_posix()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "eval.json"
+        argv = [
+            "eval", str(EXAMPLE / "config.toml"), "--output", str(out),
+            "--set", f'test_datasets=[{{path = "{test_set}"}}]',
+            "--set", 'trl.reward_funcs=["rewards.correct_answer"]', "--set", "trl.reward_weights=[1.0]",
+            "--set", f"trl.max_completion_length={args.max_new_tokens}",
+        ]  # fmt: skip
+        if args.adapter:
+            argv += ["--adapter", args.adapter]
+        code = grpo(argv)
+        if code:
+            return code
+        metrics = json.loads(out.read_text())
+    accuracy, n = metrics["eval/rewards/correct_answer/mean"], int(metrics["eval/num_samples"])
+    print(f"held-out greedy accuracy: {accuracy:.1%} ({round(accuracy * n)}/{n})  model: {args.adapter or 'base'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -142,6 +142,9 @@ def build_app(host: PluginHost | None = None) -> typer.Typer:
     _add_run_command(app)
     _add_plugins_command(app)
     _add_config_commands(config_app)
+    from grpo_core.cli_tools import register_tools
+
+    register_tools(app)  # report, rewards test, eval, merge
     _add_plugin_commands(app, host)
     return app
 
@@ -324,7 +327,9 @@ def list_plugins() -> dict[str, dict[str, Any]]:
     from grpo_core.plugin_host import PluginHost
 
     host = PluginHost()
-    groups = {point.name: point.group for point in EXTENSION_POINTS} | {"reward": REWARD_GROUP, "plugins": ALWAYS_ON_GROUP}
+    from grpo_core.tracking import TRACKER_GROUP
+
+    groups = {point.name: point.group for point in EXTENSION_POINTS} | {"reward": REWARD_GROUP, "plugins": ALWAYS_ON_GROUP, "tracker": TRACKER_GROUP}
     out: dict[str, dict[str, Any]] = {}
     for point, group in groups.items():
         impls = [
@@ -366,10 +371,22 @@ def summary(cfg: GRPOConfig) -> str:
         f"precision:    {resolve_precision(cfg).reason}",
         "plugins:      " + ", ".join(f"{p}={n}" for p, n in implementation_names(cfg).items()),
         f"output_dir:   {cfg.output_dir}",
+        _observe_summary(cfg),
     ]
     if cfg.trust_remote_code:
         lines.append("trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward models runs")
     return "\n".join(lines)
+
+
+def _observe_summary(cfg: GRPOConfig) -> str:
+    from grpo_core.evaluation import eval_every
+    from grpo_core.tracking import requested_trackers
+
+    trackers = ", ".join(["metrics.jsonl", *requested_trackers(cfg, ["all installed"])])
+    data = "test_datasets" if cfg.test_datasets else (f"val_set_size {cfg.val_set_size:g}" if cfg.val_set_size > 0 else "")
+    evaluation = f"every {eval_every(cfg)} step(s) on {data}" if data and cfg.eval_strategy != "no" else "off"
+    alerts = "on" if cfg.alerts.enabled else "off"
+    return f"reporting:    {trackers}; eval {evaluation}; alerts {alerts}" + (", log_completions" if cfg.trl.log_completions else "")
 
 
 # ---------------------------------------------------------------------- entry

@@ -79,6 +79,18 @@ one error naming the hook, the implementation and its distribution, with
 the traceback in ``output_dir/grpo-error.log``; inside the training loop a
 checkpoint is saved first.
 
+Trackers
+--------
+``grpo.tracker``: experiment trackers chosen by ``report_to`` (a list, or
+``"none"``; ``"all"`` is every installed one). Not pluggy hooks: each entry
+is a ``factory(context)`` returning an object that satisfies
+:class:`grpo_core.types.Tracker` (``log(metrics, step)``,
+``log_table(name, rows, step)``, ``close()``). A factory whose library is
+missing raises :class:`grpo_core.tracking.MissingTrackerLibrary`. Names
+resolve like implementations (``"my-pkg:name"`` when ambiguous;
+``plugins.allow`` applies). ``metrics.jsonl`` is always written, whatever
+``report_to`` says.
+
 Writing a hook
 --------------
 Use :data:`grpo_core.hookimpl`; a hook may accept any subset of the arguments

@@ -248,3 +248,26 @@ class Checkpointable(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ...
+
+
+@runtime_checkable
+class Tracker(Protocol):
+    """An experiment tracker a run reports to (``report_to``).
+
+    Built as ``factory(context)`` from the ``grpo.tracker`` entry point group
+    (see :mod:`grpo_core.hookspecs`). ``log`` gets the step's scalar metrics
+    (finite floats only); ``log_table`` gets the rows added at ``step`` to
+    the table ``name`` (e.g. ``completions``): a tracker must keep earlier
+    rows visible (append, or one table per step), never overwrite them.
+    ``close`` flushes and ends the run; it is called once, also after a
+    failure.
+    """
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        ...
+
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
+        ...
+
+    def close(self) -> None:
+        ...

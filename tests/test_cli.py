@@ -157,7 +157,7 @@ def test_plugins_json_lists_every_point_and_the_builtins() -> None:
     no_traceback(result)
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
-    assert set(listing) == {*POINTS, "reward", "plugins"}
+    assert set(listing) == {*POINTS, "reward", "plugins", "tracker"}
     assert len(POINTS) == 5
     from importlib.metadata import distribution
 

@@ -364,7 +364,6 @@ def test_sequence_level_is_with_liger_warns_when_liger_lands(monkeypatch: pytest
         ({"fsdp_config": {"x": 1}}, "fsdp_config"),
         ({"deepspeed": "zero2.json"}, "deepspeed"),
         ({"trl": {"use_liger_loss": True}}, "trl.use_liger_loss"),
-        ({"use_wandb": True}, "use_wandb"),
     ],
 )
 def test_unimplemented_options_are_refused(changes: dict[str, Any], key: str) -> None:

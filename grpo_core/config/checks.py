@@ -41,8 +41,6 @@ NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = (
     _Unimplemented("fsdp_config", lambda c: bool(c.fsdp_config), "multi-GPU FSDP training is not built"),
     _Unimplemented("deepspeed", lambda c: c.deepspeed is not None, "DeepSpeed is not integrated"),
     _Unimplemented("trl.use_liger_loss", lambda c: c.trl.use_liger_loss is True, "the Liger fused GRPO loss is not integrated"),
-    _Unimplemented("val_set_size", lambda c: c.val_set_size > 0, "there is no evaluation loop yet; set it to 0.0"),
-    _Unimplemented("use_wandb", lambda c: c.use_wandb, "grpo logs to the console and output_dir/metrics.jsonl only"),
 )
 
 def implementation_names(cfg: GRPOConfig) -> dict[str, str]:
@@ -291,6 +289,29 @@ def _model_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
         errors.append(f"{bits} cannot run here: {problem}")
 
 
+def _observability_checks(cfg: GRPOConfig, host: PluginHost | None, errors: list[str], warnings: list[str]) -> None:
+    """Evaluation data, alert names and trackers (see grpo_core.evaluation / alerts / tracking)."""
+    from grpo_core.alerts import ALERT_NAMES
+    from grpo_core.evaluation import eval_enabled
+
+    try:
+        eval_enabled(cfg)
+    except ConfigError as exc:
+        errors.append(str(exc))
+    if cfg.test_datasets and cfg.val_set_size > 0:
+        warnings.append("test_datasets and val_set_size are both set: evaluation uses test_datasets and val_set_size "
+                        "splits nothing off.")
+    if cfg.val_set_size >= 1 and cfg.val_set_size != int(cfg.val_set_size):
+        errors.append(f"val_set_size = {cfg.val_set_size}: a count must be a whole number (or give a fraction below 1).")
+    unknown = sorted(set(cfg.alerts.silence) - set(ALERT_NAMES))
+    if unknown:
+        errors.append(f"alerts.silence names unknown alert(s) {unknown}; known: {', '.join(ALERT_NAMES)}.")
+    if host is not None:
+        from grpo_core.tracking import check_report_to
+
+        errors.extend(check_report_to(cfg, host))
+
+
 def _unimplemented(cfg: GRPOConfig) -> list[NotImplementedYet]:
     return [NotImplementedYet(item.key, item.detail) for item in NOT_IMPLEMENTED if item.is_set(cfg)]
 
@@ -354,6 +375,7 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None) -> list[str]:
     _training_checks(cfg, errors, warnings)
     _no_effect_checks(cfg, names, warnings)
     _model_checks(cfg, names, errors, warnings)
+    _observability_checks(cfg, host, errors, warnings)
     _plugin_checks(cfg, host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None), names, errors, warnings)
     warnings += compat_warnings(cfg)
     unimplemented = _unimplemented(cfg)

@@ -217,7 +217,7 @@ def anchor_to_config_dir(cfg: GRPOConfig, config_dir: Path) -> GRPOConfig:
     import sys
 
     config_dir = config_dir.resolve()
-    for spec in cfg.datasets:
+    for spec in [*cfg.datasets, *cfg.test_datasets]:
         candidate = config_dir / spec.path
         if not Path(spec.path).is_absolute() and not Path(spec.path).exists() and candidate.exists():
             spec.path = str(candidate)

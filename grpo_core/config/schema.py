@@ -122,6 +122,24 @@ PluginSettings = create_model(
 ScaleRewards = Literal["group", "batch", "none"]
 
 
+class AlertSettings(_Table):
+    """``[alerts]``: live health checks printed once when they fire
+    (:mod:`grpo_core.alerts`). Thresholds follow the reference guide's quick
+    health checks; ``silence`` lists alert names not to print."""
+
+    enabled: bool = True
+    silence: list[str] = Field(default_factory=list, description="Alert names never to print: reward_zero, no_signal, entropy_collapse, entropy_explosion, grad_norm_high, grad_norm_zero, is_ratio.")
+    window: int = Field(10, ge=1, description="Steps the windowed checks average over.")
+    reward_zero_steps: int = Field(20, ge=1, description="Steps after which a mean reward still ~0 fires reward_zero.")
+    reward_zero_eps: float = Field(0.01, ge=0, description="|mean reward| at or below this counts as ~0.")
+    no_signal_fraction: float = Field(0.8, gt=0, le=1, description="Fire no_signal when reward_std is 0 on this fraction of the last `window` steps.")
+    entropy_min: float = Field(0.01, ge=0, description="Mean entropy below this: mode collapse.")
+    entropy_max: float = Field(5.0, gt=0, description="Mean entropy above this: the policy is falling apart.")
+    grad_norm_max: float = Field(10.0, gt=0, description="Mean grad norm above this: unstable updates.")
+    grad_norm_min: float = Field(1e-6, ge=0, description="Grad norm at or below this on steps that trained: no gradient flows.")
+    logp_gap_max: float = Field(0.7, gt=0, description="Mean |trainer - sampler| log-prob gap above this (IS ratio beyond ~2x): stale or broken weight sync.")
+
+
 class TrlSettings(_Table):
     """``[trl]``: every GRPO option of the reference, same names and defaults.
 
@@ -245,7 +263,8 @@ class GRPOConfig(_Table):
     dataset_prepared_path: str | None = Field(None, description="Axolotl's prepared-dataset cache: accepted, no effect (prompts are prepared at start).")
     strict: bool | None = Field(None, description="Axolotl's strict mode: accepted, no effect (grpo's validation is always strict).")
     hf_use_auth_token: bool | None = Field(None, description="Accepted, no effect: Hugging Face credentials are read the standard way (HF_TOKEN).")
-    val_set_size: float = Field(0.0, ge=0)
+    val_set_size: float = Field(0.0, ge=0, description="Held-out prompts for evaluation during training: a fraction (< 1) or a count (>= 1) of the dataset, split off with `seed`.")
+    test_datasets: list[DatasetSpec] = Field(default_factory=list, description="A separate evaluation dataset (same entry format as [[datasets]]); used instead of val_set_size.")
     shuffle_dataset: bool = True
     dataset_num_proc: int | None = Field(None, ge=1)
 
@@ -300,13 +319,29 @@ class GRPOConfig(_Table):
     save_total_limit: int | None = Field(None, ge=1)
     save_safetensors: bool = Field(True, description="Save weights as safetensors (false: PyTorch .bin files).")
     resume_from_checkpoint: str | None = Field(None, description="A checkpoint directory, or 'latest' for the newest in output_dir.")
-    use_wandb: bool = False
+    use_wandb: bool = Field(False, description="Same as adding 'wandb' to report_to.")
+    report_to: list[str] | None = Field(None, description="Trackers besides output_dir/metrics.jsonl: a list of tensorboard, wandb, mlflow, trackio (or any grpo.tracker plugin), 'all' (every installed one) or 'none'.")
+    eval_strategy: Literal["no", "steps"] | None = Field(None, description="'steps': evaluate every eval_steps and at the end. Default: 'steps' when there is evaluation data, else 'no'.")
+    eval_steps: int | None = Field(None, ge=1, description="Evaluate every N optimizer steps. Default: logging_steps.")
+    eval_temperature: float = Field(0.0, ge=0, description="Sampling temperature of evaluation; 0 is greedy.")
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
 
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     trl: TrlSettings = Field(default_factory=TrlSettings)
     plugins: PluginSettings = Field(default_factory=PluginSettings)  # type: ignore[valid-type]
 
     _notes: list[str] = PrivateAttr(default_factory=list)  # what the loader adapted from a foreign layout
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_list(cls, value: Any) -> Any:
+        """HF convention: a single name, a list, or 'none'."""
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            names = [str(v).strip().lower() for v in value]
+            return [] if names in (["none"], []) else names
+        return value
 
     @model_validator(mode="after")
     def _lora_targets(self) -> GRPOConfig:

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from grpo_core.errors import StorageError
 from grpo_core.types import ScoredGroup
 
-BAR_KEYS = ("loss", "reward", "reward_std", "kl", "entropy", "step_time")
+BAR_KEYS = ("loss", "reward", "reward_std", "kl", "entropy", "eval/reward", "step_time")
 
 
 def _clean(value: Any) -> Any:
@@ -32,9 +32,11 @@ class MetricsLogger:
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
         self.bar = tqdm(total=max_steps, initial=initial_step, desc="grpo", unit="step", dynamic_ncols=True, file=sys.stderr)
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], force: bool = False) -> None:
+        """Write ``metrics`` on logging steps, the last step, and when
+        ``force``d (a step that evaluated or raised an alert)."""
         self.bar.update(1)
-        if step % self.logging_steps and step != self.bar.total:
+        if step % self.logging_steps and step != self.bar.total and not force:
             return
         record = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
         try:
@@ -47,6 +49,10 @@ class MetricsLogger:
                 "output_dir are complete and can be resumed from."
             ) from exc
         self.bar.set_postfix({k: f"{metrics[k]:.4g}" for k in BAR_KEYS if k in metrics}, refresh=True)
+
+    def phase(self, name: str) -> None:
+        """What the step in flight is doing, on long steps the only thing moving."""
+        self.bar.set_description_str(f"grpo [{name}]", refresh=True)
 
     def close(self) -> None:
         self.bar.close()

@@ -181,6 +181,10 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     prompts = load_prompts(cfg, context.tokenizer)
     if not cfg.trl.rollout_func:  # a rollout_func may add per-completion fields
         scorer.check_columns(common_columns(prompts))
+    from grpo_core.evaluation import load_eval_prompts
+    from grpo_core.observe import RunObserver
+
+    prompts, eval_prompts = load_eval_prompts(cfg, context.tokenizer, prompts)
     if cfg.num_epochs is not None and "max_steps" not in cfg.model_fields_set:  # max_steps wins, as in Axolotl
         cfg.max_steps = steps_for_epochs(cfg, len(prompts))
         context.log(f"num_epochs = {cfg.num_epochs:g} over {len(prompts)} prompts: max_steps = {cfg.max_steps}")
@@ -188,7 +192,10 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     model_holder: dict[str, Any] = {}
     context.get_model = lambda: model_holder.get("model")
     status = "failed"
+    observer: RunObserver | None = None
     try:
+        stop_ids = [context.tokenizer.eos_token_id] if context.tokenizer.eos_token_id is not None else []
+        observer = RunObserver.build(cfg, host, context, eval_prompts, stop_ids)  # trackers: before the model loads
         impls = build_implementations(host, cfg, context)
         accelerator, model, optimizer, scheduler, reference = _load_model_parts(cfg, context, model_dir)
         model_holder["model"] = model
@@ -208,6 +215,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
             reference=reference,
             engine=impls.engine,
             stateful=impls.checkpointable(),
+            observer=observer,
         )
         trainer = GRPOTrainer(parts)
         if resume is not None:
@@ -216,11 +224,13 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
         host.hook.grpo_train_start(context=context)
         status = trainer.train()
         save_final(model, context.tokenizer, output_dir, safetensors=cfg.save_safetensors)
-        context.log(f"training {status}: {trainer.step} steps; model saved to {output_dir}")
+        context.log(observer.summary_line(status, trainer.step, output_dir))
         return status
     except (KeyboardInterrupt, TrainingInterrupted):
         status = "interrupted"
         raise
     finally:
+        if observer is not None:
+            observer.trackers.close()  # idempotent; the trainer closed them unless it never ran
         host.hook.grpo_train_end(context=context, status=status)
         scorer.close()

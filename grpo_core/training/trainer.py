@@ -27,7 +27,6 @@ from grpo_core.precision import resolve_precision
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.batch import MicroBatch, flatten, micro_batches, step_slices, steps_per_batch, steps_per_generation
 from grpo_core.training.optim import advance_schedule
-from grpo_core.training.logging import MetricsLogger, print_completions
 from grpo_core.training.producer import ScoredBatch
 from grpo_core.training.timing import StepClock, dominant_phases
 from grpo_core.types import Checkpointable, InferenceEngine, TrainingProgress
@@ -51,6 +50,7 @@ class TrainerParts:
     reference: Any = None  # grpo_core.models reference handle when beta > 0
     engine: InferenceEngine | None = None  # the rollout's engine, handed to the weight sync
     stateful: dict[str, Checkpointable] = field(default_factory=dict)  # extension point -> implementation with state
+    observer: Any = None  # grpo_core.observe.RunObserver: logs, trackers, evaluation, alerts
 
 
 class StopRequested:
@@ -351,7 +351,10 @@ class GRPOTrainer:
     def train(self) -> str:
         cfg, trl = self.cfg, self.trl
         self.sync_weights()  # the engine starts from this run's weights, whatever it held before
-        logger = MetricsLogger(self.output_dir, cfg.max_steps, self.step, cfg.logging_steps)
+        from grpo_core.observe import RunObserver
+
+        observer = self.parts.observer or RunObserver(cfg)
+        observer.start(self)
         try:
             with StopRequested() as stop:
                 while self.step < cfg.max_steps:
@@ -370,11 +373,7 @@ class GRPOTrainer:
                     metrics.update(self.clock.metrics())  # the phases add up to step_time
                     self.timings.append(metrics)
                     self.parts.hook.grpo_step_end(progress=self.progress(), metrics=metrics)
-                    logger.log(self.step, metrics)
-                    # TRL's log_completions without a tracker: print the sample (all of it unless limited)
-                    shown = trl.num_completions_to_print or (1 << 30 if trl.log_completions else 0)
-                    if shown and self._batch is not None and self.step % cfg.logging_steps == 0:
-                        print_completions(self._batch.groups, self.parts.tokenizer, self.parts.scorer.names, int(shown), self.step)
+                    observer.step_end(self, metrics)
                     if stop.signal is not None:
                         path = saved or self.save()
                         raise TrainingInterrupted(
@@ -383,7 +382,7 @@ class GRPOTrainer:
                         )
             self.save()
         finally:
-            logger.close()
+            observer.close()
             close = getattr(self.parts.producer, "close", None)
             if close is not None:
                 close()

@@ -45,6 +45,7 @@ def test_grpo_run_colocate_is_one_process(smollm2_dir: str, tmp_path: Path) -> N
     cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_mode="colocate", reward_funcs=["parity_rewards.parity_reward"],
                      vllm_importance_sampling_correction=True)  # fmt: skip
     cfg["max_steps"] = 2
+    cfg["val_set_size"] = 2  # evaluation through the colocated engine, after the step's in-memory sync
     config = tmp_path / "config.toml"
     config.write_text(tomli_w.dumps(cfg))
     grpo = Path(sys.executable).with_name("grpo")
@@ -61,4 +62,5 @@ def test_grpo_run_colocate_is_one_process(smollm2_dir: str, tmp_path: Path) -> N
     # trainer's, so the importance-sampling ratios stay at 1.
     for row in rows:
         assert abs(row["is/importance_sampling_ratio/mean"] - 1.0) < 1e-3, row
+        assert row["eval/num_samples"] == 2 and row["eval/policy_version"] == row["step"], row
         assert row["is/sampling_logp_difference/max"] < 1e-2, row

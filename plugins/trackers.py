@@ -1,0 +1,166 @@
+"""Built-in trackers (``grpo.tracker`` entry points): TensorBoard, Weights &
+Biases, MLflow and trackio.
+
+Each imports its library when built, not at module import, and raises
+:class:`~grpo_core.tracking.MissingTrackerLibrary` (one line naming the pip
+package) when it is absent. Every one writes under ``output_dir`` by default
+so a run works offline: W&B in offline mode unless ``WANDB_MODE`` says
+otherwise, MLflow to a local file store unless ``MLFLOW_TRACKING_URI`` is
+set. Tables accumulate: each step's completions are added, earlier ones stay.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from grpo_core.context import RunContext
+from grpo_core.tracking import MissingTrackerLibrary
+
+
+def _require(tracker: str, module: str, package: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingTrackerLibrary(tracker, package) from None
+
+
+def _run_name(context: RunContext) -> str:
+    return Path(context.output_dir).resolve().name or "grpo"
+
+
+def _markdown_table(rows: list[dict[str, Any]]) -> str:
+    columns = list(rows[0])
+
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")[:500]
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+class TensorBoardTracker:
+    """``report_to = ["tensorboard"]``: event files in ``output_dir/runs``.
+    A table is written as markdown text under its name, one entry per step."""
+
+    def __init__(self, context: RunContext) -> None:
+        _require("tensorboard", "tensorboard", "tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = Path(os.environ.get("TENSORBOARD_LOGGING_DIR") or Path(context.output_dir) / "runs")
+        self.writer = SummaryWriter(log_dir=str(self.log_dir))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
+        self.writer.add_text(name, _markdown_table(rows), global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    """``report_to = ["wandb"]`` (or ``use_wandb = true``): offline by default,
+    files in ``output_dir/wandb`` (``wandb sync`` uploads them later). Set
+    ``WANDB_MODE=online`` and ``WANDB_PROJECT`` to log live. The completion
+    table is one incremental table: each step appends its rows."""
+
+    def __init__(self, context: RunContext) -> None:
+        self.wandb = _require("wandb", "wandb", "wandb")
+        out = Path(context.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.run = self.wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "grpo"),
+            name=os.environ.get("WANDB_NAME", _run_name(context)),
+            dir=str(out),
+            mode=os.environ.get("WANDB_MODE", "offline"),
+            config=context.config.model_dump(mode="json"),
+            reinit="create_new",
+        )
+        self.tables: dict[str, Any] = {}
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
+        table = self.tables.get(name)
+        if table is None:
+            table = self.tables[name] = self.wandb.Table(columns=list(rows[0]), log_mode="INCREMENTAL")
+        for row in rows:
+            table.add_data(*[row.get(c) for c in table.columns])
+        self.run.log({name: table}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+_MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. /:]")
+
+
+class MlflowTracker:
+    """``report_to = ["mlflow"]``: a local file store in ``output_dir/mlruns``
+    unless ``MLFLOW_TRACKING_URI`` is set; experiment ``MLFLOW_EXPERIMENT_NAME``
+    (default ``grpo``). A table is one JSON artifact per name that every
+    step appends to (``mlflow.log_table``)."""
+
+    def __init__(self, context: RunContext) -> None:
+        self.mlflow = _require("mlflow", "mlflow", "mlflow-skinny")
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            uri = (Path(context.output_dir).resolve() / "mlruns").as_uri()
+            # MLflow 3 refuses file stores unless asked; a local store is the
+            # point here (no server, no database package: mlflow-skinny works).
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.mlflow.set_tracking_uri(uri)
+        self.mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", "grpo"))
+        self.run = self.mlflow.start_run(run_name=_run_name(context))
+        self.client = self.mlflow.tracking.MlflowClient(uri)
+        self.tables: dict[str, list[dict[str, Any]]] = {}
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        clean = {_MLFLOW_BAD.sub("_", k): v for k, v in metrics.items()}
+        self.mlflow.log_metrics(clean, step=step, run_id=self.run.info.run_id)
+
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
+        # The whole table so far, rewritten: mlflow.log_table's append needs pandas.
+        kept = self.tables.setdefault(name, [])
+        kept.extend(rows)
+        columns = list(dict.fromkeys(c for r in kept for c in r))
+        table = {"columns": columns, "data": [[r.get(c) for c in columns] for r in kept]}
+        self.client.log_dict(self.run.info.run_id, table, f"{name}.json")
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+class TrackioTracker:
+    """``report_to = ["trackio"]``: trackio's local store (its own default
+    directory, or ``TRACKIO_DIR``); project ``TRACKIO_PROJECT`` (default
+    ``grpo``). A table is logged per step with every row so far."""
+
+    def __init__(self, context: RunContext) -> None:
+        self.trackio = _require("trackio", "trackio", "trackio")
+        self.run = self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", "grpo"), name=_run_name(context),
+                                     config=context.config.model_dump(mode="json"))
+        self.tables: dict[str, list[dict[str, Any]]] = {}
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.trackio.log(metrics, step=step)
+
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
+        kept = self.tables.setdefault(name, [])
+        kept.extend(rows)
+        columns = list(dict.fromkeys(c for r in kept for c in r))
+        table = self.trackio.Table(columns=columns, data=[[r.get(c) for c in columns] for r in kept])
+        self.trackio.log({name: table}, step=step)
+
+    def close(self) -> None:
+        self.trackio.finish()
