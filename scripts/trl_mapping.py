@@ -35,7 +35,7 @@ RENAMES = {
 # Fields whose grpo counterpart is not a key of the same shape.
 ELSEWHERE = {
     "model_init_kwargs": "`base_model`, `bf16`, `attn_implementation`, `load_in_4bit` (no free-form kwargs)",
-    "report_to": "not built: metrics go to `output_dir/metrics.jsonl` and the console",
+    "report_to": "`report_to` (a list; trackers are `grpo.tracker` plugins; metrics.jsonl always)",
     "vllm_importance_sampling_clip_max": "`trl.vllm_importance_sampling_cap`",
     "reward_funcs": "a GRPOTrainer argument in TRL; names or import paths here, or callables passed to `grpo.train`",
 }

@@ -32,8 +32,14 @@ _PACKING = (
     "Axolotl packs or streams fixed training text; a GRPO batch is completions grpo generates itself, padded per "
     "micro-batch, so packing and pretraining streams do not apply"
 )
-_EVAL = "grpo has no evaluation loop yet (keep val_set_size = 0.0)"
-_TRACKERS = "grpo logs to the console and output_dir/metrics.jsonl only; experiment trackers are not built yet"
+_EVAL = (
+    "grpo's evaluation is configured with val_set_size or test_datasets, eval_strategy, eval_steps and "
+    "eval_temperature; this Axolotl evaluation key has no counterpart"
+)
+_TRACKERS = (
+    "grpo chooses trackers with report_to (tensorboard, wandb, mlflow, trackio; see `grpo plugins`) and the "
+    "tracker's own environment variables (WANDB_PROJECT, MLFLOW_TRACKING_URI, ...); this Axolotl key is not read"
+)
 _DISTRIBUTED = (
     "grpo trains in one process on one device (accelerate places the model); multi-GPU, sharding, device maps and "
     "Ray are not built"
@@ -94,8 +100,8 @@ _add(
 _add(
     _EVAL,
     "bench_dataset bench_split do_bench_eval do_causal_lm_eval early_stopping_patience eval_batch_size "
-    "eval_causal_lm_metrics eval_max_new_tokens eval_sequence_len eval_steps eval_strategy eval_table_size "
-    "evals_per_epoch evaluation_strategy greater_is_better load_best_model_at_end metric_for_best_model test_datasets",
+    "eval_causal_lm_metrics eval_max_new_tokens eval_sequence_len eval_table_size "
+    "evals_per_epoch evaluation_strategy greater_is_better load_best_model_at_end metric_for_best_model",
 )
 _add(
     _TRACKERS,
