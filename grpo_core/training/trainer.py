@@ -244,7 +244,7 @@ class GRPOTrainer:
         cfg, trl = self.cfg, self.trl
         model = self.parts.model
         model.train()
-        clock = self.clock = StepClock()
+        clock = self.clock  # started when the previous step was logged (it may hold that step's checkpoint)
         fresh = self._batch is None or self.step % self.steps_per_batch == 0
         if fresh:
             with clock.phase("rollout"):
@@ -355,6 +355,7 @@ class GRPOTrainer:
 
         observer = self.parts.observer or RunObserver(cfg)
         observer.start(self)
+        self.clock = StepClock()
         try:
             with StopRequested() as stop:
                 while self.step < cfg.max_steps:
@@ -366,14 +367,17 @@ class GRPOTrainer:
                                         f"Resume with resume_from_checkpoint = \"{path}\".") from exc
                     if trl.sync_ref_model and self.step % trl.ref_model_sync_steps == 0:
                         self._update_reference()
+                    metrics.update(self.clock.metrics())  # the phases add up to step_time
+                    self.timings.append(metrics)
+                    # The next step's clock starts now: evaluation, logging and this step's checkpoint
+                    # are timed in the next step, so every second of the run is in some step_time.
+                    self.clock = StepClock()
+                    self.parts.hook.grpo_step_end(progress=self.progress(), metrics=metrics)
+                    observer.step_end(self, metrics)  # logged before the checkpoint: a failed save loses no metrics
                     saved = None
                     if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
                         with self.clock.phase("checkpoint"):
                             saved = self.save()
-                    metrics.update(self.clock.metrics())  # the phases add up to step_time
-                    self.timings.append(metrics)
-                    self.parts.hook.grpo_step_end(progress=self.progress(), metrics=metrics)
-                    observer.step_end(self, metrics)
                     if stop.signal is not None:
                         path = saved or self.save()
                         raise TrainingInterrupted(
