@@ -42,7 +42,7 @@ def tiny_dir(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture()
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "tiny_rewards.py").write_text(REWARDS)
+    (tmp_path / "learning_rewards.py").write_text(REWARDS)
     rows = [{"prompt": f"Write token number {i}:"} for i in range(8)]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -56,7 +56,7 @@ def config(workdir: Path, model_dir: str, name: str, **trl: object):
         "sequence_len": 64, "micro_batch_size": 8, "gradient_accumulation_steps": 2, "max_steps": 6,
         "learning_rate": 1e-2, "lr_scheduler": "constant", "output_dir": str(workdir / name), "seed": 1,
         **top,
-        "trl": {"num_generations": 8, "max_completion_length": 4, "reward_funcs": ["tiny_rewards.even"],
+        "trl": {"num_generations": 8, "max_completion_length": 4, "reward_funcs": ["learning_rewards.even"],
                 "temperature": 1.0, **trl},
     })  # fmt: skip
 
@@ -132,7 +132,7 @@ def test_skip_zero_advantage_batches_skips_counts_and_leaves_weights(workdir: Pa
     without torch's order warning reaching the user."""
     from safetensors.torch import load_file
 
-    cfg = config(workdir, tiny_dir, "skip", reward_funcs=["tiny_rewards.constant"], skip_zero_advantage_batches=True, max_steps=2)
+    cfg = config(workdir, tiny_dir, "skip", reward_funcs=["learning_rewards.constant"], skip_zero_advantage_batches=True, max_steps=2)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         assert run_training(cfg) == "completed"
@@ -144,7 +144,7 @@ def test_skip_zero_advantage_batches_skips_counts_and_leaves_weights(workdir: Pa
     for key in start:
         assert torch.equal(start[key], end[key]), key
 
-    kept = config(workdir, tiny_dir, "noskip", reward_funcs=["tiny_rewards.constant"], skip_zero_advantage_batches=False, max_steps=1)
+    kept = config(workdir, tiny_dir, "noskip", reward_funcs=["learning_rewards.constant"], skip_zero_advantage_batches=False, max_steps=1)
     run_training(kept)
     row = metrics(Path(kept.output_dir))[0]
     assert row["skipped_zero_adv_batches"] == 0.0 and row["num_tokens"] > 0  # both micro-batches ran
