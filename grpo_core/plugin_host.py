@@ -321,15 +321,16 @@ class PluginHost:
         """Every publication in ``group``, each imported and checked once so
         broken, refused and ambiguous ones show why instead of hiding."""
         out = []
-        for name, publications in sorted(self.published(group).items()):
-            for info in publications:
-                error = info.error
-                if error is None and len([p for p in publications if p.error is None]) > 1:
-                    others = ", ".join(p.distribution for p in publications if p is not info)
+        for name, found in sorted(published_entry_points().get(group, {}).items()):
+            usable = [info for info, _ in found if self._refusal(info) is None]
+            for info, ep in found:
+                error = self._refusal(info)
+                if error is None and len(usable) > 1:
+                    others = ", ".join(p.distribution for p in usable if p is not info)
                     error = f"ambiguous: '{name}' is also published by {others}; choose '{info.qualified}'"
-                if info.error is None:  # refused ones are never imported
+                if self._refusal(info) is None:  # refused ones are never imported
                     try:
-                        obj = next(ep for i, ep in published_entry_points()[group][name] if i.distribution == info.distribution).load()
+                        obj = ep.load()
                     except Exception as exc:
                         error = f"{type(exc).__name__}: {exc}"
                     else:
