@@ -176,6 +176,11 @@ class InferenceEngine(Protocol):
     Restarts are the engine's business: an engine that dies and comes back
     re-applies the last ``load_*`` call itself before it samples again, so a
     path given to a ``load_*`` method must stay readable until the next load.
+
+    Optional: an engine that computes on this machine's CPU cores may expose
+    ``cpu_cores`` (a ``frozenset[int]``): the cores it is pinned to. The
+    trainer then runs its own threads on the other cores (read with
+    :func:`engine_cpu_cores`); engines without it leave the trainer alone.
     """
 
     @property
@@ -234,6 +239,13 @@ class InferenceEngine(Protocol):
         """Groups of HF projections the engine stores as one weight (e.g.
         ``("q_proj", "k_proj", "v_proj")``): a partial update must carry every
         member of a group."""
+
+
+def engine_cpu_cores(engine: object) -> frozenset[int] | None:
+    """The optional ``cpu_cores`` of an :class:`InferenceEngine` (``None`` when
+    it has none, or no engine)."""
+    cores = getattr(engine, "cpu_cores", None)
+    return frozenset(cores) if cores else None
 
 
 @runtime_checkable

@@ -55,6 +55,11 @@ class VllmSettings(_Table):
         description="Serve vLLM's dev endpoints (/collective_rpc: load weights from any path) on a non-loopback host. Off: such a bind is refused for full-weight sync.",
     )
     cpu_kvcache_space: int | None = Field(None, ge=1, description="GiB of KV cache on CPU (VLLM_CPU_KVCACHE_SPACE). Default 2: vLLM would otherwise take 85% of host memory.")
+    engine_cpus: str | None = Field(
+        None,
+        description="CPU cores a managed server computes on ('0-3', '0,2'); the trainer keeps the others. "
+        "Unset: with trl.async_prefetch on a CPU machine, the first half of the cores; a synchronous run splits nothing. 'all': no split.",
+    )
     extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` command-line arguments.")
 
 

@@ -19,13 +19,14 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
+from grpo_core.cpu_affinity import keep_off_engine_cores
 from grpo_core.errors import PluginError, StorageError, TrainingInterrupted
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, chosen_implementations, declared
 from grpo_core.plugin_host import ERROR_LOG, PluginHost
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.batch import generation_batch_size, steps_per_batch
 from grpo_core.training.producer import PrefetchingProducer, PromptStream, RolloutProducer, sampling_from_config
-from grpo_core.types import Checkpointable, InferenceEngine, TrainingProgress
+from grpo_core.types import Checkpointable, InferenceEngine, TrainingProgress, engine_cpu_cores
 
 
 def seed_everything(seed: int) -> None:
@@ -147,6 +148,10 @@ def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> t
     return accelerator, model, optimizer, build_scheduler(cfg, optimizer), reference
 
 
+def _cores(cores: frozenset[int] | None) -> str:
+    return ",".join(str(c) for c in sorted(cores or ()))
+
+
 def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable[[str], None] | None = None) -> str:
     """Check ``cfg`` exactly as ``grpo run`` does (warnings go to ``warn``),
     train, and return the final status (``completed``). Everything cheap that
@@ -197,6 +202,11 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
         stop_ids = [context.tokenizer.eos_token_id] if context.tokenizer.eos_token_id is not None else []
         observer = RunObserver.build(cfg, host, context, eval_prompts, stop_ids)  # trackers: before the model loads
         impls = build_implementations(host, cfg, context)
+        engine_cores = engine_cpu_cores(impls.engine)
+        trainer_cores = keep_off_engine_cores(engine_cores)
+        if trainer_cores:  # before the model loads: its threads, and every later one, stay on these cores
+            context.log(f"CPU split: the inference engine computes on cores {_cores(engine_cores)}, "
+                        f"the trainer on {_cores(trainer_cores)} ([vllm] engine_cpus)")
         accelerator, model, optimizer, scheduler, reference = _load_model_parts(cfg, context, model_dir)
         model_holder["model"] = model
         stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)

@@ -129,6 +129,13 @@ class VLLMServerEngine:
         dtype = resolve_dtype(self.context.config.vllm.dtype)
         return None if dtype == "auto" else dtype
 
+    @property
+    def cpu_cores(self) -> frozenset[int] | None:
+        """The CPU cores a managed server's engine is pinned to ([vllm]
+        engine_cpus; by default half the cores under async_prefetch): the
+        trainer keeps off them. ``None``: no split."""
+        return self.server.spec.engine_cpus if self.server is not None else None
+
     def healthy(self) -> bool:
         return self.client.health()
 

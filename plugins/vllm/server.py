@@ -25,6 +25,7 @@ Who can reach the server (docs/security.md):
 from __future__ import annotations
 
 import atexit
+import functools
 import ipaddress
 import os
 import queue
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
+from grpo_plugins.vllm.cpus import format_cpu_list, plan_cpu_split, usable_cpus
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -89,6 +91,8 @@ class ServerSpec:
     warnings: list[str] = field(default_factory=list)
     uds: str | None = None  # the Unix socket it listens on instead of host:port
     key_generated: bool = False  # api_key was made up for this server (no key configured)
+    engine_cpus: frozenset[int] | None = None  # the cores its engine is pinned to (plugins/vllm/cpus.py)
+    spawn_cpus: frozenset[int] | None = None  # the affinity it starts with, whatever the trainer's is by then
 
     @property
     def base_url(self) -> str:
@@ -329,8 +333,17 @@ def managed_spec(cfg: GRPOConfig, lora: bool = False) -> ServerSpec:
     if transport == "unix":
         if not unix_sockets_available():
             raise ConfigError("[vllm] transport = 'unix', but this platform has no Unix domain sockets: use 'tcp'.")
-        return server_spec(cfg, lora=lora, uds=private_socket_dir() / SOCKET_NAME)
-    return server_spec(cfg, lora=lora, generate_key=True)
+        spec = server_spec(cfg, lora=lora, uds=private_socket_dir() / SOCKET_NAME)
+    else:
+        spec = server_spec(cfg, lora=lora, generate_key=True)
+    usable = usable_cpus()
+    split = plan_cpu_split(cfg, usable, cuda_available())
+    spec.spawn_cpus = usable
+    if split is not None:
+        spec.env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpu_list(split.engine)
+        spec.env.pop("VLLM_CPU_NUM_OF_RESERVED_CPU", None)  # an explicit binding reserves nothing
+        spec.engine_cpus = split.engine
+    return spec
 
 
 def _lora_rank_bucket(rank: int) -> int:
@@ -340,6 +353,18 @@ def _lora_rank_bucket(rank: int) -> int:
         if rank <= value:
             return value
     raise ConfigError(f"lora_r = {rank} is larger than vLLM's largest supported LoRA rank ({allowed[-1]})")
+
+
+def _prepare_child(cpus: frozenset[int] | None) -> None:
+    """Runs in the server's process before vLLM starts: the parent-death
+    signal, and the CPU affinity grpo itself started with (a restart after
+    the trainer confined its own threads must not inherit that)."""
+    _set_parent_death_signal()
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError:
+            pass
 
 
 def _set_parent_death_signal() -> None:
@@ -448,7 +473,7 @@ class ManagedServer:
                     stdout=out,
                     stderr=subprocess.STDOUT if out is not None else None,
                     start_new_session=True,  # own process group: stop() reaches the engine core too
-                    preexec_fn=_set_parent_death_signal,
+                    preexec_fn=functools.partial(_prepare_child, self.spec.spawn_cpus),
                 )
 
             # The death signal is tied to the starting thread: the main thread

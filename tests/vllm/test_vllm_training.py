@@ -277,11 +277,17 @@ def test_tcp_listeners_sees_a_listening_process_group(tmp_path: Path) -> None:
         listener.wait()
 
 
+def thread_cpus(pid: int) -> list[list[int]]:
+    """The CPU affinity of every thread of ``pid``."""
+    return [sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")]
+
+
 def test_grpo_run_manages_its_own_server(smollm2_dir: str, tmp_path: Path) -> None:
     """``grpo run`` starts its server on a Unix socket in a private directory:
     while it serves the run (full-weight sync, so dev mode is on), its API
-    server listens on no TCP port, and the directory is gone afterwards."""
-    cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_lora_sync=False)
+    server listens on no TCP port, and the directory is gone afterwards.
+    With async_prefetch the engine and the trainer compute on separate cores."""
+    cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_lora_sync=False, async_prefetch=True)
     cfg["max_steps"] = 2
     import tomli_w
 
@@ -310,6 +316,13 @@ def test_grpo_run_manages_its_own_server(smollm2_dir: str, tmp_path: Path) -> No
         # gloo transport even with one worker (no HTTP there); none faces the network.
         assert all(port.split(":")[0] == LOOPBACK_V4 for _, port in listeners), listeners
         assert stat.S_IMODE(socket_file.parent.stat().st_mode) == 0o700 and socket_file.is_socket()
+        usable = sorted(os.sched_getaffinity(0))  # what `grpo run` inherited from this test
+        if len(usable) >= 2:
+            engine, trainer = usable[: len(usable) // 2], usable[len(usable) // 2 :]
+            assert f"the inference engine computes on cores {','.join(map(str, engine))}, the trainer on " in log.read_text()
+            assert all(mask == trainer for mask in thread_cpus(run.pid))  # every trainer thread, none on the engine's
+            bound = [mask for member in group if member != run.pid for mask in thread_cpus(member)]
+            assert engine in bound, bound  # vLLM pinned its compute threads to the engine's cores
         assert run.wait(timeout=900) == 0, log.read_text()[-3000:]
     finally:
         if run.poll() is None:
