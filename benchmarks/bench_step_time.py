@@ -12,8 +12,12 @@ is warm-up and excluded (model load, server start, compilation).
 ``grpo-vllm`` is a managed server syncing merged weights through files,
 ``grpo-vllm-lora`` the same server hot-loading the adapter
 (``vllm_lora_sync = true``), ``grpo-vllm-colocate`` vLLM in the trainer's
-process with in-memory sync (``vllm_mode = "colocate"``). Prints a table
-with seconds per step, generated tokens per second and the ratio to TRL, and
+process with in-memory sync (``vllm_mode = "colocate"``); ``grpo-vllm-async``
+the managed server with ``async_prefetch`` (engine and trainer on separate
+cores, the default split) and ``grpo-vllm-async-nosplit`` the same with
+``[vllm] engine_cpus = "all"``. Prints a table
+with seconds per step, generated tokens per second, the ratio to TRL and the
+start-up (process start to the first step: model load and engine start), and
 writes benchmarks/results/step_time.json.
 """
 
@@ -93,7 +97,8 @@ def run_trl(model_dir: str, steps: int, workdir: Path) -> dict:
     return {"step_seconds": times, "generated_tokens": tokens}
 
 
-def grpo_config(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_sync: bool = False, mode: str = "server") -> dict:
+def grpo_config(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_sync: bool = False, mode: str = "server",
+                async_prefetch: bool = False, engine_cpus: str | None = None) -> dict:
     trl = {
         "num_generations": NUM_GENERATIONS,
         "max_completion_length": COMPLETION_TOKENS,
@@ -102,7 +107,10 @@ def grpo_config(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_
         "use_vllm": use_vllm,
     }
     if use_vllm:
-        trl.update(vllm_lora_sync=lora_sync, vllm_mode=mode)
+        trl.update(vllm_lora_sync=lora_sync, vllm_mode=mode, async_prefetch=async_prefetch)
+    vllm = {"port": 0, "dtype": "auto", "max_model_len": 512, "cpu_kvcache_space": 2}
+    if engine_cpus is not None:
+        vllm["engine_cpus"] = engine_cpus
     return {
         "base_model": model_dir,
         "adapter": "lora",
@@ -117,20 +125,34 @@ def grpo_config(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_
         "lr_scheduler": "constant",
         "output_dir": str(workdir / "grpo"),
         "seed": 42,
-        "vllm": {"port": 0, "dtype": "auto", "max_model_len": 512, "cpu_kvcache_space": 2},
+        "vllm": vllm,
         "trl": trl,
     }
 
 
-def run_grpo(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_sync: bool = False, mode: str = "server") -> dict:
+def run_grpo(model_dir: str, steps: int, workdir: Path, use_vllm: bool, **options: object) -> dict:
+    started = time.perf_counter()
     sys.path.insert(0, str(ROOT / "examples" / "arithmetic"))
+    from grpo_core import hookimpl
     from grpo_core.config.loader import validate
+    from grpo_core.plugin_host import PluginHost
     from grpo_core.training.run import run_training
 
-    cfg = validate(grpo_config(model_dir, steps, workdir, use_vllm, lora_sync, mode))
-    run_training(cfg)
+    cfg = validate(grpo_config(model_dir, steps, workdir, use_vllm, **options))
+    first_step_end: list[float] = []
+
+    class FirstStep:
+        @hookimpl
+        def grpo_step_end(self, progress, metrics):
+            if not first_step_end:
+                first_step_end.append(time.perf_counter() - started)
+
+    host = PluginHost()
+    host.pm.register(FirstStep(), name="bench.first_step")
+    run_training(cfg, host)
     records = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     return {
+        "startup_seconds": first_step_end[0] - records[0]["step_time"],
         "step_seconds": [r["step_time"] for r in records],
         "generated_tokens": [r["completions/mean_length"] * PROMPTS_PER_STEP * NUM_GENERATIONS for r in records],
         "generation_seconds": [r.get("time/generation", 0.0) for r in records],
@@ -145,6 +167,10 @@ RUNNERS = {
     "grpo-vllm": lambda m, s, w: run_grpo(m, s, w, use_vllm=True),
     "grpo-vllm-lora": lambda m, s, w: run_grpo(m, s, w, use_vllm=True, lora_sync=True),
     "grpo-vllm-colocate": lambda m, s, w: run_grpo(m, s, w, use_vllm=True, mode="colocate"),
+    # async_prefetch against the managed server: engine and trainer on separate cores (the
+    # default split), and the same with the split turned off (both on every core)
+    "grpo-vllm-async": lambda m, s, w: run_grpo(m, s, w, use_vllm=True, async_prefetch=True),
+    "grpo-vllm-async-nosplit": lambda m, s, w: run_grpo(m, s, w, use_vllm=True, async_prefetch=True, engine_cpus="all"),
 }
 
 
@@ -153,6 +179,8 @@ def summarise(result: dict) -> dict:
     toks = result["generated_tokens"][1:] or result["generated_tokens"]
     mean = statistics.mean(steady)
     row = {"sec_per_step": mean, "tokens_per_sec": statistics.mean(toks) / mean if toks else float("nan"), "steps": len(steady)}
+    if "startup_seconds" in result:  # process start to the first step's start: model load, engine start
+        row["startup_seconds"] = result["startup_seconds"]
     for key in ("generation_seconds", "sync_seconds"):
         if key in result:
             row[key] = statistics.mean(result[key][1:] or result[key])
@@ -189,13 +217,14 @@ def main() -> None:
         os.unlink(out)
 
     base = summary.get("trl")
-    print(f"\n{'runner':<20}{'s/step':>10}{'gen tok/s':>12}{'speed-up vs TRL':>18}{'generate s':>12}{'sync s':>9}{'skipped':>9}")
+    print(f"\n{'runner':<24}{'s/step':>10}{'gen tok/s':>12}{'speed-up vs TRL':>18}{'generate s':>12}{'sync s':>9}{'skipped':>9}{'start-up s':>12}")
     for name, row in summary.items():
         ratio = base["sec_per_step"] / row["sec_per_step"] if base else float("nan")
         row["speedup_vs_trl"] = ratio
         phases = "".join(f"{row[k]:>{w}.2f}" if k in row else f"{'-':>{w}}" for k, w in (("generation_seconds", 12), ("sync_seconds", 9)))
         skipped = f"{row['skipped_micro_batches']:>9.0f}" if "skipped_micro_batches" in row else f"{'-':>9}"
-        print(f"{name:<20}{row['sec_per_step']:>10.2f}{row['tokens_per_sec']:>12.1f}{ratio:>17.2f}x{phases}{skipped}")
+        startup = f"{row['startup_seconds']:>12.1f}" if "startup_seconds" in row else f"{'-':>12}"
+        print(f"{name:<24}{row['sec_per_step']:>10.2f}{row['tokens_per_sec']:>12.1f}{ratio:>17.2f}x{phases}{skipped}{startup}")
     results = HERE / "results"
     results.mkdir(exist_ok=True)
     (results / "step_time.json").write_text(json.dumps(summary, indent=2))
