@@ -33,6 +33,7 @@ from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import WEIGHTS_IN_MEMORY, Completion, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult
 from grpo_plugins.vllm.engine import PACKED_GROUPS
 from grpo_plugins.vllm.sampling import sampling_fields
+from grpo_plugins.vllm.worker_extension import retie_output_embeddings
 from grpo_plugins.vllm.server import cpu_kvcache_gib, cuda_available, enforce_eager, max_model_len, resolve_dtype
 from grpo_plugins.vllm.weight_sync import merged_weights
 
@@ -225,6 +226,7 @@ class ColocatedEngine:
                 self.llm.collective_rpc(
                     "reload_weights", kwargs={"weights_iterator": iter(weights.items()), "is_checkpoint_format": True}
                 )
+                self.llm.collective_rpc(retie_output_embeddings)  # a tied LM head's packed copy (CPU)
                 self.llm.reset_prefix_cache()
                 self._loads += 1
             finally:

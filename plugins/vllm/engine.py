@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
-from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, VLLMClient, adoption_refusal
+from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, EngineRequestError, VLLMClient, adoption_refusal
+from grpo_plugins.vllm.worker_extension import EXTENSION_CLASS, RETIE_METHOD
 from grpo_plugins.vllm.server import (
     LOG_NAME,
     SERVED_MODEL_NAME,
@@ -64,6 +65,7 @@ class VLLMServerEngine:
         self._label: str | None = None
         self._loads = 0
         self._last_load: Callable[[], None] | None = None
+        self._retie_missing = False  # the server lacks grpo's worker extension
         self.run_id = f"{id(self):x}"[-8:]
         managed = trl.vllm_managed
         url = server_url(context)
@@ -171,6 +173,7 @@ class VLLMServerEngine:
     def load_weights_from_path(self, path: Path) -> None:
         def load() -> None:
             self.client.collective_rpc("reload_weights", {"weights_path": str(path)})
+            self._retie_output_embeddings()
             self.client.reset_prefix_cache()
             self._served = SERVED_MODEL_NAME
 
@@ -240,6 +243,23 @@ class VLLMServerEngine:
             if not self.restart_if_dead():
                 raise
 
+    def _retie_output_embeddings(self) -> None:
+        """Refresh a tied LM head after a reload (worker_extension.py says
+        why). A server started without grpo's worker extension (a stock
+        ``vllm serve``) cannot: said once, since only a sync that changes the
+        embeddings (full fine-tuning) is affected."""
+        if self._retie_missing:
+            return
+        try:
+            self.client.request("POST", "/collective_rpc", {"method": RETIE_METHOD, "kwargs": {}}, retry=False)
+        except (EngineRequestError, EngineUnavailable) as exc:
+            if self.server is not None:
+                raise  # grpo started this server with the extension: a real failure
+            self._retie_missing = True
+            self.log(f"WARNING: {self.description} has no grpo worker extension ({str(exc).splitlines()[0][:200]}); "
+                     "after a full fine-tuning sync a model with tied embeddings may sample with its old LM head on "
+                     f"vLLM's CPU backend. Start the server with `grpo vllm-serve` (or --worker-extension-cls {EXTENSION_CLASS}).")
+
     def _clean_server(self) -> None:
         client = self.client
         base_root = None
@@ -256,6 +276,7 @@ class VLLMServerEngine:
             if not base_root:
                 raise EngineUnavailable(f"vLLM server at {client.base_url} does not report its base model path")
             client.collective_rpc("reload_weights", {"weights_path": base_root})
+            self._retie_output_embeddings()
             client.set_weight_version("default")
             self.log(f"vLLM: restored base weights from {base_root} (an earlier run had replaced them, tag {tag})")
         try:

@@ -46,6 +46,7 @@ from typing import IO, TYPE_CHECKING, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_plugins.vllm.cpus import format_cpu_list, plan_cpu_split, usable_cpus
+from grpo_plugins.vllm.worker_extension import EXTENSION_CLASS
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -267,6 +268,8 @@ def server_spec(
         # Sampler log-probs after temperature/top-k/top-p, the distribution the
         # trainer reproduces by dividing its logits by the temperature.
         "--logprobs-mode", "processed_logprobs",
+        # grpo's methods on each worker (/collective_rpc), e.g. refreshing a tied LM head after a reload
+        "--worker-extension-cls", EXTENSION_CLASS,
     ]  # fmt: skip
     if cfg.trust_remote_code:
         argv.append("--trust-remote-code")
