@@ -1,0 +1,354 @@
+"""Wall time to 50%, 70% and 85% held-out accuracy: grpo against TRL's
+GRPOTrainer, in one invocation.
+
+    .venv/bin/python benchmarks/bench_time_to_accuracy.py --steps 60 --every 5 \
+        --runners trl,grpo
+
+The task is the arithmetic example (examples/arithmetic): SmolLM2-135M-Instruct
++ LoRA r=16 on all linear layers, 4 prompts x 8 completions per step (2
+micro-batches of 16), 48 completion tokens, lr 1e-4 constant after 2 warm-up
+steps, rewards ``correct_answer`` (1.0) + ``short_answer`` (0.2), seed 42.
+Each runner trains in its own process:
+
+- ``trl``: TRL's GRPOTrainer with its own defaults for everything not listed
+  above (transformers generation: TRL 1.16 refuses this vLLM).
+- ``grpo``: grpo's best setup for a CPU: vLLM colocated in the trainer's
+  process (``vllm_mode = "colocate"``, in-memory sync), ``bf16 = "auto"`` and
+  ``[vllm] dtype = "auto"`` (bf16 where the CPU computes it natively, float32
+  elsewhere), zero-advantage micro-batches skipped (grpo's default).
+- ``grpo-bf16`` / ``grpo-fp32``: the same with ``bf16`` forced on / off, for the
+  precision table.
+
+Every ``--every`` steps a runner saves its adapter; the seconds spent saving
+are excluded from its clock, which starts before the model loads (so start-up
+counts). After all runners finished, one process scores every saved adapter
+with the same evaluator, ``grpo eval``'s: the 64 held-out prompts of
+examples/arithmetic/data/test.jsonl (no (a, b) pair of them is in training),
+greedy decoding with transformers, the ``correct_answer`` reward. Evaluation
+time is therefore excluded from both runners, and both are judged by the same
+code. A threshold counts as reached at the first evaluation at or above it.
+
+Step time on identical work: the mean over steps (warm-up step excluded) in
+which grpo trained every micro-batch, against TRL's mean step; grpo's steps
+that skipped zero-advantage micro-batches are reported on their own line.
+Writes benchmarks/results/time_to_accuracy.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+EXAMPLE = ROOT / "examples" / "arithmetic"
+TRAIN = EXAMPLE / "data" / "train.jsonl"
+TEST = EXAMPLE / "data" / "test.jsonl"
+PROMPTS_PER_STEP = 4
+MICRO_BATCH = 16
+NUM_GENERATIONS = 8
+COMPLETION_TOKENS = 48
+LORA_R = 16
+LR = 1e-4
+WARMUP = 2
+REWARD_WEIGHTS = (1.0, 0.2)
+THRESHOLDS = (0.50, 0.70, 0.85)
+
+
+class Clock:
+    """Seconds since the runner started, less the seconds set aside (saving)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.excluded = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.start - self.excluded
+
+
+def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock) -> dict:
+    from datasets import load_dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    sys.path.insert(0, str(EXAMPLE))
+    from rewards import correct_answer, short_answer  # noqa: E402
+
+    dataset = load_dataset("json", data_files=str(TRAIN), split="train")
+    args = GRPOConfig(
+        output_dir=str(save_dir / "trl-run"),
+        per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=PROMPTS_PER_STEP * NUM_GENERATIONS // MICRO_BATCH,
+        num_generations=NUM_GENERATIONS,
+        max_completion_length=COMPLETION_TOKENS,
+        learning_rate=LR,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=WARMUP,
+        reward_weights=list(REWARD_WEIGHTS),
+        max_steps=steps,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        temperature=1.0,
+        seed=42,
+    )
+    step_ends: list[float] = []
+    step_seconds: list[float] = []
+    load: list[float] = []  # 1-minute load average at each step's end: was anything else running?
+    saved: dict[int, str] = {}
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t0 = clock.now()
+
+        def on_step_end(self, _args, state, _control, model=None, **k):
+            step_seconds.append(clock.now() - self.t0)
+            step_ends.append(clock.now())
+            load.append(os.getloadavg()[0])
+            if state.global_step % every == 0 or state.global_step == steps:
+                began = time.perf_counter()
+                target = save_dir / f"trl-step-{state.global_step}"
+                model.save_pretrained(str(target))
+                saved[state.global_step] = str(target)
+                clock.excluded += time.perf_counter() - began
+
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=[correct_answer, short_answer],
+        args=args,
+        train_dataset=dataset,
+        peft_config=LoraConfig(r=LORA_R, lora_alpha=2 * LORA_R, target_modules="all-linear", task_type="CAUSAL_LM"),
+        callbacks=[Timer()],
+    )
+    trainer.train()
+    return {"step_end_seconds": step_ends, "step_seconds": step_seconds, "skipped_micro_batches": [0] * len(step_ends),
+            "load_average": load, "adapters": saved}
+
+
+def grpo_config(model_dir: str, steps: int, every: int, output_dir: Path, bf16: bool | str) -> dict:
+    return {
+        "base_model": model_dir,
+        "adapter": "lora",
+        "lora_r": LORA_R,
+        "lora_alpha": 2 * LORA_R,
+        "lora_target_linear": True,
+        "datasets": [{"path": str(TRAIN)}],
+        "sequence_len": 256,
+        "micro_batch_size": MICRO_BATCH,
+        "gradient_accumulation_steps": PROMPTS_PER_STEP * NUM_GENERATIONS // MICRO_BATCH,
+        "max_steps": steps,
+        "learning_rate": LR,
+        "lr_scheduler": "constant_with_warmup",
+        "warmup_steps": WARMUP,
+        "bf16": bf16,
+        "output_dir": str(output_dir),
+        "save_steps": every,
+        "logging_steps": 1,
+        "seed": 42,
+        "vllm": {"dtype": "auto", "max_model_len": 512, "cpu_kvcache_space": 2},
+        "trl": {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "num_generations": NUM_GENERATIONS,
+            "max_completion_length": COMPLETION_TOKENS,
+            "temperature": 1.0,
+            "reward_funcs": ["rewards.correct_answer", "rewards.short_answer"],
+            "reward_weights": list(REWARD_WEIGHTS),
+        },
+    }
+
+
+def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock, bf16: bool | str) -> dict:
+    sys.path.insert(0, str(EXAMPLE))
+    from grpo_core import hookimpl
+    from grpo_core.config.loader import validate
+    from grpo_core.plugin_host import PluginHost
+    from grpo_core.training.run import run_training
+
+    output_dir = save_dir / "grpo-run"
+    cfg = validate(grpo_config(model_dir, steps, every, output_dir, bf16))
+    step_ends: list[float] = []
+    load: list[float] = []
+
+    class StepTimes:
+        @hookimpl
+        def grpo_step_end(self, progress, metrics):
+            # A checkpoint is timed in the step after it (time/checkpoint): set it aside.
+            clock.excluded += float(metrics.get("time/checkpoint", 0.0))
+            step_ends.append(clock.now())
+            load.append(os.getloadavg()[0])
+
+    host = PluginHost()
+    host.pm.register(StepTimes(), name="bench.step_times")
+    run_training(cfg, host)
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    skipped = [r.get("skipped_zero_adv_batches", 0.0) for r in records]
+    per_step = [s - (skipped[i - 1] if i else 0.0) for i, s in enumerate(skipped)]  # the metric is cumulative
+    adapters = {}
+    for step in range(every, steps + 1, every):
+        path = output_dir / f"checkpoint-{step}" / "model"
+        adapters[step] = str(path if path.is_dir() else output_dir)  # the last step's model is the final save
+    adapters[steps] = str(output_dir)
+    return {"step_end_seconds": step_ends,
+            "step_seconds": [r["step_time"] - r.get("time/checkpoint", 0.0) for r in records],
+            "skipped_micro_batches": per_step, "load_average": load, "adapters": adapters}
+
+
+RUNNERS = {
+    "trl": lambda m, s, e, d, c: run_trl(m, s, e, d, c),
+    "grpo": lambda m, s, e, d, c: run_grpo(m, s, e, d, c, bf16="auto"),
+    "grpo-bf16": lambda m, s, e, d, c: run_grpo(m, s, e, d, c, bf16=True),
+    "grpo-fp32": lambda m, s, e, d, c: run_grpo(m, s, e, d, c, bf16=False),
+}
+
+
+def evaluate_adapters(adapters: list[str | None]) -> list[float]:
+    """Held-out greedy accuracy of each adapter (``None``: the base model),
+    with ``grpo eval``'s evaluator, in this one process."""
+    sys.path.insert(0, str(EXAMPLE))
+    from grpo_core.config.loader import load_config
+    from grpo_core.plugin_host import PluginHost
+    from grpo_core.tools import run_eval
+
+    cfg = load_config(str(EXAMPLE / "config.toml"), overrides=[
+        f'test_datasets=[{{path = "{TEST.as_posix()}"}}]', "trl.use_vllm=false",
+        'trl.reward_funcs=["rewards.correct_answer"]', "trl.reward_weights=[1.0]",
+        f"trl.max_completion_length={COMPLETION_TOKENS}",
+    ])  # fmt: skip
+    # A fresh host per adapter: each evaluation loads its own rollout implementation.
+    return [run_eval(cfg, PluginHost(), adapter)["eval/rewards/correct_answer/mean"] for adapter in adapters]
+
+
+def cpu_flags() -> str:
+    from grpo_core.precision import cpu_flags as flags
+
+    found = flags()
+    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in found) or "unknown"
+
+
+def report(name: str, run: dict, accuracy: dict[int, float]) -> dict:
+    ends, seconds = run["step_end_seconds"], run["step_seconds"]
+    startup = ends[0] - seconds[0] if ends else None
+    median = statistics.median(seconds[1:] or seconds)
+    reached = {}
+    for threshold in THRESHOLDS:
+        hit = next((step for step in sorted(accuracy) if accuracy[step] >= threshold), None)
+        reached[f"{threshold:.0%}"] = {
+            "step": hit,
+            "seconds": ends[hit - 1] if hit else None,
+            # robust to other work slowing some steps: start-up + steps x the runner's median step
+            "median_estimate_seconds": startup + seconds[0] + (hit - 1) * median if hit else None,
+        }
+    steady = list(range(1, len(seconds)))  # the first step is warm-up
+    trained = [i for i in steady if not run["skipped_micro_batches"][i]]
+    skipped = [i for i in steady if run["skipped_micro_batches"][i]]
+    mean = lambda idx: statistics.mean(seconds[i] for i in idx) if idx else None  # noqa: E731
+    load = run.get("load_average") or []
+    return {"runner": name, "reached": reached, "accuracy": {str(k): v for k, v in sorted(accuracy.items())},
+            "trained_step_seconds": mean(trained), "trained_steps": len(trained),
+            "skipped_step_seconds": mean(skipped), "skipped_steps": len(skipped),
+            "median_step_seconds": median, "startup_seconds": startup,
+            "load_average": {"mean": statistics.mean(load), "max": max(load)} if load else None}
+
+
+def summarize(raw: dict) -> None:
+    """Print the tables from one run's raw data and write the results file."""
+    base = raw["base_accuracy"]
+    rows = [report(name, run, {0: base} | {int(k): v for k, v in raw["accuracy"][name].items()})
+            for name, run in raw["runs"].items()]
+    peer = next((r for r in rows if r["runner"] == "trl"), None)
+    print(f"\nCPU flags: {raw['cpu_flags']}; {raw.get('cores', '?')} cores; started {raw['started']}")
+    print(f"base model held-out accuracy: {base:.1%}")
+    for key, title in (("seconds", "wall seconds to each held-out accuracy (eval and saving excluded)"),
+                       ("median_estimate_seconds", "start-up + steps x median step (robust to other work on the machine)")):
+        print(f"\n{title}")
+        print(f"{'runner':<12}" + "".join(f"{'to ' + t:>20}" for t in ("50%", "70%", "85%")))
+        for row in rows:
+            cells = ""
+            for threshold in ("50%", "70%", "85%"):
+                hit, peer_hit = row["reached"][threshold], peer["reached"][threshold] if peer else None
+                if hit[key] is None:
+                    cells += f"{'not reached':>20}"
+                    continue
+                ratio = f" {peer_hit[key] / hit[key]:.1f}x" if peer_hit and peer_hit[key] and row is not peer else ""
+                cell = f"{hit[key]:.0f}s (step {hit['step']}){ratio}"
+                cells += f"{cell:>20}"
+            print(f"{row['runner']:<12}{cells}")
+    print(f"\n{'runner':<12}{'best acc':>10}{'trained s/step':>18}{'skipped s/step':>16}{'median s/step':>15}{'start-up s':>12}{'load avg':>14}")
+    for row in rows:
+        skipped = f"{row['skipped_step_seconds']:.2f} ({row['skipped_steps']})" if row["skipped_steps"] else "-"
+        load = f"{row['load_average']['mean']:.1f} / {row['load_average']['max']:.1f}" if row["load_average"] else "-"
+        print(f"{row['runner']:<12}{max(row['accuracy'].values()):>10.1%}{row['trained_step_seconds']:>12.2f} ({row['trained_steps']})"
+              f"{skipped:>16}{row['median_step_seconds']:>15.2f}{row['startup_seconds']:>12.0f}{load:>14}")
+        print("    accuracy by step: " + ", ".join(f"{k}: {v:.0%}" for k, v in row["accuracy"].items()))
+    if peer:
+        for row in rows:
+            if row is not peer and row["trained_step_seconds"]:
+                print(f"step time on identical work, {row['runner']} vs TRL: "
+                      f"{peer['trained_step_seconds'] / row['trained_step_seconds']:.2f}x "
+                      f"({row['trained_steps']} steps that trained every micro-batch)")
+    results = HERE / "results"
+    results.mkdir(exist_ok=True)
+    (results / "time_to_accuracy.json").write_text(json.dumps({**{k: raw[k] for k in ("cpu_flags", "started", "base_accuracy")},
+                                                                "runners": rows}, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--every", type=int, default=5, help="save (and later evaluate) every this many steps")
+    parser.add_argument("--runners", default="trl,grpo")
+    parser.add_argument("--report", metavar="RAW_JSON", help="print the tables again from a run's raw data "
+                        "(benchmarks/results/time_to_accuracy_raw.json)")
+    parser.add_argument("--runner", help=argparse.SUPPRESS)  # child-process mode
+    parser.add_argument("--save-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.report:
+        summarize(json.loads(Path(args.report).read_text()))
+        return
+    if args.runner:  # one runner per process: no state leaks between peers
+        clock = Clock()
+        from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+
+        model_dir = resolve_model_dir(DEFAULT_MODEL)
+        result = RUNNERS[args.runner](model_dir, args.steps, args.every, Path(args.save_dir), clock)
+        Path(args.out).write_text(json.dumps(result))
+        return
+
+    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+
+    resolve_model_dir(DEFAULT_MODEL)  # convert the GGUF once, outside every runner's clock
+    started = time.strftime("%Y-%m-%d %H:%M")
+    runs: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="grpo-tta-") as tmp:
+        for name in args.runners.split(","):
+            out, save_dir = Path(tmp) / f"{name}.json", Path(tmp) / name
+            save_dir.mkdir()
+            print(f"--- {name}", flush=True)
+            cmd = [sys.executable, __file__, "--runner", name, "--steps", str(args.steps), "--every", str(args.every),
+                   "--save-dir", str(save_dir), "--out", str(out)]
+            subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            runs[name] = json.loads(out.read_text())
+        print("--- evaluating every saved adapter (one evaluator for all runners)", flush=True)
+        order = [(None, None, 0)] + [(name, path, int(step)) for name, run in runs.items() for step, path in run["adapters"].items()]
+        scores = evaluate_adapters([path for _, path, _ in order])
+    raw = {"cpu_flags": cpu_flags(), "cores": os.cpu_count(), "started": started, "base_accuracy": scores[0], "runs": runs,
+           "accuracy": {name: {str(step): score for (who, _, step), score in zip(order, scores) if who == name} for name in runs}}
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "time_to_accuracy_raw.json").write_text(json.dumps(raw, indent=2))
+    summarize(raw)
+
+if __name__ == "__main__":
+    main()
