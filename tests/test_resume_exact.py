@@ -132,17 +132,20 @@ def calls(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
-@pytest.mark.parametrize(("depth", "iterations"), [(1, 1), (2, 2)], ids=["depth1", "depth2-mid-batch"])
-def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, monkeypatch, depth: int, iterations: int) -> None:
+@pytest.mark.parametrize("iterations", [1, 2], ids=["between-batches", "mid-batch"])
+def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, monkeypatch, iterations: int) -> None:
     """With ``async_prefetch`` the checkpoint at step 3 is taken while the
-    prefetch thread holds batches generated for later steps. They are saved
-    with it and trained on after resume, not generated again, so the resumed
-    run logs the same per-step values (rewards, advantages, loss, IS and
-    staleness metrics) and ends with the same weights as the straight run.
+    prefetch thread holds (or is making) the batch for a later step. It is
+    saved with the checkpoint and trained on after resume, not generated
+    again, so the resumed run logs the same per-step values (rewards,
+    advantages, loss, IS and staleness metrics) and ends with the same
+    weights as the straight run.
 
-    depth1: one batch ahead, checkpoint between batches. depth2-mid-batch:
-    two batches ahead and ``num_iterations = 2``, the checkpoint in the middle
-    of a batch (pending batch and prefetched batches saved together)."""
+    ``prefetch_depth = 1``: the thread starts a batch exactly when the trainer
+    takes the one before, so the straight run is itself reproducible (with a
+    deeper prefetch, when a batch starts, hence its policy version, depends on
+    timing). mid-batch: ``num_iterations = 2``, the checkpoint in the middle
+    of a batch: the pending and the prefetched batch are saved together."""
     import importlib
 
     from grpo_core.training.safe_load import safe_load
@@ -156,27 +159,17 @@ def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, m
     env.MODEL = AutoModelForCausalLM.from_pretrained(model).eval()
 
     env.LOG = str(tmp_path / "straight-calls.jsonl")
-    assert run_training(async_config(tmp_path, model, "straight", depth, iterations)) == "completed"
+    assert run_training(async_config(tmp_path, model, "straight", 1, iterations)) == "completed"
     checkpoint = tmp_path / "straight" / "checkpoint-3"
     env.LOG = str(tmp_path / "resumed-calls.jsonl")
-    resumed = async_config(tmp_path, model, "resumed", depth, iterations, resume_from_checkpoint=str(checkpoint))
+    resumed = async_config(tmp_path, model, "resumed", 1, iterations, resume_from_checkpoint=str(checkpoint))
     assert run_training(resumed) == "completed"
-
-    # What the checkpoint holds: every batch the thread had finished, in order.
-    saved = safe_load(checkpoint / "extra_state.pt")["prefetched_batches"]
-    consumed = -(-3 // iterations)  # batches the trainer had taken by step 3
-    assert len(saved) == depth, "the thread was idle with `depth` batches ready: all of them are saved"
-    straight_calls, resumed_calls = calls(tmp_path / "straight-calls.jsonl"), calls(tmp_path / "resumed-calls.jsonl")
-    for batch, call in zip(saved, straight_calls[consumed:], strict=False):
-        assert [c.token_ids for g in batch.groups for c in g.group.completions] == call["completion_ids"]
-    # No generation for the saved batches after resume: the first call is the batch after them.
-    saved_seeds = {c["seed"] for c in straight_calls[consumed : consumed + depth]}
-    assert not saved_seeds & {c["seed"] for c in resumed_calls}, "a saved batch was generated again"
-    assert resumed_calls[0] == straight_calls[consumed + depth]
 
     straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
     assert [r["step"] for r in split] == [4, 5, 6, 7]
-    assert any(r["staleness"] > 0 for r in split), "no stale batch after resume: the test proves less"
+    # One batch ahead: batch b is sampled from the policy of the step that took batch b - 1.
+    versions = [straight[b * iterations]["policy_version"] for b in range(len(straight) // iterations)]
+    assert versions == [max(0, (b - 1) * iterations) for b in range(len(versions))], versions
     assert any(k.startswith("is/") for k in split[0]), "no importance-sampling metrics: the test proves less"
 
     def math(record: dict) -> dict:  # everything but wall-clock timings
@@ -185,15 +178,6 @@ def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, m
     # Same process, same CPU kernels, same seeds: bit-exact is what the math allows, so it is asserted.
     for a, b in zip(straight[3:], split, strict=True):
         assert math(a) == math(b), a["step"]
-    # The first batch trained after resume is the saved one: same completions, advantages, policy version.
-    def rows(out: Path) -> list[dict]:
-        return [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
-
-    # (a resumed run also logs the rows of the batch it resumed in the middle of; those are left out)
-    fresh_rows = [r for r in rows(tmp_path / "resumed") if (r["step"] - 1) % iterations == 0]
-    assert [r for r in rows(tmp_path / "straight") if r["step"] > 3] == fresh_rows
-    first = fresh_rows[0]
-    assert first["policy_version"] == saved[0].policy_version
     from safetensors.torch import load_file
 
     wa = load_file(str(tmp_path / "straight" / "model.safetensors"))
@@ -201,3 +185,22 @@ def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, m
     assert wa.keys() == wb.keys()
     for key in wa:
         assert torch.equal(wa[key], wb[key]), key
+
+    # The checkpoint holds the batch the thread had made for step 4 (finished before saving).
+    saved = safe_load(checkpoint / "extra_state.pt")["prefetched_batches"]
+    consumed = -(-3 // iterations)  # batches the trainer had taken by step 3
+    straight_calls, resumed_calls = calls(tmp_path / "straight-calls.jsonl"), calls(tmp_path / "resumed-calls.jsonl")
+    assert len(saved) == 1
+    assert [c.token_ids for g in saved[0].groups for c in g.group.completions] == straight_calls[consumed]["completion_ids"]
+    # No generation for it after resume: the first call is the batch after it.
+    assert straight_calls[consumed]["seed"] not in {c["seed"] for c in resumed_calls}, "the saved batch was generated again"
+    assert resumed_calls[0] == straight_calls[consumed + 1]
+
+    # The first batch trained after resume is the saved one: same completions, advantages, policy version.
+    def rows(out: Path) -> list[dict]:
+        return [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+
+    # (a resumed run also logs the rows of the batch it resumed in the middle of; those are left out)
+    fresh_rows = [r for r in rows(tmp_path / "resumed") if (r["step"] - 1) % iterations == 0]
+    assert [r for r in rows(tmp_path / "straight") if r["step"] > 3] == fresh_rows
+    assert fresh_rows[0]["policy_version"] == saved[0].policy_version

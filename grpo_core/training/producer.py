@@ -9,8 +9,8 @@ scheduling inside this module, never the trainer.
 
 from __future__ import annotations
 
-import math
 import contextlib
+import math
 import queue
 import random
 import threading
