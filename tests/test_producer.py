@@ -17,13 +17,14 @@ class VersionStampingProducer:
     """Stands in for RolloutProducer: stamps each batch with the policy
     version current when generation *started* (as the real one does)."""
 
-    def __init__(self, fail_at: int | None = None) -> None:
+    def __init__(self, fail_at: int | None = None, seconds: float = 0.01) -> None:
         self.cfg = SimpleNamespace(micro_batch_size=1, gradient_accumulation_steps=1,
                                    trl=SimpleNamespace(num_iterations=1, generation_batch_size=None, steps_per_generation=None))
         self.version = 0
         self.lock = threading.Lock()
         self.calls = 0
         self.fail_at = fail_at
+        self.seconds = seconds
 
     def produce(self, progress: TrainingProgress) -> ScoredBatch:
         with self.lock:
@@ -31,8 +32,11 @@ class VersionStampingProducer:
             self.calls += 1
             if self.fail_at is not None and self.calls == self.fail_at:
                 raise RuntimeError("engine exploded")
-        time.sleep(0.01)  # generation takes a while
-        return ScoredBatch(groups=[], policy_version=version)
+        time.sleep(self.seconds)  # generation takes a while
+        return ScoredBatch(groups=[], policy_version=version, metrics={"call": float(self.calls)})
+
+    def prefetched(self) -> list[ScoredBatch]:
+        return []
 
 
 @pytest.mark.parametrize("depth", [1, 2])
@@ -51,6 +55,24 @@ def test_prefetch_depth_bounds_staleness(depth: int) -> None:
         prefetch.close()
     assert stalest == depth  # it really ran ahead, and never further than depth
     assert inner.calls <= 8 + depth
+
+
+def test_a_checkpoint_waits_for_the_batch_being_made() -> None:
+    """Inside ``paused()`` no batch is half made: the one in progress when
+    a checkpoint starts is finished and listed, and none starts meanwhile."""
+    inner = VersionStampingProducer(seconds=0.3)
+    prefetch = PrefetchingProducer(inner, 2, lambda k: TrainingProgress(k, 10))
+    try:
+        prefetch.produce(TrainingProgress(0, 5))  # the thread starts the second batch now
+        time.sleep(0.05)
+        with prefetch.paused():
+            made = prefetch.prefetched()
+            time.sleep(0.4)  # a slot is free for a third batch, which waits for the checkpoint
+            assert inner.calls == 2
+        assert [b.metrics["call"] for b in made] == [2.0]
+        assert prefetch.produce(TrainingProgress(1, 5)).metrics["call"] == 2.0
+    finally:
+        prefetch.close()
 
 
 def test_errors_in_the_thread_reach_the_trainer() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from grpo_core.config.loader import validate
@@ -68,3 +69,138 @@ def test_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, monkeyp
     assert wa.keys() == wb.keys()
     for key in wa:
         assert torch.equal(wa[key], wb[key]), key
+
+
+# ---------------------------------------------------------------- async_prefetch
+
+# A rollout_func that samples from the *starting* weights (an engine that is
+# never synced), seeded by the request's seed: the same request gives the same
+# completions in any run and in any thread, so the straight run is
+# deterministic although generation overlaps training. It logs every call
+# (seed, completion ids), which is how the test sees what was generated when.
+ASYNC_ENV = '''
+import json
+import pytest
+import torch
+
+MODEL = None  # the frozen sampler, set by the test
+LOG = None  # path of the call log, set by the test
+
+
+def frozen(prompts, trainer):
+    tok, n, sampling = trainer.processing_class, trainer.num_generations, trainer.sampling
+    generator = torch.Generator().manual_seed(sampling.seed)
+    out = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = tok.encode(prompt, add_special_tokens=False)
+            seqs = torch.tensor([ids] * n)
+            logps = []
+            for _ in range(sampling.max_tokens):
+                logits = MODEL(seqs).logits[:, -1].float() / sampling.temperature
+                dist = torch.log_softmax(logits, dim=-1)
+                token = torch.multinomial(dist.exp(), 1, generator=generator)
+                logps.append(dist.gather(1, token))
+                seqs = torch.cat([seqs, token], dim=1)
+            lp = torch.cat(logps, dim=1)
+            for j in range(n):
+                out["prompt_ids"].append(ids)
+                out["completion_ids"].append(seqs[j, len(ids):].tolist())
+                out["logprobs"].append(lp[j].tolist())
+    with open(LOG, "a") as handle:
+        handle.write(json.dumps({"seed": sampling.seed, "completion_ids": out["completion_ids"]}) + "\\n")
+    return out
+
+
+def even(completion_ids, **kwargs):
+    return [sum(t % 2 == 0 for t in ids) / max(1, len(ids)) for ids in completion_ids]
+'''
+
+
+def async_config(tmp: Path, model: str, out: str, depth: int, iterations: int, **top):
+    return validate({
+        "base_model": model, "adapter": None, "datasets": [{"path": str(tmp / "train.jsonl")}], "sequence_len": 64,
+        "micro_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": 7, "learning_rate": 5e-3,
+        "optimizer": "adamw_torch", "output_dir": str(tmp / out), "seed": 5, "save_steps": 3, **top,
+        "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["async_env.even"],
+                "rollout_func": "async_env.frozen", "temperature": 1.0, "num_iterations": iterations,
+                "async_prefetch": True, "prefetch_depth": depth, "log_completions": True},
+    })  # fmt: skip
+
+
+def calls(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("iterations", [1, 2], ids=["between-batches", "mid-batch"])
+def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, monkeypatch, iterations: int) -> None:
+    """With ``async_prefetch`` the checkpoint at step 3 is taken while the
+    prefetch thread holds (or is making) the batch for a later step. It is
+    saved with the checkpoint and trained on after resume, not generated
+    again, so the resumed run logs the same per-step values (rewards,
+    advantages, loss, IS and staleness metrics) and ends with the same
+    weights as the straight run.
+
+    ``prefetch_depth = 1``: the thread starts a batch exactly when the trainer
+    takes the one before, so the straight run is itself reproducible (with a
+    deeper prefetch, when a batch starts, hence its policy version, depends on
+    timing). mid-batch: ``num_iterations = 2``, the checkpoint in the middle
+    of a batch: the pending and the prefetched batch are saved together."""
+    import importlib
+
+    from grpo_core.training.safe_load import safe_load
+    from transformers import AutoModelForCausalLM
+
+    (tmp_path / "async_env.py").write_text(ASYNC_ENV)
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(10)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    env = importlib.import_module("async_env")
+    env.MODEL = AutoModelForCausalLM.from_pretrained(model).eval()
+
+    env.LOG = str(tmp_path / "straight-calls.jsonl")
+    assert run_training(async_config(tmp_path, model, "straight", 1, iterations)) == "completed"
+    checkpoint = tmp_path / "straight" / "checkpoint-3"
+    env.LOG = str(tmp_path / "resumed-calls.jsonl")
+    resumed = async_config(tmp_path, model, "resumed", 1, iterations, resume_from_checkpoint=str(checkpoint))
+    assert run_training(resumed) == "completed"
+
+    straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
+    assert [r["step"] for r in split] == [4, 5, 6, 7]
+    # One batch ahead: batch b is sampled from the policy of the step that took batch b - 1.
+    versions = [straight[b * iterations]["policy_version"] for b in range(len(straight) // iterations)]
+    assert versions == [max(0, (b - 1) * iterations) for b in range(len(versions))], versions
+    assert any(k.startswith("is/") for k in split[0]), "no importance-sampling metrics: the test proves less"
+
+    def math(record: dict) -> dict:  # everything but wall-clock timings
+        return {k: v for k, v in record.items() if k != "step_time" and not k.startswith("time/")}
+
+    # Same process, same CPU kernels, same seeds: bit-exact is what the math allows, so it is asserted.
+    for a, b in zip(straight[3:], split, strict=True):
+        assert math(a) == math(b), a["step"]
+    from safetensors.torch import load_file
+
+    wa = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+    # The checkpoint holds the batch the thread had made for step 4 (finished before saving).
+    saved = safe_load(checkpoint / "extra_state.pt")["prefetched_batches"]
+    consumed = -(-3 // iterations)  # batches the trainer had taken by step 3
+    straight_calls, resumed_calls = calls(tmp_path / "straight-calls.jsonl"), calls(tmp_path / "resumed-calls.jsonl")
+    assert len(saved) == 1
+    assert [c.token_ids for g in saved[0].groups for c in g.group.completions] == straight_calls[consumed]["completion_ids"]
+    # No generation for it after resume: the first call is the batch after it.
+    assert straight_calls[consumed]["seed"] not in {c["seed"] for c in resumed_calls}, "the saved batch was generated again"
+    assert resumed_calls[0] == straight_calls[consumed + 1]
+
+    # The first batch trained after resume is the saved one: same completions, advantages, policy version.
+    def rows(out: Path) -> list[dict]:
+        return [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+
+    # (a resumed run also logs the rows of the batch it resumed in the middle of; those are left out)
+    fresh_rows = [r for r in rows(tmp_path / "resumed") if (r["step"] - 1) % iterations == 0]
+    assert [r for r in rows(tmp_path / "straight") if r["step"] > 3] == fresh_rows
+    assert fresh_rows[0]["policy_version"] == saved[0].policy_version

@@ -14,7 +14,8 @@ complete checkpoint, which the failed write never touches.
 
 Loading never runs code from the checkpoint: weights are safetensors, the
 trainer state is JSON, and the ``.pt`` files (optimizer, scheduler, RNG,
-plugin and pending-batch state) are read with torch's restricted unpickler
+plugin state, the batch still being trained on and, with ``async_prefetch``, the
+batches generated ahead of training) are read with torch's restricted unpickler
 (:mod:`grpo_core.training.safe_load`). Saving checks that each plugin's state
 reads back under the same rule, so grpo never writes what it would refuse.
 """

@@ -9,14 +9,16 @@ scheduling inside this module, never the trainer.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import random
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -146,6 +148,27 @@ class RolloutProducer:
         self.concurrent_rollout = concurrent_rollout
         self.num_generations = int(cfg.trl.num_generations)  # type: ignore[arg-type]
         self.synced_version = 0  # the policy version the engine samples from
+        self._restored: deque[ScoredBatch] = deque()  # from a checkpoint, handed out before anything new
+
+    def restore(self, batches: list[ScoredBatch]) -> None:
+        """Batches a checkpoint saved before they were trained on: the next
+        :meth:`produce` calls return them, in order, as they were made
+        (samples, rewards, advantages, policy version), without generating.
+        The prompt stream moves past them, so the next new batch takes the
+        prompts it took in the run that saved them."""
+        if not batches:
+            return
+        self._restored.extend(batches)
+        if batches[-1].stream_state:
+            self.stream.load_state_dict(batches[-1].stream_state)
+
+    def prefetched(self) -> list[ScoredBatch]:
+        """Restored batches not handed out yet (saved again by a checkpoint)."""
+        return list(self._restored)
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing runs in the background here: nothing to pause."""
+        return contextlib.nullcontext()
 
     def weights_synced(self, version: int) -> None:
         """The trainer synced ``version`` to the engine: rollouts requested
@@ -214,6 +237,8 @@ class RolloutProducer:
         return groups, rewards, gen_seconds, score_seconds
 
     def produce(self, progress: TrainingProgress) -> ScoredBatch:
+        if self._restored:
+            return self._restored.popleft()
         started = time.perf_counter()
         prompts = self.stream.take(self.prompts_per_batch)
         stream_state = self.stream.state_dict()
@@ -258,6 +283,15 @@ class PrefetchingProducer:
     the policy version that generated it, so the trainer knows its staleness
     and importance sampling can correct for it. Errors in the thread surface
     on the next :meth:`produce` call in the trainer's thread.
+
+    Checkpoints: the trainer reads its state inside :meth:`paused`, which
+    waits for a batch being made to be finished and keeps the next from
+    starting, so the batches :meth:`prefetched` returns, the prompt stream and
+    the replay state all stand at the same point. Those batches are saved and,
+    on resume, handed back (:meth:`restore`): out first, without generating,
+    with their original policy version; the thread then goes on from the
+    batch after them. See :meth:`grpo_core.training.trainer.GRPOTrainer.save` for
+    what makes such a resume exact.
     """
 
     def __init__(self, inner: RolloutProducer, depth: int, progress_of: Callable[[int], TrainingProgress]) -> None:
@@ -267,6 +301,8 @@ class PrefetchingProducer:
         self._queue: queue.Queue[Any] = queue.Queue()
         self._slots = threading.Semaphore(self.depth)
         self._stop = threading.Event()
+        self._making = threading.Lock()  # held by the thread while it makes a batch
+        self._gate = threading.Lock()  # held by a checkpoint: no new batch starts (the lock is not fair)
         self._thread: threading.Thread | None = None
         self._produced = 0
 
@@ -282,12 +318,17 @@ class PrefetchingProducer:
             # so a batch is never more than `depth` policy versions stale.
             if not self._slots.acquire(timeout=0.2):
                 continue
-            try:
-                item: Any = self.inner.produce(self.progress_of(self._produced))
-            except BaseException as exc:  # handed to the trainer's thread
-                item = exc
-            self._produced += 1
-            self._queue.put(item)
+            with self._gate:  # a checkpoint is being read: start after it
+                pass
+            with self._making:  # a checkpoint waits for this batch to be finished
+                if self._stop.is_set():
+                    return
+                try:
+                    item: Any = self.inner.produce(self.progress_of(self._produced))
+                except BaseException as exc:  # handed to the trainer's thread
+                    item = exc
+                self._produced += 1
+                self._queue.put(item)
             if isinstance(item, BaseException):
                 return
 
@@ -308,6 +349,31 @@ class PrefetchingProducer:
 
     def weights_synced(self, version: int) -> None:
         self.inner.weights_synced(version)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No batch is being made inside this block: one in progress is
+        finished first (a checkpoint waits for it), the next starts after."""
+        with self._gate, self._making:
+            yield
+
+    def prefetched(self) -> list[ScoredBatch]:
+        """The finished batches not yet taken by the trainer, oldest first
+        (call inside :meth:`paused`). A failure waiting in the queue ends the
+        list: batches after it were never made."""
+        batches: list[ScoredBatch] = []
+        for item in list(self._queue.queue):
+            if isinstance(item, BaseException):
+                break
+            batches.append(item)
+        return batches + self.inner.prefetched()
+
+    def restore(self, batches: list[ScoredBatch]) -> None:
+        """Hand ``batches`` (from a checkpoint) out first; see
+        :meth:`RolloutProducer.restore`. The thread takes them as its first
+        batches, each in a slot, so the batch after them is requested when
+        it was in the run that saved them: when the trainer takes the first."""
+        self.inner.restore(batches)
 
     def close(self) -> None:
         self._stop.set()

@@ -35,7 +35,8 @@ class UnsafeCheckpoint(GrpoError):
 
 def grpo_types() -> list[type]:
     """grpo's own plain dataclasses that checkpoints may hold (the pending
-    batch of a run with ``num_iterations > 1``): every dataclass in
+    batch of a run with ``num_iterations > 1``, the batches ``async_prefetch``
+    generated ahead of training): every dataclass in
     :mod:`grpo_core.types` and the producer's :class:`ScoredBatch`."""
     from grpo_core import types as contract_types
     from grpo_core.training.producer import ScoredBatch

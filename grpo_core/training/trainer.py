@@ -114,8 +114,33 @@ class GRPOTrainer:
         }
 
     def save(self) -> Path:
-        extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
-        extra["pending_batch"] = self._pending_batch()
+        """Checkpoint everything a resume needs to be exact.
+
+        *Exact* means: the resumed run trains on the very same batches
+        (prompts, completion token ids, sampler log-probs, rewards,
+        advantages, the policy version each was sampled with) in the same
+        order, with the same old log-probs, so its per-step metrics
+        (rewards, advantages, loss, IS and staleness metrics) and its final
+        weights equal those of the run that never stopped.
+
+        Two kinds of batch are already made when a checkpoint is taken: the
+        one later steps still train on (``num_iterations`` or
+        ``steps_per_generation > 1``), and, with ``async_prefetch``, the ones
+        the prefetch thread finished ahead of training. Both are saved; a
+        batch the thread is still making is finished first (the state is read
+        inside :meth:`~grpo_core.training.producer.PrefetchingProducer.paused`),
+        so the saved batches, the prompt stream and the replay state stand at
+        the same point. On resume the prefetched batches are handed out
+        before anything is generated, and the thread goes on from the batch
+        after them. What a resume cannot
+        restore is the engine's weights: it syncs the resumed policy, which is
+        what the engine held in the straight run only if the checkpoint step
+        had a weight sync (``vllm_sync_interval`` divides ``save_steps``);
+        and the rollout must sample alike given the same seed and weights."""
+        with self.parts.producer.paused():
+            extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
+            extra["pending_batch"] = self._pending_batch()
+            extra["prefetched_batches"] = self._prefetched_batches()
         # The policy the pending batch's updates started from is gone once
         # the weights moved: keep its log-probs, or a resumed PPO ratio is 1.
         extra["pending_old_logps"] = (
@@ -152,6 +177,24 @@ class GRPOTrainer:
             return None
         return self._batch
 
+    def _prefetched_batches(self) -> list[ScoredBatch]:
+        """The batches the producer made ahead of training (``async_prefetch``),
+        oldest first, to checkpoint. From the first one that could not be
+        read back without running code on, they are left out with a warning
+        (not an exact resume: resuming makes them again)."""
+        batches = self.parts.producer.prefetched()
+        for i, batch in enumerate(batches):
+            reason = ckpt.unloadable_reason(batch)
+            if reason is not None:
+                warnings.warn(
+                    f"checkpoint at step {self.step} leaves out {len(batches) - i} batch(es) generated ahead of "
+                    f"training: one holds {reason}, which loading would need code to rebuild. Resuming from it "
+                    "generates them again (not an exact resume).",
+                    stacklevel=2,
+                )
+                return batches[:i]
+        return batches
+
     def resume(self, path: Path, loaded: ckpt.LoadedCheckpoint | None = None) -> None:
         """Continue from checkpoint ``path``; ``loaded`` is its
         :func:`~grpo_core.training.checkpoint.read_checkpoint` result when the
@@ -172,6 +215,8 @@ class GRPOTrainer:
         pending = extra.get("pending_batch")
         if pending is not None:
             self._set_batch(pending, old_logps=extra.get("pending_old_logps"))
+        # After the stream: restoring moves it past these batches.
+        self.parts.producer.restore(list(extra.get("prefetched_batches") or []))
 
     # ---------------------------------------------------------------- pieces
 
