@@ -87,7 +87,6 @@ class VLLMEnginePool:
         self.members: list[VLLMServerEngine] = members if members is not None else build_members(context)
         self.dropped: list[VLLMServerEngine] = []
         self._lock = threading.RLock()
-        self.capabilities = frozenset.intersection(*(frozenset(m.capabilities) for m in self.members))
 
     # ------------------------------------------------------------------ membership
 
@@ -156,6 +155,10 @@ class VLLMEnginePool:
         return out
 
     # ------------------------------------------------------------------ InferenceEngine
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset.intersection(*(frozenset(m.capabilities) for m in self.live()))
 
     @property
     def description(self) -> str:
