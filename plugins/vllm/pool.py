@@ -15,9 +15,10 @@ as before.
 
 When a server fails: a managed one is restarted and given the last weights
 again (:class:`~grpo_plugins.vllm.engine.VLLMServerEngine` does that); one
-that cannot be recovered, or an external one that stopped answering
-(after its client's retries, ``trl.vllm_server_timeout``), is dropped with
-a warning and gets no more requests or syncs, while the others carry on.
+that cannot be recovered, or an external one that stopped answering (its
+/health for :data:`DROP_GRACE_S` s, or a request for
+``trl.vllm_server_timeout``), is dropped with a warning and gets no more
+requests or syncs, while the others carry on.
 When the last one fails, its ``EngineUnavailable`` is raised as with a
 single server.
 """
@@ -38,6 +39,12 @@ if TYPE_CHECKING:
     from grpo_core.context import RunContext
 
 T = TypeVar("T")
+
+DROP_GRACE_S = 15.0
+"""While other servers are live, an external server that fails its /health
+probe is waited for this long at most (or ``trl.vllm_server_timeout`` if
+shorter) before it is dropped: the others carry on meanwhile, so there is
+no point in waiting the whole timeout for one that is gone."""
 
 
 def build_members(context: RunContext) -> list[VLLMServerEngine]:
@@ -112,11 +119,27 @@ class VLLMEnginePool:
                 f"carrying on with {len(self.members)} server(s): {left}"
             )
 
+    def probe(self) -> None:
+        """Health-check every live external server (one GET /health each);
+        with others live, one that stays unhealthy for :data:`DROP_GRACE_S`
+        is dropped. Managed servers are checked by their process instead
+        (a dead one is restarted when used)."""
+        members = self.live()
+        if len(members) < 2:
+            return
+        for member in members:
+            if member.server is None and not member.healthy():
+                try:
+                    member.client.wait_healthy(timeout=min(member.timeout, DROP_GRACE_S))
+                except EngineUnavailable as exc:
+                    self.drop(member, exc)
+
     def each(self, action: Callable[[VLLMServerEngine], T]) -> list[T]:
-        """Run ``action`` on every live server at once; a server that fails
-        with ``EngineUnavailable`` is dropped (the error is raised only when
-        none is left). Other errors propagate (a 4xx is a bug or a config
-        problem, the same on every server)."""
+        """Run ``action`` on every live server at once, after a health
+        probe; a server that fails with ``EngineUnavailable`` is dropped (the
+        error is raised only when none is left). Other errors propagate (a
+        4xx is a bug or a config problem, the same on every server)."""
+        self.probe()
         members = self.live()
         if len(members) == 1:
             try:
@@ -197,15 +220,10 @@ class VLLMEnginePool:
     def ensure_weights(self) -> None:
         """Before generating, health-check every server: a managed one that
         died is restarted, one that lost our weights gets them again, an
-        external one that does not answer /health is waited for (its
-        client's retries) and then dropped."""
+        external one that does not answer /health is waited for
+        (:meth:`probe`) and then dropped."""
 
-        def check(member: VLLMServerEngine) -> None:
-            member.ensure_weights()
-            if member.server is None and not member.healthy():
-                member.client.wait_healthy()  # EngineUnavailable after trl.vllm_server_timeout: dropped
-
-        self.each(check)
+        self.each(lambda m: m.ensure_weights())
 
     def load_weights_from_path(self, path: Path) -> None:
         self.each(lambda m: m.load_weights_from_path(path))
