@@ -148,6 +148,11 @@ class VLLMServerEngine:
     def healthy(self) -> bool:
         return self.client.health()
 
+    @property
+    def ready(self) -> bool:
+        """:meth:`ensure_ready` has succeeded once (the server answered)."""
+        return self._prepared
+
     def ensure_ready(self) -> None:
         """Wait for the server, then clean what earlier runs left: foreign
         adapters unloaded, foreign full weights replaced by the base model,

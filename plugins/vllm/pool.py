@@ -124,11 +124,11 @@ class VLLMEnginePool:
         with others live, one that stays unhealthy for :data:`DROP_GRACE_S`
         is dropped. Managed servers are checked by their process instead
         (a dead one is restarted when used)."""
-        members = self.live()
-        if len(members) < 2:
-            return
-        for member in members:
-            if member.server is None and not member.healthy():
+        for member in self.live():
+            # Not before it was first ready: an external server may still be loading its model.
+            if member.server is None and member.ready and not member.healthy():
+                if len(self.live()) < 2:
+                    return  # the last one: the request path waits out trl.vllm_server_timeout
                 try:
                     member.client.wait_healthy(timeout=min(member.timeout, DROP_GRACE_S))
                 except EngineUnavailable as exc:

@@ -155,3 +155,25 @@ def test_shares_keep_groups_whole_and_spread_them(model_dir, tmp_path) -> None:
     pool = VLLMEnginePool(RunContext(config=config(model_dir, tmp_path), output_dir=tmp_path, log=print), members=[a, b, c])  # type: ignore[list-item]
     assert [(m, list(r)) for m, r in pool.shares(7)] == [(a, [0, 1, 2]), (b, [3, 4]), (c, [5, 6])]
     assert [(m, list(r)) for m, r in pool.shares(2)] == [(a, [0]), (b, [1])]
+
+
+def test_when_every_server_is_gone_the_last_error_is_reported(model_dir, tmp_path) -> None:
+    """Two external servers, nothing listening at either (real sockets, no
+    vLLM): the first to fail is dropped with a warning, the last one's
+    EngineUnavailable (after trl.vllm_server_timeout) is what the run reports."""
+    from grpo_core.errors import EngineUnavailable
+    from grpo_core.types import Prompt, SamplingSettings
+    from grpo_plugins.vllm.server import free_port
+
+    urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    cfg = config(model_dir, tmp_path, vllm_managed=False, vllm_server_base_urls=urls, vllm_server_timeout=2)
+    logs: list[str] = []
+    rollout = VLLMRollout(RunContext(config=cfg, output_dir=tmp_path / "out", log=logs.append))
+    start = time.monotonic()
+    with pytest.raises(EngineUnavailable, match="did not answer /health") as info:
+        rollout.grpo_rollout_generate([Prompt("hi", [1, 2])], 2, SamplingSettings(max_tokens=2), 0)
+    assert time.monotonic() - start < 20
+    assert any(u in str(info.value) for u in urls)
+    dropped = [line for line in logs if "dropped" in line]
+    assert len(dropped) == 1 and "carrying on with 1 server(s)" in dropped[0], logs
+    assert len(rollout.engine.live()) == 1
