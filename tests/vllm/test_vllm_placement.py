@@ -177,3 +177,23 @@ def test_when_every_server_is_gone_the_last_error_is_reported(model_dir, tmp_pat
     dropped = [line for line in logs if "dropped" in line]
     assert len(dropped) == 1 and "carrying on with 1 server(s)" in dropped[0], logs
     assert len(rollout.engine.live()) == 1
+
+
+def test_full_http_is_a_weight_sync_the_server_rollout_accepts(model_dir, tmp_path) -> None:
+    """Chosen by name through the entry points, with its settings table
+    validated; refused with colocated vLLM (no server to pull anything)."""
+    from grpo_core.config.checks import check_config
+    from grpo_core.plugin_host import PluginHost
+
+    host = PluginHost()
+    host.load_always_on()
+
+    def with_sync(settings: dict, **trl: object):
+        cfg = config(model_dir, tmp_path, **trl)
+        return validate({**cfg.model_dump(exclude_unset=True), "plugins": {"weight_sync": "full_http", **settings}})
+
+    check_config(with_sync({"full_http": {"host": "0.0.0.0", "advertise_host": "trainer.example"}}), host)
+    with pytest.raises(ConfigError, match="plugins.full_http.hots"):
+        check_config(with_sync({"full_http": {"hots": "x"}}), host)
+    with pytest.raises(ConfigError, match="vllm_in_memory"):
+        check_config(with_sync({}, vllm_mode="colocate"), host)
