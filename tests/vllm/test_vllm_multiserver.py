@@ -139,7 +139,8 @@ def test_a_run_finishes_on_one_server_when_the_other_is_killed(
 ) -> None:
     """A real training run on two servers with the network sync; server B is
     killed after the first step. The run drops it with a warning and
-    finishes on A, which keeps sampling the synced policy."""
+    finishes on A, which keeps sampling the synced policy (step 2's sampler
+    log-probs match the trainer's, float32 both sides)."""
     from grpo_core.config.loader import validate
     from grpo_core.training.run import run_training
 
@@ -151,6 +152,7 @@ def test_a_run_finishes_on_one_server_when_the_other_is_killed(
                           vllm_importance_sampling_correction=True, vllm_server_timeout=120,
                           vllm_managed=False, vllm_server_base_urls=[vllm_server.base_url, server_b.base_url])  # fmt: skip
     settings["plugins"] = {"weight_sync": "full_http"}
+    settings["max_steps"] = 2
     cfg = validate(settings)
     out = tmp_path / "run"
     b_before = finished_requests(server_b)
@@ -173,7 +175,7 @@ def test_a_run_finishes_on_one_server_when_the_other_is_killed(
     killer.join(timeout=5)
     printed = capsys.readouterr().out
     rows = metrics(out)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2]
     assert b_served and b_served[0] > 0  # B served part of step 1
     assert f"WARNING: vLLM server at {server_b.base_url} dropped" in printed and "carrying on with 1 server(s)" in printed
     assert all(r["time/weight_sync"] > 0 for r in rows[1:] if "time/weight_sync" in r)
