@@ -26,6 +26,7 @@ single server.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -94,6 +95,12 @@ class VLLMEnginePool:
         self.members: list[VLLMServerEngine] = members if members is not None else build_members(context)
         self.dropped: list[VLLMServerEngine] = []
         self._lock = threading.RLock()
+        self._down_since: dict[int, float] = {}
+        for member in self.members:
+            if member.server is None and member.client.dead_check is None:
+                # A request to an external server that went away stops retrying once the
+                # others are known to carry on (managed servers: their process tells).
+                member.client.dead_check = lambda m=member: self.gone(m)
 
     # ------------------------------------------------------------------ membership
 
@@ -118,6 +125,21 @@ class VLLMEnginePool:
                 f"WARNING: vLLM server at {member.client.base_url} dropped ({first_line}); "
                 f"carrying on with {len(self.members)} server(s): {left}"
             )
+
+    def gone(self, member: VLLMServerEngine) -> str | None:
+        """Why a request to external ``member`` should stop retrying: it was
+        ready once, has failed /health for :data:`DROP_GRACE_S` s, and other
+        servers are live. ``None`` otherwise (keep retrying until
+        ``trl.vllm_server_timeout``, as with a single server)."""
+        if not member.ready or len(self.live()) < 2:
+            return None
+        if member.healthy():
+            self._down_since.pop(id(member), None)
+            return None
+        since = self._down_since.setdefault(id(member), time.monotonic())
+        if time.monotonic() - since < DROP_GRACE_S:
+            return None
+        return f"it has not answered /health for {DROP_GRACE_S:.0f} s, and other servers carry on"
 
     def probe(self) -> None:
         """Health-check every live external server (one GET /health each);

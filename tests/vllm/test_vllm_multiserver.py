@@ -178,7 +178,9 @@ def test_a_run_finishes_on_one_server_when_the_other_is_killed(
     assert [r["step"] for r in rows] == [1, 2]
     assert b_served and b_served[0] > 0  # B served part of step 1
     assert f"WARNING: vLLM server at {server_b.base_url} dropped" in printed and "carrying on with 1 server(s)" in printed
-    assert all(r["time/weight_sync"] > 0 for r in rows[1:] if "time/weight_sync" in r)
+    # B went away mid-run: dropped once its /health had failed for 15 s, not after the
+    # whole trl.vllm_server_timeout (120 s) of retries a lone server would get.
+    assert rows[1]["time/rollout_wall"] < 80, rows[1]
     # every step was sampled from the weights synced before it (staleness 0): A got every sync
     for r in rows:
         assert r["staleness"] == 0, rows

@@ -148,8 +148,8 @@ def test_managed_data_parallel_starts_separate_servers_on_their_gpus(model_dir, 
 
 
 def test_shares_keep_groups_whole_and_spread_them(model_dir, tmp_path) -> None:
-    class Member:  # only what shares() reads: a list position
-        pass
+    class Member:  # only what shares() reads: a list position (and, at construction, that it is managed)
+        server = "managed"
 
     a, b, c = Member(), Member(), Member()
     pool = VLLMEnginePool(RunContext(config=config(model_dir, tmp_path), output_dir=tmp_path, log=print), members=[a, b, c])  # type: ignore[list-item]
