@@ -16,9 +16,9 @@ as before.
 When a server fails: a managed one is restarted and given the last weights
 again (:class:`~grpo_plugins.vllm.engine.VLLMServerEngine` does that); one
 that cannot be recovered, or an external one that stopped answering (its
-/health for :data:`DROP_GRACE_S` s, or a request for
-``trl.vllm_server_timeout``), is dropped with a warning and gets no more
-requests or syncs, while the others carry on.
+/health failing for :data:`DROP_GRACE_S` s while others are live), is
+dropped with a warning and gets no more requests or syncs, while the others
+carry on.
 When the last one fails, its ``EngineUnavailable`` is raised as with a
 single server.
 """
