@@ -262,9 +262,14 @@ def grpo_sync_weights(model: Any, version: int, engine: InferenceEngine | None) 
     the first rollout so the engine starts from this run's own weights
     (whatever an earlier experiment left on it). May run while a prefetch
     thread generates. After an engine restart the engine re-applies your
-    last ``load_*`` call by itself: keep the files it read until your next
-    sync replaces them, and delete them when a newer version is loaded.
-    Return what was done and how long it took.
+    last ``load_*`` call by itself: keep the files (or the URL) it read
+    until your next sync replaces them, and delete them when a newer version
+    is loaded. The engine may stand for several servers: one ``load_*``
+    call reaches all of them before it returns (see
+    :class:`~grpo_core.types.InferenceEngine`), so call it once. A sync for
+    servers that share no filesystem with the trainer declares
+    ``WEIGHTS_FROM_URL`` and serves the weights itself (the built-in
+    ``full_http`` does). Return what was done and how long it took.
     """
 
 

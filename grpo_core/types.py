@@ -153,13 +153,18 @@ WEIGHTS_FROM_PATH = "weights_from_path"
 """Engine capability: :meth:`InferenceEngine.load_weights_from_path`."""
 ADAPTER_FROM_PATH = "adapter_from_path"
 """Engine capability: :meth:`InferenceEngine.load_adapter`."""
+WEIGHTS_FROM_URL = "weights_from_url"
+"""Engine capability: :meth:`InferenceEngine.load_weights_from_url` (the
+engine pulls the weights over HTTP: no filesystem shared with the trainer)."""
 WEIGHTS_IN_MEMORY = "weights_in_memory"
 """Engine capability: :meth:`InferenceEngine.load_weights` (same process)."""
 SAMPLES_TRAINER_MODEL = "samples_trainer_model"
 """Rollout capability without an engine: it samples the trainer's live model,
 so the weights are current the moment the optimizer steps."""
 
-ENGINE_CAPABILITIES: frozenset[str] = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_IN_MEMORY, SAMPLES_TRAINER_MODEL})
+ENGINE_CAPABILITIES: frozenset[str] = frozenset(
+    {WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_IN_MEMORY, SAMPLES_TRAINER_MODEL}
+)
 
 
 @runtime_checkable
@@ -175,7 +180,15 @@ class InferenceEngine(Protocol):
 
     Restarts are the engine's business: an engine that dies and comes back
     re-applies the last ``load_*`` call itself before it samples again, so a
-    path given to a ``load_*`` method must stay readable until the next load.
+    path (or URL) given to a ``load_*`` method must stay readable until the
+    next load.
+
+    One handle may stand for several servers (``trl.vllm_server_base_urls``,
+    ``[vllm] data_parallel_size`` > 1): then every ``load_*`` call reaches
+    all of them (in parallel) before it returns, and a server that cannot be
+    recovered is dropped with a warning; the handle raises
+    ``EngineUnavailable`` only when none is left. A weight sync therefore
+    never needs to know how many servers there are.
 
     Optional: an engine that computes on this machine's CPU cores may expose
     ``cpu_cores`` (a ``frozenset[int]``): the cores it is pinned to. The
@@ -231,6 +244,12 @@ class InferenceEngine(Protocol):
     def load_adapter(self, path: Path) -> None:
         """Load the PEFT adapter saved at ``path`` (replacing the previous one)
         and serve it from now on."""
+
+    def load_weights_from_url(self, url: str, token: str) -> None:
+        """Replace the weights with the safetensors bytes the engine fetches
+        from ``url`` (sending ``Authorization: Bearer <token>``), like
+        :meth:`load_weights_from_path` but with no shared filesystem: the
+        trainer serves them, the engine pulls them."""
 
     def load_weights(self, weights: Mapping[str, Any]) -> None:
         """Copy ``weights`` (HF names -> tensors) into the engine in place."""

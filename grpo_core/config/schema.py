@@ -37,7 +37,17 @@ class VllmSettings(_Table):
     dtype: str = Field("auto", description="Model dtype in vLLM (auto, bfloat16, float16, float32).")
     max_model_len: int | None = Field(None, gt=0)
     tensor_parallel_size: int = Field(1, ge=1)
-    data_parallel_size: int = Field(1, ge=1)
+    data_parallel_size: int = Field(
+        1, ge=1, description="Managed mode: start this many separate vLLM servers (each its own process and socket); prompt groups are spread across them. `grpo vllm-serve` passes it to vLLM's own data parallelism."
+    )
+    devices: list[int] | None = Field(
+        None,
+        description="GPU indices (of those this process sees) the managed servers get: server i takes the i-th tensor_parallel_size of them (CUDA_VISIBLE_DEVICES). Unset: vLLM's default (all visible).",
+    )
+    trainer_devices: list[int] | None = Field(
+        None,
+        description="GPU indices the trainer keeps (its CUDA_VISIBLE_DEVICES is narrowed to them before CUDA starts). Unset: the trainer uses its default device (index 0).",
+    )
     enable_prefix_caching: bool | None = None
     enforce_eager: bool | None = Field(
         None, description="Skip vLLM's graph compilation: much faster engine start, slightly slower generation. Default: true on CPU, vLLM's own on GPU."
@@ -159,6 +169,9 @@ class TrlSettings(_Table):
     vllm_server_port: int = 8000
     vllm_server_timeout: int | None = Field(None, gt=0, description="Seconds to wait for a vLLM response (and for it to come up). Default 240.")
     vllm_server_base_url: str | None = Field(None, description="Full base URL of an external server (http://host:port, or unix:/path/to/socket); overrides host/port.")
+    vllm_server_base_urls: list[str] | None = Field(
+        None, description="Several external servers (base URLs as in vllm_server_base_url): prompt groups are spread across them, weights are synced to all."
+    )
     vllm_managed: bool | None = Field(None, description="Start and own the vLLM server as a subprocess. Default: true unless a server already answers at host:port.")
     num_generations: int | None = Field(None, ge=1, description="Completions per prompt. Default 8.")
     generation_batch_size: int | None = Field(None, ge=1, description="Completions per generation (TRL's meaning): a multiple of micro_batch_size x gradient_accumulation_steps; each multiple is one optimizer step fed by the same generation. Default micro_batch_size x gradient_accumulation_steps.")

@@ -33,7 +33,7 @@ from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import WEIGHTS_IN_MEMORY, Completion, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult
 from grpo_plugins.vllm.engine import PACKED_GROUPS
 from grpo_plugins.vllm.sampling import sampling_fields
-from grpo_plugins.vllm.worker_extension import retie_output_embeddings
+from grpo_plugins.vllm.worker_ext import retie_output_embeddings
 from grpo_plugins.vllm.server import cpu_kvcache_gib, cuda_available, enforce_eager, max_model_len, resolve_dtype
 from grpo_plugins.vllm.weight_sync import merged_weights
 
@@ -92,6 +92,9 @@ class ColocatedEngine:
 
     def load_adapter(self, path: Any) -> None:
         raise NotImplementedError(f"{self.description} serves merged weights; it loads no adapters")
+
+    def load_weights_from_url(self, url: str, token: str) -> None:
+        raise NotImplementedError(f"{self.description} takes weights in memory (load_weights), not over the network")
 
     def fused_modules(self) -> tuple[tuple[str, ...], ...]:
         return self.packed_groups()

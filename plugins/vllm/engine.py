@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
+from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL
 from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, EngineRequestError, VLLMClient, adoption_refusal
-from grpo_plugins.vllm.worker_extension import EXTENSION_CLASS, RETIE_METHOD
+from grpo_plugins.vllm.worker_ext import RETIE_METHOD
 from grpo_plugins.vllm.server import (
     LOG_NAME,
     SERVED_MODEL_NAME,
+    WORKER_EXTENSION,
     ManagedServer,
     configured_api_key,
     is_loopback,
@@ -48,11 +49,18 @@ def server_url(context: RunContext) -> str:
 
 
 class VLLMServerEngine:
-    """One vLLM OpenAI server, managed (grpo started it) or external."""
+    """One vLLM OpenAI server, managed (grpo started it) or external.
 
-    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH})
+    Unset ``url``/``managed``/``replica``: the single server the config
+    names (``trl.vllm_server_base_url`` or host/port, adopted or started as
+    ``trl.vllm_managed`` says). A pool (:mod:`grpo_plugins.vllm.pool`) builds
+    its members with ``url`` (an external server of
+    ``trl.vllm_server_base_urls``) or ``replica`` (managed server ``i`` of
+    ``[vllm] data_parallel_size``)."""
 
-    def __init__(self, context: RunContext) -> None:
+    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL})
+
+    def __init__(self, context: RunContext, *, url: str | None = None, replica: int | None = None) -> None:
         self.context = context
         cfg = context.config
         trl = cfg.trl
@@ -67,30 +75,38 @@ class VLLMServerEngine:
         self._last_load: Callable[[], None] | None = None
         self._retie_missing = False  # the server lacks grpo's worker extension
         self.run_id = f"{id(self):x}"[-8:]
-        managed = trl.vllm_managed
-        url = server_url(context)
         api_key = configured_api_key(cfg)
-        if managed is None:
-            refusal = adoption_refusal(url, api_key)  # a server someone else started must prove it has our key
-            managed = refusal is not None
-            if not managed:
-                self.log(f"vLLM: using the server already answering at {url}")
-            elif refusal != NOTHING_ANSWERS:
-                self.log(f"vLLM: not using the server at {url}: {refusal}; starting a private one "
-                         "(set trl.vllm_managed = false and [vllm] api_key to use that server)")  # fmt: skip
+        if url is not None:  # one external server of several: never adopted blindly, never started
+            managed = False
+        elif replica is not None:
+            managed = True
+        else:
+            managed = trl.vllm_managed
+            url = server_url(context)
+            if managed is None:
+                refusal = adoption_refusal(url, api_key)  # a server someone else started must prove it has our key
+                managed = refusal is not None
+                if not managed:
+                    self.log(f"vLLM: using the server already answering at {url}")
+                elif refusal != NOTHING_ANSWERS:
+                    self.log(f"vLLM: not using the server at {url}: {refusal}; starting a private one "
+                             "(set trl.vllm_managed = false and [vllm] api_key to use that server)")  # fmt: skip
         if managed:
-            if trl.vllm_server_base_url:
+            if trl.vllm_server_base_url or trl.vllm_server_base_urls:
                 raise ConfigError(
-                    "trl.vllm_managed = true starts its own server; remove trl.vllm_server_base_url "
-                    "(or set trl.vllm_managed = false to use that server)."
+                    "trl.vllm_managed = true starts its own server; remove trl.vllm_server_base_url(s) "
+                    "(or set trl.vllm_managed = false to use those servers)."
                 )
             # A private Unix socket, or TCP with a key made for this run.
-            spec = managed_spec(cfg, lora=ADAPTER_FROM_PATH in context.engine_requirements)
+            lora = ADAPTER_FROM_PATH in context.engine_requirements
+            spec = managed_spec(cfg, lora=lora, replica=replica)
             for warning in spec.warnings:
                 self.log("WARNING: " + warning)
-            self.server = ManagedServer(spec, context.output_dir / LOG_NAME, log=self.log)
+            log_name = LOG_NAME if replica is None else LOG_NAME.replace(".log", f"-{replica}.log")
+            self.server = ManagedServer(spec, context.output_dir / log_name, log=self.log)
             self.server.start()  # does not block: readiness is awaited at first use
             url, api_key = spec.base_url, spec.api_key
+        assert url is not None
         self.client = VLLMClient(url, api_key, timeout=self.timeout, log=self.log)
         if self.server is not None:
             self.client.dead_check = self.server.dead_reason
@@ -141,6 +157,11 @@ class VLLMServerEngine:
     def healthy(self) -> bool:
         return self.client.health()
 
+    @property
+    def ready(self) -> bool:
+        """:meth:`ensure_ready` has succeeded once (the server answered)."""
+        return self._prepared
+
     def ensure_ready(self) -> None:
         """Wait for the server, then clean what earlier runs left: foreign
         adapters unloaded, foreign full weights replaced by the base model,
@@ -185,6 +206,25 @@ class VLLMServerEngine:
             self._served = POLICY_ADAPTER
 
         self._load("lora", load)
+
+    def load_weights_from_url(self, url: str, token: str) -> None:
+        """Each worker fetches the safetensors bytes from ``url`` and loads
+        them in place (:mod:`grpo_plugins.vllm.worker_ext`): no file on
+        either side."""
+
+        def load() -> None:
+            answer = self.client.collective_rpc("grpo_load_weights_from_url", {"url": url, "token": token})
+            loaded = (answer or {}).get("results") or []
+            if not loaded or not all(str(n).isdigit() and int(n) > 0 for n in loaded):
+                raise EngineRequestError(
+                    f"vLLM server at {self.client.base_url} did not load the weights from {url} (answer: {answer!r}); "
+                    f"it needs --worker-extension-cls {WORKER_EXTENSION} (grpo vllm-serve and managed servers have it).",
+                    500,
+                )
+            self.client.reset_prefix_cache()
+            self._served = SERVED_MODEL_NAME
+
+        self._load("full", load)
 
     def load_weights(self, weights: Mapping[str, Any]) -> None:
         raise NotImplementedError(f"{self.description} cannot take weights in memory; use load_weights_from_path")
@@ -244,7 +284,7 @@ class VLLMServerEngine:
                 raise
 
     def _retie_output_embeddings(self) -> None:
-        """Refresh a tied LM head after a reload (worker_extension.py says
+        """Refresh a tied LM head after a reload (worker_ext.py says
         why). A server started without grpo's worker extension (a stock
         ``vllm serve``) cannot: said once, since only a sync that changes the
         embeddings (full fine-tuning) is affected."""
@@ -258,7 +298,7 @@ class VLLMServerEngine:
             self._retie_missing = True
             self.log(f"WARNING: {self.description} has no grpo worker extension ({str(exc).splitlines()[0][:200]}); "
                      "after a full fine-tuning sync a model with tied embeddings may sample with its old LM head on "
-                     f"vLLM's CPU backend. Start the server with `grpo vllm-serve` (or --worker-extension-cls {EXTENSION_CLASS}).")
+                     f"vLLM's CPU backend. Start the server with `grpo vllm-serve` (or --worker-extension-cls {WORKER_EXTENSION}).")
 
     def _clean_server(self) -> None:
         client = self.client

@@ -5,22 +5,31 @@ Server choice: ``trl.vllm_server_base_url``, else ``trl.vllm_server_host`` and
 and nothing answers there) starts a server from the ``[vllm]`` table and
 stops it at the end of training.
 
-The server is a :class:`~grpo_plugins.vllm.engine.VLLMServerEngine`, handed
-to the weight sync through ``grpo_inference_engine``. Requests are
-independent HTTP calls, so several may be in flight at once
-(``concurrent_generate``): streaming scoring overlaps them with scoring.
+Several servers: ``trl.vllm_server_base_urls`` (external), or managed
+``[vllm] data_parallel_size`` > 1. The engine is always a
+:class:`~grpo_plugins.vllm.pool.VLLMEnginePool` (one server is a pool of
+one), handed to the weight sync through ``grpo_inference_engine``. A
+generation call splits its prompts into near-equal contiguous shares, one
+per live server (whole groups: all ``n`` completions of a prompt come from
+one server), and sends them in parallel; the share of a server that fails
+is dropped from it and re-sent to the others. Requests are independent HTTP
+calls, so several may be in flight at once (``concurrent_generate``):
+streaming scoring overlaps them with scoring.
 """
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from grpo_core import hookimpl
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, Completion, InferenceEngine, Prompt, RolloutGroup, SamplingSettings
+from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, Completion, InferenceEngine, Prompt, RolloutGroup, SamplingSettings
 from grpo_plugins.vllm.client import ModelNotLoaded
 from grpo_plugins.vllm.engine import VLLMServerEngine
+from grpo_plugins.vllm.pool import VLLMEnginePool
+from grpo_plugins.vllm.server import placement_problems
 from grpo_plugins.vllm.sampling import sampling_fields
 
 if TYPE_CHECKING:
@@ -33,13 +42,13 @@ MAX_PROMPTS_PER_REQUEST = 256
 class VLLMRollout:
     """``grpo.rollout:vllm``."""
 
-    engine_capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH})
+    engine_capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL})
     concurrent_generate = True
 
     def __init__(self, context: RunContext) -> None:
         self.context = context
-        self.engine = VLLMServerEngine(context)
-        self.client = self.engine.client
+        self.engine = VLLMEnginePool(context)
+        self.client = self.engine.live()[0].client  # the first server (for questions every server answers alike)
         self._counter_lock = threading.Lock()
         self._calls = 0
         self._known_fields: set[str] | None = None
@@ -51,6 +60,23 @@ class VLLMRollout:
                 "plugins.rollout = 'vllm' talks to a vLLM server, but trl.vllm_mode = 'colocate'. Remove "
                 "plugins.rollout (colocate mode picks 'vllm_colocate'), or set trl.vllm_mode = 'server'."
             )
+        trl, v = config.trl, config.vllm
+        external = bool(trl.vllm_server_base_urls) or trl.vllm_managed is False
+        if (v.devices is not None or v.trainer_devices is not None) and external:
+            raise ConfigError(
+                "[vllm] devices / trainer_devices place the servers grpo starts, but this run uses external servers "
+                "(trl.vllm_server_base_urls, or trl.vllm_managed = false): start those on the GPUs you want "
+                "(CUDA_VISIBLE_DEVICES=... grpo vllm-serve CONFIG) and remove the keys, or let grpo start them."
+            )
+        problems = placement_problems(config)
+        if problems:
+            raise ConfigError(" ".join(problems))
+        if trl.vllm_server_base_urls is not None and not trl.vllm_server_base_urls:
+            raise ConfigError("trl.vllm_server_base_urls is empty: list at least one server, or remove the key.")
+        if trl.vllm_server_base_urls and trl.vllm_server_base_url:
+            raise ConfigError("trl.vllm_server_base_url and trl.vllm_server_base_urls are both set: keep one (the list may hold one URL).")
+        if trl.vllm_server_base_urls and trl.vllm_managed:
+            raise ConfigError("trl.vllm_managed = true starts its own servers; remove trl.vllm_server_base_urls (or set trl.vllm_managed = false).")
         return []
 
     @hookimpl
@@ -67,9 +93,9 @@ class VLLMRollout:
 
     # ------------------------------------------------------------------ generation
 
-    def _payload(self, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int) -> dict[str, Any]:
+    def _payload(self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int) -> dict[str, Any]:
         payload: dict[str, Any] = {
-            "model": self.engine.served_model,
+            "model": engine.served_model,
             "prompt": prompt_ids,
             "return_token_ids": True,
             **sampling_fields(sampling, n, call),
@@ -84,7 +110,7 @@ class VLLMRollout:
     def _check_extra(self, extra: dict[str, Any]) -> None:
         """vLLM silently ignores unknown request fields; refuse them instead."""
         if self._known_fields is None:
-            self._known_fields = self.client.openapi_fields("CompletionRequest") or set()
+            self._known_fields = self.engine.live()[0].client.openapi_fields("CompletionRequest") or set()
         if not self._known_fields:
             return
         unknown = sorted(set(extra) - self._known_fields)
@@ -114,17 +140,19 @@ class VLLMRollout:
             out[p].append(Completion(token_ids, str(choice["text"]), logprobs, choice.get("finish_reason") == "length"))
         return out
 
-    def _request(self, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int) -> list[list[Completion]]:
-        payload = self._payload(prompt_ids, n, sampling, call)
-        return self.client.completions(payload, parse=lambda d: self._parse(d, prompt_ids, n))
+    def _request(self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int) -> list[list[Completion]]:
+        payload = self._payload(engine, prompt_ids, n, sampling, call)
+        return engine.client.completions(payload, parse=lambda d: self._parse(d, prompt_ids, n))
 
-    def _generate_chunk(self, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int) -> list[list[Completion]]:
-        engine = self.engine
+    def _generate_chunk(
+        self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int
+    ) -> list[list[Completion]]:
+        client = engine.client
         for attempt in range(3):
             last = attempt == 2
-            outages = self.client.outages
+            outages = client.outages
             try:
-                result = self._request(prompt_ids, n, sampling, call)
+                result = self._request(engine, prompt_ids, n, sampling, call)
             except ModelNotLoaded:
                 if last:
                     raise
@@ -136,11 +164,56 @@ class VLLMRollout:
                 continue
             # Answered after an outage: the server may have restarted in between
             # and sampled from base weights without complaint (full-weight sync).
-            if self.client.outages != outages and engine.weights_lost() and not last:
+            if client.outages != outages and engine.weights_lost() and not last:
                 engine.reapply("the server came back without our weights; re-applying the last weight sync")
                 continue
             return result
         raise AssertionError("unreachable")
+
+    def _generate_share(
+        self, engine: VLLMServerEngine, prompts: list[Prompt], n: int, sampling: SamplingSettings, call: int
+    ) -> list[list[Completion]]:
+        completions: list[list[Completion]] = []
+        for start in range(0, len(prompts), MAX_PROMPTS_PER_REQUEST):
+            chunk = [list(p.prompt_ids) for p in prompts[start : start + MAX_PROMPTS_PER_REQUEST]]
+            completions += self._generate_chunk(engine, chunk, n, sampling, call)
+        return completions
+
+    def _generate_spread(self, prompts: list[Prompt], n: int, sampling: SamplingSettings, call: int) -> list[list[Completion]]:
+        """Whole groups, spread over the live servers in parallel; a share
+        whose server fails goes to the servers left (the pool drops the
+        failed one, or raises when none is left)."""
+        results: list[list[Completion] | None] = [None] * len(prompts)
+        todo = list(range(len(prompts)))
+        while todo:
+            shares = [(engine, [todo[i] for i in part]) for engine, part in self.engine.shares(len(todo))]
+
+            def share(engine: VLLMServerEngine, idx: list[int]) -> list[list[Completion]]:
+                return self._generate_share(engine, [prompts[i] for i in idx], n, sampling, call)
+
+            if len(shares) == 1:  # one server: no thread
+                outcomes: list[tuple[VLLMServerEngine, list[int], Any]] = []
+                try:
+                    outcomes.append((*shares[0], share(*shares[0])))
+                except EngineUnavailable as exc:
+                    outcomes.append((*shares[0], exc))
+            else:
+                with ThreadPoolExecutor(max_workers=len(shares), thread_name_prefix="grpo-vllm-share") as pool:
+                    futures = [(engine, idx, pool.submit(share, engine, idx)) for engine, idx in shares]
+                outcomes = [(engine, idx, future.exception() or future.result()) for engine, idx, future in futures]
+            jobs = []
+            for engine, idx, outcome in outcomes:
+                if isinstance(outcome, EngineUnavailable):
+                    self.engine.drop(engine, outcome)  # raises when it was the last server
+                elif isinstance(outcome, BaseException):
+                    raise outcome
+                else:
+                    jobs.append((engine, idx, outcome))
+            for _, idx, done in jobs:
+                for i, comps in zip(idx, done, strict=True):
+                    results[i] = comps
+            todo = [i for i in todo if results[i] is None]
+        return results  # type: ignore[return-value]
 
     @hookimpl
     def grpo_rollout_generate(
@@ -151,8 +224,5 @@ class VLLMRollout:
         with self._counter_lock:  # concurrent calls each get their own seed offset
             call = self._calls
             self._calls += 1
-        completions: list[list[Completion]] = []
-        for start in range(0, len(prompts), MAX_PROMPTS_PER_REQUEST):
-            chunk = [list(p.prompt_ids) for p in prompts[start : start + MAX_PROMPTS_PER_REQUEST]]
-            completions += self._generate_chunk(chunk, num_generations, sampling, call)
+        completions = self._generate_spread(prompts, num_generations, sampling, call)
         return [RolloutGroup(prompt, comps, policy_version) for prompt, comps in zip(prompts, completions, strict=True)]

@@ -46,7 +46,6 @@ from typing import IO, TYPE_CHECKING, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_plugins.vllm.cpus import format_cpu_list, plan_cpu_split, usable_cpus
-from grpo_plugins.vllm.worker_extension import EXTENSION_CLASS
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -231,6 +230,7 @@ def server_spec(
     *,
     uds: Path | None = None,
     generate_key: bool = False,
+    replica: int | None = None,
 ) -> ServerSpec:
     """The ``python -m vllm.entrypoints.openai.api_server`` command for ``cfg``;
     ``lora``: the weight sync loads adapters, so the server needs LoRA layers.
@@ -244,6 +244,11 @@ def server_spec(
     socket and a loopback bind; a non-loopback bind gets it only with
     ``[vllm] expose_dev_endpoints = true``, and a full-weight run that needs
     it is refused without (a LoRA run works without dev mode).
+
+    ``replica``: this is server ``replica`` of the ``data_parallel_size``
+    separate servers a managed run starts (vLLM's own data parallelism off,
+    its share of ``[vllm] devices``); ``None``: one server, given every
+    device in ``[vllm] devices`` and vLLM's ``--data-parallel-size``.
     """
     from grpo_core.model_files import resolve_model_dir
 
@@ -264,12 +269,12 @@ def server_spec(
         "--max-model-len", str(max_len),
         "--gpu-memory-utilization", str(v.gpu_memory_utilization),
         "--tensor-parallel-size", str(v.tensor_parallel_size),
-        "--data-parallel-size", str(v.data_parallel_size),
+        "--data-parallel-size", str(v.data_parallel_size if replica is None else 1),
+        # grpo's worker methods for /collective_rpc: pull weights over HTTP (full_http), re-tie a tied LM head.
+        "--worker-extension-cls", WORKER_EXTENSION,
         # Sampler log-probs after temperature/top-k/top-p, the distribution the
         # trainer reproduces by dividing its logits by the temperature.
         "--logprobs-mode", "processed_logprobs",
-        # grpo's methods on each worker (/collective_rpc), e.g. refreshing a tied LM head after a reload
-        "--worker-extension-cls", EXTENSION_CLASS,
     ]  # fmt: skip
     if cfg.trust_remote_code:
         argv.append("--trust-remote-code")
@@ -321,6 +326,9 @@ def server_spec(
             "machine, at least) can generate with it, load adapters and, in dev mode, reload its weights. Set "
             "[vllm] api_key, or serve on a Unix socket (--uds)."
         )
+    devices = server_devices(cfg, replica)
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
     kvcache = cpu_kvcache_gib(cfg)
     if kvcache is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kvcache)
@@ -328,25 +336,154 @@ def server_spec(
     return ServerSpec(argv, env, host, port, api_key, dev_mode, warnings, str(uds) if uds is not None else None, generated)
 
 
-def managed_spec(cfg: GRPOConfig, lora: bool = False) -> ServerSpec:
+def managed_spec(cfg: GRPOConfig, lora: bool = False, replica: int | None = None) -> ServerSpec:
     """The server ``grpo run`` starts for itself: on a Unix socket in a
     private directory (``[vllm] transport`` unset or ``"unix"``), or over TCP
-    with a key made up for this run (``"tcp"``, or no Unix sockets here)."""
+    with a key made up for this run (``"tcp"``, or no Unix sockets here).
+    ``replica`` (0, 1, ...): one of ``data_parallel_size`` separate servers,
+    each with its own socket directory (or, over TCP, its own free port
+    after the first)."""
     transport = cfg.vllm.transport or ("unix" if unix_sockets_available() else "tcp")
     if transport == "unix":
         if not unix_sockets_available():
             raise ConfigError("[vllm] transport = 'unix', but this platform has no Unix domain sockets: use 'tcp'.")
-        spec = server_spec(cfg, lora=lora, uds=private_socket_dir() / SOCKET_NAME)
+        spec = server_spec(cfg, lora=lora, uds=private_socket_dir() / SOCKET_NAME, replica=replica)
     else:
-        spec = server_spec(cfg, lora=lora, generate_key=True)
+        port = 0 if replica else None  # replicas after the first never collide on the configured port
+        spec = server_spec(cfg, port=port, lora=lora, generate_key=True, replica=replica)
     usable = usable_cpus()
     split = plan_cpu_split(cfg, usable, cuda_available())
     spec.spawn_cpus = usable
-    if split is not None:
+    if split is not None:  # every replica computes on the engine's share (they take turns with each other)
         spec.env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpu_list(split.engine)
         spec.env.pop("VLLM_CPU_NUM_OF_RESERVED_CPU", None)  # an explicit binding reserves nothing
         spec.engine_cpus = split.engine
     return spec
+
+
+# ---------------------------------------------------------------------- GPU placement
+
+WORKER_EXTENSION = "grpo_plugins.vllm.worker_ext.GrpoWorkerExtension"
+TRAINER_SHARE_MAX = 0.5
+"""A GPU the trainer shares with vLLM may give vLLM at most this fraction of
+its memory (``gpu_memory_utilization``): the trainer needs the rest for the
+model, its gradients, optimizer state and activations."""
+SERVERS_SHARE_MAX = 0.95
+"""Servers sharing a GPU may claim at most this much of it together (the
+CUDA context and fragmentation need the rest)."""
+
+
+def placement(cfg: GRPOConfig) -> list[list[int]] | None:
+    """The GPU indices of each managed server (``[vllm] devices`` cut into
+    ``tensor_parallel_size`` pieces, one per server), or ``None`` when
+    ``devices`` is unset."""
+    v = cfg.vllm
+    if v.devices is None:
+        return None
+    per = v.tensor_parallel_size
+    return [list(v.devices[i * per : (i + 1) * per]) for i in range(v.data_parallel_size)]
+
+
+def placement_problems(cfg: GRPOConfig) -> list[str]:
+    """Why ``[vllm] devices`` / ``trainer_devices`` would not fit (each
+    message names the keys and the fix); empty when they do."""
+    v = cfg.vllm
+    problems: list[str] = []
+    if v.devices is None and v.trainer_devices is None:
+        return problems
+    if any(d < 0 for d in (v.devices or []) + (v.trainer_devices or [])):
+        problems.append("[vllm] devices and trainer_devices are GPU indices (0, 1, ...); negative ones mean nothing.")
+    if v.trainer_devices is not None and (not v.trainer_devices or len(set(v.trainer_devices)) != len(v.trainer_devices)):
+        problems.append("[vllm] trainer_devices must list at least one GPU, each once.")
+    if v.trainer_devices is not None and v.devices is None:
+        problems.append(
+            "[vllm] trainer_devices is set without [vllm] devices: set devices too (the GPUs the managed servers get), "
+            "so the servers are not left on the trainer's GPUs."
+        )
+    servers = placement(cfg) or []
+    if v.devices is not None:
+        need = v.data_parallel_size * v.tensor_parallel_size
+        if len(v.devices) != need:
+            problems.append(
+                f"[vllm] devices lists {len(v.devices)} GPU(s), but data_parallel_size x tensor_parallel_size = "
+                f"{v.data_parallel_size} x {v.tensor_parallel_size} = {need} are needed (server i takes the i-th "
+                f"{v.tensor_parallel_size}); list exactly {need}."
+            )
+            return problems
+        for i, own in enumerate(servers):
+            if len(set(own)) != len(own):
+                problems.append(f"[vllm] devices gives server {i} the GPUs {own}: tensor parallelism needs distinct GPUs.")
+    claims: dict[int, float] = {}
+    for own in servers:
+        for device in own:
+            claims[device] = claims.get(device, 0.0) + v.gpu_memory_utilization
+    for device, claimed in sorted(claims.items()):
+        if claimed > SERVERS_SHARE_MAX:
+            problems.append(
+                f"[vllm] devices puts {round(claimed / v.gpu_memory_utilization)} servers on GPU {device}, "
+                f"claiming {claimed:.0%} of its memory together (gpu_memory_utilization = {v.gpu_memory_utilization}): "
+                f"give each server its own GPU, or lower [vllm] gpu_memory_utilization to at most "
+                f"{SERVERS_SHARE_MAX / round(claimed / v.gpu_memory_utilization):.2f}."
+            )
+    trainer = v.trainer_devices if v.trainer_devices is not None else [0]
+    shared = sorted(set(trainer) & set(claims))
+    if shared and v.devices is not None:
+        worst = max(claims[d] for d in shared)
+        if worst > TRAINER_SHARE_MAX:
+            whose = "[vllm] trainer_devices" if v.trainer_devices is not None else "the trainer's default GPU (index 0; set [vllm] trainer_devices)"
+            problems.append(
+                f"[vllm] devices and {whose} share GPU {', '.join(map(str, shared))}, where vLLM would claim {worst:.0%} "
+                f"of the memory (gpu_memory_utilization = {v.gpu_memory_utilization}) and the trainer would run out. "
+                f"Give them different GPUs (e.g. devices = [0], trainer_devices = [1]), or lower "
+                f"[vllm] gpu_memory_utilization to at most {TRAINER_SHARE_MAX} to share one."
+            )
+    return problems
+
+
+def physical_devices(indices: list[int], visible: str | None = None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for ``indices`` counted among the GPUs this
+    process sees: with ``CUDA_VISIBLE_DEVICES=2,3`` set, index 0 is GPU 2.
+    ``visible``: that variable's value (unset: this process's)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    seen = [d.strip() for d in visible.split(",") if d.strip()] if visible else None
+    out = []
+    for i in indices:
+        if seen is None:
+            out.append(str(i))
+        elif i < len(seen):
+            out.append(seen[i])
+        else:
+            raise ConfigError(f"[vllm] device index {i}, but CUDA_VISIBLE_DEVICES={visible} shows only {len(seen)} GPU(s).")
+    return ",".join(out)
+
+
+def server_devices(cfg: GRPOConfig, replica: int | None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` of a server (replica ``replica``, or the one
+    server when ``None``), or ``None`` when ``[vllm] devices`` is unset."""
+    servers = placement(cfg)
+    if servers is None:
+        return None
+    own = [d for s in servers for d in s] if replica is None else servers[replica]
+    return physical_devices(own)
+
+
+def narrow_trainer_devices(cfg: GRPOConfig) -> str | None:
+    """Make this (trainer) process see only ``[vllm] trainer_devices``,
+    before CUDA starts; returns the new ``CUDA_VISIBLE_DEVICES`` (``None``
+    when unset). Server environments are computed before this, from the
+    devices the process saw at start."""
+    wanted = cfg.vllm.trainer_devices
+    if wanted is None:
+        return None
+    value = physical_devices(wanted)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized() and os.environ.get("CUDA_VISIBLE_DEVICES") != value:
+        raise ConfigError(
+            "[vllm] trainer_devices can only narrow the GPUs before CUDA starts, and it has started in this process; "
+            f"set CUDA_VISIBLE_DEVICES={value} in the environment of the trainer instead."
+        )
+    os.environ["CUDA_VISIBLE_DEVICES"] = value
+    return value
 
 
 def _lora_rank_bucket(rank: int) -> int:

@@ -1,0 +1,273 @@
+"""Several vLLM servers as one :class:`~grpo_core.types.InferenceEngine`.
+
+Why a pool behind the same protocol, not a protocol that knows about
+several engines: the weight syncs (ours and third-party ones) stay
+unchanged. A sync calls ``load_*`` once; the pool runs it on every live
+server in parallel and returns when all have the new weights. The rollout
+asks the pool which servers are live and spreads whole prompt groups over
+them (:meth:`VLLMEnginePool.shares`).
+
+Servers come from ``trl.vllm_server_base_urls`` (external), or from
+``[vllm] data_parallel_size`` > 1 in managed mode (grpo starts that many
+separate servers, each its own process, socket and log
+``vllm-server-<i>.log``). One server is a pool of one and behaves exactly
+as before.
+
+When a server fails: a managed one is restarted and given the last weights
+again (:class:`~grpo_plugins.vllm.engine.VLLMServerEngine` does that); one
+that cannot be recovered, or an external one that stopped answering (its
+/health failing for :data:`DROP_GRACE_S` s while others are live), is
+dropped with a warning and gets no more requests or syncs, while the others
+carry on.
+When the last one fails, its ``EngineUnavailable`` is raised as with a
+single server.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+from grpo_core.errors import ConfigError, EngineUnavailable
+from grpo_plugins.vllm.engine import VLLMServerEngine
+from grpo_plugins.vllm.server import narrow_trainer_devices, placement_problems
+
+if TYPE_CHECKING:
+    from grpo_core.context import RunContext
+
+T = TypeVar("T")
+
+DROP_GRACE_S = 15.0
+"""While other servers are live, an external server that fails its /health
+probe is waited for this long at most (or ``trl.vllm_server_timeout`` if
+shorter) before it is dropped: the others carry on meanwhile, so there is
+no point in waiting the whole timeout for one that is gone."""
+
+
+def build_members(context: RunContext) -> list[VLLMServerEngine]:
+    """The servers the config names, in order (managed ones are started,
+    not awaited). ``[vllm] trainer_devices`` narrows this process's GPUs
+    after the servers' environments were fixed."""
+    cfg = context.config
+    trl, v = cfg.trl, cfg.vllm
+    problems = placement_problems(cfg)
+    if problems:
+        raise ConfigError(" ".join(problems))
+    urls = list(trl.vllm_server_base_urls or [])
+    if urls:
+        if trl.vllm_server_base_url:
+            raise ConfigError("trl.vllm_server_base_url and trl.vllm_server_base_urls are both set: keep one (the list may hold one URL).")
+        if trl.vllm_managed:
+            raise ConfigError("trl.vllm_managed = true starts its own servers; remove trl.vllm_server_base_urls (or set trl.vllm_managed = false).")
+        if len(set(urls)) != len(urls):
+            raise ConfigError(f"trl.vllm_server_base_urls lists a server twice: {urls}.")
+        members = [VLLMServerEngine(context, url=url) for url in urls]
+    elif v.data_parallel_size > 1 and trl.vllm_managed is not False:
+        if trl.vllm_server_base_url:
+            raise ConfigError(
+                "[vllm] data_parallel_size > 1 starts that many managed servers, but trl.vllm_server_base_url names an "
+                "external one: list external servers in trl.vllm_server_base_urls, or remove the URL."
+            )
+        members = []
+        try:
+            for replica in range(v.data_parallel_size):
+                members.append(VLLMServerEngine(context, replica=replica))
+        except BaseException:
+            for member in members:
+                member.shutdown()
+            raise
+    else:
+        members = [VLLMServerEngine(context)]
+    narrow_trainer_devices(cfg)
+    return members
+
+
+class VLLMEnginePool:
+    """The rollout's engine: one or more :class:`VLLMServerEngine`."""
+
+    def __init__(self, context: RunContext, members: list[VLLMServerEngine] | None = None) -> None:
+        self.context = context
+        self.log = context.log
+        self.members: list[VLLMServerEngine] = members if members is not None else build_members(context)
+        self.dropped: list[VLLMServerEngine] = []
+        self._lock = threading.RLock()
+        self._down_since: dict[int, float] = {}
+        for member in self.members:
+            if member.server is None and member.client.dead_check is None:
+                # A request to an external server that went away stops retrying once the
+                # others are known to carry on (managed servers: their process tells).
+                member.client.dead_check = lambda m=member: self.gone(m)
+
+    # ------------------------------------------------------------------ membership
+
+    def live(self) -> list[VLLMServerEngine]:
+        with self._lock:
+            return list(self.members)
+
+    def drop(self, member: VLLMServerEngine, error: BaseException) -> None:
+        """Stop using ``member``; re-raise ``error`` when it was the last one."""
+        with self._lock:
+            if member not in self.members:
+                if not self.members:
+                    raise error
+                return
+            if len(self.members) == 1:
+                raise error
+            self.members.remove(member)
+            self.dropped.append(member)
+            left = ", ".join(m.client.base_url for m in self.members)
+            first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+            self.log(
+                f"WARNING: vLLM server at {member.client.base_url} dropped ({first_line}); "
+                f"carrying on with {len(self.members)} server(s): {left}"
+            )
+
+    def gone(self, member: VLLMServerEngine) -> str | None:
+        """Why a request to external ``member`` should stop retrying: it was
+        ready once, has failed /health for :data:`DROP_GRACE_S` s, and other
+        servers are live. ``None`` otherwise (keep retrying until
+        ``trl.vllm_server_timeout``, as with a single server)."""
+        if not member.ready or len(self.live()) < 2:
+            return None
+        if member.healthy():
+            self._down_since.pop(id(member), None)
+            return None
+        since = self._down_since.setdefault(id(member), time.monotonic())
+        if time.monotonic() - since < DROP_GRACE_S:
+            return None
+        return f"it has not answered /health for {DROP_GRACE_S:.0f} s, and other servers carry on"
+
+    def probe(self) -> None:
+        """Health-check every live external server (one GET /health each);
+        with others live, one that stays unhealthy for :data:`DROP_GRACE_S`
+        is dropped. Managed servers are checked by their process instead
+        (a dead one is restarted when used)."""
+        for member in self.live():
+            # Not before it was first ready: an external server may still be loading its model.
+            if member.server is None and member.ready and not member.healthy():
+                if len(self.live()) < 2:
+                    return  # the last one: the request path waits out trl.vllm_server_timeout
+                try:
+                    member.client.wait_healthy(timeout=min(member.timeout, DROP_GRACE_S))
+                except EngineUnavailable as exc:
+                    self.drop(member, exc)
+
+    def each(self, action: Callable[[VLLMServerEngine], T]) -> list[T]:
+        """Run ``action`` on every live server at once, after a health
+        probe; a server that fails with ``EngineUnavailable`` is dropped (the
+        error is raised only when none is left). Other errors propagate (a
+        4xx is a bug or a config problem, the same on every server)."""
+        self.probe()
+        members = self.live()
+        if len(members) == 1:
+            try:
+                return [action(members[0])]
+            except EngineUnavailable as exc:
+                self.drop(members[0], exc)  # raises: it was the last one
+                return []
+        results: list[T] = []
+        with ThreadPoolExecutor(max_workers=len(members), thread_name_prefix="grpo-vllm-pool") as pool:
+            futures = [(m, pool.submit(action, m)) for m in members]
+        errors: list[tuple[VLLMServerEngine, EngineUnavailable]] = []
+        for member, future in futures:
+            exc = future.exception()
+            if exc is None:
+                results.append(future.result())
+            elif isinstance(exc, EngineUnavailable):
+                errors.append((member, exc))
+            else:
+                raise exc
+        for member, exc in errors:
+            self.drop(member, exc)
+        return results
+
+    def shares(self, count: int) -> list[tuple[VLLMServerEngine, range]]:
+        """Split ``count`` prompt groups over the live servers: contiguous,
+        near-equal slices (whole groups: a group's completions all come from
+        one server, in one request)."""
+        members = self.live()
+        used = members[: max(1, min(len(members), count))]
+        base, extra = divmod(count, len(used))
+        out, start = [], 0
+        for i, member in enumerate(used):
+            size = base + (1 if i < extra else 0)
+            out.append((member, range(start, start + size)))
+            start += size
+        return out
+
+    # ------------------------------------------------------------------ InferenceEngine
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset.intersection(*(frozenset(m.capabilities) for m in self.live()))
+
+    @property
+    def description(self) -> str:
+        members = self.live()
+        if len(members) == 1:
+            return members[0].description
+        return f"{len(members)} vLLM servers (" + ", ".join(m.client.base_url for m in members) + ")"
+
+    @property
+    def served_model(self) -> str:
+        return self.live()[0].served_model  # every load reaches every server: they agree
+
+    @property
+    def weight_label(self) -> str | None:
+        labels = [m.weight_label for m in self.live()]
+        return None if any(label is None for label in labels) else ",".join(labels)  # type: ignore[arg-type]
+
+    @property
+    def same_host(self) -> bool:
+        return all(m.same_host for m in self.live())
+
+    @property
+    def cpu_cores(self) -> frozenset[int] | None:
+        """The cores the servers' engines are pinned to (the trainer keeps off them)."""
+        cores = frozenset().union(*(getattr(m, "cpu_cores", None) or () for m in self.members))
+        return cores or None
+
+    @property
+    def weight_dtype(self) -> str | None:
+        dtypes = {m.weight_dtype for m in self.live()}
+        return dtypes.pop() if len(dtypes) == 1 else None
+
+    def ensure_ready(self) -> None:
+        self.each(lambda m: m.ensure_ready())
+
+    def healthy(self) -> bool:
+        return any(m.healthy() for m in self.live())
+
+    def restart_if_dead(self) -> bool:
+        return any(self.each(lambda m: m.restart_if_dead()))
+
+    def ensure_weights(self) -> None:
+        """Before generating, health-check every server: a managed one that
+        died is restarted, one that lost our weights gets them again, an
+        external one that does not answer /health is waited for
+        (:meth:`probe`) and then dropped."""
+
+        self.each(lambda m: m.ensure_weights())
+
+    def load_weights_from_path(self, path: Path) -> None:
+        self.each(lambda m: m.load_weights_from_path(path))
+
+    def load_adapter(self, path: Path) -> None:
+        self.each(lambda m: m.load_adapter(path))
+
+    def load_weights_from_url(self, url: str, token: str) -> None:
+        self.each(lambda m: m.load_weights_from_url(url, token))
+
+    def load_weights(self, weights: Mapping[str, Any]) -> None:
+        raise NotImplementedError(f"{self.description} cannot take weights in memory; use load_weights_from_path")
+
+    def fused_modules(self) -> tuple[tuple[str, ...], ...]:
+        return self.live()[0].fused_modules()
+
+    def shutdown(self) -> None:
+        for member in self.members + self.dropped:
+            member.shutdown()

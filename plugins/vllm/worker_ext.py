@@ -1,0 +1,71 @@
+"""Runs inside each vLLM worker (``--worker-extension-cls``, which managed
+servers and ``grpo vllm-serve`` pass): lets the trainer's weight sync hand
+weights over the network, with no filesystem shared between the two
+machines, and refreshes a tied LM head after every in-place reload.
+
+``/collective_rpc {"method": "grpo_load_weights_from_url", ...}`` makes
+every worker fetch the safetensors bytes the trainer serves
+(:mod:`grpo_plugins.vllm.http_sync`) and load them in place, exactly as
+``reload_weights`` loads files: weights not in the payload keep their
+values. Nothing is written to disk on the server's side. This module is
+imported by the vLLM server process: it must stay free of grpo_core and of
+anything heavy.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Any
+
+FETCH_TIMEOUT_S = 600.0
+RETIE_METHOD = "grpo_retie_output_embeddings"
+
+
+def fetch(url: str, token: str, timeout: float = FETCH_TIMEOUT_S) -> bytes:
+    """GET ``url`` with the sync's bearer token; no proxy from the
+    environment (the trainer is reached directly)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with opener.open(request, timeout=timeout) as response:
+        return response.read()
+
+
+def retie_output_embeddings(worker: Any) -> bool:
+    """After an in-place weight reload: point a tied LM head at the
+    embeddings' current weight and redo its post-load processing.
+
+    vLLM's CPU backend packs a private copy of the LM head for its GEMM when
+    the model loads; an in-place reload refreshes the embeddings but never
+    the head tied to them (its name is skipped in the checkpoint), so a
+    model with tied embeddings (SmolLM2, Llama 3.2, Qwen2.5 small) kept
+    sampling with the head it started with after a full fine-tuning sync.
+    Returns whether a tied head was found (and refreshed). The colocated
+    engine calls it through ``LLM.collective_rpc`` too."""
+    model = worker.model_runner.get_model()
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    text_config = worker.model_runner.model_config.hf_text_config
+    if head is None or embed is None or not getattr(text_config, "tie_word_embeddings", False):
+        return False
+    head.weight = embed.weight  # a reload may have replaced the embeddings' parameter
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+    return True
+
+
+class GrpoWorkerExtension:
+    """Mixed into vLLM's worker class by vLLM itself."""
+
+    def grpo_retie_output_embeddings(self) -> bool:
+        return retie_output_embeddings(self)
+
+    def grpo_load_weights_from_url(self, url: str, token: str) -> int:
+        """Fetch and load the weights; returns how many tensors were loaded
+        (the trainer checks it)."""
+        from safetensors.torch import load
+
+        tensors: dict[str, Any] = load(fetch(url, token))
+        self.reload_weights(weights_iterator=iter(tensors.items()))  # type: ignore[attr-defined]
+        retie_output_embeddings(self)
+        return len(tensors)

