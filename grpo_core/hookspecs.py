@@ -111,6 +111,7 @@ if TYPE_CHECKING:  # imported for annotations only: keep plugin import cheap
     from grpo_core.context import RunContext
     from grpo_core.types import (
         InferenceEngine,
+        PolicyLossInputs,
         Prompt,
         RewardFunction,
         RolloutGroup,
@@ -265,6 +266,26 @@ def grpo_sync_weights(model: Any, version: int, engine: InferenceEngine | None) 
     last ``load_*`` call by itself: keep the files it read until your next
     sync replaces them, and delete them when a newer version is loaded.
     Return what was done and how long it took.
+    """
+
+
+# --------------------------------------------------------------------------
+# policy_loss: one micro-batch -> the loss to back-propagate
+# --------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def grpo_policy_loss(inputs: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """The GRPO loss of one micro-batch and its metrics.
+
+    Run the policy through ``inputs.logprobs`` or ``inputs.hidden_states``
+    (:class:`~grpo_core.types.PolicyLossInputs`), apply ``inputs.is_weights``,
+    and return a scalar scaled so that summing the gradients of
+    ``inputs.accumulation_steps`` micro-batches gives one optimizer step's
+    (the core calls ``backward`` on it). Metrics are logged averaged over the
+    step's micro-batches; the built-in ``grpo`` implementation
+    (:func:`grpo_core.loss.policy_loss`) logs ``entropy``, ``kl`` and the
+    ``clip_ratio/*`` family, and another should log those it can.
     """
 
 
