@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
+from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, WEIGHTS_OVER_NCCL
 from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, VLLMClient, adoption_refusal
 from grpo_plugins.vllm.server import (
     LOG_NAME,
@@ -49,7 +49,7 @@ def server_url(context: RunContext) -> str:
 class VLLMServerEngine:
     """One vLLM OpenAI server, managed (grpo started it) or external."""
 
-    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH})
+    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_OVER_NCCL})
 
     def __init__(self, context: RunContext) -> None:
         self.context = context
