@@ -148,3 +148,39 @@ def test_liger_is_accepted_without_cuda(tmp_path: Path, monkeypatch: pytest.Monk
     check_config(cfg)
     assert chosen_implementations(cfg)["policy_loss"] == "liger"
     assert chosen_implementations(_cfg(tmp_path, use_liger_loss=False))["policy_loss"] == "grpo"
+
+
+@pytest.mark.slow
+def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer's wiring (hidden states, head, IS weights, old log-probs of
+    num_iterations = 2): 2 steps on the tiny model, same losses and grad norms."""
+    pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
+    import json
+
+    from grpo_core.config.loader import validate
+    from grpo_core.training.run import run_training
+    from tiny_model import build_tiny_model
+
+    (tmp_path / "liger_rewards.py").write_text(
+        "def even_first(completion_ids, **kwargs):\n    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
+    )
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(8)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+
+    def run(out: str, liger: bool) -> list[dict]:
+        cfg = validate({
+            "base_model": model, "adapter": None, "datasets": [{"path": str(tmp_path / "train.jsonl")}],
+            "sequence_len": 64, "micro_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 2,
+            "learning_rate": 5e-3, "lr_scheduler": "constant", "output_dir": str(tmp_path / out), "seed": 3,
+            "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["liger_rewards.even_first"],
+                    "num_iterations": 2, "beta": 0.04, "use_liger_loss": liger},
+        })  # fmt: skip
+        assert run_training(cfg) == "completed"
+        return [json.loads(line) for line in (tmp_path / out / "metrics.jsonl").read_text().splitlines()]
+
+    ours, liger = run("grpo", False), run("liger", True)
+    for a, b in zip(ours, liger, strict=True):
+        for key in ("loss", "grad_norm", "kl"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (key, a["step"])
+    assert abs(liger[1]["loss"]) > 1e-4 and "entropy" not in liger[1]
