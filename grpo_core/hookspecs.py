@@ -3,7 +3,7 @@ everything an implementation receives or must honour.
 
 grpo's core is a loop: *rollout* prompts into completions, *reward* them,
 turn rewards into *advantages*, correct for stale samples
-(*is_correction*), take a gradient step, *sync weights* back to the
+(*is_correction*), compute the *policy loss* and take a gradient step, *sync weights* back to the
 inference engine, and decide what to *replay*. Each step is an **extension
 point**: a few hooks below, implemented by one implementation per run,
 chosen by name. :data:`grpo_core.extension_points.EXTENSION_POINTS` is the
