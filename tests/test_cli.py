@@ -81,7 +81,7 @@ def test_config_check_full_prints_effective_toml() -> None:
     [
         (["--set", "trl.num_generatons=4"], ["'trl.num_generatons'", "'trl.num_generations'"]),
         (["--set", "trl.num_generations=3"], ["not divisible by trl.num_generations = 3"]),
-        (["--set", "fp8=true"], ["`fp8` is not implemented yet"]),
+        (["--set", "torch_compile=true", "--set", "torch_compile_backend=nope"], ["torch_compile_backend = 'nope' is not a torch.compile backend"]),
         (["--set", "plugins.rollout=warp_drive"], ["'warp_drive'", "grpo.rollout", "transformers"]),
         (["--set", "trl.num_generations"], ["--set expects KEY=VALUE"]),
     ],
