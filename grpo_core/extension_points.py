@@ -117,6 +117,13 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
         summary="sampler vs trainer log-probs -> per-token weights",
     ),
     ExtensionPoint(
+        "policy_loss",
+        hooks=("grpo_policy_loss",),
+        default=lambda cfg: "liger" if cfg.trl.use_liger_loss else "grpo",
+        decided_by="trl.use_liger_loss",
+        summary="micro-batch -> loss to back-propagate",
+    ),
+    ExtensionPoint(
         "replay",
         hooks=("grpo_replay_prompts", "grpo_replay_groups"),
         default=lambda cfg: "default",

@@ -3,7 +3,7 @@ everything an implementation receives or must honour.
 
 grpo's core is a loop: *rollout* prompts into completions, *reward* them,
 turn rewards into *advantages*, correct for stale samples
-(*is_correction*), take a gradient step, *sync weights* back to the
+(*is_correction*), compute the *policy loss* and take a gradient step, *sync weights* back to the
 inference engine, and decide what to *replay*. Each step is an **extension
 point**: a few hooks below, implemented by one implementation per run,
 chosen by name. :data:`grpo_core.extension_points.EXTENSION_POINTS` is the
@@ -111,6 +111,7 @@ if TYPE_CHECKING:  # imported for annotations only: keep plugin import cheap
     from grpo_core.context import RunContext
     from grpo_core.types import (
         InferenceEngine,
+        PolicyLossInputs,
         Prompt,
         RewardFunction,
         RolloutGroup,
@@ -270,6 +271,26 @@ def grpo_sync_weights(model: Any, version: int, engine: InferenceEngine | None) 
     servers that share no filesystem with the trainer declares
     ``WEIGHTS_FROM_URL`` and serves the weights itself (the built-in
     ``full_http`` does). Return what was done and how long it took.
+    """
+
+
+# --------------------------------------------------------------------------
+# policy_loss: one micro-batch -> the loss to back-propagate
+# --------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def grpo_policy_loss(inputs: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """The GRPO loss of one micro-batch and its metrics.
+
+    Run the policy through ``inputs.logprobs`` or ``inputs.hidden_states``
+    (:class:`~grpo_core.types.PolicyLossInputs`), apply ``inputs.is_weights``,
+    and return a scalar scaled so that summing the gradients of
+    ``inputs.accumulation_steps`` micro-batches gives one optimizer step's
+    (the core calls ``backward`` on it). Metrics are logged averaged over the
+    step's micro-batches; the built-in ``grpo`` implementation
+    (:func:`grpo_core.loss.policy_loss`) logs ``entropy``, ``kl`` and the
+    ``clip_ratio/*`` family, and another should log those it can.
     """
 
 

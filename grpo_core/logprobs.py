@@ -98,6 +98,7 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    body: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the last ``num_completion_tokens`` tokens of ``input_ids``.
 
@@ -105,7 +106,9 @@ def token_logprobs(
     completion right-padded). Returns ``(logps [B, C], entropy [B, C] or
     None)`` in float32. Padded completion positions get values too; the
     caller masks them. Works for a plain HF causal LM and a PEFT-wrapped one,
-    with or without gradients.
+    with or without gradients. ``body``: a compiled handle of the model's
+    decoder body to run instead of the body itself (``torch_compile``,
+    :mod:`grpo_core.compile`).
     """
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
@@ -116,7 +119,8 @@ def token_logprobs(
     if not 0 < c < length:
         raise ValueError(f"token_logprobs: num_completion_tokens={c} must be in [1, {length - 1}] for length {length}")
 
-    body, head = _decoder_and_head(model)
+    plain_body, head = _decoder_and_head(model)
+    body = plain_body if body is None else body
     scale, softcap = _logit_transform(_unwrap_peft(model))
     outputs = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     # Position t predicts token t+1: the C completion tokens come from the C

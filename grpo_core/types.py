@@ -145,6 +145,44 @@ class SyncResult:
     detail: str = ""
 
 
+@dataclass
+class PolicyLossInputs:
+    """One micro-batch, as a ``policy_loss`` implementation sees it
+    (:func:`grpo_core.hookspecs.grpo_policy_loss`).
+
+    Tensors are ``[B, C]`` over the completion tokens (``advantages``:
+    ``[B]``) on the training device. The policy's forward is given as
+    callables, not results, so an implementation runs only the part it
+    needs: ``logprobs`` (per-token log-probs and, when asked, entropies, with
+    gradient, as :func:`grpo_core.logprobs.token_logprobs` computes them) or
+    ``hidden_states`` (the decoder's hidden states that predict the
+    completion tokens, ``[B, C, H]`` with gradient, and the LM head module:
+    for losses that fuse the head, such as Liger's). Either runs under the
+    run's precision (autocast) and through the compiled body when
+    ``torch_compile`` is on.
+
+    ``is_weights(trainer_logps)`` calls the run's ``is_correction`` with the
+    trainer's log-probs at sampling time (pass the detached current
+    log-probs when ``old_logps`` is ``None``) and returns ``(weights or None,
+    mask)``; it logs the ``is/*`` metrics itself.
+    """
+
+    settings: Any  # grpo_core.loss.LossSettings
+    targets: Any  # completion token ids [B, C]
+    mask: Any  # 0/1 completion mask [B, C], float
+    advantages: Any  # [B]
+    old_logps: Any = None
+    ref_logps: Any = None
+    sampler_logps: Any = None
+    temperature: float = 1.0
+    num_items_in_batch: float | None = None
+    """Real tokens of the step's accumulation window (TRL's dapo/cispo normaliser)."""
+    accumulation_steps: int = 1
+    logprobs: Any = None  # Callable[[bool], tuple[Tensor, Tensor | None]]: with_entropy -> (logps, entropy)
+    hidden_states: Any = None  # Callable[[], tuple[Tensor, torch.nn.Module]]: -> (hidden [B, C, H], lm_head)
+    is_weights: Any = None  # Callable[[Tensor], tuple[Tensor | None, Tensor]]
+
+
 # --------------------------------------------------------------------------
 # The inference engine, as the contract sees it
 # --------------------------------------------------------------------------
@@ -156,6 +194,8 @@ ADAPTER_FROM_PATH = "adapter_from_path"
 WEIGHTS_FROM_URL = "weights_from_url"
 """Engine capability: :meth:`InferenceEngine.load_weights_from_url` (the
 engine pulls the weights over HTTP: no filesystem shared with the trainer)."""
+WEIGHTS_OVER_NCCL = "weights_over_nccl"
+"""The engine joins an NCCL group and receives weights broadcast by the trainer (vLLM's weight-transfer API; CUDA on both sides)."""
 WEIGHTS_IN_MEMORY = "weights_in_memory"
 """Engine capability: :meth:`InferenceEngine.load_weights` (same process)."""
 SAMPLES_TRAINER_MODEL = "samples_trainer_model"

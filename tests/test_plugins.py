@@ -493,10 +493,16 @@ def test_settings_for_an_unused_implementation_are_named(example_site: Path, tmp
          "but rollout 'transformers'"),
         ({"trl": {"use_vllm": True}, "plugins": {"weight_sync": "in_process"}},
          "needs ['samples_trainer_model'] from the rollout's inference engine, but rollout 'vllm'"),
-        ({"trl": {"use_vllm": True}, "plugins": {"weight_sync": "nccl"}}, "`weight sync 'nccl' (NCCL transfer to vLLM)` is not implemented"),
+        ({"trl": {"use_vllm": True}, "plugins": {"weight_sync": "nccl"}},
+         "weight sync 'nccl' broadcasts the weights from a CUDA GPU over NCCL, and this trainer has no CUDA device"),
     ],
 )
-def test_config_check_imports_and_checks_each_chosen_implementation(broken_site: Path, changes: dict[str, Any], fragment: str) -> None:
+def test_config_check_imports_and_checks_each_chosen_implementation(
+    broken_site: Path, changes: dict[str, Any], fragment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # faked: the nccl case is about a machine without CUDA
     data = {"base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
             "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **changes.get("trl", {})},
             "plugins": changes.get("plugins", {})}

@@ -128,7 +128,7 @@ _add(
     "llama4_linearized_experts lora_embedding_kernel lora_mlp_kernel lora_o_kernel lora_qkv_kernel "
     "quantize_moe_experts s2_attention sage_attention scaling_softmax scaling_softmax_bias scaling_softmax_factor "
     "sdpa_varlen selective_checkpointing tiled_mlp tiled_mlp_num_shards tiled_mlp_use_original_mlp "
-    "torch_compile_backend torch_compile_mode torch_compile_options torch_empty_cache_steps torchdistx_path "
+    "torch_compile_options torch_empty_cache_steps torchdistx_path "
     "use_eaft use_kernels use_onebitllms xformers_attention",
 )
 _add(

@@ -35,12 +35,9 @@ class _Unimplemented:
 
 # Shrink this list as features land (and add a test that the option works).
 NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = (
-    _Unimplemented("fp8", lambda c: c.fp8, "FP8 training needs GPU FP8 kernels"),
-    _Unimplemented("torch_compile", lambda c: c.torch_compile, "the training step is not compiled"),
     _Unimplemented("fsdp", lambda c: bool(c.fsdp), "multi-GPU FSDP training is not built"),
     _Unimplemented("fsdp_config", lambda c: bool(c.fsdp_config), "multi-GPU FSDP training is not built"),
     _Unimplemented("deepspeed", lambda c: c.deepspeed is not None, "DeepSpeed is not integrated"),
-    _Unimplemented("trl.use_liger_loss", lambda c: c.trl.use_liger_loss is True, "the Liger fused GRPO loss is not integrated"),
 )
 
 def implementation_names(cfg: GRPOConfig) -> dict[str, str]:
@@ -289,6 +286,23 @@ def _model_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
         errors.append(f"{bits} cannot run here: {problem}")
 
 
+def _speed_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> None:
+    """torch_compile, fp8, the Liger loss: each refused where it cannot run, naming what it needs."""
+    from grpo_core.compile import compile_problem
+
+    problem = compile_problem(cfg)
+    if problem is not None:
+        errors.append(problem)
+    if cfg.fp8:
+        from grpo_core.fp8 import fp8_problem
+
+        problem = fp8_problem()
+        if problem is not None:
+            errors.append(problem)
+    if not cfg.torch_compile and (cfg.torch_compile_backend or cfg.torch_compile_mode):
+        warnings.append("torch_compile_backend / torch_compile_mode have no effect without torch_compile = true.")
+
+
 def _observability_checks(cfg: GRPOConfig, host: PluginHost | None, errors: list[str], warnings: list[str]) -> None:
     """Evaluation data, alert names and trackers (see grpo_core.evaluation / alerts / tracking)."""
     from grpo_core.alerts import ALERT_NAMES
@@ -375,6 +389,7 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None) -> list[str]:
     _training_checks(cfg, errors, warnings)
     _no_effect_checks(cfg, names, warnings)
     _model_checks(cfg, names, errors, warnings)
+    _speed_checks(cfg, errors, warnings)
     _observability_checks(cfg, host, errors, warnings)
     _plugin_checks(cfg, host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None), names, errors, warnings)
     warnings += compat_warnings(cfg)

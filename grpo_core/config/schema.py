@@ -316,8 +316,12 @@ class GRPOConfig(_Table):
     bf16: bool | Literal["auto"] = False
     fp16: bool = False
     tf32: bool | None = None
-    fp8: bool = False
-    torch_compile: bool = False
+    fp8: bool = Field(False, description="FP8 matmuls (torchao through accelerate); needs a CUDA GPU of compute capability >= 8.9 and torchao, refused elsewhere.")
+    torch_compile: bool = Field(False, description="torch.compile the decoder body for the training forward/backward and log-prob passes (CPU and GPU; the model, its state-dict keys and checkpoints are unchanged).")
+    torch_compile_backend: str | None = Field(None, description="torch.compile backend (default inductor; e.g. aot_eager, cudagraphs).")
+    torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = Field(
+        None, description="torch.compile mode (default 'default')."
+    )
     flash_attention: bool = False
     sdp_attention: bool | None = None
     attn_implementation: str | None = Field(

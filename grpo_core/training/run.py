@@ -134,10 +134,11 @@ def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> t
     is one; it owns backward and gradient clipping), and the reference."""
     from accelerate import Accelerator
 
+    from grpo_core.fp8 import accelerator_kwargs
     from grpo_core.models import load_policy, reference_model
     from grpo_core.training.optim import build_optimizer, build_scheduler
 
-    accelerator = Accelerator()
+    accelerator = Accelerator(**accelerator_kwargs(cfg))  # fp8: torchao Float8Linear layers at prepare
     context.log(f"loading model from {model_dir}")
     model = load_policy(cfg, model_dir, context.tokenizer)
     optimizer = build_optimizer(cfg, model)

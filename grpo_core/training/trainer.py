@@ -20,16 +20,16 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
-from grpo_core.errors import EngineUnavailable, PluginError, RewardError, TrainingInterrupted
+from grpo_core.errors import EngineUnavailable, GrpoError, PluginError, RewardError, TrainingInterrupted
 from grpo_core.logprobs import token_logprobs
-from grpo_core.loss import LossSettings, policy_loss
+from grpo_core.loss import LossSettings
 from grpo_core.precision import resolve_precision
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.batch import MicroBatch, flatten, micro_batches, step_slices, steps_per_batch, steps_per_generation
 from grpo_core.training.optim import advance_schedule
 from grpo_core.training.producer import ScoredBatch
 from grpo_core.training.timing import StepClock, dominant_phases
-from grpo_core.types import Checkpointable, InferenceEngine, TrainingProgress
+from grpo_core.types import Checkpointable, InferenceEngine, PolicyLossInputs, TrainingProgress
 
 
 @dataclass
@@ -102,6 +102,12 @@ class GRPOTrainer:
         self.timings: list[dict[str, float]] = []  # each step's metrics, for the end-of-run time shares
         self.device = parts.accelerator.device
         self.precision = resolve_precision(cfg, self.device.type)
+        from grpo_core.compile import compile_policy
+
+        self.compiled_body = compile_policy(cfg, parts.model)  # None unless torch_compile
+        if self.compiled_body is not None:
+            parts.context.log(f"torch_compile: the decoder body is compiled (backend "
+                              f"{cfg.torch_compile_backend or 'inductor'}) at the first training forward")
 
     # ---------------------------------------------------------------- state
 
@@ -232,6 +238,8 @@ class GRPOTrainer:
                 mb.num_completion_tokens,
                 temperature=float(self.trl.temperature or 1.0),
                 with_entropy=with_entropy,
+                # the policy's compiled body (torch_compile); the reference runs eager
+                body=self.compiled_body if model is self.parts.model else None,
             )
         return logps.float(), None if entropy is None else entropy.float()
 
@@ -267,11 +275,12 @@ class GRPOTrainer:
                 for mb in self._micro:
                     mb.ref_logps = self._forward(ref_model, mb, with_entropy=False)[0].detach()
 
-    def _is_weights(self, mb: MicroBatch, logps: torch.Tensor, step_metrics: dict[str, list[float]]) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def _is_weights(
+        self, mb: MicroBatch, trainer_at_sampling: torch.Tensor, step_metrics: dict[str, list[float]]
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
         mask = mb.completion_mask.to(self.device)
         if mb.sampler_logps is None:
             return None, mask
-        trainer_at_sampling = mb.old_logps if mb.old_logps is not None else logps.detach()
         weights, new_mask, m = self.parts.hook.grpo_is_correction(
             trainer_logps=trainer_at_sampling, sampler_logps=mb.sampler_logps.to(self.device), mask=mask
         )
@@ -284,6 +293,24 @@ class GRPOTrainer:
         for key, value in m.items():
             step_metrics.setdefault(f"is/{key}", []).append(float(value))
         return weights, new_mask
+
+    def _hidden_states(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.nn.Module]:
+        """The decoder's hidden states predicting the completion tokens, and
+        the LM head: for losses that fuse the head (``policy_loss = liger``)."""
+        from grpo_core.logprobs import _decoder_and_head, _logit_transform, _unwrap_peft
+
+        plain_body, head = _decoder_and_head(model)
+        if _logit_transform(_unwrap_peft(model)) != (1.0, None):
+            raise GrpoError(
+                f"policy_loss '{self.cfg.plugins.policy_loss or 'liger'}' fuses the LM head as a plain linear layer, but "
+                "this model scales or soft-caps its logits after the head (logit_scale / final_logit_softcapping): "
+                "set trl.use_liger_loss = false (the built-in loss applies them)."
+            )
+        body = self.compiled_body if self.compiled_body is not None else plain_body
+        c = mb.num_completion_tokens
+        with self.precision.autocast(self.device.type):
+            out = body(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device), use_cache=False)
+        return out.last_hidden_state[:, -c - 1 : -1, :], head
 
     def _train_step(self) -> dict[str, float]:
         cfg, trl = self.cfg, self.trl
@@ -332,23 +359,24 @@ class GRPOTrainer:
     def _micro_batch_loss(
         self, model: torch.nn.Module, mb: MicroBatch, accumulation_steps: int, step_metrics: dict[str, list[float]]
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Forward, IS correction, loss and backward of one micro-batch."""
-        logps, entropy = self._forward(model, mb, with_entropy=True)
-        is_weights, mask = self._is_weights(mb, logps, step_metrics)
-        loss, m = policy_loss(
-            self.loss_settings,
-            logps,
-            mb.advantages.to(self.device),
-            mask,
+        """The ``policy_loss`` implementation's loss of one micro-batch, then backward."""
+        inputs = PolicyLossInputs(
+            settings=self.loss_settings,
+            targets=mb.input_ids[:, -mb.num_completion_tokens :].to(self.device),
+            mask=mb.completion_mask.to(self.device),
+            advantages=mb.advantages.to(self.device),
             old_logps=mb.old_logps,
             ref_logps=mb.ref_logps,
-            is_weights=is_weights,
-            entropy=entropy,
+            sampler_logps=None if mb.sampler_logps is None else mb.sampler_logps.to(self.device),
+            temperature=float(self.trl.temperature or 1.0),
             # TRL's dapo/cispo normaliser: the generation batch's tokens, rescaled to one step
             num_items_in_batch=self._num_items / self.steps_per_generation,
-            sampler_logps=None if mb.sampler_logps is None else mb.sampler_logps.to(self.device),
             accumulation_steps=accumulation_steps,
+            logprobs=lambda with_entropy: self._forward(model, mb, with_entropy=with_entropy),
+            hidden_states=lambda: self._hidden_states(model, mb),
+            is_weights=lambda trainer_logps: self._is_weights(mb, trainer_logps, step_metrics),
         )
+        loss, m = self.parts.hook.grpo_policy_loss(inputs=inputs)
         self.parts.accelerator.backward(loss)
         return loss, m
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL
+from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL
 from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, EngineRequestError, VLLMClient, adoption_refusal
 from grpo_plugins.vllm.worker_ext import RETIE_METHOD
 from grpo_plugins.vllm.server import (
@@ -58,7 +58,7 @@ class VLLMServerEngine:
     ``trl.vllm_server_base_urls``) or ``replica`` (managed server ``i`` of
     ``[vllm] data_parallel_size``)."""
 
-    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL})
+    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL})
 
     def __init__(self, context: RunContext, *, url: str | None = None, replica: int | None = None) -> None:
         self.context = context

@@ -226,6 +226,12 @@ class VLLMEnginePool:
         return all(m.same_host for m in self.live())
 
     @property
+    def client(self) -> Any:
+        """The one server's HTTP client (the NCCL sync drives vLLM's weight-transfer
+        routes through it); ``None`` with several servers, which that sync does not support."""
+        return self.members[0].client if len(self.members) == 1 else None
+
+    @property
     def cpu_cores(self) -> frozenset[int] | None:
         """The cores the servers' engines are pinned to (the trainer keeps off them)."""
         cores = frozenset().union(*(getattr(m, "cpu_cores", None) or () for m in self.members))

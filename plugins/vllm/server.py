@@ -278,6 +278,8 @@ def server_spec(
     ]  # fmt: skip
     if cfg.trust_remote_code:
         argv.append("--trust-remote-code")
+    if cfg.plugins.weight_sync == "nccl":  # vLLM's NCCL weight-transfer engine (grpo_plugins.vllm.nccl_sync)
+        argv += ["--weight-transfer-config", '{"backend": "nccl"}']
     if v.enable_prefix_caching is not None:
         argv.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
     if enforce_eager(cfg):

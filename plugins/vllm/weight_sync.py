@@ -12,8 +12,8 @@ version goes to a fresh directory (written under a temporary name and
 renamed, so the engine never reads half a file; a new path also keeps vLLM
 from reusing prefix-cache blocks computed with the old weights). Older
 versions are deleted; the newest stays until the next sync, because an
-engine that restarts re-applies it. NCCL transfer to GPU servers is refused
-with these alternatives (:class:`NcclSync`).
+engine that restarts re-applies it. NCCL transfer to GPU servers is
+:mod:`grpo_plugins.vllm.nccl_sync`.
 """
 
 from __future__ import annotations
@@ -28,41 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_core import hookimpl
 from grpo_core.atomic import atomic_directory
-from grpo_core.errors import ConfigError, NotImplementedYet
+from grpo_core.errors import ConfigError
 from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, InferenceEngine, SyncResult
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
     from grpo_core.context import RunContext
-
-
-class NcclSync:
-    """``grpo.weight_sync:nccl``: refused with the alternatives.
-
-    NCCL transfer into vLLM (its weight-transfer API) needs CUDA GPUs on
-    both sides, and grpo has not been run on GPUs yet; the name exists so a
-    config asking for it gets this explanation instead of "unknown name".
-    """
-
-    def __init__(self, context: RunContext) -> None:
-        raise self.refusal()
-
-    @staticmethod
-    def grpo_validate_config(config: GRPOConfig) -> list[str]:
-        raise NcclSync.refusal()
-
-    @staticmethod
-    def refusal() -> NotImplementedYet:
-        return NotImplementedYet(
-            "weight sync 'nccl' (NCCL transfer to vLLM)",
-            "it needs CUDA GPUs on both sides and has not been built and tested here. Use 'lora_filesystem' "
-            "(trl.vllm_lora_sync = true, adapter = 'lora') or 'full_filesystem' with a vLLM server on a shared "
-            "filesystem, or 'vllm_in_memory' (trl.vllm_mode = 'colocate'), which hands tensors over in memory",
-        )
-
-    @hookimpl
-    def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:  # never reached
-        raise self.refusal()
 
 
 def _is_peft(model: Any) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.errors import ConfigError, NotImplementedYet
+from grpo_core.errors import ConfigError
 from grpo_core.context import RunContext
 from grpo_plugins.vllm.server import cpu_has_fast_bf16, cuda_available, resolve_dtype, server_spec
 
@@ -184,14 +184,17 @@ def test_colocate_mode_picks_the_in_process_engine(smollm2_dir, tmp_path, config
         PluginHost().load_implementation("rollout", "vllm_colocate", RunContext(config=cfg, output_dir=tmp_path))
 
 
-def test_nccl_sync_is_refused_with_the_alternatives(smollm2_dir, tmp_path, config_for):
+def test_nccl_sync_is_refused_without_cuda_with_the_alternatives(smollm2_dir, tmp_path, config_for, monkeypatch):
+    import torch
+
     from grpo_core.plugin_host import PluginHost
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # faked, whatever this machine has
     cfg = config_for(smollm2_dir, tmp_path, vllm_lora_sync=False)
-    with pytest.raises(NotImplementedYet) as info:
+    with pytest.raises(ConfigError) as info:
         PluginHost().load_implementation("weight_sync", "nccl", RunContext(config=cfg, output_dir=tmp_path))
     message = str(info.value)
-    assert "CUDA" in message and "lora_filesystem" in message and "vllm_in_memory" in message
+    assert "no CUDA device" in message and "lora_filesystem" in message and "vllm_in_memory" in message
 
 
 def test_a_server_that_accepts_any_key_is_not_adopted():

@@ -1,0 +1,210 @@
+"""The GPU paths this project cannot run on its CPU machines, as one check.
+
+Run on a CUDA machine (benchmarks/gpu_check.sh wraps it; < 8 minutes on one
+H100/H200-class GPU with SmolLM2-135M). Each section records what ran and
+what it measured into one JSON file (``--out``), and a failure in one
+section does not stop the others:
+
+* ``liger``: the Liger fused GRPO loss on CUDA (its chunk function under
+  torch.compile there) against grpo's own loss: loss and gradients, bf16
+  hidden states, every loss_type; plus peak memory of both on a 49k vocab;
+* ``fp8``: 2 full-fine-tuning GRPO steps with ``fp8 = true, bf16 = true``
+  on SmolLM2 (needs compute capability >= 8.9 and torchao): Float8Linear
+  layers present, losses finite;
+* ``nccl``: 2 steps against a managed CUDA vLLM server with
+  ``plugins.weight_sync = "nccl"``; the sampler/trainer log-prob gap of step
+  2 must stay at the level of step 1 (it grows if the server kept the old
+  weights);
+* ``bf16_speed``: seconds per step of SmolLM2 + LoRA, float32 vs bf16 vs
+  bf16 + torch_compile (transformers rollout).
+
+    python benchmarks/gpu_check.py --out benchmarks/results/gpu_check.json [--only liger,fp8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+REWARDS = "def even_first(completion_ids, **kwargs):\n    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
+
+
+def _workdir() -> Path:
+    tmp = Path(tempfile.mkdtemp(prefix="grpo-gpu-check-"))
+    (tmp / "gpu_rewards.py").write_text(REWARDS)
+    (tmp / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Count to {i}:"}) for i in range(64)))
+    sys.path.insert(0, str(tmp))
+    return tmp
+
+
+def _config(tmp: Path, out: str, **top: Any) -> Any:
+    from grpo_core.config.loader import validate
+    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+
+    trl = {"num_generations": 8, "max_completion_length": 64, "reward_funcs": ["gpu_rewards.even_first"], "temperature": 1.0}
+    trl.update(top.pop("trl", {}))
+    cfg = {
+        "base_model": resolve_model_dir(DEFAULT_MODEL), "adapter": "lora", "lora_r": 16, "lora_alpha": 32,
+        "datasets": [{"path": str(tmp / "train.jsonl")}], "sequence_len": 256, "micro_batch_size": 16,
+        "gradient_accumulation_steps": 1, "max_steps": 2, "learning_rate": 1e-5, "lr_scheduler": "constant",
+        "output_dir": str(tmp / out), "seed": 1, "trl": trl, **top,
+    }  # fmt: skip
+    return validate(cfg)
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def check_liger(tmp: Path) -> dict:
+    import torch
+
+    from grpo_core.loss import LossSettings
+    from grpo_plugins.liger_loss import LigerPolicyLoss
+    from grpo_plugins.policy_loss import GRPOPolicyLoss
+    from grpo_core.types import PolicyLossInputs
+
+    dev = torch.device("cuda")
+    out: dict[str, Any] = {}
+    B, C, H, V = 8, 128, 576, 49152
+    g = torch.Generator(device="cpu").manual_seed(0)
+    weight = (torch.randn(V, H, generator=g) * 0.02).to(dev)
+    hidden0 = torch.randn(B, C, H, generator=g).to(dev)
+    targets = torch.randint(0, V, (B, C), generator=g).to(dev)
+    mask = torch.ones(B, C, device=dev)
+    mask[:, 100:] = 0
+    adv = torch.randn(B, generator=g).to(dev)
+    with torch.no_grad():
+        base = torch.log_softmax(hidden0 @ weight.T, -1).gather(-1, targets[..., None]).squeeze(-1)
+    old = base + 0.1 * torch.randn(B, C, generator=g).to(dev)
+    ref = base + 0.1 * torch.randn(B, C, generator=g).to(dev)
+
+    def run(impl: Any, settings: LossSettings) -> tuple:
+        head = torch.nn.Linear(H, V, bias=False, device=dev)
+        head.weight.data.copy_(weight)
+        hidden = hidden0.clone().requires_grad_(True)
+
+        def logprobs(with_entropy: bool):
+            all_logps = torch.log_softmax((head(hidden)).float(), -1)
+            ent = -(all_logps.exp() * all_logps).sum(-1) if with_entropy else None
+            return all_logps.gather(-1, targets[..., None]).squeeze(-1), ent
+
+        inputs = PolicyLossInputs(
+            settings=settings, targets=targets, mask=mask, advantages=adv, old_logps=old,
+            ref_logps=ref if settings.beta else None, num_items_in_batch=float(mask.sum()), accumulation_steps=1,
+            logprobs=logprobs, hidden_states=lambda: (hidden, head), is_weights=lambda _t: (None, mask),
+        )  # fmt: skip
+        torch.cuda.reset_peak_memory_stats()
+        loss, _ = impl.grpo_policy_loss(inputs=inputs)
+        loss.backward()
+        torch.cuda.synchronize()
+        return float(loss), hidden.grad, head.weight.grad, torch.cuda.max_memory_allocated() / 2**20
+
+    for settings in (LossSettings(loss_type=t, beta=b) for t in ("dapo", "grpo", "bnpo", "cispo", "sapo") for b in (0.0, 0.04)):
+        ours, liger = run(GRPOPolicyLoss(), settings), run(LigerPolicyLoss(), settings)
+        key = f"{settings.loss_type}/beta={settings.beta}"
+        out[key] = {
+            "loss_ours": ours[0], "loss_liger": liger[0],
+            "max_abs_grad_diff_hidden": float((ours[1] - liger[1]).abs().max()),
+            "max_abs_grad_diff_weight": float((ours[2] - liger[2]).abs().max()),
+            "peak_mib_ours": ours[3], "peak_mib_liger": liger[3],
+        }  # fmt: skip
+        assert abs(ours[0] - liger[0]) <= 1e-3 * max(1.0, abs(ours[0])), (key, ours[0], liger[0])
+    return out
+
+
+def check_fp8(tmp: Path) -> dict:
+    from grpo_core.fp8 import fp8_problem
+    from grpo_core.training.run import run_training
+
+    problem = fp8_problem()
+    if problem is not None:
+        return {"skipped": problem}
+    cfg = _config(tmp, "fp8", adapter=None, fp8=True, bf16=True)
+    assert run_training(cfg) == "completed"
+    rows = _metrics(tmp / "fp8")
+    assert all(r["loss"] == r["loss"] and abs(r["loss"]) < 1e3 for r in rows), rows
+    return {"steps": [{k: r[k] for k in ("step", "loss", "grad_norm", "step_time")} for r in rows]}
+
+
+def check_nccl(tmp: Path) -> dict:
+    from grpo_core.training.run import run_training
+
+    cfg = _config(tmp, "nccl", learning_rate=5e-5, plugins={"weight_sync": "nccl"},
+                  trl={"use_vllm": True, "vllm_importance_sampling_correction": True},
+                  vllm={"gpu_memory_utilization": 0.3, "dtype": "bfloat16"})  # fmt: skip
+    assert run_training(cfg) == "completed"
+    rows = _metrics(tmp / "nccl")
+    gaps = [r.get("is/sampling_logp_difference/mean") for r in rows]
+    # Without the synced weights the server samples from the base model while the trainer moved on.
+    assert gaps[0] is not None and gaps[1] is not None and gaps[1] < max(0.05, 3 * gaps[0]), gaps
+    return {"logp_gap_per_step": gaps, "sync_seconds": [r.get("time/weight_sync") for r in rows]}
+
+
+def check_bf16_speed(tmp: Path) -> dict:
+    from grpo_core.training.run import run_training
+
+    out = {}
+    for name, top in (("float32", {}), ("bf16", {"bf16": True}), ("bf16_compile", {"bf16": True, "torch_compile": True})):
+        cfg = _config(tmp, f"speed-{name}", max_steps=4, **top)
+        start = time.perf_counter()
+        assert run_training(cfg) == "completed"
+        rows = _metrics(tmp / f"speed-{name}")
+        out[name] = {
+            "wall_s": round(time.perf_counter() - start, 2),
+            "step_time_s": [round(r["step_time"], 3) for r in rows],
+            "forward_backward_s": [round(r.get("time/forward_backward", 0.0), 3) for r in rows],
+        }
+    return out
+
+
+CHECKS: dict[str, Callable[[Path], dict]] = {
+    "liger": check_liger, "fp8": check_fp8, "nccl": check_nccl, "bf16_speed": check_bf16_speed,
+}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"))
+    parser.add_argument("--only", default=",".join(CHECKS))
+    args = parser.parse_args()
+    import torch
+
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "capability": list(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None,
+        "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }  # fmt: skip
+    if not torch.cuda.is_available():
+        print("no CUDA device: this check is for a GPU machine", file=sys.stderr)
+        return 2
+    tmp = _workdir()
+    failed = 0
+    for name in args.only.split(","):
+        start = time.perf_counter()
+        try:
+            results[name] = {"ok": True, **CHECKS[name](tmp)}
+        except Exception as exc:  # record it and carry on with the next section
+            failed += 1
+            results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+        results[name]["seconds"] = round(time.perf_counter() - start, 1)
+        print(f"{name}: {'ok' if results[name]['ok'] else 'FAILED'} ({results[name]['seconds']} s)", flush=True)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

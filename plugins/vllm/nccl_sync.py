@@ -1,0 +1,211 @@
+"""``grpo.weight_sync:nccl``: weights to a CUDA vLLM server over NCCL, through
+vLLM's own weight-transfer API.
+
+vLLM (>= 0.32) ships both halves: the server's RL routes
+(``/init_weight_transfer_engine``, ``/start_weight_update``,
+``/update_weights``, ``/finish_weight_update``; served in dev mode, with
+``--weight-transfer-config '{"backend": "nccl"}'``) and the trainer side,
+``NCCLTrainerWeightTransferEngine``. This module only adapts them to grpo:
+
+* the first sync opens the NCCL group: the trainer is rank 0, the server's
+  workers ranks 1..N (``[plugins.nccl] inference_world_size``, default
+  ``vllm.tensor_parallel_size x vllm.data_parallel_size``), rendezvous at
+  ``master_address:master_port`` (the trainer's address as the server sees
+  it; ``127.0.0.1`` for a server on this machine);
+* every sync broadcasts the weights the engine needs (:func:`merged_weights`:
+  all of them for full fine-tuning; for a LoRA the adapted modules as
+  ``W + delta``, the frozen base never touched) in the engine's dtype, while
+  the server receives them (vLLM runs ``update_weights`` concurrently with the
+  broadcast), then finishes the update.
+
+The control-plane requests go through grpo's own vLLM client (API key,
+Unix socket, retries) rather than vLLM's bare ``HTTPVLLMWeightSyncClient``.
+
+Needs CUDA on both sides: refused by ``grpo config check`` on a trainer
+without CUDA. **Unverified on GPU**: the protocol sequence is unit-tested with
+NCCL mocked (tests/vllm/test_nccl_sync.py); ``benchmarks/gpu_check.sh`` is the
+prepared check against a real CUDA vLLM server, not yet run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+from pydantic import BaseModel, Field
+
+from grpo_core import hookimpl
+from grpo_core.errors import ConfigError, EngineUnavailable
+from grpo_core.types import WEIGHTS_OVER_NCCL, InferenceEngine, SyncResult
+
+if TYPE_CHECKING:
+    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.context import RunContext
+
+TRANSFER_DEVICE = "cuda"
+"""Where the broadcast tensors live (NCCL sends from GPU memory; the mocked-NCCL test sets "cpu")."""
+
+
+def nccl_problem(cuda: bool | None = None) -> str | None:
+    """Why the NCCL sync cannot run on this trainer (``cuda`` defaults to
+    this machine's), or ``None``."""
+    if cuda is None:
+        import torch
+
+        cuda = bool(torch.cuda.is_available())
+    if not cuda:
+        return (
+            "weight sync 'nccl' broadcasts the weights from a CUDA GPU over NCCL, and this trainer has no CUDA device "
+            "(the vLLM server needs CUDA GPUs too). Without GPUs use 'full_filesystem' (the default with a vLLM "
+            "server), 'lora_filesystem' (trl.vllm_lora_sync = true) or 'vllm_in_memory' (trl.vllm_mode = 'colocate')."
+        )
+    try:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine  # noqa: F401
+    except ImportError as exc:
+        return f"weight sync 'nccl' needs vLLM >= 0.32's weight-transfer API on the trainer (pip install 'grpo[vllm]'): {exc}"
+    return None
+
+
+class _GrpoClient:
+    """vLLM's ``VLLMWeightSyncClient`` protocol over grpo's client (auth, retries)."""
+
+    def __init__(self, client: Any, timeout: float) -> None:
+        self.client, self.timeout = client, timeout
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
+        self.client.request("POST", path, body, timeout=self.timeout, retry=False)
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._post("/init_weight_transfer_engine", {"init_info": init_info})
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._post("/shutdown_weight_transfer_engine")
+
+    def start_weight_update(self) -> None:
+        self._post("/start_weight_update")
+
+    def update_weights(self, update_info: Any) -> None:
+        self._post("/update_weights", {"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._post("/finish_weight_update", None if weight_version is None else {"weight_version": weight_version})
+
+
+class _MergedWeights:
+    """A ``WeightSource`` (vLLM's protocol: ``metadata()`` and a re-iterable
+    stream, in the same order) over the weights of one sync."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] = {}
+
+    def metadata(self) -> list[Any]:
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.state.items()]
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return iter(list(self.state.items()))
+
+
+class NcclSync:
+    """``grpo.weight_sync:nccl``."""
+
+    required_capabilities = frozenset({WEIGHTS_OVER_NCCL})
+
+    class Settings(BaseModel):
+        master_address: str | None = Field(
+            None, description="The trainer's address as the vLLM server reaches it (default 127.0.0.1: a server on this machine)."
+        )
+        master_port: int = Field(51216, ge=1, le=65535, description="TCP port of the NCCL rendezvous (free on the trainer).")
+        inference_world_size: int | None = Field(
+            None, ge=1, description="GPU workers of the vLLM server (default vllm.tensor_parallel_size x vllm.data_parallel_size)."
+        )
+        packed: bool = Field(True, description="Broadcast in packed buffers (vLLM's default) rather than tensor by tensor.")
+        timeout: float = Field(600.0, gt=0, description="Seconds each control request to the server may take.")
+
+    def __init__(self, context: RunContext, settings: NcclSync.Settings | None = None) -> None:
+        self.context = context
+        self.settings = settings or NcclSync.Settings()
+        self._transfer: Any = None
+        self._source = _MergedWeights()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def grpo_validate_config(config: GRPOConfig) -> list[str]:
+        problem = nccl_problem()
+        if problem is not None:
+            raise ConfigError(problem)
+        return []
+
+    def _world_size(self) -> int:
+        if self.settings.inference_world_size is not None:
+            return 1 + self.settings.inference_world_size
+        v = self.context.config.vllm
+        return 1 + int(v.tensor_parallel_size) * int(v.data_parallel_size)
+
+    def _open(self, engine: InferenceEngine) -> None:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+
+        client = getattr(engine, "client", None)
+        if client is None or not hasattr(client, "request"):
+            raise ConfigError(
+                f"weight sync 'nccl' talks to a vLLM server's weight-transfer routes, but the engine "
+                f"({engine.description}) is not one: use the 'vllm' rollout (trl.use_vllm = true, server mode)."
+            )
+        if self.settings.master_address is None and not engine.same_host:
+            raise ConfigError(
+                "weight sync 'nccl' with a vLLM server on another host: set [plugins.nccl] master_address to this "
+                "trainer's address as that host reaches it (the NCCL rendezvous runs on the trainer)."
+            )
+        info = NCCLTrainerInitInfo(
+            rank=0,  # the single sending trainer process
+            master_address=self.settings.master_address or "127.0.0.1",
+            master_port=self.settings.master_port,
+            world_size=self._world_size(),
+            packed=self.settings.packed,
+        )
+        self._transfer = NCCLTrainerWeightTransferEngine.trainer_init(
+            info, client=_GrpoClient(client, self.settings.timeout), source=self._source
+        )
+
+    @hookimpl
+    def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
+        import torch
+
+        from grpo_plugins.vllm.weight_sync import merged_weights
+
+        if engine is None:
+            raise ConfigError("weight sync 'nccl' sends weights to a vLLM server, but the rollout has none: set trl.use_vllm = true.")
+        with self._lock:
+            start = time.perf_counter()
+            if self._transfer is None:
+                self._open(engine)
+            opened = time.perf_counter()
+            dtype = getattr(torch, engine.weight_dtype) if engine.weight_dtype else None
+            state: dict[str, Any] = {}
+            for name, value in merged_weights(model, engine.fused_modules()).items():
+                if dtype is not None and value.is_floating_point():
+                    value = value.to(dtype)
+                state[name] = value.to(TRANSFER_DEVICE).contiguous()
+            self._source.state = state
+            try:
+                self._transfer.send_weights()
+            except Exception as exc:  # the NCCL group is unusable after a failed round
+                self._transfer = None
+                raise EngineUnavailable(f"weight sync 'nccl' failed at version {version}: {type(exc).__name__}: {exc}") from exc
+            finally:
+                self._source.state = {}
+            end = time.perf_counter()
+        return SyncResult(version, end - start, f"nccl: {len(state)} tensors, init {opened - start:.2f}s, send {end - opened:.2f}s")
+
+    @hookimpl
+    def grpo_train_end(self) -> None:
+        with self._lock:
+            if self._transfer is not None:
+                try:
+                    self._transfer.client.shutdown_weight_transfer_engine()
+                except Exception:  # the server may be gone already
+                    pass
+                self._transfer.shutdown()
+                self._transfer = None

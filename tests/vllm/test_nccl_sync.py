@@ -1,0 +1,170 @@
+"""``grpo.weight_sync:nccl``: the protocol sequence, with NCCL mocked.
+
+NCCL needs CUDA GPUs on both sides, which this machine does not have, so
+the NCCL communicator (vLLM's ``trainer_init``, which would open the NCCL
+group) is replaced by a recorder, tensors stay on the CPU, and the vLLM
+server by a recording client. Everything else is real: vLLM's own
+``NCCLTrainerWeightTransferEngine`` drives the handshake and the rounds,
+grpo's sync builds the weights (:func:`merged_weights`) and the requests.
+What this does not prove: that a real CUDA vLLM server receives the bytes
+(``benchmarks/gpu_check.sh`` does that, on a GPU; not yet run).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("vllm.distributed.weight_transfer.nccl_engine", reason="needs vLLM >= 0.32 (weight-transfer API)")
+
+from grpo_core.config.loader import validate  # noqa: E402
+from grpo_core.context import RunContext  # noqa: E402
+
+
+class RecordingClient:
+    """grpo's vLLM client, as far as the sync uses it: records each request."""
+
+    base_url = "http://127.0.0.1:8000"
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def request(self, method: str, path: str, json: Any = None, **kwargs: Any) -> None:
+        self.calls.append((method, path, json))
+
+
+class FakeEngine:
+    description = "vLLM server at http://127.0.0.1:8000"
+    same_host = True
+    weight_dtype = "bfloat16"
+
+    def __init__(self, calls: list) -> None:
+        self.client = RecordingClient(calls)
+
+    def fused_modules(self) -> tuple[tuple[str, ...], ...]:
+        return (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class RecordingCommunicator:
+    """Stands in for vLLM's PyNcclCommunicator (NCCL cannot run without CUDA)."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def broadcast(self, tensor: torch.Tensor, src: int, stream: Any = None) -> None:
+        self.calls.append(("broadcast", src, tensor.clone()))
+
+    def destroy(self) -> None:
+        self.calls.append(("destroy",))
+
+
+def _tiny_llama(lora: bool) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True))  # fmt: skip
+    if not lora:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    for name, param in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.5)  # a non-zero delta, so W + delta differs from W
+    return peft_model
+
+
+@pytest.fixture()
+def mocked_nccl(monkeypatch: pytest.MonkeyPatch) -> list:
+    import vllm.distributed.weight_transfer.nccl_engine as nccl_engine
+
+    import grpo_plugins.vllm.nccl_sync as nccl_sync
+
+    calls: list = []
+    opened: list = []
+
+    def open_endpoint(init_info: Any) -> RecordingCommunicator:
+        opened.append(init_info)
+        calls.append(("open_trainer_endpoint", init_info.master_address, init_info.master_port, init_info.world_size))
+        return RecordingCommunicator(calls)
+
+    monkeypatch.setattr(nccl_engine, "open_trainer_endpoint", open_endpoint)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: None)  # no CUDA streams here
+    monkeypatch.setattr(nccl_sync, "TRANSFER_DEVICE", "cpu")
+    return calls
+
+
+def _sync(tmp_path: Path, **settings: Any) -> Any:
+    from grpo_plugins.vllm.nccl_sync import NcclSync
+
+    cfg = validate({"base_model": str(tmp_path), "datasets": [{"path": "x.jsonl"}], "micro_batch_size": 4,
+                    "vllm": {"tensor_parallel_size": 2},
+                    "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True}})  # fmt: skip
+    return NcclSync(RunContext(config=cfg, output_dir=tmp_path), NcclSync.Settings(packed=False, **settings))
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_nccl_sync_runs_vllms_protocol_in_order(tmp_path: Path, mocked_nccl: list, lora: bool) -> None:
+    from grpo_plugins.vllm.weight_sync import merged_weights
+
+    calls = mocked_nccl
+    model = _tiny_llama(lora)
+    engine = FakeEngine(calls)
+    sync = _sync(tmp_path, master_port=40123)
+    expected = {k: v.to(torch.bfloat16) for k, v in merged_weights(model, engine.fused_modules()).items()}
+
+    for version in (1, 2):
+        result = sync.grpo_sync_weights(model=model, version=version, engine=engine)
+        assert result.version == version and "nccl:" in result.detail
+    sync.grpo_train_end()
+
+    kinds = [c[0] if c[0] != "POST" else c[1] for c in calls]
+    # Once: the handshake (the server joins at rank_offset 1 while the trainer opens rank 0).
+    assert kinds.count("/init_weight_transfer_engine") == 1 and kinds.count("open_trainer_endpoint") == 1
+    init = next(c[2] for c in calls if c[:2] == ("POST", "/init_weight_transfer_engine"))["init_info"]
+    assert init["master_address"] == "127.0.0.1" and init["master_port"] == 40123
+    assert init["rank_offset"] == 1 and init["world_size"] == 3  # trainer + tensor_parallel_size 2
+    # Each version: start, update (names/dtypes/shapes), one broadcast per tensor from rank 0, finish.
+    rounds = [i for i, k in enumerate(kinds) if k == "/start_weight_update"]
+    assert len(rounds) == 2
+    for start in rounds:
+        update = calls[start + 1]
+        assert update[1] == "/update_weights"
+        info = update[2]["update_info"]
+        assert info["names"] == list(expected)
+        assert info["dtype_names"] == ["bfloat16"] * len(expected)
+        assert info["shapes"] == [list(t.shape) for t in expected.values()]
+        sent = calls[start + 2 : start + 2 + len(expected)]
+        assert [c[0] for c in sent] == ["broadcast"] * len(expected) and all(c[1] == 0 for c in sent)
+        for (_, _, tensor), want in zip(sent, expected.values(), strict=True):
+            assert torch.equal(tensor, want)  # the bytes vLLM would receive: merged W + delta for a LoRA
+        assert kinds[start + 2 + len(expected)] == "/finish_weight_update"
+    if lora:  # only the adapted modules (and their fused siblings) travel
+        assert {n.rsplit(".", 2)[-2] for n in expected} == {"q_proj", "k_proj", "v_proj"}
+    assert kinds[-2:] == ["/shutdown_weight_transfer_engine", "destroy"]
+
+
+def test_nccl_sync_is_refused_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpo_core.config.checks import check_config
+    from grpo_core.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # faked: whatever this machine has
+    (tmp_path / "x.jsonl").write_text('{"prompt": "hi"}\n')
+    cfg = validate({"base_model": str(tmp_path), "datasets": [{"path": str(tmp_path / "x.jsonl")}], "micro_batch_size": 4,
+                    "plugins": {"weight_sync": "nccl"},
+                    "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True}})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"weight sync 'nccl'.*no CUDA device.*full_filesystem"):
+        check_config(cfg)
+
+
+def test_nccl_sync_needs_master_address_for_a_remote_server(tmp_path: Path, mocked_nccl: list) -> None:
+    from grpo_core.errors import ConfigError
+
+    engine = FakeEngine(mocked_nccl)
+    engine.same_host = False
+    with pytest.raises(ConfigError, match=r"\[plugins.nccl\] master_address"):
+        _sync(tmp_path).grpo_sync_weights(model=_tiny_llama(False), version=1, engine=engine)
