@@ -126,6 +126,33 @@ def _generation_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) 
         )
 
 
+def _process_checks(cfg: GRPOConfig, names: dict[str, str], world: int, errors: list[str]) -> None:
+    """With N training processes each rank trains on its own share of every
+    generation batch, made of whole groups: the global batch must split into
+    N equal shares of whole groups and each share into whole optimizer steps."""
+    if world <= 1:
+        return
+    from grpo_core.training.batch import generation_batch_size, global_step_batch
+
+    n = int(cfg.trl.num_generations or 0)
+    batch, step = generation_batch_size(cfg, world), global_step_batch(cfg, world)
+    if n < 2 or not batch:
+        return
+    if batch % step:
+        errors.append(
+            f"with {world} processes one optimizer step trains on micro_batch_size x gradient_accumulation_steps x "
+            f"{world} = {step} completions, and the generation batch ({batch}, trl.generation_batch_size is global "
+            f"as in TRL) is not a multiple of it: set trl.generation_batch_size = {max(1, batch // step) * step}."
+        )
+    elif (batch // world) % n:
+        errors.append(
+            f"with {world} processes each process trains on {batch // world} of the {batch} completions per "
+            f"generation, which is not a whole number of groups of trl.num_generations = {n} (groups stay whole "
+            f"on a process: advantages are per group). Make micro_batch_size x gradient_accumulation_steps a "
+            f"multiple of {n}, or set trl.generation_batch_size to a multiple of {n * world}."
+        )
+
+
 def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
@@ -357,20 +384,24 @@ def _plugin_checks(cfg: GRPOConfig, host: PluginHost, names: dict[str, str], err
         )
 
 
-def check_config(cfg: GRPOConfig, host: PluginHost | None = None) -> list[str]:
+def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes: int | None = None) -> list[str]:
     """Return warnings for ``cfg``; raise :class:`ConfigError` listing every
     problem that stops it from running.
 
     Each chosen implementation is imported and checked (contract, settings,
     engine capabilities, its own ``grpo_validate_config``); with ``host``,
     every plugin registered on it is asked too (register always-on plugins
-    first to include theirs).
+    first to include theirs). ``num_processes``: the training processes
+    the run will have (default: this process's launcher environment).
     """
+    from grpo_core.training.distributed import world_size
+
     errors: list[str] = []
     warnings: list[str] = []
     names = implementation_names(cfg)
     _reward_checks(cfg, errors, warnings)
     _generation_checks(cfg, errors, warnings)
+    _process_checks(cfg, names, num_processes or world_size(), errors)
     _async_checks(cfg, names, errors, warnings)
     _training_checks(cfg, errors, warnings)
     _no_effect_checks(cfg, names, warnings)
