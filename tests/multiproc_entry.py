@@ -2,7 +2,7 @@
 
 Started by ``torchrun``/``accelerate launch`` in tests/test_multiprocess.py:
 every process appends, for each batch it trains on, its rank and the
-dataset indices of its prompts to ``$GRPO_TEST_SHARES/rank<R>.jsonl``.
+texts of its prompts to ``$GRPO_TEST_SHARES/rank<R>.jsonl``.
 Nothing else changes: the run is ``grpo run``."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def main() -> int:
 
     def set_batch(self, batch, old_logps=None):
         record = {"rank": self.dist.rank, "world": self.dist.world, "step": self.step,
-                  "prompts": [g.group.prompt.index for g in batch.groups]}  # fmt: skip
+                  "prompts": [g.group.prompt.prompt for g in batch.groups]}  # fmt: skip
         with open(out / f"rank{self.dist.rank}.jsonl", "a") as handle:
             handle.write(json.dumps(record) + "\n")
         return real(self, batch, old_logps)

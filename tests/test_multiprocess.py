@@ -110,3 +110,161 @@ def weights_at_start(model: str) -> dict[str, torch.Tensor]:
 
         _START[model] = load_file(str(Path(model) / "model.safetensors"))
     return _START[model]
+
+
+# A deterministic rollout (no model): resumed and straight runs sample alike
+# whatever the async schedule. Prompts "Item i" with an even i get a
+# constant reward (a group without learning signal), so ranks regularly
+# disagree on whether their micro-batch has signal: a rank that skipped its
+# backward alone would leave the other waiting in the all-reduce (a hang).
+ENV = '''
+def rollout(prompts, trainer):
+    tok = trainer.processing_class
+    out = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
+    for p in prompts:
+        ids = tok.encode(p, add_special_tokens=False)
+        i = int(p.split()[1].rstrip(":"))
+        for k in range(trainer.num_generations):
+            out["prompt_ids"].append(list(ids))
+            out["completion_ids"].append([100 + (i * 31 + k * 17 + j * 7) % 900 for j in range(3)] + [tok.eos_token_id])
+            out["logprobs"].append(None)
+    return out
+
+def gated(completion_ids, prompts, **kwargs):
+    return [float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) % 2 else 1.0 for ids, p in zip(completion_ids, prompts)]
+'''
+
+
+def shares_by_step(shares: Path) -> dict[int, dict[int, list[str]]]:
+    out: dict[int, dict[int, list[str]]] = {}
+    for file in sorted(shares.glob("rank*.jsonl")):
+        for line in file.read_text().splitlines():
+            record = json.loads(line)
+            assert record["world"] == 2
+            out.setdefault(record["step"], {})[record["rank"]] = record["prompts"]
+    return out
+
+
+def test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly(workdir: tuple[Path, str]) -> None:
+    tmp, model = workdir
+    (tmp / "mp_env.py").write_text(ENV)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    settings = {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "max_steps": 4, "save_steps": 2,
+                "trl": {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"], "async_prefetch": True,
+                        "skip_zero_advantage_batches": True}}  # fmt: skip
+    straight = write_config(tmp, "straight", model, **json.loads(json.dumps(settings)))
+    run_grpo(tmp, ["run", str(straight)], launcher=torchrun, shares=tmp / "shares")
+
+    by_step = shares_by_step(tmp / "shares")
+    assert sorted(by_step) == [0, 1, 2, 3]
+    seen: list[str] = []
+    for step, ranks in sorted(by_step.items()):
+        assert sorted(ranks) == [0, 1] and all(len(p) == 1 for p in ranks.values()), ranks  # one whole group each
+        assert not set(ranks[0]) & set(ranks[1]), f"step {step}: both ranks trained on {ranks}"
+        seen += ranks[0] + ranks[1]
+    assert len(set(seen)) == 8, "the 4 batches of 2 prompts were covered, each prompt once"
+    a = metrics(tmp / "straight")
+    assert [r["world_size"] for r in a] == [2.0] * 4
+    assert any(0 < r["frac_reward_zero_std"] < 1 for r in a), "no step mixed signal and no-signal groups: proves less"
+
+    def math(record: dict) -> dict:  # everything but wall-clock timings
+        return {k: v for k, v in record.items() if k != "step_time" and not k.startswith("time/")}
+
+    # Same process count: exact.
+    resumed = write_config(tmp, "resumed", model, **json.loads(json.dumps(settings)),
+                           resume_from_checkpoint=str(tmp / "straight" / "checkpoint-2"))  # fmt: skip
+    run_grpo(tmp, ["run", str(resumed)], launcher=torchrun)
+    b = metrics(tmp / "resumed")
+    assert [r["step"] for r in b] == [3, 4]
+    for ra, rb in zip(a[2:], b, strict=True):
+        assert math(rb) == math(ra)
+    wa = weights_of(tmp / "straight")
+    wb = weights_of(tmp / "resumed")
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+    # Onto 1 process (gradient_accumulation_steps 2 keeps the global batch): a checkpoint at a batch
+    # boundary resumes onto another process count; the sums run in another order, hence a tolerance.
+    single = write_config(tmp, "single", model, **json.loads(json.dumps(settings)), gradient_accumulation_steps=2,
+                          resume_from_checkpoint=str(tmp / "straight" / "checkpoint-2"))  # fmt: skip
+    run_grpo(tmp, ["run", str(single)])
+    c = metrics(tmp / "single")
+    assert [r["step"] for r in c] == [3, 4] and [r["world_size"] for r in c] == [1.0, 1.0]
+    for ra, rc in zip(a[2:], c, strict=True):
+        assert rc["reward"] == ra["reward"] and rc["num_tokens"] == ra["num_tokens"]
+        assert rc["loss"] == pytest.approx(ra["loss"], rel=1e-4, abs=1e-6)
+        assert rc["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-4, abs=1e-7)
+    wc = weights_of(tmp / "single")
+    for key in wa:
+        torch.testing.assert_close(wc[key], wa[key], rtol=1e-4, atol=1e-6)
+
+
+def weights_of(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    file = out / "adapter_model.safetensors"
+    return load_file(str(file if file.is_file() else out / "model.safetensors"))
+
+
+def test_fsdp_two_processes_match_one_and_resume_exactly(workdir: tuple[Path, str]) -> None:
+    """FSDP2 (full_shard + auto_wrap of the decoder layers) through accelerate, full fine-tuning: the
+    same steps as 1 process on the same global batch, full weights in checkpoints, exact resume."""
+    tmp, model = workdir
+    (tmp / "mp_env.py").write_text(ENV)
+    common = {"max_steps": 4, "save_steps": 2, "trl": {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]}}
+    fsdp = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+    sharded = write_config(tmp, "fsdp", model, **json.loads(json.dumps(common)), **fsdp)
+    single = write_config(tmp, "single", model, **json.loads(json.dumps(common)), gradient_accumulation_steps=2)
+    run_grpo(tmp, ["run", str(sharded), "--num-processes", "2"])
+    run_grpo(tmp, ["run", str(single)])
+    a, c = metrics(tmp / "fsdp"), metrics(tmp / "single")
+    assert [r["world_size"] for r in a] == [2.0] * 4
+    for ra, rc in zip(a, c, strict=True):
+        assert ra["reward"] == rc["reward"] and ra["num_tokens"] == rc["num_tokens"]
+        assert ra["loss"] == pytest.approx(rc["loss"], rel=1e-4, abs=1e-6)
+        assert ra["grad_norm"] == pytest.approx(rc["grad_norm"], rel=1e-4, abs=1e-7)
+    wa, wc = weights_of(tmp / "fsdp"), weights_of(tmp / "single")
+    assert wa.keys() == wc.keys()
+    for key in wa:
+        torch.testing.assert_close(wa[key], wc[key], rtol=1e-4, atol=1e-6)
+
+    resumed = write_config(tmp, "fsdp_resumed", model, **json.loads(json.dumps(common)), **fsdp,
+                           resume_from_checkpoint=str(tmp / "fsdp" / "checkpoint-2"))  # fmt: skip
+    run_grpo(tmp, ["run", str(resumed), "--num-processes", "2"])
+    b = metrics(tmp / "fsdp_resumed")
+    assert [r["step"] for r in b] == [3, 4]
+    for ra, rb in zip(a[2:], b, strict=True):
+        assert {k: v for k, v in rb.items() if k != "step_time" and not k.startswith("time/")} == {
+            k: v for k, v in ra.items() if k != "step_time" and not k.startswith("time/")
+        }
+    wb = weights_of(tmp / "fsdp_resumed")
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+# ----------------------------------------------------------------------------- light: shapes and checks
+
+
+def test_config_check_prints_per_process_and_global_batches(tmp_path: Path, capsys) -> None:
+    from grpo_core.cli import main
+
+    path = tmp_path / "c.toml"
+    path.write_text(to_toml_text({"base_model": "some/model", "micro_batch_size": 2, "gradient_accumulation_steps": 2,
+                                  "datasets": [{"path": "my-org/arith"}],
+                                  "trl": {"num_generations": 2, "reward_funcs": ["last_number_match"]}}))  # fmt: skip
+    assert main(["config", "check", str(path), "--num-processes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert ("processes:    2 (DDP: a full replica per process); per process: 2 x 2 = 4 completions per optimizer "
+            "step, 4 (2 groups) per generation; global: 8 per optimizer step, 8 (4 prompts) per generation") in out
+    # 8 completions over 4 processes: 2 each, not a whole group of 4
+    assert main(["config", "check", str(path), "--num-processes", "4", "--set", "trl.generation_batch_size=8",
+                 "--set", "trl.num_generations=4", "--set", "gradient_accumulation_steps=1"]) == 2  # fmt: skip
+    assert "groups stay whole on a process" in capsys.readouterr().err
+
+
+def test_num_processes_runs_accelerate_launch_on_the_same_command() -> None:
+    from grpo_core.launch import launcher_command
+
+    cmd = launcher_command(2, ["run", "c.toml", "--set", "max_steps=3"], cuda=False)
+    assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and cmd[cmd.index("--num_processes") + 1] == "2"
+    assert cmd[-6:] == ["-m", "grpo_core.cli", "run", "c.toml", "--set", "max_steps=3"]

@@ -37,9 +37,13 @@ class _Unimplemented:
 NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = (
     _Unimplemented("fp8", lambda c: c.fp8, "FP8 training needs GPU FP8 kernels"),
     _Unimplemented("torch_compile", lambda c: c.torch_compile, "the training step is not compiled"),
-    _Unimplemented("fsdp", lambda c: bool(c.fsdp), "multi-GPU FSDP training is not built"),
-    _Unimplemented("fsdp_config", lambda c: bool(c.fsdp_config), "multi-GPU FSDP training is not built"),
-    _Unimplemented("deepspeed", lambda c: c.deepspeed is not None, "DeepSpeed is not integrated"),
+    _Unimplemented(
+        "deepspeed",
+        lambda c: c.deepspeed is not None,
+        "DeepSpeed is not wired into the loop: its engine steps, accumulates and clips inside backward, which grpo's "
+        "agreed micro-batch skipping and global-token normalisation would have to be rebuilt around. Use "
+        "fsdp = [\"full_shard\", \"auto_wrap\"] (ZeRO-3-like sharding through accelerate) meanwhile",
+    ),
     _Unimplemented("trl.use_liger_loss", lambda c: c.trl.use_liger_loss is True, "the Liger fused GRPO loss is not integrated"),
 )
 
@@ -153,6 +157,28 @@ def _process_checks(cfg: GRPOConfig, names: dict[str, str], world: int, errors: 
         )
 
 
+def _sharding_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str]) -> None:
+    """``fsdp`` / ``fsdp_config``: options accelerate's plugin cannot take, and
+    combinations that need the unsharded model in one process."""
+    if not (cfg.fsdp or cfg.fsdp_config):
+        return
+    from grpo_core.training.sharding import fsdp_problems
+
+    errors.extend(fsdp_problems(cfg))
+    if not cfg.fsdp:
+        return
+    if names["rollout"] == "transformers":
+        errors.append(
+            "fsdp with the transformers rollout: it samples with the trainer's own model, which FSDP shards over "
+            "the processes, and only rank 0 samples. Use a vLLM server (trl.use_vllm = true) or a trl.rollout_func."
+        )
+    if float(cfg.trl.beta or 0) > 0:
+        errors.append(
+            "fsdp with trl.beta > 0: the KL reference model is not sharded (not implemented); set trl.beta = 0 "
+            "or train without fsdp (DDP keeps a full replica per process)."
+        )
+
+
 def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
@@ -196,11 +222,6 @@ def _async_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
         warnings.append(
             "trl.async_prefetch samples from weights one sync behind; enable "
             "trl.vllm_importance_sampling_correction to correct for it."
-        )
-    if trl.async_prefetch and cfg.fsdp:
-        warnings.append(
-            "async_prefetch with FSDP can deadlock (background collectives across ranks); set "
-            "trl.async_prefetch = false if training hangs."
         )
     if trl.vllm_lora_sync and cfg.adapter is None:
         errors.append(
@@ -402,6 +423,7 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
     _reward_checks(cfg, errors, warnings)
     _generation_checks(cfg, errors, warnings)
     _process_checks(cfg, names, num_processes or world_size(), errors)
+    _sharding_checks(cfg, names, errors)
     _async_checks(cfg, names, errors, warnings)
     _training_checks(cfg, errors, warnings)
     _no_effect_checks(cfg, names, warnings)

@@ -22,6 +22,9 @@ class PolicyLogprobs(torch.nn.Module):
     def __init__(self, policy: torch.nn.Module) -> None:
         super().__init__()
         self.policy = policy
+        # FSDP's auto-wrap reads the layer classes to wrap from the root module
+        base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+        self._no_split_modules = list(getattr(base, "_no_split_modules", None) or [])
 
     def forward(
         self,

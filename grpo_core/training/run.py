@@ -166,32 +166,39 @@ def make_accelerator(cfg: GRPOConfig) -> Any:
     from grpo_core.training.distributed import world_size
     from grpo_core.training.sharding import sharding_plugins
 
+    from grpo_core.training.sharding import enable_fsdp_on_cpu
+
     kwargs: dict[str, Any] = dict(sharding_plugins(cfg))
     if world_size() > 1 and not torch.cuda.is_available():
         kwargs["cpu"] = True
-    return Accelerator(**kwargs)
+    accelerator = Accelerator(**kwargs)
+    enable_fsdp_on_cpu(accelerator, kwargs.get("fsdp_plugin"))
+    return accelerator
 
 
-def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> tuple[Any, Any, Any, Any, Any, Any]:
+def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
     """Model, optimizer and schedule placed by accelerate (GPU where there
     is one; it owns backward, gradient clipping and, with several processes,
     the DDP/FSDP/DeepSpeed wrapping), and the reference. Returns the
     accelerator, the policy, the prepared log-prob module the loop calls
-    (:mod:`grpo_core.training.policy_forward`), optimizer, schedule, reference."""
+    (:mod:`grpo_core.training.policy_forward`), optimizer, schedule,
+    reference, and under FSDP rank 0's unsharded copy (syncs, checkpoints)."""
     from grpo_core.models import load_policy, reference_model
     from grpo_core.training.optim import build_optimizer, build_scheduler
     from grpo_core.training.policy_forward import PolicyLogprobs, inner_policy
+    from grpo_core.training.sharding import FullWeights
 
     accelerator = make_accelerator(cfg)
     context.log(f"loading model from {model_dir}")
     model = load_policy(cfg, model_dir, context.tokenizer)
+    full = FullWeights(model, accelerator.is_main_process) if cfg.fsdp else None
     optimizer = build_optimizer(cfg, model)
     forward, optimizer = accelerator.prepare(PolicyLogprobs(model), optimizer)
     model = inner_policy(forward)
     reference = reference_model(cfg, model_dir, model)  # None unless beta > 0
     if reference is not None and hasattr(reference, "model"):
         reference.model.to(accelerator.device)
-    return accelerator, model, forward, optimizer, build_scheduler(cfg, optimizer), reference
+    return accelerator, model, forward, optimizer, build_scheduler(cfg, optimizer), reference, full
 
 
 def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable[[str], None] | None = None) -> str:
@@ -246,7 +253,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
         # trackers: before the model loads; rank 0 alone logs
         observer = RunObserver.build(cfg, host, context, eval_prompts, stop_ids) if main else None
         impls = build_implementations(host, cfg, context, main=main)
-        accelerator, model, forward, optimizer, scheduler, reference = _load_model_parts(cfg, context, model_dir)
+        accelerator, model, forward, optimizer, scheduler, reference, full = _load_model_parts(cfg, context, model_dir)
         dist = Distributed.from_accelerator(accelerator)
         if dist.active:
             context.log(f"process {dist.rank} of {dist.world} ({accelerator.distributed_type}, {accelerator.device})")
@@ -270,6 +277,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
             observer=observer,
             forward=forward,
             dist=dist,
+            full_weights=full,
         )
         trainer = GRPOTrainer(parts)
         if resume is not None:

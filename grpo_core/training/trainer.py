@@ -54,6 +54,7 @@ class TrainerParts:
     observer: Any = None  # grpo_core.observe.RunObserver: logs, trackers, evaluation, alerts (rank 0)
     forward: Any = None  # the prepared PolicyLogprobs (DDP/FSDP-wrapped with several processes); None: call the model
     dist: Distributed = field(default_factory=Distributed)  # the training processes (one by default)
+    full_weights: Any = None  # sharding.FullWeights under FSDP: rank 0's unsharded copy for syncs and saves
 
 
 class StopRequested:
@@ -139,22 +140,28 @@ class GRPOTrainer:
                                       metrics=first.metrics, stream_state=first.stream_state)  # fmt: skip
                 old_logps = [o for _, o in gathered]
         path = self.output_dir / f"{ckpt.PREFIX}{self.step}"
+        model, optimizer = self.parts.model, self.parts.optimizer
+        if self.parts.full_weights is not None:  # sharded: gather full weights and optimizer state (collectives)
+            from grpo_core.training import sharding
+
+            model = self.parts.full_weights.refresh(self.parts.accelerator, self.parts.forward, self.policy_version)
+            optimizer = sharding._StateOf(sharding.full_optimizer_state(self.parts.forward, self.parts.optimizer))
         if self.dist.is_main:
             extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
             extra["pending_batch"] = pending
             extra["pending_old_logps"] = old_logps
             extra["pending_world_size"] = self.dist.world
-            path = self._write_checkpoint(extra)
+            path = self._write_checkpoint(extra, model, optimizer)
         self.dist.barrier()
         return path
 
-    def _write_checkpoint(self, extra: dict[str, Any]) -> Path:
+    def _write_checkpoint(self, extra: dict[str, Any], model: Any, optimizer: Any) -> Path:
         return ckpt.save_checkpoint(
             self.output_dir,
             self.step,
-            self.parts.model,
+            model,
             self.parts.tokenizer,
-            self.parts.optimizer,
+            optimizer,
             self.parts.scheduler,
             self.trainer_state(),
             extra,
@@ -183,7 +190,17 @@ class GRPOTrainer:
         :func:`~grpo_core.training.checkpoint.read_checkpoint` result when the
         caller checked it early (before the model loaded)."""
         loaded = loaded or ckpt.read_checkpoint(path)
-        ckpt.load_model_weights(self.parts.model, path)
+        if self.parts.full_weights is not None:  # sharded: rank 0 reads, every rank takes its shards
+            from grpo_core.training import sharding
+
+            full = self.parts.full_weights
+            if self.dist.is_main:
+                ckpt.load_model_weights(full.copy, path)
+            sharding.load_full_model_state(self.parts.forward, full.copy.state_dict() if self.dist.is_main else None)
+            sharding.load_full_optimizer_state(self.parts.forward, self.parts.optimizer, loaded.optimizer)
+            loaded.optimizer = self.parts.optimizer.state_dict()  # already in place: restore the rest
+        else:
+            ckpt.load_model_weights(self.parts.model, path)
         ckpt.restore_checkpoint(loaded, self.parts.optimizer, self.parts.scheduler)
         state, extra = loaded.trainer_state, loaded.extra
         self.step = int(state["step"])
@@ -319,7 +336,7 @@ class GRPOTrainer:
             if trained:
                 params = [p for p in model.parameters() if p.requires_grad]
                 norm = self.parts.accelerator.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
-                grad_norm = float(norm)
+                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
                 self.parts.optimizer.step()
             lr = float(self.parts.scheduler.get_last_lr()[0])
             advance_schedule(self.parts.scheduler)  # also on a step that trained nothing, without torch's warning
@@ -389,7 +406,7 @@ class GRPOTrainer:
             return
         from grpo_core.training.sharding import full_weights_for_sync
 
-        with full_weights_for_sync(self.parts.accelerator, self.parts.forward, self.parts.model) as model:
+        with full_weights_for_sync(self.parts, self.policy_version) as model:
             if self.dist.is_main:
                 self.parts.hook.grpo_sync_weights(model=model, version=self.policy_version, engine=self.parts.engine)
         self.dist.barrier()
@@ -401,8 +418,11 @@ class GRPOTrainer:
         from grpo_core.models import save_final
 
         out = self.output_dir
+        model = self.parts.model
+        if self.parts.full_weights is not None:
+            model = self.parts.full_weights.refresh(self.parts.accelerator, self.parts.forward, self.policy_version)
         if self.dist.is_main:
-            save_final(self.parts.model, self.parts.tokenizer, out, safetensors=self.cfg.save_safetensors)
+            save_final(model, self.parts.tokenizer, out, safetensors=self.cfg.save_safetensors)
         self.dist.barrier()
         return out
 
