@@ -191,7 +191,9 @@ def test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly(work
     c = metrics(tmp / "single")
     assert [r["step"] for r in c] == [3, 4] and [r["world_size"] for r in c] == [1.0, 1.0]
     for ra, rc in zip(a[2:], c, strict=True):
-        assert rc["reward"] == ra["reward"] and rc["num_tokens"] == ra["num_tokens"]
+        # (num_tokens counts trained tokens: one process skips its no-signal micro-batch, two processes
+        # train it when the other rank's has signal; a zero-advantage micro-batch adds no gradient)
+        assert rc["reward"] == ra["reward"]
         assert rc["loss"] == pytest.approx(ra["loss"], rel=1e-4, abs=1e-6)
         assert rc["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-4, abs=1e-7)
     wc = weights_of(tmp / "single")
