@@ -256,7 +256,8 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
         accelerator, model, forward, optimizer, scheduler, reference, full = _load_model_parts(cfg, context, model_dir)
         dist = Distributed.from_accelerator(accelerator)
         if dist.active:
-            context.log(f"process {dist.rank} of {dist.world} ({accelerator.distributed_type}, {accelerator.device})")
+            kind = "FSDP" if full is not None else "DDP"
+            context.log(f"process {dist.rank} of {dist.world} ({kind}, {accelerator.device})")
         model_holder["model"] = model
         stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)
         parts = TrainerParts(

@@ -149,7 +149,10 @@ class FullWeights:
     def refresh(self, accelerator: Any, forward: Any, version: int) -> Any:
         if version == self.version:
             return self.copy
-        state = accelerator.get_state_dict(forward, unwrap=True)  # collective; full tensors on rank 0
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # a collective: full tensors on rank 0 (what accelerate's get_state_dict does for FSDP2)
+        state = get_model_state_dict(forward, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.main:
             inner = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
             missing, unexpected = self.copy.load_state_dict(inner, strict=False)
