@@ -95,7 +95,7 @@ def _host_for(cfg: GRPOConfig) -> PluginHost:
     return PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
 
 
-def _load_and_check(config: Path, overrides: list[str] | None) -> tuple[GRPOConfig, PluginHost, list[str]]:
+def _load_and_check(config: Path, overrides: list[str] | None, num_processes: int | None = None) -> tuple[GRPOConfig, PluginHost, list[str]]:
     from grpo_core.config.checks import check_config
     from grpo_core.config.loader import load_config
 
@@ -103,7 +103,7 @@ def _load_and_check(config: Path, overrides: list[str] | None) -> tuple[GRPOConf
     cfg = load_config(config, overrides or [])
     host = _host_for(cfg)
     notes = _load_always_on(host)
-    notes += check_config(cfg, host)
+    notes += check_config(cfg, host, num_processes)
     return cfg, host, notes
 
 
@@ -166,7 +166,14 @@ def _add_root_options(app: typer.Typer) -> None:
 
 def _add_run_command(app: typer.Typer) -> None:
     @app.command("run")
-    def run_cmd(config: Path = _config_argument(), set_: Optional[list[str]] = _set_option()) -> None:
+    def run_cmd(
+        config: Path = _config_argument(),
+        set_: Optional[list[str]] = _set_option(),
+        num_processes: int = typer.Option(
+            1, "--num-processes", min=1, help="Training processes (one per GPU; on CPU they share the cores), started "
+            "with accelerate's launcher. Several machines: see the README's \"Scaling out\".",
+        ),
+    ) -> None:
         """Train: load and check CONFIG, then run GRPO for max_steps optimizer steps.
 
         Checkpoints go to output_dir (every save_steps, at the end, and when
@@ -174,6 +181,12 @@ def _add_run_command(app: typer.Typer) -> None:
         """
         from grpo_core.config.loader import load_config
 
+        if num_processes > 1:
+            from grpo_core.launch import launch
+
+            code = launch(num_processes, ["run", str(config), *[a for o in set_ or [] for a in ("--set", o)]])
+            if code >= 0:  # the launched processes trained; else this is one of them
+                raise typer.Exit(code)
         _import_from_cwd()
         cfg = load_config(config, set_ or [])
         host = _host_for(cfg)
@@ -216,6 +229,9 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         config: Path = _config_argument(),
         set_: Optional[list[str]] = _set_option(),
         full: bool = typer.Option(False, "--full", help="Print the whole effective config (TOML) instead of a summary."),
+        num_processes: Optional[int] = typer.Option(
+            None, "--num-processes", min=1, help="Check for this many training processes (default: the launcher's, else 1)."
+        ),
     ) -> None:
         """Validate CONFIG and print the effective settings and any warnings.
 
@@ -225,13 +241,13 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         included), 2 when it cannot; the message names each offending key and
         the fix.
         """
-        cfg, _host, notes = _load_and_check(config, set_)
+        cfg, _host, notes = _load_and_check(config, set_, num_processes)
         if full:
             from grpo_core.config.convert import to_toml_text
 
             typer.echo(to_toml_text(cfg.model_dump(mode="json")), nl=False)
         else:
-            typer.echo(summary(cfg))
+            typer.echo(summary(cfg, num_processes))
         for note in notes:
             _warn(note)
         typer.echo(f"{config}: OK" + (f" ({len(notes)} warning(s))" if notes else ""))
@@ -340,16 +356,19 @@ def list_plugins() -> dict[str, dict[str, Any]]:
     return out
 
 
-def summary(cfg: GRPOConfig) -> str:
+def summary(cfg: GRPOConfig, num_processes: int | None = None) -> str:
     """The settings that decide what a run does, after defaults."""
+    from grpo_core.training.distributed import world_size
+
+    world = num_processes or world_size()
     from grpo_core.config.checks import implementation_names
     from grpo_core.precision import resolve_precision
 
     trl = cfg.trl
     from grpo_core.training.batch import generation_batch_size, steps_per_generation
 
-    batch = generation_batch_size(cfg)
-    per_generation = steps_per_generation(cfg)
+    batch = generation_batch_size(cfg, world)
+    per_generation = steps_per_generation(cfg, world)
     funcs = trl.reward_funcs or []
     weights = trl.reward_weights or [1.0] * len(funcs)
     lines = [
@@ -361,6 +380,7 @@ def summary(cfg: GRPOConfig) -> str:
         f"({batch // max(1, int(trl.num_generations or 1))} prompts x {trl.num_generations} generations), "
         f"micro_batch_size {cfg.micro_batch_size}, gradient_accumulation_steps {cfg.gradient_accumulation_steps}"
         + (f", {per_generation} optimizer steps per generation" if per_generation > 1 else ""),
+        _processes_line(cfg, world, batch),
         f"optimizer:    {cfg.optimizer}, lr {cfg.learning_rate:g}, {cfg.lr_scheduler}, warmup {cfg.warmup_steps}",
         f"generation:   max_completion_length {trl.max_completion_length}, max_prompt_length {trl.max_prompt_length}, "
         f"temperature {trl.temperature}, top_p {trl.top_p}",
@@ -376,6 +396,21 @@ def summary(cfg: GRPOConfig) -> str:
     if cfg.trust_remote_code:
         lines.append("trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward models runs")
     return "\n".join(lines)
+
+
+def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
+    """Per-process and global batch shapes (TRL's definitions: micro_batch_size is per process)."""
+    from grpo_core.training.batch import global_step_batch
+    from grpo_core.training.sharding import sharding_name
+
+    n = max(1, int(cfg.trl.num_generations or 1))
+    per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
+    return (
+        f"processes:    {world} ({sharding_name(cfg, world)}); per process: {cfg.micro_batch_size} x "
+        f"{cfg.gradient_accumulation_steps} = {per_step} completions per optimizer step, {batch // world} "
+        f"({batch // world // n} groups) per generation; global: {global_step_batch(cfg, world)} per optimizer step, "
+        f"{batch} ({batch // n} prompts) per generation"
+    )
 
 
 def _observe_summary(cfg: GRPOConfig) -> str:

@@ -104,6 +104,11 @@ class RunObserver:
 
     # ------------------------------------------------------------------ per step
 
+    def syncs_before_eval(self, trainer: Any) -> bool:
+        """Whether :meth:`step_end` will sync the weights before evaluating
+        (with several processes every rank then syncs with it first)."""
+        return self._eval_due(trainer.step) and not self.cfg.trl.async_prefetch
+
     def _eval_due(self, step: int) -> bool:
         return self.evaluating and (step % eval_every(self.cfg) == 0 or step == self.cfg.max_steps)
 

@@ -35,9 +35,13 @@ class _Unimplemented:
 
 # Shrink this list as features land (and add a test that the option works).
 NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = (
-    _Unimplemented("fsdp", lambda c: bool(c.fsdp), "multi-GPU FSDP training is not built"),
-    _Unimplemented("fsdp_config", lambda c: bool(c.fsdp_config), "multi-GPU FSDP training is not built"),
-    _Unimplemented("deepspeed", lambda c: c.deepspeed is not None, "DeepSpeed is not integrated"),
+    _Unimplemented(
+        "deepspeed",
+        lambda c: c.deepspeed is not None,
+        "DeepSpeed is not wired into the loop: its engine steps, accumulates and clips inside backward, which grpo's "
+        "agreed micro-batch skipping and global-token normalisation would have to be rebuilt around. Use "
+        "fsdp = [\"full_shard\", \"auto_wrap\"] (ZeRO-3-like sharding through accelerate) meanwhile",
+    ),
 )
 
 def implementation_names(cfg: GRPOConfig) -> dict[str, str]:
@@ -123,6 +127,55 @@ def _generation_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) 
         )
 
 
+def _process_checks(cfg: GRPOConfig, names: dict[str, str], world: int, errors: list[str]) -> None:
+    """With N training processes each rank trains on its own share of every
+    generation batch, made of whole groups: the global batch must split into
+    N equal shares of whole groups and each share into whole optimizer steps."""
+    if world <= 1:
+        return
+    from grpo_core.training.batch import generation_batch_size, global_step_batch
+
+    n = int(cfg.trl.num_generations or 0)
+    batch, step = generation_batch_size(cfg, world), global_step_batch(cfg, world)
+    if n < 2 or not batch:
+        return
+    if batch % step:
+        errors.append(
+            f"with {world} processes one optimizer step trains on micro_batch_size x gradient_accumulation_steps x "
+            f"{world} = {step} completions, and the generation batch ({batch}, trl.generation_batch_size is global "
+            f"as in TRL) is not a multiple of it: set trl.generation_batch_size = {max(1, batch // step) * step}."
+        )
+    elif (batch // world) % n:
+        errors.append(
+            f"with {world} processes each process trains on {batch // world} of the {batch} completions per "
+            f"generation, which is not a whole number of groups of trl.num_generations = {n} (groups stay whole "
+            f"on a process: advantages are per group). Make micro_batch_size x gradient_accumulation_steps a "
+            f"multiple of {n}, or set trl.generation_batch_size to a multiple of {n * world}."
+        )
+
+
+def _sharding_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str]) -> None:
+    """``fsdp`` / ``fsdp_config``: options accelerate's plugin cannot take, and
+    combinations that need the unsharded model in one process."""
+    if not (cfg.fsdp or cfg.fsdp_config):
+        return
+    from grpo_core.training.sharding import fsdp_problems
+
+    errors.extend(fsdp_problems(cfg))
+    if not cfg.fsdp:
+        return
+    if names["rollout"] == "transformers":
+        errors.append(
+            "fsdp with the transformers rollout: it samples with the trainer's own model, which FSDP shards over "
+            "the processes, and only rank 0 samples. Use a vLLM server (trl.use_vllm = true) or a trl.rollout_func."
+        )
+    if float(cfg.trl.beta or 0) > 0:
+        errors.append(
+            "fsdp with trl.beta > 0: the KL reference model is not sharded (not implemented); set trl.beta = 0 "
+            "or train without fsdp (DDP keeps a full replica per process)."
+        )
+
+
 def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
@@ -166,11 +219,6 @@ def _async_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
         warnings.append(
             "trl.async_prefetch samples from weights one sync behind; enable "
             "trl.vllm_importance_sampling_correction to correct for it."
-        )
-    if trl.async_prefetch and cfg.fsdp:
-        warnings.append(
-            "async_prefetch with FSDP can deadlock (background collectives across ranks); set "
-            "trl.async_prefetch = false if training hangs."
         )
     if trl.vllm_lora_sync and cfg.adapter is None:
         errors.append(
@@ -371,20 +419,25 @@ def _plugin_checks(cfg: GRPOConfig, host: PluginHost, names: dict[str, str], err
         )
 
 
-def check_config(cfg: GRPOConfig, host: PluginHost | None = None) -> list[str]:
+def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes: int | None = None) -> list[str]:
     """Return warnings for ``cfg``; raise :class:`ConfigError` listing every
     problem that stops it from running.
 
     Each chosen implementation is imported and checked (contract, settings,
     engine capabilities, its own ``grpo_validate_config``); with ``host``,
     every plugin registered on it is asked too (register always-on plugins
-    first to include theirs).
+    first to include theirs). ``num_processes``: the training processes
+    the run will have (default: this process's launcher environment).
     """
+    from grpo_core.training.distributed import world_size
+
     errors: list[str] = []
     warnings: list[str] = []
     names = implementation_names(cfg)
     _reward_checks(cfg, errors, warnings)
     _generation_checks(cfg, errors, warnings)
+    _process_checks(cfg, names, num_processes or world_size(), errors)
+    _sharding_checks(cfg, names, errors)
     _async_checks(cfg, names, errors, warnings)
     _training_checks(cfg, errors, warnings)
     _no_effect_checks(cfg, names, warnings)

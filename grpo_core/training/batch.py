@@ -117,26 +117,42 @@ def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int, mas
     ]
 
 
-def generation_batch_size(cfg: GRPOConfig) -> int:
-    """Completions per generation: ``trl.generation_batch_size``, else
-    ``micro_batch_size x trl.steps_per_generation`` (default
-    ``gradient_accumulation_steps``), as TRL on one process."""
+def generation_batch_size(cfg: GRPOConfig, world: int | None = None) -> int:
+    """Completions per generation, over all ``world`` training processes:
+    ``trl.generation_batch_size`` (global, as in TRL), else ``micro_batch_size
+    x world x trl.steps_per_generation`` (default
+    ``gradient_accumulation_steps``), TRL's default."""
     trl = cfg.trl
     if trl.generation_batch_size is not None:
         return int(trl.generation_batch_size)
-    return cfg.micro_batch_size * int(trl.steps_per_generation or cfg.gradient_accumulation_steps)
+    world = _world(world)
+    return cfg.micro_batch_size * world * int(trl.steps_per_generation or cfg.gradient_accumulation_steps)
 
 
-def steps_per_generation(cfg: GRPOConfig) -> int:
+def global_step_batch(cfg: GRPOConfig, world: int | None = None) -> int:
+    """Completions one optimizer step trains on, over all processes (TRL's
+    effective batch: per-device batch x accumulation x processes)."""
+    return cfg.micro_batch_size * cfg.gradient_accumulation_steps * _world(world)
+
+
+def steps_per_generation(cfg: GRPOConfig, world: int | None = None) -> int:
     """Optimizer steps one generation batch feeds, per iteration. The config
     checks refuse a generation batch that is not a whole number (>= 1) of
     optimizer steps, so this divides exactly."""
-    return max(1, generation_batch_size(cfg) // (cfg.micro_batch_size * cfg.gradient_accumulation_steps))
+    return max(1, generation_batch_size(cfg, world) // global_step_batch(cfg, world))
 
 
-def steps_per_batch(cfg: GRPOConfig) -> int:
+def steps_per_batch(cfg: GRPOConfig, world: int | None = None) -> int:
     """Optimizer steps between two generations: every slice, ``num_iterations`` times."""
-    return steps_per_generation(cfg) * int(cfg.trl.num_iterations or 1)
+    return steps_per_generation(cfg, world) * int(cfg.trl.num_iterations or 1)
+
+
+def _world(world: int | None) -> int:
+    if world is not None:
+        return max(1, int(world))
+    from grpo_core.training.distributed import world_size
+
+    return world_size()
 
 
 def step_slices(samples: list[Sample], steps: int) -> list[list[Sample]]:

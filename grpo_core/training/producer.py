@@ -379,3 +379,89 @@ class PrefetchingProducer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
+
+
+class ScatteringProducer:
+    """With several training processes: rank 0 produces each scored batch
+    (the only process that talks to the inference engine and scores), the
+    main thread cuts it into one share of whole groups per rank and scatters
+    them. Each rank's batch carries the metrics of the whole batch (rewards
+    are logged over everything sampled) and ``all_groups`` (rank 0 only) for
+    the checkpoint.
+
+    An error producing on rank 0 reaches every rank as the same error type,
+    so all of them stop (and checkpoint) together instead of waiting on a
+    scatter that never comes. ``inner`` is None on the other ranks."""
+
+    def __init__(self, inner: Any, dist: Any) -> None:
+        self.inner = inner
+        self.dist = dist
+
+    def produce(self, progress: TrainingProgress) -> ScoredBatch:
+        from grpo_core.training.distributed import shares
+
+        per_rank: list[Any] | None = None
+        if self.dist.is_main:
+            try:
+                batch = self.inner.produce(progress)
+                per_rank = [
+                    ScoredBatch(groups=part, policy_version=batch.policy_version, metrics=batch.metrics,
+                                stream_state=batch.stream_state)
+                    for part in shares(batch.groups, self.dist.world)
+                ]  # fmt: skip
+            except BaseException as exc:
+                per_rank = [_Failure(type(exc), str(exc), _checkpoints_on(exc))] * self.dist.world
+                self.dist.scatter(per_rank)
+                raise
+        mine = self.dist.scatter(per_rank)
+        if isinstance(mine, _Failure):
+            raise mine.error()
+        return mine
+
+    def weights_synced(self, version: int) -> None:
+        if self.inner is not None:
+            self.inner.weights_synced(version)
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        """Rank 0's producer paused (a checkpoint reads its state); nothing runs elsewhere."""
+        return self.inner.paused() if self.inner is not None else contextlib.nullcontext()
+
+    def prefetched(self) -> list[ScoredBatch]:
+        """Rank 0's whole batches made ahead of training (saved whole, scattered again when handed out)."""
+        return self.inner.prefetched() if self.inner is not None else []
+
+    def restore(self, batches: list[ScoredBatch]) -> None:
+        if self.inner is not None:
+            self.inner.restore(batches)
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+
+@dataclass
+class _Failure:
+    """Rank 0's producer error, as sent to the other ranks."""
+
+    kind: type
+    message: str
+    checkpoints: bool  # the trainer saves a checkpoint on this error: every rank must take part
+
+    def error(self) -> BaseException:
+        try:
+            error = self.kind(f"on rank 0: {self.message}")
+        except Exception:  # an exception type whose constructor takes other arguments
+            error = None
+        if error is None or _checkpoints_on(error) != self.checkpoints:
+            from grpo_core.errors import PluginError
+
+            text = f"rank 0 failed producing a batch: {self.kind.__name__}: {self.message}"
+            return PluginError(text) if self.checkpoints else RuntimeError(text)
+        return error
+
+
+def _checkpoints_on(exc: BaseException) -> bool:
+    from grpo_core.errors import EngineUnavailable, PluginError, RewardError
+
+    return isinstance(exc, (EngineUnavailable, RewardError, PluginError))

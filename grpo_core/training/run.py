@@ -25,7 +25,14 @@ from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, chosen_impleme
 from grpo_core.plugin_host import ERROR_LOG, PluginHost
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.batch import generation_batch_size, steps_per_batch
-from grpo_core.training.producer import PrefetchingProducer, PromptStream, RolloutProducer, sampling_from_config
+from grpo_core.training.distributed import Distributed, process_rank
+from grpo_core.training.producer import (
+    PrefetchingProducer,
+    PromptStream,
+    RolloutProducer,
+    ScatteringProducer,
+    sampling_from_config,
+)
 from grpo_core.types import Checkpointable, InferenceEngine, TrainingProgress, engine_cpu_cores
 
 
@@ -86,19 +93,33 @@ class Implementations:
 
     @property
     def concurrent_generate(self) -> bool:
-        return bool(declared(self.objects["rollout"], BY_NAME["rollout"], "concurrent_generate"))
+        rollout = self.objects.get("rollout")
+        return rollout is not None and bool(declared(rollout, BY_NAME["rollout"], "concurrent_generate"))
 
     def checkpointable(self) -> dict[str, Checkpointable]:
         """Implementations with state to save (``state_dict``/``load_state_dict``)."""
         return {name: obj for name, obj in self.objects.items() if isinstance(obj, Checkpointable)}
 
 
-def build_implementations(host: PluginHost, cfg: GRPOConfig, context: RunContext) -> Implementations:
+TRAINER_SIDE_POINTS = frozenset({"is_correction"})
+"""Extension points the training loop itself calls (on every rank); the
+others (rollout, weight sync, advantages, replay) run on rank 0 only."""
+
+
+def build_implementations(host: PluginHost, cfg: GRPOConfig, context: RunContext, main: bool = True) -> Implementations:
     """Build each extension point's implementation in the table's order (the
     rollout first, so a managed engine starts before the model loads), then
-    take the rollout's engine handle for the weight sync."""
+    take the rollout's engine handle for the weight sync. On ranks other
+    than 0 (``main`` false) only the trainer-side points are built: no
+    engine starts there."""
     chosen = chosen_implementations(cfg)
-    objects = {point.name: host.load_implementation(point.name, chosen[point.name], context) for point in EXTENSION_POINTS}
+    objects = {
+        point.name: host.load_implementation(point.name, chosen[point.name], context)
+        for point in EXTENSION_POINTS
+        if main or point.name in TRAINER_SIDE_POINTS
+    }
+    if not main:
+        return Implementations(objects, None)
     engine = host.hook.grpo_inference_engine()
     if engine is not None and not isinstance(engine, InferenceEngine):
         raise PluginError(
@@ -108,7 +129,13 @@ def build_implementations(host: PluginHost, cfg: GRPOConfig, context: RunContext
     return Implementations(objects, engine)
 
 
-def _make_producer(cfg: GRPOConfig, host: PluginHost, scorer: Any, stream: PromptStream, tokenizer: Any, impls: Implementations) -> Any:
+def _make_producer(
+    cfg: GRPOConfig, host: PluginHost, scorer: Any, stream: PromptStream, tokenizer: Any, impls: Implementations, dist: Distributed
+) -> Any:
+    """Rank 0's producer (prefetching in a thread with ``async_prefetch``);
+    with several processes wrapped so the main thread scatters its batches."""
+    if not dist.is_main:
+        return ScatteringProducer(None, dist)
     stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     producer: Any = RolloutProducer(
         cfg,
@@ -126,27 +153,52 @@ def _make_producer(cfg: GRPOConfig, host: PluginHost, scorer: Any, stream: Promp
             # batch k is consumed at optimizer step k * steps_per_batch
             progress_of=lambda k: TrainingProgress(step=k * steps_per_batch(cfg), max_steps=cfg.max_steps),
         )
-    return producer
+    return ScatteringProducer(producer, dist) if dist.active else producer
 
 
-def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> tuple[Any, Any, Any, Any, Any]:
-    """Model, optimizer and schedule placed by accelerate (GPU where there
-    is one; it owns backward and gradient clipping), and the reference."""
+def make_accelerator(cfg: GRPOConfig) -> Any:
+    """accelerate's Accelerator for this process. Under a launcher
+    (``accelerate launch``, ``torchrun``, ``grpo run --num-processes``) it
+    joins the other processes: NCCL on GPUs; without GPUs accelerate is told
+    ``cpu=True`` so it joins them over gloo (otherwise it would quietly run
+    every process alone)."""
     from accelerate import Accelerator
 
     from grpo_core.fp8 import accelerator_kwargs
+    from grpo_core.training.distributed import world_size
+    from grpo_core.training.sharding import enable_fsdp_on_cpu, sharding_plugins
+
+    kwargs: dict[str, Any] = {**sharding_plugins(cfg), **accelerator_kwargs(cfg)}  # fp8: torchao Float8Linear at prepare
+    if world_size() > 1 and not torch.cuda.is_available():
+        kwargs["cpu"] = True
+    accelerator = Accelerator(**kwargs)
+    enable_fsdp_on_cpu(accelerator, kwargs.get("fsdp_plugin"))
+    return accelerator
+
+
+def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
+    """Model, optimizer and schedule placed by accelerate (GPU where there
+    is one; it owns backward, gradient clipping and, with several processes,
+    the DDP/FSDP/DeepSpeed wrapping), and the reference. Returns the
+    accelerator, the policy, the prepared log-prob module the loop calls
+    (:mod:`grpo_core.training.policy_forward`), optimizer, schedule,
+    reference, and under FSDP rank 0's unsharded copy (syncs, checkpoints)."""
     from grpo_core.models import load_policy, reference_model
     from grpo_core.training.optim import build_optimizer, build_scheduler
+    from grpo_core.training.policy_forward import PolicyLogprobs, inner_policy
+    from grpo_core.training.sharding import FullWeights
 
-    accelerator = Accelerator(**accelerator_kwargs(cfg))  # fp8: torchao Float8Linear layers at prepare
+    accelerator = make_accelerator(cfg)
     context.log(f"loading model from {model_dir}")
     model = load_policy(cfg, model_dir, context.tokenizer)
+    full = FullWeights(model, accelerator.is_main_process) if cfg.fsdp else None
     optimizer = build_optimizer(cfg, model)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    forward, optimizer = accelerator.prepare(PolicyLogprobs(model), optimizer)
+    model = inner_policy(forward)
     reference = reference_model(cfg, model_dir, model)  # None unless beta > 0
     if reference is not None and hasattr(reference, "model"):
         reference.model.to(accelerator.device)
-    return accelerator, model, optimizer, build_scheduler(cfg, optimizer), reference
+    return accelerator, model, forward, optimizer, build_scheduler(cfg, optimizer), reference, full
 
 
 def _cores(cores: frozenset[int] | None) -> str:
@@ -161,7 +213,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     from grpo_core.config.checks import check_config
     from grpo_core.data import common_columns, load_prompts
     from grpo_core.model_files import resolve_model_dir
-    from grpo_core.models import load_tokenizer, save_final
+    from grpo_core.models import load_tokenizer
     from grpo_core.rewards import RewardScorer
     from grpo_core.training.trainer import GRPOTrainer, TrainerParts
 
@@ -183,9 +235,10 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     resume_state = ckpt.read_checkpoint(resume) if resume is not None else None
     model_dir = resolve_model_dir(cfg.base_model)
     context.tokenizer = load_tokenizer(cfg, model_dir)
-    scorer = RewardScorer(cfg, host, context)
+    main = process_rank() == 0  # rank 0 alone samples, scores, logs and saves
+    scorer = RewardScorer(cfg, host, context) if main else None
     prompts = load_prompts(cfg, context.tokenizer)
-    if not cfg.trl.rollout_func:  # a rollout_func may add per-completion fields
+    if scorer is not None and not cfg.trl.rollout_func:  # a rollout_func may add per-completion fields
         scorer.check_columns(common_columns(prompts))
     from grpo_core.evaluation import load_eval_prompts
     from grpo_core.observe import RunObserver
@@ -201,14 +254,19 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     observer: RunObserver | None = None
     try:
         stop_ids = [context.tokenizer.eos_token_id] if context.tokenizer.eos_token_id is not None else []
-        observer = RunObserver.build(cfg, host, context, eval_prompts, stop_ids)  # trackers: before the model loads
-        impls = build_implementations(host, cfg, context)
+        # trackers: before the model loads; rank 0 alone logs
+        observer = RunObserver.build(cfg, host, context, eval_prompts, stop_ids) if main else None
+        impls = build_implementations(host, cfg, context, main=main)
         engine_cores = engine_cpu_cores(impls.engine)
         trainer_cores = keep_off_engine_cores(engine_cores)
         if trainer_cores:  # before the model loads: its threads, and every later one, stay on these cores
             context.log(f"CPU split: the inference engine computes on cores {_cores(engine_cores)}, "
                         f"the trainer on {_cores(trainer_cores)} ([vllm] engine_cpus)")
-        accelerator, model, optimizer, scheduler, reference = _load_model_parts(cfg, context, model_dir)
+        accelerator, model, forward, optimizer, scheduler, reference, full = _load_model_parts(cfg, context, model_dir)
+        dist = Distributed.from_accelerator(accelerator)
+        if dist.active:
+            kind = "FSDP" if full is not None else "DDP"
+            context.log(f"process {dist.rank} of {dist.world} ({kind}, {accelerator.device})")
         model_holder["model"] = model
         stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)
         parts = TrainerParts(
@@ -220,13 +278,16 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
             tokenizer=context.tokenizer,
             optimizer=optimizer,
             scheduler=scheduler,
-            producer=_make_producer(cfg, host, scorer, stream, context.tokenizer, impls),
+            producer=_make_producer(cfg, host, scorer, stream, context.tokenizer, impls, dist),
             scorer=scorer,
             stream=stream,
             reference=reference,
             engine=impls.engine,
             stateful=impls.checkpointable(),
             observer=observer,
+            forward=forward,
+            dist=dist,
+            full_weights=full,
         )
         trainer = GRPOTrainer(parts)
         if resume is not None:
@@ -234,8 +295,9 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
             context.log(f"resumed from {resume} at step {trainer.step}")
         host.hook.grpo_train_start(context=context)
         status = trainer.train()
-        save_final(model, context.tokenizer, output_dir, safetensors=cfg.save_safetensors)
-        context.log(observer.summary_line(status, trainer.step, output_dir))
+        trainer.save_final()
+        if observer is not None:
+            context.log(observer.summary_line(status, trainer.step, output_dir))
         return status
     except (KeyboardInterrupt, TrainingInterrupted):
         status = "interrupted"
@@ -244,4 +306,5 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
         if observer is not None:
             observer.trackers.close()  # idempotent; the trainer closed them unless it never ran
         host.hook.grpo_train_end(context=context, status=status)
-        scorer.close()
+        if scorer is not None:
+            scorer.close()

@@ -26,6 +26,7 @@ from grpo_core.loss import LossSettings
 from grpo_core.precision import resolve_precision
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.batch import MicroBatch, flatten, micro_batches, step_slices, steps_per_batch, steps_per_generation
+from grpo_core.training.distributed import Distributed, shares
 from grpo_core.training.optim import advance_schedule
 from grpo_core.training.producer import ScoredBatch
 from grpo_core.training.timing import StepClock, dominant_phases
@@ -50,7 +51,10 @@ class TrainerParts:
     reference: Any = None  # grpo_core.models reference handle when beta > 0
     engine: InferenceEngine | None = None  # the rollout's engine, handed to the weight sync
     stateful: dict[str, Checkpointable] = field(default_factory=dict)  # extension point -> implementation with state
-    observer: Any = None  # grpo_core.observe.RunObserver: logs, trackers, evaluation, alerts
+    observer: Any = None  # grpo_core.observe.RunObserver: logs, trackers, evaluation, alerts (rank 0)
+    forward: Any = None  # the prepared PolicyLogprobs (DDP/FSDP-wrapped with several processes); None: call the model
+    dist: Distributed = field(default_factory=Distributed)  # the training processes (one by default)
+    full_weights: Any = None  # sharding.FullWeights under FSDP: rank 0's unsharded copy for syncs and saves
 
 
 class StopRequested:
@@ -93,8 +97,9 @@ class GRPOTrainer:
         self._batch: ScoredBatch | None = None
         self._micro: list[MicroBatch] = []
         self._micro_per_step: list[list[MicroBatch]] = []
-        self.steps_per_generation = steps_per_generation(cfg)
-        self.steps_per_batch = steps_per_batch(cfg)
+        self.dist = parts.dist
+        self.steps_per_generation = steps_per_generation(cfg, self.dist.world)
+        self.steps_per_batch = steps_per_batch(cfg, self.dist.world)
         self._num_items = 0.0
         self._stream_state: dict[str, Any] = {}
         self.pad_id = int(parts.tokenizer.pad_token_id)
@@ -120,7 +125,8 @@ class GRPOTrainer:
         }
 
     def save(self) -> Path:
-        """Checkpoint everything a resume needs to be exact.
+        """Checkpoint everything a resume needs to be exact (every rank calls
+        this; rank 0 writes, the others wait).
 
         *Exact* means: the resumed run trains on the very same batches
         (prompts, completion token ids, sampler log-probs, rewards,
@@ -142,24 +148,55 @@ class GRPOTrainer:
         restore is the engine's weights: it syncs the resumed policy, which is
         what the engine held in the straight run only if the checkpoint step
         had a weight sync (``vllm_sync_interval`` divides ``save_steps``);
-        and the rollout must sample alike given the same seed and weights."""
+        and the rollout must sample alike given the same seed and weights.
+
+        With several processes the pending batch is saved whole (every
+        rank's share, in rank order) with each rank's old log-probs, so a
+        resume onto the same process count is exact and one onto another
+        count re-splits the batch (its PPO ratios then restart from the
+        resumed policy, with a warning); batches made ahead are rank 0's,
+        saved whole and scattered again when handed out."""
         with self.parts.producer.paused():
-            extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
-            extra["pending_batch"] = self._pending_batch()
-            extra["prefetched_batches"] = self._prefetched_batches()
+            return self._save()
+
+    def _save(self) -> Path:
+        pending = self._pending_batch()
         # The policy the pending batch's updates started from is gone once
         # the weights moved: keep its log-probs, or a resumed PPO ratio is 1.
-        extra["pending_old_logps"] = (
-            [None if mb.old_logps is None else mb.old_logps.cpu() for mb in self._micro]
-            if extra["pending_batch"] is not None
-            else None
-        )
+        old_logps = [None if mb.old_logps is None else mb.old_logps.cpu() for mb in self._micro] if pending is not None else None
+        if self.dist.active:
+            gathered = self.dist.gather((pending, old_logps))
+            if any(p is None for p, _ in gathered):
+                pending, old_logps = None, None
+            else:
+                first = gathered[0][0]
+                pending = ScoredBatch(groups=[g for p, _ in gathered for g in p.groups], policy_version=first.policy_version,
+                                      metrics=first.metrics, stream_state=first.stream_state)  # fmt: skip
+                old_logps = [o for _, o in gathered]
+        path = self.output_dir / f"{ckpt.PREFIX}{self.step}"
+        model, optimizer = self.parts.model, self.parts.optimizer
+        if self.parts.full_weights is not None:  # sharded: gather full weights and optimizer state (collectives)
+            from grpo_core.training import sharding
+
+            model = self.parts.full_weights.refresh(self.parts.accelerator, self.parts.forward, self.policy_version)
+            optimizer = sharding._StateOf(sharding.full_optimizer_state(self.parts.forward, self.parts.optimizer))
+        if self.dist.is_main:
+            extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
+            extra["pending_batch"] = pending
+            extra["pending_old_logps"] = old_logps
+            extra["pending_world_size"] = self.dist.world
+            extra["prefetched_batches"] = self._prefetched_batches()
+            path = self._write_checkpoint(extra, model, optimizer)
+        self.dist.barrier()
+        return path
+
+    def _write_checkpoint(self, extra: dict[str, Any], model: Any, optimizer: Any) -> Path:
         return ckpt.save_checkpoint(
             self.output_dir,
             self.step,
-            self.parts.model,
+            model,
             self.parts.tokenizer,
-            self.parts.optimizer,
+            optimizer,
             self.parts.scheduler,
             self.trainer_state(),
             extra,
@@ -206,7 +243,17 @@ class GRPOTrainer:
         :func:`~grpo_core.training.checkpoint.read_checkpoint` result when the
         caller checked it early (before the model loaded)."""
         loaded = loaded or ckpt.read_checkpoint(path)
-        ckpt.load_model_weights(self.parts.model, path)
+        if self.parts.full_weights is not None:  # sharded: rank 0 reads, every rank takes its shards
+            from grpo_core.training import sharding
+
+            full = self.parts.full_weights
+            if self.dist.is_main:
+                ckpt.load_model_weights(full.copy, path)
+            sharding.load_full_model_state(self.parts.forward, full.copy.state_dict() if self.dist.is_main else None)
+            sharding.load_full_optimizer_state(self.parts.forward, self.parts.optimizer, loaded.optimizer)
+            loaded.optimizer = self.parts.optimizer.state_dict()  # already in place: restore the rest
+        else:
+            ckpt.load_model_weights(self.parts.model, path)
         ckpt.restore_checkpoint(loaded, self.parts.optimizer, self.parts.scheduler)
         state, extra = loaded.trainer_state, loaded.extra
         self.step = int(state["step"])
@@ -220,7 +267,21 @@ class GRPOTrainer:
                 obj.load_state_dict(extra[name])
         pending = extra.get("pending_batch")
         if pending is not None:
-            self._set_batch(pending, old_logps=extra.get("pending_old_logps"))
+            old_logps = extra.get("pending_old_logps")
+            saved_world = int(extra.get("pending_world_size", 1))
+            if saved_world > 1:  # one list per rank
+                old_logps = old_logps[self.dist.rank] if saved_world == self.dist.world else None
+            elif self.dist.world > 1:
+                old_logps = None
+            if old_logps is None and saved_world != self.dist.world:
+                warnings.warn(f"the checkpoint was taken with {saved_world} process(es) in the middle of a batch and this run "
+                              f"has {self.dist.world}: the batch is re-split and its PPO ratios start from the resumed "
+                              "policy (not an exact resume; a checkpoint at a batch boundary resumes exactly)", stacklevel=2)  # fmt: skip
+            if self.dist.active:
+                part = shares(pending.groups, self.dist.world)[self.dist.rank]
+                pending = ScoredBatch(groups=part, policy_version=pending.policy_version, metrics=pending.metrics,
+                                      stream_state=pending.stream_state)  # fmt: skip
+            self._set_batch(pending, old_logps=old_logps)
         # After the stream: restoring moves it past these batches.
         self.parts.producer.restore(list(extra.get("prefetched_batches") or []))
 
@@ -230,17 +291,17 @@ class GRPOTrainer:
         return TrainingProgress(step=self.step, max_steps=self.cfg.max_steps)
 
     def _forward(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs of ``mb`` under ``model``; the policy goes through the
+        prepared module, whose forward DDP/FSDP/DeepSpeed wrap."""
+        args = (mb.input_ids.to(self.device), mb.attention_mask.to(self.device), mb.num_completion_tokens)
+        kwargs = {"temperature": float(self.trl.temperature or 1.0), "with_entropy": with_entropy}
         with self.precision.autocast(self.device.type):  # bf16/fp16 compute; log-probs come back in float32
-            logps, entropy = token_logprobs(
-                model,
-                mb.input_ids.to(self.device),
-                mb.attention_mask.to(self.device),
-                mb.num_completion_tokens,
-                temperature=float(self.trl.temperature or 1.0),
-                with_entropy=with_entropy,
-                # the policy's compiled body (torch_compile); the reference runs eager
-                body=self.compiled_body if model is self.parts.model else None,
-            )
+            # the policy's compiled body (torch_compile); the reference runs eager
+            body = self.compiled_body if model is self.parts.model else None
+            if model is self.parts.model and self.parts.forward is not None:
+                logps, entropy = self.parts.forward(*args, **kwargs, body=body)
+            else:
+                logps, entropy = token_logprobs(model, *args, **kwargs, body=body)
         return logps.float(), None if entropy is None else entropy.float()
 
     def _set_batch(self, batch: ScoredBatch, old_logps: list[torch.Tensor | None] | None = None) -> None:
@@ -255,7 +316,8 @@ class GRPOTrainer:
             for part in step_slices(samples, self.steps_per_generation)
         ]
         self._micro = [mb for part in self._micro_per_step for mb in part]
-        self._num_items = float(sum(mb.completion_mask.sum() for mb in self._micro))
+        # the generation batch's real tokens over every rank (dapo/cispo's normaliser)
+        self._num_items = self.dist.sum(float(sum(mb.completion_mask.sum() for mb in self._micro)))
         model = self.parts.model
         if old_logps is not None and len(old_logps) != len(self._micro):
             warnings.warn("micro_batch_size changed since the checkpoint: the resumed batch's PPO ratios start "
@@ -331,8 +393,11 @@ class GRPOTrainer:
         loss_total = 0.0
         step_micro = self._micro_per_step[self.step % self.steps_per_generation]
         accumulation_steps = max(1, len(step_micro))
-        for mb in step_micro:
-            if trl.skip_zero_advantage_batches and not mb.has_signal and float(trl.beta) == 0:
+        # Every rank runs the same backward passes (each one is an all-reduce):
+        # a micro-batch is skipped only where no rank has a learning signal.
+        signal = self.dist.any([mb.has_signal for mb in step_micro])
+        for mb, any_signal in zip(step_micro, signal, strict=True):
+            if trl.skip_zero_advantage_batches and not any_signal and float(trl.beta) == 0:
                 self.skipped_zero_adv_batches += 1
                 continue
             with clock.phase("forward_backward"):
@@ -347,7 +412,7 @@ class GRPOTrainer:
             if trained:
                 params = [p for p in model.parameters() if p.requires_grad]
                 norm = self.parts.accelerator.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
-                grad_norm = float(norm)
+                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
                 self.parts.optimizer.step()
             lr = float(self.parts.scheduler.get_last_lr()[0])
             advance_schedule(self.parts.scheduler)  # also on a step that trained nothing, without torch's warning
@@ -369,8 +434,9 @@ class GRPOTrainer:
             ref_logps=mb.ref_logps,
             sampler_logps=None if mb.sampler_logps is None else mb.sampler_logps.to(self.device),
             temperature=float(self.trl.temperature or 1.0),
-            # TRL's dapo/cispo normaliser: the generation batch's tokens, rescaled to one step
-            num_items_in_batch=self._num_items / self.steps_per_generation,
+            # TRL's dapo/cispo normaliser: the generation batch's tokens (all ranks), rescaled to one
+            # step and divided by the process count, as the gradient all-reduce averages over ranks
+            num_items_in_batch=self._num_items / self.steps_per_generation / self.dist.world,
             accumulation_steps=accumulation_steps,
             logprobs=lambda with_entropy: self._forward(model, mb, with_entropy=with_entropy),
             hidden_states=lambda: self._hidden_states(model, mb),
@@ -392,12 +458,14 @@ class GRPOTrainer:
         trained: int,
     ) -> dict[str, float]:
         metrics = dict(batch.metrics) if fresh else {}
-        metrics.update({k: sum(v) / len(v) for k, v in step_metrics.items()})
+        local = {k: sum(v) / len(v) for k, v in step_metrics.items()}
+        # each rank's loss is its share of the global one after the gradient average: the mean is the global loss
+        local.update(loss=loss_total, num_tokens=float(num_tokens))
+        metrics.update(self.dist.mean_metrics(local, summed=("num_tokens",)))
         metrics.update(
-            loss=loss_total,
-            grad_norm=grad_norm,
+            grad_norm=grad_norm,  # clipped after the all-reduce: the global norm
             learning_rate=lr,
-            num_tokens=float(num_tokens),
+            world_size=float(self.dist.world),
             skipped_zero_adv_batches=float(self.skipped_zero_adv_batches),
             policy_version=float(batch.policy_version),
             staleness=float(self.policy_version - 1 - batch.policy_version) if trained else 0.0,
@@ -408,11 +476,32 @@ class GRPOTrainer:
         return metrics
 
     def sync_weights(self) -> None:
+        """Push the weights to the engine: every rank calls this (FSDP/ZeRO-3
+        gather the full weights together), rank 0 alone calls the weight_sync
+        plugin, the others wait at a barrier."""
         if self.policy_version == self.last_sync_version:
             return
-        self.parts.hook.grpo_sync_weights(model=self.parts.model, version=self.policy_version, engine=self.parts.engine)
+        from grpo_core.training.sharding import full_weights_for_sync
+
+        with full_weights_for_sync(self.parts, self.policy_version) as model:
+            if self.dist.is_main:
+                self.parts.hook.grpo_sync_weights(model=model, version=self.policy_version, engine=self.parts.engine)
+        self.dist.barrier()
         self.last_sync_version = self.policy_version
         self.parts.producer.weights_synced(self.policy_version)
+
+    def save_final(self) -> Path:
+        """The trained model in the standard format, written by rank 0."""
+        from grpo_core.models import save_final
+
+        out = self.output_dir
+        model = self.parts.model
+        if self.parts.full_weights is not None:
+            model = self.parts.full_weights.refresh(self.parts.accelerator, self.parts.forward, self.policy_version)
+        if self.dist.is_main:
+            save_final(model, self.parts.tokenizer, out, safetensors=self.cfg.save_safetensors)
+        self.dist.barrier()
+        return out
 
     def _update_reference(self) -> None:
         """``sync_ref_model``: ref <- alpha * policy + (1 - alpha) * ref."""
@@ -426,7 +515,7 @@ class GRPOTrainer:
         self.sync_weights()  # the engine starts from this run's weights, whatever it held before
         from grpo_core.observe import RunObserver
 
-        observer = self.parts.observer or RunObserver(cfg)
+        observer = self.parts.observer or (RunObserver(cfg) if self.dist.is_main else _QuietObserver())
         observer.start(self)
         self.clock = StepClock()
         try:
@@ -445,16 +534,19 @@ class GRPOTrainer:
                     # The next step's clock starts now: evaluation, logging and this step's checkpoint
                     # are timed in the next step, so every second of the run is in some step_time.
                     self.clock = StepClock()
-                    self.parts.hook.grpo_step_end(progress=self.progress(), metrics=metrics)
+                    if self.dist.active and self.dist.broadcast(observer.syncs_before_eval(self)):
+                        self.sync_weights()  # together: rank 0's evaluation must not sync alone
+                    if self.dist.is_main:  # lifecycle step hooks and logging: rank 0
+                        self.parts.hook.grpo_step_end(progress=self.progress(), metrics=metrics)
                     observer.step_end(self, metrics)  # logged before the checkpoint: a failed save loses no metrics
                     saved = None
                     if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
                         with self.clock.phase("checkpoint"):
                             saved = self.save()
-                    if stop.signal is not None:
+                    if self.dist.any([stop.signal is not None])[0]:  # a signal on any rank stops all together
                         path = saved or self.save()
                         raise TrainingInterrupted(
-                            f"stopped by signal {stop.signal} at step {self.step}; checkpoint saved to {path}. "
+                            f"stopped by signal {stop.signal or 'on another rank'} at step {self.step}; checkpoint saved to {path}. "
                             f"Resume with resume_from_checkpoint = \"{path}\"."
                         )
             self.save()
@@ -467,3 +559,19 @@ class GRPOTrainer:
         if shares:
             self.parts.context.log(f"time per step went to: {shares} (metrics.jsonl: time/*)")
         return "completed"
+
+
+class _QuietObserver:
+    """The observer of ranks other than 0: rank 0 logs, tracks and evaluates."""
+
+    def start(self, trainer: Any) -> None:
+        pass
+
+    def step_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+        pass
+
+    def syncs_before_eval(self, trainer: Any) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass

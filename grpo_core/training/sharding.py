@@ -1,0 +1,223 @@
+"""``fsdp`` / ``fsdp_config`` / ``deepspeed``: accelerate's plugins from the config.
+
+FSDP goes through accelerate's :class:`~accelerate.utils.FullyShardedDataParallelPlugin`
+(FSDP2, torch's ``fully_shard``, unless ``fsdp_config.fsdp_version = 1``),
+with the options the reference (Axolotl / HF Trainer) spells:
+
+* ``fsdp = ["full_shard", "auto_wrap"]``: shard parameters, gradients and
+  optimizer state; wrap each transformer layer (``shard_grad_op`` keeps the
+  parameters gathered between forward and backward; ``offload`` puts the
+  shards in CPU memory).
+* ``fsdp_config``: ``fsdp_transformer_layer_cls_to_wrap`` (default: the
+  model's own ``_no_split_modules``), ``fsdp_version``,
+  ``fsdp_offload_params``, ``fsdp_reshard_after_forward``,
+  ``fsdp_activation_checkpointing``, ``fsdp_cpu_ram_efficient_loading``,
+  ``fsdp_state_dict_type`` (checkpoints are always written as full weights),
+  ``fsdp_auto_wrap_policy`` (``TRANSFORMER_BASED_WRAP``). Any other key is
+  refused by name.
+
+accelerate turns FSDP on only for GPU-type backends; on CPU (gloo) grpo
+marks the accelerator's state as FSDP itself so accelerate's own FSDP2 path
+runs there too (torch's ``fully_shard`` supports gloo): that is how the
+2-process CPU tests run it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+from grpo_core.config.schema import GRPOConfig
+from grpo_core.errors import ConfigError
+
+FSDP_OPTIONS = {"full_shard", "shard_grad_op", "auto_wrap", "offload"}
+FSDP_REFUSED = {
+    "hybrid_shard": "hybrid sharding needs a 2-D device mesh (shard within a node, replicate across nodes), which is not wired",
+    "hybrid_shard_zero2": "hybrid sharding needs a 2-D device mesh, which is not wired",
+    "no_shard": "FSDP without sharding is DDP: leave `fsdp` unset",
+}
+FSDP_CONFIG_KEYS = {
+    "fsdp_version", "version", "fsdp_transformer_layer_cls_to_wrap", "transformer_layer_cls_to_wrap", "fsdp_offload_params",
+    "offload_params", "fsdp_reshard_after_forward", "reshard_after_forward", "fsdp_activation_checkpointing",
+    "activation_checkpointing", "fsdp_cpu_ram_efficient_loading", "cpu_ram_efficient_loading", "fsdp_state_dict_type",
+    "state_dict_type", "fsdp_auto_wrap_policy", "auto_wrap_policy", "fsdp_sync_module_states", "sync_module_states",
+    "fsdp_use_orig_params", "use_orig_params",
+}  # fmt: skip
+
+
+def _fsdp_value(cfg: GRPOConfig, name: str, default: Any = None) -> Any:
+    """``fsdp_config.fsdp_<name>`` or ``fsdp_config.<name>`` (both spellings exist in the wild)."""
+    options = cfg.fsdp_config or {}
+    return options.get(f"fsdp_{name}", options.get(name, default))
+
+
+def fsdp_problems(cfg: GRPOConfig) -> list[str]:
+    """What in ``fsdp`` / ``fsdp_config`` cannot run, each with its fix."""
+    problems = []
+    for option in cfg.fsdp or []:
+        if option in FSDP_REFUSED:
+            problems.append(f"fsdp option '{option}': {FSDP_REFUSED[option]}.")
+        elif option not in FSDP_OPTIONS:
+            problems.append(f"fsdp option '{option}' is unknown: use {', '.join(sorted(FSDP_OPTIONS))}.")
+    unknown = sorted(set(cfg.fsdp_config or {}) - FSDP_CONFIG_KEYS)
+    if unknown:
+        problems.append(f"fsdp_config keys {unknown} are not supported; known: {', '.join(sorted(k for k in FSDP_CONFIG_KEYS if k.startswith('fsdp_')))}.")
+    if cfg.fsdp_config and not cfg.fsdp:
+        problems.append("fsdp_config is set but fsdp is not: set fsdp = [\"full_shard\", \"auto_wrap\"] to shard the model.")
+    version = int(_fsdp_value(cfg, "version", 2) or 2)
+    if version not in (1, 2):
+        problems.append(f"fsdp_config.fsdp_version = {version}: use 2 (torch's fully_shard) or 1.")
+    policy = str(_fsdp_value(cfg, "auto_wrap_policy", "TRANSFORMER_BASED_WRAP")).upper()
+    if policy not in ("TRANSFORMER_BASED_WRAP", "NO_WRAP"):
+        problems.append(f"fsdp_config.fsdp_auto_wrap_policy = {policy}: use TRANSFORMER_BASED_WRAP.")
+    if cfg.fsdp and cfg.deepspeed:
+        problems.append("fsdp and deepspeed are both set: choose one way of sharding the model.")
+    return problems
+
+
+def fsdp_plugin(cfg: GRPOConfig) -> Any:
+    """accelerate's FSDP plugin for ``cfg.fsdp`` / ``cfg.fsdp_config``."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    problems = fsdp_problems(cfg)
+    if problems:
+        raise ConfigError(" ".join(problems))
+    options = set(cfg.fsdp or [])
+    version = int(_fsdp_value(cfg, "version", 2) or 2)
+    layers = _fsdp_value(cfg, "transformer_layer_cls_to_wrap")
+    if isinstance(layers, str):
+        layers = [name.strip() for name in layers.split(",") if name.strip()]
+    reshard = _fsdp_value(cfg, "reshard_after_forward", "shard_grad_op" not in options)
+    kwargs: dict[str, Any] = {
+        "fsdp_version": version,
+        "cpu_offload": bool(_fsdp_value(cfg, "offload_params", "offload" in options)),
+        "activation_checkpointing": bool(_fsdp_value(cfg, "activation_checkpointing", False)),
+        "cpu_ram_efficient_loading": bool(_fsdp_value(cfg, "cpu_ram_efficient_loading", False)),
+        "state_dict_type": "FULL_STATE_DICT",
+    }
+    if "auto_wrap" in options:
+        kwargs["auto_wrap_policy"] = "transformer_based_wrap"
+        if layers:
+            kwargs["transformer_cls_names_to_wrap"] = list(layers)
+    if version == 2:
+        kwargs["reshard_after_forward"] = bool(reshard)
+    else:
+        kwargs["sharding_strategy"] = "FULL_SHARD" if reshard else "SHARD_GRAD_OP"
+        kwargs["use_orig_params"] = True  # LoRA: frozen and trained parameters share flat parameters
+        kwargs["sync_module_states"] = True
+    return FullyShardedDataParallelPlugin(**kwargs)
+
+
+def sharding_plugins(cfg: GRPOConfig) -> dict[str, Any]:
+    """Keyword arguments for :class:`accelerate.Accelerator` (empty: DDP, or one process)."""
+    if cfg.fsdp:
+        return {"fsdp_plugin": fsdp_plugin(cfg)}
+    return {}
+
+
+def enable_fsdp_on_cpu(accelerator: Any, plugin: Any) -> None:
+    """accelerate enables FSDP only for GPU-type backends: on CPU (gloo) mark
+    its state FSDP with ``plugin`` so ``prepare`` takes accelerate's own FSDP path."""
+    from accelerate.utils import DistributedType
+
+    if plugin is not None and accelerator.distributed_type == DistributedType.MULTI_CPU:
+        accelerator.state.distributed_type = DistributedType.FSDP
+        accelerator.state.fsdp_plugin = plugin
+
+
+def is_sharded(accelerator: Any) -> bool:
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+
+
+class FullWeights:
+    """Rank 0's unsharded copy of the policy, refreshed from the shards on
+    demand: what weight syncs and checkpoints see under FSDP/ZeRO-3.
+
+    Made before the model is sharded (a CPU copy on rank 0 only); each
+    refresh gathers the full state dict once (a collective: every rank
+    calls :meth:`refresh`) and loads it into the copy on rank 0."""
+
+    def __init__(self, policy: Any, main: bool) -> None:
+        self.main = main
+        self.copy = copy.deepcopy(policy).to("cpu") if main else None
+        self.version = -1
+
+    def refresh(self, accelerator: Any, forward: Any, version: int) -> Any:
+        if version == self.version:
+            return self.copy
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # a collective: full tensors on rank 0 (what accelerate's get_state_dict does for FSDP2)
+        state = get_model_state_dict(forward, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.main:
+            inner = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
+            missing, unexpected = self.copy.load_state_dict(inner, strict=False)
+            if unexpected or [k for k in missing if "lm_head" not in k]:
+                raise RuntimeError(f"gathered weights do not fit the policy: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        self.version = version
+        return self.copy
+
+
+@contextlib.contextmanager
+def full_weights_for_sync(parts: Any, version: int) -> Iterator[Any]:
+    """The policy with its full weights, for the weight_sync plugin and
+    checkpoints on rank 0. Without sharding (one process, DDP) every rank
+    already holds them: the policy itself."""
+    full = getattr(parts, "full_weights", None)
+    if full is None:
+        yield parts.model
+        return
+    yield full.refresh(parts.accelerator, parts.forward, version)
+
+
+def sharding_name(cfg: GRPOConfig, world: int) -> str:
+    """How the model is spread over the processes, for ``grpo config check``."""
+    if cfg.deepspeed:
+        return f"DeepSpeed {cfg.deepspeed}"
+    if cfg.fsdp:
+        return "FSDP " + " ".join(cfg.fsdp)
+    return "DDP: a full replica per process" if world > 1 else "one process"
+
+
+# ----------------------------------------------------------------------------- sharded checkpoints
+
+
+def full_optimizer_state(forward: Any, optimizer: Any) -> dict[str, Any]:
+    """The optimizer state with full (unsharded) tensors keyed by parameter
+    name, on rank 0 (a collective: every rank calls it). Keyed by name, it
+    loads onto any process count."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(forward, getattr(optimizer, "optimizer", optimizer), options=options)
+
+
+def load_full_optimizer_state(forward: Any, optimizer: Any, state: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(forward, getattr(optimizer, "optimizer", optimizer), optim_state_dict=state, options=options)
+
+
+def load_full_model_state(forward: Any, state: dict[str, Any] | None) -> None:
+    """Rank 0's full weights (as the policy names them; None on the other
+    ranks) into the shards of every rank."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full = {f"policy.{k}": v for k, v in (state or {}).items()}
+    options = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=True)
+    set_model_state_dict(forward, full, options=options)
+
+
+class _StateOf:
+    """An object whose ``state_dict()`` is a given dict (for save_checkpoint)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state

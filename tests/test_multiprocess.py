@@ -1,0 +1,273 @@
+"""Several training processes (accelerate / torchrun, gloo on CPU).
+
+Real processes, real launchers, the tiny model (tests/tiny_model.py: the
+properties here are the loop's arithmetic and its collectives, not the
+model's size) and the transformers rollout (rank 0 samples with its own
+replica). NCCL and GPUs cannot run here; gloo runs the same collectives.
+
+* 2 processes x (micro_batch_size 2, gradient_accumulation_steps 1) train
+  on the same global batch as 1 process x (2, 2): the losses, gradient
+  norms and weights after 2 steps match (float32 tolerances below; the
+  summation order differs, nothing else).
+* Every rank trains on its own share of each batch, of whole groups: the
+  prompts each rank saw are disjoint and together cover the batch.
+* With async prefetch on (the producer thread issues no collectives) the
+  run finishes, and a run resumed from a mid-run checkpoint with 2
+  processes repeats the straight run exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_core.config.convert import to_toml_text
+from tiny_model import build_tiny_model
+
+REWARDS = "def parity(completion_ids, **kwargs):\n    return [float(sum(ids) % 2) for ids in completion_ids]\n"
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+TIMEOUT = 240
+
+
+def write_config(tmp: Path, name: str, model: str, **top) -> Path:
+    trl = {"num_generations": 2, "max_completion_length": 4, "reward_funcs": ["mp_rewards.parity"], "temperature": 1.0,
+           "skip_zero_advantage_batches": False, **top.pop("trl", {})}  # fmt: skip
+    raw = {"base_model": model, "adapter": None, "datasets": [{"path": str(tmp / "train.jsonl")}], "sequence_len": 64,
+           "micro_batch_size": 2, "gradient_accumulation_steps": 1, "max_steps": 2, "learning_rate": 5e-3,
+           "lr_scheduler": "constant", "output_dir": str(tmp / name), "seed": 7, "save_steps": 100, **top, "trl": trl}  # fmt: skip
+    path = tmp / f"{name}.toml"
+    path.write_text(to_toml_text(raw))
+    return path
+
+
+def run_grpo(tmp: Path, args: list[str], launcher: list[str] | None = None, shares: Path | None = None) -> None:
+    """``grpo <args>`` in its own process(es) (``launcher``: e.g. torchrun),
+    from ``tmp`` so the reward module imports."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp), str(TESTS), str(ROOT)]), "OMP_NUM_THREADS": "1"}
+    if shares is not None:
+        shares.mkdir(exist_ok=True)
+        env["GRPO_TEST_SHARES"] = str(shares)
+    entry = ["-m", "multiproc_entry"] if shares is not None else ["-m", "grpo_core.cli"]
+    cmd = [*(launcher or [sys.executable]), *entry, *args]
+    done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "model.safetensors"))
+
+
+@pytest.fixture
+def workdir(smollm2_dir: str, tmp_path: Path) -> tuple[Path, str]:
+    (tmp_path / "mp_rewards.py").write_text(REWARDS)
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(12)))
+    return tmp_path, build_tiny_model(smollm2_dir, tmp_path / "tiny")
+
+
+def test_two_processes_match_one_on_the_same_global_batch(workdir: tuple[Path, str]) -> None:
+    tmp, model = workdir
+    one = write_config(tmp, "one", model, gradient_accumulation_steps=2)  # 1 x 2 x 2 = 4 completions per step
+    two = write_config(tmp, "two", model)  # 2 processes x 2 x 1 = 4
+    run_grpo(tmp, ["run", str(one)])
+    run_grpo(tmp, ["run", str(two), "--num-processes", "2"])
+
+    a, b = metrics(tmp / "one"), metrics(tmp / "two")
+    assert [r["step"] for r in b] == [1, 2], "rank 0 alone writes metrics.jsonl: one line per step"
+    assert [r["world_size"] for r in a] == [1, 1] and [r["world_size"] for r in b] == [2, 2]
+    for ra, rb in zip(a, b, strict=True):
+        assert rb["reward"] == ra["reward"], "rank 0 samples and scores the same batch"
+        assert rb["num_tokens"] == ra["num_tokens"], "tokens summed over ranks"
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-4, abs=1e-6)
+        assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-4)
+        assert ra["grad_norm"] > 0
+    wa, wb = weights(tmp / "one"), weights(tmp / "two")
+    moved = 0.0
+    for key in wa:
+        torch.testing.assert_close(wb[key], wa[key], rtol=1e-4, atol=1e-6)
+        moved = max(moved, float((wa[key] - weights_at_start(model)[key]).abs().max()))
+    assert moved > 1e-4, "the weights did not move: the comparison proves nothing"
+
+
+_START: dict[str, dict[str, torch.Tensor]] = {}
+
+
+def weights_at_start(model: str) -> dict[str, torch.Tensor]:
+    if model not in _START:
+        from safetensors.torch import load_file
+
+        _START[model] = load_file(str(Path(model) / "model.safetensors"))
+    return _START[model]
+
+
+# A deterministic rollout (no model): resumed and straight runs sample alike
+# whatever the async schedule. Prompts "Item i" with an even i get a
+# constant reward (a group without learning signal), so ranks regularly
+# disagree on whether their micro-batch has signal: a rank that skipped its
+# backward alone would leave the other waiting in the all-reduce (a hang).
+ENV = '''
+def rollout(prompts, trainer):
+    tok = trainer.processing_class
+    out = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
+    for p in prompts:
+        ids = tok.encode(p, add_special_tokens=False)
+        i = int(p.split()[1].rstrip(":"))
+        for k in range(trainer.num_generations):
+            out["prompt_ids"].append(list(ids))
+            out["completion_ids"].append([100 + (i * 31 + k * 17 + j * 7) % 900 for j in range(3)] + [tok.eos_token_id])
+            out["logprobs"].append(None)
+    return out
+
+def gated(completion_ids, prompts, **kwargs):
+    return [float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) % 2 else 1.0 for ids, p in zip(completion_ids, prompts)]
+'''
+
+
+def shares_by_step(shares: Path) -> dict[int, dict[int, list[str]]]:
+    out: dict[int, dict[int, list[str]]] = {}
+    for file in sorted(shares.glob("rank*.jsonl")):
+        for line in file.read_text().splitlines():
+            record = json.loads(line)
+            assert record["world"] == 2
+            out.setdefault(record["step"], {})[record["rank"]] = record["prompts"]
+    return out
+
+
+def test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly(workdir: tuple[Path, str]) -> None:
+    tmp, model = workdir
+    (tmp / "mp_env.py").write_text(ENV)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    settings = {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "max_steps": 4, "save_steps": 2,
+                "trl": {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"], "async_prefetch": True,
+                        "skip_zero_advantage_batches": True}}  # fmt: skip
+    straight = write_config(tmp, "straight", model, **json.loads(json.dumps(settings)))
+    run_grpo(tmp, ["run", str(straight)], launcher=torchrun, shares=tmp / "shares")
+
+    by_step = shares_by_step(tmp / "shares")
+    assert sorted(by_step) == [0, 1, 2, 3]
+    seen: list[str] = []
+    for step, ranks in sorted(by_step.items()):
+        assert sorted(ranks) == [0, 1] and all(len(p) == 1 for p in ranks.values()), ranks  # one whole group each
+        assert not set(ranks[0]) & set(ranks[1]), f"step {step}: both ranks trained on {ranks}"
+        seen += ranks[0] + ranks[1]
+    assert len(set(seen)) == 8, "the 4 batches of 2 prompts were covered, each prompt once"
+    a = metrics(tmp / "straight")
+    assert [r["world_size"] for r in a] == [2.0] * 4
+    assert any(0 < r["frac_reward_zero_std"] < 1 for r in a), "no step mixed signal and no-signal groups: proves less"
+
+    def math(record: dict) -> dict:  # everything but wall-clock timings
+        return {k: v for k, v in record.items() if k != "step_time" and not k.startswith("time/")}
+
+    # Same process count: exact.
+    resumed = write_config(tmp, "resumed", model, **json.loads(json.dumps(settings)),
+                           resume_from_checkpoint=str(tmp / "straight" / "checkpoint-2"))  # fmt: skip
+    run_grpo(tmp, ["run", str(resumed)], launcher=torchrun)
+    b = metrics(tmp / "resumed")
+    assert [r["step"] for r in b] == [3, 4]
+    for ra, rb in zip(a[2:], b, strict=True):
+        assert math(rb) == math(ra)
+    wa = weights_of(tmp / "straight")
+    wb = weights_of(tmp / "resumed")
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+    # Onto 1 process (gradient_accumulation_steps 2 keeps the global batch): a checkpoint at a batch
+    # boundary resumes onto another process count; the sums run in another order, hence a tolerance.
+    single = write_config(tmp, "single", model, **json.loads(json.dumps(settings)), gradient_accumulation_steps=2,
+                          resume_from_checkpoint=str(tmp / "straight" / "checkpoint-2"))  # fmt: skip
+    run_grpo(tmp, ["run", str(single)])
+    c = metrics(tmp / "single")
+    assert [r["step"] for r in c] == [3, 4] and [r["world_size"] for r in c] == [1.0, 1.0]
+    for ra, rc in zip(a[2:], c, strict=True):
+        # (num_tokens counts trained tokens: one process skips its no-signal micro-batch, two processes
+        # train it when the other rank's has signal; a zero-advantage micro-batch adds no gradient)
+        assert rc["reward"] == ra["reward"]
+        assert rc["loss"] == pytest.approx(ra["loss"], rel=1e-4, abs=1e-6)
+        assert rc["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-4, abs=1e-7)
+    wc = weights_of(tmp / "single")
+    for key in wa:
+        torch.testing.assert_close(wc[key], wa[key], rtol=1e-4, atol=1e-6)
+
+
+def weights_of(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    file = out / "adapter_model.safetensors"
+    return load_file(str(file if file.is_file() else out / "model.safetensors"))
+
+
+def test_fsdp_two_processes_match_one_and_resume_exactly(workdir: tuple[Path, str]) -> None:
+    """FSDP2 (full_shard + auto_wrap of the decoder layers) through accelerate, full fine-tuning: the
+    same steps as 1 process on the same global batch, full weights in checkpoints, exact resume."""
+    tmp, model = workdir
+    (tmp / "mp_env.py").write_text(ENV)
+    common = {"max_steps": 4, "save_steps": 2, "trl": {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]}}
+    fsdp = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+    sharded = write_config(tmp, "fsdp", model, **json.loads(json.dumps(common)), **fsdp)
+    single = write_config(tmp, "single", model, **json.loads(json.dumps(common)), gradient_accumulation_steps=2)
+    run_grpo(tmp, ["run", str(sharded), "--num-processes", "2"])
+    run_grpo(tmp, ["run", str(single)])
+    a, c = metrics(tmp / "fsdp"), metrics(tmp / "single")
+    assert [r["world_size"] for r in a] == [2.0] * 4
+    for ra, rc in zip(a, c, strict=True):
+        assert ra["reward"] == rc["reward"] and ra["num_tokens"] == rc["num_tokens"]
+        assert ra["loss"] == pytest.approx(rc["loss"], rel=1e-4, abs=1e-6)
+        assert ra["grad_norm"] == pytest.approx(rc["grad_norm"], rel=1e-4, abs=1e-7)
+    wa, wc = weights_of(tmp / "fsdp"), weights_of(tmp / "single")
+    assert wa.keys() == wc.keys()
+    for key in wa:
+        torch.testing.assert_close(wa[key], wc[key], rtol=1e-4, atol=1e-6)
+
+    resumed = write_config(tmp, "fsdp_resumed", model, **json.loads(json.dumps(common)), **fsdp,
+                           resume_from_checkpoint=str(tmp / "fsdp" / "checkpoint-2"))  # fmt: skip
+    run_grpo(tmp, ["run", str(resumed), "--num-processes", "2"])
+    b = metrics(tmp / "fsdp_resumed")
+    assert [r["step"] for r in b] == [3, 4]
+    def math(record: dict) -> dict:  # but timings, and alerts (a health alert fires once per run, resumed or not)
+        return {k: v for k, v in record.items() if k != "step_time" and not k.startswith(("time/", "alerts/"))}
+
+    for ra, rb in zip(a[2:], b, strict=True):
+        assert math(rb) == math(ra)
+    wb = weights_of(tmp / "fsdp_resumed")
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+# ----------------------------------------------------------------------------- light: shapes and checks
+
+
+def test_config_check_prints_per_process_and_global_batches(tmp_path: Path, capsys) -> None:
+    from grpo_core.cli import main
+
+    path = tmp_path / "c.toml"
+    path.write_text(to_toml_text({"base_model": "some/model", "micro_batch_size": 2, "gradient_accumulation_steps": 2,
+                                  "datasets": [{"path": "my-org/arith"}],
+                                  "trl": {"num_generations": 2, "reward_funcs": ["last_number_match"]}}))  # fmt: skip
+    assert main(["config", "check", str(path), "--num-processes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert ("processes:    2 (DDP: a full replica per process); per process: 2 x 2 = 4 completions per optimizer "
+            "step, 4 (2 groups) per generation; global: 8 per optimizer step, 8 (4 prompts) per generation") in out
+    # 8 completions over 4 processes: 2 each, not a whole group of 4
+    assert main(["config", "check", str(path), "--num-processes", "4", "--set", "trl.generation_batch_size=8",
+                 "--set", "trl.num_generations=4", "--set", "gradient_accumulation_steps=1"]) == 2  # fmt: skip
+    assert "groups stay whole on a process" in capsys.readouterr().err
+
+
+def test_num_processes_runs_accelerate_launch_on_the_same_command() -> None:
+    from grpo_core.launch import launcher_command
+
+    cmd = launcher_command(2, ["run", "c.toml", "--set", "max_steps=3"], cuda=False)
+    assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and cmd[cmd.index("--num_processes") + 1] == "2"
+    assert cmd[-6:] == ["-m", "grpo_core.cli", "run", "c.toml", "--set", "max_steps=3"]
