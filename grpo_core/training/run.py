@@ -101,7 +101,7 @@ class Implementations:
         return {name: obj for name, obj in self.objects.items() if isinstance(obj, Checkpointable)}
 
 
-TRAINER_SIDE_POINTS = frozenset({"is_correction"})
+TRAINER_SIDE_POINTS = frozenset({"is_correction", "policy_loss"})
 """Extension points the training loop itself calls (on every rank); the
 others (rollout, weight sync, advantages, replay) run on rank 0 only."""
 
