@@ -19,6 +19,11 @@ def process_cpus() -> frozenset[int]:
         return frozenset(range(os.cpu_count() or 1))
 
 
+def format_cpu_list(cores: frozenset[int] | list[int] | None) -> str:
+    """``{0, 2, 3}`` -> ``"0,2,3"`` (the syntax vLLM and taskset read)."""
+    return ",".join(str(c) for c in sorted(cores or ()))
+
+
 def confine_to(cores: frozenset[int]) -> frozenset[int]:
     """Pin every thread of this process to ``cores`` (threads started later
     inherit it) and size torch's intra-op pool to match. Returns the cores

@@ -19,7 +19,7 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
-from grpo_core.cpu_affinity import keep_off_engine_cores
+from grpo_core.cpu_affinity import format_cpu_list, keep_off_engine_cores
 from grpo_core.errors import PluginError, StorageError, TrainingInterrupted
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, chosen_implementations, declared
 from grpo_core.plugin_host import ERROR_LOG, PluginHost
@@ -201,10 +201,6 @@ def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> t
     return accelerator, model, forward, optimizer, build_scheduler(cfg, optimizer), reference, full
 
 
-def _cores(cores: frozenset[int] | None) -> str:
-    return ",".join(str(c) for c in sorted(cores or ()))
-
-
 def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable[[str], None] | None = None) -> str:
     """Check ``cfg`` exactly as ``grpo run`` does (warnings go to ``warn``),
     train, and return the final status (``completed``). Everything cheap that
@@ -260,8 +256,8 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
         engine_cores = engine_cpu_cores(impls.engine)
         trainer_cores = keep_off_engine_cores(engine_cores)
         if trainer_cores:  # before the model loads: its threads, and every later one, stay on these cores
-            context.log(f"CPU split: the inference engine computes on cores {_cores(engine_cores)}, "
-                        f"the trainer on {_cores(trainer_cores)} ([vllm] engine_cpus)")
+            context.log(f"CPU split: the inference engine computes on cores {format_cpu_list(engine_cores)}, "
+                        f"the trainer on {format_cpu_list(trainer_cores)} ([vllm] engine_cpus)")
         accelerator, model, forward, optimizer, scheduler, reference, full = _load_model_parts(cfg, context, model_dir)
         dist = Distributed.from_accelerator(accelerator)
         if dist.active:

@@ -12,24 +12,16 @@ cores (a synchronous run, where neither side needs a split).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from grpo_core.cpu_affinity import format_cpu_list
 from grpo_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
 
 NO_SPLIT = "all"
-
-
-def usable_cpus() -> frozenset[int]:
-    """The cores this process may run on (its affinity mask)."""
-    try:
-        return frozenset(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return frozenset(range(os.cpu_count() or 1))
 
 
 def parse_cpu_list(text: str) -> list[int]:
@@ -50,17 +42,10 @@ def parse_cpu_list(text: str) -> list[int]:
     return sorted(set(cores))
 
 
-def format_cpu_list(cores: frozenset[int] | list[int]) -> str:
-    return ",".join(str(c) for c in sorted(cores))
-
-
 @dataclass(frozen=True)
 class CpuSplit:
     engine: frozenset[int]
     trainer: frozenset[int]
-
-    def describe(self) -> str:
-        return f"vLLM engine on CPU cores {format_cpu_list(self.engine)}, trainer on {format_cpu_list(self.trainer)}"
 
 
 def plan_cpu_split(cfg: GRPOConfig, usable: frozenset[int], cuda: bool) -> CpuSplit | None:

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_plugins.vllm.cpus import format_cpu_list, plan_cpu_split, usable_cpus
+from grpo_core.cpu_affinity import format_cpu_list, process_cpus
+from grpo_plugins.vllm.cpus import plan_cpu_split
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -353,7 +354,7 @@ def managed_spec(cfg: GRPOConfig, lora: bool = False, replica: int | None = None
     else:
         port = 0 if replica else None  # replicas after the first never collide on the configured port
         spec = server_spec(cfg, port=port, lora=lora, generate_key=True, replica=replica)
-    usable = usable_cpus()
+    usable = process_cpus()
     split = plan_cpu_split(cfg, usable, cuda_available())
     spec.spawn_cpus = usable
     if split is not None:  # every replica computes on the engine's share (they take turns with each other)

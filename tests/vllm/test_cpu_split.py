@@ -65,7 +65,7 @@ def test_parse_cpu_list() -> None:
 
 
 def test_managed_server_is_bound_to_the_engine_cores(cfg, monkeypatch) -> None:
-    monkeypatch.setattr("grpo_plugins.vllm.server.usable_cpus", lambda: EIGHT)
+    monkeypatch.setattr("grpo_plugins.vllm.server.process_cpus", lambda: EIGHT)
     monkeypatch.setattr("grpo_plugins.vllm.server.cuda_available", lambda: False)
     spec = managed_spec(cfg)
     assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1,2,3" and spec.engine_cpus == {0, 1, 2, 3}
