@@ -195,7 +195,14 @@ WEIGHTS_FROM_URL = "weights_from_url"
 """Engine capability: :meth:`InferenceEngine.load_weights_from_url` (the
 engine pulls the weights over HTTP: no filesystem shared with the trainer)."""
 WEIGHTS_OVER_NCCL = "weights_over_nccl"
-"""The engine joins an NCCL group and receives weights broadcast by the trainer (vLLM's weight-transfer API; CUDA on both sides)."""
+"""The engine joins an NCCL group and receives weights broadcast by the
+trainer (vLLM's weight-transfer API; CUDA on both sides). The sync drives
+the handshake and each round through :meth:`InferenceEngine.control_endpoints`,
+so an engine with this capability has :data:`CONTROL_ENDPOINTS` too."""
+CONTROL_ENDPOINTS = "control_endpoints"
+"""Engine capability: :meth:`InferenceEngine.control_endpoints` (the engine
+is one or more HTTP servers a sync may send its own authenticated requests
+to)."""
 WEIGHTS_IN_MEMORY = "weights_in_memory"
 """Engine capability: :meth:`InferenceEngine.load_weights` (same process)."""
 SAMPLES_TRAINER_MODEL = "samples_trainer_model"
@@ -203,8 +210,30 @@ SAMPLES_TRAINER_MODEL = "samples_trainer_model"
 so the weights are current the moment the optimizer steps."""
 
 ENGINE_CAPABILITIES: frozenset[str] = frozenset(
-    {WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_IN_MEMORY, SAMPLES_TRAINER_MODEL}
+    {WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS, WEIGHTS_IN_MEMORY,
+     SAMPLES_TRAINER_MODEL}
 )
+
+
+@runtime_checkable
+class ControlEndpoint(Protocol):
+    """One server of an :class:`InferenceEngine`, for a weight sync that
+    drives a server API of its own (the ``nccl`` sync: vLLM's
+    weight-transfer routes). The endpoint carries the engine's credentials
+    (API key, private Unix socket), so the sync never handles them."""
+
+    @property
+    def description(self) -> str:
+        """Which server, for messages (``"vLLM server at http://..."``)."""
+
+    def request(self, method: str, path: str, body: Mapping[str, Any] | None = None, *, timeout: float | None = None) -> Any:
+        """Send ``body`` as JSON to ``path``, authenticated, **once**: a
+        control request need not be idempotent (joining a group twice is
+        not), so nothing is retried. Returns the decoded JSON answer
+        (``None`` for an empty one). Raises ``EngineUnavailable`` when the
+        server does not answer within ``timeout`` seconds (default: the
+        engine's own timeout), another :class:`~grpo_core.errors.GrpoError`
+        when it refuses the request."""
 
 
 @runtime_checkable
@@ -215,8 +244,11 @@ class InferenceEngine(Protocol):
     server, an in-process vLLM) hands this handle out through
     :func:`~grpo_core.hookspecs.grpo_inference_engine`; the core passes it to
     :func:`~grpo_core.hookspecs.grpo_sync_weights`. A sync uses only the
-    ``load_*`` methods listed in :attr:`capabilities`; the others raise
-    :class:`NotImplementedError`.
+    methods listed in :attr:`capabilities` (``load_*``,
+    :meth:`control_endpoints`); the others raise
+    :class:`NotImplementedError`. A sync never reaches past this protocol
+    (no ``getattr(engine, "client")``): what it needs from an engine is a
+    method here, so any rollout's engine can serve it.
 
     Restarts are the engine's business: an engine that dies and comes back
     re-applies the last ``load_*`` call itself before it samples again, so a
@@ -228,7 +260,8 @@ class InferenceEngine(Protocol):
     all of them (in parallel) before it returns, and a server that cannot be
     recovered is dropped with a warning; the handle raises
     ``EngineUnavailable`` only when none is left. A weight sync therefore
-    never needs to know how many servers there are.
+    never needs to know how many servers there are (except through
+    :meth:`control_endpoints`, which lists them).
 
     Optional: an engine that computes on this machine's CPU cores may expose
     ``cpu_cores`` (a ``frozenset[int]``): the cores it is pinned to. The
@@ -242,7 +275,8 @@ class InferenceEngine(Protocol):
 
     @property
     def capabilities(self) -> frozenset[str]:
-        """Which ``load_*`` methods work (a subset of :data:`ENGINE_CAPABILITIES`)."""
+        """Which optional methods work (``load_*``, :meth:`control_endpoints`;
+        a subset of :data:`ENGINE_CAPABILITIES`)."""
 
     @property
     def served_model(self) -> str:
@@ -298,6 +332,17 @@ class InferenceEngine(Protocol):
         """Groups of HF projections the engine stores as one weight (e.g.
         ``("q_proj", "k_proj", "v_proj")``): a partial update must carry every
         member of a group."""
+
+    def control_endpoints(self) -> list[ControlEndpoint]:
+        """Every server this handle stands for, in a fixed order (one for a
+        single server; the live ones of a pool), each taking authenticated
+        control requests (:class:`ControlEndpoint`). For syncs that must
+        talk to each server themselves (``nccl``: every server joins the
+        NCCL group at its own ranks). Works when :attr:`capabilities` holds
+        :data:`CONTROL_ENDPOINTS`; an engine that is not a server (vLLM in
+        the trainer's process) raises :class:`NotImplementedError` saying so.
+        A restarted server has lost whatever state those requests set up
+        (an NCCL group): the sync finds out from the next request failing."""
 
 
 def engine_cpu_cores(engine: object) -> frozenset[int] | None:

@@ -13,7 +13,10 @@ replica). NCCL and GPUs cannot run here; gloo runs the same collectives.
   prompts each rank saw are disjoint and together cover the batch.
 * With async prefetch on (the producer thread issues no collectives) the
   run finishes, and a run resumed from a mid-run checkpoint with 2
-  processes repeats the straight run exactly.
+  processes repeats the straight run exactly; onto 1 process, up to
+  summation order (DDP 2 -> 1).
+* FSDP: the same steps as 1 process; exact resume on 2 processes; and
+  FSDP 2 -> 1, 1 -> FSDP 2, 1 -> DDP 2 up to summation order.
 """
 
 from __future__ import annotations
@@ -208,9 +211,10 @@ def weights_of(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(file if file.is_file() else out / "model.safetensors"))
 
 
-def test_fsdp_two_processes_match_one_and_resume_exactly(workdir: tuple[Path, str]) -> None:
+def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(workdir: tuple[Path, str]) -> None:
     """FSDP2 (full_shard + auto_wrap of the decoder layers) through accelerate, full fine-tuning: the
-    same steps as 1 process on the same global batch, full weights in checkpoints, exact resume."""
+    same steps as 1 process on the same global batch, full weights in checkpoints, exact resume on 2
+    processes, and resumes across process counts (FSDP 2 -> 1, 1 -> FSDP 2, 1 -> DDP 2)."""
     tmp, model = workdir
     (tmp / "mp_env.py").write_text(ENV)
     common = {"max_steps": 4, "save_steps": 2, "trl": {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]}}
@@ -245,6 +249,30 @@ def test_fsdp_two_processes_match_one_and_resume_exactly(workdir: tuple[Path, st
         assert torch.equal(wa[key], wb[key]), key
 
 
+    # Onto another process count, from the same checkpoints at a batch boundary (the global batch of 4
+    # kept: 2 processes x 1 micro-batch, or 1 process x gradient_accumulation_steps 2), Adam state included:
+    # FSDP 2 -> 1 process (the same config, fsdp still set: one process runs unsharded), 1 process -> FSDP 2
+    # and 1 process -> DDP 2. Each repeats steps 3-4 up to summation order (the tolerances of FSDP vs one
+    # process above); had the optimizer state not come across, step 3 would move every weight by about lr.
+    def onto(name: str, checkpoint: Path, processes: int, **top) -> None:
+        path = write_config(tmp, name, model, **json.loads(json.dumps(common)), **top, resume_from_checkpoint=str(checkpoint))
+        run_grpo(tmp, ["run", str(path)] + (["--num-processes", str(processes)] if processes > 1 else []))
+        resumed = metrics(tmp / name)
+        assert [(r["step"], r["world_size"]) for r in resumed] == [(3, processes), (4, processes)], name
+        for ra, rn in zip(a[2:], resumed, strict=True):
+            assert rn["reward"] == ra["reward"] and rn["num_tokens"] == ra["num_tokens"], name
+            assert rn["loss"] == pytest.approx(ra["loss"], rel=1e-4, abs=1e-6), name
+            assert rn["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-4, abs=1e-7), name
+        wn = weights_of(tmp / name)
+        assert wn.keys() == wa.keys(), name
+        for key in wa:
+            torch.testing.assert_close(wn[key], wa[key], rtol=1e-4, atol=1e-6, msg=lambda m, n=name, k=key: f"{n} {k}: {m}")
+
+    onto("fsdp_onto_one", tmp / "fsdp" / "checkpoint-2", 1, **fsdp, gradient_accumulation_steps=2)
+    onto("single_onto_fsdp", tmp / "single" / "checkpoint-2", 2, **fsdp)
+    onto("single_onto_ddp", tmp / "single" / "checkpoint-2", 2)
+
+
 # ----------------------------------------------------------------------------- light: shapes and checks
 
 
@@ -271,3 +299,43 @@ def test_num_processes_runs_accelerate_launch_on_the_same_command() -> None:
     cmd = launcher_command(2, ["run", "c.toml", "--set", "max_steps=3"], cuda=False)
     assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and cmd[cmd.index("--num_processes") + 1] == "2"
     assert cmd[-6:] == ["-m", "grpo_core.cli", "run", "c.toml", "--set", "max_steps=3"]
+
+
+def test_optimizer_state_is_rekeyed_between_sharded_and_unsharded_runs() -> None:
+    """An unsharded checkpoint keys Adam's state by position, FSDP's by
+    parameter name (torch's distributed state dict): each is rekeyed for the
+    other kind of run, matched by name (DDP's ``module.`` prefix dropped),
+    and a state from another model is refused by name, not mis-assigned."""
+    from grpo_core.errors import GrpoError
+    from grpo_core.training.sharding import optimizer_state_by_index, optimizer_state_by_name
+
+    class Wrapper(torch.nn.Module):  # the policy inside a DDP-like wrapper: names start with "module."
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = torch.nn.Module()
+            self.module.policy = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+
+    torch.manual_seed(0)
+    forward = Wrapper()
+    optimizer = torch.optim.Adam(forward.parameters(), lr=0.1)
+    forward.module.policy(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    by_index = optimizer.state_dict()
+    by_name = optimizer_state_by_name(forward, optimizer, by_index)
+    assert by_name["param_groups"][0]["params"] == ["policy.0.weight", "policy.0.bias", "policy.1.weight", "policy.1.bias"]
+    assert torch.equal(by_name["state"]["policy.1.weight"]["exp_avg"], by_index["state"][2]["exp_avg"])
+    assert optimizer_state_by_name(forward, optimizer, by_name) is by_name  # already by name
+
+    # Back by name, in the order this optimizer holds its parameters (here: reversed).
+    reordered = torch.optim.Adam(list(forward.parameters())[::-1], lr=0.1)
+    back = optimizer_state_by_index(forward, reordered, by_name)
+    assert back["param_groups"][0]["params"] == [0, 1, 2, 3]  # load_state_dict pairs by position
+    assert torch.equal(back["state"][1]["exp_avg"], by_index["state"][2]["exp_avg"])
+    reordered.load_state_dict(back)
+    assert torch.equal(reordered.state[forward.module.policy[1].weight]["exp_avg"], by_index["state"][2]["exp_avg"])
+
+    other = {"state": {}, "param_groups": [{**by_name["param_groups"][0], "params": ["policy.0.weight", "head.weight"]}]}
+    with pytest.raises(GrpoError, match="another model or adapter"):
+        optimizer_state_by_index(forward, optimizer, other)
+    with pytest.raises(GrpoError, match=r"parameters per group: \[3\] saved, \[4\] here"):
+        optimizer_state_by_name(forward, optimizer, {"state": {}, "param_groups": [{"params": [0, 1, 2]}]})

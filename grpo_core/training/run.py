@@ -186,12 +186,15 @@ def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> t
     from grpo_core.models import load_policy, reference_model
     from grpo_core.training.optim import build_optimizer, build_scheduler
     from grpo_core.training.policy_forward import PolicyLogprobs, inner_policy
-    from grpo_core.training.sharding import FullWeights
+    from grpo_core.training.sharding import FullWeights, is_sharded
 
     accelerator = make_accelerator(cfg)
     context.log(f"loading model from {model_dir}")
     model = load_policy(cfg, model_dir, context.tokenizer)
-    full = FullWeights(model, accelerator.is_main_process) if cfg.fsdp else None
+    # One process has nothing to shard over (accelerate runs it unsharded): no FSDP machinery then.
+    full = FullWeights(model, accelerator.is_main_process) if cfg.fsdp and is_sharded(accelerator) else None
+    if cfg.fsdp and full is None:
+        context.log("fsdp: one process has nothing to shard over; training unsharded (checkpoints load either way)")
     optimizer = build_optimizer(cfg, model)
     forward, optimizer = accelerator.prepare(PolicyLogprobs(model), optimizer)
     model = inner_policy(forward)

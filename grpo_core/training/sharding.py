@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.errors import ConfigError
+from grpo_core.errors import ConfigError, GrpoError
 
 FSDP_OPTIONS = {"full_shard", "shard_grad_op", "auto_wrap", "offload"}
 FSDP_REFUSED = {
@@ -178,8 +178,10 @@ def sharding_name(cfg: GRPOConfig, world: int) -> str:
     """How the model is spread over the processes, for ``grpo config check``."""
     if cfg.deepspeed:
         return f"DeepSpeed {cfg.deepspeed}"
-    if cfg.fsdp:
+    if cfg.fsdp and world > 1:
         return "FSDP " + " ".join(cfg.fsdp)
+    if cfg.fsdp:
+        return "one process (fsdp has nothing to shard it over: unsharded)"
     return "DDP: a full replica per process" if world > 1 else "one process"
 
 
@@ -188,8 +190,9 @@ def sharding_name(cfg: GRPOConfig, world: int) -> str:
 
 def full_optimizer_state(forward: Any, optimizer: Any) -> dict[str, Any]:
     """The optimizer state with full (unsharded) tensors keyed by parameter
-    name, on rank 0 (a collective: every rank calls it). Keyed by name, it
-    loads onto any process count."""
+    name, on rank 0 (a collective: every rank calls it). Full tensors load
+    onto any process count: into another FSDP run as they are, into an
+    unsharded one (one process, DDP) through :func:`optimizer_state_by_index`."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -201,6 +204,69 @@ def load_full_optimizer_state(forward: Any, optimizer: Any, state: dict[str, Any
 
     options = StateDictOptions(full_state_dict=True)
     set_optimizer_state_dict(forward, getattr(optimizer, "optimizer", optimizer), optim_state_dict=state, options=options)
+
+
+_WRAPPER_PARTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
+
+def _optimized_parameter_names(forward: Any, optimizer: Any) -> list[list[str]]:
+    """The name of each parameter ``optimizer`` updates, group by group in
+    its ``param_groups`` order (the position an index-keyed state uses), as
+    torch's distributed state dicts name it: DDP's leading ``module.`` and
+    compile/FSDP1/checkpointing wrapper parts dropped."""
+    names: dict[int, str] = {}
+    for name, param in forward.named_parameters():
+        name = name[len("module."):] if name.startswith("module.") else name
+        names[id(param)] = ".".join(part for part in name.split(".") if part not in _WRAPPER_PARTS)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    return [[names[id(p)] for p in group["params"]] for group in inner.param_groups]
+
+
+def _keyed_by_name(state: dict[str, Any]) -> bool:
+    return any(isinstance(p, str) for group in state.get("param_groups", []) for p in group["params"])
+
+
+def _another_model(detail: str) -> GrpoError:
+    return GrpoError(
+        f"the checkpoint's optimizer state does not fit this run's trained parameters ({detail}): it was saved by a "
+        "run of another model or adapter (resume with the config that wrote it)."
+    )
+
+
+def optimizer_state_by_name(forward: Any, optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` keyed by parameter name, for a sharded run: an unsharded
+    checkpoint (one process, DDP) keys it by position in ``param_groups``
+    (``Optimizer.state_dict``), the position this run's optimizer has too
+    (the same model built the same way)."""
+    if _keyed_by_name(state):
+        return state
+    groups = _optimized_parameter_names(forward, optimizer)
+    saved = [len(group["params"]) for group in state["param_groups"]]
+    if saved != [len(names) for names in groups]:
+        raise _another_model(f"parameters per group: {saved} saved, {[len(n) for n in groups]} here")
+    names = [name for group in groups for name in group]
+    return {
+        "state": {names[k]: v for k, v in state["state"].items()},
+        "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]],
+    }
+
+
+def optimizer_state_by_index(forward: Any, optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` keyed by position in ``param_groups``, for an unsharded run
+    (one process, DDP): a sharded checkpoint (FSDP) keys it by parameter
+    name. Matched by name; ``Optimizer.load_state_dict`` then pairs
+    parameters by position, so each group lists this optimizer's own order."""
+    if not _keyed_by_name(state):
+        return state
+    groups = _optimized_parameter_names(forward, optimizer)
+    if [set(g["params"]) for g in state["param_groups"]] != [set(names) for names in groups]:
+        unknown = sorted({p for g in state["param_groups"] for p in g["params"]} - {n for names in groups for n in names})
+        raise _another_model(f"e.g. {unknown[:2]}" if unknown else "the groups differ")
+    position = {name: i for i, name in enumerate(name for names in groups for name in names)}
+    return {
+        "state": {position[k]: v for k, v in state["state"].items()},
+        "param_groups": [{**saved, "params": [position[n] for n in names]} for saved, names in zip(state["param_groups"], groups)],
+    }
 
 
 def load_full_model_state(forward: Any, state: dict[str, Any] | None) -> None:

@@ -250,10 +250,16 @@ class GRPOTrainer:
             if self.dist.is_main:
                 ckpt.load_model_weights(full.copy, path)
             sharding.load_full_model_state(self.parts.forward, full.copy.state_dict() if self.dist.is_main else None)
-            sharding.load_full_optimizer_state(self.parts.forward, self.parts.optimizer, loaded.optimizer)
+            # an unsharded run's checkpoint (one process, DDP) keys the state by position, FSDP's by name
+            by_name = sharding.optimizer_state_by_name(self.parts.forward, self.parts.optimizer, loaded.optimizer)
+            sharding.load_full_optimizer_state(self.parts.forward, self.parts.optimizer, by_name)
             loaded.optimizer = self.parts.optimizer.state_dict()  # already in place: restore the rest
         else:
+            from grpo_core.training import sharding
+
             ckpt.load_model_weights(self.parts.model, path)
+            # an FSDP checkpoint (full tensors, keyed by name) onto one process or DDP
+            loaded.optimizer = sharding.optimizer_state_by_index(self.parts.forward, self.parts.optimizer, loaded.optimizer)
         ckpt.restore_checkpoint(loaded, self.parts.optimizer, self.parts.scheduler)
         state, extra = loaded.trainer_state, loaded.extra
         self.step = int(state["step"])

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_core import hookimpl
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import WEIGHTS_IN_MEMORY, Completion, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult
+from grpo_core.types import WEIGHTS_IN_MEMORY, Completion, ControlEndpoint, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult
 from grpo_plugins.vllm.engine import PACKED_GROUPS
 from grpo_plugins.vllm.sampling import sampling_fields
 from grpo_plugins.vllm.worker_ext import retie_output_embeddings
@@ -98,6 +98,12 @@ class ColocatedEngine:
 
     def fused_modules(self) -> tuple[tuple[str, ...], ...]:
         return self.packed_groups()
+
+    def control_endpoints(self) -> list[ControlEndpoint]:
+        raise NotImplementedError(
+            f"the {self.description} is no server: it takes no control requests (weight sync 'nccl' needs a vLLM "
+            "server: trl.vllm_mode = 'server'; in colocate mode use [plugins] weight_sync = 'vllm_in_memory')"
+        )
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL
+from grpo_core.types import ADAPTER_FROM_PATH, CONTROL_ENDPOINTS, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, ControlEndpoint
 from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, EngineRequestError, VLLMClient, adoption_refusal
 from grpo_plugins.vllm.worker_ext import RETIE_METHOD
 from grpo_plugins.vllm.server import (
@@ -48,6 +48,20 @@ def server_url(context: RunContext) -> str:
     return f"http://{host}:{trl.vllm_server_port}"
 
 
+class ServerControl:
+    """A :class:`~grpo_core.types.ControlEndpoint` over one server's client:
+    its API key and socket, no retries (a control request may not be
+    idempotent)."""
+
+    def __init__(self, client: VLLMClient, description: str) -> None:
+        self._client = client
+        self.description = description
+
+    def request(self, method: str, path: str, body: Mapping[str, Any] | None = None, *, timeout: float | None = None) -> Any:
+        response = self._client.request(method, path, None if body is None else dict(body), timeout=timeout, retry=False)
+        return response.json() if response.content else None
+
+
 class VLLMServerEngine:
     """One vLLM OpenAI server, managed (grpo started it) or external.
 
@@ -58,7 +72,7 @@ class VLLMServerEngine:
     ``trl.vllm_server_base_urls``) or ``replica`` (managed server ``i`` of
     ``[vllm] data_parallel_size``)."""
 
-    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL})
+    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS})
 
     def __init__(self, context: RunContext, *, url: str | None = None, replica: int | None = None) -> None:
         self.context = context
@@ -231,6 +245,11 @@ class VLLMServerEngine:
 
     def fused_modules(self) -> tuple[tuple[str, ...], ...]:
         return PACKED_GROUPS
+
+    def control_endpoints(self) -> list[ControlEndpoint]:
+        """This server, taking authenticated control requests (the ``nccl``
+        sync's weight-transfer routes)."""
+        return [ServerControl(self.client, self.description)]
 
     # ------------------------------------------------------------------ weights
 

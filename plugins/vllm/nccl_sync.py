@@ -7,7 +7,7 @@ vLLM (>= 0.32) ships both halves: the server's RL routes
 ``--weight-transfer-config '{"backend": "nccl"}'``) and the trainer side,
 ``NCCLTrainerWeightTransferEngine``. This module only adapts them to grpo:
 
-* the first sync opens the NCCL group: the trainer is rank 0, the server's
+* the first sync opens the NCCL group: the trainer is rank 0, the servers'
   workers ranks 1..N (``[plugins.nccl] inference_world_size``, default
   ``vllm.tensor_parallel_size x vllm.data_parallel_size``), rendezvous at
   ``master_address:master_port`` (the trainer's address as the server sees
@@ -18,8 +18,14 @@ vLLM (>= 0.32) ships both halves: the server's RL routes
   the server receives them (vLLM runs ``update_weights`` concurrently with the
   broadcast), then finishes the update.
 
-The control-plane requests go through grpo's own vLLM client (API key,
-Unix socket, retries) rather than vLLM's bare ``HTTPVLLMWeightSyncClient``.
+The control-plane requests go through the engine's
+:meth:`~grpo_core.types.InferenceEngine.control_endpoints` (the contract's
+way to reach each server with its API key and socket) rather than vLLM's
+bare ``HTTPVLLMWeightSyncClient``. With several servers (a pool:
+``trl.vllm_server_base_urls`` or managed ``[vllm] data_parallel_size`` > 1)
+every server joins the one NCCL group, server ``i``'s workers at ranks
+``1 + i x workers_per_server`` onwards, and each request reaches all of
+them at once.
 
 Needs CUDA on both sides: refused by ``grpo config check`` on a trainer
 without CUDA. **Unverified on GPU**: the protocol sequence is unit-tested with
@@ -31,13 +37,14 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterator
 
 from pydantic import BaseModel, Field
 
 from grpo_core import hookimpl
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import WEIGHTS_OVER_NCCL, InferenceEngine, SyncResult
+from grpo_core.types import CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL, ControlEndpoint, InferenceEngine, SyncResult
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -67,17 +74,37 @@ def nccl_problem(cuda: bool | None = None) -> str | None:
     return None
 
 
-class _GrpoClient:
-    """vLLM's ``VLLMWeightSyncClient`` protocol over grpo's client (auth, retries)."""
+class _ServersClient:
+    """vLLM's ``VLLMWeightSyncClient`` protocol over every server of the
+    engine (:meth:`InferenceEngine.control_endpoints`: their own API key and
+    socket, no retries).
 
-    def __init__(self, client: Any, timeout: float) -> None:
-        self.client, self.timeout = client, timeout
+    Each request goes to all servers at once and returns when all have
+    answered: ``update_weights`` must, since every server's workers receive
+    the same broadcast inside it. Server ``i``'s workers join the NCCL
+    group at ranks ``1 + i * workers_per_server`` onwards (vLLM's trainer
+    side assumes one server at rank offset 1)."""
+
+    def __init__(self, endpoints: list[ControlEndpoint], workers_per_server: int, timeout: float) -> None:
+        self.endpoints, self.workers_per_server, self.timeout = endpoints, workers_per_server, timeout
+
+    def _post_all(self, path: str, bodies: list[dict[str, Any] | None]) -> None:
+        if len(self.endpoints) == 1:
+            self.endpoints[0].request("POST", path, bodies[0], timeout=self.timeout)
+            return
+        with ThreadPoolExecutor(max_workers=len(self.endpoints), thread_name_prefix="grpo-nccl-ctl") as pool:
+            futures = [pool.submit(e.request, "POST", path, b, timeout=self.timeout) for e, b in zip(self.endpoints, bodies)]
+        for future in futures:
+            future.result()  # the first server's error, if any
 
     def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
-        self.client.request("POST", path, body, timeout=self.timeout, retry=False)
+        self._post_all(path, [body] * len(self.endpoints))
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._post("/init_weight_transfer_engine", {"init_info": init_info})
+        self._post_all(
+            "/init_weight_transfer_engine",
+            [{"init_info": {**init_info, "rank_offset": 1 + i * self.workers_per_server}} for i in range(len(self.endpoints))],
+        )
 
     def shutdown_weight_transfer_engine(self) -> None:
         self._post("/shutdown_weight_transfer_engine")
@@ -111,7 +138,7 @@ class _MergedWeights:
 class NcclSync:
     """``grpo.weight_sync:nccl``."""
 
-    required_capabilities = frozenset({WEIGHTS_OVER_NCCL})
+    required_capabilities = frozenset({WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS})
 
     class Settings(BaseModel):
         master_address: str | None = Field(
@@ -119,7 +146,10 @@ class NcclSync:
         )
         master_port: int = Field(51216, ge=1, le=65535, description="TCP port of the NCCL rendezvous (free on the trainer).")
         inference_world_size: int | None = Field(
-            None, ge=1, description="GPU workers of the vLLM server (default vllm.tensor_parallel_size x vllm.data_parallel_size)."
+            None,
+            ge=1,
+            description="GPU workers of all vLLM servers together, split evenly over them (default: "
+            "vllm.tensor_parallel_size x vllm.data_parallel_size for one server; tensor_parallel_size per server for several).",
         )
         packed: bool = Field(True, description="Broadcast in packed buffers (vLLM's default) rather than tensor by tensor.")
         timeout: float = Field(600.0, gt=0, description="Seconds each control request to the server may take.")
@@ -138,21 +168,31 @@ class NcclSync:
             raise ConfigError(problem)
         return []
 
-    def _world_size(self) -> int:
-        if self.settings.inference_world_size is not None:
-            return 1 + self.settings.inference_world_size
+    def _workers_per_server(self, servers: int) -> int:
+        """GPU workers of each server: ``inference_world_size`` split evenly
+        over the servers, or ``tensor_parallel_size`` per server (times
+        vLLM's own ``data_parallel_size`` when there is one server)."""
         v = self.context.config.vllm
-        return 1 + int(v.tensor_parallel_size) * int(v.data_parallel_size)
+        if self.settings.inference_world_size is None:
+            return int(v.tensor_parallel_size) * (int(v.data_parallel_size) if servers == 1 else 1)
+        per, rest = divmod(self.settings.inference_world_size, servers)
+        if rest or not per:
+            raise ConfigError(
+                f"[plugins.nccl] inference_world_size = {self.settings.inference_world_size} does not split evenly over "
+                f"the {servers} vLLM servers: set it to their GPU workers in all (each server's tensor_parallel_size, summed)."
+            )
+        return per
 
     def _open(self, engine: InferenceEngine) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 
-        client = getattr(engine, "client", None)
-        if client is None or not hasattr(client, "request"):
+        if CONTROL_ENDPOINTS not in engine.capabilities:
             raise ConfigError(
                 f"weight sync 'nccl' talks to a vLLM server's weight-transfer routes, but the engine "
-                f"({engine.description}) is not one: use the 'vllm' rollout (trl.use_vllm = true, server mode)."
+                f"({engine.description}) takes no control requests: use the 'vllm' rollout (trl.use_vllm = true, server mode)."
             )
+        endpoints = engine.control_endpoints()
+        per_server = self._workers_per_server(len(endpoints))
         if self.settings.master_address is None and not engine.same_host:
             raise ConfigError(
                 "weight sync 'nccl' with a vLLM server on another host: set [plugins.nccl] master_address to this "
@@ -162,11 +202,11 @@ class NcclSync:
             rank=0,  # the single sending trainer process
             master_address=self.settings.master_address or "127.0.0.1",
             master_port=self.settings.master_port,
-            world_size=self._world_size(),
+            world_size=1 + per_server * len(endpoints),
             packed=self.settings.packed,
         )
         self._transfer = NCCLTrainerWeightTransferEngine.trainer_init(
-            info, client=_GrpoClient(client, self.settings.timeout), source=self._source
+            info, client=_ServersClient(endpoints, per_server, self.settings.timeout), source=self._source
         )
 
     @hookimpl

