@@ -11,6 +11,13 @@ so backward also holds one chunk of logits at a time instead of all of them.
 Semantics follow TRL: the logits are divided by the sampling temperature
 before the softmax, and the returned entropy is that of the tempered
 distribution (in nats).
+
+Shared prompts (``share_prompts``): the ``num_generations`` completions of a
+group repeat one prompt, so a micro-batch holds few distinct prompts. Each
+distinct prompt then runs through the decoder once, and its keys/values are
+reused by every completion that follows it: the same log-probs and gradients
+(to float rounding; autograd sums the gradient of a reused prompt over its
+completions) for far fewer tokens through the model.
 """
 
 from __future__ import annotations
@@ -90,6 +97,52 @@ def _chunk_logps(
     return logps, entropy
 
 
+def _shares_exactly(body: Any) -> bool:
+    """Whether reusing a prompt's keys/values gives what running it again
+    would: not while gradient checkpointing drops the cache in training, nor
+    while dropout draws a fresh mask for every row."""
+    training = body.training and torch.is_grad_enabled()
+    if not training:
+        return True
+    if getattr(body, "is_gradient_checkpointing", False):
+        return False
+    config = getattr(body, "config", None)
+    if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+        return False
+    return not any(isinstance(m, torch.nn.Dropout) and m.p > 0 and m.training for m in body.modules())
+
+
+def _is_plain_cache(cache: Any) -> bool:
+    """A full key/value cache per layer (no sliding window, no recurrent state)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return type(cache) is DynamicCache and bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _shared_prompt_hidden(body: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, c: int) -> torch.Tensor | None:
+    """Hidden states ``[B, C, H]`` that predict the completion tokens, with
+    each distinct (left-padded) prompt run once; ``None`` where nothing is
+    shared or sharing would not be exact (the caller then runs every row)."""
+    batch, length = input_ids.shape
+    p = length - c
+    prompt_ids, prompt_mask = input_ids[:, :p], attention_mask[:, :p]
+    key = torch.where(prompt_mask.bool(), prompt_ids, torch.full_like(prompt_ids, -1))
+    unique, row_prompt = torch.unique(key, dim=0, return_inverse=True)
+    if unique.shape[0] == batch or not _shares_exactly(body):
+        return None
+    rows = torch.arange(batch, device=input_ids.device)
+    first = torch.empty(unique.shape[0], dtype=torch.long, device=input_ids.device).scatter_(0, row_prompt, rows)
+    prefix = body(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], use_cache=True)
+    cache = prefix.past_key_values
+    if not _is_plain_cache(cache):
+        return None
+    cache.batch_select_indices(row_prompt)  # an indexing op: gradients flow back to the shared prompt
+    rest = body(input_ids=input_ids[:, p:], attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+    # the last prompt position predicts the first completion token; completion positions the rest
+    return torch.cat([prefix.last_hidden_state[row_prompt, -1:], rest.last_hidden_state[:, :-1]], dim=1)
+
+
 def token_logprobs(
     model: Any,
     input_ids: torch.Tensor,
@@ -99,6 +152,7 @@ def token_logprobs(
     with_entropy: bool = False,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     body: Any = None,
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the last ``num_completion_tokens`` tokens of ``input_ids``.
 
@@ -108,7 +162,9 @@ def token_logprobs(
     caller masks them. Works for a plain HF causal LM and a PEFT-wrapped one,
     with or without gradients. ``body``: a compiled handle of the model's
     decoder body to run instead of the body itself (``torch_compile``,
-    :mod:`grpo_core.compile`).
+    :mod:`grpo_core.compile`). ``share_prompts``: run each distinct prompt
+    once (module docstring); ignored with a compiled ``body``, and where it
+    cannot be exact (see :func:`_shared_prompt_hidden`).
     """
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
@@ -122,10 +178,12 @@ def token_logprobs(
     plain_body, head = _decoder_and_head(model)
     body = plain_body if body is None else body
     scale, softcap = _logit_transform(_unwrap_peft(model))
-    outputs = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    # Position t predicts token t+1: the C completion tokens come from the C
-    # positions just before them.
-    hidden = outputs.last_hidden_state[:, -c - 1 : -1, :]
+    hidden = _shared_prompt_hidden(plain_body, input_ids, attention_mask, c) if share_prompts and body is plain_body else None
+    if hidden is None:
+        outputs = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        # Position t predicts token t+1: the C completion tokens come from the C
+        # positions just before them.
+        hidden = outputs.last_hidden_state[:, -c - 1 : -1, :]
     targets = input_ids[:, -c:]
     flat_hidden = hidden.reshape(batch * c, hidden.size(-1))
     flat_targets = targets.reshape(batch * c)

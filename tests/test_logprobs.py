@@ -197,3 +197,87 @@ def test_rejects_bad_arguments(model, batch):
         token_logprobs(model, ids, mask, ids.size(1))
     with pytest.raises(GrpoError, match="causal LM"):
         token_logprobs(model.model, ids, mask, c)
+
+
+# ----------------------------------------------------------------------------- shared prompts
+
+
+@pytest.fixture(scope="module")
+def grouped_batch(smollm2_tokenizer):
+    """Two prompts of different lengths, three completions each (a GRPO
+    micro-batch: rows of a group repeat their prompt), rows interleaved as
+    the length sort leaves them."""
+    tok = smollm2_tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    prompts = [tok("What is 3 + 4?", add_special_tokens=False)["input_ids"], tok("Hi", add_special_tokens=False)["input_ids"]]
+    texts = [" It is 7.", " Seven", " 3 + 4 = 7, so seven", " Hello there", " Hi!", " Good morning to you"]
+    rows = [(prompts[i // 3], tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]) for i, t in enumerate(texts)]
+    rows = [rows[i] for i in (0, 3, 1, 4, 2, 5)]
+    lp, lc = max(len(p) for p, _ in rows), max(len(c) for _, c in rows)
+    ids = [[pad] * (lp - len(p)) + p + c + [pad] * (lc - len(c)) for p, c in rows]
+    masks = [[0] * (lp - len(p)) + [1] * (len(p) + len(c)) + [0] * (lc - len(c)) for p, c in rows]
+    cmask = [[1] * len(c) + [0] * (lc - len(c)) for _, c in rows]
+    return torch.tensor(ids), torch.tensor(masks), torch.tensor(cmask, dtype=torch.float32), lc
+
+
+def _tokens_through(model, fn) -> int:
+    """Token positions the decoder's embedding layer processed while ``fn`` ran."""
+    from grpo_core.logprobs import _decoder_and_head
+
+    seen = []
+    handle = _decoder_and_head(model)[0].embed_tokens.register_forward_hook(lambda _m, args, _out: seen.append(args[0].numel()))
+    try:
+        fn()
+    finally:
+        handle.remove()
+    return sum(seen)
+
+
+def test_shared_prompts_match_naive_values_and_lora_gradients(lora_model, grouped_batch):
+    """Each distinct prompt runs once (fewer tokens through the model), and
+    log-probs, entropies and the LoRA gradients are those of running every row."""
+    ids, mask, cmask, c = grouped_batch
+    params = [p for p in lora_model.parameters() if p.requires_grad]
+    lora_model.train()  # the training path (no dropout in this adapter: sharing stays exact)
+    try:
+        out: dict[str, tuple] = {}
+        tokens = _tokens_through(lora_model, lambda: out.setdefault("shared", token_logprobs(
+            lora_model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, chunk_size=16, share_prompts=True)))
+        lp, ent = out["shared"]
+        ours = torch.autograd.grad(_objective(lp, ent, cmask), params)
+        ref_lp, ref_ent = naive(lora_model, ids, mask, c, TEMPERATURE)
+        ref = torch.autograd.grad(_objective(ref_lp, ref_ent, cmask), params)
+    finally:
+        lora_model.eval()
+    batch, length = ids.shape
+    assert tokens == 2 * (length - c) + batch * c < batch * length
+    # The attention runs on other shapes (a cached prefix), so float32 rounds differently: up to 6.3e-5
+    # on a log-prob of -23 here (2.7e-6 relative); a wrong position or mask moves log-probs by > 0.05.
+    shared = {"atol": 5e-5, "rtol": 1e-5}
+    torch.testing.assert_close(lp.detach(), ref_lp.detach(), **shared)
+    torch.testing.assert_close(ent.detach(), ref_ent.detach(), **shared)
+    for g, r in zip(ours, ref):
+        torch.testing.assert_close(g, r, **GRAD)
+    assert max(float(r.abs().max()) for r in ref) > 0
+
+
+def test_shared_prompts_fall_back_where_sharing_would_not_be_exact(model, lora_model, batch, grouped_batch):
+    """Rows that share nothing, dropout drawing a mask per row, and gradient
+    checkpointing (which drops the cache in training) all run every row whole."""
+    from peft import LoraConfig, get_peft_model
+
+    ids, mask, _, c = batch  # three different prompts
+    whole = ids.numel()
+    with torch.no_grad():
+        assert _tokens_through(model, lambda: token_logprobs(model, ids, mask, c, share_prompts=True)) == whole
+    g_ids, g_mask, _, g_c = grouped_batch
+    dropout = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, target_modules=["q_proj"], lora_dropout=0.1))
+    dropout.train()
+    assert _tokens_through(dropout, lambda: token_logprobs(dropout, g_ids, g_mask, g_c, share_prompts=True)) == g_ids.numel()
+    with torch.no_grad():  # evaluation (no dropout, no backward): shared again
+        dropout.eval()
+        assert _tokens_through(dropout, lambda: token_logprobs(dropout, g_ids, g_mask, g_c, share_prompts=True)) < g_ids.numel()
+    checkpointed = copy.deepcopy(lora_model)
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointed.train()
+    assert _tokens_through(checkpointed, lambda: token_logprobs(checkpointed, g_ids, g_mask, g_c, share_prompts=True)) == g_ids.numel()

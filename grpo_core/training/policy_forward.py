@@ -34,11 +34,13 @@ class PolicyLogprobs(torch.nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = False,
         body: Any = None,
+        share_prompts: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``body``: the policy's compiled decoder body (``torch_compile``), if any."""
+        """``body``: the policy's compiled decoder body (``torch_compile``), if any;
+        ``share_prompts``: run each distinct prompt once (:func:`token_logprobs`)."""
         return token_logprobs(
             self.policy, input_ids, attention_mask, num_completion_tokens, temperature=temperature, with_entropy=with_entropy,
-            body=body,
+            body=body, share_prompts=share_prompts,
         )
 
 

@@ -110,6 +110,8 @@ class GRPOTrainer:
         from grpo_core.compile import compile_policy
 
         self.compiled_body = compile_policy(cfg, parts.model)  # None unless torch_compile
+        # sharded engines call the body twice per forward: not verified there yet
+        self.share_prompts = bool(cfg.share_prompt_prefix) and not (cfg.fsdp or cfg.deepspeed)
         if self.compiled_body is not None:
             parts.context.log(f"torch_compile: the decoder body is compiled (backend "
                               f"{cfg.torch_compile_backend or 'inductor'}) at the first training forward")
@@ -300,7 +302,7 @@ class GRPOTrainer:
         """Log-probs of ``mb`` under ``model``; the policy goes through the
         prepared module, whose forward DDP/FSDP/DeepSpeed wrap."""
         args = (mb.input_ids.to(self.device), mb.attention_mask.to(self.device), mb.num_completion_tokens)
-        kwargs = {"temperature": float(self.trl.temperature or 1.0), "with_entropy": with_entropy}
+        kwargs = {"temperature": float(self.trl.temperature or 1.0), "with_entropy": with_entropy, "share_prompts": self.share_prompts}
         with self.precision.autocast(self.device.type):  # bf16/fp16 compute; log-probs come back in float32
             # the policy's compiled body (torch_compile); the reference runs eager
             body = self.compiled_body if model is self.parts.model else None
