@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -192,22 +193,27 @@ def accelerator_kwargs(world: int) -> dict[str, Any]:
 
     accelerate drops the DeepSpeed plugin when told ``cpu=True``, and without
     it picks no backend on a machine without GPUs (each process would then
-    think it is alone). So on CPU it is given gloo explicitly; under a
-    launcher DeepSpeed joins the processes with it, and a single process
-    joins a process group of one here (DeepSpeed needs one)."""
+    think it is alone). So on CPU it is given gloo explicitly and DeepSpeed
+    joins the launcher's processes with it. A single process (no launcher)
+    joins a process group of one here: DeepSpeed needs one and would
+    otherwise look for MPI."""
     import torch
 
-    if torch.cuda.is_available():
-        return {}
-    from accelerate.utils import InitProcessGroupKwargs
-
+    cuda = torch.cuda.is_available()
     if world == 1 and not torch.distributed.is_initialized():
         import socket
 
         with socket.socket() as sock:  # a free port for the group of one
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                             world_size=1)  # fmt: skip
+        os.environ.setdefault("LOCAL_RANK", "0")  # the engine asserts a launcher set it
+        return {}  # accelerate then sees one process (its own rank bookkeeping), DeepSpeed finds the group
+    if cuda:
+        return {}
+    from accelerate.utils import InitProcessGroupKwargs
+
     return {"kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
 
 
