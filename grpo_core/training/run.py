@@ -196,6 +196,12 @@ def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> t
 
     accelerator = make_accelerator(cfg)
     context.log(f"loading model from {model_dir}")
+    if cfg.deepspeed:
+        # Under ZeRO-3 accelerate leaves transformers believing it should load the model already
+        # partitioned (zero.Init); grpo loads it whole (rank 0 copies it first) and the engine partitions it.
+        from transformers.integrations import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
     model = load_policy(cfg, model_dir, context.tokenizer)
     full: Any = FullWeights(model, accelerator.is_main_process) if cfg.fsdp else None
     if cfg.deepspeed:
