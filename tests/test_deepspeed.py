@@ -143,7 +143,8 @@ def test_zero3_lora_with_async_prefetch_matches_one_process_and_resumes_exactly(
     """ZeRO-3 partitions the parameters: the checkpoints' weights are gathered; the prefetch thread issues no
     collectives (a hang here would be the deadlock the reference warns of)."""
     tmp, model = dsdir
-    lora = {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "learning_rate": 5e-2}
+    # gradient checkpointing: reentrant under ZeRO-3 (grpo's default there), non-reentrant in the 1-process run
+    lora = {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "learning_rate": 5e-2, "gradient_checkpointing": True}
     sharded = write_config(tmp, "zero3", model, **common(deepspeed=str(tmp / "zero3.json"), **lora,
                                                           trl={"async_prefetch": True}))  # fmt: skip
     single = write_config(tmp, "single", model, **common(gradient_accumulation_steps=4, **lora))
@@ -181,3 +182,20 @@ def test_a_deepspeed_checkpoint_is_refused_on_another_process_count_or_without_d
     plain = LoadedCheckpoint(tmp_path / "x", {"step": 2}, {}, {}, {}, {})
     with pytest.raises(GrpoError, match="was not written with `deepspeed`"):
         GRPOTrainer._resume_deepspeed(alone, tmp_path / "x", plain)
+
+
+class _NotPlain:
+    """Stands for anything DeepSpeed's full unpickler would rebuild by running code."""
+
+
+def test_deepspeed_files_are_read_with_the_restricted_unpickler_before_deepspeed_reads_them(tmp_path: Path) -> None:
+    from grpo_core.training.safe_load import UnsafeCheckpoint
+    from grpo_core.training.zero import CHECKPOINT_TAG, check_files
+
+    files = tmp_path / CHECKPOINT_TAG
+    files.mkdir()
+    torch.save({"module": {"w": torch.ones(2)}, "ds_version": "0.19.8"}, files / "mp_rank_00_model_states.pt")
+    check_files(tmp_path)  # tensors and plain data pass
+    torch.save({"optimizer_state_dict": _NotPlain()}, files / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    with pytest.raises(UnsafeCheckpoint, match="zero_pp_rank_0_mp_rank_00_optim_states.pt"):
+        check_files(tmp_path)
