@@ -227,7 +227,7 @@ def load_policy(cfg: GRPOConfig, model_dir: str, tokenizer: Any) -> nn.Module:
     model.config.pad_token_id = tokenizer.pad_token_id
 
     if cfg.gradient_checkpointing:
-        kwargs = dict(cfg.gradient_checkpointing_kwargs or {"use_reentrant": False})
+        kwargs = gradient_checkpointing_kwargs(cfg)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         model.config.use_cache = False
         if cfg.adapter == "lora":
@@ -374,3 +374,16 @@ def save_final(model: nn.Module, tokenizer: Any, output_dir: str | Path, safeten
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out
+
+
+def gradient_checkpointing_kwargs(cfg: GRPOConfig) -> dict[str, Any]:
+    """``gradient_checkpointing_kwargs`` with ``use_reentrant`` defaulted:
+    false (non-reentrant, what FSDP needs), but true under DeepSpeed ZeRO-3,
+    whose partitioned parameters fail non-reentrant recomputation's
+    metadata check (an explicit false there is refused by the config checks)."""
+    kwargs = dict(cfg.gradient_checkpointing_kwargs or {})
+    if "use_reentrant" not in kwargs:
+        from grpo_core.training.zero import zero_stage
+
+        kwargs["use_reentrant"] = bool(cfg.deepspeed) and zero_stage(cfg) == 3
+    return kwargs

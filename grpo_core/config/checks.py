@@ -34,15 +34,7 @@ class _Unimplemented:
 
 
 # Shrink this list as features land (and add a test that the option works).
-NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = (
-    _Unimplemented(
-        "deepspeed",
-        lambda c: c.deepspeed is not None,
-        "DeepSpeed is not wired into the loop: its engine steps, accumulates and clips inside backward, which grpo's "
-        "agreed micro-batch skipping and global-token normalisation would have to be rebuilt around. Use "
-        "fsdp = [\"full_shard\", \"auto_wrap\"] (ZeRO-3-like sharding through accelerate) meanwhile",
-    ),
-)
+NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = ()
 
 def implementation_names(cfg: GRPOConfig) -> dict[str, str]:
     """The implementation each extension point will load, by name: the
@@ -154,9 +146,43 @@ def _process_checks(cfg: GRPOConfig, names: dict[str, str], world: int, errors: 
         )
 
 
+def _deepspeed_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str]) -> None:
+    """``deepspeed``: what in its JSON grpo cannot run as written, and, under
+    ZeRO-3 (partitioned parameters), what needs the whole model in one process."""
+    if not cfg.deepspeed:
+        return
+    from grpo_core.training.zero import config_problems, read_config
+
+    try:
+        errors.extend(config_problems(cfg, read_config(cfg.deepspeed)))
+    except ConfigError as exc:
+        errors.append(str(exc))
+        return
+    if names.get("policy_loss") == "liger":
+        errors.append("policy_loss 'liger' (trl.use_liger_loss) with deepspeed: the fused loss runs the decoder outside "
+                      "the DeepSpeed engine's forward, which is not wired; use the built-in loss, or fsdp.")  # fmt: skip
+    if cfg.fp8:
+        errors.append("fp8 with deepspeed: accelerate's fp8 path under DeepSpeed (MS-AMP / Transformer Engine) is not "
+                      "wired; set fp8 = false, or use fp8 without deepspeed.")  # fmt: skip
+    if _zero_stage(cfg.deepspeed) != 3:
+        return
+    if names["rollout"] == "transformers":
+        errors.append(
+            "deepspeed ZeRO-3 with the transformers rollout: it samples with the trainer's own model, whose parameters "
+            "ZeRO-3 partitions over the processes, and only rank 0 samples. Use a vLLM server (trl.use_vllm = true), a "
+            "trl.rollout_func, or ZeRO stage 2."
+        )
+    if float(cfg.trl.beta or 0) > 0:
+        errors.append(
+            "deepspeed ZeRO-3 with trl.beta > 0: the KL reference model is not partitioned (not implemented); set "
+            "trl.beta = 0, or use ZeRO stage 2."
+        )
+
+
 def _sharding_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str]) -> None:
     """``fsdp`` / ``fsdp_config``: options accelerate's plugin cannot take, and
     combinations that need the unsharded model in one process."""
+    _deepspeed_checks(cfg, names, errors)
     if not (cfg.fsdp or cfg.fsdp_config):
         return
     from grpo_core.training.sharding import fsdp_problems

@@ -340,7 +340,7 @@ class GRPOConfig(_Table):
 
     fsdp: list[str] | None = None
     fsdp_config: dict[str, Any] | None = None
-    deepspeed: str | None = None
+    deepspeed: str | None = Field(None, description="A DeepSpeed JSON, ZeRO stage 2 or 3; its 'auto' values come from this config (see Scaling out).")
 
     output_dir: Path = Path("./grpo-output")
     logging_steps: int = Field(1, ge=1)

@@ -102,8 +102,13 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     extra_state: dict[str, Any],
     total_limit: int | None = None,
+    extra_dirs: dict[str, Path] | None = None,
 ) -> Path:
     """Write ``output_dir/checkpoint-<step>`` atomically and prune old ones.
+
+    ``extra_dirs`` (name -> a directory already written, e.g. DeepSpeed's
+    per-rank partitions) are moved inside before the checkpoint is renamed
+    into place, so they are part of the same all-or-nothing write.
 
     Raises :class:`StorageError` when the files cannot be written: the
     libraries that write them (torch, safetensors, tokenizers) report a full
@@ -127,6 +132,8 @@ def save_checkpoint(
         torch.save(scheduler_state, tmp / "scheduler.pt")
         torch.save(rng, tmp / "rng_state.pt")
         torch.save(extra_state, tmp / "extra_state.pt")
+        for name, directory in (extra_dirs or {}).items():
+            shutil.move(str(directory), str(tmp / name))
         (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=2))
         _fsync_tree(tmp)
         _move_into_place(tmp, final)
@@ -242,7 +249,7 @@ class LoadedCheckpoint:
 
     path: Path
     trainer_state: dict[str, Any]
-    optimizer: dict[str, Any]
+    optimizer: dict[str, Any] | None
     scheduler: dict[str, Any]
     rng: dict[str, Any]
     extra: dict[str, Any]
@@ -279,7 +286,8 @@ def read_checkpoint(path: Path) -> LoadedCheckpoint:
 def restore_checkpoint(loaded: LoadedCheckpoint, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
     """Put a :func:`read_checkpoint` result's optimizer, scheduler and RNG
     state into place (the model weights are loaded by the caller)."""
-    optimizer.load_state_dict(loaded.optimizer)
+    if loaded.optimizer is not None:  # None: the caller restored it (DeepSpeed's own files)
+        optimizer.load_state_dict(loaded.optimizer)
     scheduler.load_state_dict(loaded.scheduler)
     set_rng_state(loaded.rng)
 

@@ -168,8 +168,14 @@ def make_accelerator(cfg: GRPOConfig) -> Any:
     from grpo_core.training.distributed import world_size
     from grpo_core.training.sharding import enable_fsdp_on_cpu, sharding_plugins
 
-    kwargs: dict[str, Any] = {**sharding_plugins(cfg), **accelerator_kwargs(cfg)}  # fp8: torchao Float8Linear at prepare
-    if world_size() > 1 and not torch.cuda.is_available():
+    world = world_size()
+    kwargs: dict[str, Any] = {**sharding_plugins(cfg, world), **accelerator_kwargs(cfg)}  # fp8: torchao Float8Linear at prepare
+    # (DeepSpeed: accelerate ignores the plugin when told cpu=True; without GPUs it joins the processes over gloo itself)
+    if "deepspeed_plugin" in kwargs:
+        from grpo_core.training.zero import accelerator_kwargs as deepspeed_kwargs
+
+        kwargs.update(deepspeed_kwargs(world))
+    elif world > 1 and not torch.cuda.is_available():
         kwargs["cpu"] = True
     accelerator = Accelerator(**kwargs)
     enable_fsdp_on_cpu(accelerator, kwargs.get("fsdp_plugin"))
@@ -190,11 +196,23 @@ def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> t
 
     accelerator = make_accelerator(cfg)
     context.log(f"loading model from {model_dir}")
+    if cfg.deepspeed:
+        # Under ZeRO-3 accelerate leaves transformers believing it should load the model already
+        # partitioned (zero.Init); grpo loads it whole (rank 0 copies it first) and the engine partitions it.
+        from transformers.integrations import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
     model = load_policy(cfg, model_dir, context.tokenizer)
     # One process has nothing to shard over (accelerate runs it unsharded): no FSDP machinery then.
-    full = FullWeights(model, accelerator.is_main_process) if cfg.fsdp and is_sharded(accelerator) else None
+    full: Any = FullWeights(model, accelerator.is_main_process) if cfg.fsdp and is_sharded(accelerator) else None
     if cfg.fsdp and full is None:
         context.log("fsdp: one process has nothing to shard over; training unsharded (checkpoints load either way)")
+    if cfg.deepspeed:
+        from grpo_core.training import zero
+
+        zero.fill_model_autos(accelerator.state.deepspeed_plugin.deepspeed_config, model.config)
+        if zero.zero_stage(cfg) == 3:  # partitioned parameters: rank 0 keeps a full copy for syncs and saves
+            full = zero.Zero3FullWeights(model, accelerator.is_main_process, trainable_only=cfg.adapter == "lora")
     optimizer = build_optimizer(cfg, model)
     forward, optimizer = accelerator.prepare(PolicyLogprobs(model), optimizer)
     model = inner_policy(forward)
@@ -264,7 +282,9 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
         accelerator, model, forward, optimizer, scheduler, reference, full = _load_model_parts(cfg, context, model_dir)
         dist = Distributed.from_accelerator(accelerator)
         if dist.active:
-            kind = "FSDP" if full is not None else "DDP"
+            from grpo_core.training.sharding import sharding_name
+
+            kind = sharding_name(cfg, dist.world)
             context.log(f"process {dist.rank} of {dist.world} ({kind}, {accelerator.device})")
         model_holder["model"] = model
         stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)

@@ -110,10 +110,14 @@ def fsdp_plugin(cfg: GRPOConfig) -> Any:
     return FullyShardedDataParallelPlugin(**kwargs)
 
 
-def sharding_plugins(cfg: GRPOConfig) -> dict[str, Any]:
+def sharding_plugins(cfg: GRPOConfig, world: int = 1) -> dict[str, Any]:
     """Keyword arguments for :class:`accelerate.Accelerator` (empty: DDP, or one process)."""
     if cfg.fsdp:
         return {"fsdp_plugin": fsdp_plugin(cfg)}
+    if cfg.deepspeed:
+        from grpo_core.training.zero import deepspeed_plugin
+
+        return {"deepspeed_plugin": deepspeed_plugin(cfg, world)}
     return {}
 
 
@@ -177,7 +181,10 @@ def full_weights_for_sync(parts: Any, version: int) -> Iterator[Any]:
 def sharding_name(cfg: GRPOConfig, world: int) -> str:
     """How the model is spread over the processes, for ``grpo config check``."""
     if cfg.deepspeed:
-        return f"DeepSpeed {cfg.deepspeed}"
+        from grpo_core.training.zero import zero_stage
+
+        stage = zero_stage(cfg)
+        return f"DeepSpeed ZeRO-{stage if stage is not None else '?'} ({cfg.deepspeed})"
     if cfg.fsdp and world > 1:
         return "FSDP " + " ".join(cfg.fsdp)
     if cfg.fsdp:

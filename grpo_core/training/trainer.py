@@ -107,6 +107,10 @@ class GRPOTrainer:
         self.timings: list[dict[str, float]] = []  # each step's metrics, for the end-of-run time shares
         self.device = parts.accelerator.device
         self.precision = resolve_precision(cfg, self.device.type)
+        from grpo_core.training.zero import DeepSpeedStep, engine_of
+
+        engine = engine_of(parts.accelerator, parts.forward)
+        self.deepspeed = DeepSpeedStep(engine) if engine is not None else None  # backward/step through the engine
         from grpo_core.compile import compile_policy
 
         self.compiled_body = compile_policy(cfg, parts.model)  # None unless torch_compile
@@ -177,22 +181,34 @@ class GRPOTrainer:
                 old_logps = [o for _, o in gathered]
         path = self.output_dir / f"{ckpt.PREFIX}{self.step}"
         model, optimizer = self.parts.model, self.parts.optimizer
-        if self.parts.full_weights is not None:  # sharded: gather full weights and optimizer state (collectives)
-            from grpo_core.training import sharding
+        from grpo_core.training import sharding
 
+        staged: dict[str, Path] = {}
+        if self.deepspeed is not None:  # every rank writes its ZeRO partition, moved into the checkpoint by rank 0
+            from grpo_core.training import zero
+
+            staging = self.output_dir / f".tmp-{ckpt.PREFIX}{self.step}-{zero.CHECKPOINT_DIR}"
+            self.deepspeed.save(staging, trainable_only=self.cfg.adapter == "lora")
+            self.dist.barrier()
+            staged[zero.CHECKPOINT_DIR] = staging
+            optimizer = sharding._StateOf({"deepspeed": f"{zero.CHECKPOINT_DIR}/ (per-rank ZeRO partitions)"})
+        if self.parts.full_weights is not None:  # sharded: gather full weights (collectives)
             model = self.parts.full_weights.refresh(self.parts.accelerator, self.parts.forward, self.policy_version)
-            optimizer = sharding._StateOf(sharding.full_optimizer_state(self.parts.forward, self.parts.optimizer))
+            if self.deepspeed is None:  # FSDP: and the optimizer state, keyed by name
+                optimizer = sharding._StateOf(sharding.full_optimizer_state(self.parts.forward, self.parts.optimizer))
         if self.dist.is_main:
             extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
             extra["pending_batch"] = pending
             extra["pending_old_logps"] = old_logps
             extra["pending_world_size"] = self.dist.world
             extra["prefetched_batches"] = self._prefetched_batches()
-            path = self._write_checkpoint(extra, model, optimizer)
+            if self.deepspeed is not None:
+                extra["deepspeed_world_size"] = self.dist.world
+            path = self._write_checkpoint(extra, model, optimizer, staged)
         self.dist.barrier()
         return path
 
-    def _write_checkpoint(self, extra: dict[str, Any], model: Any, optimizer: Any) -> Path:
+    def _write_checkpoint(self, extra: dict[str, Any], model: Any, optimizer: Any, staged: dict[str, Path] | None = None) -> Path:
         return ckpt.save_checkpoint(
             self.output_dir,
             self.step,
@@ -203,6 +219,7 @@ class GRPOTrainer:
             self.trainer_state(),
             extra,
             self.cfg.save_total_limit,
+            extra_dirs=staged,
         )
 
     def _pending_batch(self) -> ScoredBatch | None:
@@ -245,7 +262,13 @@ class GRPOTrainer:
         :func:`~grpo_core.training.checkpoint.read_checkpoint` result when the
         caller checked it early (before the model loaded)."""
         loaded = loaded or ckpt.read_checkpoint(path)
-        if self.parts.full_weights is not None:  # sharded: rank 0 reads, every rank takes its shards
+        if self.deepspeed is not None:
+            self._resume_deepspeed(path, loaded)
+        elif "deepspeed_world_size" in loaded.extra:
+            raise GrpoError(f"resume_from_checkpoint = \"{path}\" was written with `deepspeed` (ZeRO partitions of "
+                            f"{loaded.extra['deepspeed_world_size']} process(es)): resume it with the same `deepspeed` "
+                            "config and process count.")  # fmt: skip
+        elif self.parts.full_weights is not None:  # sharded: rank 0 reads, every rank takes its shards
             from grpo_core.training import sharding
 
             full = self.parts.full_weights
@@ -292,6 +315,23 @@ class GRPOTrainer:
             self._set_batch(pending, old_logps=old_logps)
         # After the stream: restoring moves it past these batches.
         self.parts.producer.restore(list(extra.get("prefetched_batches") or []))
+
+    def _resume_deepspeed(self, path: Path, loaded: ckpt.LoadedCheckpoint) -> None:
+        """Each rank reads its ZeRO partition back; the optimizer state is
+        there, not in optimizer.pt (only the same process count fits)."""
+        from grpo_core.training import zero
+
+        saved = loaded.extra.get("deepspeed_world_size")
+        if saved is None or not (path / zero.CHECKPOINT_DIR).is_dir():
+            raise GrpoError(f"resume_from_checkpoint = \"{path}\" was not written with `deepspeed`: its weights and "
+                            "optimizer state are not in DeepSpeed's layout. Resume it without `deepspeed` (same sharding "
+                            "as when it was written), or start this DeepSpeed run without resume_from_checkpoint.")  # fmt: skip
+        if int(saved) != self.dist.world:
+            raise GrpoError(f"resume_from_checkpoint = \"{path}\" holds DeepSpeed ZeRO partitions of {saved} process(es) "
+                            f"and this run has {self.dist.world}: resume with --num-processes {saved}. (Its model/ "
+                            "folder holds the full weights: start a new run from them as base_model to change the count.)")  # fmt: skip
+        self.deepspeed.load(path / zero.CHECKPOINT_DIR)
+        loaded.optimizer = None  # restored with the partitions: restore the rest
 
     # ---------------------------------------------------------------- pieces
 
@@ -404,12 +444,14 @@ class GRPOTrainer:
         # Every rank runs the same backward passes (each one is an all-reduce):
         # a micro-batch is skipped only where no rank has a learning signal.
         signal = self.dist.any([mb.has_signal for mb in step_micro])
-        for mb, any_signal in zip(step_micro, signal, strict=True):
-            if trl.skip_zero_advantage_batches and not any_signal and float(trl.beta) == 0:
+        skip = trl.skip_zero_advantage_batches and float(trl.beta) == 0
+        to_train = [i for i, any_signal in enumerate(signal) if any_signal or not skip]
+        for i, mb in enumerate(step_micro):
+            if i not in to_train:
                 self.skipped_zero_adv_batches += 1
                 continue
             with clock.phase("forward_backward"):
-                loss, m = self._micro_batch_loss(model, mb, accumulation_steps, step_metrics)
+                loss, m = self._micro_batch_loss(model, mb, accumulation_steps, step_metrics, last=i == to_train[-1])
             trained += 1
             num_tokens += int(mb.attention_mask.sum())
             loss_total += float(loss.detach())  # micro-batch losses are pre-scaled: their sum is the step's loss
@@ -417,7 +459,9 @@ class GRPOTrainer:
                 step_metrics.setdefault(key, []).append(float(value))
         grad_norm = 0.0
         with clock.phase("optimizer"):
-            if trained:
+            if trained and self.deepspeed is not None:  # the engine clips, steps and zeroes (grpo_core.training.zero)
+                grad_norm = self.deepspeed.step()
+            elif trained:
                 params = [p for p in model.parameters() if p.requires_grad]
                 norm = self.parts.accelerator.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
                 grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
@@ -430,9 +474,11 @@ class GRPOTrainer:
         return self._step_metrics(batch, fresh, step_metrics, loss_total, grad_norm, lr, num_tokens, trained)
 
     def _micro_batch_loss(
-        self, model: torch.nn.Module, mb: MicroBatch, accumulation_steps: int, step_metrics: dict[str, list[float]]
+        self, model: torch.nn.Module, mb: MicroBatch, accumulation_steps: int, step_metrics: dict[str, list[float]],
+        last: bool = True,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The ``policy_loss`` implementation's loss of one micro-batch, then backward."""
+        """The ``policy_loss`` implementation's loss of one micro-batch, then
+        backward (``last``: the step's last trained micro-batch)."""
         inputs = PolicyLossInputs(
             settings=self.loss_settings,
             targets=mb.input_ids[:, -mb.num_completion_tokens :].to(self.device),
@@ -451,7 +497,10 @@ class GRPOTrainer:
             is_weights=lambda trainer_logps: self._is_weights(mb, trainer_logps, step_metrics),
         )
         loss, m = self.parts.hook.grpo_policy_loss(inputs=inputs)
-        self.parts.accelerator.backward(loss)
+        if self.deepspeed is not None:
+            self.deepspeed.backward(loss, last)
+        else:
+            self.parts.accelerator.backward(loss)
         return loss, m
 
     def _step_metrics(
