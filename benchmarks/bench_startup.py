@@ -82,7 +82,7 @@ def _grpo_run() -> dict[str, float]:
     """Seconds from spawn of ``grpo run`` to each event in :data:`EVENTS`."""
     with tempfile.TemporaryDirectory(prefix="grpo-startup-") as tmp:
         argv = [PYTHON, "-m", "grpo_core.cli", "run", str(CONFIG), "--set", "max_steps=1",
-                "--set", f'output_dir="{Path(tmp) / "out"}"', "--set", "save_steps=0"]  # fmt: skip
+                "--set", f'output_dir="{Path(tmp) / "out"}"']  # fmt: skip
         started = time.monotonic()
         seen: dict[str, float] = {}
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

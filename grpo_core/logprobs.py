@@ -99,10 +99,10 @@ def _chunk_logps(
 
 def _shares_exactly(body: Any) -> bool:
     """Whether reusing a prompt's keys/values gives what running it again
-    would: not while gradient checkpointing drops the cache in training, nor
-    while dropout draws a fresh mask for every row."""
-    training = body.training and torch.is_grad_enabled()
-    if not training:
+    would: not while gradient checkpointing drops the cache in training mode,
+    nor while dropout draws a fresh mask for every row (training mode, with
+    or without gradients)."""
+    if not body.training:
         return True
     if getattr(body, "is_gradient_checkpointing", False):
         return False
