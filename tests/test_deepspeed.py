@@ -132,12 +132,17 @@ def test_zero2_and_zero3_full_finetune_match_one_process_and_resume_exactly(dsdi
 
     resumed = write_config(tmp, "zero2_resumed", model, **common(deepspeed=str(tmp / "zero2.json")),
                            resume_from_checkpoint=str(tmp / "zero2" / "checkpoint-2"))  # fmt: skip
-    run_grpo(tmp, ["run", str(resumed), "--num-processes", "2"])
-    b = metrics(tmp / "zero2_resumed")
+    assert_resumes_exactly(tmp, resumed, "zero2", a)
+
+
+def assert_resumes_exactly(tmp: Path, resumed_config: Path, straight: str, straight_metrics: list[dict]) -> None:
+    """Resumed from the straight run's step 2 on 2 processes: steps 3-4 equal the straight run's, weights bit-equal."""
+    run_grpo(tmp, ["run", str(resumed_config), "--num-processes", "2"])
+    b = metrics(tmp / f"{straight}_resumed")
     assert [r["step"] for r in b] == [3, 4]
-    for ra, rb in zip(a[2:], b, strict=True):
+    for ra, rb in zip(straight_metrics[2:], b, strict=True):
         assert math(rb) == math(ra)
-    wa, wb = weights_of(tmp / "zero2"), weights_of(tmp / "zero2_resumed")
+    wa, wb = weights_of(tmp / straight), weights_of(tmp / f"{straight}_resumed")
     for key in wa:
         assert torch.equal(wa[key], wb[key]), key
 
@@ -158,14 +163,7 @@ def test_zero3_lora_with_async_prefetch_matches_one_process_and_resumes_exactly(
 
     resumed = write_config(tmp, "zero3_resumed", model, **common(deepspeed=str(tmp / "zero3.json"), **lora,
                            trl={"async_prefetch": True}), resume_from_checkpoint=str(tmp / "zero3" / "checkpoint-2"))  # fmt: skip
-    run_grpo(tmp, ["run", str(resumed), "--num-processes", "2"])
-    b = metrics(tmp / "zero3_resumed")
-    assert [r["step"] for r in b] == [3, 4]
-    for ra, rb in zip(a[2:], b, strict=True):
-        assert math(rb) == math(ra)
-    wa, wb = weights_of(tmp / "zero3"), weights_of(tmp / "zero3_resumed")
-    for key in wa:
-        assert torch.equal(wa[key], wb[key]), key
+    assert_resumes_exactly(tmp, resumed, "zero3", a)
 
 
 def test_a_deepspeed_checkpoint_is_refused_on_another_process_count_or_without_deepspeed(tmp_path: Path) -> None:
