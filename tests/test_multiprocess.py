@@ -276,6 +276,25 @@ def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(w
 # ----------------------------------------------------------------------------- light: shapes and checks
 
 
+def test_fsdp_with_async_prefetch_does_not_deadlock_and_matches_one_process(workdir: tuple[Path, str]) -> None:
+    """The reference's documented deadlock (a background thread issuing FSDP collectives): grpo's producer
+    thread issues none, so an FSDP run with async_prefetch finishes (a hang fails at TIMEOUT) and trains the
+    same steps as 1 process (the rollout here ignores the policy, so prefetching changes no sample)."""
+    tmp, model = workdir
+    (tmp / "mp_env.py").write_text(ENV)
+    trl = {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]}
+    fsdp = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+    sharded = write_config(tmp, "fsdp_async", model, max_steps=3, trl={**trl, "async_prefetch": True}, **fsdp)
+    single = write_config(tmp, "single_sync", model, max_steps=3, trl=dict(trl), gradient_accumulation_steps=2)
+    run_grpo(tmp, ["run", str(sharded), "--num-processes", "2"])
+    run_grpo(tmp, ["run", str(single)])
+    a, c = metrics(tmp / "fsdp_async"), metrics(tmp / "single_sync")
+    assert [r["step"] for r in a] == [1, 2, 3]
+    for ra, rc in zip(a, c, strict=True):
+        assert ra["reward"] == rc["reward"] and ra["num_tokens"] == rc["num_tokens"]
+        assert ra["grad_norm"] == pytest.approx(rc["grad_norm"], rel=1e-4, abs=1e-7)
+
+
 def test_config_check_prints_per_process_and_global_batches(tmp_path: Path, capsys) -> None:
     from grpo_core.cli import main
 
