@@ -44,10 +44,7 @@ def write_config(tmp: Path, name: str, model: str, **top) -> Path:
            "skip_zero_advantage_batches": False, **top.pop("trl", {})}  # fmt: skip
     raw = {"base_model": model, "adapter": None, "datasets": [{"path": str(tmp / "train.jsonl")}], "sequence_len": 64,
            "micro_batch_size": 2, "gradient_accumulation_steps": 1, "max_steps": 2, "learning_rate": 5e-3,
-           "lr_scheduler": "constant", "output_dir": str(tmp / name), "seed": 7, "save_steps": 100,
-           # FSDP and DeepSpeed run every row whole: their one-process peers must too, or float rounding (which
-           # Adam magnifies on near-zero gradients) moves the weights past the tolerance. DDP shares (its test).
-           "share_prompt_prefix": False, **top, "trl": trl}  # fmt: skip
+           "lr_scheduler": "constant", "output_dir": str(tmp / name), "seed": 7, "save_steps": 100, **top, "trl": trl}  # fmt: skip
     path = tmp / f"{name}.toml"
     path.write_text(to_toml_text(raw))
     return path
@@ -85,9 +82,8 @@ def workdir(smollm2_dir: str, tmp_path: Path) -> tuple[Path, str]:
 
 def test_two_processes_match_one_on_the_same_global_batch(workdir: tuple[Path, str]) -> None:
     tmp, model = workdir
-    # with shared prompts (the default): under DDP too, each rank runs its share's distinct prompts once
-    one = write_config(tmp, "one", model, gradient_accumulation_steps=2, share_prompt_prefix=True)  # 1 x 2 x 2 = 4 per step
-    two = write_config(tmp, "two", model, share_prompt_prefix=True)  # 2 processes x 2 x 1 = 4
+    one = write_config(tmp, "one", model, gradient_accumulation_steps=2)  # 1 x 2 x 2 = 4 completions per step
+    two = write_config(tmp, "two", model)  # 2 processes x 2 x 1 = 4
     run_grpo(tmp, ["run", str(one)])
     run_grpo(tmp, ["run", str(two), "--num-processes", "2"])
 
@@ -221,7 +217,10 @@ def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(w
     processes, and resumes across process counts (FSDP 2 -> 1, 1 -> FSDP 2, 1 -> DDP 2)."""
     tmp, model = workdir
     (tmp / "mp_env.py").write_text(ENV)
-    common = {"max_steps": 4, "save_steps": 2, "trl": {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]}}
+    # FSDP runs every row whole (share_prompt_prefix is off there): so do the one-process peers, or float
+    # rounding, which Adam magnifies on near-zero gradients, moves the weights past the tolerance
+    common = {"max_steps": 4, "save_steps": 2, "share_prompt_prefix": False,
+              "trl": {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]}}  # fmt: skip
     fsdp = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
     sharded = write_config(tmp, "fsdp", model, **json.loads(json.dumps(common)), **fsdp)
     single = write_config(tmp, "single", model, **json.loads(json.dumps(common)), gradient_accumulation_steps=2)
