@@ -63,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.precision import cpu_flags, native_bf16
+    from grpo_core.precision import cpu_flag_summary, native_bf16
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
     ids = torch.randint(0, 49152, (args.batch, args.tokens), generator=torch.Generator().manual_seed(0))
@@ -83,7 +83,7 @@ def main() -> None:
         reference = logps if reference is None else reference
         rows[mode] = {"seconds": statistics.median(times[1:]), "logp_mad_vs_fp32": float((logps - reference).abs().mean())}
         del model
-    flags = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu_flags())
+    flags = cpu_flag_summary()
     print(f"CPU flags: {flags}; native bf16: {native_bf16('cpu')}; {torch.get_num_threads()} threads; "
           f"LoRA r16 forward+backward, {args.batch} x {args.tokens} tokens, median of {args.repeats}")
     print(f"{'mode':<24}{'seconds':>10}{'vs float32':>12}{'|logp - fp32|':>16}")

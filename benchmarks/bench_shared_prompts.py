@@ -40,7 +40,7 @@ def main() -> None:
 
     from grpo_core.logprobs import token_logprobs
     from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.precision import cpu_flags
+    from grpo_core.precision import cpu_flag_summary
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(DEFAULT_MODEL), dtype=torch.float32)
@@ -71,7 +71,7 @@ def main() -> None:
             "max_abs_logp_difference": float((logps[True] - logps[False]).abs().max()),
         }  # fmt: skip
         results.append(row)
-    flags = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu_flags()) or "unknown"
+    flags = cpu_flag_summary()
     print(f"CPU flags: {flags}; {torch.get_num_threads()} threads; LoRA r16 forward+backward of {args.rows} rows, "
           f"{args.prompts} distinct prompts of {args.prompt_tokens} tokens, median of {args.repeats}")
     print(f"{'completion tokens':>18}{'whole s':>10}{'shared s':>10}{'speed-up':>10}{'tokens':>16}{'max |dlogp|':>13}")

@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.precision import cpu_flags
+    from grpo_core.precision import cpu_flag_summary
 
     resolve_model_dir(DEFAULT_MODEL)  # convert the GGUF once, outside every clock
     rows: dict[str, list[float]] = {}
@@ -117,7 +117,7 @@ def main() -> None:
         rows.setdefault("trainer alone: spawn to policy loaded", []).append(_trainer_alone())
         for name, seconds in _grpo_run().items():
             rows.setdefault(f"grpo run: spawn to {name}", []).append(seconds)
-    flags = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu_flags()) or "unknown"
+    flags = cpu_flag_summary()
     print(f"\nCPU flags: {flags}; {os.cpu_count()} cores; load average before: {os.getloadavg()[0]:.1f}")
     print(f"{'measurement':<44}{'median s':>10}   runs")
     for name, values in rows.items():

@@ -28,16 +28,6 @@ import tempfile
 from pathlib import Path
 
 
-def cpu_flags() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-    return " ".join(f for f in wanted if f in flags) or "none of avx2/avx512/amx"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--syncs", type=int, default=5)
@@ -109,8 +99,10 @@ def main() -> None:
         r["speedup_vs_output_dir"] = base / r["total_s"]
         print(f"{variant:<12} save {r['save_s']:.3f}s  load {r['load_s']:.3f}s  total {r['total_s']:.3f}s  "
               f"{r['bytes'] / 2**20:.0f} MiB  {r['speedup_vs_output_dir']:.2f}x vs output_dir  ({r['root']})")
-    print("cpu flags:", cpu_flags())
-    print("RESULT " + json.dumps({"cpu_flags": cpu_flags(), "syncs": args.syncs, **results}))
+    from grpo_core.precision import cpu_flag_summary
+
+    print("cpu flags:", cpu_flag_summary())
+    print("RESULT " + json.dumps({"cpu_flags": cpu_flag_summary(), "syncs": args.syncs, **results}))
 
 
 if __name__ == "__main__":

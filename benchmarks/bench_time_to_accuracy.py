@@ -229,13 +229,6 @@ def evaluate_adapters(adapters: list[str | None]) -> list[float]:
     return [run_eval(cfg, PluginHost(), adapter)["eval/rewards/correct_answer/mean"] for adapter in adapters]
 
 
-def cpu_flags() -> str:
-    from grpo_core.precision import cpu_flags as flags
-
-    found = flags()
-    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in found) or "unknown"
-
-
 def report(name: str, run: dict, accuracy: dict[int, float]) -> dict:
     ends, seconds = run["step_end_seconds"], run["step_seconds"]
     startup = ends[0] - seconds[0] if ends else None
@@ -325,6 +318,7 @@ def main() -> None:
         return
 
     from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.precision import cpu_flag_summary
 
     resolve_model_dir(DEFAULT_MODEL)  # convert the GGUF once, outside every runner's clock
     started = time.strftime("%Y-%m-%d %H:%M")
@@ -341,7 +335,7 @@ def main() -> None:
         print("--- evaluating every saved adapter (one evaluator for all runners)", flush=True)
         order = [(None, None, 0)] + [(name, path, int(step)) for name, run in runs.items() for step, path in run["adapters"].items()]
         scores = evaluate_adapters([path for _, path, _ in order])
-    raw = {"cpu_flags": cpu_flags(), "cores": os.cpu_count(), "started": started, "base_accuracy": scores[0], "runs": runs,
+    raw = {"cpu_flags": cpu_flag_summary(), "cores": os.cpu_count(), "started": started, "base_accuracy": scores[0], "runs": runs,
            "accuracy": {name: {str(step): score for (who, _, step), score in zip(order, scores) if who == name} for name in runs}}
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "time_to_accuracy_raw.json").write_text(json.dumps(raw, indent=2))

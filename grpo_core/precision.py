@@ -38,6 +38,16 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+"""The x86 flags that decide how fast this CPU trains (recorded with every benchmark number)."""
+
+
+def cpu_flag_summary(flags: set[str] | None = None) -> str:
+    """Which of :data:`SPEED_FLAGS` this CPU has, e.g. ``"avx2 avx512f"``."""
+    found = cpu_flags() if flags is None else flags
+    return " ".join(f for f in SPEED_FLAGS if f in found) or "none of avx2/avx512/amx"
+
+
 def native_bf16(device_type: str, flags: set[str] | None = None) -> bool:
     """Whether ``device_type`` computes bf16 natively (``flags``: the CPU's,
     read from the machine when not given)."""

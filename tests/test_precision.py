@@ -78,3 +78,11 @@ def test_full_fine_tune_in_bf16_keeps_float32_master_weights_and_optimizer_state
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
     state = optimizer.state[next(model.parameters())]
     assert state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
+
+
+def test_cpu_flag_summary_names_the_flags_that_decide_speed():
+    from grpo_core.precision import cpu_flag_summary
+
+    assert cpu_flag_summary({"fpu", "avx2", "sse4_2"}) == "avx2"
+    assert cpu_flag_summary({"avx512_bf16", "avx2", "avx512f", "amx_tile", "amx_bf16"}) == "avx2 avx512f avx512_bf16 amx_bf16 amx_tile"
+    assert cpu_flag_summary(set()) == "none of avx2/avx512/amx"
