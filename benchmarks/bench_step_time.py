@@ -157,7 +157,7 @@ def run_grpo(model_dir: str, steps: int, workdir: Path, use_vllm: bool, **option
         "generated_tokens": [r["completions/mean_length"] * PROMPTS_PER_STEP * NUM_GENERATIONS for r in records],
         "generation_seconds": [r.get("time/generation", 0.0) for r in records],
         "sync_seconds": [r.get("time/weight_sync", 0.0) for r in records],
-        "skipped": [r.get("skipped_zero_adv_batches", 0.0) for r in records],
+        "skipped": [r.get("skipped_zero_adv_samples", 0.0) for r in records],
     }
 
 
@@ -184,8 +184,8 @@ def summarise(result: dict) -> dict:
     for key in ("generation_seconds", "sync_seconds"):
         if key in result:
             row[key] = statistics.mean(result[key][1:] or result[key])
-    if "skipped" in result:  # cumulative count of micro-batches skipped for zero advantage
-        row["skipped_micro_batches"] = result["skipped"][-1] - (result["skipped"][0] if len(result["skipped"]) > 1 else 0)
+    if "skipped" in result:  # cumulative count of completions left out of training for zero advantage
+        row["skipped_samples"] = result["skipped"][-1] - (result["skipped"][0] if len(result["skipped"]) > 1 else 0)
     return row
 
 
@@ -217,12 +217,12 @@ def main() -> None:
         os.unlink(out)
 
     base = summary.get("trl")
-    print(f"\n{'runner':<24}{'s/step':>10}{'gen tok/s':>12}{'speed-up vs TRL':>18}{'generate s':>12}{'sync s':>9}{'skipped':>9}{'start-up s':>12}")
+    print(f"\n{'runner':<24}{'s/step':>10}{'gen tok/s':>12}{'speed-up vs TRL':>18}{'generate s':>12}{'sync s':>9}{'skipped rows':>13}{'start-up s':>12}")
     for name, row in summary.items():
         ratio = base["sec_per_step"] / row["sec_per_step"] if base else float("nan")
         row["speedup_vs_trl"] = ratio
         phases = "".join(f"{row[k]:>{w}.2f}" if k in row else f"{'-':>{w}}" for k, w in (("generation_seconds", 12), ("sync_seconds", 9)))
-        skipped = f"{row['skipped_micro_batches']:>9.0f}" if "skipped_micro_batches" in row else f"{'-':>9}"
+        skipped = f"{row['skipped_samples']:>13.0f}" if "skipped_samples" in row else f"{'-':>13}"
         startup = f"{row['startup_seconds']:>12.1f}" if "startup_seconds" in row else f"{'-':>12}"
         print(f"{name:<24}{row['sec_per_step']:>10.2f}{row['tokens_per_sec']:>12.1f}{ratio:>17.2f}x{phases}{skipped}{startup}")
     results = HERE / "results"

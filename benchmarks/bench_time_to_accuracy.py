@@ -15,7 +15,7 @@ Each runner trains in its own process:
 - ``grpo``: grpo's best setup for a CPU: vLLM colocated in the trainer's
   process (``vllm_mode = "colocate"``, in-memory sync), ``bf16 = "auto"`` and
   ``[vllm] dtype = "auto"`` (bf16 where the CPU computes it natively, float32
-  elsewhere), zero-advantage micro-batches skipped (grpo's default).
+  elsewhere), zero-advantage completions left out of training (grpo's default).
 - ``grpo-bf16`` / ``grpo-fp32``: the same with ``bf16`` forced on / off, for the
   precision table.
 
@@ -29,9 +29,10 @@ time is therefore excluded from both runners, and both are judged by the same
 code. A threshold counts as reached at the first evaluation at or above it.
 
 Step time on identical work: the mean over steps (warm-up step excluded) in
-which grpo trained every micro-batch, against TRL's mean step; grpo's steps
-that skipped zero-advantage micro-batches are reported on their own line.
-Writes benchmarks/results/time_to_accuracy.json.
+which grpo trained every completion, against TRL's mean step; grpo's steps
+that left out zero-advantage completions are reported on their own line.
+Writes benchmarks/results/time_to_accuracy_raw.json (``--raw-out``) and the
+summary beside it (time_to_accuracy.json).
 """
 
 from __future__ import annotations
@@ -192,8 +193,10 @@ def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Cloc
     host.pm.register(StepTimes(), name="bench.step_times")
     run_training(cfg, host)
     records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-    skipped = [r.get("skipped_zero_adv_batches", 0.0) for r in records]
-    per_step = [s - (skipped[i - 1] if i else 0.0) for i, s in enumerate(skipped)]  # the metric is cumulative
+    def per_step(key: str) -> list[float]:  # the metrics are cumulative
+        total = [r.get(key, 0.0) for r in records]
+        return [s - (total[i - 1] if i else 0.0) for i, s in enumerate(total)]
+
     adapters = {}
     for step in range(every, steps + 1, every):
         path = output_dir / f"checkpoint-{step}" / "model"
@@ -201,7 +204,8 @@ def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Cloc
     adapters[steps] = str(output_dir)
     return {"step_end_seconds": step_ends,
             "step_seconds": [r["step_time"] - r.get("time/checkpoint", 0.0) for r in records],
-            "skipped_micro_batches": per_step, "load_average": load, "adapters": adapters}
+            "skipped_micro_batches": per_step("skipped_zero_adv_batches"),
+            "skipped_samples": per_step("skipped_zero_adv_samples"), "load_average": load, "adapters": adapters}
 
 
 RUNNERS = {
@@ -241,8 +245,10 @@ def report(name: str, run: dict, accuracy: dict[int, float]) -> dict:
         # than the run's median step (it under-stated both runners' times by 30-40% on a quiet machine).
         reached[f"{threshold:.0%}"] = {"step": hit, "seconds": ends[hit - 1] if hit else None}
     steady = list(range(1, len(seconds)))  # the first step is warm-up
-    trained = [i for i in steady if not run["skipped_micro_batches"][i]]
-    skipped = [i for i in steady if run["skipped_micro_batches"][i]]
+    # a step that left out zero-advantage completions did less work: not "identical"
+    left_out = run.get("skipped_samples") or run["skipped_micro_batches"]
+    trained = [i for i in steady if not left_out[i]]
+    skipped = [i for i in steady if left_out[i]]
     mean = lambda idx: statistics.mean(seconds[i] for i in idx) if idx else None  # noqa: E731
     load = run.get("load_average") or []
     return {"runner": name, "reached": reached, "accuracy": {str(k): v for k, v in sorted(accuracy.items())},
@@ -252,8 +258,8 @@ def report(name: str, run: dict, accuracy: dict[int, float]) -> dict:
             "load_average": {"mean": statistics.mean(load), "max": max(load)} if load else None}
 
 
-def summarize(raw: dict) -> None:
-    """Print the tables from one run's raw data and write the results file."""
+def summarize(raw: dict, out: Path | None = None) -> None:
+    """Print the tables from one run's raw data and write the results file (``out``)."""
     base = raw["base_accuracy"]
     rows = [report(name, run, {0: base} | {int(k): v for k, v in raw["accuracy"][name].items()})
             for name, run in raw["runs"].items()]
@@ -287,9 +293,9 @@ def summarize(raw: dict) -> None:
                 print(f"step time on identical work, {row['runner']} vs TRL: "
                       f"{peer['trained_step_seconds'] / row['trained_step_seconds']:.2f}x "
                       f"({row['trained_steps']} steps that trained every micro-batch)")
-    results = HERE / "results"
-    results.mkdir(exist_ok=True)
-    (results / "time_to_accuracy.json").write_text(json.dumps({**{k: raw[k] for k in ("cpu_flags", "started", "base_accuracy")},
+    if out is None:
+        return
+    out.write_text(json.dumps({**{k: raw[k] for k in ("cpu_flags", "started", "base_accuracy")},
                                                                 "runners": rows}, indent=2))
 
 
@@ -298,6 +304,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=5, help="save (and later evaluate) every this many steps")
     parser.add_argument("--runners", default="trl,grpo")
+    parser.add_argument("--raw-out", default=str(HERE / "results" / "time_to_accuracy_raw.json"),
+                        help="where to keep this run's raw data (a runner-only run should not overwrite the main one)")
     parser.add_argument("--report", metavar="RAW_JSON", help="print the tables again from a run's raw data "
                         "(benchmarks/results/time_to_accuracy_raw.json)")
     parser.add_argument("--runner", help=argparse.SUPPRESS)  # child-process mode
@@ -337,9 +345,11 @@ def main() -> None:
         scores = evaluate_adapters([path for _, path, _ in order])
     raw = {"cpu_flags": cpu_flag_summary(), "cores": os.cpu_count(), "started": started, "base_accuracy": scores[0], "runs": runs,
            "accuracy": {name: {str(step): score for (who, _, step), score in zip(order, scores) if who == name} for name in runs}}
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "time_to_accuracy_raw.json").write_text(json.dumps(raw, indent=2))
-    summarize(raw)
+    Path(args.raw_out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.raw_out).write_text(json.dumps(raw, indent=2))
+    raw_out = Path(args.raw_out)
+    summarize(raw, raw_out.with_name(raw_out.name.replace("_raw", "")))
+
 
 if __name__ == "__main__":
     main()

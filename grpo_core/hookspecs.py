@@ -291,6 +291,17 @@ def grpo_policy_loss(inputs: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, 
     step's micro-batches; the built-in ``grpo`` implementation
     (:func:`grpo_core.loss.policy_loss`) logs ``entropy``, ``kl`` and the
     ``clip_ratio/*`` family, and another should log those it can.
+
+    Which completions reach it: with ``trl.skip_zero_advantage_batches``
+    (the default) and a token-sum ``loss_type`` (``dapo``, ``cispo``), no
+    ``beta`` and no ``top_entropy_quantile``, the core leaves completions
+    whose advantage is 0 out of the micro-batches
+    (:func:`grpo_core.loss.zero_advantage_rows_are_inert`):
+    ``num_items_in_batch`` still counts their tokens, so a loss that sums
+    per-token terms weighted by the advantage is unchanged. An
+    implementation whose value depends on which other completions share its
+    micro-batch (a statistic over the batch) should say so in its docs and
+    ask for ``skip_zero_advantage_batches = false``.
     """
 
 

@@ -5,8 +5,10 @@ causal LM's ``forward`` returns logits for every position: ``[B, L, V]``
 floats, which for a 150k vocabulary dwarfs the rest of the activations.
 Here the decoder body runs once, only the C hidden states that predict
 completion tokens are kept, and the LM head is applied to them chunk by
-chunk. With gradients on, each chunk runs under activation checkpointing,
-so backward also holds one chunk of logits at a time instead of all of them.
+chunk. With gradients on and more logits than ``checkpoint_above``, each
+chunk runs under activation checkpointing, so backward also holds one chunk
+of logits at a time instead of all of them; below it, keeping them costs
+little memory and saves backward a second pass through the head.
 
 Semantics follow TRL: the logits are divided by the sampling temperature
 before the softmax, and the returned entropy is that of the tempered
@@ -32,6 +34,14 @@ from grpo_core.errors import GrpoError
 
 DEFAULT_CHUNK_SIZE = 256
 """Rows (positions) per LM-head chunk: 256 x 49k vocab x fp32 = 48 MiB."""
+
+DEFAULT_CHECKPOINT_ABOVE = 128 * 2**20
+"""Logit elements (positions x vocabulary) of one call above which the head
+chunks are checkpointed. Without it backward keeps two or three
+logits-sized float32 tensors (the log-softmax output, and its exp for the
+entropy), so 128 Mi elements hold at most 1.5 GiB: 16 completions of 48
+tokens over a 49k vocabulary (36 Mi) or 16 x 48 over a 152k one (111 Mi)
+are kept, 16 x 512 over 152k (1.2 Gi, 14 GiB kept) is checkpointed."""
 
 
 def _unwrap_peft(model: Any) -> Any:
@@ -153,6 +163,7 @@ def token_logprobs(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     body: Any = None,
     share_prompts: bool = False,
+    checkpoint_above: int = DEFAULT_CHECKPOINT_ABOVE,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the last ``num_completion_tokens`` tokens of ``input_ids``.
 
@@ -164,7 +175,9 @@ def token_logprobs(
     decoder body to run instead of the body itself (``torch_compile``,
     :mod:`grpo_core.compile`). ``share_prompts``: run each distinct prompt
     once (module docstring); ignored with a compiled ``body``, and where it
-    cannot be exact (see :func:`_shared_prompt_hidden`).
+    cannot be exact (see :func:`_shared_prompt_hidden`). ``checkpoint_above``:
+    the logit elements (``B x C x vocabulary``) above which the head chunks
+    are recomputed in backward instead of kept (module docstring).
     """
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
@@ -188,8 +201,10 @@ def token_logprobs(
     flat_hidden = hidden.reshape(batch * c, hidden.size(-1))
     flat_targets = targets.reshape(batch * c)
 
-    use_checkpoint = torch.is_grad_enabled() and (
-        flat_hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    use_checkpoint = (
+        torch.is_grad_enabled()
+        and (flat_hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+        and batch * c * head.weight.shape[0] > checkpoint_above
     )
     logps_parts: list[torch.Tensor] = []
     entropy_parts: list[torch.Tensor] = []

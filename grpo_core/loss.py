@@ -107,6 +107,21 @@ class LossSettings:
         )
 
 
+def zero_advantage_rows_are_inert(settings: LossSettings) -> bool:
+    """Whether a completion whose advantage is 0 can be left out of the
+    micro-batches without changing the loss or its gradient.
+
+    True for the token-sum losses (``dapo``, ``cispo``) without a KL term or
+    an entropy quantile: such a completion's per-token loss is ``0 x ratio``
+    (exactly 0, whatever the ratio or importance weight), and the normaliser,
+    ``num_items_in_batch``, counts the whole generation batch's tokens
+    whichever rows run. The per-sequence and per-micro-batch normalisations
+    (``grpo``, ``bnpo``, ``dr_grpo``, ``sapo``) divide by a count that
+    includes those rows; ``beta > 0`` gives them a KL term; and the entropy
+    quantile is taken over every token of the micro-batch."""
+    return settings.loss_type in TOKEN_SUM_TYPES and settings.beta == 0.0 and settings.top_entropy_quantile >= 1.0
+
+
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
     """True for real tokens whose entropy is in the top ``quantile`` of this
     batch's real tokens ("Beyond the 80/20 rule")."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_core.training.batch import Sample, collate, flatten, micro_batches
+from grpo_core.training.batch import Sample, collate, completion_tokens, flatten, micro_batches, with_signal_first
 from grpo_core.types import Completion, Prompt, RolloutGroup, ScoredGroup
 
 PAD = 0
@@ -111,3 +111,57 @@ def test_has_signal_is_false_only_for_all_zero_advantages() -> None:
     assert not collate(zero, PAD, False).has_signal
     assert collate([*zero, Sample([1], [5], 1e-3)], PAD, False).has_signal
     assert collate([Sample([1], [5], -0.5)], PAD, False).has_signal
+
+
+def test_completion_tokens_count_what_the_mask_counts() -> None:
+    samples = flatten(groups())
+    for mask_truncated in (False, True):
+        mb = collate(samples, PAD, mask_truncated)
+        assert completion_tokens(samples, mask_truncated) == int(mb.completion_mask.sum())
+
+
+def test_with_signal_first_keeps_signal_and_tops_up_in_order() -> None:
+    samples = flatten(groups())  # 7 samples; the 2 of group b have advantage 0
+    signal = [s for s in samples if s.has_signal]
+    assert len(signal) == 5 and with_signal_first(samples, 0) == signal
+    topped = with_signal_first(samples, 6)
+    assert len(topped) == 6 and [s for s in topped if not s.has_signal] == [samples[3]]
+    assert topped == [s for s in samples if s in topped]  # original order
+    assert with_signal_first(samples, 99) == samples
+
+
+class _TwoRanks:
+    """The other rank's per-step counts, as ``Distributed.gather`` would
+    return them (no process group here: the gather is what is faked)."""
+
+    def __init__(self, other: list[int]) -> None:
+        self.other = other
+
+    def gather(self, mine: list[int]) -> list[list[int]]:
+        return [mine, self.other]
+
+
+def _rows_to_train(other_rank_needs: list[int], parts: list[list[Sample]], micro_batch_size: int) -> list[list[Sample]]:
+    from types import SimpleNamespace
+
+    from grpo_core.training.trainer import GRPOTrainer
+
+    trainer = SimpleNamespace(drops_zero_advantage_rows=True, cfg=SimpleNamespace(micro_batch_size=micro_batch_size),
+                              dist=_TwoRanks(other_rank_needs))  # fmt: skip
+    return GRPOTrainer._rows_to_train(trainer, parts)
+
+
+def test_rows_to_train_run_as_many_micro_batches_as_the_busiest_rank() -> None:
+    samples = flatten(groups())  # 5 with signal, 2 without
+    # alone (the other rank needs no more): only the 5 rows with signal, in 3 micro-batches of 2
+    alone = _rows_to_train([0], [samples], micro_batch_size=2)[0]
+    assert alone == [s for s in samples if s.has_signal]
+    # the other rank needs 4 micro-batches: this one keeps a zero row to run 4 too (2+2+2+1)
+    busy = _rows_to_train([4], [samples], micro_batch_size=2)[0]
+    assert len(busy) == 7 and len(micro_batches(busy, 2, PAD, False)) == 4
+    busy = _rows_to_train([2], [samples], micro_batch_size=3)[0]  # 5 rows already make 2 micro-batches of 3
+    assert busy == alone
+    # nothing with signal here, 1 micro-batch there: one inert row, one micro-batch
+    inert = [s for s in samples if not s.has_signal]
+    assert [len(p) for p in _rows_to_train([1], [inert], micro_batch_size=2)] == [1]
+    assert _rows_to_train([0], [inert], micro_batch_size=2) == [[]]

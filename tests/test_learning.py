@@ -32,6 +32,11 @@ def even(completion_ids, **kwargs):
 
 def constant(completion_ids, **kwargs):
     return [1.0 for _ in completion_ids]
+
+def even_on_odd_prompts(prompts, completion_ids, **kwargs):
+    """`even` for the prompts that end in an odd number, 1.0 (no signal) for the rest."""
+    scores = even(completion_ids)
+    return [score if int(prompt.rstrip(":").split()[-1]) % 2 else 1.0 for prompt, score in zip(prompts, scores)]
 '''
 
 
@@ -50,7 +55,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def config(workdir: Path, model_dir: str, name: str, **trl: object):
-    top = {k: trl.pop(k) for k in list(trl) if k in ("max_steps", "learning_rate", "gradient_accumulation_steps")}
+    top = {k: trl.pop(k) for k in list(trl) if k in ("max_steps", "learning_rate", "gradient_accumulation_steps", "shuffle_dataset", "micro_batch_size")}
     return validate({
         "base_model": model_dir, "adapter": None, "datasets": [{"path": str(workdir / "train.jsonl")}],
         "sequence_len": 64, "micro_batch_size": 8, "gradient_accumulation_steps": 2, "max_steps": 6,
@@ -148,6 +153,45 @@ def test_skip_zero_advantage_batches_skips_counts_and_leaves_weights(workdir: Pa
     run_training(kept)
     row = metrics(Path(kept.output_dir))[0]
     assert row["skipped_zero_adv_batches"] == 0.0 and row["num_tokens"] > 0  # both micro-batches ran
+
+
+def test_zero_advantage_completions_are_left_out_with_the_same_loss_and_gradient(workdir: Path, tiny_dir: str) -> None:
+    """With the default token-sum loss (dapo), completions whose advantage is
+    0 are left out of the micro-batches: a step whose 2 prompts are one with
+    signal and one without runs 1 micro-batch instead of 2, and its loss and
+    gradient are those of running both (the normaliser still counts the rows
+    left out)."""
+    runs = {}
+    for name, skip in (("drop", True), ("all", False)):
+        cfg = config(workdir, tiny_dir, name, reward_funcs=["learning_rewards.even_on_odd_prompts"],
+                     skip_zero_advantage_batches=skip, max_steps=1, shuffle_dataset=False)  # fmt: skip
+        assert run_training(cfg) == "completed"
+        runs[name] = metrics(Path(cfg.output_dir))[0]
+    dropped, full = runs["drop"], runs["all"]
+    print({k: (dropped[k], full[k]) for k in ("loss", "grad_norm", "num_tokens", "frac_reward_zero_std")})
+    assert full["frac_reward_zero_std"] == 0.5  # one group of the two has no signal
+    assert dropped["skipped_zero_adv_samples"] == 8 and dropped["skipped_zero_adv_batches"] == 1
+    assert full["skipped_zero_adv_samples"] == 0 and full["skipped_zero_adv_batches"] == 0
+    assert dropped["num_tokens"] < full["num_tokens"]
+    assert dropped["loss"] == pytest.approx(full["loss"], rel=1e-5, abs=1e-7)
+    assert dropped["grad_norm"] == pytest.approx(full["grad_norm"], rel=1e-5)
+    assert full["grad_norm"] > 0
+
+
+def test_zero_advantage_completions_stay_where_the_loss_counts_them(workdir: Path, tiny_dir: str) -> None:
+    """Under a per-sequence loss (grpo) a completion with advantage 0 still
+    counts in the mean over a micro-batch's completions: in one micro-batch
+    of both groups nothing is left out. Under dapo, the same batch trains
+    only the group with signal."""
+    rows = {}
+    for loss_type in ("grpo", "dapo"):
+        cfg = config(workdir, tiny_dir, loss_type, reward_funcs=["learning_rewards.even_on_odd_prompts"], loss_type=loss_type,
+                     max_steps=1, shuffle_dataset=False, micro_batch_size=16, gradient_accumulation_steps=1)  # fmt: skip
+        assert run_training(cfg) == "completed"
+        rows[loss_type] = metrics(Path(cfg.output_dir))[0]
+    assert rows["grpo"]["skipped_zero_adv_samples"] == 0 and rows["grpo"]["skipped_zero_adv_batches"] == 0
+    assert rows["dapo"]["skipped_zero_adv_samples"] == 8 and rows["dapo"]["skipped_zero_adv_batches"] == 0
+    assert rows["dapo"]["num_tokens"] < rows["grpo"]["num_tokens"]
 
 
 def test_kl_is_zero_at_the_first_step_and_positive_after_an_update(workdir: Path, tiny_dir: str) -> None:

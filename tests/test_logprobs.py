@@ -112,10 +112,12 @@ def test_values_match_naive_no_grad(model, batch, naive_no_grad, chunk_size):
         assert (lp1 - lp).abs().max() > 1e-2
 
 
-def test_gradients_match_naive_plain_model(model, batch):
+@pytest.mark.parametrize("checkpoint_above", [0, None], ids=["head-checkpointed", "head-kept"])
+def test_gradients_match_naive_plain_model(model, batch, checkpoint_above):
     ids, mask, cmask, c = batch
     params = [p for p in model.parameters() if p.requires_grad]
-    lp, ent = token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, chunk_size=16)
+    kwargs = {} if checkpoint_above is None else {"checkpoint_above": checkpoint_above}
+    lp, ent = token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, chunk_size=16, **kwargs)
     ours = torch.autograd.grad(_objective(lp, ent, cmask), params)
     ref_lp, ref_ent = naive(model, ids, mask, c, TEMPERATURE)
     torch.testing.assert_close(lp.detach(), ref_lp.detach(), **FP32)
@@ -127,12 +129,37 @@ def test_gradients_match_naive_plain_model(model, batch):
     assert nonzero > len(params) // 2
 
 
-def test_lora_values_and_gradients_match_naive(lora_model, model, batch):
+def test_head_is_recomputed_in_backward_only_above_the_threshold(lora_model, batch):
+    """Below ``checkpoint_above`` backward reuses the head's chunks (one
+    head call per chunk); above it each chunk runs again in backward."""
+    from grpo_core.logprobs import _decoder_and_head
+
+    ids, mask, cmask, c = batch
+    head = _decoder_and_head(lora_model)[1]
+    calls = []
+    handle = head.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        elements = ids.size(0) * c * head.weight.shape[0]
+        chunks = -(-ids.size(0) * c // 16)
+        for threshold, expected in ((elements, chunks), (elements - 1, 2 * chunks)):
+            calls.clear()
+            lp, ent = token_logprobs(lora_model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, chunk_size=16,
+                                     checkpoint_above=threshold)  # fmt: skip
+            _objective(lp, ent, cmask).backward()
+            assert len(calls) == expected, (threshold, len(calls))
+    finally:
+        handle.remove()
+        lora_model.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("checkpoint_above", [0, None], ids=["head-checkpointed", "head-kept"])
+def test_lora_values_and_gradients_match_naive(lora_model, model, batch, checkpoint_above):
     ids, mask, cmask, c = batch
     lora_params = [p for n, p in lora_model.named_parameters() if p.requires_grad]
     assert lora_params and all("lora_" in n for n, p in lora_model.named_parameters() if p.requires_grad)
 
-    lp, ent = token_logprobs(lora_model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, chunk_size=16)
+    kwargs = {} if checkpoint_above is None else {"checkpoint_above": checkpoint_above}
+    lp, ent = token_logprobs(lora_model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, chunk_size=16, **kwargs)
     ours = torch.autograd.grad(_objective(lp, ent, cmask), lora_params)
     ref_lp, ref_ent = naive(lora_model, ids, mask, c, TEMPERATURE)
     torch.testing.assert_close(lp.detach(), ref_lp.detach(), **FP32)
@@ -170,7 +197,8 @@ def _saved_bytes(model, fn) -> int:
 
 def test_keeps_no_vocab_sized_tensors_for_backward(model, batch):
     """Measured, not assumed: naive keeps [B, C, V] logits (and their
-    log-softmax) for backward; chunked + checkpointed keeps hidden states only.
+    log-softmax) for backward; chunked + checkpointed (above
+    ``checkpoint_above``, 0 here) keeps hidden states only.
 
     Measured on SmolLM2 (V=49152, fp32), activations saved for backward:
     this tiny batch (B=3, C=8): naive 95.5 MiB, token_logprobs 86.4 MiB;
@@ -182,7 +210,8 @@ def test_keeps_no_vocab_sized_tensors_for_backward(model, batch):
     ids, mask, cmask, c = batch
     vocab = model.config.vocab_size
     naive_bytes = _saved_bytes(model, lambda: naive(model, ids, mask, c, TEMPERATURE))
-    ours_bytes = _saved_bytes(model, lambda: token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True))
+    ours_bytes = _saved_bytes(model, lambda: token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True,
+                                                            checkpoint_above=0))  # fmt: skip
     logits_bytes = ids.size(0) * c * vocab * 4
     # The naive path keeps at least the [B, C, V] log-softmax; ours keeps none of it.
     assert naive_bytes - ours_bytes > logits_bytes

@@ -38,6 +38,10 @@ class Sample:
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
 
+    @property
+    def has_signal(self) -> bool:
+        return abs(self.advantage) > 1e-8
+
 
 @dataclass
 class MicroBatch:
@@ -76,6 +80,27 @@ def flatten(groups: list[ScoredGroup]) -> list[Sample]:
                 )
             )
     return samples
+
+
+def completion_tokens(samples: list[Sample], mask_truncated: bool) -> int:
+    """Real (unmasked) completion tokens of ``samples``: what the loss's
+    completion mask counts."""
+    return sum(len(s.completion_ids) for s in samples if not (mask_truncated and s.truncated))
+
+
+def with_signal_first(part: list[Sample], rows: int) -> list[Sample]:
+    """The samples of ``part`` that carry a learning signal, topped up with
+    zero-advantage ones (which add nothing to a token-sum loss) to at least
+    ``rows`` samples where there are too few; in their original order."""
+    topup = max(0, rows - sum(s.has_signal for s in part))
+    keep = []
+    for s in part:
+        if s.has_signal:
+            keep.append(s)
+        elif topup:
+            keep.append(s)
+            topup -= 1
+    return keep
 
 
 def collate(samples: list[Sample], pad_id: int, mask_truncated: bool) -> MicroBatch:

@@ -22,10 +22,20 @@ from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
 from grpo_core.errors import EngineUnavailable, GrpoError, PluginError, RewardError, TrainingInterrupted
 from grpo_core.logprobs import token_logprobs
-from grpo_core.loss import LossSettings
+from grpo_core.loss import LossSettings, zero_advantage_rows_are_inert
 from grpo_core.precision import resolve_precision
 from grpo_core.training import checkpoint as ckpt
-from grpo_core.training.batch import MicroBatch, flatten, micro_batches, step_slices, steps_per_batch, steps_per_generation
+from grpo_core.training.batch import (
+    MicroBatch,
+    Sample,
+    completion_tokens,
+    flatten,
+    micro_batches,
+    step_slices,
+    steps_per_batch,
+    steps_per_generation,
+    with_signal_first,
+)
 from grpo_core.training.distributed import Distributed, shares
 from grpo_core.training.optim import advance_schedule
 from grpo_core.training.producer import ScoredBatch
@@ -94,6 +104,12 @@ class GRPOTrainer:
         self.policy_version = 0
         self.last_sync_version = -1
         self.skipped_zero_adv_batches = 0
+        self.skipped_zero_adv_samples = 0
+        # With a token-sum loss a zero-advantage completion adds nothing: leave it out of the micro-batches
+        self.drops_zero_advantage_rows = (
+            cfg.trl.skip_zero_advantage_batches and zero_advantage_rows_are_inert(self.loss_settings)
+        )
+        self._left_out: list[tuple[int, int]] = []  # per step of the batch: (micro-batches, samples) left out
         self._batch: ScoredBatch | None = None
         self._micro: list[MicroBatch] = []
         self._micro_per_step: list[list[MicroBatch]] = []
@@ -126,6 +142,7 @@ class GRPOTrainer:
         return {
             "policy_version": self.policy_version,
             "skipped_zero_adv_batches": self.skipped_zero_adv_batches,
+            "skipped_zero_adv_samples": self.skipped_zero_adv_samples,
             "stream": self._stream_state,
             "max_steps": self.cfg.max_steps,
         }
@@ -290,6 +307,7 @@ class GRPOTrainer:
         self.step = int(state["step"])
         self.policy_version = int(state["policy_version"])
         self.skipped_zero_adv_batches = int(state.get("skipped_zero_adv_batches", 0))
+        self.skipped_zero_adv_samples = int(state.get("skipped_zero_adv_samples", 0))
         self._stream_state = state.get("stream") or {}
         if self._stream_state:
             self.parts.stream.load_state_dict(self._stream_state)
@@ -359,13 +377,19 @@ class GRPOTrainer:
         self._batch = batch
         self._stream_state = batch.stream_state
         samples = flatten(batch.groups)
+        # the generation batch's real tokens over every rank (dapo/cispo's normaliser), rows left out included
+        self._num_items = self.dist.sum(float(completion_tokens(samples, self.trl.mask_truncated_completions)))
+        parts = step_slices(samples, self.steps_per_generation)
+        trained_parts = self._rows_to_train(parts)
+        mbs = self.cfg.micro_batch_size
         self._micro_per_step = [
-            micro_batches(part, self.cfg.micro_batch_size, self.pad_id, self.trl.mask_truncated_completions)
-            for part in step_slices(samples, self.steps_per_generation)
+            micro_batches(part, mbs, self.pad_id, self.trl.mask_truncated_completions) for part in trained_parts
+        ]
+        self._left_out = [
+            (-(-len(part) // mbs) - len(micro), len(part) - len(trained))
+            for part, trained, micro in zip(parts, trained_parts, self._micro_per_step, strict=True)
         ]
         self._micro = [mb for part in self._micro_per_step for mb in part]
-        # the generation batch's real tokens over every rank (dapo/cispo's normaliser)
-        self._num_items = self.dist.sum(float(sum(mb.completion_mask.sum() for mb in self._micro)))
         model = self.parts.model
         if old_logps is not None and len(old_logps) != len(self._micro):
             warnings.warn("micro_batch_size changed since the checkpoint: the resumed batch's PPO ratios start "
@@ -384,6 +408,19 @@ class GRPOTrainer:
             with torch.no_grad(), self.parts.reference.active() as ref_model:
                 for mb in self._micro:
                     mb.ref_logps = self._forward(ref_model, mb, with_entropy=False)[0].detach()
+
+    def _rows_to_train(self, parts: list[list[Sample]]) -> list[list[Sample]]:
+        """Each step's samples minus its zero-advantage ones, where they are
+        inert (:func:`grpo_core.loss.zero_advantage_rows_are_inert`). A rank
+        that would then run fewer micro-batches than the busiest one keeps
+        just enough of its zero-advantage rows to run as many (each backward
+        pass is a collective)."""
+        if not self.drops_zero_advantage_rows:
+            return parts
+        mbs = self.cfg.micro_batch_size
+        needed = [-(-sum(s.has_signal for s in part) // mbs) for part in parts]
+        needed = [max(counts) for counts in zip(*self.dist.gather(needed), strict=True)]
+        return [with_signal_first(part, (n - 1) * mbs + 1 if n else 0) for part, n in zip(parts, needed, strict=True)]
 
     def _is_weights(
         self, mb: MicroBatch, trainer_at_sampling: torch.Tensor, step_metrics: dict[str, list[float]]
@@ -440,6 +477,9 @@ class GRPOTrainer:
         trained = 0
         loss_total = 0.0
         step_micro = self._micro_per_step[self.step % self.steps_per_generation]
+        left_out_micro, left_out_samples = self._left_out[self.step % self.steps_per_generation]
+        self.skipped_zero_adv_batches += left_out_micro
+        self.skipped_zero_adv_samples += left_out_samples
         accumulation_steps = max(1, len(step_micro))
         # Every rank runs the same backward passes (each one is an all-reduce):
         # a micro-batch is skipped only where no rank has a learning signal.
@@ -449,6 +489,7 @@ class GRPOTrainer:
         for i, mb in enumerate(step_micro):
             if i not in to_train:
                 self.skipped_zero_adv_batches += 1
+                self.skipped_zero_adv_samples += int(mb.advantages.numel())
                 continue
             with clock.phase("forward_backward"):
                 loss, m = self._micro_batch_loss(model, mb, accumulation_steps, step_metrics, last=i == to_train[-1])
@@ -524,6 +565,7 @@ class GRPOTrainer:
             learning_rate=lr,
             world_size=float(self.dist.world),
             skipped_zero_adv_batches=float(self.skipped_zero_adv_batches),
+            skipped_zero_adv_samples=float(self.skipped_zero_adv_samples),
             policy_version=float(batch.policy_version),
             staleness=float(self.policy_version - 1 - batch.policy_version) if trained else 0.0,
         )
