@@ -11,6 +11,11 @@ length spread each group over both micro-batches), completions of
 tokens as the policy learns). The two ways alternate, so a change in machine
 load hits both; prints the median seconds, the ratio, the tokens each pushes
 through the decoder, and the largest log-prob difference between them.
+
+``--compare head-checkpoint`` times, on the same micro-batch with shared
+prompts, the LM head's chunks recomputed in backward (activation
+checkpointing, ``checkpoint_above = 0``) against kept for backward (grpo's
+default below 128 Mi logit elements, :mod:`grpo_core.logprobs`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=34)
     parser.add_argument("--completion-tokens", type=int, nargs="+", default=[48, 12])
+    parser.add_argument("--compare", choices=["shared-prompts", "head-checkpoint"], default="shared-prompts")
     args = parser.parse_args()
+    # (label, token_logprobs keyword arguments) of the two ways timed
+    ways = {"shared-prompts": (("whole", {"share_prompts": False}), ("shared", {"share_prompts": True})),
+            "head-checkpoint": (("recomputed", {"share_prompts": True, "checkpoint_above": 0}),
+                                ("kept", {"share_prompts": True}))}[args.compare]  # fmt: skip
 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -53,34 +63,33 @@ def main() -> None:
         ids = torch.cat([prompts[torch.arange(args.rows) % args.prompts],
                          torch.randint(0, 49152, (args.rows, completion), generator=generator)], dim=1)  # fmt: skip
         mask = torch.ones_like(ids)
-        times: dict[bool, list[float]] = {False: [], True: []}
-        logps: dict[bool, torch.Tensor] = {}
+        times: dict[str, list[float]] = {label: [] for label, _ in ways}
+        logps: dict[str, torch.Tensor] = {}
         for _ in range(args.repeats + 1):
-            for share in (False, True):
+            for label, kwargs in ways:
                 model.zero_grad(set_to_none=True)
                 began = time.perf_counter()
-                lp, _ = token_logprobs(model, ids, mask, completion, with_entropy=True, share_prompts=share)
+                lp, _ = token_logprobs(model, ids, mask, completion, with_entropy=True, **kwargs)
                 lp.mean().backward()
-                times[share].append(time.perf_counter() - began)
-                logps[share] = lp.detach()
-        whole, shared = (statistics.median(times[s][1:]) for s in (False, True))  # the first pass is warm-up
-        row = {
-            "completion_tokens": completion, "whole_seconds": whole, "shared_seconds": shared, "speedup": whole / shared,
-            "whole_tokens": args.rows * (args.prompt_tokens + completion),
-            "shared_tokens": args.prompts * args.prompt_tokens + args.rows * completion,
-            "max_abs_logp_difference": float((logps[True] - logps[False]).abs().max()),
-        }  # fmt: skip
+                times[label].append(time.perf_counter() - began)
+                logps[label] = lp.detach()
+        (a, _), (b, _) = ways
+        row = {"completion_tokens": completion, "max_abs_logp_difference": float((logps[a] - logps[b]).abs().max()),
+               **{f"{label}_seconds": statistics.median(times[label][1:]) for label, _ in ways}}  # the first pass is warm-up
+        row["speedup"] = row[f"{a}_seconds"] / row[f"{b}_seconds"]
+        if args.compare == "shared-prompts":
+            row["tokens"] = f"{args.rows * (args.prompt_tokens + completion)} -> {args.prompts * args.prompt_tokens + args.rows * completion}"
         results.append(row)
     flags = cpu_flag_summary()
     print(f"CPU flags: {flags}; {torch.get_num_threads()} threads; LoRA r16 forward+backward of {args.rows} rows, "
           f"{args.prompts} distinct prompts of {args.prompt_tokens} tokens, median of {args.repeats}")
-    print(f"{'completion tokens':>18}{'whole s':>10}{'shared s':>10}{'speed-up':>10}{'tokens':>16}{'max |dlogp|':>13}")
+    print(f"{'completion tokens':>18}{a + ' s':>14}{b + ' s':>14}{'speed-up':>10}{'tokens':>16}{'max |dlogp|':>13}")
     for r in results:
-        tokens = f"{r['whole_tokens']} -> {r['shared_tokens']}"
-        print(f"{r['completion_tokens']:>18}{r['whole_seconds']:>10.2f}{r['shared_seconds']:>10.2f}{r['speedup']:>9.2f}x"
-              f"{tokens:>16}{r['max_abs_logp_difference']:>13.1e}")
+        print(f"{r['completion_tokens']:>18}{r[a + '_seconds']:>14.2f}{r[b + '_seconds']:>14.2f}{r['speedup']:>9.2f}x"
+              f"{r.get('tokens', '-'):>16}{r['max_abs_logp_difference']:>13.1e}")
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "shared_prompts.json").write_text(json.dumps({"cpu_flags": flags, "rows": results}, indent=2))
+    name = args.compare.replace("-", "_")
+    (HERE / "results" / f"{name}.json").write_text(json.dumps({"cpu_flags": flags, "compare": args.compare, "rows": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -310,3 +310,45 @@ def test_shared_prompts_fall_back_where_sharing_would_not_be_exact(model, lora_m
     checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     checkpointed.train()
     assert _tokens_through(checkpointed, lambda: token_logprobs(checkpointed, g_ids, g_mask, g_c, share_prompts=True)) == g_ids.numel()
+
+
+def test_shared_prompts_under_fsdp2_match_naive_values_and_gradients(model, grouped_batch, tmp_path):
+    """FSDP2 (torch's ``fully_shard`` on every decoder layer and the root, as
+    grpo's ``fsdp`` config builds it) sees each layer called twice per
+    forward, prompts then completions: its all-gathers, reshards and
+    post-backward hooks must still give the values and full-weight gradients
+    of running every row unsharded. A one-process gloo group (real
+    collectives, nothing mocked); the two-process runs are in
+    tests/test_multiprocess.py and tests/test_deepspeed.py."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from grpo_core.training.policy_forward import PolicyLogprobs
+
+    ids, mask, cmask, c = grouped_batch
+    reference = copy.deepcopy(model).train()
+    ref_lp, ref_ent = naive(reference, ids, mask, c, TEMPERATURE)
+    _objective(ref_lp, ref_ent, cmask).backward()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        sharded = copy.deepcopy(model).train()
+        for layer in sharded.model.layers:
+            fully_shard(layer)
+        root = fully_shard(PolicyLogprobs(sharded))  # the module grpo hands FSDP: its forward is token_logprobs
+        out: dict[str, tuple] = {}
+        tokens = _tokens_through(sharded, lambda: out.setdefault("shared", root(
+            ids, mask, c, temperature=TEMPERATURE, with_entropy=True, share_prompts=True)))  # fmt: skip
+        lp, ent = out["shared"]
+        _objective(lp, ent, cmask).backward()
+        grads = {name: p.grad.full_tensor() for name, p in sharded.named_parameters() if p.grad is not None}
+    finally:
+        dist.destroy_process_group()
+    batch, length = ids.shape
+    assert tokens == 2 * (length - c) + batch * c < batch * length  # each prompt ran once
+    shared = {"atol": 5e-5, "rtol": 1e-5}
+    torch.testing.assert_close(lp.detach(), ref_lp.detach(), **shared)
+    torch.testing.assert_close(ent.detach(), ref_ent.detach(), **shared)
+    expected = {name: p.grad for name, p in reference.named_parameters() if p.grad is not None}
+    assert grads.keys() == expected.keys() and len(grads) > 10
+    for name in expected:
+        torch.testing.assert_close(grads[name], expected[name], **GRAD, msg=name)

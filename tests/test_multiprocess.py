@@ -217,10 +217,10 @@ def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(w
     processes, and resumes across process counts (FSDP 2 -> 1, 1 -> FSDP 2, 1 -> DDP 2)."""
     tmp, model = workdir
     (tmp / "mp_env.py").write_text(ENV)
-    # FSDP runs every row whole (share_prompt_prefix is off there): so do the one-process peers, or float
-    # rounding, which Adam magnifies on near-zero gradients, moves the weights past the tolerance
-    common = {"max_steps": 4, "save_steps": 2, "share_prompt_prefix": False,
-              "trl": {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]}}  # fmt: skip
+    # Both sides share prompts (the default; each FSDP unit then runs twice per forward, prompts and
+    # completions). One side running every row whole moved the weights past the tolerance: float
+    # rounding, which Adam magnifies on near-zero gradients.
+    common = {"max_steps": 4, "save_steps": 2, "trl": {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]}}
     fsdp = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
     sharded = write_config(tmp, "fsdp", model, **json.loads(json.dumps(common)), **fsdp)
     single = write_config(tmp, "single", model, **json.loads(json.dumps(common)), gradient_accumulation_steps=2)

@@ -333,8 +333,8 @@ class GRPOConfig(_Table):
         True,
         description="Run each distinct prompt of a micro-batch through the trainer's model once and reuse its keys/values "
         "for all its completions (a group's completions share their prompt): the same log-probs and gradients to float "
-        "rounding for fewer tokens. Not applied with gradient_checkpointing, torch_compile, active dropout, fsdp or "
-        "deepspeed, or models whose cache is not a plain per-layer key/value cache.",
+        "rounding for fewer tokens. Not applied with gradient_checkpointing, torch_compile, active dropout, or models "
+        "whose cache is not a plain per-layer key/value cache.",
     )
     special_tokens: dict[str, str] | None = None
 

@@ -130,8 +130,7 @@ class GRPOTrainer:
         from grpo_core.compile import compile_policy
 
         self.compiled_body = compile_policy(cfg, parts.model)  # None unless torch_compile
-        # sharded engines call the body twice per forward: not verified there yet
-        self.share_prompts = bool(cfg.share_prompt_prefix) and not (cfg.fsdp or cfg.deepspeed)
+        self.share_prompts = bool(cfg.share_prompt_prefix)
         if self.compiled_body is not None:
             parts.context.log(f"torch_compile: the decoder body is compiled (backend "
                               f"{cfg.torch_compile_backend or 'inductor'}) at the first training forward")
