@@ -179,19 +179,24 @@ def test_zero_advantage_completions_are_left_out_with_the_same_loss_and_gradient
 
 
 def test_zero_advantage_completions_stay_where_the_loss_counts_them(workdir: Path, tiny_dir: str) -> None:
-    """Under a per-sequence loss (grpo) a completion with advantage 0 still
-    counts in the mean over a micro-batch's completions: in one micro-batch
-    of both groups nothing is left out. Under dapo, the same batch trains
-    only the group with signal."""
+    """Under bnpo (normalised by the micro-batch's tokens) a completion with
+    advantage 0 still counts in the normaliser: in one micro-batch of both
+    groups nothing is left out. dapo on the same batch trains only the group
+    with signal, and since its normaliser is the same token count (one
+    micro-batch per step) its loss and gradient must equal bnpo's: an
+    independent check of the count that the rows left out keep in it."""
     rows = {}
-    for loss_type in ("grpo", "dapo"):
+    for loss_type in ("bnpo", "dapo"):
         cfg = config(workdir, tiny_dir, loss_type, reward_funcs=["learning_rewards.even_on_odd_prompts"], loss_type=loss_type,
                      max_steps=1, shuffle_dataset=False, micro_batch_size=16, gradient_accumulation_steps=1)  # fmt: skip
         assert run_training(cfg) == "completed"
         rows[loss_type] = metrics(Path(cfg.output_dir))[0]
-    assert rows["grpo"]["skipped_zero_adv_samples"] == 0 and rows["grpo"]["skipped_zero_adv_batches"] == 0
-    assert rows["dapo"]["skipped_zero_adv_samples"] == 8 and rows["dapo"]["skipped_zero_adv_batches"] == 0
-    assert rows["dapo"]["num_tokens"] < rows["grpo"]["num_tokens"]
+    bnpo, dapo = rows["bnpo"], rows["dapo"]
+    assert bnpo["skipped_zero_adv_samples"] == 0 and bnpo["skipped_zero_adv_batches"] == 0
+    assert dapo["skipped_zero_adv_samples"] == 8 and dapo["skipped_zero_adv_batches"] == 0
+    assert dapo["num_tokens"] < bnpo["num_tokens"]
+    assert dapo["loss"] == pytest.approx(bnpo["loss"], rel=1e-5, abs=1e-7)
+    assert dapo["grad_norm"] == pytest.approx(bnpo["grad_norm"], rel=1e-5) and bnpo["grad_norm"] > 0
 
 
 def test_kl_is_zero_at_the_first_step_and_positive_after_an_update(workdir: Path, tiny_dir: str) -> None:
