@@ -155,7 +155,7 @@ def test_skip_zero_advantage_batches_skips_counts_and_leaves_weights(workdir: Pa
     assert row["skipped_zero_adv_batches"] == 0.0 and row["num_tokens"] > 0  # both micro-batches ran
 
 
-def test_zero_advantage_completions_are_left_out_with_the_same_loss_and_gradient(workdir: Path, tiny_dir: str) -> None:
+def test_zero_advantage_completions_are_left_out_with_the_same_loss_and_gradient(workdir: Path, tiny_dir: str, capsys) -> None:
     """With the default token-sum loss (dapo), completions whose advantage is
     0 are left out of the micro-batches: a step whose 2 prompts are one with
     signal and one without runs 1 micro-batch instead of 2, and its loss and
@@ -167,6 +167,8 @@ def test_zero_advantage_completions_are_left_out_with_the_same_loss_and_gradient
                      skip_zero_advantage_batches=skip, max_steps=1, shuffle_dataset=False)  # fmt: skip
         assert run_training(cfg) == "completed"
         runs[name] = metrics(Path(cfg.output_dir))[0]
+        said = capsys.readouterr()
+        assert ("zero advantage: 8 completions left out of training (1 micro-batch fewer)" in said.out + said.err) == skip
     dropped, full = runs["drop"], runs["all"]
     print({k: (dropped[k], full[k]) for k in ("loss", "grad_norm", "num_tokens", "frac_reward_zero_std")})
     assert full["frac_reward_zero_std"] == 0.5  # one group of the two has no signal

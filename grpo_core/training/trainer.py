@@ -656,6 +656,10 @@ class GRPOTrainer:
         shares = dominant_phases(self.timings)
         if shares:
             self.parts.context.log(f"time per step went to: {shares} (metrics.jsonl: time/*)")
+        if self.skipped_zero_adv_samples:
+            fewer = self.skipped_zero_adv_batches
+            self.parts.context.log(f"zero advantage: {self.skipped_zero_adv_samples} completions left out of training ({fewer} "
+                                   f"micro-batch{'' if fewer == 1 else 'es'} fewer); their groups had no reward variance")
         return "completed"
 
 
