@@ -225,6 +225,8 @@ def token_logprobs(
         logps_parts.append(logps)
         entropy_parts.append(entropy)
 
-    logps_out = torch.cat(logps_parts).view(batch, c)
-    entropy_out = torch.cat(entropy_parts).view(batch, c) if with_entropy else None
+    # Copies, not views of the concatenation: FSDP2 hooks the output of the module it wraps, and an
+    # in-place op on a returned view would silently drop that hook (torch warns of it)
+    logps_out = torch.cat(logps_parts).view(batch, c).clone()
+    entropy_out = torch.cat(entropy_parts).view(batch, c).clone() if with_entropy else None
     return logps_out, entropy_out
