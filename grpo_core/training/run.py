@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -61,16 +63,21 @@ fails at start instead of at the first save, hours later."""
 
 
 def check_output_dir(output_dir: Path) -> None:
-    """Fail before training, not at the first checkpoint, if output_dir is unusable."""
-    probe = output_dir / ".grpo-write-test"
+    """Fail before training, not at the first checkpoint, if output_dir is
+    unusable. Each caller writes its own probe file: every process of a
+    multi-process run checks at once."""
+    probe: Path | None = None
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        with open(probe, "wb") as handle:
+        fd, name = tempfile.mkstemp(prefix=".grpo-write-test-", dir=output_dir)
+        probe = Path(name)
+        with os.fdopen(fd, "wb") as handle:
             handle.write(bytes(OUTPUT_PROBE_BYTES))
         probe.unlink()
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            probe.unlink(missing_ok=True)
+        if probe is not None:
+            with contextlib.suppress(OSError):
+                probe.unlink(missing_ok=True)
         raise StorageError(
             f"output_dir {output_dir} is not writable: {exc}. Choose another `output_dir`, or make room there "
             f"(a run writes checkpoints; the check writes {OUTPUT_PROBE_BYTES >> 20} MiB)."

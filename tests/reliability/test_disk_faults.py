@@ -89,3 +89,20 @@ def test_disk_full_mid_run_fails_cleanly_and_keeps_the_last_checkpoint(runner: R
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", "."))) == ["checkpoint-1"]  # nothing half-written
     assert tree_digest(out / "checkpoint-1") == digest
     assert max(last_per_step(out)) == 2  # (run 2 resumed from checkpoint-1, and it is unchanged for the next resume)
+
+
+def test_output_dir_check_runs_at_once_in_every_process_without_colliding(tmp_path: Path) -> None:
+    """Every process of a multi-process run checks output_dir at the same
+    moment: each must write and remove its own probe (a shared probe name let
+    one process delete the file another was checking, failing a 2-process
+    DeepSpeed test). Threads stand in for the processes here, and leave no
+    probe behind."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from grpo_core.training.run import check_output_dir
+
+    out = tmp_path / "out"
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for result in [pool.submit(check_output_dir, out) for _ in range(64)]:
+            result.result()  # raises the StorageError a collision gives
+    assert list(out.iterdir()) == []
