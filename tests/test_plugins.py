@@ -319,13 +319,15 @@ def test_grpo_errors_and_ctrl_c_map_to_exit_codes(broken_site: Path) -> None:
     assert "Traceback" not in failed.stderr
 
     env = {**os.environ, "PYTHONPATH": str(broken_site)}
-    proc = subprocess.Popen([GRPO, "wait"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A disposition of "ignore" is inherited through exec, and Python then installs no KeyboardInterrupt
+    # handler: the child starts with the default one, whatever an earlier test left in this process
+    # (in a full run something left SIGINT ignored, and `grpo wait` slept through the signal).
+    proc = subprocess.Popen([GRPO, "wait"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "waiting"
         proc.send_signal(signal.SIGINT)
-        # normally gone within seconds; once, with other test runs loading both cores, it had not exited
-        # after 30 s (not reproduced alone): wait long enough not to mistake slow for stuck
-        _, stderr = proc.communicate(timeout=120)
+        _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
