@@ -30,13 +30,11 @@ import ipaddress
 import os
 import queue
 import secrets
-import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -46,6 +44,7 @@ from typing import IO, TYPE_CHECKING, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.cpu_affinity import format_cpu_list, process_cpus
+from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
 from grpo_plugins.vllm.cpus import plan_cpu_split
 
 if TYPE_CHECKING:
@@ -54,6 +53,7 @@ if TYPE_CHECKING:
 SERVED_MODEL_NAME = "base"
 LOG_NAME = "vllm-server.log"
 SOCKET_NAME = "vllm.sock"
+SOCKET_DIR_PREFIX = "grpo-vllm-"
 GUARD_MIDDLEWARE = "grpo_plugins.vllm.guard.RequireApiKey"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, NUL included
 
@@ -114,8 +114,9 @@ def configured_api_key(cfg: GRPOConfig) -> str | None:
 
 def private_socket_dir() -> Path:
     """A fresh directory only this user can open (``mkdtemp`` makes it 0700),
-    short enough for a socket path."""
-    return Path(tempfile.mkdtemp(prefix="grpo-vllm-"))
+    short enough for a socket path; removed by :meth:`ManagedServer.close`,
+    or by a later run if this process is killed (:mod:`grpo_core.scratch`)."""
+    return make_scratch_dir(SOCKET_DIR_PREFIX)
 
 
 def check_socket_path(path: Path) -> None:
@@ -711,8 +712,8 @@ class ManagedServer:
         (kept across :meth:`stop`/:meth:`start`, so a restart never has to
         re-create a name others have seen in /tmp)."""
         self.stop()
-        if self.spec.uds and Path(self.spec.uds).parent.name.startswith("grpo-vllm-"):
-            shutil.rmtree(Path(self.spec.uds).parent, ignore_errors=True)
+        if self.spec.uds and Path(self.spec.uds).parent.name.startswith(SOCKET_DIR_PREFIX):
+            remove_scratch_dir(Path(self.spec.uds).parent)
 
     def __enter__(self) -> ManagedServer:
         self.start()

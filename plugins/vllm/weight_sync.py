@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_core import hookimpl
 from grpo_core.atomic import atomic_directory
 from grpo_core.errors import ConfigError
+from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
 from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, InferenceEngine, SyncResult
 
 if TYPE_CHECKING:
@@ -54,7 +54,8 @@ class _FilesystemSync:
     directory, memory-backed where the OS has one, so a sync costs no disk
     I/O and leaves nothing in ``output_dir``; an engine elsewhere reads them
     from ``output_dir/<subdir>`` (a filesystem both sides share). Either is
-    removed when training ends."""
+    removed when training ends; a temporary directory left by a killed run
+    is removed by the next run's first sync (:mod:`grpo_core.scratch`)."""
 
     subdir = ""
     kind = ""
@@ -73,7 +74,7 @@ class _FilesystemSync:
     def _root_for(self, engine: InferenceEngine) -> Path:
         if self.root is None:
             if engine.same_host:
-                self.root = Path(tempfile.mkdtemp(prefix=f"grpo-{self.kind}-", dir=memory_backed_dir()))
+                self.root = make_scratch_dir(f"grpo-{self.kind}-", memory_backed_dir())
             else:
                 self.root = Path(self.context.output_dir) / self.subdir
         return self.root
@@ -110,7 +111,7 @@ class _FilesystemSync:
         """The engine is done with the files: nothing large stays behind."""
         with self._lock:
             if self.root is not None:
-                shutil.rmtree(self.root, ignore_errors=True)
+                remove_scratch_dir(self.root)
 
 
 class LoraFilesystemSync(_FilesystemSync):
