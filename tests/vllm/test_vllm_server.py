@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from grpo_core.errors import ConfigError, EngineUnavailable
+from grpo_core.scratch import LOCK_NAME
 from grpo_core.types import Prompt, SamplingSettings
 from grpo_plugins.vllm.client import EngineRequestError, VLLMClient
 from grpo_plugins.vllm.rollout import VLLMRollout
@@ -159,7 +160,7 @@ def test_lora_sync_changes_outputs_and_matches_trainer_logprobs(make_context, pr
 
     sync.grpo_sync_weights(peft_model, 2, rollout.engine)
     versions = sorted(p.name for p in sync.root.iterdir())
-    assert versions == ["v2"]  # older versions (and temporary dirs) are gone
+    assert versions == [LOCK_NAME, "v2"]  # older versions (and temporary dirs) are gone; the owner's lock stays
     sync.grpo_train_end()
     assert not sync.root.exists()  # nothing large is left behind
 
