@@ -133,6 +133,11 @@ def collate(samples: list[Sample], pad_id: int, mask_truncated: bool) -> MicroBa
     )
 
 
+def micro_batch_count(rows: int, micro_batch_size: int) -> int:
+    """Micro-batches that ``rows`` samples fill (the last one may be partial)."""
+    return -(-rows // micro_batch_size)
+
+
 def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int, mask_truncated: bool) -> list[MicroBatch]:
     """Split into micro-batches of similar total length (sorted, then chunked)."""
     ordered = sorted(samples, key=lambda s: s.length)

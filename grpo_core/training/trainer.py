@@ -30,6 +30,7 @@ from grpo_core.training.batch import (
     Sample,
     completion_tokens,
     flatten,
+    micro_batch_count,
     micro_batches,
     step_slices,
     steps_per_batch,
@@ -385,7 +386,7 @@ class GRPOTrainer:
             micro_batches(part, mbs, self.pad_id, self.trl.mask_truncated_completions) for part in trained_parts
         ]
         self._left_out = [
-            (-(-len(part) // mbs) - len(micro), len(part) - len(trained))
+            (micro_batch_count(len(part), mbs) - len(micro), len(part) - len(trained))
             for part, trained, micro in zip(parts, trained_parts, self._micro_per_step, strict=True)
         ]
         self._micro = [mb for part in self._micro_per_step for mb in part]
@@ -417,7 +418,7 @@ class GRPOTrainer:
         if not self.drops_zero_advantage_rows:
             return parts
         mbs = self.cfg.micro_batch_size
-        needed = [-(-sum(s.has_signal for s in part) // mbs) for part in parts]
+        needed = [micro_batch_count(sum(s.has_signal for s in part), mbs) for part in parts]
         needed = [max(counts) for counts in zip(*self.dist.gather(needed), strict=True)]
         return [with_signal_first(part, (n - 1) * mbs + 1 if n else 0) for part, n in zip(parts, needed, strict=True)]
 
