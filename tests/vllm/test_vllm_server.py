@@ -169,8 +169,9 @@ def test_full_sync_then_next_run_starts_from_base(make_context, prompts, peft_mo
     # Run A: full-weight sync of the merged LoRA model into the base weights.
     ctx_a = make_context()
     rollout_a = VLLMRollout(ctx_a)
-    LoraFilesystemSync(ctx_a).grpo_sync_weights(peft_model, 1, rollout_a.engine)  # also leave an adapter behind
-    FullFilesystemSync(ctx_a).grpo_sync_weights(peft_model, 2, rollout_a.engine)
+    syncs = [LoraFilesystemSync(ctx_a), FullFilesystemSync(ctx_a)]
+    syncs[0].grpo_sync_weights(peft_model, 1, rollout_a.engine)  # also leave an adapter behind
+    syncs[1].grpo_sync_weights(peft_model, 2, rollout_a.engine)
     assert rollout_a.engine.served_model == "base"
     groups_a = rollout_a.grpo_rollout_generate(prompts, 2, SamplingSettings(max_tokens=10, seed=2), 2)
     # The base weights now hold the merged LoRA (merged in bf16: a little less exact than an adapter).
@@ -191,6 +192,8 @@ def test_full_sync_then_next_run_starts_from_base(make_context, prompts, peft_mo
     with peft_model.disable_adapter():
         base_err = mean_abs_diff(groups_b, peft_model)
     assert base_err < 0.1 and mean_abs_diff(groups_b, peft_model) > 3 * base_err
+    for sync in syncs:  # run A's end: its files go
+        sync.grpo_train_end()
 
 
 # ---------------------------------------------------------------------- errors
@@ -258,7 +261,8 @@ def test_server_restart_mid_run_is_survived(make_context, prompts, peft_model, v
         pytest.skip("the server is not owned by the tests (GRPO_TEST_VLLM_PORT)")
     ctx = make_context(vllm_server_timeout=300, vllm_lora_sync=sync == "lora")
     rollout = VLLMRollout(ctx)
-    (LoraFilesystemSync if sync == "lora" else FullFilesystemSync)(ctx).grpo_sync_weights(peft_model, 1, rollout.engine)
+    weight_sync = (LoraFilesystemSync if sync == "lora" else FullFilesystemSync)(ctx)
+    weight_sync.grpo_sync_weights(peft_model, 1, rollout.engine)
     sampling = SamplingSettings(max_tokens=8, seed=4)
     rollout.grpo_rollout_generate(prompts, 2, sampling, 1)
 
@@ -276,3 +280,4 @@ def test_server_restart_mid_run_is_survived(make_context, prompts, peft_model, v
     with peft_model.disable_adapter():
         base_err = mean_abs_diff(groups, peft_model)
     assert err < 0.1 and base_err > 3 * err  # sampled with the re-synced adapter, not the bare base
+    weight_sync.grpo_train_end()
