@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -84,8 +85,6 @@ def _owned_directory(path: Path) -> bool:
         info = path.lstat()
     except OSError:
         return False
-    import stat
-
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
 
 
