@@ -360,7 +360,10 @@ def grpo_step_end(progress: TrainingProgress, metrics: dict[str, float]) -> None
 @hookspec
 def grpo_train_end(context: RunContext, status: str) -> None:
     """Training ended: ``status`` is ``"completed"``, ``"interrupted"`` or
-    ``"failed"``. Release engines and processes here."""
+    ``"failed"``. Release engines and processes, and remove temporary files,
+    here. A process killed outright never gets this call: keep temporary
+    folders outside ``output_dir`` in :func:`grpo_core.scratch.make_scratch_dir`
+    folders, which the next run removes when their owner has died."""
 
 
 @hookspec
