@@ -25,6 +25,11 @@ import tempfile
 import threading
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # Windows: nothing is locked, nothing is swept
+    fcntl = None  # type: ignore[assignment]
+
 LOCK_NAME = ".grpo-owner.lock"
 
 _held: dict[Path, int] = {}  # scratch directory -> the fd holding its lock, for this process's lifetime
@@ -56,9 +61,7 @@ def remove_scratch_dir(path: Path) -> None:
 def sweep_abandoned(prefix: str, parent: str | os.PathLike[str] | None = None) -> list[Path]:
     """Remove this user's ``<parent>/<prefix>*`` directories whose owner
     has died; returns what was removed."""
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         return []
     root = Path(parent if parent is not None else tempfile.gettempdir())
     removed = []
@@ -92,9 +95,7 @@ def _lock_new(path: Path) -> int | None:
     """Lock ``path`` as this process's: the lock file is locked under a
     temporary name, then renamed into place, so a sweeper never finds it
     present but not yet locked."""
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         return None
     staging = path / f"{LOCK_NAME}.{os.getpid()}"
     fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # not inherited by exec'd children

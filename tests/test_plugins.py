@@ -320,8 +320,8 @@ def test_grpo_errors_and_ctrl_c_map_to_exit_codes(broken_site: Path) -> None:
 
     env = {**os.environ, "PYTHONPATH": str(broken_site)}
     # A disposition of "ignore" is inherited through exec, and Python then installs no KeyboardInterrupt
-    # handler: the child starts with the default one, whatever an earlier test left in this process
-    # (in a full run something left SIGINT ignored, and `grpo wait` slept through the signal).
+    # handler: the child starts with the default one, whatever this process has (a suite started as a
+    # background job of a script has SIGINT ignored, and `grpo wait` then slept through the signal).
     proc = subprocess.Popen([GRPO, "wait"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
