@@ -16,6 +16,17 @@ through the decoder, and the largest log-prob difference between them.
 prompts, the LM head's chunks recomputed in backward (activation
 checkpointing, ``checkpoint_above = 0``) against kept for backward (grpo's
 default below 128 Mi logit elements, :mod:`grpo_core.logprobs`).
+
+``--compare lora-forward`` times peft's LoRA forward against a candidate that
+was tried for #13 and not adopted (RESULTS.md), kept here so that it can be
+measured again on other hardware. peft computes ``base(x) +
+lora_B(lora_A(dropout(x))) * scaling``: a multiply and an add over each
+adapted layer's whole output in forward, and the multiply again in backward.
+The candidate (:func:`fused_lora_forward`) adds ``scaling * h @ B^T`` into the
+base output in place (``addmm_``), so the BLAS call does both and backward
+scales only the thin ``[tokens, r]`` gradient; it covers only the plain case
+this benchmark runs (one adapter, no dropout, not merged, one dtype). Also
+prints the largest relative gradient difference.
 """
 
 from __future__ import annotations
@@ -31,6 +42,15 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
+def fused_lora_forward(layer, x: torch.Tensor) -> torch.Tensor:
+    """``--compare lora-forward``'s candidate for a peft ``lora.Linear`` (module docstring)."""
+    name = layer.active_adapters[0]
+    rows = x.reshape(-1, x.shape[-1])  # 2-D: the in-place add is then on a fresh tensor, not a view
+    result = layer.base_layer(rows)  # nothing saves this output for backward, so it may be added to in place
+    result.addmm_(layer.lora_A[name](rows), layer.lora_B[name].weight.t(), alpha=layer.scaling[name])
+    return result.view(*x.shape[:-1], result.shape[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
@@ -38,14 +58,18 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=34)
     parser.add_argument("--completion-tokens", type=int, nargs="+", default=[48, 12])
-    parser.add_argument("--compare", choices=["shared-prompts", "head-checkpoint"], default="shared-prompts")
+    parser.add_argument("--compare", choices=["shared-prompts", "head-checkpoint", "lora-forward"],
+                        default="shared-prompts")  # fmt: skip
     args = parser.parse_args()
-    # (label, token_logprobs keyword arguments) of the two ways timed
-    ways = {"shared-prompts": (("whole", {"share_prompts": False}), ("shared", {"share_prompts": True})),
-            "head-checkpoint": (("recomputed", {"share_prompts": True, "checkpoint_above": 0}),
-                                ("kept", {"share_prompts": True}))}[args.compare]  # fmt: skip
+    # (label, token_logprobs keyword arguments, LoRA layers' forward or None for peft's) of the two ways timed
+    ways = {"shared-prompts": (("whole", {"share_prompts": False}, None), ("shared", {"share_prompts": True}, None)),
+            "head-checkpoint": (("recomputed", {"share_prompts": True, "checkpoint_above": 0}, None),
+                                ("kept", {"share_prompts": True}, None)),
+            "lora-forward": (("peft", {"share_prompts": True}, None),
+                             ("fused", {"share_prompts": True}, fused_lora_forward))}[args.compare]  # fmt: skip
 
     from peft import LoraConfig, get_peft_model
+    from peft.tuners.lora.layer import Linear as LoraLinear
     from transformers import AutoModelForCausalLM
 
     from grpo_core.logprobs import token_logprobs
@@ -56,6 +80,12 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(DEFAULT_MODEL), dtype=torch.float32)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
     model.train()
+    if args.compare == "lora-forward":  # a fresh adapter is a no-op (B = 0): give it an effect, as after a few steps
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(std=0.02)
+    peft_forward = LoraLinear.forward
     generator = torch.Generator().manual_seed(0)
     results = []
     for completion in args.completion_tokens:
@@ -63,19 +93,25 @@ def main() -> None:
         ids = torch.cat([prompts[torch.arange(args.rows) % args.prompts],
                          torch.randint(0, 49152, (args.rows, completion), generator=generator)], dim=1)  # fmt: skip
         mask = torch.ones_like(ids)
-        times: dict[str, list[float]] = {label: [] for label, _ in ways}
+        times: dict[str, list[float]] = {label: [] for label, _, _ in ways}
         logps: dict[str, torch.Tensor] = {}
+        grads: dict[str, list[torch.Tensor]] = {}
         for _ in range(args.repeats + 1):
-            for label, kwargs in ways:
+            for label, kwargs, lora_forward in ways:
+                LoraLinear.forward = lora_forward or peft_forward
                 model.zero_grad(set_to_none=True)
                 began = time.perf_counter()
                 lp, _ = token_logprobs(model, ids, mask, completion, with_entropy=True, **kwargs)
                 lp.mean().backward()
                 times[label].append(time.perf_counter() - began)
                 logps[label] = lp.detach()
-        (a, _), (b, _) = ways
+                grads[label] = [p.grad for p in model.parameters() if p.requires_grad]
+        LoraLinear.forward = peft_forward
+        (a, _, _), (b, _, _) = ways
         row = {"completion_tokens": completion, "max_abs_logp_difference": float((logps[a] - logps[b]).abs().max()),
-               **{f"{label}_seconds": statistics.median(times[label][1:]) for label, _ in ways}}  # the first pass is warm-up
+               "max_relative_grad_difference": max(float((x - y).abs().max() / y.abs().max().clamp_min(1e-30))
+                                                   for x, y in zip(grads[a], grads[b])),
+               **{f"{label}_seconds": statistics.median(times[label][1:]) for label, _, _ in ways}}  # the first pass is warm-up
         row["speedup"] = row[f"{a}_seconds"] / row[f"{b}_seconds"]
         if args.compare == "shared-prompts":
             row["tokens"] = f"{args.rows * (args.prompt_tokens + completion)} -> {args.prompts * args.prompt_tokens + args.rows * completion}"
@@ -83,10 +119,11 @@ def main() -> None:
     flags = cpu_flag_summary()
     print(f"CPU flags: {flags}; {torch.get_num_threads()} threads; LoRA r16 forward+backward of {args.rows} rows, "
           f"{args.prompts} distinct prompts of {args.prompt_tokens} tokens, median of {args.repeats}")
-    print(f"{'completion tokens':>18}{a + ' s':>14}{b + ' s':>14}{'speed-up':>10}{'tokens':>16}{'max |dlogp|':>13}")
+    print(f"{'completion tokens':>18}{a + ' s':>14}{b + ' s':>14}{'speed-up':>10}{'tokens':>16}{'max |dlogp|':>13}"
+          f"{'max rel dgrad':>15}")
     for r in results:
         print(f"{r['completion_tokens']:>18}{r[a + '_seconds']:>14.2f}{r[b + '_seconds']:>14.2f}{r['speedup']:>9.2f}x"
-              f"{r.get('tokens', '-'):>16}{r['max_abs_logp_difference']:>13.1e}")
+              f"{r.get('tokens', '-'):>16}{r['max_abs_logp_difference']:>13.1e}{r['max_relative_grad_difference']:>15.1e}")
     (HERE / "results").mkdir(exist_ok=True)
     name = args.compare.replace("-", "_")
     (HERE / "results" / f"{name}.json").write_text(json.dumps({"cpu_flags": flags, "compare": args.compare, "rows": results}, indent=2))
