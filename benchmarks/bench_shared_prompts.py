@@ -10,7 +10,8 @@ length spread each group over both micro-batches), completions of
 ``--completion-tokens`` (48: an early step's; the answers shorten to ~10
 tokens as the policy learns). The two ways alternate, so a change in machine
 load hits both; prints the median seconds, the ratio, the tokens each pushes
-through the decoder, and the largest log-prob difference between them.
+through the decoder, and the largest log-prob and (relative) gradient
+differences between them.
 
 ``--compare head-checkpoint`` times, on the same micro-batch with shared
 prompts, the LM head's chunks recomputed in backward (activation
@@ -25,8 +26,7 @@ adapted layer's whole output in forward, and the multiply again in backward.
 The candidate (:func:`fused_lora_forward`) adds ``scaling * h @ B^T`` into the
 base output in place (``addmm_``), so the BLAS call does both and backward
 scales only the thin ``[tokens, r]`` gradient; it covers only the plain case
-this benchmark runs (one adapter, no dropout, not merged, one dtype). Also
-prints the largest relative gradient difference.
+this benchmark runs (one adapter, no dropout, not merged, one dtype).
 """
 
 from __future__ import annotations
