@@ -101,6 +101,12 @@ class ServerSpec:
             return f"unix:{self.uds}"
         return f"http://{client_host(self.host)}:{self.port}"
 
+    def remove_private_socket_dir(self) -> None:
+        """Delete the socket directory grpo made for this server
+        (:func:`private_socket_dir`); a socket path the config gave is left alone."""
+        if self.uds and Path(self.uds).parent.name.startswith(SOCKET_DIR_PREFIX):
+            remove_scratch_dir(Path(self.uds).parent)
+
 
 def unix_sockets_available() -> bool:
     return hasattr(socket, "AF_UNIX")
@@ -712,8 +718,7 @@ class ManagedServer:
         (kept across :meth:`stop`/:meth:`start`, so a restart never has to
         re-create a name others have seen in /tmp)."""
         self.stop()
-        if self.spec.uds and Path(self.spec.uds).parent.name.startswith(SOCKET_DIR_PREFIX):
-            remove_scratch_dir(Path(self.spec.uds).parent)
+        self.spec.remove_private_socket_dir()
 
     def __enter__(self) -> ManagedServer:
         self.start()

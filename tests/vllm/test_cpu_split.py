@@ -10,12 +10,10 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from grpo_core.errors import ConfigError
-from grpo_core.scratch import remove_scratch_dir
 from grpo_plugins.vllm.cpus import parse_cpu_list, plan_cpu_split
 from grpo_plugins.vllm.server import managed_spec
 
@@ -73,18 +71,12 @@ def test_managed_server_is_bound_to_the_engine_cores(cfg, monkeypatch) -> None:
     assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1,2,3" and spec.engine_cpus == {0, 1, 2, 3}
     assert spec.spawn_cpus == EIGHT  # a restart starts from grpo's own mask, not the trainer's
     assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in spec.env
-    _remove_socket_dir(spec)
+    spec.remove_private_socket_dir()  # made for a server this test never starts
     cfg.trl.async_prefetch = False
     spec = managed_spec(cfg)
     assert "VLLM_CPU_OMP_THREADS_BIND" not in spec.env and spec.engine_cpus is None
     assert spec.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"  # synchronous: the engine gets every core
-    _remove_socket_dir(spec)
-
-
-def _remove_socket_dir(spec) -> None:
-    """A spec's private socket folder, made for a server this test never starts."""
-    if spec.uds:
-        remove_scratch_dir(Path(spec.uds).parent)
+    spec.remove_private_socket_dir()  # made for a server this test never starts
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores to split")

@@ -121,7 +121,6 @@ def test_public_bind_warns_and_drops_unguarded_dev_mode(smollm2_dir, tmp_path, c
 
 
 def test_managed_server_is_a_private_socket_and_tcp_gets_a_key(smollm2_dir, tmp_path, config_for, monkeypatch):
-    from grpo_core.scratch import remove_scratch_dir
     from grpo_plugins.vllm.server import managed_spec
 
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
@@ -134,7 +133,7 @@ def test_managed_server_is_a_private_socket_and_tcp_gets_a_key(smollm2_dir, tmp_
         assert _arg(spec.argv, "--uds") == spec.uds and spec.env["VLLM_SERVER_DEV_MODE"] == "1"
         assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700 and socket_dir.stat().st_uid == os.getuid()
     finally:
-        remove_scratch_dir(socket_dir)
+        spec.remove_private_socket_dir()
     assert not socket_dir.exists()
     cfg.vllm.transport = "tcp"
     first, second = managed_spec(cfg), managed_spec(cfg)
