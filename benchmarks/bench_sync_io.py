@@ -17,6 +17,12 @@ and syncs a LoRA-r16 policy (random B, so the weights really change) with
 
 Prints the median seconds to save, to reload and in total, the bytes
 written, the ratio against ``output_dir``, and the CPU's flags.
+
+    .venv/bin/python benchmarks/bench_sync_io.py --colocated [--syncs 5]
+
+times instead the in-memory sync into a colocated engine (``vllm_mode =
+"colocate"``, ``vllm_in_memory``) by its two parts: computing the merged
+weights of the adapted modules, and vLLM's in-place reload of them.
 """
 
 from __future__ import annotations
@@ -31,11 +37,11 @@ from pathlib import Path
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--syncs", type=int, default=5)
+    parser.add_argument("--colocated", action="store_true", help="time the in-memory sync into a colocated engine")
     args = parser.parse_args()
-
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    if args.colocated:
+        colocated(args.syncs)
+        return
 
     from grpo_core.config.loader import validate
     from grpo_core.context import RunContext
@@ -53,15 +59,7 @@ def main() -> None:
     })  # fmt: skip
     context = RunContext(config=cfg, output_dir=work, engine_requirements=frozenset({WEIGHTS_FROM_PATH}), log=lambda m: None)
     engine = VLLMServerEngine(context)
-    torch.manual_seed(0)
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-        LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0),
-    )
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.02)
+    model = lora_policy(model_dir)
     engine.ensure_ready()
 
     class Bf16View:
@@ -103,6 +101,62 @@ def main() -> None:
 
     print("cpu flags:", cpu_flag_summary())
     print("RESULT " + json.dumps({"cpu_flags": cpu_flag_summary(), "syncs": args.syncs, **results}))
+
+
+def lora_policy(model_dir: str):
+    """SmolLM2 + LoRA r16 with a random B, so the merged weights really change."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0),
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.02)
+    return model
+
+
+def colocated(syncs: int) -> None:
+    """``--colocated``: the in-memory sync's two parts, median over ``syncs``."""
+    import time
+
+    from grpo_core.config.loader import validate
+    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.precision import cpu_flag_summary
+    from grpo_plugins.vllm.colocate import ColocatedEngine
+    from grpo_plugins.vllm.weight_sync import merged_weights
+
+    model_dir = resolve_model_dir(DEFAULT_MODEL)
+    cfg = validate({
+        "base_model": model_dir, "adapter": "lora", "sequence_len": 256,
+        "vllm": {"dtype": "float32", "max_model_len": 256, "cpu_kvcache_space": 1},
+        "trl": {"use_vllm": True, "vllm_mode": "colocate"},
+    })  # fmt: skip
+    model = lora_policy(model_dir)
+    engine = ColocatedEngine(cfg, log=lambda m: None)
+    engine.start()
+    merges, loads = [], []
+    try:
+        for _ in range(syncs):
+            began = time.perf_counter()
+            weights = merged_weights(model, engine.fused_modules())
+            merges.append(time.perf_counter() - began)
+            began = time.perf_counter()
+            engine.load_weights(weights)
+            loads.append(time.perf_counter() - began)
+    finally:
+        engine.shutdown()
+    result = {"cpu_flags": cpu_flag_summary(), "syncs": syncs, "tensors": len(weights),
+              "merge_s": statistics.median(merges), "load_s": statistics.median(loads),
+              "merge_runs_s": merges, "load_runs_s": loads}  # fmt: skip
+    print(f"colocated in-memory sync of {len(weights)} tensors: merged weights {result['merge_s']:.3f}s, "
+          f"vLLM reload {result['load_s']:.3f}s (median of {syncs}); cpu flags: {result['cpu_flags']}")
+    print("RESULT " + json.dumps(result))
 
 
 if __name__ == "__main__":
