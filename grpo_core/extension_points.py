@@ -80,6 +80,12 @@ def _default_is_correction(cfg: GRPOConfig) -> str:
     return str(cfg.trl.vllm_importance_sampling_mode)
 
 
+def _default_environment(cfg: GRPOConfig) -> str:
+    if cfg.trl.tools or cfg.trl.environment_factory:
+        return "tools"
+    return "none"
+
+
 SETTINGS_ATTRIBUTE = "Settings"
 """Any implementation (and any named reward function) may declare a pydantic
 model under this name; ``[plugins.<name>]`` is validated with it."""
@@ -93,6 +99,14 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
         decided_by="trl.use_vllm / trl.vllm_mode / trl.rollout_func",
         summary="prompts -> completions",
         attributes={"engine_capabilities": frozenset(), "concurrent_generate": False},
+    ),
+    ExtensionPoint(
+        "environment",
+        hooks=("grpo_environment_episode",),
+        default=_default_environment,
+        decided_by="trl.tools / trl.environment_factory",
+        summary="multi-turn episodes: the environment's answer to each model turn",
+        attributes={"episodic": True, "provides_reward": False},
     ),
     ExtensionPoint(
         "weight_sync",

@@ -60,6 +60,11 @@ optional (defaults in the extension-point table):
 ``required_capabilities: frozenset[str]`` (weight_sync)
     What the sync needs from the rollout's engine. ``grpo config check``
     refuses a sync whose needs the chosen rollout does not declare.
+``episodic: bool`` / ``provides_reward: bool`` (environment)
+    ``episodic = False`` means "no episodes" (the built-in ``none``, the
+    default without tools). ``provides_reward = True`` adds the
+    ``environment`` reward function (the sum of the rewards its replies
+    give) to ``reward_funcs`` when the config does not list it.
 ``concurrent_generate: bool`` (rollout)
     ``True`` when :func:`grpo_rollout_generate` may run in several threads at
     once. Streaming scoring (``trl.streaming_partial_batch``) then keeps
@@ -119,6 +124,7 @@ if TYPE_CHECKING:  # imported for annotations only: keep plugin import cheap
         ScoredGroup,
         SyncResult,
         TrainingProgress,
+        Episode,
     )
 
 PROJECT = "grpo"
@@ -161,6 +167,38 @@ def grpo_inference_engine() -> InferenceEngine | None:
     (:class:`~grpo_core.types.InferenceEngine`) is what the chosen weight
     sync receives as ``engine``. A rollout that samples the trainer's model
     (no engine) does not implement it.
+    """
+
+
+# --------------------------------------------------------------------------
+# environment: multi-turn episodes driven through the rollout's engine
+# --------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def grpo_environment_episode(prompt: Prompt, sample: int) -> Episode | None:
+    """A new, independent :class:`~grpo_core.types.Episode` for sample
+    ``sample`` (``0 .. num_generations - 1``) of ``prompt``.
+
+    Chosen by ``[plugins] environment = "name"`` (settings in
+    ``[plugins.<name>]``); ``trl.tools`` / ``trl.environment_factory`` pick
+    the built-in ``tools`` environment. The core drives every episode
+    through the run's rollout, turn by turn, token ids in and token ids
+    out: each turn is one :func:`grpo_rollout_generate` call (episodes in
+    flight batched together) on the exact ids of the episode so far, so the
+    managed or external server, a server pool, colocated vLLM and the
+    transformers rollout all run episodes unchanged. The environment's
+    messages are rendered by the chat template and enter the completion
+    with loss mask 0 (:class:`~grpo_core.types.Completion`), so the policy
+    is trained only on the tokens it sampled.
+
+    ``prompt.columns`` is the dataset row (TRL's ``reset(**row)``). Called
+    from the rollout's thread (a background thread with ``async_prefetch``).
+    Rewards the episode reports reach the reward function named
+    ``environment`` (added to ``reward_funcs`` when the implementation
+    declares ``provides_reward = True``). An implementation that declares
+    ``episodic = False`` (the built-in ``none``) turns episodes off: the
+    run is single-turn.
     """
 
 

@@ -55,8 +55,34 @@ class SamplingSettings:
 
 
 @dataclass
+class EpisodeStats:
+    """What happened in one multi-turn episode, for metrics and logs.
+
+    ``ended_by`` says why the episode stopped: ``"environment"`` (it said
+    done, or a tool-use turn had no tool call), ``"max_turns"``, ``"length"``
+    (``max_completion_length`` reached), ``"error"`` (the environment
+    raised; ``error`` names it), ``"timeout"`` (a step outlasted the
+    configured timeout). ``reward`` is the sum of the rewards the
+    environment gave, ``None`` when it gave none (or failed).
+    ``template_mismatch`` is true when the chat template renders the
+    conversation differently from the concatenated ids the model saw (the
+    ids are kept; see :mod:`grpo_core.training.turn_tokens`).
+    """
+
+    turns: int = 0
+    model_tokens: int = 0
+    environment_tokens: int = 0
+    tool_calls: int = 0
+    tool_failures: int = 0
+    ended_by: str = "environment"
+    error: str | None = None
+    reward: float | None = None
+    template_mismatch: bool = False
+
+
+@dataclass
 class Completion:
-    """One sampled completion.
+    """One sampled completion, or one whole multi-turn episode.
 
     ``logprobs`` are the *sampler's* log-probabilities of ``token_ids`` (one per
     token) when the engine reports them; importance-sampling correction needs
@@ -64,6 +90,20 @@ class Completion:
     rather than at an end-of-sequence or stop token. ``extra`` holds
     per-completion values a rollout wants reward functions to see (they
     arrive as keyword arguments, like dataset columns).
+
+    An **episode** (several model turns with environment or tool messages
+    between them) is one completion: ``token_ids`` are the exact ids of every
+    turn as the engine returned them, with the environment's ids (rendered
+    by the chat template) between them, never re-tokenised. ``loss_mask``
+    then has one entry per token: 1 where the policy sampled the token (it
+    is trained and counts in every loss normaliser), 0 where the
+    environment or the chat template inserted it (no gradient, no count,
+    no KL, no entropy, no importance weight). ``None`` means every token is
+    the policy's (single-turn). ``logprobs`` entries at mask-0 positions are
+    ignored (the drivers write 0.0). ``episode`` records what happened.
+    ``environment`` is the live episode object while the completion is
+    being scored (TRL's ``environments=`` argument of reward functions); it
+    is dropped after scoring and never saved.
     """
 
     token_ids: list[int]
@@ -71,6 +111,14 @@ class Completion:
     logprobs: list[float] | None = None
     truncated: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    loss_mask: list[int] | None = None
+    episode: EpisodeStats | None = None
+    environment: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def model_token_count(self) -> int:
+        """Tokens the policy sampled (what the loss trains and counts)."""
+        return len(self.token_ids) if self.loss_mask is None else int(sum(self.loss_mask))
 
 
 @dataclass
@@ -181,6 +229,63 @@ class PolicyLossInputs:
     logprobs: Any = None  # Callable[[bool], tuple[Tensor, Tensor | None]]: with_entropy -> (logps, entropy)
     hidden_states: Any = None  # Callable[[], tuple[Tensor, torch.nn.Module]]: -> (hidden [B, C, H], lm_head)
     is_weights: Any = None  # Callable[[Tensor], tuple[Tensor | None, Tensor]]
+
+
+# --------------------------------------------------------------------------
+# Multi-turn episodes, as the contract sees them
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class EnvironmentReply:
+    """What an :class:`Episode` answers to one model turn.
+
+    ``messages`` are appended to the conversation (chat messages, e.g.
+    ``{"role": "user", "content": "higher"}`` or ``{"role": "tool", ...}``):
+    the core renders them with the run's chat template and appends their ids
+    with loss mask 0, then a generation prompt for the model's next turn.
+    ``done`` ends the episode (no messages needed). ``reward`` is added to
+    the episode's environment reward. ``tool_calls`` / ``tool_failures``
+    count what this step did, for metrics. ``info`` values reach reward
+    functions as keyword arguments (the last step's win), like dataset
+    columns: keep them picklable.
+    """
+
+    messages: Messages = field(default_factory=list)
+    done: bool = False
+    reward: float | None = None
+    tool_calls: int = 0
+    tool_failures: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Episode(Protocol):
+    """One independent episode of an environment, for one sample of one
+    prompt (``num_generations`` episodes per prompt row, none shared).
+
+    Made by :func:`~grpo_core.hookspecs.grpo_environment_episode`, driven by
+    the core: ``reset()`` once, then ``step(text)`` with each model turn's
+    text (special tokens removed) until a reply says ``done``, the turn
+    limit or ``max_completion_length`` is reached. Steps of different
+    episodes run concurrently in threads (many episodes are in flight so the
+    engine batches their turns), each episode's own steps one after
+    another. A step that raises ends that episode (``ended_by = "error"``);
+    one that outlasts ``[episodes] step_timeout`` ends it too
+    (``"timeout"``). ``close()``, when defined, is called once the episode
+    has been scored.
+    """
+
+    def reset(self) -> str | Messages | None:
+        """Start the episode. ``None``: the prompt is used as it is; a
+        string: appended to the prompt's last user message (TRL's
+        ``reset`` convention); a list of messages: the conversation to
+        start from instead of the prompt (e.g. with a system prompt naming
+        the tools). The core re-renders the prompt with the chat template
+        when it changes."""
+
+    def step(self, text: str) -> EnvironmentReply:
+        """Answer one model turn."""
 
 
 # --------------------------------------------------------------------------

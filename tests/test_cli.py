@@ -158,7 +158,7 @@ def test_plugins_json_lists_every_point_and_the_builtins() -> None:
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
     assert set(listing) == {*POINTS, "reward", "plugins", "tracker"}
-    assert len(POINTS) == 6  # rollout, weight_sync, advantage_aggregation, is_correction, policy_loss, replay
+    assert len(POINTS) == 7  # rollout, environment, weight_sync, advantage_aggregation, is_correction, policy_loss, replay
     from importlib.metadata import distribution
 
     published = {(ep.group, ep.name, ep.value) for ep in distribution("grpo").entry_points if ep.group.startswith("grpo.")}

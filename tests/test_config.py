@@ -465,15 +465,17 @@ def test_an_unimplemented_option_is_listed_with_the_other_problems(an_unimplemen
 def test_implementation_names_follow_the_reference_options() -> None:
     assert implementation_names(validate(minimal())) == {
         "rollout": "transformers", "advantage_aggregation": "sum_then_normalize", "is_correction": "none",
-        "weight_sync": "in_process", "replay": "default", "policy_loss": "grpo",
+        "weight_sync": "in_process", "replay": "default", "policy_loss": "grpo", "environment": "none",
     }
+    assert implementation_names(validate(minimal(trl={"tools": ["m.f"]})))["environment"] == "tools"
+    assert implementation_names(validate(minimal(trl={"environment_factory": "m.C"})))["environment"] == "tools"
     cfg = validate(minimal(adapter="lora", trl={"use_vllm": True, "vllm_lora_sync": True,
                                                 "multi_objective_aggregation": "normalize_then_sum",
                                                 "vllm_importance_sampling_mode": "sequence_mask"},
                            plugins={"replay": "mine"}))
     assert implementation_names(cfg) == {
         "rollout": "vllm", "advantage_aggregation": "normalize_then_sum", "is_correction": "sequence_mask",
-        "weight_sync": "lora_filesystem", "replay": "mine", "policy_loss": "grpo",
+        "weight_sync": "lora_filesystem", "replay": "mine", "policy_loss": "grpo", "environment": "none",
     }
     cfg.trl.vllm_mode = "colocate"
     assert (implementation_names(cfg)["rollout"], implementation_names(cfg)["weight_sync"]) == ("vllm_colocate", "vllm_in_memory")

@@ -155,6 +155,17 @@ class AlertSettings(_Table):
     logp_gap_max: float = Field(0.7, gt=0, description="Mean |trainer - sampler| log-prob gap above this (IS ratio beyond ~2x): stale or broken weight sync.")
 
 
+class EpisodeSettings(_Table):
+    """``[episodes]``: how multi-turn episodes are driven (any environment)."""
+
+    max_turns: int = Field(8, ge=1, description="Model turns per episode at most; an episode still going then ends with ended_by = 'max_turns'.")
+    max_tokens_per_turn: int | None = Field(
+        None, ge=1, description="Tokens one model turn may sample. Unset: what is left of trl.max_completion_length, which bounds the whole episode."
+    )
+    step_timeout: float = Field(60.0, gt=0, description="Seconds one environment step may take; a step still running then ends its episode (ended_by = 'timeout').")
+    max_concurrent_steps: int = Field(32, ge=1, description="Environment steps run at once (threads), across the episodes in flight.")
+
+
 class TrlSettings(_Table):
     """``[trl]``: every GRPO option of the reference, same names and defaults.
 
@@ -195,6 +206,15 @@ class TrlSettings(_Table):
     reward_weights: list[float] | None = None
     multi_objective_aggregation: str | None = Field(None, description="'sum_then_normalize' (default) or 'normalize_then_sum' (GDPO), or a plugin's name.")
     rollout_func: str | None = Field(None, description="'module.function' custom rollout: f(prompts, trainer) -> dict with prompt_ids, completion_ids, logprobs.")
+    tools: list[str] | None = Field(
+        None, description="'module.function' tools the model may call during an episode (TRL's tools): schemas from their signatures and docstrings."
+    )
+    environment_factory: str | None = Field(
+        None, description="'module.Class' environment (TRL's environment_factory): reset(**row) -> str | None, public methods are tools, optional get_reward()."
+    )
+    max_tool_calling_iterations: int | None = Field(
+        None, ge=0, description="Tool-calling rounds per episode (TRL's meaning). Unset: until the model answers without a call or [episodes] max_turns."
+    )
     reward_timeout: float | None = Field(None, gt=0, description="Seconds a reward call may take before it counts as failed.")
     reward_error_policy: Literal["raise", "none"] = Field("raise", description="On a failing reward call: stop the run ('raise') or score the batch None ('none').")
 
@@ -356,6 +376,7 @@ class GRPOConfig(_Table):
     alerts: AlertSettings = Field(default_factory=AlertSettings)
 
     vllm: VllmSettings = Field(default_factory=VllmSettings)
+    episodes: EpisodeSettings = Field(default_factory=EpisodeSettings)
     trl: TrlSettings = Field(default_factory=TrlSettings)
     plugins: PluginSettings = Field(default_factory=PluginSettings)  # type: ignore[valid-type]
 
