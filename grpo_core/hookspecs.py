@@ -64,7 +64,9 @@ optional (defaults in the extension-point table):
     ``episodic = False`` means "no episodes" (the built-in ``none``, the
     default without tools). ``provides_reward = True`` adds the
     ``environment`` reward function (the sum of the rewards its replies
-    give) to ``reward_funcs`` when the config does not list it.
+    and ``final_reward`` give) to ``reward_funcs`` when the config does not
+    list it; it may also be a static function ``provides_reward(config) ->
+    bool`` (decide from the config alone: it runs in ``grpo config check``).
 ``concurrent_generate: bool`` (rollout)
     ``True`` when :func:`grpo_rollout_generate` may run in several threads at
     once. Streaming scoring (``trl.streaming_partial_batch``) then keeps

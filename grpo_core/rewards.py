@@ -66,10 +66,13 @@ class Batch:
         return len(self.completions)
 
 
-def build_batch(groups: list[RolloutGroup], step: int) -> Batch:
+def build_batch(groups: list[RolloutGroup], step: int, live_environments: bool = True) -> Batch:
     """TRL's layout: one entry per completion, the prompt and every dataset
     column repeated across its group; conversational completions as
-    ``[{"role": "assistant", "content": text}]``."""
+    ``[{"role": "assistant", "content": text}]`` (an episode's messages for
+    a multi-turn one). ``live_environments``: hand the episodes' live
+    objects over as ``environments`` (TRL's argument); a batch for
+    subprocess workers leaves them out, since they need not pickle."""
     keys: list[str] = []
     for group in groups:
         keys.extend(k for k in group.prompt.columns if k not in keys and k not in RESERVED_ARGS)
@@ -81,10 +84,16 @@ def build_batch(groups: list[RolloutGroup], step: int) -> Batch:
         conversational = group.prompt.is_conversational
         for completion in group.completions:
             prompts.append(group.prompt.prompt)
-            completions.append([{"role": "assistant", "content": completion.text}] if conversational else completion.text)
+            if conversational:
+                completions.append(list(completion.messages) if completion.messages else [{"role": "assistant", "content": completion.text}])
+            else:
+                completions.append(completion.text)
             ids.append(list(completion.token_ids))
             for k in keys:
                 columns[k].append(completion.extra[k] if k in completion.extra else group.prompt.columns.get(k))
+    live = [c.environment for g in groups for c in g.completions]
+    if live_environments and any(env is not None for env in live) and "environments" not in columns:
+        columns["environments"] = live  # TRL's environments=: in-process reward functions only (not picklable)
     return Batch(prompts, completions, ids, columns, step, [len(g.completions) for g in groups])
 
 
@@ -334,7 +343,7 @@ class RewardScorer:
             return []
         if self._pool is not None:
             shards = _shard(groups, self._pool.size)
-            per_shard = self._pool.run([build_batch(shard, step) for shard in shards], step)
+            per_shard = self._pool.run([build_batch(shard, step, live_environments=False) for shard in shards], step)
             matrices = [self._apply_policy(outcomes, batch_len=sum(len(g.completions) for g in shard)) for shard, outcomes in zip(shards, per_shard)]
             rows = [row for matrix in matrices for row in matrix]
         else:

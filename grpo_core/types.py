@@ -100,7 +100,10 @@ class Completion:
     environment or the chat template inserted it (no gradient, no count,
     no KL, no entropy, no importance weight). ``None`` means every token is
     the policy's (single-turn). ``logprobs`` entries at mask-0 positions are
-    ignored (the drivers write 0.0). ``episode`` records what happened.
+    ignored (the drivers write 0.0). ``episode`` records what happened;
+    ``messages`` is the episode after the prompt as chat messages (model
+    turns and the environment's replies): what conversational reward
+    functions receive as the completion, as in TRL.
     ``environment`` is the live episode object while the completion is
     being scored (TRL's ``environments=`` argument of reward functions); it
     is dropped after scoring and never saved.
@@ -113,6 +116,7 @@ class Completion:
     extra: dict[str, Any] = field(default_factory=dict)
     loss_mask: list[int] | None = None
     episode: EpisodeStats | None = None
+    messages: Messages | None = None
     environment: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -272,8 +276,12 @@ class Episode(Protocol):
     engine batches their turns), each episode's own steps one after
     another. A step that raises ends that episode (``ended_by = "error"``);
     one that outlasts ``[episodes] step_timeout`` ends it too
-    (``"timeout"``). ``close()``, when defined, is called once the episode
-    has been scored.
+    (``"timeout"``). Optional members: ``final_reward()`` is called once when
+    the episode has ended in any way but a failure, and what it returns
+    (a float, or ``None``) is added to the episode's reward (TRL's
+    ``get_reward``); ``environment`` is the object reward functions receive
+    in ``environments=`` (default: the episode itself); ``close()`` is
+    called once the episode has been scored.
     """
 
     def reset(self) -> str | Messages | None:

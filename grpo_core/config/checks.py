@@ -445,6 +445,33 @@ def _plugin_checks(cfg: GRPOConfig, host: PluginHost, names: dict[str, str], err
         )
 
 
+ENVIRONMENT_REWARD = "environment"
+"""The reward function that returns an episode's environment reward."""
+
+
+def add_environment_reward(cfg: GRPOConfig, host: PluginHost) -> None:
+    """An environment that declares ``provides_reward`` scores its episodes:
+    add the ``environment`` reward function (weight 1, as TRL adds
+    ``get_reward``) to ``trl.reward_funcs`` unless the config lists it.
+    An environment that cannot be imported is left to the plugin checks."""
+    point = BY_NAME["environment"]
+    try:
+        _, cls = host.implementation_class(point.name, chosen_implementations(cfg)[point.name], key=source_key(cfg, point))
+    except (PluginError, ConfigError):
+        return
+    provides = declared(cls, point, "provides_reward")
+    if callable(provides):  # decided from the config (never by importing the user's code)
+        provides = provides(cfg)
+    if not (declared(cls, point, "episodic") and provides):
+        return
+    funcs = list(cfg.trl.reward_funcs or [])
+    if ENVIRONMENT_REWARD in funcs:
+        return
+    if cfg.trl.reward_weights is not None and len(cfg.trl.reward_weights) == len(funcs):
+        cfg.trl.reward_weights = [*cfg.trl.reward_weights, 1.0]
+    cfg.trl.reward_funcs = [*funcs, ENVIRONMENT_REWARD]
+
+
 def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes: int | None = None) -> list[str]:
     """Return warnings for ``cfg``; raise :class:`ConfigError` listing every
     problem that stops it from running.
@@ -459,6 +486,8 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
 
     errors: list[str] = []
     warnings: list[str] = []
+    plugins = host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
+    add_environment_reward(cfg, plugins)
     names = implementation_names(cfg)
     _reward_checks(cfg, errors, warnings)
     _generation_checks(cfg, errors, warnings)
@@ -470,7 +499,7 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
     _model_checks(cfg, names, errors, warnings)
     _speed_checks(cfg, errors, warnings)
     _observability_checks(cfg, host, errors, warnings)
-    _plugin_checks(cfg, host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None), names, errors, warnings)
+    _plugin_checks(cfg, plugins, names, errors, warnings)
     warnings += compat_warnings(cfg)
     unimplemented = _unimplemented(cfg)
     if unimplemented and not errors and len(unimplemented) == 1:

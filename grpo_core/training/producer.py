@@ -24,6 +24,7 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.training.batch import steps_per_batch
+from grpo_core.training.episodes import EpisodeDriver, episode_metrics, release
 from grpo_core.types import Prompt, RolloutGroup, SamplingSettings, ScoredGroup, TrainingProgress
 
 
@@ -138,8 +139,10 @@ class RolloutProducer:
         prompts_per_batch: int,
         sampling: SamplingSettings,
         concurrent_rollout: bool,
+        episodes: EpisodeDriver | None = None,
     ) -> None:
         self.cfg = cfg
+        self.episodes = episodes
         self.hook = hook
         self.scorer = scorer
         self.stream = stream
@@ -179,9 +182,17 @@ class RolloutProducer:
         sampling = self.sampling
         if sampling.seed is not None:  # a distinct, reproducible seed per request
             sampling = SamplingSettings(**{**sampling.__dict__, "seed": sampling.seed * 1_000_003 + seed_offset})
-        groups = self.hook.grpo_rollout_generate(
-            prompts=prompts, num_generations=self.num_generations, sampling=sampling, policy_version=version
-        )
+        if self.episodes is not None:
+            def turn(requests: list[Prompt], n: int, turn_sampling: SamplingSettings) -> list[RolloutGroup]:
+                return self.hook.grpo_rollout_generate(prompts=requests, num_generations=n, sampling=turn_sampling, policy_version=version)
+
+            groups = self.episodes.run(prompts, self.num_generations, sampling, turn)
+            for group in groups:
+                group.policy_version = version
+        else:
+            groups = self.hook.grpo_rollout_generate(
+                prompts=prompts, num_generations=self.num_generations, sampling=sampling, policy_version=version
+            )
         if groups is None or len(groups) != len(prompts):
             raise RuntimeError(f"rollout returned {0 if groups is None else len(groups)} groups for {len(prompts)} prompts")
         return groups
@@ -194,7 +205,10 @@ class RolloutProducer:
 
     def _score(self, groups: list[RolloutGroup], step: int) -> tuple[list[list[list[float | None]]], float]:
         started = time.perf_counter()
-        return self.scorer.score(groups, step), time.perf_counter() - started
+        try:
+            return self.scorer.score(groups, step), time.perf_counter() - started
+        finally:
+            release(groups)  # episodes are closed once scored; only plain data is kept
 
     def _stream_concurrently(self, chunks: list[list[Prompt]], version: int, base_seed: int, step: int) -> tuple[list[RolloutGroup], list[Any], float, float]:
         """Every chunk in flight at once; each scored as soon as the scorer is
@@ -252,6 +266,7 @@ class RolloutProducer:
         scored = self._advantages(groups, rewards)
         scored = self.hook.grpo_replay_groups(groups=scored, progress=progress) or scored
         metrics = batch_metrics(scored, self.scorer.names, self.scorer.weights)
+        metrics.update(episode_metrics(scored))
         # generation: wall time until the last chunk landed; scoring: summed
         # time in reward functions. With concurrent streaming they overlap, so
         # their sum exceeds the batch's wall time.

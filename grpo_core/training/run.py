@@ -28,6 +28,7 @@ from grpo_core.plugin_host import ERROR_LOG, PluginHost
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.batch import generation_batch_size, steps_per_batch
 from grpo_core.training.distributed import Distributed, process_rank
+from grpo_core.training.episodes import EpisodeDriver
 from grpo_core.training.producer import (
     PrefetchingProducer,
     PromptStream,
@@ -35,7 +36,7 @@ from grpo_core.training.producer import (
     ScatteringProducer,
     sampling_from_config,
 )
-from grpo_core.types import Checkpointable, InferenceEngine, TrainingProgress, engine_cpu_cores
+from grpo_core.types import Checkpointable, InferenceEngine, Prompt, TrainingProgress, engine_cpu_cores
 
 
 def seed_everything(seed: int) -> None:
@@ -136,8 +137,29 @@ def build_implementations(host: PluginHost, cfg: GRPOConfig, context: RunContext
     return Implementations(objects, engine)
 
 
+def _episode_driver(cfg: GRPOConfig, host: PluginHost, tokenizer: Any, impls: Implementations, log: Callable[[str], None]) -> EpisodeDriver | None:
+    """The driver of multi-turn episodes, when the chosen environment has
+    them (``episodic``); ``None`` for single-turn runs."""
+    environment = impls.objects.get("environment")
+    if environment is None or not declared(environment, BY_NAME["environment"], "episodic"):
+        return None
+
+    def new_episode(prompt: Prompt, sample: int) -> Any:
+        return host.hook.grpo_environment_episode(prompt=prompt, sample=sample)
+
+    name = host.chosen.get("environment", "environment")
+    return EpisodeDriver(new_episode, tokenizer, cfg, name, log, concurrent_turns=impls.concurrent_generate)
+
+
 def _make_producer(
-    cfg: GRPOConfig, host: PluginHost, scorer: Any, stream: PromptStream, tokenizer: Any, impls: Implementations, dist: Distributed
+    cfg: GRPOConfig,
+    host: PluginHost,
+    scorer: Any,
+    stream: PromptStream,
+    tokenizer: Any,
+    impls: Implementations,
+    dist: Distributed,
+    log: Callable[[str], None] = print,
 ) -> Any:
     """Rank 0's producer (prefetching in a thread with ``async_prefetch``);
     with several processes wrapped so the main thread scatters its batches."""
@@ -152,6 +174,7 @@ def _make_producer(
         prompts_per_batch(cfg),
         sampling_from_config(cfg, stop_ids),
         concurrent_rollout=impls.concurrent_generate,
+        episodes=_episode_driver(cfg, host, tokenizer, impls, log),
     )
     if cfg.trl.async_prefetch:
         producer = PrefetchingProducer(
@@ -304,7 +327,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
             tokenizer=context.tokenizer,
             optimizer=optimizer,
             scheduler=scheduler,
-            producer=_make_producer(cfg, host, scorer, stream, context.tokenizer, impls, dist),
+            producer=_make_producer(cfg, host, scorer, stream, context.tokenizer, impls, dist, context.log),
             scorer=scorer,
             stream=stream,
             reference=reference,

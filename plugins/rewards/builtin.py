@@ -13,10 +13,13 @@ ANSWER = re.compile(r"<answer>.*?</answer>", re.DOTALL)
 
 
 def completion_text(completion: Any) -> str:
-    """Text of a completion: plain text, or the content of conversational
-    messages (``[{"role": "assistant", "content": ...}]``)."""
+    """Text of a completion: plain text, or what the model wrote in
+    conversational messages (``[{"role": "assistant", "content": ...}]``;
+    in an episode, the environment's and tools' messages are left out)."""
     if isinstance(completion, list):
-        return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
+        return "".join(
+            str(m.get("content") or "") for m in completion if isinstance(m, dict) and m.get("role", "assistant") == "assistant"
+        )
     return str(completion)
 
 
@@ -47,3 +50,13 @@ def think_answer_format(completions: list[Any], **kwargs: Any) -> list[float]:
         text = completion_text(completion)
         rewards.append(1.0 if THINK.search(text) and ANSWER.search(text) else 0.0)
     return rewards
+
+
+def environment(completions: list[Any], environment_reward: list[float | None] | None = None, **kwargs: Any) -> list[float | None]:
+    """The reward the environment gave each episode (the sum of its
+    replies' rewards); ``None`` where it gave none, or the episode failed.
+    Added to ``reward_funcs`` by itself when the environment declares
+    ``provides_reward``."""
+    if environment_reward is None:
+        return [None] * len(completions)
+    return [None if r is None else float(r) for r in environment_reward]

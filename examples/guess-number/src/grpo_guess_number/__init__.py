@@ -1,0 +1,63 @@
+"""Guess a number: a multi-turn environment that answers in words.
+
+Each dataset row holds a ``secret`` (and its range in the prompt). The model
+guesses; the environment says "Higher." or "Lower." until the guess is
+right or the turns run out. The episode's reward is 1.0 for a right guess,
+less ``turn_penalty`` for each extra turn it took, and 0.0 otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, Field
+
+from grpo_core import hookimpl
+from grpo_core.types import EnvironmentReply, Prompt
+
+NUMBER = re.compile(r"-?\d+")
+
+
+class Settings(BaseModel):
+    """``[plugins.guess_number]``."""
+
+    turn_penalty: float = Field(0.1, ge=0, description="Reward taken off for each guess after the first.")
+    column: str = Field("secret", description="The dataset column with the number to guess.")
+
+
+class GuessEpisode:
+    """One game: a secret, and the guesses so far."""
+
+    def __init__(self, secret: int, settings: Settings) -> None:
+        self.secret = secret
+        self.settings = settings
+        self.guesses: list[int] = []
+
+    def reset(self) -> None:
+        return None  # the dataset's prompt states the game
+
+    def step(self, text: str) -> EnvironmentReply:
+        found = NUMBER.findall(text)
+        if not found:
+            return EnvironmentReply(messages=[{"role": "user", "content": "Answer with one number."}])
+        guess = int(found[-1])
+        self.guesses.append(guess)
+        if guess == self.secret:
+            reward = max(0.0, 1.0 - self.settings.turn_penalty * (len(self.guesses) - 1))
+            return EnvironmentReply(done=True, reward=reward, info={"guesses": len(self.guesses)})
+        hint = "Higher." if guess < self.secret else "Lower."
+        return EnvironmentReply(messages=[{"role": "user", "content": hint}], reward=0.0, info={"guesses": len(self.guesses)})
+
+
+class GuessNumber:
+    """``grpo.environment:guess_number``."""
+
+    Settings = Settings
+    provides_reward = True  # its reward joins reward_funcs as 'environment'
+
+    def __init__(self, context, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+
+    @hookimpl
+    def grpo_environment_episode(self, prompt: Prompt, sample: int) -> GuessEpisode:
+        return GuessEpisode(int(prompt.columns[self.settings.column]), self.settings)

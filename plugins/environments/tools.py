@@ -1,0 +1,184 @@
+"""The ``tools`` environment: TRL's ``tools`` and ``environment_factory``.
+
+``trl.tools = ["module.function", ...]`` gives the model functions to call;
+``trl.environment_factory = "module.Class"`` gives each episode its own
+instance of a class whose public methods are tools too (TRL 1.16's
+convention: ``reset(**row) -> str | None``, whose string is appended to the
+last user message; an optional ``get_reward()`` scores the finished episode
+and becomes the ``environment`` reward, weight 1). Schemas come from the
+functions' signatures and Google-style docstrings
+(``transformers.utils.get_json_schema``, as TRL does).
+
+Where grpo differs from TRL: SmolLM2-class templates have no tool support,
+so the calls use a text format of their own (:mod:`.tool_calls`, chosen by
+``[plugins.tools] format``) taught by the system prompt, with a one-shot
+example; results come back as ``tool`` messages (``result_role``). A call
+that cannot be parsed, names no tool, or raises is answered with an error
+message (``tool_failures``), never a crash. ``trl.max_tool_calling_iterations``
+bounds the rounds of calls (TRL's meaning: a turn's calls past the limit
+are not run and the episode ends). A dict of environments (TRL's
+multi-environment mode) is not supported: one class per run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, Field
+
+from grpo_core import hookimpl
+from grpo_core.context import RunContext
+from grpo_core.data import import_from_cwd
+from grpo_core.errors import ConfigError
+from grpo_core.types import EnvironmentReply, Messages, Prompt
+from grpo_plugins.environments.tool_calls import ToolCall, example_arguments, instructions, parse_calls
+
+
+class ToolSettings(BaseModel):
+    """``[plugins.tools]``."""
+
+    format: Literal["json", "python"] = Field("json", description="How the model writes a call (see tool_calls.py).")
+    example: bool = Field(True, description="Put a one-shot example call in the system prompt.")
+    result_role: Literal["tool", "user"] = Field("tool", description="The role of the messages that carry results.")
+    instructions: str | None = Field(None, description="Text before the tool list in the system prompt (default: grpo's).")
+
+
+def _schema(func: Callable[..., Any], where: str) -> dict[str, Any]:
+    from transformers.utils import get_json_schema
+
+    try:
+        return get_json_schema(func)
+    except Exception as exc:  # transformers raises its own types for undocumented arguments
+        raise ConfigError(
+            f"{where}: tool '{getattr(func, '__name__', func)}' has no usable schema ({exc}). Give every argument a "
+            "type hint and describe it in a Google-style docstring (an 'Args:' section)."
+        ) from None
+
+
+def _load(spec: str, key: str) -> Any:
+    try:
+        return import_from_cwd(spec)
+    except Exception as exc:  # noqa: BLE001 - named below
+        raise ConfigError(f"{key} = '{spec}' cannot be imported ({exc}); it must be importable from the working directory") from None
+
+
+def environment_methods(instance: Any) -> list[Callable[..., Any]]:
+    """An environment's tools: its public methods besides reset/get_reward (TRL's rule)."""
+    return [
+        getattr(instance, name)
+        for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+        if name not in ("reset", "get_reward") and not name.startswith("_")
+    ]
+
+
+class ToolEpisode:
+    """One episode: an environment instance (if any) and the tools."""
+
+    def __init__(self, owner: ToolEnvironment, prompt: Prompt, instance: Any) -> None:
+        self.owner = owner
+        self.prompt = prompt
+        self.environment = instance  # what reward functions get as environments=
+        self.tools = {f.__name__: f for f in owner.functions + (environment_methods(instance) if instance is not None else [])}
+        self.rounds = 0
+
+    def reset(self) -> Messages:
+        start = None
+        if self.environment is not None and callable(getattr(self.environment, "reset", None)):
+            start = self.environment.reset(**{"prompt": self.prompt.prompt, **self.prompt.columns})
+        system = self.owner.system_text()
+        prompt = self.prompt.prompt
+        messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+        if start is not None:
+            last = messages[-1]
+            messages[-1] = {**last, "content": str(last.get("content", "")) + str(start)}
+        if messages and messages[0].get("role") == "system":
+            return [{"role": "system", "content": f"{messages[0]['content']}\n\n{system}"}, *messages[1:]]
+        return [{"role": "system", "content": system}, *messages]
+
+    def step(self, text: str) -> EnvironmentReply:
+        calls = parse_calls(text, self.owner.settings.format, self.owner.schemas_for(self.tools))
+        if not calls:
+            return EnvironmentReply(done=True)
+        limit = self.owner.max_rounds
+        if limit is not None and self.rounds >= limit:
+            return EnvironmentReply(done=True)
+        self.rounds += 1
+        messages, failures = [], 0
+        for call in calls:
+            result, failed = self._run(call)
+            failures += failed
+            messages.append({"role": self.owner.settings.result_role, "content": result})
+        return EnvironmentReply(messages=messages, tool_calls=len(calls), tool_failures=failures)
+
+    def _run(self, call: ToolCall) -> tuple[str, bool]:
+        if call.problem is not None:
+            return f"Error: {call.problem}.", True
+        try:
+            result = self.tools[call.name](**call.arguments)
+            if inspect.isawaitable(result):
+                result = asyncio.run(result)
+        except Exception as exc:  # noqa: BLE001 - the model is told, and it is counted
+            return f"Error: {call.name} raised {type(exc).__name__}: {exc}", True
+        return (result if isinstance(result, str) else json.dumps(result, default=str)), False
+
+    def final_reward(self) -> float | None:
+        get_reward = getattr(self.environment, "get_reward", None)
+        if not callable(get_reward):
+            return None
+        value = get_reward()
+        if inspect.isawaitable(value):
+            value = asyncio.run(value)
+        return None if value is None else float(value)
+
+
+class ToolEnvironment:
+    """``grpo.environment:tools``."""
+
+    Settings = ToolSettings
+
+    def __init__(self, context: RunContext, settings: ToolSettings | None = None) -> None:
+        trl = context.config.trl
+        self.settings = settings or ToolSettings()
+        self.functions = [_load(spec, "trl.tools") for spec in trl.tools or []]
+        self.factory = _load(trl.environment_factory, "trl.environment_factory") if trl.environment_factory else None
+        if not self.functions and self.factory is None:
+            raise ConfigError("the 'tools' environment needs trl.tools = ['module.function'] or trl.environment_factory = 'module.Class'")
+        self.max_rounds = trl.max_tool_calling_iterations
+        self._schemas: dict[str, dict[str, Any]] = {}
+        probe = self.factory() if self.factory is not None else None  # the schemas of its methods, checked now
+        self._tool_list = self.functions + (environment_methods(probe) if probe is not None else [])
+        if not self._tool_list:
+            raise ConfigError(f"trl.environment_factory = '{trl.environment_factory}' has no public methods to offer as tools, and trl.tools is empty")
+        for func in self._tool_list:
+            self._schemas[func.__name__] = _schema(func, "trl.environment_factory" if func not in self.functions else "trl.tools")
+
+    @staticmethod
+    def provides_reward(config: Any) -> bool:
+        """An environment class may score episodes (``get_reward``). Decided
+        from the config alone, so checking a config imports none of its
+        code: with ``environment_factory`` the ``environment`` reward is
+        listed, and is ``None`` for a class without ``get_reward``."""
+        return bool(config.trl.environment_factory)
+
+    def schemas_for(self, tools: dict[str, Callable[..., Any]]) -> dict[str, dict[str, Any]]:
+        return {name: self._schemas[name] for name in tools if name in self._schemas}
+
+    def system_text(self) -> str:
+        schemas = [self._schemas[f.__name__] for f in self._tool_list]
+        example = (schemas[0]["function"]["name"], example_arguments(schemas[0])) if self.settings.example else None
+        text = instructions(schemas, self.settings.format, example)
+        return f"{self.settings.instructions}\n{text}" if self.settings.instructions else text
+
+    @staticmethod
+    def grpo_validate_config(config: Any) -> list[str]:
+        trl = config.trl
+        if not trl.tools and not trl.environment_factory:
+            raise ConfigError("plugins.environment = 'tools' needs trl.tools or trl.environment_factory")
+        return []
+
+    @hookimpl
+    def grpo_environment_episode(self, prompt: Prompt, sample: int) -> ToolEpisode:
+        return ToolEpisode(self, prompt, self.factory() if self.factory is not None else None)
