@@ -137,6 +137,8 @@ class EpisodeDriver:
         self.name = environment_name
         self.log = log
         self.concurrent_turns = concurrent_turns
+        self._lock = threading.Lock()
+        self._template_warned = False
 
     # ------------------------------------------------------------------ the loop
 
@@ -294,6 +296,7 @@ class EpisodeDriver:
             whole = [*e.conversation, *e.messages]
             if not self.turns.matches_template(whole, e.context + e.ids, generation_prompt=True):
                 e.stats.template_mismatch = True
+                self._warn_template_once()
 
     def _final_rewards(self, live: list[_Live]) -> None:
         scored = [e for e in live if e.stats.error is None and callable(getattr(e.episode, "final_reward", None))]
@@ -303,6 +306,17 @@ class EpisodeDriver:
                 self._fail(e, kind, self._describe(kind, value, "final_reward"), e.stats.turns)
             elif value is not None:
                 e.stats.reward = (e.stats.reward or 0.0) + float(value)
+
+    def _warn_template_once(self) -> None:
+        with self._lock:
+            if self._template_warned:
+                return
+            self._template_warned = True
+        self.log(
+            "the chat template renders an episode's conversation differently from the ids the model was given "
+            "(it rewrites earlier turns, e.g. drops their reasoning): grpo trains on the ids as the engine sampled "
+            "them, turn after turn, and counts such episodes in episodes/template_mismatch"
+        )
 
     # ------------------------------------------------------------------ failures
 

@@ -65,12 +65,28 @@ class TurnTokens:
         rest of the template's turn ending, ``messages``, then the
         generation prompt of the model's next turn."""
         rendered = self._render([*STAND_IN, *messages], generation_prompt=True)
-        if not rendered.startswith(self._closed):
-            raise TemplateError(
-                "the chat template renders a conversation's earlier messages differently once a message follows "
-                "them, so an environment reply cannot be appended to the ids of the episode so far"
-            )
-        return self.encode(self.turn_closing(last_model_ids) + rendered[len(self._closed) :])
+        return self.encode(self.turn_closing(last_model_ids) + rendered[self._after_stand_in(rendered) :])
+
+    def _after_stand_in(self, rendered: str) -> int:
+        """Where the stand-in assistant turn ends in ``rendered``. Usually
+        right after its content; a template that rewrites earlier turns may
+        have dropped the content, and then the turn ends at the second turn
+        ending after the stand-in user's content."""
+        if rendered.startswith(self._closed):
+            return len(self._closed)
+        at = rendered.find(_ASSISTANT)
+        if at >= 0:
+            start = at + len(_ASSISTANT)
+        else:
+            user = rendered.find(_USER)
+            user_end = rendered.find(self.turn_tail, user + len(_USER)) if user >= 0 else -1
+            if user_end < 0:
+                raise TemplateError("the chat template renders neither turn of a two-message conversation recognisably")
+            start = user_end + len(self.turn_tail)
+        end = rendered.find(self.turn_tail, start)
+        if end < 0:
+            raise TemplateError("the chat template does not close an assistant turn before the next message")
+        return end + len(self.turn_tail)
 
     def turn_closing(self, last_model_ids: list[int]) -> str:
         """The template's turn ending, less the end token the model sampled

@@ -230,6 +230,16 @@ def cpu_kvcache_gib(cfg: GRPOConfig) -> int | None:
     return DEFAULT_CPU_KVCACHE_GIB
 
 
+def cpu_whole_prefill_args(max_len: int) -> list[str]:
+    """vLLM 0.32's CPU backend kills its engine ("CPU Generator does not use
+    offset") when a request with a ``seed`` is only partly prefilled in a
+    step: chunked prefill rewinds the request's generator, which CPU
+    generators cannot do. Many long prompts at once (multi-turn episodes)
+    make that happen. Prefilling whole prompts avoids it; the step budget
+    must then hold the longest prompt."""
+    return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_len, 2048))]
+
+
 def server_spec(
     cfg: GRPOConfig,
     host: str | None = None,
@@ -292,6 +302,8 @@ def server_spec(
         argv.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
     if enforce_eager(cfg):
         argv.append("--enforce-eager")
+    if not cuda_available():
+        argv += cpu_whole_prefill_args(max_len)
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if lora:
         # Only for adapter sync: serving through LoRA layers is slow on CPU

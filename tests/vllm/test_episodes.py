@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from dataclasses import replace
+
 from grpo_core.data import tokenize_prompt
 from grpo_core.training.batch import collate, flatten
 from grpo_core.training.episodes import EpisodeDriver
@@ -157,3 +159,22 @@ def test_identical_contexts_are_asked_together_and_failures_end_only_their_episo
     assert any("episode 0 of prompt 1 ended at turn 2" in line and "RuntimeError" in line for line in logs)
     others = [c for g in groups for c in g.completions if c is not failed]
     assert all(c.episode.ended_by == "environment" and c.episode.reward == 3.0 for c in others)
+
+
+def test_many_long_seeded_requests_at_once_keep_the_cpu_server_alive(make_context, smollm2_tokenizer, monkeypatch) -> None:
+    # vLLM 0.32's CPU engine dies ("CPU Generator does not use offset") when a seeded request is
+    # prefilled in chunks; 12 prompts of ~350 tokens (over the 2048-token step budget together)
+    # forced chunking before grpo's servers prefilled whole prompts on CPU.
+    import grpo_plugins.vllm.server as server
+
+    monkeypatch.setattr(server, "cuda_available", lambda: False)  # the CPU command line, whatever this machine has
+    argv = server.server_spec(make_context().config).argv
+    assert "--no-enable-chunked-prefill" in argv and int(argv[argv.index("--max-num-batched-tokens") + 1]) >= 512
+    tok = smollm2_tokenizer
+    rollout = VLLMRollout(make_context())
+    prompts = [Prompt(f"{i}: " + "the quick brown fox jumps over the lazy dog " * 35, [], {}, i) for i in range(12)]
+    prompts = [replace(p, prompt_ids=tok(p.prompt, add_special_tokens=False)["input_ids"][:350]) for p in prompts]
+    assert sum(len(p.prompt_ids) for p in prompts) > 2048
+    groups = rollout.grpo_rollout_generate(prompts, 2, SamplingSettings(max_tokens=4, seed=1), 0)
+    assert all(len(c.token_ids) >= 1 for g in groups for c in g.completions)
+    assert rollout.engine.healthy()

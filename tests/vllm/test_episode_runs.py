@@ -1,0 +1,200 @@
+"""Whole training runs with multi-turn episodes, through the real vLLM server.
+
+Each way an episode can come to be trains a real run here: ``trl.tools``,
+TRL's ``trl.environment_factory`` (with ``get_reward`` and a reward
+function that reads ``environments=``), and an ``environment`` plugin
+installed the way a user installs one (pip, into a private folder). The
+faults (an environment that raises, one that hangs, tool calls that are
+malformed or raise) each end only their own episode, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from grpo_core import plugin_host
+from grpo_core.config.loader import validate
+from grpo_core.training.run import run_training
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+CALCULATOR = ROOT / "examples" / "calculator"
+GUESS = ROOT / "examples" / "guess-number"
+FAULTS = ROOT / "tests" / "plugin_packages" / "grpo-env-faults"
+
+
+def episode_run(smollm2_dir: str, out: Path, base_url: str, data: Path, **tables: object) -> dict:
+    trl = {
+        "use_vllm": True, "vllm_managed": False, "vllm_server_base_url": base_url, "vllm_server_timeout": 60,
+        "num_generations": 4, "max_completion_length": 96, **tables.pop("trl", {}),
+    }  # fmt: skip
+    return {
+        "base_model": smollm2_dir, "adapter": "lora", "lora_r": 8, "sequence_len": 512,
+        "datasets": [{"path": str(data)}], "micro_batch_size": 8, "gradient_accumulation_steps": 1,
+        "max_steps": 2, "learning_rate": 1e-4, "output_dir": str(out), "seed": 5,
+        "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "float32", "max_model_len": 512, "cpu_kvcache_space": 1,
+                 "api_key": "test-key-123"},
+        "episodes": {"max_turns": 3, "max_tokens_per_turn": 24, **tables.pop("episodes", {})},
+        "trl": trl, **tables,
+    }  # fmt: skip
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@contextmanager
+def importable(*folders: Path) -> Iterator[None]:
+    """Folders on sys.path (user modules, an installed plugin's site), and
+    the entry points they publish visible; forgotten afterwards."""
+    for folder in folders:
+        sys.path.insert(0, str(folder))
+    plugin_host.rescan()
+    try:
+        yield
+    finally:
+        for folder in folders:
+            sys.path.remove(str(folder))
+        for name in [m for m in sys.modules if m.split(".")[0] in ("calculator", "rewards", "guess_env", "grpo_guess_number", "grpo_env_faults")]:
+            del sys.modules[name]
+        plugin_host.rescan()
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The guess-number example and the fault environments, pip-installed into one private folder."""
+    from pip_target import install_into_target
+
+    root = tmp_path_factory.mktemp("env-plugins")
+    site = install_into_target(GUESS, root / "guess")
+    faults = install_into_target(FAULTS, root / "faults")
+    for entry in faults.iterdir():
+        shutil.move(str(entry), str(site / entry.name))
+    return site
+
+
+def test_tools_run_with_the_calculator(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cfg = validate(episode_run(
+        smollm2_dir, out, vllm_server.base_url, CALCULATOR / "data" / "train.jsonl",
+        trl={"tools": ["calculator.calculate"], "max_tool_calling_iterations": 2,
+             "reward_funcs": ["rewards.final_answer_correct"]},
+        plugins={"tools": {"format": "python"}},
+    ))  # fmt: skip
+    with importable(CALCULATOR):
+        assert run_training(cfg) == "completed"
+    rows = metrics(out)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["episodes/turns_mean"] >= 1 and "episodes/tool_calls_mean" in row
+        assert "rewards/final_answer_correct/mean" in row and row["episodes/errors"] == 0
+        assert row["episodes/model_tokens_mean"] > 0
+
+
+def test_malformed_and_failing_tool_calls_are_answered_and_counted(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
+    # Guided decoding makes every turn a tool call: half cannot be parsed, half raise in the tool.
+    out = tmp_path / "out"
+    cfg = validate(episode_run(
+        smollm2_dir, out, vllm_server.base_url, CALCULATOR / "data" / "train.jsonl",
+        trl={"tools": ["calculator.calculate"], "max_tool_calling_iterations": 1,
+             "reward_funcs": ["rewards.final_answer_correct"],
+             "vllm_guided_decoding_regex": r'<tool_call>(calculate\(expression="1/0"\)|calculate\(expression=)</tool_call>'},
+        plugins={"tools": {"format": "python"}},
+    ))  # fmt: skip
+    with importable(CALCULATOR):
+        assert run_training(cfg) == "completed"
+    for row in metrics(out):
+        episodes = 8
+        assert row["episodes/tool_calls_mean"] == 1.0  # one round each, then the limit ends the episode
+        assert row["episodes/tool_failures"] == episodes  # every call was answered with an error, none crashed
+        assert row["episodes/turns_mean"] == 2.0 and row["episodes/ended_by_environment"] == 1.0
+
+
+GUESS_ENV = '''
+class GuessGame:
+    """TRL-style environment: reset(**row), a tool method, get_reward()."""
+
+    def reset(self, secret, **row):
+        self.secret, self.guesses = int(secret), []
+        return " You may call guess(n) to try a number."
+
+    def guess(self, n: int) -> str:
+        """Try a number.
+
+        Args:
+            n: The number to try.
+        """
+        self.guesses.append(int(n))
+        return "correct" if int(n) == self.secret else ("higher" if int(n) < self.secret else "lower")
+
+    def get_reward(self):
+        return 1.0 if self.secret in self.guesses else 0.0
+
+
+def guesses_made(completions, environments, **kwargs):
+    return [float(len(env.guesses)) for env in environments]
+'''
+
+
+def test_trl_environment_factory_trains_with_get_reward_and_environments(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
+    (tmp_path / "guess_env.py").write_text(GUESS_ENV)
+    out = tmp_path / "out"
+    cfg = validate(episode_run(
+        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
+        trl={"environment_factory": "guess_env.GuessGame", "reward_funcs": ["guess_env.guesses_made"],
+             "reward_weights": [0.1], "max_tool_calling_iterations": 2},
+    ))  # fmt: skip
+    with importable(tmp_path):
+        assert run_training(cfg) == "completed"
+    # get_reward joined the rewards as 'environment' (weight 1), beside the listed function
+    assert cfg.trl.reward_funcs == ["guess_env.guesses_made", "environment"] and cfg.trl.reward_weights == [0.1, 1.0]
+    for row in metrics(out):
+        assert "rewards/environment/mean" in row and "rewards/guesses_made/mean" in row
+        # guesses_made read each episode's own environment: it equals the calls that ran
+        assert row["rewards/guesses_made/mean"] <= row["episodes/tool_calls_mean"] + 1e-9
+
+
+def test_an_installed_environment_plugin_trains(vllm_server, smollm2_dir: str, tmp_path: Path, plugin_site: Path) -> None:
+    out = tmp_path / "out"
+    cfg = validate(episode_run(
+        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
+        plugins={"environment": "guess_number", "guess_number": {"turn_penalty": 0.2}},
+        episodes={"max_turns": 4, "max_tokens_per_turn": 8},
+    ))  # fmt: skip
+    with importable(plugin_site):
+        assert run_training(cfg) == "completed"
+    for row in metrics(out):
+        assert "rewards/environment/mean" in row and row["episodes/turns_mean"] >= 1
+        assert row["episodes/environment_tokens_mean"] > 0 or row["episodes/turns_max"] == 1
+
+
+@pytest.mark.parametrize("environment, ending, words", [
+    ("raising", "error", "ValueError: the board is on fire"),
+    ("hanging", "timeout", "step() took longer than [episodes] step_timeout = 3.0 s"),
+])  # fmt: skip
+def test_an_environment_that_fails_ends_only_its_episodes(
+    vllm_server, smollm2_dir: str, tmp_path: Path, plugin_site: Path, capfd: pytest.CaptureFixture[str],
+    environment: str, ending: str, words: str,
+) -> None:  # fmt: skip
+    out = tmp_path / "out"
+    cfg = validate(episode_run(
+        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
+        plugins={"environment": environment}, episodes={"step_timeout": 3.0, "max_tokens_per_turn": 8},
+    ))  # fmt: skip
+    with importable(plugin_site):
+        assert run_training(cfg) == "completed"
+    printed = capfd.readouterr()
+    assert words in printed.out + printed.err and "Traceback" not in printed.out + printed.err
+    for row in metrics(out):
+        # sample 0 of each of the 2 prompts failed; the other 6 episodes played to the end
+        assert row[f"episodes/ended_by_{ending}"] == pytest.approx(2 / 8)
+        assert row["episodes/errors"] == 2 and row["episodes/ended_by_environment"] == pytest.approx(6 / 8)
+        assert row["rewards/environment/mean"] == 1.0  # the failed ones scored None, not 0
