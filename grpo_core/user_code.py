@@ -48,7 +48,12 @@ class UserCode:
     def describe(self) -> str:
         if self.file is None:
             return f"{self.key}: {self.spec} -> NOT FOUND ({self.problem})"
-        where = f"{self.file}:{self.line}" if self.line else f"{self.file} (no top-level '{attr_of(self.spec)}' found by reading it)"
+        if self.line:
+            where = f"{self.file}:{self.line}"
+        elif self.file.endswith(".py"):
+            where = f"{self.file} (no top-level '{attr_of(self.spec)}' found by reading it)"
+        else:
+            where = self.file  # compiled or built in: nothing to read
         first = f"; importing it runs {', '.join(self.runs_first)} first" if self.runs_first else ""
         return f"{self.key}: {self.spec} -> {where}{first}"
 
@@ -163,6 +168,8 @@ def locate(key: str, spec: str) -> UserCode:
     found, runs_first, problem = _module_spec(module)
     if found is None:
         return UserCode(key, spec, problem=problem)
+    if not found.has_location and found.submodule_search_locations is None:  # built into Python, or frozen
+        return UserCode(key, spec, file=f"<{found.origin or 'no file'}: part of Python, no source file>")
     origin = found.origin if found.has_location else None
     if origin is None:  # a namespace package: no file of its own holds the name
         locations = ", ".join(found.submodule_search_locations or [])

@@ -157,3 +157,6 @@ def test_tools_and_environment_factory_resolve_through_nested_packages(tmp_path:
     assert missing.file is None and "no module 'agentpkg.sub.nothere' in the folders of package 'agentpkg.sub'" in (missing.problem or "")
     assert locate("k", "myrewards.accuracy.deeper").problem == "'myrewards' is a module, not a package, so it has no 'accuracy'"
     assert not list(tmp_path.glob("*.ran"))
+    assert locate("k", "sys.exit").describe() == "k: sys.exit -> <built-in: part of Python, no source file>"
+    assert locate("k", "agentpkg.nothing").problem is None  # agentpkg/__init__.py resolves; it defines nothing
+    assert "no top-level 'nothing' found by reading it" in locate("k", "agentpkg.nothing").describe()
