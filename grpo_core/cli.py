@@ -240,9 +240,9 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         gets past wiring. The summary lists every module the config names by
         import path (reward functions, rollout_func, environment_factory,
         tools, dataset transforms) with its file, found without running it:
-        read them before `grpo run` runs them. Exit code 0 when the config can run (warnings
-        included), 2 when it cannot; the message names each offending key and
-        the fix.
+        read them before `grpo run` runs them. Exit code 0 when the config
+        can run (warnings included), 2 when it cannot; the message names each
+        offending key and the fix.
         """
         cfg, host, notes = _load_and_check(config, set_, num_processes)
         if full:

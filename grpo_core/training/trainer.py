@@ -581,7 +581,10 @@ class GRPOTrainer:
             with self.clock.phase("weight_sync"):
                 self.sync_weights()
         except BaseException:
-            observer.record_only(self, {**metrics, **self.clock.metrics()})
+            try:
+                observer.record_only(self, {**metrics, **self.clock.metrics()})
+            except Exception as lost:  # e.g. a full disk: the sync's own error is the one to report
+                self.parts.context.log(f"step {self.step}'s metrics could not be written either: {lost}")
             raise
 
     def sync_weights(self) -> None:
