@@ -52,6 +52,8 @@ def test_the_environment_bounds_the_config(monkeypatch: pytest.MonkeyPatch) -> N
     assert effective_allowlist({"dist-a"}) == {"dist-a", "grpo"}  # a config narrows it
     assert effective_allowlist({"grpo"}) == {"grpo"}  # narrowed to grpo alone: still a restriction, not "none"
     assert PluginHost(allow={"DIST.B"}).allow == {"dist-b", "grpo"}
+    for config in (None, {"dist-a"}, {"grpo"}):  # reward workers rebuild their host from host.allow: it must stand
+        assert effective_allowlist(effective_allowlist(config)) == effective_allowlist(config)
     with pytest.raises(ConfigError) as info:
         effective_allowlist({"dist-a", "dist-c"})
     message = str(info.value)
