@@ -237,17 +237,24 @@ def _add_config_commands(config_app: typer.Typer) -> None:
 
         Each chosen implementation is imported and checked against the plugin
         contract, its settings and the other choices, so OK means `grpo run`
-        gets past wiring. Exit code 0 when the config can run (warnings
-        included), 2 when it cannot; the message names each offending key and
-        the fix.
+        gets past wiring. The summary lists every module the config names by
+        import path (reward functions, rollout_func, environment_factory,
+        tools, dataset transforms) with its file, found without running it:
+        read them before `grpo run` runs them. Exit code 0 when the config
+        can run (warnings included), 2 when it cannot; the message names each
+        offending key and the fix.
         """
-        cfg, _host, notes = _load_and_check(config, set_, num_processes)
+        cfg, host, notes = _load_and_check(config, set_, num_processes)
         if full:
             from grpo_core.config.convert import to_toml_text
 
             typer.echo(to_toml_text(cfg.model_dump(mode="json")), nl=False)
         else:
+            from grpo_core.extension_points import REWARD_GROUP
+            from grpo_core.user_code import user_code, user_code_text
+
             typer.echo(summary(cfg, num_processes))
+            typer.echo(user_code_text(user_code(cfg, host.published(REWARD_GROUP))))
         for note in notes:
             _warn(note)
         typer.echo(f"{config}: OK" + (f" ({len(notes)} warning(s))" if notes else ""))

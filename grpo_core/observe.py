@@ -125,6 +125,13 @@ class RunObserver:
         rows = eval_rows(result, trainer.parts.scorer.names, trainer.step)
         self.trackers.log_table("eval_completions", rows, trainer.step)
 
+    def record_only(self, trainer: Any, metrics: dict[str, float]) -> None:
+        """Write a finished step's metrics whose end failed (its weight sync
+        raised): metrics.jsonl and the trackers, no evaluation (the engine
+        may be what failed)."""
+        self.logger.log(trainer.step, metrics, force=True)
+        self.trackers.log(metrics, trainer.step)
+
     def step_end(self, trainer: Any, metrics: dict[str, float]) -> None:
         step, cfg, trl = trainer.step, self.cfg, self.cfg.trl
         evaluated = self._eval_due(step)

@@ -16,8 +16,10 @@ broken package never takes down unrelated commands.
 
 Loading can be restricted to an allowlist of distributions
 (``GRPO_PLUGINS_ALLOW=grpo-plugin-a,grpo-plugin-b`` or ``plugins.allow`` in
-the config); grpo's own distribution is always allowed. Nothing outside the
-allowlist is imported: the index is built from metadata alone.
+the config); grpo's own distribution is always allowed. The environment's
+list is an upper bound that a config can only narrow (a config may come
+from someone else; the environment is the administrator's). Nothing outside
+the allowlist is imported: the index is built from metadata alone.
 """
 
 from __future__ import annotations
@@ -116,10 +118,36 @@ def split_qualified(spec: str) -> tuple[str | None, str]:
 
 
 def allowlist_from_env() -> set[str] | None:
+    """``GRPO_PLUGINS_ALLOW`` as a set of names; ``None`` when unset or empty."""
     raw = os.environ.get(ALLOW_ENV, "").strip()
     if not raw:
         return None
     return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def effective_allowlist(config_allow: set[str] | None) -> set[str] | None:
+    """The normalised distributions that may load (grpo's own included), or
+    ``None`` for no restriction.
+
+    The environment's list bounds the config's: with both set the result is
+    their intersection, and a config naming a distribution the environment
+    does not allow is a :class:`ConfigError` naming both, so a downloaded
+    config can narrow an administrator's list but never widen it."""
+    env = {normalise(d) for d in allowlist_from_env() or ()}
+    config = {normalise(d) for d in config_allow or ()}
+    if env and config:
+        outside = sorted(config - env - {SELF_DISTRIBUTION})
+        if outside:
+            raise ConfigError(
+                f"plugins.allow names {', '.join(repr(d) for d in outside)}, which {ALLOW_ENV} "
+                f"({os.environ.get(ALLOW_ENV, '').strip()}) does not allow: the environment's list is an upper bound a "
+                f"config can only narrow. Remove {'them' if len(outside) > 1 else 'it'} from plugins.allow, or have "
+                f"whoever sets {ALLOW_ENV} add {'them' if len(outside) > 1 else 'it'} there."
+            )
+    if not (env or config):
+        return None
+    chosen = (config & env) if (env and config) else (config or env)
+    return chosen | {SELF_DISTRIBUTION}  # never None here: an empty intersection still restricts
 
 
 def _unknown_hooks(pm: pluggy.PluginManager, obj: Any) -> list[str]:
@@ -255,9 +283,7 @@ class PluginHost:
     """The pluggy manager plus the entry-point loading around it."""
 
     def __init__(self, allow: set[str] | None = None) -> None:
-        env_allow = allowlist_from_env()
-        merged = (allow or set()) | (env_allow or set()) if (allow or env_allow) else None
-        self.allow = {normalise(d) for d in merged} | {SELF_DISTRIBUTION} if merged else None
+        self.allow = effective_allowlist(allow)  # the environment's list bounds ``allow``
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.chosen: dict[str, str] = {}  # extension point -> implementation name
@@ -298,7 +324,8 @@ class PluginHost:
         if not usable:
             info = found[0][0]
             raise PluginError(
-                f"{where}: {info.describe()} is not allowed: add '{info.distribution}' to plugins.allow (or {ALLOW_ENV})."
+                f"{where}: {info.describe()} is not allowed: add '{info.distribution}' to plugins.allow "
+                f"(and to {ALLOW_ENV} where that is set: a config can only narrow it)."
             )
         if len(usable) > 1:
             choices = " or ".join(f"'{f[0].qualified}'" for f in usable)

@@ -54,3 +54,49 @@ def test_config_check_fp8_on_faked_gpus(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(fp8, "_torchao_available", lambda: True)
     check_config(_cfg(tmp_path))  # accepted: an H100 with torchao
+
+
+def test_fp8_reaches_the_accelerators_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fp8 = true`` makes the run's ``make_accelerator`` build accelerate's
+    Accelerator with ``mixed_precision="fp8"`` and a torchao recipe handler.
+
+    Mocked, because neither can run here: accelerate's ``AORecipeKwargs``
+    imports torchao (not installed) and the FP8 matmuls need a GPU of
+    compute capability >= 8.9. So ``Accelerator`` and ``AORecipeKwargs`` are
+    replaced by recorders, and the recorded arguments are checked against
+    the real ``Accelerator``'s signature and accelerate's precision names."""
+    import inspect
+
+    import accelerate
+    import accelerate.utils
+    from accelerate.utils import PrecisionType
+
+    from grpo_core.training.run import make_accelerator
+
+    real_signature = inspect.signature(accelerate.Accelerator.__init__)
+    made: list[dict] = []
+
+    class RecordedAccelerator:
+        distributed_type = accelerate.utils.DistributedType.NO
+
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+
+    class RecordedRecipe:  # the torchao recipe accelerate would build
+        pass
+
+    monkeypatch.setattr(accelerate, "Accelerator", RecordedAccelerator)
+    monkeypatch.setattr(accelerate.utils, "AORecipeKwargs", RecordedRecipe)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    cfg = _cfg(tmp_path)
+
+    make_accelerator(cfg)
+    kwargs = made.pop()
+    real_signature.bind(None, **kwargs)  # every argument is one the real Accelerator takes
+    assert kwargs["mixed_precision"] == "fp8" and "fp8" in {p.value for p in PrecisionType}
+    assert [type(h) for h in kwargs["kwargs_handlers"]] == [RecordedRecipe]
+
+    cfg.fp8 = False
+    make_accelerator(cfg)
+    plain = made.pop()
+    assert "mixed_precision" not in plain and "kwargs_handlers" not in plain  # without fp8, accelerate's defaults

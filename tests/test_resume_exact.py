@@ -71,6 +71,47 @@ def test_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, monkeyp
         assert torch.equal(wa[key], wb[key]), key
 
 
+# ---------------------------------------------------------------- the global RNG
+
+def test_resume_restores_the_global_rng_dropout_sees_it(smollm2_dir: str, tmp_path: Path, monkeypatch) -> None:
+    """The run above draws nothing from the global RNG (rollouts are seeded
+    per request), so it passes without the RNG restore. Here LoRA dropout
+    draws its masks from torch's global generator at every training forward:
+    the resumed run matches the straight one only if the checkpoint's RNG
+    state comes back (``checkpoint.set_rng_state``); reseeding from
+    ``seed`` at start, which every run does, would give other masks."""
+    (tmp_path / "resume_rewards.py").write_text(REWARDS)
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(10)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+
+    def dropout_config(out: str, **top):
+        return validate({
+            "base_model": model, "adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.5,
+            "datasets": [{"path": str(tmp_path / "train.jsonl")}], "sequence_len": 64, "micro_batch_size": 8,
+            "max_steps": 4, "learning_rate": 5e-2, "optimizer": "adamw_torch", "output_dir": str(tmp_path / out),
+            "seed": 5, "save_steps": 2, **top,
+            "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["resume_rewards.rare"],
+                    "temperature": 1.0},
+        })  # fmt: skip
+
+    assert run_training(dropout_config("straight")) == "completed"
+    resumed = dropout_config("resumed", resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2"))
+    assert run_training(resumed) == "completed"
+
+    straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
+    assert [r["step"] for r in split] == [3, 4]
+    for a, b in zip(straight[2:], split, strict=True):
+        assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"], (a, b)
+    from safetensors.torch import load_file
+
+    wa = load_file(str(tmp_path / "straight" / "adapter_model.safetensors"))
+    wb = load_file(str(tmp_path / "resumed" / "adapter_model.safetensors"))
+    assert wa.keys() == wb.keys() and wa
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
 # ---------------------------------------------------------------- async_prefetch
 
 # A rollout_func that samples from the *starting* weights (an engine that is

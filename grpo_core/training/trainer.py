@@ -569,10 +569,23 @@ class GRPOTrainer:
             policy_version=float(batch.policy_version),
             staleness=float(self.policy_version - 1 - batch.policy_version) if trained else 0.0,
         )
-        if self.step % int(self.trl.vllm_sync_interval) == 0:
+        return metrics
+
+    def _sync_after_step(self, metrics: dict[str, float], observer: Any) -> None:
+        """The step's weight sync (every ``vllm_sync_interval`` steps). The
+        optimizer step is done by now: if the sync raises, the step's record
+        is written first, so metrics.jsonl never loses a step that trained."""
+        if self.step % int(self.trl.vllm_sync_interval):
+            return
+        try:
             with self.clock.phase("weight_sync"):
                 self.sync_weights()
-        return metrics
+        except BaseException:
+            try:
+                observer.record_only(self, {**metrics, **self.clock.metrics()})
+            except Exception as lost:  # e.g. a full disk: the sync's own error is the one to report
+                self.parts.context.log(f"step {self.step}'s metrics could not be written either: {lost}")
+            raise
 
     def sync_weights(self) -> None:
         """Push the weights to the engine: every rank calls this (FSDP/ZeRO-3
@@ -622,6 +635,7 @@ class GRPOTrainer:
                 while self.step < cfg.max_steps:
                     try:
                         metrics = self._train_step()
+                        self._sync_after_step(metrics, observer)
                     except (EngineUnavailable, RewardError, PluginError) as exc:
                         path = self.save()  # everything finished so far is kept
                         raise type(exc)(f"{exc}\nTraining stopped at step {self.step}; checkpoint saved to {path}. "
@@ -675,6 +689,9 @@ class _QuietObserver:
 
     def syncs_before_eval(self, trainer: Any) -> bool:
         return False
+
+    def record_only(self, trainer: Any, metrics: dict[str, float]) -> None:
+        pass
 
     def close(self) -> None:
         pass

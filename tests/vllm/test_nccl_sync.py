@@ -5,7 +5,9 @@ the NCCL communicator (vLLM's ``trainer_init``, which would open the NCCL
 group) is replaced by a recorder, tensors stay on the CPU, and the vLLM
 server by a recording client. Everything else is real: vLLM's own
 ``NCCLTrainerWeightTransferEngine`` drives the handshake and the rounds,
-grpo's sync builds the weights (:func:`merged_weights`) and the requests.
+grpo's sync builds the weights (:func:`merged_weights`) and the requests;
+the bytes each broadcast must carry are worked out by hand from the model
+(``W + scale * B @ A`` for a LoRA), not by the code under test.
 What this does not prove: that a real CUDA vLLM server receives the bytes
 (``benchmarks/gpu_check.sh`` does that, on a GPU; not yet run). The
 engine is a stand-in holding only what the contract
@@ -89,6 +91,39 @@ def _tiny_llama(lora: bool) -> Any:
     return peft_model
 
 
+def weights_vllm_should_receive(model: Any, lora: bool) -> dict[str, torch.Tensor]:
+    """The HF-named float32 weights a sync of ``model`` must deliver, worked
+    out here rather than by the code under test (:func:`merged_weights`):
+    every weight for full fine-tuning; for the LoRA of :func:`_tiny_llama`
+    (q_proj and v_proj adapted), q/k/v of its one layer (vLLM fuses them into
+    one qkv_proj, so k_proj travels too), with ``W + (alpha / r) * B @ A``
+    for the adapted two."""
+    if not lora:
+        return {k: v.detach().float() for k, v in model.state_dict().items()}
+    peft_config = model.peft_config["default"]
+    scale = peft_config.lora_alpha / peft_config.r
+    attention = model.get_base_model().model.layers[0].self_attn
+    out = {}
+    with torch.no_grad():
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            layer = getattr(attention, proj)
+            if proj == "k_proj":
+                weight = layer.weight.float()
+            else:
+                a, b = layer.lora_A["default"].weight.float(), layer.lora_B["default"].weight.float()
+                weight = layer.base_layer.weight.float() + scale * (b @ a)
+            out[f"model.layers.0.self_attn.{proj}.weight"] = weight
+    return out
+
+
+def assert_bf16_of(sent: torch.Tensor, want: torch.Tensor, name: str) -> None:
+    """``sent`` is ``want`` rounded to bfloat16: within half a bf16 ulp
+    (2**-8 relative) plus a float32 rounding's worth."""
+    assert sent.dtype == torch.bfloat16 and sent.shape == want.shape, name
+    gap = (sent.float() - want).abs()
+    assert bool((gap <= want.abs() * 2**-8 + 1e-6).all()), f"{name}: off by up to {float(gap.max()):.3g}"
+
+
 @pytest.fixture()
 def mocked_nccl(monkeypatch: pytest.MonkeyPatch) -> list:
     import vllm.distributed.weight_transfer.nccl_engine as nccl_engine
@@ -120,13 +155,15 @@ def _sync(tmp_path: Path, data_parallel_size: int = 1, **settings: Any) -> Any:
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_nccl_sync_runs_vllms_protocol_in_order(tmp_path: Path, mocked_nccl: list, lora: bool) -> None:
-    from grpo_plugins.vllm.weight_sync import merged_weights
-
     calls = mocked_nccl
     model = _tiny_llama(lora)
     engine = FakeEngine(calls)
     sync = _sync(tmp_path, master_port=40123)
-    expected = {k: v.to(torch.bfloat16) for k, v in merged_weights(model, engine.fused_modules()).items()}
+    expected = weights_vllm_should_receive(model, lora)  # by hand, not by merged_weights()
+    if lora:  # the LoRA delta is large enough that leaving it out cannot pass for bf16 rounding
+        base = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight.float()
+        gap = (expected["model.layers.0.self_attn.q_proj.weight"] - base).abs()
+        assert bool((gap > base.abs() * 2**-6 + 1e-4).any())
 
     for version in (1, 2):
         result = sync.grpo_sync_weights(model=model, version=version, engine=engine)
@@ -151,8 +188,8 @@ def test_nccl_sync_runs_vllms_protocol_in_order(tmp_path: Path, mocked_nccl: lis
         assert info["shapes"] == [list(t.shape) for t in expected.values()]
         sent = calls[start + 2 : start + 2 + len(expected)]
         assert [c[0] for c in sent] == ["broadcast"] * len(expected) and all(c[1] == 0 for c in sent)
-        for (_, _, tensor), want in zip(sent, expected.values(), strict=True):
-            assert torch.equal(tensor, want)  # the bytes vLLM would receive: merged W + delta for a LoRA
+        for (_, _, tensor), (name, want) in zip(sent, expected.items(), strict=True):
+            assert_bf16_of(tensor, want, name)  # the bytes vLLM would receive: W + delta for a LoRA
         assert kinds[start + 2 + len(expected)] == "/finish_weight_update"
     if lora:  # only the adapted modules (and their fused siblings) travel
         assert {n.rsplit(".", 2)[-2] for n in expected} == {"q_proj", "k_proj", "v_proj"}

@@ -1,0 +1,82 @@
+"""A step's record is never lost: when the weight sync after step N raises,
+step N has trained (its optimizer step is done), so its metrics are in
+metrics.jsonl before the run stops with a checkpoint.
+
+The failing sync is a real plugin distribution (a ``.dist-info`` with
+``entry_points.txt`` next to its module, as pip installs one) found by
+entry point, in a real run of the tiny model through the transformers rollout.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_core import plugin_host
+from grpo_core.config.loader import validate
+from grpo_core.errors import PluginError
+from grpo_core.training.run import run_training
+from tiny_model import build_tiny_model
+
+SYNC_MODULE = '''
+from grpo_core import hookimpl
+from grpo_core.types import SAMPLES_TRAINER_MODEL, SyncResult
+
+
+class FailsAtVersion2:
+    """The in-process sync, except that syncing policy version 2 raises."""
+
+    required_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
+
+    def __init__(self, context):
+        self.context = context
+
+    @hookimpl
+    def grpo_sync_weights(self, model, version, engine):
+        if version == 2:
+            raise RuntimeError("the engine went away while loading version 2")
+        return SyncResult(version=version, seconds=0.0, detail="test")
+'''
+
+REWARDS = "def even(completion_ids, **kwargs):\n    return [sum(t % 2 == 0 for t in ids) / max(1, len(ids)) for ids in completion_ids]\n"
+
+
+@pytest.fixture
+def failing_sync_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "grpo_failing_sync.py").write_text(SYNC_MODULE, encoding="utf-8")
+    info = site / "grpo_failing_sync-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: grpo-failing-sync\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text("[grpo.weight_sync]\nfails_at_2 = grpo_failing_sync:FailsAtVersion2\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(site))
+    plugin_host.rescan()
+    yield site
+    plugin_host.rescan()
+
+
+def test_a_failed_sync_after_step_2_keeps_step_2s_metrics(smollm2_dir: str, tmp_path: Path, monkeypatch, failing_sync_site: Path) -> None:
+    (tmp_path / "record_rewards.py").write_text(REWARDS)
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(8)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    out = tmp_path / "out"
+    cfg = validate({
+        "base_model": model, "adapter": None, "datasets": [{"path": str(tmp_path / "train.jsonl")}], "sequence_len": 64,
+        "micro_batch_size": 8, "max_steps": 4, "learning_rate": 1e-3, "output_dir": str(out), "seed": 1,
+        "plugins": {"weight_sync": "fails_at_2"},
+        "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["record_rewards.even"], "temperature": 1.0},
+    })  # fmt: skip
+
+    with pytest.raises(PluginError, match="(?s)version 2.*stopped at step 2; checkpoint saved") as info:
+        run_training(cfg)
+    assert "fails_at_2" in str(info.value)  # the message names the plugin that raised
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    step2 = records[1]
+    assert "loss" in step2 and "reward" in step2 and step2["policy_version"] == 1.0  # a full record, trained on version 1's batch
+    assert step2["step_time"] >= step2["time/weight_sync"] >= 0.0  # the failed sync's time is in it too
+    assert (out / "checkpoint-2").is_dir()
