@@ -198,3 +198,26 @@ def test_an_environment_that_fails_ends_only_its_episodes(
         assert row[f"episodes/ended_by_{ending}"] == pytest.approx(2 / 8)
         assert row["episodes/errors"] == 2 and row["episodes/ended_by_environment"] == pytest.approx(6 / 8)
         assert row["rewards/environment/mean"] == 1.0  # the failed ones scored None, not 0
+
+
+def test_episodes_with_async_prefetch_streaming_replay_and_resume(vllm_server, smollm2_dir: str, tmp_path: Path, plugin_site: Path) -> None:
+    # async_prefetch scores in reward workers (subprocesses): the environment's reward reaches them
+    # as plain data; prefetched episode batches are saved in the checkpoint and trained after the resume.
+    out = tmp_path / "out"
+    table = episode_run(
+        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
+        plugins={"environment": "guess_number"}, episodes={"max_turns": 3, "max_tokens_per_turn": 6},
+        trl={"async_prefetch": True, "streaming_partial_batch": True, "streaming_min_groups": 1, "replay_buffer_size": 4},
+        save_steps=2,
+    )  # fmt: skip
+    with importable(plugin_site):
+        assert run_training(validate(table)) == "completed"
+        first = metrics(out)
+        assert [r["step"] for r in first] == [1, 2] and all("rewards/environment/mean" in r for r in first)
+        assert (out / "checkpoint-2").is_dir()
+        table["max_steps"] = 3
+        table["resume_from_checkpoint"] = str(out / "checkpoint-2")
+        assert run_training(validate(table)) == "completed"
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["episodes/turns_mean"] >= 1
