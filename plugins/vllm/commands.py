@@ -116,7 +116,10 @@ class VLLMCommands:
 
             TCP (default): binds 127.0.0.1 unless the config says otherwise.
             Every request but /health needs the API key: vllm.api_key or
-            VLLM_API_KEY, else one is made up and printed at start. A
+            VLLM_API_KEY, else one is made up and printed at start. The key is
+            left, readable by you alone, for a later `grpo run CONFIG` of
+            yours on this machine, which then uses this server without
+            being given the key; it is removed when the server stops. A
             non-loopback host serves the dev endpoints (full-weight reload)
             only with vllm.expose_dev_endpoints = true.
             """
