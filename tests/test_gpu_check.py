@@ -133,13 +133,15 @@ def _requirements(dist: str, version: str, wheel_dir: Path) -> list[str] | None:
     return None
 
 
-def test_what_the_carried_wheels_need_is_there_too() -> None:
-    """--no-deps installs nothing a wheel needs: each need (extras aside) is
-    on the machine or carried as well."""
+def unmet_needs(wheel_dir: Path) -> tuple[dict[str, list[str]], list[str]]:
+    """What the carried wheels need (extras aside) that is neither on the GPU
+    machine nor carried (``--no-deps`` installs none of it), and the wheels
+    whose metadata is nowhere here."""
     have, carried = machine_packages(), wheel_specs()
-    unknown, unmet = [], {}
+    unmet: dict[str, list[str]] = {}
+    unknown: list[str] = []
     for dist, version in carried.items():
-        reqs = _requirements(dist, version, ROOT / ".whl")
+        reqs = _requirements(dist, version, wheel_dir)
         if reqs is None:
             unknown.append(f"{dist}=={version}")
             continue
@@ -149,6 +151,11 @@ def test_what_the_carried_wheels_need_is_there_too() -> None:
             name = canonical(re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0])
             if name not in have and name not in carried:
                 unmet.setdefault(dist, []).append(req)
+    return unmet, unknown
+
+
+def test_what_the_carried_wheels_need_is_there_too() -> None:
+    unmet, unknown = unmet_needs(ROOT / ".whl")
     assert not unmet, f"carried wheels need packages neither on the GPU machine nor in GPU_WHEELS: {unmet}"
     if unknown:
         pytest.skip(f"no metadata here for {unknown}: run scripts/gpu_wheels.sh (or install them) to check their needs")
@@ -199,6 +206,38 @@ def test_the_wheel_script_builds_the_folder_under_the_limit(smollm2_dir: str) ->
     assert not list((dest / "smollm2-shape").glob("*.safetensors")), "weights do not travel (93 MB > 64 MiB)"
     total = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
     assert total < LIMIT, f"{total / 2**20:.1f} MiB"
+    assert unmet_needs(dest) == ({}, [])
+
+
+@pytest.mark.skipif(not _pypi_reachable(), reason="scripts/gpu_wheels.sh downloads from PyPI, which is unreachable here")
+def test_the_wheels_install_as_gpu_check_sh_installs_them_there(smollm2_dir: str, tmp_path: Path) -> None:
+    """gpu_check.sh's two installs, as far as this machine can do them: the
+    wheels into a target for CPython 3.12 on x86-64 Linux (pip checks each
+    tag, and installs nothing else: --no-index, --no-deps), then grpo itself
+    built by the carried setuptools alone (--no-build-isolation), its entry
+    points included."""
+    from grpo_core.model_files import cache_root
+
+    dest = cache_root() / "gpu-wheels"
+    built = subprocess.run(["bash", str(WHEEL_SCRIPT)], env={**os.environ, "GPU_WHEELS_DIR": str(dest), "PY": sys.executable},
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    site = tmp_path / "site"
+    tags = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--only-binary=:all:",
+            "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64"]  # fmt: skip
+    wheels = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                             "--target", str(site), *tags, *map(str, sorted(dest.glob("*.whl")))],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert wheels.returncode == 0, wheels.stderr[-3000:]
+    assert list(site.glob("pydantic_core/_pydantic_core.cpython-312-x86_64-linux-gnu*.so")), sorted(p.name for p in site.glob("pydantic_core/*"))
+    assert (site / "liger_kernel").is_dir() and (site / "torchao").is_dir() and (site / "setuptools").is_dir()
+    env = {**os.environ, "PYTHONPATH": str(site)}  # the carried setuptools builds grpo, as there
+    grpo = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                           "--no-build-isolation", "--target", str(tmp_path / "grpo"), str(ROOT)],
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert grpo.returncode == 0, grpo.stderr[-3000:]
+    points = next((tmp_path / "grpo").glob("grpo-*.dist-info")) / "entry_points.txt"
+    assert "grpo_plugins.liger_loss:LigerPolicyLoss" in points.read_text()
 
 
 def test_gpu_check_without_cuda_says_so_and_writes_the_reason(tmp_path: Path) -> None:
