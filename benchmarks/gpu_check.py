@@ -7,13 +7,13 @@ network): ``benchmarks/gpu_check.sh`` installs the wheels that
 records what ran and what it measured into one JSON file (``--out``), and a
 failure in one section does not stop the others:
 
-* ``liger``: the Liger fused GRPO loss on CUDA (its chunk function under
-  torch.compile there) against grpo's own loss: loss and gradients, bf16
-  hidden states, every loss_type; plus peak memory of both on a 49k vocab;
 * ``bf16``: LoRA GRPO steps in bf16 with the transformers rollout on CUDA:
   completions generated, losses finite, where the step's time goes;
 * ``fp8``: 2 full-fine-tuning GRPO steps with ``fp8 = true, bf16 = true``
   (needs compute capability >= 8.9 and torchao): losses finite;
+* ``liger``: the Liger fused GRPO loss on CUDA (its chunk function under
+  torch.compile there) against grpo's own loss: loss and gradients, bf16
+  hidden states, every loss_type; plus peak memory of both on a 49k vocab;
 * ``fsdp``: FSDP (full_shard + auto_wrap) with world size 1, started by
   torchrun as a cluster would: the run must be sharded, not fall back to
   one unsharded process;
@@ -269,7 +269,8 @@ def check_bf16_speed(tmp: Path) -> dict:
 
 
 CHECKS: dict[str, Callable[[Path], dict]] = {
-    "liger": check_liger, "bf16": check_bf16, "fp8": check_fp8, "fsdp": check_fsdp, "speed": check_bf16_speed,
+    # Cheapest and most asked-for first: a section past --budget-s is skipped, not run.
+    "bf16": check_bf16, "fp8": check_fp8, "liger": check_liger, "fsdp": check_fsdp, "speed": check_bf16_speed,
     "nccl": check_nccl,
 }  # fmt: skip
 

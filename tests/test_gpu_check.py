@@ -257,7 +257,7 @@ def test_gpu_check_refuses_an_unknown_section(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path / "x.json"), "--only", "liger,nope"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert "--only: no section nope; the sections are liger, bf16" in done.stderr, done.stderr
+    assert "--only: no section nope; the sections are bf16, fp8, liger, fsdp, speed, nccl" in done.stderr, done.stderr
 
 
 def test_gpu_check_sh_without_wheels_names_the_script_to_run(tmp_path: Path) -> None:
