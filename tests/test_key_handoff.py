@@ -166,6 +166,7 @@ def test_the_engine_adopts_a_server_with_the_key_left_for_its_address(smollm2_di
             assert engine.server is None, logs  # adopted, nothing started
             assert engine.client.api_key == "left-key"
             assert f"vLLM: using the server already answering at {stand_in.url}" in logs
+            assert any(line.startswith(f"vLLM: found the API key this user's `grpo vllm-serve` left for {stand_in.url}") for line in logs)
         finally:
             if engine.server is not None:
                 engine.server.close()

@@ -143,6 +143,8 @@ def handed_key(base_url: str, log: Callable[[str], None] | None = None) -> str |
     if not isinstance(pid, int) or not _pid_alive(pid):
         path.unlink(missing_ok=True)  # its `grpo vllm-serve` was killed before it could remove it
         return None
+    if log is not None:
+        log(f"vLLM: found the API key this user's `grpo vllm-serve` left for {base_url} in {path}")
     return data["key"]
 
 

@@ -87,6 +87,7 @@ def test_grpo_run_uses_the_server_grpo_vllm_serve_started_and_refuses_a_key_it_c
         run = subprocess.run([str(grpo), "run", str(config)], env=env, capture_output=True, text=True, timeout=900)  # noqa: S603
         output = run.stdout + run.stderr
         assert run.returncode == 0, output[-4000:]
+        assert f"vLLM: found the API key this user's `grpo vllm-serve` left for {url} in {file}" in output, output[-4000:]
         assert f"vLLM: using the server already answering at {url}" in output, output[-4000:]
         assert "starting server" not in output and "not using the server" not in output, output[-4000:]
         assert not (tmp_path / "out" / "vllm-server.log").exists()  # no private server was started
