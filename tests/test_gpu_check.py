@@ -10,6 +10,7 @@ check fails with a sentence, not a traceback, where there is no CUDA."""
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -171,6 +172,7 @@ def test_the_machine_list_is_the_workplace_description() -> None:
     )
 
 
+@functools.lru_cache(maxsize=1)
 def _pypi_reachable() -> bool:
     try:
         socket.create_connection(("pypi.org", 443), timeout=5).close()
