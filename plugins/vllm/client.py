@@ -276,7 +276,8 @@ def adoption_refusal(base_url: str, api_key: str | None) -> str | None:
     if not ours.health():
         return NOTHING_ANSWERS
     if not api_key:
-        return "a server answers there, but no API key is configured to check that it is yours"
+        return ("a server answers there, but no API key is configured (nor left there by a `grpo vllm-serve` of this "
+                "user) to check that it is yours")
     made_up = VLLMClient(base_url, "grpo-probe-" + secrets.token_hex(16), timeout=10)
     try:
         wrong = made_up._session().get(made_up._http_base + "/v1/models", timeout=10).status_code

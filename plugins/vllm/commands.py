@@ -17,7 +17,9 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
 
     ``uds``: serve on that Unix socket only (its directory must be private);
     otherwise TCP, with ``[vllm] api_key`` / ``VLLM_API_KEY`` or a key made
-    up here and printed once, required on every path but ``/health``."""
+    up here and printed once, required on every path but ``/health``. Over
+    TCP the key is also left for a later ``grpo run`` of this user
+    (:mod:`grpo_plugins.vllm.key_handoff`) until the server stops."""
     import signal
     import threading
 
@@ -27,6 +29,7 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
     from grpo_core.errors import EngineUnavailable
     from grpo_core.plugin_host import PluginHost
     from grpo_core.types import ADAPTER_FROM_PATH
+    from grpo_plugins.vllm.key_handoff import leave_key, withdraw_key
     from grpo_plugins.vllm.server import ManagedServer, check_socket_path, server_spec
 
     cfg = load_config(config, overrides)
@@ -59,17 +62,25 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
             typer.echo(f"vLLM server ready at {spec.base_url}, model 'base'{key}. Ctrl-C to stop.", err=True)
             if spec.uds:
                 typer.echo(f'Point the trainer at it: trl.vllm_server_base_url = "{spec.base_url}", trl.vllm_managed = false.', err=True)
+            left, why_not = leave_key(spec.base_url, spec.api_key) if spec.api_key and not spec.uds else (None, None)
+            if why_not:
+                typer.echo(f"warning: the API key is not left for `grpo run`: {why_not}", err=True)
             if spec.key_generated:
                 typer.echo(
                     f"API key for this server (made up now; none was configured): {spec.api_key}\n"
-                    "Give it to the trainer as VLLM_API_KEY in its environment or [vllm] api_key.",
+                    "Give it to the trainer as VLLM_API_KEY in its environment or [vllm] api_key"
+                    + ("; a `grpo run` of this user on this machine needs neither: it reads the file below." if left else "."),
                     err=True,
                 )
+            if left:
+                typer.echo(f"API key left for `grpo run` of this user in {left} (mode 600; removed when the server stops).", err=True)
         while not stop.is_set() and server.alive():
             stop.wait(0.5)
         if not stop.is_set():
             raise EngineUnavailable(f"vLLM server at {spec.base_url} exited on its own with code {server.process.returncode if server.process else '?'}")
     finally:
+        if spec.api_key and not spec.uds:
+            withdraw_key(spec.base_url, spec.api_key)
         server.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -105,7 +116,10 @@ class VLLMCommands:
 
             TCP (default): binds 127.0.0.1 unless the config says otherwise.
             Every request but /health needs the API key: vllm.api_key or
-            VLLM_API_KEY, else one is made up and printed at start. A
+            VLLM_API_KEY, else one is made up and printed at start. The key is
+            left, readable by you alone, for a later `grpo run CONFIG` of
+            yours on this machine, which then uses this server without
+            being given the key; it is removed when the server stops. A
             non-loopback host serves the dev endpoints (full-weight reload)
             only with vllm.expose_dev_endpoints = true.
             """

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import ADAPTER_FROM_PATH, CONTROL_ENDPOINTS, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, ControlEndpoint
 from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, EngineRequestError, VLLMClient, adoption_refusal
+from grpo_plugins.vllm.key_handoff import handed_key
 from grpo_plugins.vllm.worker_ext import RETIE_METHOD
 from grpo_plugins.vllm.server import (
     LOG_NAME,
@@ -46,6 +47,15 @@ def server_url(context: RunContext) -> str:
         return trl.vllm_server_base_url.rstrip("/")
     host = "127.0.0.1" if trl.vllm_server_host in ("0.0.0.0", "") else trl.vllm_server_host
     return f"http://{host}:{trl.vllm_server_port}"
+
+
+def server_to_adopt(url: str, api_key: str | None) -> tuple[str | None, str | None]:
+    """``(key, None)`` if ``grpo run`` may use the server answering at
+    ``url`` with ``key``, else ``(None, why not)``: a server someone else
+    started must prove it holds our key (configured, or left by this user's
+    ``grpo vllm-serve``), whoever's file named it."""
+    refusal = adoption_refusal(url, api_key)
+    return (api_key, None) if refusal is None else (None, refusal)
 
 
 class ServerControl:
@@ -92,13 +102,16 @@ class VLLMServerEngine:
         api_key = configured_api_key(cfg)
         if url is not None:  # one external server of several: never adopted blindly, never started
             managed = False
+            api_key = api_key or handed_key(url, self.log)
         elif replica is not None:
             managed = True
         else:
             managed = trl.vllm_managed
             url = server_url(context)
+            if managed is not True:
+                api_key = api_key or handed_key(url, self.log)
             if managed is None:
-                refusal = adoption_refusal(url, api_key)  # a server someone else started must prove it has our key
+                api_key, refusal = server_to_adopt(url, api_key)
                 managed = refusal is not None
                 if not managed:
                     self.log(f"vLLM: using the server already answering at {url}")
