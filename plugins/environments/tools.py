@@ -44,6 +44,12 @@ class ToolSettings(BaseModel):
     example: bool = Field(True, description="Put a one-shot example call in the system prompt.")
     result_role: Literal["tool", "user"] = Field("tool", description="The role of the messages that carry results.")
     instructions: str | None = Field(None, description="Text before the tool list in the system prompt (default: grpo's).")
+    demonstration: list[dict[str, str]] | None = Field(
+        None,
+        description="Chat messages put between the system prompt and the prompt: a worked exchange (a call, its "
+        "result as a 'tool' message, the answer). A small model copies a demonstration far more readily than it "
+        "follows instructions.",
+    )
 
 
 def _schema(func: Callable[..., Any], where: str) -> dict[str, Any]:
@@ -94,9 +100,10 @@ class ToolEpisode:
         if start is not None:
             last = messages[-1]
             messages[-1] = {**last, "content": str(last.get("content", "")) + str(start)}
+        shown = list(self.owner.settings.demonstration or [])
         if messages and messages[0].get("role") == "system":
-            return [{"role": "system", "content": f"{messages[0]['content']}\n\n{system}"}, *messages[1:]]
-        return [{"role": "system", "content": system}, *messages]
+            return [{"role": "system", "content": f"{messages[0]['content']}\n\n{system}"}, *shown, *messages[1:]]
+        return [{"role": "system", "content": system}, *shown, *messages]
 
     def step(self, text: str) -> EnvironmentReply:
         calls = parse_calls(text, self.owner.settings.format, self.owner.schemas_for(self.tools))
