@@ -331,3 +331,182 @@ def test_dropping_zero_advantage_rows_with_masked_completions_changes_nothing(ti
     for g_d, g in zip(_grads(tiny, dropped), _grads(tiny, full), strict=True):
         if g is not None:
             torch.testing.assert_close(g_d, g, rtol=1e-4, atol=1e-8)
+
+
+# ---------------------------------------------------------------- batching
+
+
+def test_collate_puts_the_loss_mask_into_the_completion_mask() -> None:
+    """The mask row is the episode's mask, zeroed for a truncated completion
+    under ``mask_truncated_completions``; the sampler's junk at environment
+    tokens is replaced by a finite 0; the count is the policy's tokens."""
+    samples = flatten(_groups(INTERIOR))
+    for mask_truncated in (False, True):
+        mb = collate(samples, PAD, mask_truncated)
+        for row, s in enumerate(samples):
+            c = len(s.completion_ids)
+            expected = [0] * c if mask_truncated and s.truncated else (s.loss_mask or [1] * c)
+            assert mb.completion_mask[row, :c].tolist() == expected
+            assert mb.completion_mask[row, c:].sum() == 0
+            sampler = mb.sampler_logps[row, :c]
+            assert torch.isfinite(sampler).all()
+            policy = torch.tensor(s.loss_mask or [1] * c).bool()
+            assert (sampler[~policy] == 0).all() and (sampler[policy] < 0).all()
+        assert completion_tokens(samples, mask_truncated) == int(mb.completion_mask.sum())
+    assert completion_tokens(samples, mask_truncated=False) == 16 + 4  # the truncated episode's 4 policy tokens
+
+
+def test_a_loss_mask_that_does_not_fit_is_refused_by_name() -> None:
+    group = _groups(INTERIOR[:1])[0]
+    group.group.completions[0].loss_mask = [1, 0]
+    with pytest.raises(GrpoError, match=r"loss_mask has 2 entries for 8 tokens.*one 0/1 entry per token"):
+        flatten([group])
+    group.group.completions[0].loss_mask = [1, 1, 1, 2, 0, 1, 1, 1]
+    with pytest.raises(GrpoError, match=r"loss_mask has values other than 0 and 1"):
+        flatten([group])
+
+
+# ---------------------------------------------------------------- trl.rollout_func's env_mask, real runs
+
+# A deterministic rollout (no sampling): every run sees the same episodes.
+# Prompts "Item i"; sample k of prompt i is a model turn, an environment
+# reply (interior, mask 0), a second model turn, then (``tail``) a closing
+# environment message (trailing, mask 0) whose ids depend on ``tail``.
+ENV = '''
+def _ids(seed, n, base):
+    return [base + (seed * 7 + j * 13) % 800 for j in range(n)]
+
+def _rollout(prompts, trainer, interior, tail):
+    tok = trainer.processing_class
+    out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "env_score": []}
+    for p in prompts:
+        ids = tok.encode(p, add_special_tokens=False)
+        i = int(p.split()[1].rstrip(":"))
+        for k in range(trainer.num_generations):
+            seed = i * 31 + k * 17
+            parts = [(_ids(seed, 3, 100), 1)]
+            if interior:
+                parts += [(_ids(seed + 1, 2, 2000), 0), (_ids(seed + 2, 2, 100) + [tok.eos_token_id], 1)]
+            if tail is not None:
+                parts.append((_ids(seed + tail, 3, 3000), 0))
+            completion = [t for seg, _ in parts for t in seg]
+            out["prompt_ids"].append(list(ids))
+            out["completion_ids"].append(completion)
+            out["logprobs"].append([-1.0 if m else 0.0 for seg, m in parts for _ in seg])
+            out["env_mask"].append([m for seg, m in parts for _ in seg])
+            out["env_score"].append([0.0, 1.0, 0.5, 0.5][k])  # samples 2 and 3 of every group: advantage 0
+    return out
+
+def tail_a(prompts, trainer):
+    return _rollout(prompts, trainer, interior=False, tail=5)
+
+def tail_b(prompts, trainer):
+    return _rollout(prompts, trainer, interior=False, tail=400)
+
+def no_tail(prompts, trainer):
+    out = _rollout(prompts, trainer, interior=False, tail=None)
+    del out["env_mask"]
+    return out
+
+def episodes(prompts, trainer):
+    return _rollout(prompts, trainer, interior=True, tail=5)
+
+def bad_length(prompts, trainer):
+    out = _rollout(prompts, trainer, interior=True, tail=None)
+    out["env_mask"][2] = out["env_mask"][2][:-1]
+    return out
+
+def bad_value(prompts, trainer):
+    out = _rollout(prompts, trainer, interior=True, tail=None)
+    out["env_mask"][1][0] = 2
+    return out
+
+def env_reward(completions, env_score, **kwargs):
+    assert "env_mask" not in kwargs, "env_mask is not a reward column"
+    return list(env_score)
+'''
+
+
+@pytest.fixture(scope="module")
+def rundir(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    tmp = tmp_path_factory.mktemp("mask-runs")
+    (tmp / "mask_env.py").write_text(ENV)
+    (tmp / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(8)))
+    return tmp, build_tiny_model(smollm2_dir, tmp / "tiny")
+
+
+def _run(rundir: tuple[Path, str], name: str, func: str, monkeypatch: pytest.MonkeyPatch, **trl) -> Path:
+    from grpo_core.config.loader import validate
+    from grpo_core.training.run import run_training
+
+    tmp, model = rundir
+    monkeypatch.syspath_prepend(str(tmp))
+    top = trl.pop("top", {})
+    cfg = validate({
+        "base_model": model, "adapter": None, "datasets": [{"path": str(tmp / "train.jsonl")}], "sequence_len": 64,
+        "micro_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 2, "learning_rate": 5e-3,
+        "lr_scheduler": "constant", "output_dir": str(tmp / name), "seed": 3, "save_steps": 100, **top,
+        "trl": {"num_generations": 4, "max_completion_length": 16, "rollout_func": f"mask_env.{func}",
+                "reward_funcs": ["mask_env.env_reward"], **trl},
+    })  # fmt: skip
+    assert run_training(cfg) == "completed"
+    return tmp / name
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "model.safetensors"))
+
+
+def _assert_same_weights(a: Path, b: Path, start: Path, **tol) -> None:
+    wa, wb, w0 = _weights(a), _weights(b), _weights(start)
+    moved = 0.0
+    for key in wa:
+        torch.testing.assert_close(wb[key], wa[key], **tol)
+        moved = max(moved, float((wa[key] - w0[key]).abs().max()))
+    assert moved > 1e-4, "the weights did not move: the comparison proves nothing"
+
+
+def test_rollout_func_env_mask_trains_only_the_model_tokens(rundir, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two real runs whose trailing environment tokens differ, and one without
+    them, train to the same weights with the same losses (KL on, IS on):
+    environment tokens got no gradient and counted nowhere."""
+    trl = {"beta": 0.04, "vllm_importance_sampling_correction": True}
+    a = _run(rundir, "tail_a", "tail_a", monkeypatch, **trl)
+    b = _run(rundir, "tail_b", "tail_b", monkeypatch, **trl)
+    plain = _run(rundir, "no_tail", "no_tail", monkeypatch, **trl)
+    start = Path(rundir[1])
+    _assert_same_weights(a, b, start, rtol=1e-5, atol=1e-7)
+    _assert_same_weights(a, plain, start, rtol=1e-4, atol=1e-6)  # other shapes: float32 summation order
+    for ra, rb, rp in zip(_metrics(a), _metrics(b), _metrics(plain), strict=True):
+        for key in ("loss", "grad_norm", "kl"):
+            assert ra[key] == pytest.approx(rp[key], rel=1e-4, abs=1e-7), key
+            assert ra[key] == pytest.approx(rb[key], rel=1e-5, abs=1e-8), key
+    assert abs(_metrics(a)[1]["loss"]) > 1e-6
+
+
+def test_zero_advantage_rows_and_shared_prompts_with_episodes_change_nothing(rundir, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Episodes with interior environment tokens: leaving zero-advantage rows
+    out (dapo) and running each prompt once give the plain path's weights."""
+    base = _run(rundir, "ep_plain", "episodes", monkeypatch, skip_zero_advantage_batches=False, top={"share_prompt_prefix": False})
+    dropped = _run(rundir, "ep_dropped", "episodes", monkeypatch, skip_zero_advantage_batches=True, top={"share_prompt_prefix": False})
+    shared = _run(rundir, "ep_shared", "episodes", monkeypatch, skip_zero_advantage_batches=False, top={"share_prompt_prefix": True})
+    assert _metrics(dropped)[-1]["skipped_zero_adv_samples"] > 0, "rows were left out"
+    assert _metrics(base)[-1]["skipped_zero_adv_samples"] == 0
+    start = Path(rundir[1])
+    _assert_same_weights(base, dropped, start, rtol=1e-4, atol=1e-6)
+    _assert_same_weights(base, shared, start, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(("func", "message"), [
+    ("bad_length", r"trl.rollout_func 'mask_env.bad_length' entry 2: 7 env_mask values for 8 completion tokens"),
+    ("bad_value", r"trl.rollout_func 'mask_env.bad_value' entry 1: env_mask holds 2; its values must be 1"),
+])  # fmt: skip
+def test_rollout_func_bad_env_mask_is_named(rundir, monkeypatch: pytest.MonkeyPatch, func: str, message: str) -> None:
+    with pytest.raises(GrpoError, match=message):
+        _run(rundir, func, func, monkeypatch)
