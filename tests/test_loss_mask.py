@@ -510,3 +510,32 @@ def test_zero_advantage_rows_and_shared_prompts_with_episodes_change_nothing(run
 def test_rollout_func_bad_env_mask_is_named(rundir, monkeypatch: pytest.MonkeyPatch, func: str, message: str) -> None:
     with pytest.raises(GrpoError, match=message):
         _run(rundir, func, func, monkeypatch)
+
+
+def test_replayed_episodes_keep_their_loss_mask_and_record() -> None:
+    """The replay buffer's plain-data state (checkpoints) keeps a remembered
+    episode's loss mask and EpisodeStats, and never holds its live environment."""
+    from grpo_core.config.loader import validate
+    from grpo_core.context import RunContext
+    from grpo_core.types import EpisodeStats, TrainingProgress
+    from grpo_plugins.replay import SignalReplay
+
+    cfg = validate({"base_model": "unused", "trl": {"replay_buffer_size": 2}})
+    replay = SignalReplay(RunContext(config=cfg, output_dir=Path(".")))
+    group = _groups(INTERIOR[:1])[0]
+    for completion in group.group.completions:
+        completion.episode = EpisodeStats(turns=2, model_tokens=completion.model_token_count, environment_tokens=2)
+        completion.environment = object()  # a live episode object: not plain data
+    progress = TrainingProgress(step=1, max_steps=10)
+    replay.grpo_replay_groups(groups=[group], progress=progress)
+    state = json.loads(json.dumps(replay.state_dict()))  # plain data only
+    restored = SignalReplay(RunContext(config=cfg, output_dir=Path(".")))
+    restored.load_state_dict(state)
+    empty = _groups(INTERIOR[:1], advantages=[[0.0, 0.0]])
+    got = restored.grpo_replay_groups(groups=empty, progress=progress)[0]
+    assert got.replayed
+    for before, after in zip(group.group.completions, got.group.completions, strict=True):
+        assert after.loss_mask == before.loss_mask and after.loss_mask is not None
+        assert after.episode == before.episode and isinstance(after.episode, EpisodeStats)
+        assert after.environment is None
+    assert [s.loss_mask for s in flatten([got])] == [c.loss_mask for c in group.group.completions]
