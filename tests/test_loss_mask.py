@@ -568,3 +568,26 @@ def test_two_processes_with_episodes_match_one(rundir) -> None:
             assert rb[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-7), key
         assert ra["grad_norm"] > 0
     _assert_same_weights(tmp / "ddp_one", tmp / "ddp_two", Path(model), rtol=1e-4, atol=1e-6)
+
+
+def test_rollout_func_episode_length_counts_environment_tokens(rundir, smollm2_tokenizer, monkeypatch) -> None:
+    """``truncated`` compares the whole episode (environment tokens included)
+    with max_completion_length; env_mask becomes the loss mask and no column."""
+    from grpo_core.config.loader import validate
+    from grpo_core.context import RunContext
+    from grpo_core.types import SamplingSettings
+    from grpo_plugins.rollout_function import FunctionRollout
+
+    monkeypatch.syspath_prepend(str(rundir[0]))
+    cfg = validate({"base_model": "unused", "trl": {"rollout_func": "mask_env.episodes", "num_generations": 4}})
+    rollout = FunctionRollout(RunContext(config=cfg, output_dir=rundir[0], tokenizer=smollm2_tokenizer))
+    prompt = Prompt("Item 1:", smollm2_tokenizer.encode("Item 1:", add_special_tokens=False))
+    # "Item 1:" episodes: 3 model, 2 environment, 3 model (EOS last), 3 environment tokens: 11, 6 the model's
+    for max_tokens in (11, 12):
+        groups = rollout.grpo_rollout_generate(prompts=[prompt], num_generations=4, policy_version=0,
+                                               sampling=SamplingSettings(max_tokens=max_tokens))  # fmt: skip
+        for c in groups[0].completions:
+            assert c.loss_mask is not None and len(c.loss_mask) == len(c.token_ids)
+            assert c.model_token_count == 3 + 3 and "env_mask" not in c.extra and "env_score" in c.extra
+            assert c.truncated == (len(c.token_ids) >= max_tokens)
+        assert {c.truncated for c in groups[0].completions} == ({True} if max_tokens <= 11 else {False})
