@@ -392,7 +392,7 @@ def _rollout(prompts, trainer, interior, tail):
             completion = [t for seg, _ in parts for t in seg]
             out["prompt_ids"].append(list(ids))
             out["completion_ids"].append(completion)
-            out["logprobs"].append([-1.0 if m else 0.0 for seg, m in parts for _ in seg])
+            out["logprobs"].append([-10.8 if m else 0.0 for seg, m in parts for _ in seg])  # ~ the tiny model's
             out["env_mask"].append([m for seg, m in parts for _ in seg])
             out["env_score"].append([0.0, 1.0, 0.5, 0.5][k])  # samples 2 and 3 of every group: advantage 0
     return out
@@ -455,7 +455,7 @@ def _run(rundir: tuple[Path, str], name: str, func: str, monkeypatch: pytest.Mon
 
 # Batches of other shapes round float32 sums differently, and Adam divides by sqrt(v): a gradient entry
 # near 0 turns that rounding into updates of up to ~3e-6 (seen once). Training environment tokens moves
-# them far more: restoring `completion_mask[row, :c] = 1` put tail_a's weights 1.3e-2 from tail_b's.
+# them far more: restoring `completion_mask[row, :c] = 1` put tail_a's weights 3.2e-2 from tail_b's.
 ACROSS_SHAPES = {"rtol": 1e-4, "atol": 2e-5}
 
 
@@ -480,9 +480,10 @@ def _assert_same_weights(a: Path, b: Path, start: Path, **tol) -> None:
 
 def test_rollout_func_env_mask_trains_only_the_model_tokens(rundir, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two real runs whose trailing environment tokens differ, and one without
-    them, train to the same weights with the same losses (KL on, IS on):
+    them, train to the same weights with the same losses (KL, IS correction,
+    and num_iterations = 2: recomputed old log-probs, ratios away from 1):
     environment tokens got no gradient and counted nowhere."""
-    trl = {"beta": 0.04, "vllm_importance_sampling_correction": True}
+    trl = {"beta": 0.04, "vllm_importance_sampling_correction": True, "num_iterations": 2, "top": {"max_steps": 4}}
     a = _run(rundir, "tail_a", "tail_a", monkeypatch, **trl)
     b = _run(rundir, "tail_b", "tail_b", monkeypatch, **trl)
     plain = _run(rundir, "no_tail", "no_tail", monkeypatch, **trl)
@@ -490,10 +491,10 @@ def test_rollout_func_env_mask_trains_only_the_model_tokens(rundir, monkeypatch:
     _assert_same_weights(a, b, start, rtol=1e-5, atol=1e-7)
     _assert_same_weights(a, plain, start, **ACROSS_SHAPES)
     for ra, rb, rp in zip(_metrics(a), _metrics(b), _metrics(plain), strict=True):
-        for key in ("loss", "grad_norm", "kl"):
+        for key in ("loss", "grad_norm", "kl", "is/importance_sampling_ratio/mean"):
             assert ra[key] == pytest.approx(rp[key], rel=1e-4, abs=1e-7), key
             assert ra[key] == pytest.approx(rb[key], rel=1e-5, abs=1e-8), key
-    assert abs(_metrics(a)[1]["loss"]) > 1e-6
+    assert len(_metrics(a)) == 4 and abs(_metrics(a)[1]["loss"]) > 1e-6
 
 
 def test_zero_advantage_rows_and_shared_prompts_with_episodes_change_nothing(rundir, monkeypatch: pytest.MonkeyPatch) -> None:
