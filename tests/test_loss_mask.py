@@ -30,7 +30,7 @@ import torch
 from grpo_core.errors import GrpoError
 from grpo_core.logprobs import token_logprobs
 from grpo_core.loss import LossSettings
-from grpo_core.training.batch import MicroBatch, collate, completion_tokens, flatten, micro_batches, with_signal_first
+from grpo_core.training.batch import MicroBatch, collate, completion_tokens, flatten, with_signal_first
 from grpo_core.types import Completion, PolicyLossInputs, Prompt, RolloutGroup, ScoredGroup
 from grpo_plugins import is_correction as isc
 from grpo_plugins.policy_loss import GRPOPolicyLoss
@@ -497,12 +497,15 @@ def test_rollout_func_env_mask_trains_only_the_model_tokens(rundir, monkeypatch:
     assert len(_metrics(a)) == 4 and abs(_metrics(a)[1]["loss"]) > 1e-6
 
 
-def test_zero_advantage_rows_and_shared_prompts_with_episodes_change_nothing(rundir, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_zero_advantage_rows_and_shared_prompts_with_episodes_change_nothing(rundir, monkeypatch) -> None:
     """Episodes with interior environment tokens: leaving zero-advantage rows
     out (dapo) and running each prompt once give the plain path's weights."""
-    base = _run(rundir, "ep_plain", "episodes", monkeypatch, skip_zero_advantage_batches=False, top={"share_prompt_prefix": False})
-    dropped = _run(rundir, "ep_dropped", "episodes", monkeypatch, skip_zero_advantage_batches=True, top={"share_prompt_prefix": False})
-    shared = _run(rundir, "ep_shared", "episodes", monkeypatch, skip_zero_advantage_batches=False, top={"share_prompt_prefix": True})
+
+    def run(name: str, drop: bool, share: bool) -> Path:
+        return _run(rundir, name, "episodes", monkeypatch, skip_zero_advantage_batches=drop,
+                    top={"share_prompt_prefix": share})  # fmt: skip
+
+    base, dropped, shared = run("ep_plain", False, False), run("ep_dropped", True, False), run("ep_shared", False, True)
     assert _metrics(dropped)[-1]["skipped_zero_adv_samples"] > 0, "rows were left out"
     assert _metrics(base)[-1]["skipped_zero_adv_samples"] == 0
     start = Path(rundir[1])
