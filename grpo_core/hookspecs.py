@@ -261,7 +261,10 @@ def grpo_is_correction(
     the sampled tokens under the policy that generated the batch (no grad;
     the old log-probs when ``num_iterations > 1``), the sampler's (inference
     engine's) log-probs of the same tokens (``NaN`` where the engine gave
-    none), and the 0/1 completion mask.
+    none), and the 0/1 completion mask (0 on padding and on an episode's
+    environment tokens, where the sampler's values mean nothing: a weight
+    there must not depend on them, and a sequence-level ratio runs over the
+    mask-1 tokens only).
 
     Return ``(weights, mask, metrics)``:
 

@@ -149,7 +149,7 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     averaged over sequences (as TRL logs it)."""
     if x.shape[1] == 1:
         return float(x.float().mean())
-    return float((x * mask).sum() / mask.sum().clamp(min=1.0))
+    return float(torch.where(mask.bool(), x, 0.0).sum() / mask.sum().clamp(min=1.0))
 
 
 def policy_loss(
@@ -184,6 +184,9 @@ def policy_loss(
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
     mask = mask.to(logps.dtype)
+    # Tokens outside the mask (padding, an episode's environment tokens) get
+    # exactly no gradient from any term, even one whose value there is not finite.
+    logps = torch.where(mask.bool(), logps, logps.detach())
     if old_logps is None:
         old_logps = logps.detach()
     entropy_mask = _entropy_mask(s, entropy, mask)
@@ -223,7 +226,7 @@ def _ratio(s: LossSettings, logps: torch.Tensor, old_logps: torch.Tensor, mask: 
     """``pi_theta / pi_old`` per token, or per sequence (GSPO: ``[B, 1]``)."""
     log_ratio = logps - old_logps
     if s.importance_sampling_level == "sequence":
-        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+        log_ratio = (torch.where(mask.bool(), log_ratio, 0.0).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
     return torch.exp(log_ratio)
 
 
@@ -268,8 +271,9 @@ def _reduce(
     num_items_in_batch: int | float | torch.Tensor | None,
     accumulation_steps: int,
 ) -> torch.Tensor:
-    """Normalise the masked per-token loss as ``loss_type`` prescribes."""
-    masked = per_token * mask
+    """Normalise the masked per-token loss as ``loss_type`` prescribes. The
+    counts are the mask's, so only the policy's tokens count."""
+    masked = torch.where(mask.bool(), per_token, 0.0)  # not `* mask`: 0 x inf would be NaN
     if s.loss_type in ("grpo", "sapo"):
         return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation_steps
     if s.loss_type == "bnpo":

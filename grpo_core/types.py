@@ -221,14 +221,14 @@ class PolicyLossInputs:
 
     settings: Any  # grpo_core.loss.LossSettings
     targets: Any  # completion token ids [B, C]
-    mask: Any  # 0/1 completion mask [B, C], float
+    mask: Any  # 0/1 completion mask [B, C], float: 1 on the policy's tokens (0 on padding, environment tokens, masked truncations)
     advantages: Any  # [B]
     old_logps: Any = None
     ref_logps: Any = None
     sampler_logps: Any = None
     temperature: float = 1.0
     num_items_in_batch: float | None = None
-    """Real tokens of the step's accumulation window (TRL's dapo/cispo normaliser)."""
+    """Policy tokens (mask 1) of the step's accumulation window (TRL's dapo/cispo normaliser)."""
     accumulation_steps: int = 1
     logprobs: Any = None  # Callable[[bool], tuple[Tensor, Tensor | None]]: with_entropy -> (logps, entropy)
     hidden_states: Any = None  # Callable[[], tuple[Tensor, torch.nn.Module]]: -> (hidden [B, C, H], lm_head)

@@ -13,6 +13,8 @@ policy-gradient loss:
   product of its tokens' ratios, clipped or zeroed the same way.
 
 As in TRL, a token the engine could not score (``NaN``) contributes ratio 1,
+and so does a token outside the completion mask (an episode's environment
+tokens: the sequence modes multiply over the policy's tokens only),
 and masking zeroes the weight but leaves the completion mask unchanged (so
 the loss's normalisation, which counts tokens, matches TRL's).
 ``none`` (:class:`NoCorrection`) applies no weights.
@@ -88,9 +90,10 @@ class ImportanceSamplingCorrection:
                 f"is_correction '{self.mode}' needs the sampler's log-probs, but the rollout returned none; "
                 "use a rollout that reports them (vLLM) or set trl.vllm_importance_sampling_correction = false"
             )
-        mask_f = mask.to(trainer_logps.dtype)
-        # Unscored tokens (NaN) get difference 0, i.e. ratio 1.
-        diff = torch.nan_to_num((trainer_logps - sampler_logps) * mask_f, nan=0.0)
+        # Unscored tokens (NaN) get difference 0, i.e. ratio 1; so do tokens
+        # outside the mask (padding, an episode's environment tokens), whatever
+        # the sampler wrote there: a sequence's weight is over its policy tokens.
+        diff = torch.nan_to_num(torch.where(mask.bool(), trainer_logps - sampler_logps, 0.0), nan=0.0)
         if self.sequence_level:
             diff = diff.sum(dim=-1, keepdim=True)
         ratio = torch.exp(diff)

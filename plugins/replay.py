@@ -42,7 +42,7 @@ from typing import Any
 from grpo_core import hookimpl
 from grpo_core.context import RunContext
 from grpo_core.errors import GrpoError
-from grpo_core.types import Completion, Prompt, RolloutGroup, ScoredGroup, TrainingProgress
+from grpo_core.types import Completion, EpisodeStats, Prompt, RolloutGroup, ScoredGroup, TrainingProgress
 
 STATE_VERSION = 1
 
@@ -69,7 +69,22 @@ def _prompt_from(data: dict[str, Any]) -> Prompt:
 
 
 def _group_to_data(group: ScoredGroup) -> dict[str, Any]:
-    return dataclasses.asdict(group)
+    """Plain data; a completion's live ``environment`` (only set while it is
+    being scored) is never saved."""
+    data = dataclasses.asdict(dataclasses.replace(group, group=dataclasses.replace(
+        group.group, completions=[dataclasses.replace(c, environment=None) for c in group.group.completions])))
+    for completion in data["group"]["completions"]:
+        completion.pop("environment", None)
+    return data
+
+
+def _completion_from(data: dict[str, Any]) -> Completion:
+    """A completion back from plain data: its episode record (a dict there)
+    as :class:`EpisodeStats`, its loss mask as saved."""
+    data = dict(data)
+    if isinstance(data.get("episode"), dict):
+        data["episode"] = EpisodeStats(**data["episode"])
+    return Completion(**data)
 
 
 def _group_from_data(data: dict[str, Any]) -> ScoredGroup:
@@ -77,7 +92,7 @@ def _group_from_data(data: dict[str, Any]) -> ScoredGroup:
     return ScoredGroup(
         group=RolloutGroup(
             prompt=_prompt_from(rollout["prompt"]),
-            completions=[Completion(**c) for c in rollout["completions"]],
+            completions=[_completion_from(c) for c in rollout["completions"]],
             policy_version=rollout["policy_version"],
         ),
         rewards=[list(row) for row in data["rewards"]],

@@ -5,9 +5,18 @@ an external simulator).
 The function follows TRL's convention: ``rollout_func(prompts, trainer)``
 gets the batch's raw prompts (no duplication) and returns a dict with
 ``prompt_ids``, ``completion_ids`` and ``logprobs``, one entry per
-completion, ``num_generations`` consecutive entries per prompt. Any other
-key is a per-completion list handed to reward functions as a keyword
-argument. ``trainer`` here is a :class:`RolloutFuncTrainer`: the pieces of
+completion, ``num_generations`` consecutive entries per prompt. An
+optional ``env_mask`` (TRL 1.16's multi-turn convention) gives, per
+completion, one 0/1 entry per completion token: 1 where the model sampled
+the token, 0 where the environment inserted it (tool output, feedback).
+It becomes :attr:`Completion.loss_mask`, so environment tokens get no
+gradient and do not count in the loss; it is not a reward column. Any
+other key is a per-completion list handed to reward functions as a keyword
+argument.
+
+``truncated`` (for ``mask_truncated_completions``) counts the whole
+completion, environment tokens included: an episode that used up
+``max_completion_length`` was cut, whoever wrote its last tokens. ``trainer`` here is a :class:`RolloutFuncTrainer`: the pieces of
 the run a rollout needs (tokenizer, model, config, sampling settings).
 """
 
@@ -23,6 +32,7 @@ from grpo_core.errors import ConfigError, GrpoError
 from grpo_core.types import SAMPLES_TRAINER_MODEL, Completion, Prompt, RolloutGroup, SamplingSettings
 
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
+ENV_MASK = "env_mask"  # TRL's key: 1 = model token, 0 = environment token; not a reward column
 
 
 @dataclass
@@ -75,6 +85,21 @@ class FunctionRollout:
     def _fail(self, problem: str) -> GrpoError:
         return GrpoError(f"trl.rollout_func '{self.spec}' {problem}")
 
+    def _env_mask(self, mask: Any, entry: int, length: int) -> list[int]:
+        """Entry ``entry`` of ``env_mask`` as 0/1 ints, one per completion token."""
+        if isinstance(mask, (str, bytes)) or not hasattr(mask, "__len__"):
+            raise self._fail(f"entry {entry}: env_mask must be a list of 0/1 (one per completion token), "
+                             f"got {type(mask).__name__}")  # fmt: skip
+        values = list(mask)
+        if len(values) != length:
+            raise self._fail(f"entry {entry}: {len(values)} env_mask values for {length} completion tokens; "
+                             "env_mask needs one 0/1 per completion token (1 = sampled by the model)")  # fmt: skip
+        bad = [v for v in values if isinstance(v, (str, bytes)) or v not in (0, 1)]
+        if bad:
+            raise self._fail(f"entry {entry}: env_mask holds {bad[0]!r}; its values must be 1 (model token) "
+                             "or 0 (environment token)")  # fmt: skip
+        return [int(v) for v in values]
+
     @hookimpl
     def grpo_rollout_generate(
         self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, policy_version: int
@@ -91,7 +116,8 @@ class FunctionRollout:
             if not isinstance(values, list) or len(values) != expected:
                 got = len(values) if isinstance(values, list) else type(values).__name__
                 raise self._fail(f"returned {got} '{key}' entries; expected {expected} ({len(prompts)} prompts x {num_generations})")
-        extras = {k: v for k, v in output.items() if k not in REQUIRED}
+        extras = {k: v for k, v in output.items() if k not in REQUIRED and k != ENV_MASK}
+        env_masks = output.get(ENV_MASK)
         tokenizer = self.context.tokenizer
         groups = []
         for i, prompt in enumerate(prompts):
@@ -109,8 +135,9 @@ class FunctionRollout:
                         token_ids=ids,
                         text=tokenizer.decode(ids, skip_special_tokens=True),
                         logprobs=None if logprobs is None else [float(x) for x in logprobs],
-                        truncated=len(ids) >= sampling.max_tokens,
+                        truncated=len(ids) >= sampling.max_tokens,  # the whole episode's length
                         extra={k: v[j] for k, v in extras.items()},
+                        loss_mask=None if env_masks is None else self._env_mask(env_masks[j], j, len(ids)),
                     )
                 )
             groups.append(RolloutGroup(prompt=prompt, completions=completions, policy_version=policy_version))

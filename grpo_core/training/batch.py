@@ -7,6 +7,11 @@ step, and each slice into ``gradient_accumulation_steps`` micro-batches of
 ``micro_batch_size``. Within a slice completions are sorted by length first,
 so each micro-batch pads to a similar length: on CPU the padding is pure
 wasted compute.
+
+A completion's ``loss_mask`` (multi-turn episodes: 0 on the tokens the
+environment or the chat template inserted) becomes its row of
+``completion_mask``, so every loss term, normaliser and importance weight
+downstream sees only the tokens the policy sampled.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 
 from typing import TYPE_CHECKING
 
+from grpo_core.errors import GrpoError
 from grpo_core.types import ScoredGroup
 
 if TYPE_CHECKING:
@@ -33,10 +39,16 @@ class Sample:
     sampler_logps: list[float] | None = None
     truncated: bool = False
     replayed: bool = False
+    loss_mask: list[int] | None = None  # 1 = policy token; None: all ones
 
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
+
+    @property
+    def model_tokens(self) -> int:
+        """Completion tokens the policy sampled: what the loss trains and counts."""
+        return len(self.completion_ids) if self.loss_mask is None else int(sum(self.loss_mask))
 
     @property
     def has_signal(self) -> bool:
@@ -77,15 +89,30 @@ def flatten(groups: list[ScoredGroup]) -> list[Sample]:
                     sampler_logps=completion.logprobs,
                     truncated=completion.truncated,
                     replayed=scored.replayed,
+                    loss_mask=_checked_mask(completion.loss_mask, len(completion.token_ids)),
                 )
             )
     return samples
 
 
+def _checked_mask(mask: list[int] | None, length: int) -> list[int] | None:
+    """``mask`` as 0/1 ints, refused with a sentence when it cannot be one
+    entry per completion token (a rollout or episode driver bug)."""
+    if mask is None:
+        return None
+    values = [int(m) for m in mask]
+    if len(values) != length or any(m not in (0, 1) for m in values):
+        bad = f"{len(values)} entries for {length} tokens" if len(values) != length else "values other than 0 and 1"
+        raise GrpoError(f"a completion's loss_mask has {bad}: the rollout (or episode driver) that made it must give "
+                        "one 0/1 entry per token of token_ids (1 = sampled by the policy).")  # fmt: skip
+    return values
+
+
 def completion_tokens(samples: list[Sample], mask_truncated: bool) -> int:
-    """Real (unmasked) completion tokens of ``samples``: what the loss's
-    completion mask counts."""
-    return sum(len(s.completion_ids) for s in samples if not (mask_truncated and s.truncated))
+    """Completion tokens the loss trains on in ``samples`` (what the
+    completion mask counts): the policy's tokens (loss mask 1) of every
+    completion not masked out for truncation."""
+    return sum(s.model_tokens for s in samples if not (mask_truncated and s.truncated))
 
 
 def with_signal_first(part: list[Sample], rows: int) -> list[Sample]:
@@ -119,10 +146,13 @@ def collate(samples: list[Sample], pad_id: int, mask_truncated: bool) -> MicroBa
         if c:
             input_ids[row, max_prompt : max_prompt + c] = torch.tensor(s.completion_ids, dtype=torch.long)
             attention[row, max_prompt : max_prompt + c] = 1
+            row_mask = torch.ones(c) if s.loss_mask is None else torch.tensor(s.loss_mask[:c], dtype=torch.float32)
             if not (mask_truncated and s.truncated):
-                completion_mask[row, :c] = 1.0
+                completion_mask[row, :c] = row_mask
             if sampler is not None:
-                sampler[row, :c] = torch.tensor(s.sampler_logps[:c], dtype=torch.float32)  # type: ignore[index]
+                logps = torch.tensor(s.sampler_logps[:c], dtype=torch.float32)  # type: ignore[index]
+                # the engine's value at an environment token means nothing (drivers write 0.0): keep it finite
+                sampler[row, :c] = torch.where(row_mask.bool(), logps, torch.zeros_like(logps))
     return MicroBatch(
         input_ids=input_ids,
         attention_mask=attention,
