@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,9 +73,15 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
     try:
         calc_rows = _rows(ROOT / "examples" / "calculator" / "data" / "test.jsonl", args.prompts)
-        for style in ("json", "python"):
+        example = tomllib.loads((ROOT / "examples" / "calculator" / "config.toml").read_text())["plugins"]["tools"]
+        variants = {
+            "json, instructions only": ToolSettings(format="json"),
+            "python, instructions only": ToolSettings(format="python"),
+            "the example's settings (json + demonstration)": ToolSettings(**example),
+        }
+        for style, settings in variants.items():
             cfg.episodes = cfg.episodes.model_copy(update={"max_turns": 3, "max_tokens_per_turn": 40})
-            env = ToolEnvironment(ctx, ToolSettings(format=style))
+            env = ToolEnvironment(ctx, settings)
             driver = EpisodeDriver(lambda p, s: env.grpo_environment_episode(p, s), tok, cfg, "tools", print, True)
             prompts = [Prompt(r["prompt"], tokenize_prompt(r["prompt"], tok), {"answer": r["answer"]}, i) for i, r in enumerate(calc_rows)]
             started = time.perf_counter()

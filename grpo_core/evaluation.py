@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from grpo_core.errors import ConfigError, DataError
+from grpo_core.training.episodes import release
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -90,8 +91,13 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def evaluate(cfg: GRPOConfig, hook: Any, scorer: Any, prompts: list[Prompt], stop_ids: list[int], policy_version: int, step: int) -> EvalResult:
-    """Generate one completion per prompt through the rollout hook and score it."""
+def evaluate(
+    cfg: GRPOConfig, hook: Any, scorer: Any, prompts: list[Prompt], stop_ids: list[int], policy_version: int, step: int,
+    episodes: Any = None,
+) -> EvalResult:
+    """Generate one completion per prompt through the rollout hook (one
+    whole episode each, through ``episodes``, when the run has them) and
+    score it."""
     from grpo_core.training.producer import sampling_from_config
 
     started = time.perf_counter()
@@ -99,12 +105,21 @@ def evaluate(cfg: GRPOConfig, hook: Any, scorer: Any, prompts: list[Prompt], sto
     groups: list[RolloutGroup] = []
     for start in range(0, len(prompts), EVAL_CHUNK):
         chunk = prompts[start : start + EVAL_CHUNK]
-        out = hook.grpo_rollout_generate(prompts=chunk, num_generations=1, sampling=sampling, policy_version=policy_version)
+        if episodes is not None:
+            def turn(requests: list[Prompt], n: int, turn_sampling: Any) -> list[RolloutGroup]:
+                return hook.grpo_rollout_generate(prompts=requests, num_generations=n, sampling=turn_sampling, policy_version=policy_version)
+
+            out = episodes.run(chunk, 1, sampling, turn)
+        else:
+            out = hook.grpo_rollout_generate(prompts=chunk, num_generations=1, sampling=sampling, policy_version=policy_version)
         if out is None or len(out) != len(chunk):
             raise RuntimeError(f"evaluation: the rollout returned {0 if out is None else len(out)} groups for {len(chunk)} prompts")
         groups.extend(out)
     gen_seconds = time.perf_counter() - started
-    rewards = scorer.score(groups, step)
+    try:
+        rewards = scorer.score(groups, step)
+    finally:
+        release(groups)
     totals: list[float] = []
     per_func: list[list[float]] = [[] for _ in scorer.names]
     for per_group in rewards:
@@ -113,7 +128,7 @@ def evaluate(cfg: GRPOConfig, hook: Any, scorer: Any, prompts: list[Prompt], sto
             for j, value in enumerate(row):
                 if value is not None and math.isfinite(value):
                     per_func[j].append(float(value))
-    lengths = [len(c.token_ids) for g in groups for c in g.completions]
+    lengths = [c.model_token_count for g in groups for c in g.completions]
     metrics = {
         "eval/reward": _mean(totals),
         "eval/completions/mean_length": _mean([float(n) for n in lengths]),

@@ -43,6 +43,7 @@ class RunObserver:
         self.eval_prompts = list(eval_prompts or [])
         self.stop_ids = list(stop_ids or [])
         self.evaluating = eval_enabled(cfg) and bool(self.eval_prompts)
+        self.episodes: Any = None  # the run's episode driver, when it has episodes: evaluation plays them too
         self.output_dir = Path(cfg.output_dir)
         self.monitor = HealthMonitor(cfg.alerts, self.output_dir)
         self.completions = CompletionLog(self.output_dir) if cfg.trl.log_completions else None
@@ -117,7 +118,8 @@ class RunObserver:
         if not self.cfg.trl.async_prefetch:
             trainer.sync_weights()  # no-op when the engine already holds this version
         version = trainer.last_sync_version if trainer.last_sync_version >= 0 else trainer.policy_version
-        result = evaluate(self.cfg, trainer.parts.hook, trainer.parts.scorer, self.eval_prompts, self.stop_ids, version, trainer.step)
+        result = evaluate(self.cfg, trainer.parts.hook, trainer.parts.scorer, self.eval_prompts, self.stop_ids, version, trainer.step,
+                          episodes=self.episodes)
         metrics.update(result.metrics)
         score = result.metrics["eval/reward"]
         if self.best_eval is None or score > self.best_eval[0]:

@@ -449,6 +449,17 @@ ENVIRONMENT_REWARD = "environment"
 """The reward function that returns an episode's environment reward."""
 
 
+def environment_is_episodic(cfg: GRPOConfig, host: PluginHost) -> bool:
+    """Whether the config's environment runs multi-turn episodes (its class
+    declares ``episodic``; imported, not built)."""
+    point = BY_NAME["environment"]
+    try:
+        _, cls = host.implementation_class(point.name, chosen_implementations(cfg)[point.name], key=source_key(cfg, point))
+    except (PluginError, ConfigError):
+        return False
+    return bool(declared(cls, point, "episodic"))
+
+
 def add_environment_reward(cfg: GRPOConfig, host: PluginHost) -> None:
     """An environment that declares ``provides_reward`` scores its episodes:
     add the ``environment`` reward function (weight 1, as TRL adds

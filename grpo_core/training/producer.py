@@ -115,7 +115,7 @@ def batch_metrics(groups: list[ScoredGroup], reward_names: list[str], weights: l
     for j, name in enumerate(reward_names):
         column = [row[j] for s in groups for row in s.rewards if row[j] is not None]
         metrics[f"rewards/{name}/mean"], metrics[f"rewards/{name}/std"] = _mean_std([float(v) for v in column])
-    lengths = [len(c.token_ids) for s in groups for c in s.group.completions]
+    lengths = [c.model_token_count for s in groups for c in s.group.completions]  # the policy's tokens, as TRL counts
     metrics["completions/mean_length"] = sum(lengths) / max(1, len(lengths))
     metrics["completions/max_length"] = float(max(lengths, default=0))
     metrics["completions/clipped_ratio"] = sum(c.truncated for s in groups for c in s.group.completions) / max(1, len(lengths))

@@ -159,7 +159,7 @@ def _make_producer(
     tokenizer: Any,
     impls: Implementations,
     dist: Distributed,
-    log: Callable[[str], None] = print,
+    episodes: EpisodeDriver | None = None,
 ) -> Any:
     """Rank 0's producer (prefetching in a thread with ``async_prefetch``);
     with several processes wrapped so the main thread scatters its batches."""
@@ -174,7 +174,7 @@ def _make_producer(
         prompts_per_batch(cfg),
         sampling_from_config(cfg, stop_ids),
         concurrent_rollout=impls.concurrent_generate,
-        episodes=_episode_driver(cfg, host, tokenizer, impls, log),
+        episodes=episodes,
     )
     if cfg.trl.async_prefetch:
         producer = PrefetchingProducer(
@@ -257,7 +257,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     train, and return the final status (``completed``). Everything cheap that
     can fail (checks, plugins, data, reward columns) happens before a model
     loads or a server starts."""
-    from grpo_core.config.checks import check_config
+    from grpo_core.config.checks import check_config, environment_is_episodic
     from grpo_core.data import common_columns, load_prompts
     from grpo_core.model_files import resolve_model_dir
     from grpo_core.models import load_tokenizer
@@ -285,7 +285,9 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     main = process_rank() == 0  # rank 0 alone samples, scores, logs and saves
     scorer = RewardScorer(cfg, host, context) if main else None
     prompts = load_prompts(cfg, context.tokenizer)
-    if scorer is not None and not cfg.trl.rollout_func:  # a rollout_func may add per-completion fields
+    # A rollout_func, and an environment (its reward, environments=, its replies' info), add
+    # per-completion fields that exist only once completions do.
+    if scorer is not None and not cfg.trl.rollout_func and not environment_is_episodic(cfg, host):
         scorer.check_columns(common_columns(prompts))
     from grpo_core.evaluation import load_eval_prompts
     from grpo_core.observe import RunObserver
@@ -318,6 +320,9 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
             context.log(f"process {dist.rank} of {dist.world} ({kind}, {accelerator.device})")
         model_holder["model"] = model
         stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)
+        episodes = _episode_driver(cfg, host, context.tokenizer, impls, context.log) if dist.is_main else None
+        if observer is not None:
+            observer.episodes = episodes
         parts = TrainerParts(
             cfg=cfg,
             context=context,
@@ -327,7 +332,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
             tokenizer=context.tokenizer,
             optimizer=optimizer,
             scheduler=scheduler,
-            producer=_make_producer(cfg, host, scorer, stream, context.tokenizer, impls, dist, context.log),
+            producer=_make_producer(cfg, host, scorer, stream, context.tokenizer, impls, dist, episodes),
             scorer=scorer,
             stream=stream,
             reference=reference,
