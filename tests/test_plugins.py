@@ -34,6 +34,7 @@ from grpo_core.context import RunContext
 from grpo_core.errors import ConfigError, PluginError
 from grpo_core.plugin_host import ALLOW_ENV, PluginHost
 from pip_target import install_into_target
+from plugin_set import SITES_ENV, only_plugins_from, subprocess_command
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "grpo-plugin-example"
@@ -42,11 +43,19 @@ EXAMPLE_DIST = "grpo-plugin-example"
 BROKEN_DIST = "grpo-broken-example"
 
 
-def grpo(*args: str, pythonpath: Path | None = None, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def grpo(*args: str, pythonpath: Path | None = None, env: dict[str, str] | None = None, cwd: Path | None = None,
+         plugins_from: tuple[Path, ...] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the ``grpo`` command. With ``plugins_from``, it sees only grpo's own
+    plugins and those installed in these sites, whatever else the venv holds
+    (tests that count plugins; see ``plugin_set.py``)."""
     full_env = {**os.environ, **(env or {})}
     if pythonpath is not None:
         full_env["PYTHONPATH"] = str(pythonpath)
-    return subprocess.run([GRPO, *args], env=full_env, cwd=cwd, capture_output=True, text=True, timeout=120)
+    command = [GRPO, *args]
+    if plugins_from is not None:
+        full_env[SITES_ENV] = os.pathsep.join(str(site) for site in plugins_from)
+        command = subprocess_command(args)
+    return subprocess.run(command, env=full_env, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 @contextmanager
@@ -188,7 +197,7 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_cli_lists_the_example_plugin_with_its_distribution(example_site: Path) -> None:
-    result = grpo("plugins", "--json", pythonpath=example_site)
+    result = grpo("plugins", "--json", pythonpath=example_site, plugins_from=(example_site,))
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
     reward = {i["name"]: i for i in listing["reward"]["implementations"]}
@@ -199,9 +208,10 @@ def test_cli_lists_the_example_plugin_with_its_distribution(example_site: Path) 
     }
     assert advantages["rank"]["distribution"] == EXAMPLE_DIST and advantages["rank"]["error"] is None
     assert advantages["rank"]["target"] == "grpo_plugin_example.ranking:RankAdvantages"
-    # without the package on the path, it is gone: nothing was installed into the venv
-    plain = json.loads(grpo("plugins", "--json").stdout)
-    assert "rank" not in {i["name"] for i in plain["advantage_aggregation"]["implementations"]}
+    # without the package's site, it is gone (whether or not someone pip-installed the example into the venv)
+    plain = json.loads(grpo("plugins", "--json", plugins_from=()).stdout)
+    assert {i["name"] for i in plain["advantage_aggregation"]["implementations"]} == {"normalize_then_sum", "sum_then_normalize"}
+    assert "length_bonus" not in {i["name"] for i in plain["reward"]["implementations"]}
 
 
 def test_example_reward_and_aggregation_load_and_run(example_site: Path, tmp_path: Path) -> None:
@@ -234,10 +244,10 @@ def test_config_check_accepts_the_plugin_by_name(example_site: Path, tmp_path: P
         '[trl]\nnum_generations = 4\nreward_funcs = ["length_bonus"]\nmulti_objective_aggregation = "rank"\n',
         encoding="utf-8",
     )
-    ok = grpo("config", "check", str(cfg_path), pythonpath=example_site)
+    ok = grpo("config", "check", str(cfg_path), pythonpath=example_site, plugins_from=(example_site,))
     assert ok.returncode == 0, ok.stderr
     assert "advantage_aggregation=rank" in ok.stdout
-    missing = grpo("config", "check", str(cfg_path))
+    missing = grpo("config", "check", str(cfg_path), plugins_from=())
     assert missing.returncode == 2
     assert "trl.multi_objective_aggregation = 'rank': no installed package publishes 'rank'" in missing.stderr
 
@@ -379,7 +389,7 @@ def test_broken_always_on_plugin_strict_and_lenient(broken_site: Path) -> None:
 
 
 def test_unknown_implementation_name_lists_the_available_ones(tmp_path: Path) -> None:
-    with pytest.raises(PluginError) as info:
+    with only_plugins_from(), pytest.raises(PluginError) as info:  # grpo's own: the listing is exact
         PluginHost().load_implementation("advantage_aggregation", "nope", context(tmp_path))
     message = str(info.value)
     assert "no installed package publishes 'nope'" in message and "grpo.advantage_aggregation" in message
