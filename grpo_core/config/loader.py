@@ -168,8 +168,14 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 
 
 def apply_effective_defaults(cfg: GRPOConfig) -> GRPOConfig:
-    """Replace ``None`` ("reference default") by the value that runs."""
+    """Replace ``None`` ("reference default") by the value that runs.
+
+    ``trl.model_fields_set`` still says what the user wrote afterwards (the
+    filled-in values are not "set"): the checks warn about an option only
+    where the user set it, and a config dumped with ``exclude_unset`` derives
+    these defaults again from its other values."""
     trl = cfg.trl
+    written = set(trl.model_fields_set)
     if cfg.rl == "gdpo":
         if "multi_objective_aggregation" in trl.model_fields_set and trl.multi_objective_aggregation != "normalize_then_sum":
             raise ConfigError(
@@ -188,6 +194,7 @@ def apply_effective_defaults(cfg: GRPOConfig) -> GRPOConfig:
         trl.vllm_mode = "server"
     if trl.max_prompt_length is None:
         trl.max_prompt_length = cfg.sequence_len
+    object.__setattr__(trl, "__pydantic_fields_set__", written)  # assignment above marked the filled keys as set
     return cfg
 
 
