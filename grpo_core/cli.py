@@ -217,6 +217,8 @@ def _add_plugins_command(app: typer.Typer) -> None:
         the allowlist (GRPO_PLUGINS_ALLOW) is listed with the reason instead
         of failing the command.
         """
+        from grpo_core.plugin_host import AMBIGUOUS
+
         listing = list_plugins()
         if as_json:
             typer.echo(json.dumps(listing, indent=2))
@@ -226,7 +228,8 @@ def _add_plugins_command(app: typer.Typer) -> None:
             if not entry["implementations"]:
                 typer.echo("  (none installed)")
             for impl in entry["implementations"]:
-                status = f"  BROKEN: {impl['error']}" if impl["error"] else ""
+                detail = str(impl["error"] or "").removeprefix(AMBIGUOUS).strip()
+                status = f"  {impl['status']}: {detail}" if impl["error"] else ""
                 typer.echo(f"  {impl['name']:<24} {impl['distribution']:<24} {impl['target']}{status}")
 
 
@@ -356,7 +359,7 @@ def list_plugins() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for point, group in groups.items():
         impls = [
-            {"name": i.name, "target": i.target, "distribution": i.distribution, "error": i.error}
+            {"name": i.name, "target": i.target, "distribution": i.distribution, "error": i.error, "status": i.status}
             for i in host.list_group(group)
         ]
         out[point] = {"group": group, "implementations": impls}

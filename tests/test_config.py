@@ -184,6 +184,17 @@ def test_set_overrides_nested_and_typed_values(tmp_path: Path) -> None:
     assert cfg.vllm.port == 9001 and str(cfg.output_dir) == "/tmp/run 1" and cfg.lora_r == 8
 
 
+def test_set_null_is_none_and_a_quoted_null_is_the_string(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.toml", to_toml_text(minimal(adapter="lora", trl={"beta": 0.1})))
+    cfg = load_config(path, ["adapter=null", "trl.beta = null", 'output_dir="null"'])
+    assert cfg.adapter is None  # full fine-tune, as `adapter: null` in a YAML config
+    assert cfg.trl.beta == EFFECTIVE_DEFAULTS["beta"]  # None: grpo's default is filled in
+    assert str(cfg.output_dir) == "null"
+    assert parse_override("trl.top_k=null") == (["trl", "top_k"], None)
+    # a key whose type has no None reads null as a YAML config does: unset, its default
+    assert load_config(path, ["micro_batch_size=null"]).micro_batch_size == validate(minimal(micro_batch_size=None)).micro_batch_size == 1
+
+
 def test_set_override_errors_name_the_item() -> None:
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_override("trl.beta")

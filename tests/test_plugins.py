@@ -204,7 +204,7 @@ def test_cli_lists_the_example_plugin_with_its_distribution(example_site: Path) 
     advantages = {i["name"]: i for i in listing["advantage_aggregation"]["implementations"]}
     assert reward["length_bonus"] == {
         "name": "length_bonus", "target": "grpo_plugin_example.rewards:length_bonus",
-        "distribution": EXAMPLE_DIST, "error": None,
+        "distribution": EXAMPLE_DIST, "error": None, "status": "OK",
     }
     assert advantages["rank"]["distribution"] == EXAMPLE_DIST and advantages["rank"]["error"] is None
     assert advantages["rank"]["target"] == "grpo_plugin_example.ranking:RankAdvantages"
@@ -446,6 +446,20 @@ def test_a_name_published_twice_is_refused_naming_both_and_qualifies(example_sit
         assert "ambiguous" in listing[("rank", EXAMPLE_DIST)] and "ambiguous" in listing[("rank", TWIN_DIST)]
 
 
+def test_cli_says_ambiguous_not_broken_for_a_name_published_twice(example_site: Path, twin_site: Path) -> None:
+    env = {"PYTHONPATH": os.pathsep.join([str(example_site), str(twin_site)])}
+    result = grpo("plugins", env=env, plugins_from=(example_site, twin_site))
+    assert result.returncode == 0, result.stderr
+    rank = [line for line in result.stdout.splitlines() if line.strip().startswith("rank ")]
+    assert len(rank) == 2 and all("AMBIGUOUS: 'rank' is also published by" in line for line in rank), rank
+    assert not any("BROKEN" in line for line in rank)
+    assert f"choose '{EXAMPLE_DIST}:rank'" in result.stdout and f"choose '{TWIN_DIST}:rank'" in result.stdout
+    listing = json.loads(grpo("plugins", "--json", env=env, plugins_from=(example_site, twin_site)).stdout)
+    statuses = {(i["name"], i["distribution"]): i["status"] for i in listing["advantage_aggregation"]["implementations"]}
+    assert statuses[("rank", EXAMPLE_DIST)] == statuses[("rank", TWIN_DIST)] == "AMBIGUOUS"
+    assert statuses[("sum_then_normalize", "grpo")] == "OK"
+
+
 # ---------------------------------------------------------------- plugin settings
 
 
@@ -486,6 +500,58 @@ def test_bad_plugin_settings_name_the_key(example_site: Path, tmp_path: Path, ta
     result = grpo("config", "check", str(path), pythonpath=example_site)
     assert result.returncode == 2 and fragment in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+QUALIFIED = f'"{EXAMPLE_DIST}:length_bonus"'
+
+
+def test_a_qualified_name_reads_its_qualified_settings_table(example_site: Path, tmp_path: Path) -> None:
+    """``[plugins."dist:name"]`` configures the implementation chosen as ``"dist:name"``."""
+    from grpo_core.config.loader import load_config
+
+    path = write_config(tmp_path, f'reward_funcs = [{QUALIFIED}]', f"[plugins.{QUALIFIED}]\ntarget_tokens = 4\n")
+    with on_path(example_site, "grpo_plugin_example"):
+        cfg = load_config(path)
+        assert check_config(cfg, PluginHost()) == []  # read, so not "unused"
+        reward = PluginHost().load_reward(f"{EXAMPLE_DIST}:length_bonus", RunContext(config=cfg, output_dir=tmp_path))
+        assert reward(completions=["a", "b"], completion_ids=[[1] * 4, [1] * 8]) == [1.0, 0.0]  # target 4, not 64
+    typo = write_config(tmp_path, f'reward_funcs = [{QUALIFIED}]', f"[plugins.{QUALIFIED}]\ntarget_token = 4\n")
+    result = grpo("config", "check", str(typo), pythonpath=example_site)
+    assert result.returncode == 2 and f"plugins.{QUALIFIED}.target_token: Extra inputs are not permitted" in result.stderr
+    both = write_config(tmp_path, f'reward_funcs = [{QUALIFIED}]',
+                        f"[plugins.{QUALIFIED}]\ntarget_tokens = 4\n[plugins.length_bonus]\ntarget_tokens = 8\n")  # fmt: skip
+    result = grpo("config", "check", str(both), pythonpath=example_site)
+    assert result.returncode == 2 and "both configure 'length_bonus'" in result.stderr and "keep one table" in result.stderr
+    other = write_config(tmp_path, 'reward_funcs = ["length_bonus"]', '[plugins."someone-else:length_bonus"]\nx = 1\n')
+    result = grpo("config", "check", str(other), pythonpath=example_site)
+    assert result.returncode == 0 and ("[plugins.\"someone-else:length_bonus\"] configures 'someone-else:length_bonus', "
+                                       "which this run does not use") in result.stderr  # fmt: skip
+
+
+def test_a_settings_rule_over_the_whole_table_names_the_table() -> None:
+    from pydantic import BaseModel, model_validator
+
+    from grpo_core.plugin_host import validate_settings
+
+    class Settings(BaseModel):
+        low: int = 0
+        high: int = 1
+
+        @model_validator(mode="after")
+        def _ordered(self) -> "Settings":
+            if self.low > self.high:
+                raise ValueError("low must not exceed high")
+            return self
+
+    class Impl:
+        pass
+
+    Impl.Settings = Settings  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError) as info:
+        validate_settings(Impl, "bounded", {"low": 5})
+    assert str(info.value) == "[plugins.bounded]: Value error, low must not exceed high"
+    with pytest.raises(ConfigError, match=r'^\[plugins."some-dist:bounded"\]: Value error'):
+        validate_settings(Impl, "some-dist:bounded", {"low": 5})
 
 
 def test_settings_for_an_unused_implementation_are_named(example_site: Path, tmp_path: Path) -> None:

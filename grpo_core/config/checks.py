@@ -23,7 +23,7 @@ from grpo_core.config.compat import compat_warnings
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, chosen_implementations, declared, source_key
-from grpo_core.plugin_host import PluginHost, own_checks, split_qualified, validate_settings
+from grpo_core.plugin_host import PluginHost, own_checks, settings_key, split_qualified, table_ref, validate_settings
 
 
 @dataclass(frozen=True)
@@ -487,10 +487,14 @@ def _plugin_checks(cfg: GRPOConfig, host: PluginHost, names: dict[str, str], err
     against the contract, its settings, the other choices and its own rules,
     so that "OK" means ``grpo run`` gets past wiring."""
     classes: dict[str, tuple[Any, Any]] = {}
+    tables = cfg.plugins.settings_tables()
+    used: set[str] = set()  # the [plugins.<key>] tables some chosen implementation reads
     for point in EXTENSION_POINTS:
         try:
             info, cls = host.implementation_class(point.name, names[point.name], key=source_key(cfg, point))
-            validate_settings(cls, info.name, cfg.plugins.settings_table(info.name))
+            table = settings_key(tables, info) or info.name
+            used.add(table)
+            validate_settings(cls, table, cfg.plugins.settings_table(table))
             warnings += own_checks(cls, cfg)
         except (PluginError, ConfigError) as exc:
             errors.append(str(exc))
@@ -507,19 +511,21 @@ def _plugin_checks(cfg: GRPOConfig, host: PluginHost, names: dict[str, str], err
                 f"{sorted(offered) or 'none'}: choose a weight sync made for that rollout (see `grpo plugins`), or "
                 "remove plugins.weight_sync to get the default one."
             )
-    used = {info.name for info, _ in classes.values()}
+    names_used = {info.name for info, _ in classes.values()}
     for spec in cfg.trl.reward_funcs or []:
         if split_qualified(spec)[1] in host.published(REWARD_GROUP):
             try:
                 info, func = host.import_entry_point(REWARD_GROUP, spec, "trl.reward_funcs")
-                validate_settings(func, info.name, cfg.plugins.settings_table(info.name))
-                used.add(info.name)
+                table = settings_key(tables, info) or info.name
+                used.add(table)
+                validate_settings(func, table, cfg.plugins.settings_table(table))
+                names_used.add(info.name)
             except (PluginError, ConfigError) as exc:
                 errors.append(str(exc))
-    for name in sorted(set(cfg.plugins.settings_tables()) - used):
+    for name in sorted(set(tables) - used):
         warnings.append(
-            f"[plugins.{name}] configures '{name}', which this run does not use (implementations: "
-            f"{', '.join(sorted(used))}): it has no effect."
+            f"[{table_ref(name)}] configures '{name}', which this run does not use (implementations: "
+            f"{', '.join(sorted(names_used))}): it has no effect."
         )
 
 

@@ -57,14 +57,20 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
     The value is read as a TOML value when it parses as one (numbers, bools,
     quoted strings, arrays, inline tables) and as a bare string otherwise.
+    A bare ``null`` is ``None``, as in a YAML config (TOML has no null): the
+    key reads as unset (``--set adapter=null`` trains full weights);
+    ``'"null"'`` is the string.
     """
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set expects KEY=VALUE, got '{item}'")
-    try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
+    if raw.strip() == "null":
+        value: Any = None
+    else:
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
     # datasets[0].path and datasets.0.path both index the list
     return [part.strip() for part in re.sub(r"\[(\d+)\]", r".\1", key).split(".")], value
 
