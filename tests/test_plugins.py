@@ -662,3 +662,33 @@ def test_core_never_imports_plugins_or_engines() -> None:
 def test_the_import_scan_catches_each_form() -> None:
     code = "import vllm\nfrom grpo_plugins.vllm import x\nimportlib.import_module('deepspeed')\n"
     assert {m.split(".")[0] for m in _imported_modules(ast.parse(code))} == {"vllm", "grpo_plugins", "deepspeed"}
+
+
+# ---------------------------------------------------------------- the contract's own example
+
+
+def test_the_wrapper_example_in_hookspecs_runs_as_published(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ``wrapper=True`` example of ``grpo_core.hookspecs``' module doc,
+    published as a real always-on plugin, wraps the chosen weight sync."""
+    from grpo_core import hookspecs
+
+    doc = hookspecs.__doc__ or ""
+    start = doc.index("      import time\n")
+    code = textwrap.dedent(doc[start:doc.index("  (an always-on plugin is built", start)])
+    site = tmp_path / "site"
+    (site / "grpo_sync_timer").mkdir(parents=True)
+    (site / "grpo_sync_timer" / "__init__.py").write_text("", encoding="utf-8")
+    (site / "grpo_sync_timer" / "timing.py").write_text(code, encoding="utf-8")
+    info = site / "grpo_sync_timer-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: grpo-sync-timer\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text("[grpo.plugins]\nsync_timer = grpo_sync_timer.timing:SyncTimer\n", encoding="utf-8")
+    with on_path(site, "grpo_sync_timer"), only_plugins_from(site):
+        host = PluginHost()
+        assert host.load_always_on(strict=True) == []
+        host.load_implementation("weight_sync", "in_process", context(tmp_path))
+        result = host.hook.grpo_sync_weights(model=None, version=3, engine=None)
+        assert result.version == 3 and result.detail == "in-process"  # the chosen sync's own result, passed through
+        timer = next(p for p in host.pm.get_plugins() if type(p).__name__ == "SyncTimer")
+        assert len(timer.seconds) == 1
+    assert "weights v3 synced in" in capsys.readouterr().out
