@@ -692,3 +692,74 @@ def test_the_wrapper_example_in_hookspecs_runs_as_published(tmp_path: Path, caps
         timer = next(p for p in host.pm.get_plugins() if type(p).__name__ == "SyncTimer")
         assert len(timer.seconds) == 1
     assert "weights v3 synced in" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the example's weight sync
+
+
+class PathLoadingEngine:
+    """Stands in for an inference engine's ``load_weights_from_path`` (no
+    vLLM here, to keep the test fast): a fresh transformers model loads the
+    HF-named safetensors, as an engine reloads them. Only this method of the
+    engine protocol is used by the sync."""
+
+    def __init__(self, config: Any) -> None:
+        from transformers import LlamaForCausalLM
+
+        self.model = LlamaForCausalLM(config).eval()
+        self.loads: list[Path] = []
+        self.missing: set[str] = set()
+
+    def load_weights_from_path(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        result = self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+        assert not result.unexpected_keys, result.unexpected_keys  # every name the sync wrote is an HF name
+        self.missing = set(result.missing_keys)
+        self.loads.append(path)
+
+
+def test_example_weight_sync_sends_hf_named_merged_weights(example_site: Path, tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=96, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(0)
+    policy = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                                 init_lora_weights=False))  # fmt: skip  # a non-zero delta
+    ids = torch.randint(0, 96, (2, 7))
+    with on_path(example_site, "grpo_plugin_example"):
+        host = PluginHost()
+        sync = host.load_implementation("weight_sync", "safetensors_dir", context(tmp_path))
+        engine = PathLoadingEngine(config)
+        result = host.hook.grpo_sync_weights(model=policy, version=1, engine=engine)
+        assert result.version == 1 and result.detail.endswith("v000001/model.safetensors")
+        assert engine.missing == {"lm_head.weight"}  # tied: written once, as the embedding
+        with torch.no_grad():
+            assert torch.allclose(engine.model(ids).logits, policy(ids).logits, atol=1e-5)  # the engine samples the policy
+            for name, param in policy.named_parameters():
+                if "lora_B" in name:
+                    param.add_(0.5)  # a training step
+        first = engine.loads[0]
+        host.hook.grpo_sync_weights(model=policy, version=2, engine=engine)
+        with torch.no_grad():
+            assert torch.allclose(engine.model(ids).logits, policy(ids).logits, atol=1e-5)
+        assert not first.exists() and engine.loads[1].name == "v000002"  # the old version goes once the new one is loaded
+        root = sync.root
+        host.hook.grpo_train_end(context=context(tmp_path), status="completed")  # lifecycle hooks reach it
+        assert root is not None and not root.exists()
+        with pytest.raises(ConfigError, match="the rollout has none"):
+            host.hook.grpo_sync_weights(model=policy, version=3, engine=None)
+
+
+def test_example_weight_sync_needs_an_engine_that_loads_from_a_path(example_site: Path) -> None:
+    def cfg(**trl: Any) -> Any:
+        return validate({"base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
+                         "plugins": {"weight_sync": "safetensors_dir"},
+                         "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **trl}})  # fmt: skip
+
+    with on_path(example_site, "grpo_plugin_example"):
+        check_config(cfg(use_vllm=True), PluginHost())  # the vllm rollout's engine declares weights_from_path
+        with pytest.raises(ConfigError, match="weight sync 'safetensors_dir' .* needs \\['weights_from_path'\\]"):
+            check_config(cfg(), PluginHost())  # the transformers rollout has no engine
