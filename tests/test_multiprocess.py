@@ -361,11 +361,14 @@ def test_num_processes_checks_a_bad_config_once_before_starting_processes(tmp_pa
 def test_a_child_failing_at_run_time_prints_its_one_line_error(tmp_path: Path) -> None:
     (tmp_path / "mp_rewards.py").write_text(REWARDS)
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(4)))
-    path = write_config(tmp_path, "out", str(tmp_path / "no-such-model"))  # passes the check; fails when loading
+    # passes the check (with one warning); fails when loading the model
+    path = write_config(tmp_path, "out", str(tmp_path / "no-such-model"), trl={"prefetch_depth": 2})
     done, _ = grpo_launch(tmp_path, ["run", str(path), "--num-processes", "2"])
     assert done.returncode == 2, done.stderr  # the child's own exit code (ConfigError), not the launcher's 1
     assert_no_launcher_dump(done.stderr)
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    warned = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "trl.prefetch_depth = 2 has no effect" in warned[0], done.stderr  # the parent's, once
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("warning:")]
     # each child that got as far as failing prints the same line (elastic stops the other with SIGTERM)
     assert 1 <= len(lines) <= 2 and set(lines) == {
         f"error: base_model: {tmp_path / 'no-such-model'} is neither a directory, a .gguf file, nor a hub id (org/name)"
