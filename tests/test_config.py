@@ -636,6 +636,17 @@ def test_a_default_grpo_fills_in_is_never_warned_about() -> None:
     assert check_config(cfg) == []
 
 
+def test_a_config_dumped_with_only_what_was_set_derives_its_defaults_again() -> None:
+    """What the Python API does with a GRPOConfig plus overrides: the filled-in values are not
+    frozen into the dump, so turning vLLM on turns its default correction on too."""
+    cfg = validate(minimal())
+    assert cfg.trl.vllm_importance_sampling_correction is False  # its default without vLLM
+    raw = cfg.model_dump(mode="json", exclude_unset=True)
+    assert "vllm_importance_sampling_correction" not in raw["trl"] and "prefetch_depth" not in raw["trl"]
+    again = validate({**raw, "trl": {**raw["trl"], "use_vllm": True}})
+    assert again.trl.vllm_importance_sampling_correction is True and again.trl.vllm_mode == "server"
+
+
 def test_accumulation_with_a_generation_batch_says_how_many_steps_it_feeds() -> None:
     cfg = validate(minimal(micro_batch_size=2, gradient_accumulation_steps=4, trl={"generation_batch_size": 16}))
     warnings = check_config(cfg)
