@@ -20,8 +20,12 @@ import os
 import signal
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 from grpo_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 #: Set for the launched processes when the parent has already checked the
 #: config and printed its warnings (so N processes do not print them N times).
@@ -82,10 +86,10 @@ def quiet_launcher(argv: list[str]) -> int:
     return 0
 
 
-def failure_exit_code(exc: object) -> int:
+def failure_exit_code(exc: ChildFailedError) -> int:
     """The exit code of the first child that failed on its own (elastic
     stops the others with SIGTERM once one fails)."""
-    failures = sorted(exc.failures.items(), key=lambda item: item[1].timestamp)  # type: ignore[attr-defined]
+    failures = sorted(exc.failures.items(), key=lambda item: item[1].timestamp)
     for _rank, failure in failures:
         if failure.exitcode > 0:
             return failure.exitcode
