@@ -260,7 +260,7 @@ def test_allowlist_env_blocks_a_distribution(example_site: Path, tmp_path: Path,
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
     rank = next(i for i in listing["advantage_aggregation"]["implementations"] if i["name"] == "rank")
-    assert "allowlist" in rank["error"]
+    assert "allowlist" in rank["error"] and rank["status"] == "NOT ALLOWED"
     builtin = next(i for i in listing["advantage_aggregation"]["implementations"] if i["name"] == "sum_then_normalize")
     assert builtin["error"] is None or "allowlist" not in builtin["error"]  # grpo itself is always allowed
 
