@@ -14,6 +14,7 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -180,21 +181,27 @@ def _add_run_command(app: typer.Typer) -> None:
         interrupted: Ctrl-C saves and exits with code 130).
         """
         from grpo_core.config.loader import load_config
+        from grpo_core.launch import CHECKED_ENV
+        from grpo_core.training.distributed import launched_by_launcher
 
         if num_processes > 1:
             from grpo_core.launch import launch
 
+            if not launched_by_launcher():  # check once, here, before any process starts
+                for note in _load_and_check(config, set_, num_processes)[2]:
+                    _warn(note)
             code = launch(num_processes, ["run", str(config), *[a for o in set_ or [] for a in ("--set", o)]])
             if code >= 0:  # the launched processes trained; else this is one of them
                 raise typer.Exit(code)
+        warn = _warn if os.environ.get(CHECKED_ENV) != "1" else (lambda _note: None)  # the parent printed them
         _import_from_cwd()
         cfg = load_config(config, set_ or [])
         host = _host_for(cfg)
         for note in _load_always_on(host):
-            _warn(note)
+            warn(note)
         from grpo_core.training.run import run_training  # heavy: torch, transformers
 
-        run_training(cfg, host, warn=_warn)  # the same checks as `grpo config check`
+        run_training(cfg, host, warn=warn)  # the same checks as `grpo config check`
 
 
 def _add_plugins_command(app: typer.Typer) -> None:
@@ -210,6 +217,8 @@ def _add_plugins_command(app: typer.Typer) -> None:
         the allowlist (GRPO_PLUGINS_ALLOW) is listed with the reason instead
         of failing the command.
         """
+        from grpo_core.plugin_host import AMBIGUOUS
+
         listing = list_plugins()
         if as_json:
             typer.echo(json.dumps(listing, indent=2))
@@ -219,7 +228,8 @@ def _add_plugins_command(app: typer.Typer) -> None:
             if not entry["implementations"]:
                 typer.echo("  (none installed)")
             for impl in entry["implementations"]:
-                status = f"  BROKEN: {impl['error']}" if impl["error"] else ""
+                detail = str(impl["error"] or "").removeprefix(AMBIGUOUS).strip()
+                status = f"  {impl['status']}: {detail}" if impl["error"] else ""
                 typer.echo(f"  {impl['name']:<24} {impl['distribution']:<24} {impl['target']}{status}")
 
 
@@ -356,7 +366,7 @@ def list_plugins() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for point, group in groups.items():
         impls = [
-            {"name": i.name, "target": i.target, "distribution": i.distribution, "error": i.error}
+            {"name": i.name, "target": i.target, "distribution": i.distribution, "error": i.error, "status": i.status}
             for i in host.list_group(group)
         ]
         out[point] = {"group": group, "implementations": impls}

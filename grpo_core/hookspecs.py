@@ -39,7 +39,93 @@ Two more groups exist:
 * ``grpo.plugins``: always-on plugins that observe lifecycle hooks, resolve
   reward specs (:func:`grpo_load_reward`) or add CLI commands. They may wrap
   an extension-point hook (``@hookimpl(wrapper=True)``, e.g. to time it)
-  but must not implement one.
+  but must not implement one. A wrapper runs around the chosen
+  implementation, sees the hook's arguments and returns its result
+  (published as ``[project.entry-points."grpo.plugins"] sync_timer =
+  "my_pkg.timing:SyncTimer"``)::
+
+      import time
+
+      from grpo_core import hookimpl
+
+
+      class SyncTimer:  # always-on: print how long each weight sync took
+          def __init__(self) -> None:
+              self.seconds: list[float] = []
+
+          @hookimpl(wrapper=True)
+          def grpo_sync_weights(self, version):
+              start = time.perf_counter()
+              result = yield  # the chosen weight sync runs here
+              self.seconds.append(time.perf_counter() - start)
+              print(f"weights v{version} synced in {self.seconds[-1]:.2f}s")
+              return result
+
+  (an always-on plugin is built with no arguments; an implementation with
+  the context).
+
+Lifecycle hooks reach implementations too
+-----------------------------------------
+An extension-point implementation is registered with pluggy like any
+plugin, so besides its own hooks it may implement any lifecycle hook
+(:func:`grpo_train_start`, :func:`grpo_step_end`, :func:`grpo_train_end`)
+and gets it like an always-on plugin does: a rollout starts its engine in
+``grpo_train_start`` and stops it in ``grpo_train_end``; a weight sync
+removes its files in ``grpo_train_end``. It must not implement the hooks of
+another extension point.
+
+What an implementation is built with
+------------------------------------
+``factory(context)``: the :class:`~grpo_core.context.RunContext` (its
+docstrings in ``grpo_core/context.py`` say more) has these fields, all
+read-only:
+
+``config``
+    The validated ``GRPOConfig``, defaults filled in.
+``output_dir: Path``
+    The run's output folder; keep your own files in a subfolder.
+``tokenizer``
+    The run's HF tokenizer, loaded before any implementation is built.
+``get_model() -> model | None``
+    The trainer's current (unwrapped) model; ``None`` until it is loaded
+    (implementations are built first, so an engine can start meanwhile).
+``log(line: str)``
+    Print a line on the run's console.
+``engine_requirements: frozenset[str]``
+    The capabilities the chosen weight sync needs from the rollout's
+    engine, so a rollout starts its engine accordingly.
+
+Files outside ``output_dir`` (weights written for an engine to load,
+sockets, caches) go in a scratch folder that a later run cleans up if this
+process is killed before ``grpo_train_end``::
+
+    from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
+
+    root: Path = make_scratch_dir("my-sync-", parent=None)  # a fresh 0700 <tmp>/my-sync-XXXX
+    ...
+    remove_scratch_dir(root)  # in grpo_train_end; idempotent
+
+``make_scratch_dir(prefix: str, parent: str | os.PathLike | None = None) ->
+Path`` first removes the folders of dead processes under the same prefix
+(``parent=None``: the system temp folder).
+
+One optimizer step, in order
+----------------------------
+1. The batch: :func:`grpo_replay_prompts`, :func:`grpo_rollout_generate`,
+   the reward functions, :func:`grpo_aggregate_advantages`,
+   :func:`grpo_replay_groups` (with ``async_prefetch`` this runs ahead, up
+   to ``trl.prefetch_depth`` batches, in a background thread, so on weights
+   from an earlier sync).
+2. Per micro-batch: :func:`grpo_is_correction` and
+   :func:`grpo_policy_loss`, then backward; then the optimizer step (the
+   policy version goes up by one).
+3. Every ``trl.vllm_sync_interval`` steps: :func:`grpo_sync_weights`, on
+   rank 0, **before** :func:`grpo_step_end` of the same step (its time is
+   that step's ``time/weight_sync``); the first sync runs once before the
+   first rollout.
+4. ``trl.sync_ref_model``'s reference update, then :func:`grpo_step_end`
+   (rank 0 only) with the step's metrics, then logging, evaluation and the
+   checkpoint of that step.
 
 What the core reads from an implementation
 ------------------------------------------
@@ -47,8 +133,10 @@ Besides its hooks, the core reads only these class attributes, each
 optional (defaults in the extension-point table):
 
 ``Settings`` (any implementation, any named reward function)
-    A pydantic model. The ``[plugins.<name>]`` table of the config is
-    validated with it (errors name ``plugins.<name>.<key>``) before anything
+    A pydantic model. The ``[plugins.<name>]`` table of the config (or
+    ``[plugins."dist:name"]``, for a name chosen qualified; not both) is
+    validated with it (errors name ``plugins.<name>.<key>``, or
+    ``[plugins.<name>]`` for a rule over the whole table) before anything
     heavy starts; the implementation is then built as
     ``factory(context, settings)``, and a reward function is called with the
     settings' fields as extra keyword arguments. Without ``Settings`` a
@@ -282,6 +370,14 @@ def grpo_is_correction(
 
     Replayed rows of ``trl.replay_recompute_logps`` get weight 1 afterwards,
     whatever this hook returned for them.
+
+    Which implementation runs: ``[plugins] is_correction = "name"`` when set,
+    whatever ``trl.vllm_importance_sampling_correction`` says (``grpo config
+    check`` warns when that flag is also set to ``false``); otherwise the
+    built-in named by ``trl.vllm_importance_sampling_mode`` when the flag is
+    true (its default is ``trl.use_vllm``), and ``none`` when it is false.
+    ``trl.vllm_importance_sampling_cap`` is the built-ins' bound; read it
+    from ``context.config.trl`` if yours has one.
     """
 
 
@@ -313,7 +409,15 @@ def grpo_sync_weights(model: Any, version: int, engine: InferenceEngine | None) 
     :class:`~grpo_core.types.InferenceEngine`), so call it once. A sync for
     servers that share no filesystem with the trainer declares
     ``WEIGHTS_FROM_URL`` and serves the weights itself (the built-in
-    ``full_http`` does). Return what was done and how long it took.
+    ``full_http`` does). Return what was done and how long it took
+    (:class:`~grpo_core.types.SyncResult`); the trainer does not log it
+    today: the step's ``time/weight_sync`` metric times the whole call, and
+    a ``wrapper=True`` plugin (above) can read the result.
+
+    Runs before :func:`grpo_step_end` of the step it follows (see "One
+    optimizer step, in order" above). Write files in a
+    :func:`grpo_core.scratch.make_scratch_dir` folder (signature above) and
+    remove it in :func:`grpo_train_end`.
     """
 
 

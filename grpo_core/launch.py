@@ -3,7 +3,11 @@
 It runs ``accelerate launch`` (torch's elastic launcher underneath) on this
 same command, so the N processes are exactly those ``accelerate launch -m
 grpo_core.cli run CONFIG`` or ``torchrun -m grpo_core.cli run CONFIG``
-would start: nothing here connects processes itself. Machines beyond one
+would start: nothing here connects processes itself. The launcher runs
+through this module's ``__main__`` (:func:`quiet_launcher`), which calls
+accelerate's own ``launch_command`` but turns a child's failure into its
+exit code instead of elastic's ``ChildFailedError`` dump: the child has
+already printed its one-line error. Machines beyond one
 are the launchers' own options (``--num_machines``/``--machine_rank``/
 ``--main_process_ip`` or torchrun's ``--nnodes``/``--rdzv_endpoint``),
 documented in the README's "Scaling out".
@@ -11,11 +15,21 @@ documented in the README's "Scaling out".
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 from grpo_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+#: Set for the launched processes when the parent has already checked the
+#: config and printed its warnings (so N processes do not print them N times).
+CHECKED_ENV = "GRPO_CONFIG_CHECKED_BY_LAUNCHER"
 
 
 def launcher_command(num_processes: int, grpo_args: list[str], cuda: bool) -> list[str]:
@@ -25,7 +39,7 @@ def launcher_command(num_processes: int, grpo_args: list[str], cuda: bool) -> li
     machine without GPUs the processes join over gloo (grpo asks accelerate
     for its CPU mode there). Port 0: a free port, so runs side by side do
     not collide."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
+    cmd = [sys.executable, "-m", "grpo_core.launch", "--multi_gpu", "--num_processes", str(num_processes),
            "--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
     if not cuda:
         cmd += ["--num_cpu_threads_per_process", str(max(1, (os.cpu_count() or 1) // num_processes))]
@@ -50,4 +64,43 @@ def launch(num_processes: int, grpo_args: list[str]) -> int:
     import torch
 
     command = launcher_command(num_processes, grpo_args, torch.cuda.is_available())
-    return subprocess.call(command)
+    return subprocess.call(command, env={**os.environ, CHECKED_ENV: "1"})
+
+
+def quiet_launcher(argv: list[str]) -> int:
+    """``accelerate launch ARGV``, returning the first failed child's exit code.
+
+    A failed child has printed its own one-line error; torch elastic would
+    add a ``ChildFailedError`` traceback and log lines naming pids, which
+    bury it. Only a child killed by a signal (it could print nothing) gets a
+    line here."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    args = launch_command_parser().parse_args(argv)
+    try:
+        launch_command(args)
+    except ChildFailedError as exc:
+        return failure_exit_code(exc)
+    return 0
+
+
+def failure_exit_code(exc: ChildFailedError) -> int:
+    """The exit code of the first child that failed on its own (elastic
+    stops the others with SIGTERM once one fails)."""
+    failures = sorted(exc.failures.items(), key=lambda item: item[1].timestamp)
+    for _rank, failure in failures:
+        if failure.exitcode > 0:
+            return failure.exitcode
+    rank, failure = failures[0]
+    try:
+        name = signal.Signals(-failure.exitcode).name
+    except ValueError:
+        name = str(-failure.exitcode)
+    print(f"error: training process {rank} was killed by signal {name}", file=sys.stderr)
+    return 128 + abs(failure.exitcode)
+
+
+if __name__ == "__main__":
+    raise SystemExit(quiet_launcher(sys.argv[1:]))

@@ -54,6 +54,8 @@ from grpo_core.extension_points import (
 
 SELF_DISTRIBUTION = "grpo"
 ALLOW_ENV = "GRPO_PLUGINS_ALLOW"
+AMBIGUOUS = "ambiguous:"  # how an ambiguity's error starts (EntryPointInfo.status reads it)
+NOT_ALLOWED = "not in the plugin allowlist"
 QUALIFIER = ":"
 ERROR_LOG = "grpo-error.log"
 
@@ -81,6 +83,16 @@ class EntryPointInfo:
     @property
     def qualified(self) -> str:
         return f"{self.distribution}{QUALIFIER}{self.name}"
+
+    @property
+    def status(self) -> str:
+        """How ``grpo plugins`` labels it: ``OK``, ``AMBIGUOUS`` (usable once
+        qualified), ``NOT ALLOWED`` (the allowlist) or ``BROKEN``."""
+        if self.error is None:
+            return "OK"
+        if self.error.startswith(AMBIGUOUS):
+            return "AMBIGUOUS"
+        return "NOT ALLOWED" if self.error.startswith(NOT_ALLOWED) else "BROKEN"
 
     def describe(self) -> str:
         return f"entry point '{self.name}' in group '{self.group}' of distribution '{self.distribution}'"
@@ -222,10 +234,11 @@ def validate_settings(obj: Any, name: str, table: dict[str, Any] | None) -> Base
     """The ``[plugins.<name>]`` table validated by the ``Settings`` model
     ``obj`` declares; ``None`` when it declares none (and no table is given)."""
     model = getattr(obj, SETTINGS_ATTRIBUTE, None)
+    ref = table_ref(name)
     if model is None:
         if table:
             raise ConfigError(
-                f"[plugins.{name}] sets {sorted(table)}, but '{name}' declares no settings: remove the table."
+                f"[{ref}] sets {sorted(table)}, but '{name}' declares no settings: remove the table."
             )
         return None
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
@@ -238,8 +251,32 @@ def validate_settings(obj: Any, name: str, table: dict[str, Any] | None) -> Base
             key = ".".join(str(part) for part in err["loc"])
             fields = sorted(model.model_fields)
             hint = f" (settings of '{name}': {', '.join(fields) or 'none'})" if err["type"] == "extra_forbidden" else ""
-            problems.append(f"plugins.{name}.{key}: {err['msg']}{hint}")
+            where = f"{ref}.{key}" if key else f"[{ref}]"  # a model-level rule names the table, no key
+            problems.append(f"{where}: {err['msg']}{hint}")
         raise ConfigError("; ".join(problems)) from None
+
+
+def table_ref(key: str) -> str:
+    """``plugins.<key>`` as the config spells it (a qualified key is quoted in TOML)."""
+    return f'plugins."{key}"' if QUALIFIER in key else f"plugins.{key}"
+
+
+def settings_key(tables: dict[str, Any], info: EntryPointInfo) -> str | None:
+    """Which ``[plugins.<key>]`` table configures ``info``: its bare name, or
+    its qualified ``"distribution:name"`` (the spelling an ambiguous choice
+    needs); ``None`` when neither is there. Both at once is refused."""
+    keys = [key for key in tables if key == info.name or _qualifies(key, info)]
+    if len(keys) > 1:
+        raise ConfigError(
+            f"[{table_ref(keys[0])}] and [{table_ref(keys[1])}] both configure '{info.name}' of "
+            f"'{info.distribution}': keep one table."
+        )
+    return keys[0] if keys else None
+
+
+def _qualifies(key: str, info: EntryPointInfo) -> bool:
+    dist, name = split_qualified(key)
+    return dist is not None and name == info.name and normalise(dist) == normalise(info.distribution)
 
 
 def own_checks(cls: Any, cfg: Any) -> list[str]:
@@ -298,7 +335,7 @@ class PluginHost:
         return self.allow is None or normalise(distribution) in self.allow
 
     def _refusal(self, info: EntryPointInfo) -> str | None:
-        return None if self.allowed(info.distribution) else f"not in the plugin allowlist ({ALLOW_ENV} or plugins.allow)"
+        return None if self.allowed(info.distribution) else f"{NOT_ALLOWED} ({ALLOW_ENV} or plugins.allow)"
 
     def published(self, group: str) -> dict[str, list[EntryPointInfo]]:
         """name -> every publication of it in ``group``, each with the
@@ -354,7 +391,7 @@ class PluginHost:
                 error = self._refusal(info)
                 if error is None and len(usable) > 1:
                     others = ", ".join(p.distribution for p in usable if p is not info)
-                    error = f"ambiguous: '{name}' is also published by {others}; choose '{info.qualified}'"
+                    error = f"{AMBIGUOUS} '{name}' is also published by {others}; choose '{info.qualified}'"
                 if self._refusal(info) is None:  # refused ones are never imported
                     try:
                         obj = ep.load()
@@ -452,7 +489,7 @@ class PluginHost:
         if point not in BY_NAME:
             raise PluginError(f"unknown extension point '{point}'")
         info, factory = self.implementation_class(point, spec)
-        settings = validate_settings(factory, info.name, _settings_table(context, info.name))
+        settings = validate_settings(factory, *_settings_table(context, info))
         if getattr(context, "config", None) is not None:
             own_checks(factory, context.config)  # raises for a config it cannot run
         try:
@@ -476,7 +513,7 @@ class PluginHost:
             info, func = self.import_entry_point(REWARD_GROUP, spec, "trl.reward_funcs")
             if not callable(func):
                 raise PluginError(f"{info.describe()} is not callable")
-            settings = validate_settings(func, info.name, _settings_table(context, info.name))
+            settings = validate_settings(func, *_settings_table(context, info))
             return func if settings is None else _with_settings(func, settings)
         self.load_always_on()
         func = self.hook.grpo_load_reward(spec=spec, context=context)
@@ -544,6 +581,10 @@ def _with_settings(func: Callable[..., Any], settings: BaseModel) -> Callable[..
     return configured
 
 
-def _settings_table(context: Any, name: str) -> dict[str, Any] | None:
+def _settings_table(context: Any, info: EntryPointInfo) -> tuple[str, dict[str, Any] | None]:
+    """The key and contents of the ``[plugins.<key>]`` table configuring ``info``."""
     config = getattr(context, "config", None)
-    return config.plugins.settings_table(name) if config is not None else None
+    if config is None:
+        return info.name, None
+    key = settings_key(config.plugins.settings_tables(), info)
+    return (info.name, None) if key is None else (key, config.plugins.settings_table(key))

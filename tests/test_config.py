@@ -184,6 +184,17 @@ def test_set_overrides_nested_and_typed_values(tmp_path: Path) -> None:
     assert cfg.vllm.port == 9001 and str(cfg.output_dir) == "/tmp/run 1" and cfg.lora_r == 8
 
 
+def test_set_null_is_none_and_a_quoted_null_is_the_string(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.toml", to_toml_text(minimal(adapter="lora", trl={"beta": 0.1})))
+    cfg = load_config(path, ["adapter=null", "trl.beta = null", 'output_dir="null"'])
+    assert cfg.adapter is None  # full fine-tune, as `adapter: null` in a YAML config
+    assert cfg.trl.beta == EFFECTIVE_DEFAULTS["beta"]  # None: grpo's default is filled in
+    assert str(cfg.output_dir) == "null"
+    assert parse_override("trl.top_k=null") == (["trl", "top_k"], None)
+    # a key whose type has no None reads null as a YAML config does: unset, its default
+    assert load_config(path, ["micro_batch_size=null"]).micro_batch_size == validate(minimal(micro_batch_size=None)).micro_batch_size == 1
+
+
 def test_set_override_errors_name_the_item() -> None:
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_override("trl.beta")
@@ -566,3 +577,92 @@ def test_top_level_key_written_after_a_table_header_says_move_it(tmp_path) -> No
         load_config(path)
     message = str(info.value)
     assert "datasets[0].max_steps" in message and "move 'max_steps' above the first [table] header" in message
+
+
+# ------------------------------------------------------------------ set, but never read
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"trl": {"prefetch_depth": 2}}, "trl.prefetch_depth = 2 has no effect without trl.async_prefetch = true"),
+        ({"trl": {"streaming_min_groups": 2}},
+         "trl.streaming_min_groups = 2 has no effect without trl.streaming_partial_batch = true"),
+        ({"trl": {"vllm_importance_sampling_mode": "token_mask"}},
+         "trl.vllm_importance_sampling_mode has no effect: the importance-sampling correction is off "
+         "(trl.vllm_importance_sampling_correction = false, its default without trl.use_vllm)"),
+        ({"trl": {"use_vllm": True, "vllm_importance_sampling_correction": False, "vllm_importance_sampling_cap": 2.0}},
+         "trl.vllm_importance_sampling_cap has no effect: the importance-sampling correction is off "
+         "(trl.vllm_importance_sampling_correction = false)"),
+        ({"trl": {"use_bias_correction_kl": True}}, "trl.use_bias_correction_kl has no effect with trl.beta = 0"),
+        ({"trl": {"ref_model_mixup_alpha": 0.5, "ref_model_sync_steps": 8}},
+         "trl.ref_model_mixup_alpha and trl.ref_model_sync_steps have no effect without trl.sync_ref_model = true"),
+        ({"trl": {"vllm_server_port": 9000, "vllm_server_base_url": "http://h:1"}},
+         "trl.vllm_server_port, trl.vllm_server_base_url have no effect with trl.use_vllm = false"),
+        ({"trl": {"vllm_sync_interval": 2}}, "trl.vllm_sync_interval = 2 has no effect with trl.use_vllm = false"),
+        ({"trl": {"skip_zero_advantage_batches": True, "beta": 0.1}},
+         "trl.skip_zero_advantage_batches has no effect with trl.beta = 0.1"),
+        ({"plugins": {"is_correction": "token_mask"}, "trl": {"vllm_importance_sampling_correction": False}},
+         "trl.vllm_importance_sampling_correction = false has no effect: plugins.is_correction = 'token_mask'"),
+    ],
+)
+def test_an_option_set_but_never_read_is_named(changes: dict[str, Any], fragment: str) -> None:
+    warnings = check_config(validate(minimal(**changes)))
+    assert any(fragment in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"trl": {"prefetch_depth": 2, "async_prefetch": True, "use_vllm": True}},
+        {"trl": {"streaming_min_groups": 2, "streaming_partial_batch": True}},
+        {"trl": {"use_vllm": True, "vllm_importance_sampling_mode": "token_mask"}},  # the correction's default: on
+        {"trl": {"use_bias_correction_kl": True, "beta": 0.1}},
+        {"trl": {"ref_model_sync_steps": 8, "sync_ref_model": True, "beta": 0.1}},
+        {"trl": {"use_vllm": True, "vllm_server_port": 9000, "vllm_sync_interval": 2}},
+        {"trl": {"skip_zero_advantage_batches": False, "beta": 0.1}},
+        {"trl": {"beta": 0.1}},  # skip_zero_advantage_batches left at its default: not the user's doing
+    ],
+)
+def test_the_same_options_where_they_are_read_are_not_warned_about(changes: dict[str, Any]) -> None:
+    assert check_config(validate(minimal(**changes))) == []
+
+
+def test_a_default_grpo_fills_in_is_never_warned_about() -> None:
+    """Every key of EFFECTIVE_DEFAULTS is filled in without use_vllm/async_prefetch/beta: none was written."""
+    cfg = validate(minimal())
+    assert cfg.trl.prefetch_depth == 1 and cfg.trl.vllm_importance_sampling_mode == "token_truncate"
+    assert set(EFFECTIVE_DEFAULTS) & cfg.trl.model_fields_set == {"num_generations"}  # the one minimal() writes
+    assert check_config(cfg) == []
+
+
+def test_a_config_dumped_with_only_what_was_set_derives_its_defaults_again() -> None:
+    """What the Python API does with a GRPOConfig plus overrides: the filled-in values are not
+    frozen into the dump, so turning vLLM on turns its default correction on too."""
+    cfg = validate(minimal())
+    assert cfg.trl.vllm_importance_sampling_correction is False  # its default without vLLM
+    raw = cfg.model_dump(mode="json", exclude_unset=True)
+    assert "vllm_importance_sampling_correction" not in raw["trl"] and "prefetch_depth" not in raw["trl"]
+    again = validate({**raw, "trl": {**raw["trl"], "use_vllm": True}})
+    assert again.trl.vllm_importance_sampling_correction is True and again.trl.vllm_mode == "server"
+
+
+def test_accumulation_with_a_generation_batch_says_how_many_steps_it_feeds() -> None:
+    cfg = validate(minimal(micro_batch_size=2, gradient_accumulation_steps=4, trl={"generation_batch_size": 16}))
+    warnings = check_config(cfg)
+    assert any("trl.generation_batch_size = 16 with gradient_accumulation_steps = 4: each generation feeds 2 "
+               "optimizer steps of 8 completions" in w for w in warnings), warnings  # fmt: skip
+    assert not any("has no effect" in w for w in warnings), warnings
+    from grpo_core.cli import summary
+
+    assert "2 optimizer steps per generation" in summary(cfg)  # the summary and the warning agree
+    one = validate(minimal(micro_batch_size=2, gradient_accumulation_steps=4, trl={"generation_batch_size": 8}))
+    assert check_config(one) == []  # one generation per step: nothing to say
+
+
+def test_sync_ref_model_with_lora_is_refused_at_check_time() -> None:
+    with pytest.raises(NotImplementedYet) as info:
+        check_config(validate(minimal(adapter="lora", trl={"sync_ref_model": True, "beta": 0.1})))
+    message = str(info.value)
+    assert "trl.sync_ref_model" in message and "adapter = 'lora'" in message and "trl.sync_ref_model = false" in message
+    check_config(validate(minimal(trl={"sync_ref_model": True, "beta": 0.1})))  # full weights: it runs

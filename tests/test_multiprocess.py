@@ -319,8 +319,73 @@ def test_num_processes_runs_accelerate_launch_on_the_same_command() -> None:
     from grpo_core.launch import launcher_command
 
     cmd = launcher_command(2, ["run", "c.toml", "--set", "max_steps=3"], cuda=False)
-    assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and cmd[cmd.index("--num_processes") + 1] == "2"
+    assert cmd[1:3] == ["-m", "grpo_core.launch"] and cmd[cmd.index("--num_processes") + 1] == "2"
     assert cmd[-6:] == ["-m", "grpo_core.cli", "run", "c.toml", "--set", "max_steps=3"]
+
+
+def grpo_launch(tmp: Path, args: list[str]) -> tuple[subprocess.CompletedProcess[str], int]:
+    """``grpo <args>`` as a user types it (the console script), from ``tmp``;
+    also returns that process's pid."""
+    grpo = Path(sys.executable).with_name("grpo")
+    env = {**os.environ, "PYTHONPATH": str(tmp), "OMP_NUM_THREADS": "1"}
+    with subprocess.Popen([str(grpo), *args], cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT)
+        finally:
+            proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), proc.pid
+
+
+def assert_no_launcher_dump(stderr: str) -> None:
+    assert "Traceback" not in stderr and "ChildFailedError" not in stderr and "torch/distributed" not in stderr, stderr
+
+
+def test_num_processes_checks_a_bad_config_once_before_starting_processes(tmp_path: Path) -> None:
+    (tmp_path / "mp_rewards.py").write_text(REWARDS)
+    # every Python process started from here records its pid (site imports sitecustomize from PYTHONPATH)
+    (tmp_path / "sitecustomize.py").write_text(f"import os\nwith open({str(tmp_path / 'pids')!r}, 'a') as f:\n"
+                                               f"    f.write(f'{{os.getpid()}}\\n')\n")  # fmt: skip
+    # 4 completions per generation over 2 processes: 2 each, half a group of 4; only a check for 2 processes sees it
+    path = write_config(tmp_path, "bad", "some/model", trl={"num_generations": 4, "generation_batch_size": 4})
+    done, parent = grpo_launch(tmp_path, ["run", str(path), "--num-processes", "2"])
+    assert (tmp_path / "pids").read_text().split() == [str(parent)], "a process was started"
+    assert done.returncode == 2, done.stderr
+    assert_no_launcher_dump(done.stderr)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--num-processes" not in errors[0], done.stderr  # once: from the parent, no child
+    assert "groups stay whole on a process" in done.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_child_failing_at_run_time_prints_its_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "mp_rewards.py").write_text(REWARDS)
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(4)))
+    # passes the check (with one warning); fails when loading the model
+    path = write_config(tmp_path, "out", str(tmp_path / "no-such-model"), trl={"prefetch_depth": 2})
+    done, _ = grpo_launch(tmp_path, ["run", str(path), "--num-processes", "2"])
+    assert done.returncode == 2, done.stderr  # the child's own exit code (ConfigError), not the launcher's 1
+    assert_no_launcher_dump(done.stderr)
+    warned = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "trl.prefetch_depth = 2 has no effect" in warned[0], done.stderr  # the parent's, once
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("warning:")]
+    # each child that got as far as failing prints the same line (elastic stops the other with SIGTERM)
+    assert 1 <= len(lines) <= 2 and set(lines) == {
+        f"error: base_model: {tmp_path / 'no-such-model'} is neither a directory, a .gguf file, nor a hub id (org/name)"
+    }, done.stderr
+
+
+def test_a_child_killed_by_a_signal_gets_one_line_and_a_shell_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    """Real elastic failure records; a child killed by SIGKILL printed nothing itself."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from grpo_core.launch import failure_exit_code
+
+    own = ChildFailedError("grpo_core.cli", {0: ProcessFailure(0, 11, -15, "<N/A>"), 1: ProcessFailure(1, 12, 3, "<N/A>")})
+    assert failure_exit_code(own) == 3 and capsys.readouterr().err == ""
+    killed = ChildFailedError("grpo_core.cli", {1: ProcessFailure(1, 12, -9, "<N/A>")})
+    assert failure_exit_code(killed) == 137
+    assert capsys.readouterr().err == "error: training process 1 was killed by signal SIGKILL\n"
 
 
 def test_optimizer_state_is_rekeyed_between_sharded_and_unsharded_runs() -> None:

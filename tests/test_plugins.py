@@ -34,6 +34,7 @@ from grpo_core.context import RunContext
 from grpo_core.errors import ConfigError, PluginError
 from grpo_core.plugin_host import ALLOW_ENV, PluginHost
 from pip_target import install_into_target
+from plugin_set import SITES_ENV, only_plugins_from, subprocess_command
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "grpo-plugin-example"
@@ -42,11 +43,19 @@ EXAMPLE_DIST = "grpo-plugin-example"
 BROKEN_DIST = "grpo-broken-example"
 
 
-def grpo(*args: str, pythonpath: Path | None = None, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def grpo(*args: str, pythonpath: Path | None = None, env: dict[str, str] | None = None, cwd: Path | None = None,
+         plugins_from: tuple[Path, ...] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the ``grpo`` command. With ``plugins_from``, it sees only grpo's own
+    plugins and those installed in these sites, whatever else the venv holds
+    (tests that count plugins; see ``plugin_set.py``)."""
     full_env = {**os.environ, **(env or {})}
     if pythonpath is not None:
         full_env["PYTHONPATH"] = str(pythonpath)
-    return subprocess.run([GRPO, *args], env=full_env, cwd=cwd, capture_output=True, text=True, timeout=120)
+    command = [GRPO, *args]
+    if plugins_from is not None:
+        full_env[SITES_ENV] = os.pathsep.join(str(site) for site in plugins_from)
+        command = subprocess_command(args)
+    return subprocess.run(command, env=full_env, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 @contextmanager
@@ -188,20 +197,21 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_cli_lists_the_example_plugin_with_its_distribution(example_site: Path) -> None:
-    result = grpo("plugins", "--json", pythonpath=example_site)
+    result = grpo("plugins", "--json", pythonpath=example_site, plugins_from=(example_site,))
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
     reward = {i["name"]: i for i in listing["reward"]["implementations"]}
     advantages = {i["name"]: i for i in listing["advantage_aggregation"]["implementations"]}
     assert reward["length_bonus"] == {
         "name": "length_bonus", "target": "grpo_plugin_example.rewards:length_bonus",
-        "distribution": EXAMPLE_DIST, "error": None,
+        "distribution": EXAMPLE_DIST, "error": None, "status": "OK",
     }
     assert advantages["rank"]["distribution"] == EXAMPLE_DIST and advantages["rank"]["error"] is None
     assert advantages["rank"]["target"] == "grpo_plugin_example.ranking:RankAdvantages"
-    # without the package on the path, it is gone: nothing was installed into the venv
-    plain = json.loads(grpo("plugins", "--json").stdout)
-    assert "rank" not in {i["name"] for i in plain["advantage_aggregation"]["implementations"]}
+    # without the package's site, it is gone (whether or not someone pip-installed the example into the venv)
+    plain = json.loads(grpo("plugins", "--json", plugins_from=()).stdout)
+    assert {i["name"] for i in plain["advantage_aggregation"]["implementations"]} == {"normalize_then_sum", "sum_then_normalize"}
+    assert "length_bonus" not in {i["name"] for i in plain["reward"]["implementations"]}
 
 
 def test_example_reward_and_aggregation_load_and_run(example_site: Path, tmp_path: Path) -> None:
@@ -234,10 +244,10 @@ def test_config_check_accepts_the_plugin_by_name(example_site: Path, tmp_path: P
         '[trl]\nnum_generations = 4\nreward_funcs = ["length_bonus"]\nmulti_objective_aggregation = "rank"\n',
         encoding="utf-8",
     )
-    ok = grpo("config", "check", str(cfg_path), pythonpath=example_site)
+    ok = grpo("config", "check", str(cfg_path), pythonpath=example_site, plugins_from=(example_site,))
     assert ok.returncode == 0, ok.stderr
     assert "advantage_aggregation=rank" in ok.stdout
-    missing = grpo("config", "check", str(cfg_path))
+    missing = grpo("config", "check", str(cfg_path), plugins_from=())
     assert missing.returncode == 2
     assert "trl.multi_objective_aggregation = 'rank': no installed package publishes 'rank'" in missing.stderr
 
@@ -250,7 +260,7 @@ def test_allowlist_env_blocks_a_distribution(example_site: Path, tmp_path: Path,
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
     rank = next(i for i in listing["advantage_aggregation"]["implementations"] if i["name"] == "rank")
-    assert "allowlist" in rank["error"]
+    assert "allowlist" in rank["error"] and rank["status"] == "NOT ALLOWED"
     builtin = next(i for i in listing["advantage_aggregation"]["implementations"] if i["name"] == "sum_then_normalize")
     assert builtin["error"] is None or "allowlist" not in builtin["error"]  # grpo itself is always allowed
 
@@ -379,7 +389,7 @@ def test_broken_always_on_plugin_strict_and_lenient(broken_site: Path) -> None:
 
 
 def test_unknown_implementation_name_lists_the_available_ones(tmp_path: Path) -> None:
-    with pytest.raises(PluginError) as info:
+    with only_plugins_from(), pytest.raises(PluginError) as info:  # grpo's own: the listing is exact
         PluginHost().load_implementation("advantage_aggregation", "nope", context(tmp_path))
     message = str(info.value)
     assert "no installed package publishes 'nope'" in message and "grpo.advantage_aggregation" in message
@@ -436,6 +446,20 @@ def test_a_name_published_twice_is_refused_naming_both_and_qualifies(example_sit
         assert "ambiguous" in listing[("rank", EXAMPLE_DIST)] and "ambiguous" in listing[("rank", TWIN_DIST)]
 
 
+def test_cli_says_ambiguous_not_broken_for_a_name_published_twice(example_site: Path, twin_site: Path) -> None:
+    env = {"PYTHONPATH": os.pathsep.join([str(example_site), str(twin_site)])}
+    result = grpo("plugins", env=env, plugins_from=(example_site, twin_site))
+    assert result.returncode == 0, result.stderr
+    rank = [line for line in result.stdout.splitlines() if line.strip().startswith("rank ")]
+    assert len(rank) == 2 and all("AMBIGUOUS: 'rank' is also published by" in line for line in rank), rank
+    assert not any("BROKEN" in line for line in rank)
+    assert f"choose '{EXAMPLE_DIST}:rank'" in result.stdout and f"choose '{TWIN_DIST}:rank'" in result.stdout
+    listing = json.loads(grpo("plugins", "--json", env=env, plugins_from=(example_site, twin_site)).stdout)
+    statuses = {(i["name"], i["distribution"]): i["status"] for i in listing["advantage_aggregation"]["implementations"]}
+    assert statuses[("rank", EXAMPLE_DIST)] == statuses[("rank", TWIN_DIST)] == "AMBIGUOUS"
+    assert statuses[("sum_then_normalize", "grpo")] == "OK"
+
+
 # ---------------------------------------------------------------- plugin settings
 
 
@@ -476,6 +500,58 @@ def test_bad_plugin_settings_name_the_key(example_site: Path, tmp_path: Path, ta
     result = grpo("config", "check", str(path), pythonpath=example_site)
     assert result.returncode == 2 and fragment in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+QUALIFIED = f'"{EXAMPLE_DIST}:length_bonus"'
+
+
+def test_a_qualified_name_reads_its_qualified_settings_table(example_site: Path, tmp_path: Path) -> None:
+    """``[plugins."dist:name"]`` configures the implementation chosen as ``"dist:name"``."""
+    from grpo_core.config.loader import load_config
+
+    path = write_config(tmp_path, f'reward_funcs = [{QUALIFIED}]', f"[plugins.{QUALIFIED}]\ntarget_tokens = 4\n")
+    with on_path(example_site, "grpo_plugin_example"):
+        cfg = load_config(path)
+        assert check_config(cfg, PluginHost()) == []  # read, so not "unused"
+        reward = PluginHost().load_reward(f"{EXAMPLE_DIST}:length_bonus", RunContext(config=cfg, output_dir=tmp_path))
+        assert reward(completions=["a", "b"], completion_ids=[[1] * 4, [1] * 8]) == [1.0, 0.0]  # target 4, not 64
+    typo = write_config(tmp_path, f'reward_funcs = [{QUALIFIED}]', f"[plugins.{QUALIFIED}]\ntarget_token = 4\n")
+    result = grpo("config", "check", str(typo), pythonpath=example_site)
+    assert result.returncode == 2 and f"plugins.{QUALIFIED}.target_token: Extra inputs are not permitted" in result.stderr
+    both = write_config(tmp_path, f'reward_funcs = [{QUALIFIED}]',
+                        f"[plugins.{QUALIFIED}]\ntarget_tokens = 4\n[plugins.length_bonus]\ntarget_tokens = 8\n")  # fmt: skip
+    result = grpo("config", "check", str(both), pythonpath=example_site)
+    assert result.returncode == 2 and "both configure 'length_bonus'" in result.stderr and "keep one table" in result.stderr
+    other = write_config(tmp_path, 'reward_funcs = ["length_bonus"]', '[plugins."someone-else:length_bonus"]\nx = 1\n')
+    result = grpo("config", "check", str(other), pythonpath=example_site)
+    assert result.returncode == 0 and ("[plugins.\"someone-else:length_bonus\"] configures 'someone-else:length_bonus', "
+                                       "which this run does not use") in result.stderr  # fmt: skip
+
+
+def test_a_settings_rule_over_the_whole_table_names_the_table() -> None:
+    from pydantic import BaseModel, model_validator
+
+    from grpo_core.plugin_host import validate_settings
+
+    class Settings(BaseModel):
+        low: int = 0
+        high: int = 1
+
+        @model_validator(mode="after")
+        def _ordered(self) -> "Settings":
+            if self.low > self.high:
+                raise ValueError("low must not exceed high")
+            return self
+
+    class Impl:
+        pass
+
+    Impl.Settings = Settings  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError) as info:
+        validate_settings(Impl, "bounded", {"low": 5})
+    assert str(info.value) == "[plugins.bounded]: Value error, low must not exceed high"
+    with pytest.raises(ConfigError, match=r'^\[plugins."some-dist:bounded"\]: Value error'):
+        validate_settings(Impl, "some-dist:bounded", {"low": 5})
 
 
 def test_settings_for_an_unused_implementation_are_named(example_site: Path, tmp_path: Path) -> None:
@@ -586,3 +662,104 @@ def test_core_never_imports_plugins_or_engines() -> None:
 def test_the_import_scan_catches_each_form() -> None:
     code = "import vllm\nfrom grpo_plugins.vllm import x\nimportlib.import_module('deepspeed')\n"
     assert {m.split(".")[0] for m in _imported_modules(ast.parse(code))} == {"vllm", "grpo_plugins", "deepspeed"}
+
+
+# ---------------------------------------------------------------- the contract's own example
+
+
+def test_the_wrapper_example_in_hookspecs_runs_as_published(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ``wrapper=True`` example of ``grpo_core.hookspecs``' module doc,
+    published as a real always-on plugin, wraps the chosen weight sync."""
+    from grpo_core import hookspecs
+
+    doc = hookspecs.__doc__ or ""
+    start = doc.index("      import time\n")
+    code = textwrap.dedent(doc[start:doc.index("  (an always-on plugin is built", start)])
+    site = tmp_path / "site"
+    (site / "grpo_sync_timer").mkdir(parents=True)
+    (site / "grpo_sync_timer" / "__init__.py").write_text("", encoding="utf-8")
+    (site / "grpo_sync_timer" / "timing.py").write_text(code, encoding="utf-8")
+    info = site / "grpo_sync_timer-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: grpo-sync-timer\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text("[grpo.plugins]\nsync_timer = grpo_sync_timer.timing:SyncTimer\n", encoding="utf-8")
+    with on_path(site, "grpo_sync_timer"), only_plugins_from(site):
+        host = PluginHost()
+        assert host.load_always_on(strict=True) == []
+        host.load_implementation("weight_sync", "in_process", context(tmp_path))
+        result = host.hook.grpo_sync_weights(model=None, version=3, engine=None)
+        assert result.version == 3 and result.detail == "in-process"  # the chosen sync's own result, passed through
+        timer = next(p for p in host.pm.get_plugins() if type(p).__name__ == "SyncTimer")
+        assert len(timer.seconds) == 1
+    assert "weights v3 synced in" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the example's weight sync
+
+
+class PathLoadingEngine:
+    """Stands in for an inference engine's ``load_weights_from_path`` (no
+    vLLM here, to keep the test fast): a fresh transformers model loads the
+    HF-named safetensors, as an engine reloads them. Only this method of the
+    engine protocol is used by the sync."""
+
+    def __init__(self, config: Any) -> None:
+        from transformers import LlamaForCausalLM
+
+        self.model = LlamaForCausalLM(config).eval()
+        self.loads: list[Path] = []
+        self.missing: set[str] = set()
+
+    def load_weights_from_path(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        result = self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+        assert not result.unexpected_keys, result.unexpected_keys  # every name the sync wrote is an HF name
+        self.missing = set(result.missing_keys)
+        self.loads.append(path)
+
+
+def test_example_weight_sync_sends_hf_named_merged_weights(example_site: Path, tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=96, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(0)
+    policy = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                                 init_lora_weights=False))  # fmt: skip  # a non-zero delta
+    ids = torch.randint(0, 96, (2, 7))
+    with on_path(example_site, "grpo_plugin_example"):
+        host = PluginHost()
+        sync = host.load_implementation("weight_sync", "safetensors_dir", context(tmp_path))
+        engine = PathLoadingEngine(config)
+        result = host.hook.grpo_sync_weights(model=policy, version=1, engine=engine)
+        assert result.version == 1 and result.detail.endswith("v000001/model.safetensors")
+        assert engine.missing == {"lm_head.weight"}  # tied: written once, as the embedding
+        with torch.no_grad():
+            assert torch.allclose(engine.model(ids).logits, policy(ids).logits, atol=1e-5)  # the engine samples the policy
+            for name, param in policy.named_parameters():
+                if "lora_B" in name:
+                    param.add_(0.5)  # a training step
+        first = engine.loads[0]
+        host.hook.grpo_sync_weights(model=policy, version=2, engine=engine)
+        with torch.no_grad():
+            assert torch.allclose(engine.model(ids).logits, policy(ids).logits, atol=1e-5)
+        assert not first.exists() and engine.loads[1].name == "v000002"  # the old version goes once the new one is loaded
+        root = sync.root
+        host.hook.grpo_train_end(context=context(tmp_path), status="completed")  # lifecycle hooks reach it
+        assert root is not None and not root.exists()
+        with pytest.raises(ConfigError, match="the rollout has none"):
+            host.hook.grpo_sync_weights(model=policy, version=3, engine=None)
+
+
+def test_example_weight_sync_needs_an_engine_that_loads_from_a_path(example_site: Path) -> None:
+    def cfg(**trl: Any) -> Any:
+        return validate({"base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
+                         "plugins": {"weight_sync": "safetensors_dir"},
+                         "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **trl}})  # fmt: skip
+
+    with on_path(example_site, "grpo_plugin_example"):
+        check_config(cfg(use_vllm=True), PluginHost())  # the vllm rollout's engine declares weights_from_path
+        with pytest.raises(ConfigError, match="weight sync 'safetensors_dir' .* needs \\['weights_from_path'\\]"):
+            check_config(cfg(), PluginHost())  # the transformers rollout has no engine

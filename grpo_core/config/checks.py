@@ -23,7 +23,7 @@ from grpo_core.config.compat import compat_warnings
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, chosen_implementations, declared, source_key
-from grpo_core.plugin_host import PluginHost, own_checks, split_qualified, validate_settings
+from grpo_core.plugin_host import PluginHost, own_checks, settings_key, split_qualified, table_ref, validate_settings
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,15 @@ class _Unimplemented:
 
 
 # Shrink this list as features land (and add a test that the option works).
-NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = ()
+NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = (
+    _Unimplemented(
+        "trl.sync_ref_model",
+        lambda c: bool(c.trl.sync_ref_model) and c.adapter == "lora" and float(c.trl.beta or 0) > 0,
+        "with adapter = 'lora' the KL reference is the base model with the adapter disabled, which has no weights of "
+        "its own to mix the policy into; set trl.sync_ref_model = false, or train full weights (no adapter) to sync "
+        "the reference",
+    ),
+)
 
 def implementation_names(cfg: GRPOConfig) -> dict[str, str]:
     """The implementation each extension point will load, by name: the
@@ -292,12 +300,82 @@ def _no_effect_checks(cfg: GRPOConfig, names: dict[str, str], warnings: list[str
         )
     if trl.vllm_mode is not None and not trl.use_vllm:
         warnings.append(f"trl.vllm_mode = '{trl.vllm_mode}' has no effect without trl.use_vllm = true.")
-    if trl.generation_batch_size is not None and cfg.gradient_accumulation_steps != 1:
+
+
+def _written(table: Any, *keys: str) -> list[str]:
+    """The ``keys`` the user wrote in ``table`` (the loader's filled-in defaults are not among them)."""
+    return [key for key in keys if key in table.model_fields_set]
+
+
+def _ignored_option_checks(cfg: GRPOConfig, world: int, warnings: list[str]) -> None:
+    """Options the user set that this combination never reads: each named
+    where it was written (a default grpo filled in is never warned about)."""
+    trl = cfg.trl
+    if _written(trl, "prefetch_depth") and not trl.async_prefetch:
+        warnings.append(f"trl.prefetch_depth = {trl.prefetch_depth} has no effect without trl.async_prefetch = true: "
+                        "a synchronous run generates each batch when it is needed, nothing ahead.")  # fmt: skip
+    if _written(trl, "streaming_min_groups") and not trl.streaming_partial_batch:
+        warnings.append(f"trl.streaming_min_groups = {trl.streaming_min_groups} has no effect without "
+                        "trl.streaming_partial_batch = true: the batch is scored in one piece.")  # fmt: skip
+    is_keys = _written(trl, "vllm_importance_sampling_mode", "vllm_importance_sampling_cap")
+    if is_keys and cfg.plugins.is_correction is None and not trl.vllm_importance_sampling_correction:
         warnings.append(
-            f"gradient_accumulation_steps = {cfg.gradient_accumulation_steps} has no effect when "
-            f"trl.generation_batch_size is set: each generation batch of {trl.generation_batch_size} completions is "
-            "one optimizer step, split into micro-batches of micro_batch_size."
+            f"{' and '.join('trl.' + k for k in is_keys)} {'have' if len(is_keys) > 1 else 'has'} no effect: the "
+            f"importance-sampling correction is off (trl.vllm_importance_sampling_correction = "
+            f"{str(trl.vllm_importance_sampling_correction).lower()}"
+            f"{'' if trl.use_vllm else ', its default without trl.use_vllm'}). Set "
+            "trl.vllm_importance_sampling_correction = true to apply it, or drop the key."
         )
+    if (cfg.plugins.is_correction is not None and "vllm_importance_sampling_correction" in trl.model_fields_set
+            and not trl.vllm_importance_sampling_correction):  # fmt: skip
+        warnings.append(
+            f"trl.vllm_importance_sampling_correction = false has no effect: plugins.is_correction = "
+            f"'{cfg.plugins.is_correction}' chooses the correction, and it runs."
+        )
+    if _written(trl, "use_bias_correction_kl") and not float(trl.beta or 0) > 0:
+        warnings.append("trl.use_bias_correction_kl has no effect with trl.beta = 0: there is no KL term to correct.")
+    ref_keys = _written(trl, "ref_model_mixup_alpha", "ref_model_sync_steps")
+    if ref_keys and not trl.sync_ref_model:
+        warnings.append(f"{' and '.join('trl.' + k for k in ref_keys)} {'have' if len(ref_keys) > 1 else 'has'} no "
+                        "effect without trl.sync_ref_model = true: the reference model is never updated.")  # fmt: skip
+    if not trl.use_vllm and cfg.plugins.rollout is None:
+        server_keys = _written(trl, "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
+                               "vllm_server_base_url", "vllm_server_base_urls")  # fmt: skip
+        if server_keys:
+            warnings.append(f"{', '.join('trl.' + k for k in server_keys)} {'have' if len(server_keys) > 1 else 'has'} "
+                            "no effect with trl.use_vllm = false: no vLLM server is used (set trl.use_vllm = true).")  # fmt: skip
+        if _written(trl, "vllm_sync_interval") and cfg.plugins.weight_sync is None:
+            warnings.append(
+                f"trl.vllm_sync_interval = {trl.vllm_sync_interval} has no effect with trl.use_vllm = false: the "
+                "rollout samples the trainer's own model, which is always current, so there are no weights to sync."
+            )
+    if _written(trl, "skip_zero_advantage_batches") and trl.skip_zero_advantage_batches and float(trl.beta or 0) > 0:
+        warnings.append(
+            f"trl.skip_zero_advantage_batches has no effect with trl.beta = {trl.beta}: a micro-batch whose advantages "
+            "are all 0 still has a KL gradient, so none is skipped."
+        )
+    _accumulation_note(cfg, world, warnings)
+
+
+def _accumulation_note(cfg: GRPOConfig, world: int, warnings: list[str]) -> None:
+    """``generation_batch_size`` with accumulation: both count (TRL's meaning),
+    and a user who set both may expect one generation per optimizer step."""
+    trl = cfg.trl
+    if trl.generation_batch_size is None or cfg.gradient_accumulation_steps == 1:
+        return
+    from grpo_core.training.batch import global_step_batch, steps_per_generation
+
+    step, steps = global_step_batch(cfg, world), steps_per_generation(cfg, world)
+    if steps <= 1 or trl.generation_batch_size % step:  # one step per generation; a misfit is an error already
+        return
+    warnings.append(
+        f"trl.generation_batch_size = {trl.generation_batch_size} with gradient_accumulation_steps = "
+        f"{cfg.gradient_accumulation_steps}: each generation feeds {steps} optimizer steps of {step} completions "
+        f"(micro_batch_size {cfg.micro_batch_size} x {cfg.gradient_accumulation_steps} accumulated micro-batches"
+        f"{f' x {world} processes' if world > 1 else ''}), as in TRL; steps after the first train on completions "
+        "sampled before the earlier updates. For one generation per step set trl.generation_batch_size = "
+        f"{step}."
+    )
 
 
 def _training_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> None:
@@ -409,10 +487,14 @@ def _plugin_checks(cfg: GRPOConfig, host: PluginHost, names: dict[str, str], err
     against the contract, its settings, the other choices and its own rules,
     so that "OK" means ``grpo run`` gets past wiring."""
     classes: dict[str, tuple[Any, Any]] = {}
+    tables = cfg.plugins.settings_tables()
+    used: set[str] = set()  # the [plugins.<key>] tables some chosen implementation reads
     for point in EXTENSION_POINTS:
         try:
             info, cls = host.implementation_class(point.name, names[point.name], key=source_key(cfg, point))
-            validate_settings(cls, info.name, cfg.plugins.settings_table(info.name))
+            table = settings_key(tables, info) or info.name
+            used.add(table)
+            validate_settings(cls, table, cfg.plugins.settings_table(table))
             warnings += own_checks(cls, cfg)
         except (PluginError, ConfigError) as exc:
             errors.append(str(exc))
@@ -429,19 +511,21 @@ def _plugin_checks(cfg: GRPOConfig, host: PluginHost, names: dict[str, str], err
                 f"{sorted(offered) or 'none'}: choose a weight sync made for that rollout (see `grpo plugins`), or "
                 "remove plugins.weight_sync to get the default one."
             )
-    used = {info.name for info, _ in classes.values()}
+    names_used = {info.name for info, _ in classes.values()}
     for spec in cfg.trl.reward_funcs or []:
         if split_qualified(spec)[1] in host.published(REWARD_GROUP):
             try:
                 info, func = host.import_entry_point(REWARD_GROUP, spec, "trl.reward_funcs")
-                validate_settings(func, info.name, cfg.plugins.settings_table(info.name))
-                used.add(info.name)
+                table = settings_key(tables, info) or info.name
+                used.add(table)
+                validate_settings(func, table, cfg.plugins.settings_table(table))
+                names_used.add(info.name)
             except (PluginError, ConfigError) as exc:
                 errors.append(str(exc))
-    for name in sorted(set(cfg.plugins.settings_tables()) - used):
+    for name in sorted(set(tables) - used):
         warnings.append(
-            f"[plugins.{name}] configures '{name}', which this run does not use (implementations: "
-            f"{', '.join(sorted(used))}): it has no effect."
+            f"[{table_ref(name)}] configures '{name}', which this run does not use (implementations: "
+            f"{', '.join(sorted(names_used))}): it has no effect."
         )
 
 
@@ -507,6 +591,7 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
     _async_checks(cfg, names, errors, warnings)
     _training_checks(cfg, errors, warnings)
     _no_effect_checks(cfg, names, warnings)
+    _ignored_option_checks(cfg, num_processes or world_size(), warnings)
     _model_checks(cfg, names, errors, warnings)
     _speed_checks(cfg, errors, warnings)
     _observability_checks(cfg, host, errors, warnings)

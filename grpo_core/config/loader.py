@@ -57,14 +57,20 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
     The value is read as a TOML value when it parses as one (numbers, bools,
     quoted strings, arrays, inline tables) and as a bare string otherwise.
+    A bare ``null`` is ``None``, as in a YAML config (TOML has no null): the
+    key reads as unset (``--set adapter=null`` trains full weights);
+    ``'"null"'`` is the string.
     """
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set expects KEY=VALUE, got '{item}'")
-    try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
+    if raw.strip() == "null":
+        value: Any = None
+    else:
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
     # datasets[0].path and datasets.0.path both index the list
     return [part.strip() for part in re.sub(r"\[(\d+)\]", r".\1", key).split(".")], value
 
@@ -168,8 +174,14 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 
 
 def apply_effective_defaults(cfg: GRPOConfig) -> GRPOConfig:
-    """Replace ``None`` ("reference default") by the value that runs."""
+    """Replace ``None`` ("reference default") by the value that runs.
+
+    ``trl.model_fields_set`` still says what the user wrote afterwards (the
+    filled-in values are not "set"): the checks warn about an option only
+    where the user set it, and a config dumped with ``exclude_unset`` derives
+    these defaults again from its other values."""
     trl = cfg.trl
+    written = set(trl.model_fields_set)
     if cfg.rl == "gdpo":
         if "multi_objective_aggregation" in trl.model_fields_set and trl.multi_objective_aggregation != "normalize_then_sum":
             raise ConfigError(
@@ -188,6 +200,7 @@ def apply_effective_defaults(cfg: GRPOConfig) -> GRPOConfig:
         trl.vllm_mode = "server"
     if trl.max_prompt_length is None:
         trl.max_prompt_length = cfg.sequence_len
+    object.__setattr__(trl, "__pydantic_fields_set__", written)  # assignment above marked the filled keys as set
     return cfg
 
 
