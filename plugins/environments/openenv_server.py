@@ -132,7 +132,7 @@ class ManagedEnvServer:
         while True:
             problem = self.problem()
             if problem:
-                raise OpenEnvUnavailable(f"OpenEnv server at {self.base_url} failed to start: {problem}.")
+                raise OpenEnvUnavailable(f"OpenEnv server at {self.base_url} failed to start: {problem.rstrip('.')}.")
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
                     return

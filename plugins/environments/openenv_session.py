@@ -144,7 +144,9 @@ class OpenEnvSession:
             raise OpenEnvUnavailable(f"{self._prefix(what)}: the server is not running ({problem}).")
         try:
             # proxy=None: an HTTP(S)_PROXY of the machine must not reroute loopback traffic.
-            self._ws = client.connect(self.url, open_timeout=self.connect_timeout, max_size=None, proxy=None)
+            # Entered as a context manager (closed by close()): websockets 17
+            # warns about a bare connect(), and older releases accept both.
+            self._ws = client.connect(self.url, open_timeout=self.connect_timeout, max_size=None, proxy=None).__enter__()
         except TimeoutError:
             raise self._unavailable(
                 what, f"could not connect within {self.connect_timeout:g} s (plugins.openenv.connect_timeout)"
@@ -163,8 +165,14 @@ class OpenEnvSession:
                 raise OpenEnvError(f"{self._prefix(what)}: the session was already closed.")
             ws = self._connect(what)
             try:
-                ws.send(json.dumps(message))
-                raw = ws.recv(timeout=self.message_timeout)
+                try:
+                    ws.send(json.dumps(message))
+                except ConnectionClosed:
+                    # The server may answer and close at once (no free session):
+                    # its answer is still queued, read it before giving up.
+                    raw = ws.recv(timeout=1.0)
+                else:
+                    raw = ws.recv(timeout=self.message_timeout)
             except TimeoutError:
                 self._drop()
                 raise OpenEnvError(

@@ -1,0 +1,237 @@
+"""The ``openenv`` environment against a real OpenEnv server process.
+
+``tests/openenv_guess_env.py`` is a real OpenEnv app (openenv-core's
+``create_fastapi_app``), served by uvicorn in a subprocess on a free
+127.0.0.1 port, started by the adapter's own ``command`` setting. Episodes
+are driven the way the episode driver does: ``reset()`` once, then
+``step(text)`` until ``done``, many episodes at once in threads. Nothing is
+mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("openenv.core.env_server", reason="openenv-core is not installed (pip install openenv-core)")
+
+from grpo_core.config.loader import validate  # noqa: E402
+from grpo_core.context import RunContext  # noqa: E402
+from grpo_core.errors import ConfigError, GrpoError  # noqa: E402
+from grpo_core.plugin_host import PluginHost  # noqa: E402
+from grpo_core.types import Episode, Prompt  # noqa: E402
+from grpo_plugins.environments.openenv import OpenEnvEnvironment, OpenEnvEpisode, observation_text  # noqa: E402
+from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvUnavailable  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+SERVE = "{python} -m uvicorn openenv_guess_env:app --app-dir " + str(TESTS) + " --host {host} --port {port}"
+
+
+def load(tmp_path: Path, **settings) -> OpenEnvEnvironment:
+    """The adapter as a run builds it: through the plugin host, from a config."""
+    cfg = validate({"base_model": "unused/model", "trl": {"reward_funcs": ["x.y"]},
+                    "plugins": {"environment": "openenv", "openenv": settings}})  # fmt: skip
+    return PluginHost().load_implementation("environment", "openenv", RunContext(config=cfg, output_dir=tmp_path, log=lambda m: None))
+
+
+def prompt(index: int, **columns) -> Prompt:
+    return Prompt(prompt=[{"role": "user", "content": "Play."}], prompt_ids=[1, 2, 3], columns=columns, index=index)
+
+
+def play_bisect(episode: Episode) -> tuple[list[str], float, int]:
+    """Play one game by bisection, as the driver would: the texts the
+    environment answered, the summed reward and the number of steps."""
+    first = episode.reset()
+    assert isinstance(first, str) and first.startswith("Guess my number")
+    low, high, seen, total, steps = 1, 20, [], 0.0, 0
+    while True:
+        guess = (low + high) // 2
+        reply = episode.step(f"My guess is {guess}")
+        steps += 1
+        total += reply.reward or 0.0
+        if reply.done:
+            seen.append("done")
+            return seen, total, steps
+        (message,) = reply.messages
+        assert message["role"] == "user"
+        seen.append(message["content"])
+        if message["content"] == "higher":
+            low = guess + 1
+        else:
+            high = guess - 1
+
+
+@pytest.fixture(scope="module")
+def managed(tmp_path_factory):
+    """One managed server for the module's tests that do not kill it."""
+    environment = load(tmp_path_factory.mktemp("openenv"), command=SERVE, observation_field="text", env={"MAX_CONCURRENT_ENVS": "16"})
+    yield environment
+    environment.close()
+    assert environment.server is not None and environment.server.process is None
+
+
+def test_concurrent_episodes_are_independent_sessions(managed):
+    """Eight episodes (4 prompts x 2 samples) played at once in threads:
+    each is its own server instance, counts only its own guesses, ends with
+    done and the reward the game gave; the two samples of a prompt start
+    from the same secret (same seed), so identical play gives identical
+    answers, while different prompts get different secrets."""
+    episodes = {(i, s): managed.grpo_environment_episode(prompt(i), s) for i in range(4) for s in range(2)}
+    assert all(isinstance(e, Episode) for e in episodes.values())
+    barrier = threading.Barrier(len(episodes))
+
+    def run(episode: OpenEnvEpisode):
+        barrier.wait()  # every reset and step overlaps with the others'
+        try:
+            return play_bisect(episode)
+        finally:
+            episode.close()
+
+    with ThreadPoolExecutor(len(episodes)) as pool:
+        results = dict(zip(episodes, pool.map(run, episodes.values())))
+    for (i, s), (seen, total, steps) in results.items():
+        episode = episodes[(i, s)]
+        assert seen[-1] == "done" and episode.done
+        assert total == pytest.approx(1.0 - 0.1 * (steps - 1))  # the game's rewards, summed
+        assert episode.last is not None and episode.last.observation["guesses"] == steps  # its own steps only
+        assert episode.last.observation["episode_id"] == f"grpo-p{i}-s{s}"
+    instances = {e.last.observation["instance"] for e in episodes.values()}
+    assert len(instances) == len(episodes)  # one server-side environment per episode
+    for i in range(4):
+        assert results[(i, 0)] == results[(i, 1)]  # same seed within the group
+    assert len({tuple(results[(i, 0)][0]) for i in range(4)}) > 1  # and different ones across prompts
+
+
+def test_interleaved_steps_do_not_leak_between_episodes(managed):
+    """Two episodes of the same prompt stepped alternately with different
+    guesses: each answer reflects that episode's own guess and count."""
+    a = managed.grpo_environment_episode(prompt(7), 0)
+    b = managed.grpo_environment_episode(prompt(7), 1)
+    a.reset(), b.reset()
+    ra = a.step("1")
+    rb = b.step("20")
+    rb2 = b.step("nothing")
+    ra2 = a.step("1")
+    try:
+        assert a.last.observation["guesses"] == 2 and b.last.observation["guesses"] == 2
+        assert ra.messages[0]["content"] == "higher" and rb.messages[0]["content"] == "lower"  # secret 11 (seed 7)
+        assert rb2.messages[0]["content"] == "say a number" and ra2.messages[0]["content"] == "higher"
+        assert a.last.observation["instance"] != b.last.observation["instance"]
+    finally:
+        a.close(), b.close()
+
+
+def test_reset_columns_and_default_observation_text(managed, tmp_path):
+    """A dataset column reaches the server's reset; without
+    observation_field, a JSON observation with several text fields is shown
+    whole, one with a single text field as that text."""
+    plain = load(tmp_path, base_url=managed.base_url, reset_columns=["hint"], seed="none")
+    episode = plain.grpo_environment_episode(prompt(1, hint="it is even"), 0)
+    try:
+        first = episode.reset()
+        assert "Hint: it is even" in first and first.startswith("{")  # text, instance, episode_id: JSON
+    finally:
+        episode.close()
+    assert observation_text({"text": "hi", "guesses": 3}, None) == "hi"
+    with pytest.raises(OpenEnvError, match="observation_field"):
+        observation_text({"text": "hi"}, "board")
+    with pytest.raises(ConfigError, match="reset_columns names \\['hint'\\]"):
+        plain.grpo_environment_episode(prompt(1), 0)
+
+
+def test_a_refused_action_names_the_setting(managed, tmp_path):
+    """The action field the server's Action class lacks: a sentence naming
+    action_field, the server and the step, and the environment's own
+    exception as 'the environment raised'."""
+    wrong = load(tmp_path, base_url=managed.base_url, action_field="guess")
+    episode = wrong.grpo_environment_episode(prompt(2), 0)
+    episode.reset()
+    with pytest.raises(OpenEnvError, match=r"prompt 2, sample 0, step 1: the server refused the action .*action_field"):
+        episode.step("5")
+    episode.close()
+    crash = managed.grpo_environment_episode(prompt(2), 1)
+    crash.reset()
+    with pytest.raises(OpenEnvError, match="step 1: the environment raised: the game engine broke"):
+        crash.step("CRASH")
+    crash.close()
+
+
+def test_capacity_is_explained_and_can_be_waited_for(tmp_path):
+    """A server with one session: a second episode is refused with the fix
+    (max_concurrent_envs), or, with capacity_wait, gets the slot once the
+    first episode closes."""
+    one = load(tmp_path, command=SERVE, env={"MAX_CONCURRENT_ENVS": "1"}, observation_field="text")
+    try:
+        first = one.grpo_environment_episode(prompt(0), 0)
+        first.reset()
+        second = one.grpo_environment_episode(prompt(0), 1)
+        with pytest.raises(OpenEnvError, match="refused a new session \\(1 of 1 in use\\).*max_concurrent_envs") as refused:
+            second.reset()
+        assert refused.value.code == "CAPACITY_REACHED"
+        second.close()
+        one.settings.capacity_wait = 10.0
+        waiting = one.grpo_environment_episode(prompt(0), 1)
+        threading.Timer(1.0, first.close).start()
+        start = time.monotonic()
+        assert waiting.reset().startswith("Guess")
+        assert time.monotonic() - start >= 0.9
+        waiting.close()
+    finally:
+        one.close()
+
+
+def test_a_dead_server_is_a_clear_error(tmp_path):
+    """The managed server killed mid-episode: the next step fails with a
+    GrpoError naming the server, the episode, the step and the exit code
+    (no traceback); a new episode then says the server is not running."""
+    doomed = load(tmp_path, command=SERVE)
+    try:
+        episode = doomed.grpo_environment_episode(prompt(5), 0)
+        episode.reset()
+        episode.step("3")
+        os.killpg(doomed.server.process.pid, signal.SIGKILL)
+        doomed.server.process.wait(timeout=10)
+        with pytest.raises(OpenEnvUnavailable) as died:
+            episode.step("4")
+        message = str(died.value)
+        assert isinstance(died.value, GrpoError) and "Traceback" not in message
+        assert f"OpenEnv server at ws://127.0.0.1:{doomed.server.port}/ws, prompt 5, sample 0, step 2" in message
+        assert "exited with code -9" in message
+        episode.close()  # never raises on a dead server
+        fresh = doomed.grpo_environment_episode(prompt(5), 1)
+        with pytest.raises(OpenEnvUnavailable, match="reset: the server is not running .*exited with code -9"):
+            fresh.reset()
+    finally:
+        doomed.close()
+
+
+def test_no_server_at_base_url(tmp_path):
+    from grpo_plugins.environments.openenv_server import free_loopback_port
+
+    nowhere = load(tmp_path, base_url=f"http://127.0.0.1:{free_loopback_port()}", connect_timeout=2)
+    with pytest.raises(OpenEnvUnavailable, match="reset: could not connect .*plugins.openenv.base_url"):
+        nowhere.grpo_environment_episode(prompt(0), 0).reset()
+
+
+def test_a_server_that_cannot_start_shows_its_log(tmp_path):
+    broken = load(tmp_path, command="{python} -m uvicorn no_such_module:app --host {host} --port {port}", startup_timeout=60)
+    with pytest.raises(OpenEnvUnavailable, match="(?s)failed to start: the managed server .* exited with code \\d+; last lines of .*no_such_module"):
+        broken.grpo_environment_episode(prompt(0), 0)
+    broken.close()
+
+
+def test_settings_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="plugins.openenv.*exactly one of base_url .* and command"):
+        load(tmp_path)
+    with pytest.raises(ConfigError, match="plugins.openenv.*exactly one of base_url"):
+        load(tmp_path, base_url="http://127.0.0.1:1", command="x")
+    with pytest.raises(ConfigError, match="plugins.openenv.action_function = 'nowhere.fn' cannot be imported"):
+        load(tmp_path, base_url="http://127.0.0.1:1", action_function="nowhere.fn")
+    with pytest.raises(ConfigError, match="plugins.openenv.colour"):
+        load(tmp_path, base_url="http://127.0.0.1:1", colour="red")
