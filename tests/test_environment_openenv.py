@@ -165,7 +165,8 @@ def test_a_refused_action_names_the_setting(managed, tmp_path):
 def test_capacity_is_explained_and_can_be_waited_for(tmp_path):
     """A server with one session: a second episode is refused with the fix
     (max_concurrent_envs), or, with capacity_wait, gets the slot once the
-    first episode closes."""
+    first episode closes; an episode that reaches done frees its slot
+    without waiting for close()."""
     one = load(tmp_path, command=SERVE, env={"MAX_CONCURRENT_ENVS": "1"}, observation_field="text")
     try:
         first = one.grpo_environment_episode(prompt(0), 0)
@@ -181,7 +182,11 @@ def test_capacity_is_explained_and_can_be_waited_for(tmp_path):
         start = time.monotonic()
         assert waiting.reset().startswith("Guess")
         assert time.monotonic() - start >= 0.9
-        waiting.close()
+        one.settings.capacity_wait = 0.0
+        play_bisect(waiting)  # no close(): reaching done frees the slot by itself
+        third = one.grpo_environment_episode(prompt(1), 0)
+        assert third.reset().startswith("Guess")
+        third.close()
     finally:
         one.close()
 
