@@ -11,7 +11,8 @@ step reads the last integer of the message and answers "higher", "lower" or
 ``MAX_GUESSES``. Every session (WebSocket connection) gets its own
 instance, whose ``instance`` id and ``guesses`` count the observation shows,
 so a test can tell sessions apart. ``MAX_CONCURRENT_ENVS`` (environment
-variable) sets the server's session limit.
+variable) sets the server's session limit. ``app_bet`` is the same game
+with a two-field action.
 """
 
 from __future__ import annotations
@@ -29,6 +30,19 @@ MAX_GUESSES = 6
 
 class GuessAction(Action):
     message: str
+
+
+class BetAction(Action):
+    """An action of two required fields (``app_bet``): the adapter cannot
+    guess where the text goes, ``bet_action`` builds it."""
+
+    message: str
+    stake: int
+
+
+def bet_action(text: str) -> dict[str, Any]:
+    """``plugins.openenv.action_function`` for ``app_bet``."""
+    return {"message": text, "stake": 1}
 
 
 class GuessObservation(Observation):
@@ -74,6 +88,6 @@ class GuessEnvironment(Environment):
         return self._state
 
 
-app = create_fastapi_app(
-    GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=int(os.environ.get("MAX_CONCURRENT_ENVS", "16"))
-)
+SESSIONS = int(os.environ.get("MAX_CONCURRENT_ENVS", "16"))
+app = create_fastapi_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=SESSIONS)
+app_bet = create_fastapi_app(GuessEnvironment, BetAction, GuessObservation, max_concurrent_envs=SESSIONS)

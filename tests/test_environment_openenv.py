@@ -162,6 +162,23 @@ def test_a_refused_action_names_the_setting(managed, tmp_path):
     crash.close()
 
 
+def test_action_field_from_the_schema_or_a_function(tmp_path):
+    """Unset action_field: the action class's only required field, from the
+    server's /schema (the module's other tests rely on it for 'message').
+    Two required fields: a sentence naming them and the settings; then
+    action_function builds the action and the game plays."""
+    bet = SERVE.replace("openenv_guess_env:app", "openenv_guess_env:app_bet")
+    ambiguous = load(tmp_path, command=bet, observation_field="text")
+    try:
+        with pytest.raises(ConfigError, match=r"action class BetAction has fields \['message', 'stake'\] \(2 required\).*action_field"):
+            ambiguous.grpo_environment_episode(prompt(0), 0)
+        built = load(tmp_path, base_url=ambiguous.base_url, observation_field="text", action_function="openenv_guess_env.bet_action")
+        seen, total, steps = play_bisect(built.grpo_environment_episode(prompt(0), 0))
+        assert seen[-1] == "done" and total == pytest.approx(1.0 - 0.1 * (steps - 1))
+    finally:
+        ambiguous.close()
+
+
 def test_capacity_is_explained_and_can_be_waited_for(tmp_path):
     """A server with one session: a second episode is refused with the fix
     (max_concurrent_envs), or, with capacity_wait, gets the slot once the
@@ -219,9 +236,13 @@ def test_a_dead_server_is_a_clear_error(tmp_path):
 def test_no_server_at_base_url(tmp_path):
     from grpo_plugins.environments.openenv_server import free_loopback_port
 
-    nowhere = load(tmp_path, base_url=f"http://127.0.0.1:{free_loopback_port()}", connect_timeout=2)
+    url = f"http://127.0.0.1:{free_loopback_port()}"
+    nowhere = load(tmp_path, base_url=url, connect_timeout=2, action_field="message")
     with pytest.raises(OpenEnvUnavailable, match="reset: could not connect .*plugins.openenv.base_url"):
         nowhere.grpo_environment_episode(prompt(0), 0).reset()
+    unknown_action = load(tmp_path, base_url=url, connect_timeout=2)  # must ask the server's /schema first
+    with pytest.raises(OpenEnvUnavailable, match="could not connect to read its action schema .*plugins.openenv.base_url"):
+        unknown_action.grpo_environment_episode(prompt(0), 0)
 
 
 def test_a_server_that_cannot_start_shows_its_log(tmp_path):

@@ -11,8 +11,9 @@ prompt reset with the same seed (the prompt's index, unless
 ``seed = "none"``), so the group's rewards compare the policy's answers,
 not the environment's dice.
 
-Each model turn's text becomes the action ``{action_field: text}`` (or what
-``action_function(text)`` returns); each observation becomes one message
+Each model turn's text becomes the action ``{action_field: text}`` (by
+default the action class's only required field, read from the server's
+``/schema``; or what ``action_function(text)`` returns); each observation becomes one message
 the model reads: the value of ``observation_field``, the observation's only
 text field, or the observation as JSON (or what
 ``observation_function(observation)`` returns). The observation's reward
@@ -28,7 +29,6 @@ names a ``command`` grpo runs on a free loopback port and stops at the end::
     [plugins.openenv]
     command = "{python} -m uvicorn my_env.server.app:app --host {host} --port {port}"
     env = { MAX_CONCURRENT_ENVS = "64" }   # if the app reads it
-    action_field = "message"
     observation_field = "text"
 """
 
@@ -49,7 +49,7 @@ from grpo_core.data import import_from_cwd
 from grpo_core.errors import ConfigError
 from grpo_core.types import EnvironmentReply, Messages, Prompt
 from grpo_plugins.environments.openenv_server import ManagedEnvServer
-from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvSession, StepResult
+from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvSession, OpenEnvUnavailable, StepResult
 
 ActionFunction = Callable[[str], dict[str, Any]]
 ObservationFunction = Callable[[dict[str, Any]], "str | Messages | None"]
@@ -73,7 +73,9 @@ class OpenEnvSettings(BaseModel):
     capacity_wait: float = Field(
         0.0, ge=0, description="Seconds a reset keeps retrying while the server has no free session (0: fail at once)."
     )
-    action_field: str = Field("message", min_length=1, description="The action field the model's turn text goes into.")
+    action_field: str | None = Field(
+        None, min_length=1, description="The action field the model's turn text goes into. Unset: the action class's only required field (from the server's /schema)."
+    )
     action_function: str | None = Field(None, description="'module.function' text -> action dict (overrides action_field).")
     observation_field: str | None = Field(
         None, description="The observation field the model reads. Unset: its only text field, else the observation as JSON."
@@ -232,7 +234,8 @@ class OpenEnvEnvironment:
             self.server.start()  # starts while the model loads; waited for at the first episode
             context.log(f"OpenEnv: starting server (pid {self.server.process.pid if self.server.process else '?'}) at {self.server.base_url}, log: {log_path}")
         self.base_url = self.server.base_url if self.server else str(s.base_url)
-        self._ready = self.server is None
+        self._action_field = s.action_field
+        self._ready = False
         self._ready_lock = threading.Lock()
 
     # ------------------------------------------------------------------ mapping
@@ -240,7 +243,36 @@ class OpenEnvEnvironment:
     def action(self, text: str) -> dict[str, Any]:
         if self._action_function is not None:
             return self._action_function(text)
-        return {self.settings.action_field: text}
+        return {self._action_field: text}
+
+    def _find_action_field(self) -> str:
+        """The action class's only required field, read from ``GET /schema``."""
+        import httpx
+
+        url = f"{self.base_url.rstrip('/').removesuffix('/ws').replace('ws://', 'http://', 1).replace('wss://', 'https://', 1)}/schema"
+        try:
+            response = httpx.get(url, timeout=self.settings.connect_timeout, trust_env=self.server is None)
+            response.raise_for_status()
+            schema = response.json()["action"]
+        except (httpx.ConnectError, httpx.TimeoutException) as exc:
+            raise OpenEnvUnavailable(
+                f"OpenEnv server at {self.base_url}: could not connect to read its action schema from {url} "
+                f"({type(exc).__name__}: {exc}); check plugins.openenv.base_url or command."
+            ) from None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(
+                f"OpenEnv server at {self.base_url}: could not read its action schema from {url} ({type(exc).__name__}: {exc}); "
+                "set plugins.openenv.action_field (the action field the model's text goes into) or action_function."
+            ) from None
+        required = [f for f in schema.get("required", []) if f != "metadata"]
+        if len(required) == 1:
+            return str(required[0])
+        fields = sorted(f for f in schema.get("properties", {}) if f != "metadata")
+        raise ConfigError(
+            f"OpenEnv server at {self.base_url}: its action class {schema.get('title', '?')} has fields {fields} "
+            f"({len(required)} required), so grpo cannot tell where the model's text goes: set "
+            "plugins.openenv.action_field to one of them, or action_function to build the whole action."
+        )
 
     def content(self, observation: dict[str, Any]) -> str | Messages | None:
         if self._observation_function is not None:
@@ -264,11 +296,17 @@ class OpenEnvEnvironment:
     # ------------------------------------------------------------------ hooks
 
     def _wait_ready(self) -> None:
+        """Once, at the first episode: wait for a managed server, then find
+        the action field when the settings name none."""
         with self._ready_lock:
-            if not self._ready and self.server is not None:
+            if self._ready:
+                return
+            if self.server is not None:
                 self.server.wait_ready(self.settings.startup_timeout)
                 self.context.log(f"OpenEnv: server ready at {self.base_url}")
-                self._ready = True
+            if self._action_function is None and self._action_field is None:
+                self._action_field = self._find_action_field()
+            self._ready = True
 
     def session(self, where: str) -> OpenEnvSession:
         return OpenEnvSession(

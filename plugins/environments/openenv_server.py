@@ -134,7 +134,7 @@ class ManagedEnvServer:
             if problem:
                 raise OpenEnvUnavailable(f"OpenEnv server at {self.base_url} failed to start: {problem.rstrip('.')}.")
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                if httpx.get(f"{self.base_url}/health", timeout=2.0, trust_env=False).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
