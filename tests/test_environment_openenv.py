@@ -237,12 +237,22 @@ def test_no_server_at_base_url(tmp_path):
     from grpo_plugins.environments.openenv_server import free_loopback_port
 
     url = f"http://127.0.0.1:{free_loopback_port()}"
-    nowhere = load(tmp_path, base_url=url, connect_timeout=2, action_field="message")
-    with pytest.raises(OpenEnvUnavailable, match="reset: could not connect .*plugins.openenv.base_url"):
-        nowhere.grpo_environment_episode(prompt(0), 0).reset()
-    unknown_action = load(tmp_path, base_url=url, connect_timeout=2)  # must ask the server's /schema first
-    with pytest.raises(OpenEnvUnavailable, match="could not connect to read its action schema .*plugins.openenv.base_url"):
-        unknown_action.grpo_environment_episode(prompt(0), 0)
+    nowhere = load(tmp_path, base_url=url, startup_timeout=1.5)
+    start = time.monotonic()
+    with pytest.raises(OpenEnvUnavailable, match=r"did not answer http://127.0.0.1:\d+/health within 1.5 s \(ConnectError.*plugins.openenv.base_url"):
+        nowhere.grpo_environment_episode(prompt(0), 0)
+    assert time.monotonic() - start >= 1.5  # it waited for a server that may still be starting
+
+
+def test_a_base_url_server_that_goes_away(managed, tmp_path):
+    """A server that was up at the first episode and is gone at a reset: a
+    sentence naming the call and the setting."""
+    from grpo_plugins.environments.openenv_session import OpenEnvSession
+
+    session = OpenEnvSession(managed.base_url.rsplit(":", 1)[0] + ":1", where="prompt 0, sample 0", connect_timeout=2, message_timeout=2)
+    with pytest.raises(OpenEnvUnavailable, match="ws://127.0.0.1:1/ws, prompt 0, sample 0, reset: could not connect .*plugins.openenv.base_url"):
+        session.reset()
+    session.close()
 
 
 def test_a_server_that_cannot_start_shows_its_log(tmp_path):

@@ -49,7 +49,7 @@ from grpo_core.data import import_from_cwd
 from grpo_core.errors import ConfigError
 from grpo_core.types import EnvironmentReply, Messages, Prompt
 from grpo_plugins.environments.openenv_server import ManagedEnvServer
-from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvSession, OpenEnvUnavailable, StepResult
+from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvSession, OpenEnvUnavailable, StepResult, http_url
 
 ActionFunction = Callable[[str], dict[str, Any]]
 ObservationFunction = Callable[[dict[str, Any]], "str | Messages | None"]
@@ -67,7 +67,9 @@ class OpenEnvSettings(BaseModel):
         "{python} (this interpreter) filled in; stopped when the run ends.",
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for command.")
-    startup_timeout: float = Field(120.0, gt=0, description="Seconds command's server may take to answer /health.")
+    startup_timeout: float = Field(
+        120.0, gt=0, description="Seconds the server (command's, or base_url's) may take to answer /health, waited for at the first episode."
+    )
     connect_timeout: float = Field(10.0, gt=0, description="Seconds to open an episode's WebSocket session.")
     step_timeout: float | None = Field(None, gt=0, description="Seconds a reset or step may take. Unset: [episodes] step_timeout.")
     capacity_wait: float = Field(
@@ -249,7 +251,7 @@ class OpenEnvEnvironment:
         """The action class's only required field, read from ``GET /schema``."""
         import httpx
 
-        url = f"{self.base_url.rstrip('/').removesuffix('/ws').replace('ws://', 'http://', 1).replace('wss://', 'https://', 1)}/schema"
+        url = f"{http_url(self.base_url)}/schema"
         try:
             response = httpx.get(url, timeout=self.settings.connect_timeout, trust_env=self.server is None)
             response.raise_for_status()
@@ -303,10 +305,33 @@ class OpenEnvEnvironment:
                 return
             if self.server is not None:
                 self.server.wait_ready(self.settings.startup_timeout)
-                self.context.log(f"OpenEnv: server ready at {self.base_url}")
+            else:
+                self._wait_external()
+            self.context.log(f"OpenEnv: server ready at {self.base_url}")
             if self._action_function is None and self._action_field is None:
                 self._action_field = self._find_action_field()
             self._ready = True
+
+    def _wait_external(self) -> None:
+        """A base_url server may still be starting (launched beside grpo):
+        wait for its ``/health`` up to ``startup_timeout``."""
+        import httpx
+
+        url = f"{http_url(self.base_url)}/health"
+        deadline = time.monotonic() + self.settings.startup_timeout
+        while True:
+            try:
+                if httpx.get(url, timeout=min(5.0, self.settings.connect_timeout)).status_code == 200:
+                    return
+                problem = "it answers, but not 200"
+            except httpx.HTTPError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() > deadline:
+                raise OpenEnvUnavailable(
+                    f"OpenEnv server at {self.base_url} did not answer {url} within {self.settings.startup_timeout:g} s "
+                    f"({problem}): check plugins.openenv.base_url, or raise plugins.openenv.startup_timeout."
+                )
+            time.sleep(0.5)
 
     def session(self, where: str) -> OpenEnvSession:
         return OpenEnvSession(

@@ -67,6 +67,15 @@ def ws_url(base_url: str) -> str:
     return url if url.endswith("/ws") else url + "/ws"
 
 
+def http_url(base_url: str) -> str:
+    """``ws://h:p/ws`` / ``http://h:p`` -> ``http://h:p`` (where ``/health`` and ``/schema`` are)."""
+    url = base_url.rstrip("/").removesuffix("/ws")
+    for old, new in (("wss://", "https://"), ("ws://", "http://")):
+        if url.startswith(old):
+            url = new + url[len(old) :]
+    return url if url.startswith(("http://", "https://")) else "http://" + url
+
+
 def _reward(value: Any) -> float | None:
     if value is None:
         return None
