@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import time
 import uuid
 from typing import Any
 
@@ -72,6 +73,8 @@ class GuessEnvironment(Environment):
         self._state.step_count += 1
         if "CRASH" in action.message:
             raise RuntimeError("the game engine broke")
+        if "SLEEP" in action.message:  # a step slower than the adapter's step_timeout
+            time.sleep(3.0)
         numbers = re.findall(r"-?\d+", action.message)
         common = {"guesses": self._state.step_count, "instance": self.instance, "episode_id": self._state.episode_id}
         if numbers and int(numbers[-1]) == self.secret:

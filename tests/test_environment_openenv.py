@@ -179,6 +179,22 @@ def test_action_field_from_the_schema_or_a_function(tmp_path):
         ambiguous.close()
 
 
+def test_a_slow_step_times_out_and_ends_the_episode(managed, tmp_path):
+    """A step slower than step_timeout: a sentence naming the setting; the
+    episode then refuses to go on rather than reconnect to a fresh,
+    un-reset environment."""
+    impatient = load(tmp_path, base_url=managed.base_url, step_timeout=1.0)
+    episode = impatient.grpo_environment_episode(prompt(4), 0)
+    episode.reset()
+    start = time.monotonic()
+    with pytest.raises(OpenEnvError, match=r"step 1: no answer within 1 s \(plugins.openenv.step_timeout"):
+        episode.step("SLEEP")
+    assert 0.9 <= time.monotonic() - start < 2.5
+    with pytest.raises(OpenEnvError, match="step 2: the session was lost at step 1, so this episode cannot go on"):
+        episode.step("3")
+    episode.close()
+
+
 def test_capacity_is_explained_and_can_be_waited_for(tmp_path):
     """A server with one session: a second episode is refused with the fix
     (max_concurrent_envs), or, with capacity_wait, gets the slot once the
@@ -263,9 +279,9 @@ def test_a_server_that_cannot_start_shows_its_log(tmp_path):
 
 
 def test_settings_errors_name_the_key(tmp_path):
-    with pytest.raises(ConfigError, match="plugins.openenv.*exactly one of base_url .* and command"):
+    with pytest.raises(ConfigError, match="plugins.openenv.command: Value error, set exactly one of base_url .* and command"):
         load(tmp_path)
-    with pytest.raises(ConfigError, match="plugins.openenv.*exactly one of base_url"):
+    with pytest.raises(ConfigError, match="plugins.openenv.command: .*exactly one of base_url"):
         load(tmp_path, base_url="http://127.0.0.1:1", command="x")
     with pytest.raises(ConfigError, match="plugins.openenv.action_function = 'nowhere.fn' cannot be imported"):
         load(tmp_path, base_url="http://127.0.0.1:1", action_function="nowhere.fn")

@@ -41,7 +41,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from grpo_core import hookimpl
 from grpo_core.context import RunContext
@@ -63,6 +63,7 @@ class OpenEnvSettings(BaseModel):
     base_url: str | None = Field(None, description="A running OpenEnv server, e.g. 'http://127.0.0.1:8000' (ws:// works too).")
     command: str | list[str] | None = Field(
         None,
+        validate_default=True,
         description="A command grpo runs to serve the environment, with {host}, {port} (a free loopback port) and "
         "{python} (this interpreter) filled in; stopped when the run ends.",
     )
@@ -94,13 +95,15 @@ class OpenEnvSettings(BaseModel):
         "prompt", description="'prompt': every episode of a prompt resets with seed = its dataset index; 'none': no seed."
     )
 
-    @model_validator(mode="after")
-    def _one_server(self) -> OpenEnvSettings:
-        if (self.base_url is None) == (self.command is None):
-            raise ValueError(
-                "set exactly one of base_url (a running OpenEnv server) and command (one grpo starts and stops)"
-            )
-        return self
+    @field_validator("command")
+    @classmethod
+    def _one_server(cls, command: str | list[str] | None, info: ValidationInfo) -> str | list[str] | None:
+        # On `command` (validated after base_url, defaults included) so the error names a key.
+        if (info.data.get("base_url") is None) == (command is None):
+            raise ValueError("set exactly one of base_url (a running OpenEnv server) and command (one grpo starts and stops)")
+        if command is not None and not command:
+            raise ValueError("the command is empty")
+        return command
 
 
 def _import(key: str, spec: str) -> Callable[..., Any]:

@@ -121,6 +121,7 @@ class OpenEnvSession:
         self._ws: Any = None
         self._lock = threading.Lock()  # close() may come from another thread than step()
         self._closed = False
+        self._lost: str | None = None  # the call at which the connection broke
 
     def reopened(self) -> OpenEnvSession:
         """A new, unopened session to the same server for the same episode."""
@@ -172,6 +173,9 @@ class OpenEnvSession:
         with self._lock:
             if self._closed:
                 raise OpenEnvError(f"{self._prefix(what)}: the session was already closed.")
+            if self._lost is not None:
+                # Reconnecting would give a new, un-reset environment on the server.
+                raise OpenEnvError(f"{self._prefix(what)}: the session was lost at {self._lost}, so this episode cannot go on.")
             ws = self._connect(what)
             try:
                 try:
@@ -183,16 +187,16 @@ class OpenEnvSession:
                 else:
                     raw = ws.recv(timeout=self.message_timeout)
             except TimeoutError:
-                self._drop()
+                self._drop(what)
                 raise OpenEnvError(
                     f"{self._prefix(what)}: no answer within {self.message_timeout:g} s "
                     "(plugins.openenv.step_timeout, default [episodes] step_timeout)."
                 ) from None
             except ConnectionClosed as exc:
-                self._drop()
+                self._drop(what)
                 raise self._unavailable(what, f"the connection closed (code {exc.rcvd.code if exc.rcvd else 1006})") from None
             except OSError as exc:
-                self._drop()
+                self._drop(what)
                 raise self._unavailable(what, f"the connection broke ({exc})") from None
         try:
             answer = json.loads(raw)
@@ -225,7 +229,9 @@ class OpenEnvSession:
         what = f"step {number}"
         return self._result(self._exchange({"type": "step", "data": action}, what), what)
 
-    def _drop(self) -> None:
+    def _drop(self, lost_at: str | None = None) -> None:
+        if lost_at is not None and self._ws is not None:
+            self._lost = lost_at
         ws, self._ws = self._ws, None
         if ws is not None:
             try:
