@@ -67,7 +67,8 @@ class GuessEnvironment(Environment):
         self._state = State(episode_id=episode_id, step_count=0)
         hint = kwargs.get("hint")
         text = "Guess my number between 1 and 20." + (f" Hint: {hint}" if hint else "")
-        return GuessObservation(text=text, instance=self.instance, episode_id=episode_id, reward=0.0)
+        over = bool(kwargs.get("over"))  # a game that is over before it starts
+        return GuessObservation(text=text, instance=self.instance, episode_id=episode_id, reward=0.0, done=over)
 
     def step(self, action: GuessAction, timeout_s: float | None = None, **kwargs: Any) -> GuessObservation:  # type: ignore[override]
         self._state.step_count += 1

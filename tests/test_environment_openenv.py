@@ -25,7 +25,7 @@ from grpo_core.config.loader import validate  # noqa: E402
 from grpo_core.context import RunContext  # noqa: E402
 from grpo_core.errors import ConfigError, GrpoError  # noqa: E402
 from grpo_core.plugin_host import PluginHost  # noqa: E402
-from grpo_core.types import Episode, Prompt  # noqa: E402
+from grpo_core.types import EnvironmentReply, Episode, Prompt  # noqa: E402
 from grpo_plugins.environments.openenv import OpenEnvEnvironment, OpenEnvEpisode, observation_text  # noqa: E402
 from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvUnavailable  # noqa: E402
 
@@ -143,6 +143,21 @@ def test_reset_columns_and_default_observation_text(managed, tmp_path):
         observation_text({"text": "hi"}, "board")
     with pytest.raises(ConfigError, match="reset_columns names \\['hint'\\]"):
         plain.grpo_environment_episode(prompt(1), 0)
+    with pytest.raises(OpenEnvError, match="prompt 1, sample 0, reset: the observation has no field 'board' .*observation_field"):
+        load(tmp_path, base_url=managed.base_url, observation_field="board").grpo_environment_episode(prompt(1), 0).reset()
+
+
+def test_an_environment_over_at_reset(managed, tmp_path):
+    """An environment done at reset: the driver's first step gets done at
+    once (it cannot know earlier). Past a step's done, stepping is an error."""
+    over = load(tmp_path, base_url=managed.base_url, reset_columns=["over"], observation_field="text")
+    episode = over.grpo_environment_episode(prompt(1, over=True), 0)
+    assert episode.reset().startswith("Guess") and episode.done
+    assert episode.step("7") == EnvironmentReply(done=True)
+    played = over.grpo_environment_episode(prompt(1, over=False), 1)
+    play_bisect(played)
+    with pytest.raises(OpenEnvError, match="prompt 1, sample 1: step after the episode ended"):
+        played.step("7")  # a driver that steps past done is told so
 
 
 def test_a_refused_action_names_the_setting(managed, tmp_path):

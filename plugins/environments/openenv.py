@@ -184,10 +184,12 @@ class OpenEnvEpisode:
         if self.last.done:  # an environment that is over before it starts: nothing to play
             self.done = True
             self.session.close()
-        return self.reset_text(self.last.observation)
+        return self._render(self.reset_text, self.last.observation, "reset")
 
     def step(self, text: str) -> EnvironmentReply:
         if self.done:
+            if self.steps == 0:  # over at reset: the driver cannot know before its first turn
+                return EnvironmentReply(done=True)
             raise OpenEnvError(f"OpenEnv server at {self.session.url}, {self.session.where}: step after the episode ended.")
         self.steps += 1
         try:
@@ -208,7 +210,14 @@ class OpenEnvEpisode:
             self.done = True
             self.session.close()
             return EnvironmentReply(done=True, reward=result.reward, info=info)
-        return EnvironmentReply(messages=self.to_messages(result.observation), reward=result.reward, info=info)
+        messages = self._render(self.to_messages, result.observation, f"step {self.steps}")
+        return EnvironmentReply(messages=messages, reward=result.reward, info=info)
+
+    def _render(self, render: Callable[[dict[str, Any]], Any], observation: dict[str, Any], what: str) -> Any:
+        try:
+            return render(observation)
+        except OpenEnvError as exc:  # name the episode and the call, as the server's errors do
+            raise OpenEnvError(f"OpenEnv server at {self.session.url}, {self.session.where}, {what}: {exc}") from None
 
     def close(self) -> None:
         self.session.close()

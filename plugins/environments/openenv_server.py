@@ -90,7 +90,10 @@ class ManagedEnvServer:
                     stdout=self._log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # its own process group: stop() reaches its workers too
-                    preexec_fn=_parent_death_signal,
+                    # The death signal follows the *thread* that starts the child: from
+                    # any other thread than the main one it would fire when that thread
+                    # ends, so there only the atexit guard applies.
+                    preexec_fn=_parent_death_signal if threading.current_thread() is threading.main_thread() else None,
                 )
             except OSError as exc:
                 self._log.close()
