@@ -302,3 +302,46 @@ def test_settings_errors_name_the_key(tmp_path):
         load(tmp_path, base_url="http://127.0.0.1:1", action_function="nowhere.fn")
     with pytest.raises(ConfigError, match="plugins.openenv.colour"):
         load(tmp_path, base_url="http://127.0.0.1:1", colour="red")
+
+
+def test_smollm2_turns_drive_an_episode(managed, smollm2_dir):
+    """SmolLM2-135M-Instruct's own turns (greedy, transformers, fp32: no CPU
+    flag matters) played through the adapter the way the driver will: the
+    reset text appended to the prompt's user message, each turn's text
+    (special tokens removed) to step(), the replies' messages back into the
+    chat template. Whatever the model writes becomes a valid action, and
+    every answer is the game's."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    episode = managed.grpo_environment_episode(prompt(9), 0)
+    messages = [{"role": "user", "content": "Answer with one number only."}]
+    messages[-1]["content"] += "\n" + episode.reset()
+    turns, replies = 0, []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a busy 2-core machine, 2 threads made generate() ~5x slower
+    try:
+        while turns < 3:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+            with torch.no_grad():
+                out = model.generate(**ids, max_new_tokens=12, do_sample=False)
+            text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+            reply = episode.step(text)
+            turns += 1
+            replies.append(reply)
+            messages.append({"role": "assistant", "content": text})
+            messages.extend(reply.messages)
+            if reply.done:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    episode.close()
+    assert episode.last.observation["guesses"] == turns
+    for reply in replies[:-1]:
+        assert not reply.done and [m["content"] for m in reply.messages] in (["higher"], ["lower"], ["say a number"])
+    if not replies[-1].done:
+        assert replies[-1].messages[0]["content"] in ("higher", "lower", "say a number")
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert rendered.count("<|im_start|>user") == 1 + sum(len(r.messages) for r in replies)
