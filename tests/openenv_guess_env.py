@@ -46,6 +46,11 @@ def bet_action(text: str) -> dict[str, Any]:
     return {"message": text, "stake": 1}
 
 
+def as_messages(observation: dict[str, Any]) -> list[dict[str, str]]:
+    """``plugins.openenv.observation_function``: the observation as chat messages."""
+    return [{"role": "user", "content": f"[{observation['guesses']} so far] {observation['text']}"}]
+
+
 class GuessObservation(Observation):
     text: str
     guesses: int = 0

@@ -147,6 +147,16 @@ def test_reset_columns_and_default_observation_text(managed, tmp_path):
         load(tmp_path, base_url=managed.base_url, observation_field="board").grpo_environment_episode(prompt(1), 0).reset()
 
 
+def test_observation_function_renders_messages(managed, tmp_path):
+    """observation_function's messages: the conversation to start from at
+    reset (instead of the prompt), and each step's reply as they are."""
+    chat = load(tmp_path, base_url=managed.base_url, observation_function="openenv_guess_env.as_messages")
+    episode = chat.grpo_environment_episode(prompt(1), 0)  # secret 5 (seed 1)
+    assert episode.reset() == [{"role": "user", "content": "[0 so far] Guess my number between 1 and 20."}]
+    assert episode.step("9").messages == [{"role": "user", "content": "[1 so far] lower"}]
+    episode.close()
+
+
 def test_an_environment_over_at_reset(managed, tmp_path):
     """An environment done at reset: the driver's first step gets done at
     once (it cannot know earlier). Past a step's done, stepping is an error."""

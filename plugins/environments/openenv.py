@@ -52,7 +52,6 @@ from grpo_plugins.environments.openenv_server import ManagedEnvServer
 from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvSession, OpenEnvUnavailable, StepResult, http_url
 
 ActionFunction = Callable[[str], dict[str, Any]]
-ObservationFunction = Callable[[dict[str, Any]], "str | Messages | None"]
 
 
 class OpenEnvSettings(BaseModel):
@@ -246,7 +245,7 @@ class OpenEnvEnvironment:
             log_path = Path(context.output_dir) / "openenv-server.log"
             self.server = ManagedEnvServer(s.command, env=s.env, log_path=log_path)
             self.server.start()  # starts while the model loads; waited for at the first episode
-            context.log(f"OpenEnv: starting server (pid {self.server.process.pid if self.server.process else '?'}) at {self.server.base_url}, log: {log_path}")
+            context.log(f"OpenEnv: starting server {self.server.argv[0]} ... at {self.server.base_url}, log: {log_path}")
         self.base_url = self.server.base_url if self.server else str(s.base_url)
         self._action_field = s.action_field
         self._ready = False
@@ -278,6 +277,10 @@ class OpenEnvEnvironment:
                 f"OpenEnv server at {self.base_url}: could not read its action schema from {url} ({type(exc).__name__}: {exc}); "
                 "set plugins.openenv.action_field (the action field the model's text goes into) or action_function."
             ) from None
+        if not isinstance(schema, dict):
+            raise ConfigError(
+                f"OpenEnv server at {self.base_url}: {url} has no action schema object; set plugins.openenv.action_field or action_function."
+            )
         required = [f for f in schema.get("required", []) if f != "metadata"]
         if len(required) == 1:
             return str(required[0])
