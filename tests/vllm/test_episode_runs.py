@@ -221,3 +221,25 @@ def test_episodes_with_async_prefetch_streaming_replay_and_resume(vllm_server, s
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["episodes/turns_mean"] >= 1
+
+
+def test_the_openenv_adapter_trains_against_a_real_openenv_server(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
+    # grpo starts the OpenEnv environment server (uvicorn, a free loopback port) and stops it at
+    # the end; every episode is its own WebSocket session; the server's reward is the episode's.
+    pytest.importorskip("openenv")
+    serve = "{python} -m uvicorn openenv_guess_env:app --app-dir " + str(ROOT / "tests") + " --host {host} --port {port}"
+    out = tmp_path / "out"
+    cfg = validate(episode_run(
+        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
+        plugins={"environment": "openenv",
+                 "openenv": {"command": serve, "observation_field": "text", "env": {"MAX_CONCURRENT_ENVS": "16"}}},
+        episodes={"max_turns": 3, "max_tokens_per_turn": 6},
+    ))  # fmt: skip
+    assert run_training(cfg) == "completed"
+    assert cfg.trl.reward_funcs == ["environment"]
+    rows = metrics(out)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["episodes/errors"] == 0 and row["episodes/turns_mean"] >= 1
+        assert "rewards/environment/mean" in row and row["episodes/environment_tokens_mean"] > 0
+    assert (out / "openenv-server.log").is_file()
