@@ -204,8 +204,10 @@ class EpisodeDriver:
 
     def _model_turn(self, active: list[_Live], sampling: SamplingSettings, generate: GenerateTurn, turn: int) -> None:
         same_context: dict[tuple[int, ...], list[_Live]] = {}
-        for e in active:
-            same_context.setdefault(tuple(e.context + e.ids), []).append(e)
+        greedy = sampling.temperature == 0  # engines sample one completion per greedy request (vLLM refuses n > 1)
+        for i, e in enumerate(active):
+            key = tuple(e.context + e.ids)
+            same_context.setdefault((i, *key) if greedy else key, []).append(e)
         by_count: dict[int, list[list[_Live]]] = {}
         for members in same_context.values():
             by_count.setdefault(len(members), []).append(members)

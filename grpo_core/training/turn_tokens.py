@@ -105,8 +105,11 @@ class TurnTokens:
         return tokenize_prompt(prompt, self.tokenizer, self.kwargs)
 
     def matches_template(self, conversation: Messages, ids: list[int], generation_prompt: bool) -> bool:
-        """Whether the template renders ``conversation`` as exactly ``ids``
-        (the prefix property; the end of a final model turn the template
-        would close is allowed)."""
-        rendered = self.encode(self._render(conversation, generation_prompt=generation_prompt))
-        return rendered == ids if generation_prompt else rendered[: len(ids)] == ids
+        """Whether the template renders ``conversation`` as the text of
+        ``ids`` (the prefix property; the end of a final model turn the
+        template would close is allowed). Compared as text: a sampled turn
+        need not be the tokenizer's own encoding of its text, which is why
+        grpo never re-tokenises it, and is no fault of the template."""
+        rendered = self._render(conversation, generation_prompt=generation_prompt)
+        text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return rendered == text if generation_prompt else rendered.startswith(text)

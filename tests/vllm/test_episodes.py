@@ -98,6 +98,7 @@ def test_episode_ids_are_the_servers_ids_and_the_templates_byte_for_byte(
     for completion, episode in zip(groups[0].completions, made):
         assert episode.turns == 3 and completion.episode.turns == 3 and completion.episode.ended_by == "environment"
         assert completion.episode.reward == 3.0
+        assert not completion.episode.template_mismatch  # SmolLM2's template renders the episode as its ids
         # Rebuild the episode from the server's own answers: each turn's request must be the
         # exact ids so far, and the answer's ids follow unchanged.
         ids, mask, logps, context = [], [], [], list(prompt.prompt_ids)
