@@ -55,15 +55,15 @@ class ExtensionPoint:
 
 
 def _default_rollout(cfg: GRPOConfig) -> str:
-    if cfg.trl.rollout_func:
-        return "function"
+    if cfg.trl.rollout_func and not cfg.trl.use_vllm:
+        return "function"  # with an engine, the core drives rollout_func over the engine's rollout
     if not cfg.trl.use_vllm:
         return "transformers"
     return "vllm_colocate" if cfg.trl.vllm_mode == "colocate" else "vllm"
 
 
 def _default_weight_sync(cfg: GRPOConfig) -> str:
-    if not cfg.trl.use_vllm or cfg.trl.rollout_func:
+    if not cfg.trl.use_vllm:
         return "in_process"  # the rollout samples the trained model itself
     if cfg.trl.vllm_mode == "colocate":
         return "vllm_in_memory"  # same process: tensors, not files
@@ -98,7 +98,7 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
         default=_default_rollout,
         decided_by="trl.use_vllm / trl.vllm_mode / trl.rollout_func",
         summary="prompts -> completions",
-        attributes={"engine_capabilities": frozenset(), "concurrent_generate": False},
+        attributes={"engine_capabilities": frozenset(), "concurrent_generate": False, "runs_rollout_func": False},
     ),
     ExtensionPoint(
         "environment",

@@ -155,6 +155,11 @@ optional (defaults in the extension-point table):
     and ``final_reward`` give) to ``reward_funcs`` when the config does not
     list it; it may also be a static function ``provides_reward(config) ->
     bool`` (decide from the config alone: it runs in ``grpo config check``).
+``runs_rollout_func: bool`` (rollout)
+    ``True`` when the rollout calls ``trl.rollout_func`` itself (the
+    built-in ``function``); otherwise, with ``trl.rollout_func`` set, the
+    core calls the function and its ``trainer.generate`` samples through
+    this rollout (:mod:`grpo_core.training.rollout_function`).
 ``concurrent_generate: bool`` (rollout)
     ``True`` when :func:`grpo_rollout_generate` may run in several threads at
     once. Streaming scoring (``trl.streaming_partial_batch``) then keeps

@@ -585,6 +585,12 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
     add_environment_reward(cfg, plugins)
     names = implementation_names(cfg)
     _reward_checks(cfg, errors, warnings)
+    if cfg.trl.rollout_func and (cfg.trl.tools or cfg.trl.environment_factory or environment_is_episodic(cfg, plugins)):
+        errors.append(
+            "trl.rollout_func and an environment (trl.tools, trl.environment_factory or plugins.environment) both "
+            "drive the rollout: keep one (an environment runs the episodes itself; a rollout_func runs its own loop, "
+            "with trainer.generate for the engine and env_mask for what the environment wrote)."
+        )
     _generation_checks(cfg, errors, warnings)
     _process_checks(cfg, names, num_processes or world_size(), errors)
     _sharding_checks(cfg, names, errors)

@@ -36,7 +36,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from grpo_core.errors import GrpoError
 from grpo_core.training.turn_tokens import TemplateError, TurnTokens
@@ -44,6 +44,15 @@ from grpo_core.types import Completion, EnvironmentReply, EpisodeStats, Messages
 
 GenerateTurn = Callable[[list[Prompt], int, SamplingSettings], list[RolloutGroup]]
 """``generate(prompts, n, sampling)``: one rollout call (the run's engine)."""
+
+
+class RolloutDriver(Protocol):
+    """What the producer hands a batch's prompts to when generation is more
+    than one rollout call: the episode driver below, or ``trl.rollout_func``
+    over an engine (:mod:`grpo_core.training.rollout_function`)."""
+
+    def run(self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, generate: GenerateTurn) -> list[RolloutGroup]:
+        ...
 
 ENDINGS = ("environment", "max_turns", "length", "error", "timeout")
 MAX_LOGGED_FAILURES = 5  # per batch; the metrics count them all

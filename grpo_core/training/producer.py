@@ -24,7 +24,7 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.training.batch import steps_per_batch
-from grpo_core.training.episodes import EpisodeDriver, episode_metrics, release
+from grpo_core.training.episodes import RolloutDriver, episode_metrics, release
 from grpo_core.types import Prompt, RolloutGroup, SamplingSettings, ScoredGroup, TrainingProgress
 
 
@@ -139,7 +139,7 @@ class RolloutProducer:
         prompts_per_batch: int,
         sampling: SamplingSettings,
         concurrent_rollout: bool,
-        episodes: EpisodeDriver | None = None,
+        episodes: RolloutDriver | None = None,
     ) -> None:
         self.cfg = cfg
         self.episodes = episodes

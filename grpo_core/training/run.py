@@ -28,7 +28,8 @@ from grpo_core.plugin_host import ERROR_LOG, PluginHost
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.batch import generation_batch_size, steps_per_batch
 from grpo_core.training.distributed import Distributed, process_rank
-from grpo_core.training.episodes import EpisodeDriver
+from grpo_core.training.episodes import EpisodeDriver, RolloutDriver
+from grpo_core.training.rollout_function import RolloutFunctionDriver
 from grpo_core.training.producer import (
     PrefetchingProducer,
     PromptStream,
@@ -137,12 +138,17 @@ def build_implementations(host: PluginHost, cfg: GRPOConfig, context: RunContext
     return Implementations(objects, engine)
 
 
-def _episode_driver(cfg: GRPOConfig, host: PluginHost, tokenizer: Any, impls: Implementations, log: Callable[[str], None]) -> EpisodeDriver | None:
-    """The driver of multi-turn episodes, when the chosen environment has
-    them (``episodic``); ``None`` for single-turn runs."""
+def _rollout_driver(cfg: GRPOConfig, host: PluginHost, context: RunContext, impls: Implementations) -> RolloutDriver | None:
+    """What drives the rollout turn by turn, if anything: ``trl.rollout_func``
+    over an engine rollout (one that does not run it itself), or the
+    episodes of an ``episodic`` environment; ``None`` for single-turn runs."""
+    rollout = impls.objects.get("rollout")
+    if cfg.trl.rollout_func and rollout is not None and not declared(rollout, BY_NAME["rollout"], "runs_rollout_func"):
+        return RolloutFunctionDriver(cfg.trl.rollout_func, context)
     environment = impls.objects.get("environment")
     if environment is None or not declared(environment, BY_NAME["environment"], "episodic"):
         return None
+    tokenizer, log = context.tokenizer, context.log
 
     def new_episode(prompt: Prompt, sample: int) -> Any:
         return host.hook.grpo_environment_episode(prompt=prompt, sample=sample)
@@ -159,7 +165,7 @@ def _make_producer(
     tokenizer: Any,
     impls: Implementations,
     dist: Distributed,
-    episodes: EpisodeDriver | None = None,
+    episodes: RolloutDriver | None = None,
 ) -> Any:
     """Rank 0's producer (prefetching in a thread with ``async_prefetch``);
     with several processes wrapped so the main thread scatters its batches."""
@@ -320,7 +326,7 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
             context.log(f"process {dist.rank} of {dist.world} ({kind}, {accelerator.device})")
         model_holder["model"] = model
         stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)
-        episodes = _episode_driver(cfg, host, context.tokenizer, impls, context.log) if dist.is_main else None
+        episodes = _rollout_driver(cfg, host, context, impls) if dist.is_main else None
         if observer is not None:
             observer.episodes = episodes
         parts = TrainerParts(

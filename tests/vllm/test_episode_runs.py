@@ -243,3 +243,51 @@ def test_the_openenv_adapter_trains_against_a_real_openenv_server(vllm_server, s
         assert row["episodes/errors"] == 0 and row["episodes/turns_mean"] >= 1
         assert "rewards/environment/mean" in row and row["episodes/environment_tokens_mean"] > 0
     assert (out / "openenv-server.log").is_file()
+
+
+TWO_TURNS = '''
+CALLS = []
+
+def episodes(prompts, trainer):
+    """TRL's rollout_func, sampling through the run's engine with trainer.generate:
+    a model turn, an environment reply (env_mask 0), a second model turn."""
+    tok = trainer.processing_class
+    out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+    starts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    starts = [tok(s, add_special_tokens=False)["input_ids"] for s in starts]
+    first = trainer.generate(starts, trainer.num_generations, max_tokens=6)
+    CALLS.append(len(first))
+    reply = tok("<|im_end|>\\n<|im_start|>user\\nAgain.<|im_end|>\\n<|im_start|>assistant\\n", add_special_tokens=False)["input_ids"]
+    second = trainer.generate([f["prompt_ids"] + f["completion_ids"] + reply for f in first], 1, max_tokens=6)
+    CALLS.append(len(second))
+    for f, s in zip(first, second):
+        out["prompt_ids"].append(f["prompt_ids"])
+        out["completion_ids"].append(f["completion_ids"] + reply + s["completion_ids"])
+        out["logprobs"].append(f["logprobs"] + [0.0] * len(reply) + s["logprobs"])
+        out["env_mask"].append([1] * len(f["completion_ids"]) + [0] * len(reply) + [1] * len(s["completion_ids"]))
+    return out
+
+def length_reward(completion_ids, **kwargs):
+    return [float(len(ids)) for ids in completion_ids]
+'''
+
+
+def test_rollout_func_generates_through_the_engine(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
+    (tmp_path / "two_turns.py").write_text(TWO_TURNS)
+    out = tmp_path / "out"
+    cfg = validate(episode_run(
+        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
+        trl={"rollout_func": "two_turns.episodes", "reward_funcs": ["two_turns.length_reward"], "vllm_lora_sync": True},
+    ))  # fmt: skip
+    from grpo_core.extension_points import chosen_implementations
+
+    chosen = chosen_implementations(cfg)
+    assert (chosen["rollout"], chosen["weight_sync"]) == ("vllm", "lora_filesystem")  # the engine's, synced as usual
+    with importable(tmp_path):
+        assert run_training(cfg) == "completed"
+        import two_turns
+
+        assert two_turns.CALLS == [8, 8, 8, 8]  # two generate calls a step, 2 prompts x 4 each, through the server
+    rows = metrics(out)
+    # the engine's log-probs reached the loss (the IS correction runs on them)
+    assert len(rows) == 2 and any(r.get("is/importance_sampling_ratio/mean", 0) > 0 for r in rows)
