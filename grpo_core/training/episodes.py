@@ -142,7 +142,6 @@ class EpisodeDriver:
         self.tokenizer = tokenizer
         self.turns = TurnTokens(tokenizer, cfg.trl.chat_template_kwargs)
         self.settings = cfg.episodes
-        self.max_length = int(cfg.trl.max_completion_length)
         self.name = environment_name
         self.log = log
         self.concurrent_turns = concurrent_turns
@@ -156,7 +155,7 @@ class EpisodeDriver:
     ) -> list[RolloutGroup]:
         """Every episode of ``prompts`` to its end; one group per prompt."""
         self._failures_logged = 0
-        live = self._start_all(prompts, num_generations)
+        live = self._start_all(prompts, num_generations, int(sampling.max_tokens))
         turn = 0
         while active := [e for e in live if not e.done]:
             self._model_turn(active, sampling, generate, turn)
@@ -165,7 +164,9 @@ class EpisodeDriver:
         self._final_rewards(live)
         return [self._group(prompt, live[i * num_generations : (i + 1) * num_generations]) for i, prompt in enumerate(prompts)]
 
-    def _start_all(self, prompts: list[Prompt], num_generations: int) -> list[_Live]:
+    def _start_all(self, prompts: list[Prompt], num_generations: int, budget: int) -> list[_Live]:
+        """Each episode made and reset; ``budget``: its tokens at most
+        (``sampling.max_tokens``, the run's ``max_completion_length``)."""
         starts = [(p, s) for p in prompts for s in range(num_generations)]
 
         def begin(prompt: Prompt, sample: int) -> tuple[Any, Any]:
@@ -178,7 +179,7 @@ class EpisodeDriver:
         live = []
         for (prompt, sample), (kind, value) in zip(starts, outcomes):
             conversation = list(prompt.prompt) if prompt.is_conversational else None
-            e = _Live(prompt, sample, None, list(prompt.prompt_ids), conversation, self.max_length)
+            e = _Live(prompt, sample, None, list(prompt.prompt_ids), conversation, budget)
             if kind == "ok":
                 e.episode, start = value
                 try:
