@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from netns import Hosts, namespaces_refused
-from test_multiprocess import REWARDS, ROOT, TESTS, metrics, run_grpo, weights, write_config
+from test_multiprocess import ENV, REWARDS, ROOT, TESTS, metrics, run_grpo, weights, weights_of, write_config
 from tiny_model import build_tiny_model
 
 PORT = 29500  # free in a fresh namespace: nothing else listens there
@@ -53,24 +53,37 @@ def host_folder(root: Path, name: str, model_src: Path) -> Path:
     folder = root / name
     folder.mkdir()
     (folder / "mp_rewards.py").write_text(REWARDS)
+    (folder / "mp_env.py").write_text(ENV)
     (folder / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(12)))
     shutil.copytree(model_src, folder / "tiny")
     return folder
 
 
-def torchrun_two_hosts(hosts: Hosts, folders: list[Path], config_name: str) -> list[str]:
-    """``torchrun --nnodes 2 --node_rank R ... -m grpo_core.cli run CONFIG`` on both hosts at once;
-    returns each host's output (both must exit 0)."""
+def torchrun(rank: int, run: str) -> list[str]:
+    """Host ``rank``'s launcher line, as on a cluster node (docs/multi-node.md quotes it)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
+            "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"host0:{PORT}",
+            "--rdzv-id", run, "--local-addr", f"host{rank}"]  # fmt: skip
+
+
+def accelerate(rank: int, run: str) -> list[str]:
+    """Host ``rank``'s ``accelerate launch`` line (2 machines x 1 process; static rendezvous at host0)."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
+            "--machine_rank", str(rank), "--main_process_ip", "host0", "--main_process_port", str(PORT),
+            "--num_processes", "2", "--num_cpu_threads_per_process", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no"]  # fmt: skip
+
+
+def launch_two_hosts(hosts: Hosts, folders: list[Path], config_name: str, launcher=torchrun) -> list[str]:
+    """``<launcher line> -m grpo_core.cli run CONFIG`` on both hosts at once, each in its own
+    folder; returns each host's output (both must exit 0)."""
     import os
 
     procs = []
     for rank, folder in enumerate(folders):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(TESTS), str(ROOT)]), "OMP_NUM_THREADS": "1",
                "GLOO_SOCKET_IFNAME": hosts.interface(rank)}  # fmt: skip
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
-               "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"host0:{PORT}",
-               "--rdzv-id", config_name, "--local-addr", f"host{rank}",
-               "-m", "grpo_core.cli", "run", str(folder / f"{config_name}.toml")]  # fmt: skip
+        cmd = [*launcher(rank, config_name), "-m", "grpo_core.cli", "run", str(folder / f"{config_name}.toml")]
         log = open(folder / f"{config_name}.log", "w")
         procs.append((hosts.start(rank, cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     deadline = time.monotonic() + TIMEOUT
@@ -88,6 +101,14 @@ def torchrun_two_hosts(hosts: Hosts, folders: list[Path], config_name: str) -> l
     return outputs
 
 
+def only_host0_wrote(folders: list[Path], run: str) -> None:
+    """Host 0 (rank 0) wrote the run's files; host 1's output_dir holds nothing at all."""
+    out0 = sorted(p.name for p in (folders[0] / run).iterdir())
+    assert {"metrics.jsonl", "checkpoint-2", "checkpoint-4", "model.safetensors"} <= set(out0), out0
+    out1 = folders[1] / run
+    assert not out1.exists() or not any(out1.iterdir()), f"host1 wrote {sorted(p.name for p in out1.rglob('*'))}"
+
+
 def close_match(a: list[dict], b: list[dict]) -> None:
     """The tolerances of tests/test_multiprocess.py (summation order differs, nothing else)."""
     for ra, rb in zip(a, b, strict=True):
@@ -103,7 +124,8 @@ def test_two_hosts_torchrun_ddp_matches_two_processes_on_one_host_and_resumes_on
     folders = [host_folder(tmp_path, f"host{rank}", model_src) for rank in range(2)]
     for folder in folders:  # the same config on each host, at its own paths
         write_config(folder, "ddp", str(folder / "tiny"), max_steps=4, save_steps=2)
-    outputs = torchrun_two_hosts(hosts, folders, "ddp")
+    launch_two_hosts(hosts, folders, "ddp")
+    only_host0_wrote(folders, "ddp")
 
     # The reference: the same config as 2 processes on one host (torchrun --standalone), no namespace.
     local = host_folder(tmp_path, "local", model_src)
@@ -121,13 +143,6 @@ def test_two_hosts_torchrun_ddp_matches_two_processes_on_one_host_and_resumes_on
     start = weights(model_src) if (model_src / "model.safetensors").exists() else None
     assert start is not None and max(float((wb[k] - start[k]).abs().max()) for k in wb) > 1e-4, "weights did not move"
 
-    # Each host wrote only what it should: host 0 the run's files, host 1 nothing at all.
-    out0 = sorted(p.name for p in (folders[0] / "ddp").iterdir())
-    assert {"metrics.jsonl", "checkpoint-2", "checkpoint-4", "model.safetensors"} <= set(out0), out0
-    out1 = folders[1] / "ddp"
-    assert not out1.exists() or not any(out1.iterdir()), f"host1 wrote {sorted(p.name for p in out1.rglob('*'))}"
-    assert "grad_norm" not in outputs[1] or True  # (host1's log is the launcher's and rank 1's stderr)
-
     # Resume on one host (the README's table: "DDP 2 -> 1 process, the same up to summation order"),
     # host 0's checkpoint-2, 1 process with gradient_accumulation_steps 2 (the same global batch of 4).
     write_config(folders[0], "resumed", str(folders[0] / "tiny"), max_steps=4, save_steps=2,
@@ -139,3 +154,34 @@ def test_two_hosts_torchrun_ddp_matches_two_processes_on_one_host_and_resumes_on
     wr = weights(folders[0] / "resumed")
     for key in wb:
         torch.testing.assert_close(wr[key], wb[key], rtol=1e-4, atol=1e-6)
+
+
+def test_two_hosts_accelerate_fsdp_matches_fsdp_on_one_host(hosts: Hosts, smollm2_dir: str, tmp_path: Path) -> None:
+    """FSDP2 (full_shard + auto_wrap), full fine-tuning, started by ``accelerate launch --num_machines 2
+    --machine_rank R --main_process_ip host0``: the same steps and weights as ``grpo run --num-processes 2``
+    (accelerate, one host). The rollout is tests/test_multiprocess.py's deterministic one: the
+    transformers rollout is refused under FSDP (it would sample with the sharded model)."""
+    model_src = Path(build_tiny_model(smollm2_dir, tmp_path / "tiny_src"))
+    fsdp = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+
+    def config(folder: Path) -> None:
+        write_config(folder, "fsdp", str(folder / "tiny"), max_steps=4, save_steps=2, **json.loads(json.dumps(fsdp)),
+                     trl={"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]})  # fmt: skip
+
+    folders = [host_folder(tmp_path, f"host{rank}", model_src) for rank in range(2)]
+    for folder in folders:
+        config(folder)
+    launch_two_hosts(hosts, folders, "fsdp", launcher=accelerate)
+    only_host0_wrote(folders, "fsdp")
+
+    local = host_folder(tmp_path, "local", model_src)
+    config(local)
+    run_grpo(local, ["run", str(local / "fsdp.toml"), "--num-processes", "2"])
+    two_hosts, one_host = metrics(folders[0] / "fsdp"), metrics(local / "fsdp")
+    assert [(r["step"], r["world_size"]) for r in two_hosts] == [(1, 2), (2, 2), (3, 2), (4, 2)]
+    assert any(0 < r["frac_reward_zero_std"] < 1 for r in two_hosts)
+    close_match(one_host, two_hosts)
+    wa, wb = weights_of(local / "fsdp"), weights_of(folders[0] / "fsdp")
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        torch.testing.assert_close(wb[key], wa[key], rtol=1e-4, atol=1e-6)
