@@ -48,12 +48,21 @@ def namespaces_refused() -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return False
+def _in_namespaces(inodes: set[int]) -> list[int]:
+    """Live processes whose network namespace is one of ``inodes`` (found through /proc,
+    independently of how close() ends them; a namespace outlives its name while one runs)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}/ns/net").st_ino in inodes:
+                with open(f"/proc/{entry}/stat") as handle:
+                    if handle.read().split(") ")[-1][:1] != "Z":
+                        found.append(int(entry))
+        except OSError:
+            continue
+    return found
 
 
 @dataclass
@@ -67,7 +76,7 @@ class Hosts:
     names: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
     procs: list[subprocess.Popen] = field(default_factory=list)
-    seen: set[int] = field(default_factory=set)  # every pid close() found in a namespace
+    inodes: set[int] = field(default_factory=set)  # the namespaces' identities, to find their processes later
 
     def __post_init__(self) -> None:
         tag = str(os.getpid())
@@ -87,6 +96,7 @@ class Hosts:
                 # resolves to host i's address, as a machine's own name does (torch's rendezvous asks).
                 hosts = names + f"{self.address(i)} {socket.gethostname()}\n"
                 _ip("netns", "add", name)
+                self.inodes.add(os.stat(f"/run/netns/{name}").st_ino)
                 # `ip netns exec` bind-mounts /etc/netns/NAME/hosts over /etc/hosts: "host0", "host1" resolve inside.
                 os.makedirs(f"/etc/netns/{name}", exist_ok=True)
                 with open(f"/etc/netns/{name}/hosts", "w") as handle:
@@ -138,7 +148,6 @@ class Hosts:
         sessions, so by namespace, not by process group), then delete the namespaces."""
         for i in range(self.count):
             for pid in self.pids(i):
-                self.seen.add(pid)
                 try:
                     os.kill(pid, 9)
                 except ProcessLookupError:
@@ -161,7 +170,7 @@ class Hosts:
         links = _ip("-o", "link", "show", check=False).stdout
         left += [f"link {name}" for name in [*self.ifnames, *self.links] if f" {name}@" in links or f" {name}:" in links]
         left += [f"process {p.pid}" for p in self.procs if p.poll() is None]
-        left += [f"process {pid}" for pid in sorted(self.seen) if _alive(pid)]
+        left += [f"process {pid}" for pid in _in_namespaces(self.inodes)]
         return left
 
     def __enter__(self) -> "Hosts":

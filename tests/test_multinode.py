@@ -185,3 +185,29 @@ def test_two_hosts_accelerate_fsdp_matches_fsdp_on_one_host(hosts: Hosts, smollm
     assert wa.keys() == wb.keys()
     for key in wa:
         torch.testing.assert_close(wb[key], wa[key], rtol=1e-4, atol=1e-6)
+
+
+def test_hosts_are_network_isolated_and_leave_nothing_behind() -> None:
+    """The helper itself: each host sees its own loopback, reaches the other only over the veth
+    link by name, and close() ends even a process that left its session (as launchers' workers do)."""
+    refused = namespaces_refused()
+    if refused:
+        pytest.skip(refused)
+    serve = "import socket,time;s=socket.socket();s.bind(('0.0.0.0',%d));s.listen();time.sleep(600)" % PORT
+    probe = ("import socket,sys\ntry:\n    socket.create_connection((sys.argv[1], %d), timeout=3)\n"
+             "    print('open')\nexcept OSError as e:\n    print(type(e).__name__)") % PORT  # fmt: skip
+    with Hosts(count=2) as made:
+        made.start(0, [sys.executable, "-c", serve])
+        # a grandchild in its own session: not in the Popen's process group
+        made.start(1, ["setsid", "-f", "sleep", "600"])
+        time.sleep(1.0)
+
+        def reach(host: int, target: str) -> str:
+            done = subprocess.run(made.command(host, [sys.executable, "-c", probe, target]), capture_output=True, text=True, timeout=30)
+            return done.stdout.strip()
+
+        assert reach(1, "host0") == "open", "host1 reaches host0's port over the link"
+        assert reach(1, "127.0.0.1") == "ConnectionRefusedError", "host1's loopback is its own"
+        assert reach(0, "127.0.0.1") == "open"
+        assert len(made.pids(1)) >= 1
+    assert made.leftovers() == []
