@@ -6,13 +6,14 @@ interfaces). Only the network is isolated: the namespaces share the
 filesystem, the process table and the CPU with this machine; a test gives
 each host a private folder where it must not see another's files.
 
-Everything made here carries a name unique to this process (``grpo<pid>h<i>``
-for namespaces, ``gv<pid>h<i>`` for veth ends) so parallel test runs never
+Everything made here carries a name unique to this process (``grpo<pid>n<k>h<i>``
+for namespaces, ``gv<pid>n<k>h<i>`` for veth ends, k counting this process's ``Hosts``) so parallel test runs never
 collide, and :meth:`Hosts.close` removes it even when the test failed.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import socket
@@ -20,6 +21,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
+_INSTANCES = itertools.count()
 SUBNET = "10.213"  # addresses exist only on this module's veth pairs, inside its namespaces
 
 
@@ -79,7 +81,7 @@ class Hosts:
     inodes: set[int] = field(default_factory=set)  # the namespaces' identities, to find their processes later
 
     def __post_init__(self) -> None:
-        tag = str(os.getpid())
+        tag = f"{os.getpid()}n{next(_INSTANCES)}"  # several Hosts may be open at once in one process
         self.names = [f"grpo{tag}h{i}" for i in range(self.count)]
         self.ifnames = [f"gv{tag}h{i}"[:15] for i in range(self.count)]
 

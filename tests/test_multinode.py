@@ -15,7 +15,12 @@ holding its own copy of the config, data, reward code and model, and its own
 ``output_dir``, so a file one host writes is never read by the other. Not
 isolated: the filesystem itself (no mount namespace), the process table, the
 CPU. Checked afterwards: host 0 alone wrote ``metrics.jsonl``, checkpoints and
-the final model; host 1's ``output_dir`` holds nothing.
+the final model; host 1's ``output_dir`` holds nothing (rank 1 creates it, empty).
+
+Which host is rank 0: with ``--rdzv-backend c10d`` torchrun ignores
+``--node_rank`` and numbers the nodes by their sorted addresses
+(``--local-addr``; here host0 < host1), so the node that writes checkpoints is
+the one with the smallest address, not necessarily the rendezvous host.
 """
 
 from __future__ import annotations
