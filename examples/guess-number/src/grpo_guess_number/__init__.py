@@ -3,7 +3,8 @@
 Each dataset row holds a ``secret`` (and its range in the prompt). The model
 guesses; the environment says "Higher." or "Lower." until the guess is
 right or the turns run out. The episode's reward is 1.0 for a right guess,
-less ``turn_penalty`` for each extra turn it took, and 0.0 otherwise.
+less ``turn_penalty`` for each extra turn it took; a lost game earns up to
+``closeness`` for how near its last guess came.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ class Settings(BaseModel):
 
     turn_penalty: float = Field(0.1, ge=0, description="Reward taken off for each guess after the first.")
     column: str = Field("secret", description="The dataset column with the number to guess.")
+    closeness: float = Field(
+        0.0, ge=0, description="For a game lost, up to this much reward for a last guess close to the secret (a dense "
+        "signal: following the hints is learnable before winning is)."
+    )
+    span: int = Field(15, ge=1, description="The distance of the farthest possible guess (for closeness).")
 
 
 class GuessEpisode:
@@ -35,6 +41,12 @@ class GuessEpisode:
 
     def reset(self) -> None:
         return None  # the dataset's prompt states the game
+
+    def final_reward(self) -> float:
+        """A lost game's closeness reward (0 when won: the win was scored)."""
+        if not self.guesses or self.guesses[-1] == self.secret:
+            return 0.0
+        return self.settings.closeness * max(0.0, 1.0 - abs(self.guesses[-1] - self.secret) / self.settings.span)
 
     def step(self, text: str) -> EnvironmentReply:
         found = NUMBER.findall(text)
