@@ -129,13 +129,16 @@ class TrackerSet:
 
 
 def completion_rows(groups: list[ScoredGroup], reward_names: list[str], step: int) -> list[dict[str, Any]]:
-    """One flat row per completion: step, prompt, completion, each reward, advantage."""
+    """One flat row per completion: step, prompt, its dataset index
+    (``prompt_index``: which prompts a step trained, e.g. across a resume),
+    completion, each reward, advantage."""
     rows = []
     for scored in groups:
         prompt = scored.group.prompt.prompt
         prompt_text = prompt[-1]["content"] if isinstance(prompt, list) and prompt else str(prompt)
         for completion, rewards, advantage in zip(scored.group.completions, scored.rewards, scored.advantages):
-            row: dict[str, Any] = {"step": step, "prompt": prompt_text, "completion": completion.text}
+            row: dict[str, Any] = {"step": step, "prompt": prompt_text, "prompt_index": scored.group.prompt.index,
+                                   "completion": completion.text}  # fmt: skip
             for name, value in zip(reward_names, rewards):
                 row[f"reward/{name}"] = None if value is None or not math.isfinite(value) else float(value)
             row["advantage"] = float(advantage)

@@ -27,6 +27,11 @@ every server joins the one NCCL group, server ``i``'s workers at ranks
 ``1 + i x workers_per_server`` onwards, and each request reaches all of
 them at once.
 
+No step can hang the run: every step of the protocol (either side of the
+handshake, each request to the servers, each broadcast round, the server's
+``update_weights``) has ``[plugins.nccl] timeout`` seconds, after which the
+sync fails with an error naming the step (:mod:`.nccl_watchdog`).
+
 Needs CUDA on both sides: refused by ``grpo config check`` on a trainer
 without CUDA. **Unverified on GPU**: the protocol sequence is unit-tested with
 NCCL mocked (tests/vllm/test_nccl_sync.py); ``benchmarks/gpu_check.sh`` is the
@@ -35,20 +40,34 @@ prepared check against a real CUDA vLLM server, not yet run.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pydantic import BaseModel, Field
 
 from grpo_core import hookimpl
-from grpo_core.errors import ConfigError, EngineUnavailable
+from grpo_core.errors import ConfigError, EngineUnavailable, GrpoError
 from grpo_core.types import CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL, ControlEndpoint, InferenceEngine, SyncResult
+from grpo_plugins.vllm.nccl_watchdog import ProtocolSteps, SyncStepTimeout, run_with_deadlines
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
     from grpo_core.context import RunContext
+
+REQUEST_GRACE_S = 5.0
+"""A control request's HTTP timeout is ``[plugins.nccl] timeout`` plus this:
+the watchdog, not the HTTP client, reports a late step."""
+
+STEP_NAMES = {
+    "/init_weight_transfer_engine": "the handshake, server side: /init_weight_transfer_engine (the vLLM workers joining the NCCL group)",
+    "/start_weight_update": "the server's /start_weight_update",
+    "/update_weights": "the server's /update_weights (its workers receiving the broadcast)",
+    "/finish_weight_update": "the server's /finish_weight_update (loading the received weights)",
+    "/shutdown_weight_transfer_engine": "the server's /shutdown_weight_transfer_engine",
+}
 
 TRANSFER_DEVICE = "cuda"
 """Where the broadcast tensors live (NCCL sends from GPU memory; the mocked-NCCL test sets "cpu")."""
@@ -85,10 +104,20 @@ class _ServersClient:
     group at ranks ``1 + i * workers_per_server`` onwards (vLLM's trainer
     side assumes one server at rank offset 1)."""
 
-    def __init__(self, endpoints: list[ControlEndpoint], workers_per_server: int, timeout: float) -> None:
-        self.endpoints, self.workers_per_server, self.timeout = endpoints, workers_per_server, timeout
+    def __init__(self, endpoints: list[ControlEndpoint], workers_per_server: int, timeout: float, steps: ProtocolSteps) -> None:
+        self.endpoints, self.workers_per_server, self.steps = endpoints, workers_per_server, steps
+        # The watchdog names a late step at `timeout`; the request's own
+        # timeout, a little later, only frees its thread.
+        self.timeout = timeout + REQUEST_GRACE_S
+        self.update_key: int | None = None  # the running update_weights step, touched by each broadcast round
 
     def _post_all(self, path: str, bodies: list[dict[str, Any] | None]) -> None:
+        with self.steps.step(STEP_NAMES.get(path, f"the servers' {path}")) as key:
+            if path == "/update_weights":
+                self.update_key = key
+            self._send(path, bodies)
+
+    def _send(self, path: str, bodies: list[dict[str, Any] | None]) -> None:
         if len(self.endpoints) == 1:
             self.endpoints[0].request("POST", path, bodies[0], timeout=self.timeout)
             return
@@ -117,6 +146,48 @@ class _ServersClient:
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self._post("/finish_weight_update", None if weight_version is None else {"weight_version": weight_version})
+
+
+class _TimedCommunicator:
+    """vLLM's NCCL communicator with each broadcast marked as a step of the
+    protocol (and counted as progress of the server's ``update_weights``)."""
+
+    def __init__(self, inner: Any, steps: ProtocolSteps, client: _ServersClient) -> None:
+        self.inner, self.steps, self.client = inner, steps, client
+        self.rounds = 0
+        self.expected: int | None = None  # tensors of this sync, when sent one by one
+
+    def broadcast(self, tensor: Any, src: int, stream: Any = None) -> None:
+        self.rounds += 1
+        of = f" of {self.expected}" if self.expected is not None else ""
+        with self.steps.step(f"broadcast round {self.rounds}{of} (rank 0 to the vLLM workers)"):
+            self.inner.broadcast(tensor, src=src, stream=stream)
+        if self.client.update_key is not None:
+            self.steps.touch(self.client.update_key)  # the server had this round: its clock restarts
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+_TIMED_TRANSFER: type | None = None
+
+
+def _timed_transfer_class() -> type:
+    """vLLM's trainer engine with its last wait (the broadcasts landing on the
+    GPU stream) marked as a step; built on first use (vLLM is imported late)."""
+    global _TIMED_TRANSFER
+    if _TIMED_TRANSFER is None:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
+
+        class TimedTransfer(NCCLTrainerWeightTransferEngine):
+            steps: ProtocolSteps | None = None
+
+            def _post_send_sync(self) -> None:
+                with self.steps.step("the broadcasts landing on the trainer's GPU (CUDA stream synchronize)") if self.steps else contextlib.nullcontext():
+                    super()._post_send_sync()
+
+        _TIMED_TRANSFER = TimedTransfer
+    return _TIMED_TRANSFER
 
 
 class _MergedWeights:
@@ -152,7 +223,13 @@ class NcclSync:
             "vllm.tensor_parallel_size x vllm.data_parallel_size for one server; tensor_parallel_size per server for several).",
         )
         packed: bool = Field(True, description="Broadcast in packed buffers (vLLM's default) rather than tensor by tensor.")
-        timeout: float = Field(600.0, gt=0, description="Seconds each control request to the server may take.")
+        timeout: float = Field(
+            300.0,
+            gt=0,
+            description="Seconds any one step of the sync may take: either side of the handshake, each request to the "
+            "servers, each broadcast round, the server's update_weights after the last round. Past it the sync fails "
+            "with an error naming the step instead of hanging (default 300: vLLM's own NCCL rendezvous timeout).",
+        )
 
     def __init__(self, context: RunContext, settings: NcclSync.Settings | None = None) -> None:
         self.context = context
@@ -160,6 +237,7 @@ class NcclSync:
         self._transfer: Any = None
         self._source = _MergedWeights()
         self._lock = threading.Lock()
+        self._steps = ProtocolSteps()
 
     @staticmethod
     def grpo_validate_config(config: GRPOConfig) -> list[str]:
@@ -183,8 +261,12 @@ class NcclSync:
             )
         return per
 
-    def _open(self, engine: InferenceEngine) -> None:
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+    def _handshake(self, engine: InferenceEngine) -> Callable[[], Any]:
+        """Check the engine and settings (here, in the caller's thread: a
+        config error is immediate) and return the handshake to run under
+        the deadlines: the servers' workers and the trainer (rank 0) open
+        the NCCL group together."""
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
         if CONTROL_ENDPOINTS not in engine.capabilities:
             raise ConfigError(
@@ -205,9 +287,32 @@ class NcclSync:
             world_size=1 + per_server * len(endpoints),
             packed=self.settings.packed,
         )
-        self._transfer = NCCLTrainerWeightTransferEngine.trainer_init(
-            info, client=_ServersClient(endpoints, per_server, self.settings.timeout), source=self._source
-        )
+        client = _ServersClient(endpoints, per_server, self.settings.timeout, self._steps)
+        trainer_side = (f"the handshake, trainer side: joining the NCCL group at {info.master_address}:{info.master_port} "
+                        f"as rank 0 of {info.world_size}")  # fmt: skip
+
+        def open_group() -> Any:
+            with self._steps.step(trainer_side):
+                transfer = _timed_transfer_class().trainer_init(info, client=client, source=self._source)
+            transfer.steps = self._steps
+            transfer.model_update_group = _TimedCommunicator(transfer.model_update_group, self._steps, client)
+            return transfer
+
+        return open_group
+
+    def _late(self, version: int | None) -> Callable[[str, float], str]:
+        """The message of a step past ``[plugins.nccl] timeout``."""
+        at = "" if version is None else f" at version {version}"
+
+        def describe(step: str, age: float) -> str:
+            return (
+                f"weight sync 'nccl' timed out{at}: {step} did not complete within [plugins.nccl] timeout = "
+                f"{self.settings.timeout:g} s (waited {age:.1f} s). The NCCL group is abandoned and the vLLM server's "
+                "workers may be stuck in it: restart the server before resuming. If that step is only slow (a large "
+                "model, a first handshake across nodes), raise [plugins.nccl] timeout."
+            )
+
+        return describe
 
     @hookimpl
     def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
@@ -220,7 +325,13 @@ class NcclSync:
         with self._lock:
             start = time.perf_counter()
             if self._transfer is None:
-                self._open(engine)
+                open_group = self._handshake(engine)
+                try:
+                    self._transfer = run_with_deadlines(open_group, self._steps, self.settings.timeout, self._late(version))
+                except SyncStepTimeout:
+                    raise
+                except Exception as exc:
+                    raise self._failure(version, exc) from exc
             opened = time.perf_counter()
             dtype = getattr(torch, engine.weight_dtype) if engine.weight_dtype else None
             state: dict[str, Any] = {}
@@ -229,23 +340,44 @@ class NcclSync:
                     value = value.to(dtype)
                 state[name] = value.to(TRANSFER_DEVICE).contiguous()
             self._source.state = state
+            group = self._transfer.model_update_group
+            group.rounds, group.expected = 0, None if self.settings.packed else len(state)
+            group.client.update_key = None
             try:
-                self._transfer.send_weights()
-            except Exception as exc:  # the NCCL group is unusable after a failed round
+                run_with_deadlines(self._transfer.send_weights, self._steps, self.settings.timeout, self._late(version))
+            except SyncStepTimeout:  # the NCCL group is unusable after a failed round; a stuck thread may hold it
                 self._transfer = None
-                raise EngineUnavailable(f"weight sync 'nccl' failed at version {version}: {type(exc).__name__}: {exc}") from exc
+                raise
+            except Exception as exc:
+                self._transfer = None
+                raise self._failure(version, exc) from exc
             finally:
                 self._source.state = {}
             end = time.perf_counter()
         return SyncResult(version, end - start, f"nccl: {len(state)} tensors, init {opened - start:.2f}s, send {end - opened:.2f}s")
 
+    def _failure(self, version: int, exc: Exception) -> Exception:
+        """A failed step as the run reports it (a grpo error passes as it is)."""
+        if isinstance(exc, GrpoError):
+            return exc
+        where = f" in {self._steps.failed_in}" if self._steps.failed_in else ""
+        return EngineUnavailable(f"weight sync 'nccl' failed at version {version}{where}: {type(exc).__name__}: {exc}")
+
     @hookimpl
     def grpo_train_end(self) -> None:
         with self._lock:
-            if self._transfer is not None:
+            transfer, self._transfer = self._transfer, None
+            if transfer is None:
+                return
+
+            def close() -> None:
                 try:
-                    self._transfer.client.shutdown_weight_transfer_engine()
+                    transfer.client.shutdown_weight_transfer_engine()
                 except Exception:  # the server may be gone already
                     pass
-                self._transfer.shutdown()
-                self._transfer = None
+                transfer.shutdown()
+
+            try:
+                run_with_deadlines(close, self._steps, self.settings.timeout, self._late(None))
+            except SyncStepTimeout as exc:  # the run is over: say so, do not hang its exit
+                self.context.log(f"warning: {exc}")

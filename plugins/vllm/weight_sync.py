@@ -12,7 +12,8 @@ version goes to a fresh directory (written under a temporary name and
 renamed, so the engine never reads half a file; a new path also keeps vLLM
 from reusing prefix-cache blocks computed with the old weights). Older
 versions are deleted; the newest stays until the next sync, because an
-engine that restarts re-applies it. NCCL transfer to GPU servers is
+engine that restarts re-applies it (with ``async_prefetch``, the
+``prefetch_depth`` before it too: requests made ahead may still use them). NCCL transfer to GPU servers is
 :mod:`grpo_plugins.vllm.nccl_sync`.
 """
 
@@ -85,10 +86,24 @@ class _FilesystemSync:
             self._save(model, tmp, engine)
         return target
 
+    def _kept_versions(self) -> int:
+        """Versions whose directories stay on disk. With ``async_prefetch``
+        the prefetch thread's requests, submitted under an older version's
+        path, may be scheduled after the next sync, and vLLM loads a LoRA
+        from its path only then: a deleted directory kills the server's
+        engine (FileNotFoundError for adapter_config.json, seen in
+        tests/reliability/test_async_resume.py). So the versions a batch made
+        ahead may still be generating with stay too."""
+        trl = self.context.config.trl
+        return 1 + (int(trl.prefetch_depth or 1) if trl.async_prefetch else 0)
+
     def _prune(self, keep: Path) -> None:
-        for old in keep.parent.glob("v*"):
-            if old.is_dir() and old != keep:
-                shutil.rmtree(old, ignore_errors=True)
+        def number(path: Path) -> int:
+            return int(path.name[1:]) if path.name[1:].isdigit() else -1
+
+        older = sorted((p for p in keep.parent.glob("v*") if p.is_dir() and p != keep), key=number)
+        for old in older[: max(0, len(older) - (self._kept_versions() - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
 
     @hookimpl
     def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:

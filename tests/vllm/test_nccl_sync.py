@@ -265,3 +265,231 @@ def test_the_colocated_engine_refuses_control_requests(tmp_path: Path) -> None:
     assert isinstance(engine, InferenceEngine) and CONTROL_ENDPOINTS not in engine.capabilities
     with pytest.raises(NotImplementedError, match=r"no server.*weight sync 'nccl' needs a vLLM server.*vllm_in_memory"):
         engine.control_endpoints()
+
+
+# ---------------------------------------------------------------- a step that never completes fails, named
+
+STEP_TIMEOUT = 0.5  # [plugins.nccl] timeout in these tests
+GUARD = pytest.mark.timeout(30, method="signal")  # a regression that hangs fails here instead of hanging CI
+
+
+class Stuck:
+    """A point of the protocol that never completes (until the test ends):
+    a server that accepts a request and never answers, an NCCL call whose
+    peer never arrives. Released at teardown so no thread outlives the test."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.reached = threading.Event()
+
+    def block(self) -> None:
+        self.reached.set()
+        self.release.wait()
+
+
+@pytest.fixture()
+def stuck() -> Any:
+    point = Stuck()
+    yield point
+    point.release.set()
+
+
+class StuckEndpoint(RecordingEndpoint):
+    """Answers every request but ``path``, which it never answers (it also
+    ignores the request's timeout, as a server trickling bytes would)."""
+
+    def __init__(self, calls: list, path: str, point: Stuck) -> None:
+        super().__init__(calls)
+        self.path, self.point = path, point
+
+    def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> None:
+        super().request(method, path, body, timeout=timeout)
+        if path == self.path:
+            self.point.block()
+
+
+def _timed_out(sync: Any, model: Any, engine: Any, step: str) -> float:
+    """Sync once; it must fail with a SyncStepTimeout naming ``step``, within
+    the timeout plus a little. Returns the seconds it took."""
+    import re
+    import time
+
+    from grpo_core.errors import EngineUnavailable, GrpoError
+    from grpo_plugins.vllm.nccl_watchdog import SyncStepTimeout
+
+    started = time.monotonic()
+    with pytest.raises(SyncStepTimeout) as caught:
+        sync.grpo_sync_weights(model=model, version=1, engine=engine)
+    took = time.monotonic() - started
+    message = str(caught.value)
+    assert isinstance(caught.value, EngineUnavailable) and isinstance(caught.value, GrpoError)  # the run stops with a checkpoint
+    assert re.search(rf"weight sync 'nccl' timed out at version 1: {re.escape(step)} did not complete within "
+                     rf"\[plugins.nccl\] timeout = {STEP_TIMEOUT:g} s", message), message  # fmt: skip
+    assert "restart the server" in message and "raise [plugins.nccl] timeout" in message
+    assert STEP_TIMEOUT <= took < STEP_TIMEOUT + 2.0, took
+    return took
+
+
+SERVER_STEPS = {
+    "/init_weight_transfer_engine": "the handshake, server side: /init_weight_transfer_engine (the vLLM workers joining the NCCL group)",
+    "/start_weight_update": "the server's /start_weight_update",
+    "/finish_weight_update": "the server's /finish_weight_update (loading the received weights)",
+}
+
+
+@GUARD
+@pytest.mark.parametrize("path", list(SERVER_STEPS), ids=lambda p: p.strip("/"))
+def test_a_server_request_that_never_answers_fails_naming_it(tmp_path: Path, mocked_nccl: list, stuck: Stuck, path: str) -> None:
+    engine = FakeEngine(mocked_nccl)
+    engine.endpoints = [StuckEndpoint(mocked_nccl, path, stuck)]
+    _timed_out(_sync(tmp_path, timeout=STEP_TIMEOUT), _tiny_llama(False), engine, SERVER_STEPS[path])
+    assert stuck.reached.is_set()
+
+
+@GUARD
+def test_the_trainers_side_of_the_handshake_that_never_completes_fails_naming_it(
+    tmp_path: Path, mocked_nccl: list, stuck: Stuck, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server answered /init_weight_transfer_engine; the trainer's NCCL
+    rendezvous (rank 0) never completes."""
+    import vllm.distributed.weight_transfer.nccl_engine as nccl_engine
+
+    def never_joins(init_info: Any) -> Any:
+        stuck.block()
+
+    monkeypatch.setattr(nccl_engine, "open_trainer_endpoint", never_joins)
+    _timed_out(_sync(tmp_path, timeout=STEP_TIMEOUT, master_port=40200), _tiny_llama(False), FakeEngine(mocked_nccl),
+               "the handshake, trainer side: joining the NCCL group at 127.0.0.1:40200 as rank 0 of 3")  # fmt: skip
+
+
+def _tensor_count(model: Any) -> int:
+    return len(weights_vllm_should_receive(model, lora=False))
+
+
+@GUARD
+@pytest.mark.parametrize("stuck_round", [1, 6, -1], ids=["first", "middle", "last"])
+def test_a_broadcast_round_that_never_completes_fails_naming_it(tmp_path: Path, mocked_nccl: list, stuck: Stuck, stuck_round: int) -> None:
+    """Every broadcast round has its own deadline (first, middle, last of the
+    tiny model's tensors, sent one by one)."""
+    model = _tiny_llama(False)
+    rounds = _tensor_count(model)
+    assert rounds > 6
+    stuck_round = stuck_round % (rounds + 1)
+    original = RecordingCommunicator.broadcast
+    sent = []
+
+    def broadcast(self: RecordingCommunicator, tensor: torch.Tensor, src: int, stream: Any = None) -> None:
+        sent.append(tensor)
+        if len(sent) == stuck_round:
+            stuck.block()
+        original(self, tensor, src, stream)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RecordingCommunicator, "broadcast", broadcast)
+        _timed_out(_sync(tmp_path, timeout=STEP_TIMEOUT), model, FakeEngine(mocked_nccl),
+                   f"broadcast round {stuck_round} of {rounds} (rank 0 to the vLLM workers)")  # fmt: skip
+    assert len(sent) == stuck_round
+
+
+class ReceivingEndpoint(RecordingEndpoint):
+    """/update_weights answers like vLLM's: only once the workers received
+    every broadcast round (``received`` is set by the communicator), then
+    after ``then`` more: ``None`` never."""
+
+    def __init__(self, calls: list, received: Any, then: Stuck | None) -> None:
+        super().__init__(calls)
+        self.received, self.then = received, then
+
+    def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> None:
+        super().request(method, path, body, timeout=timeout)
+        if path == "/update_weights":
+            self.received.wait()
+            if self.then is not None:
+                self.then.block()
+
+
+def _slow_rounds(patch: pytest.MonkeyPatch, seconds: float, rounds: int) -> Any:
+    """The trainer takes ``seconds`` to produce each tensor before its round
+    (as an FSDP gather or packing a buffer would); the returned event is set
+    after the last round."""
+    import threading
+    import time
+
+    from grpo_plugins.vllm import nccl_sync
+
+    done, original, sent = threading.Event(), RecordingCommunicator.broadcast, []
+    iterate = nccl_sync._MergedWeights.__iter__
+
+    def slowly(self: Any) -> Any:
+        for item in iterate(self):
+            time.sleep(seconds)
+            yield item
+
+    def broadcast(self: RecordingCommunicator, tensor: torch.Tensor, src: int, stream: Any = None) -> None:
+        original(self, tensor, src, stream)
+        sent.append(tensor)
+        if len(sent) == rounds:
+            done.set()
+
+    patch.setattr(nccl_sync._MergedWeights, "__iter__", slowly)
+    patch.setattr(RecordingCommunicator, "broadcast", broadcast)
+    return done
+
+
+@GUARD
+def test_the_servers_update_call_that_never_answers_fails_naming_it(tmp_path: Path, mocked_nccl: list, stuck: Stuck) -> None:
+    """Every round was broadcast; the server's update_weights, which runs
+    alongside them, never answers."""
+    model = _tiny_llama(False)
+    with pytest.MonkeyPatch.context() as patch:
+        received = _slow_rounds(patch, 0.0, _tensor_count(model))
+        engine = FakeEngine(mocked_nccl)
+        engine.endpoints = [ReceivingEndpoint(mocked_nccl, received, stuck)]
+        _timed_out(_sync(tmp_path, timeout=STEP_TIMEOUT), model, engine, "the server's /update_weights (its workers receiving the broadcast)")
+    assert received.is_set()
+
+
+@GUARD
+def test_a_sync_longer_than_the_timeout_whose_every_step_is_shorter_succeeds(tmp_path: Path, mocked_nccl: list) -> None:
+    """The timeout bounds each step, not the sync: 12 rounds 0.12 s apart
+    (1.4 s in all, against a 0.5 s timeout) while update_weights waits for
+    them all. Each round the server receives restarts its clock."""
+    import time
+
+    model = _tiny_llama(False)
+    with pytest.MonkeyPatch.context() as patch:
+        received = _slow_rounds(patch, 0.12, _tensor_count(model))
+        engine = FakeEngine(mocked_nccl)
+        engine.endpoints = [ReceivingEndpoint(mocked_nccl, received, None)]
+        sync = _sync(tmp_path, timeout=STEP_TIMEOUT)
+        started = time.monotonic()
+        result = sync.grpo_sync_weights(model=model, version=1, engine=engine)
+        assert time.monotonic() - started > 2 * STEP_TIMEOUT
+    assert result.version == 1 and [c[1] for c in mocked_nccl if c[0] == "POST"][-1] == "/finish_weight_update"
+
+
+def test_a_step_that_fails_is_named(tmp_path: Path, mocked_nccl: list) -> None:
+    from grpo_core.errors import EngineUnavailable
+
+    class Refusing(RecordingEndpoint):
+        def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> None:
+            super().request(method, path, body, timeout=timeout)
+            if path == "/start_weight_update":
+                raise RuntimeError("HTTP 500")
+
+    engine = FakeEngine(mocked_nccl)
+    engine.endpoints = [Refusing(mocked_nccl)]
+    with pytest.raises(EngineUnavailable, match=r"failed at version 1 in the server's /start_weight_update: RuntimeError: HTTP 500"):
+        _sync(tmp_path, timeout=STEP_TIMEOUT).grpo_sync_weights(model=_tiny_llama(False), version=1, engine=engine)
+
+
+def test_the_timeout_defaults_to_vllms_rendezvous_timeout_and_must_be_positive() -> None:
+    from pydantic import ValidationError
+
+    from grpo_plugins.vllm.nccl_sync import NcclSync
+
+    assert NcclSync.Settings().timeout == 300.0
+    with pytest.raises(ValidationError):
+        NcclSync.Settings(timeout=0)
