@@ -311,7 +311,8 @@ def adapt(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]
             _drop_nulls(data[table], model, nulls, f"{table}.")
         elif table in data and data[table] is None:
             del data[table]
-    for i, spec in enumerate(data.get("datasets") or []):
+    datasets = data.get("datasets")
+    for i, spec in enumerate(datasets if isinstance(datasets, list) else []):  # any other type: the schema names it
         if isinstance(spec, dict):
             _refusals(spec, REFUSED_DATASET, f"datasets[{i}].", errors, unset)
             _drop_nulls(spec, DatasetSpec, nulls, f"datasets[{i}].")

@@ -51,10 +51,18 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+USER_MODULES = ("calculator", "rewards", "guess_env", "two_turns", "grpo_guess_number", "grpo_env_faults")
+
+
 @contextmanager
 def importable(*folders: Path) -> Iterator[None]:
     """Folders on sys.path (user modules, an installed plugin's site), and
     the entry points they publish visible; forgotten afterwards."""
+    def forget() -> None:  # e.g. another example's `rewards`, imported by an earlier test
+        for name in [m for m in sys.modules if m.split(".")[0] in USER_MODULES]:
+            del sys.modules[name]
+
+    forget()
     for folder in folders:
         sys.path.insert(0, str(folder))
     plugin_host.rescan()
@@ -63,8 +71,7 @@ def importable(*folders: Path) -> Iterator[None]:
     finally:
         for folder in folders:
             sys.path.remove(str(folder))
-        for name in [m for m in sys.modules if m.split(".")[0] in ("calculator", "rewards", "guess_env", "grpo_guess_number", "grpo_env_faults")]:
-            del sys.modules[name]
+        forget()
         plugin_host.rescan()
 
 

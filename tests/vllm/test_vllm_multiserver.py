@@ -146,6 +146,40 @@ def test_two_servers_share_the_groups_and_both_serve_the_http_synced_weights(
     assert sync.server is None
 
 
+def test_episodes_run_through_a_pool_of_two_servers(make_context, vllm_server, server_b, smollm2_tokenizer, smollm2_dir, tmp_path) -> None:
+    # Before the test that kills server B. The episode driver asks the pool turn by turn: every distinct context goes out at once,
+    # the pool spreads them, and both servers answer turns.
+    from grpo_core.training.episodes import EpisodeDriver
+    from grpo_core.types import EnvironmentReply
+
+    class Twice:
+        def __init__(self) -> None:
+            self.turns = 0
+
+        def reset(self):
+            return None
+
+        def step(self, text):
+            self.turns += 1
+            return EnvironmentReply(done=self.turns == 2, messages=[] if self.turns == 2 else [{"role": "user", "content": "Again."}])
+
+    ctx = make_context(vllm_server_base_url=None, vllm_server_base_urls=[vllm_server.base_url, server_b.base_url],
+                       vllm_server_timeout=300)  # a loaded 2-core machine: a turn of 8 episodes can take a while
+    ctx.config.episodes = ctx.config.episodes.model_copy(update={"max_tokens_per_turn": 12})
+    rollout = VLLMRollout(ctx)
+    driver = EpisodeDriver(lambda p, s: Twice(), smollm2_tokenizer, ctx.config, "twice", print, concurrent_turns=True)
+    episode_prompts = chat_prompts(smollm2_tokenizer, ["Count to three.", "Name a colour.", "Say hello.", "Name a fruit."])
+    before = [finished_requests(vllm_server), finished_requests(server_b)]
+    groups = driver.run(episode_prompts, 2, SamplingSettings(max_tokens=64, seed=4),
+                        lambda ps, n, s: rollout.grpo_rollout_generate(prompts=ps, num_generations=n, sampling=s, policy_version=0))
+    after = [finished_requests(vllm_server), finished_requests(server_b)]
+    assert all(a > b for a, b in zip(after, before)), "each server answered some turns"
+    for group in groups:
+        for c in group.completions:
+            assert c.episode.turns == 2 and c.episode.ended_by == "environment"
+            assert len(c.loss_mask) == len(c.token_ids) and 0 < sum(c.loss_mask) < len(c.token_ids)
+
+
 def test_a_run_finishes_on_one_server_when_the_other_is_killed(
     vllm_server, server_b, smollm2_dir: str, tmp_path: Path, monkeypatch, capsys
 ) -> None:
@@ -198,36 +232,3 @@ def test_a_run_finishes_on_one_server_when_the_other_is_killed(
         assert r["staleness"] == 0, rows
         assert r["is/sampling_logp_difference/mean"] < SYNCED_MEAN_TOL and r["is/sampling_logp_difference/max"] < SYNCED_MAX_TOL, rows
 
-
-def test_episodes_run_through_a_pool_of_two_servers(make_context, vllm_server, server_b, smollm2_tokenizer, smollm2_dir, tmp_path) -> None:
-    # The episode driver asks the pool turn by turn: every distinct context goes out at once,
-    # the pool spreads them, and both servers answer turns.
-    from grpo_core.training.episodes import EpisodeDriver
-    from grpo_core.types import EnvironmentReply
-
-    class Twice:
-        def __init__(self) -> None:
-            self.turns = 0
-
-        def reset(self):
-            return None
-
-        def step(self, text):
-            self.turns += 1
-            return EnvironmentReply(done=self.turns == 2, messages=[] if self.turns == 2 else [{"role": "user", "content": "Again."}])
-
-    ctx = make_context(vllm_server_base_url=None, vllm_server_base_urls=[vllm_server.base_url, server_b.base_url],
-                       vllm_server_timeout=300)  # a loaded 2-core machine: a turn of 8 episodes can take a while
-    ctx.config.episodes = ctx.config.episodes.model_copy(update={"max_tokens_per_turn": 12})
-    rollout = VLLMRollout(ctx)
-    driver = EpisodeDriver(lambda p, s: Twice(), smollm2_tokenizer, ctx.config, "twice", print, concurrent_turns=True)
-    episode_prompts = chat_prompts(smollm2_tokenizer, ["Count to three.", "Name a colour.", "Say hello.", "Name a fruit."])
-    before = [finished_requests(vllm_server), finished_requests(server_b)]
-    groups = driver.run(episode_prompts, 2, SamplingSettings(max_tokens=64, seed=4),
-                        lambda ps, n, s: rollout.grpo_rollout_generate(prompts=ps, num_generations=n, sampling=s, policy_version=0))
-    after = [finished_requests(vllm_server), finished_requests(server_b)]
-    assert all(a > b for a, b in zip(after, before)), "each server answered some turns"
-    for group in groups:
-        for c in group.completions:
-            assert c.episode.turns == 2 and c.episode.ended_by == "environment"
-            assert len(c.loss_mask) == len(c.token_ids) and 0 < sum(c.loss_mask) < len(c.token_ids)
