@@ -51,6 +51,10 @@ class SamplingSettings:
     stop_token_ids: list[int] = field(default_factory=list)
     guided_regex: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # generation_kwargs
+    # Reproducible sampling when set. A rollout must still draw every
+    # completion of a call from its own random stream (different prompts of
+    # one call never share one): an episode's later turns are prompts of
+    # their own, and shared streams would make a group's episodes alike.
     seed: int | None = None
 
 

@@ -293,7 +293,8 @@ class VLLMColocateRollout:
     def grpo_rollout_generate(
         self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, policy_version: int
     ) -> list[RolloutGroup]:
-        params = self.engine.sampling_params(sampling_fields(sampling, num_generations, self._calls), sampling)
+        # One SamplingParams per prompt: each prompt gets a seed of its own (see prompt_seed).
+        params = [self.engine.sampling_params(sampling_fields(sampling, num_generations, self._calls, i), sampling) for i in range(len(prompts))]
         outputs = self.engine.generate([list(p.prompt_ids) for p in prompts], params)
         self._calls += 1
         return [RolloutGroup(prompt, _completions(out), policy_version) for prompt, out in zip(prompts, outputs, strict=True)]

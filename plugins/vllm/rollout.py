@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from grpo_core.context import RunContext
 
 MAX_PROMPTS_PER_REQUEST = 256
+# Seeded calls send one request per prompt (see _generate_share); this many at once.
+MAX_SEEDED_REQUESTS_IN_FLIGHT = 64
 
 
 class VLLMRollout:
@@ -93,12 +95,14 @@ class VLLMRollout:
 
     # ------------------------------------------------------------------ generation
 
-    def _payload(self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int) -> dict[str, Any]:
+    def _payload(
+        self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int, first: int
+    ) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": engine.served_model,
             "prompt": prompt_ids,
             "return_token_ids": True,
-            **sampling_fields(sampling, n, call),
+            **sampling_fields(sampling, n, call, first),
         }
         if sampling.guided_regex:
             payload["structured_outputs"] = {"regex": sampling.guided_regex}
@@ -140,19 +144,23 @@ class VLLMRollout:
             out[p].append(Completion(token_ids, str(choice["text"]), logprobs, choice.get("finish_reason") == "length"))
         return out
 
-    def _request(self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int) -> list[list[Completion]]:
-        payload = self._payload(engine, prompt_ids, n, sampling, call)
+    def _request(
+        self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int, first: int
+    ) -> list[list[Completion]]:
+        payload = self._payload(engine, prompt_ids, n, sampling, call, first)
         return engine.client.completions(payload, parse=lambda d: self._parse(d, prompt_ids, n))
 
     def _generate_chunk(
-        self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int
+        self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int, first: int
     ) -> list[list[Completion]]:
+        """One request (retried on a restart or lost weights); ``first`` is
+        the call-wide index of its first prompt, which its seed derives from."""
         client = engine.client
         for attempt in range(3):
             last = attempt == 2
             outages = client.outages
             try:
-                result = self._request(engine, prompt_ids, n, sampling, call)
+                result = self._request(engine, prompt_ids, n, sampling, call, first)
             except ModelNotLoaded:
                 if last:
                     raise
@@ -171,13 +179,26 @@ class VLLMRollout:
         raise AssertionError("unreachable")
 
     def _generate_share(
-        self, engine: VLLMServerEngine, prompts: list[Prompt], n: int, sampling: SamplingSettings, call: int
+        self, engine: VLLMServerEngine, prompts: list[Prompt], indices: list[int], n: int, sampling: SamplingSettings, call: int
     ) -> list[list[Completion]]:
-        completions: list[list[Completion]] = []
-        for start in range(0, len(prompts), MAX_PROMPTS_PER_REQUEST):
-            chunk = [list(p.prompt_ids) for p in prompts[start : start + MAX_PROMPTS_PER_REQUEST]]
-            completions += self._generate_chunk(engine, chunk, n, sampling, call)
-        return completions
+        """One server's share of a call. Unseeded, prompts go in batched
+        requests. Seeded, each prompt is a request of its own with a seed of
+        its own (vLLM gives all prompts of a request one seed: see
+        :func:`prompt_seed`), all in flight at once so the server still
+        batches them; the seed follows the prompt's index in the call, so a
+        prompt re-sent to another server of a pool samples the same."""
+        if sampling.seed is None:
+            completions: list[list[Completion]] = []
+            for start in range(0, len(prompts), MAX_PROMPTS_PER_REQUEST):
+                chunk = [list(p.prompt_ids) for p in prompts[start : start + MAX_PROMPTS_PER_REQUEST]]
+                completions += self._generate_chunk(engine, chunk, n, sampling, call, 0)
+            return completions
+        if len(prompts) == 1:
+            return self._generate_chunk(engine, [list(prompts[0].prompt_ids)], n, sampling, call, indices[0])
+        workers = min(len(prompts), MAX_SEEDED_REQUESTS_IN_FLIGHT)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpo-vllm-prompt") as pool:
+            futures = [pool.submit(self._generate_chunk, engine, [list(p.prompt_ids)], n, sampling, call, i) for p, i in zip(prompts, indices)]
+            return [future.result()[0] for future in futures]
 
     def _generate_spread(self, prompts: list[Prompt], n: int, sampling: SamplingSettings, call: int) -> list[list[Completion]]:
         """Whole groups, spread over the live servers in parallel; a share
@@ -189,7 +210,7 @@ class VLLMRollout:
             shares = [(engine, [todo[i] for i in part]) for engine, part in self.engine.shares(len(todo))]
 
             def share(engine: VLLMServerEngine, idx: list[int]) -> list[list[Completion]]:
-                return self._generate_share(engine, [prompts[i] for i in idx], n, sampling, call)
+                return self._generate_share(engine, [prompts[i] for i in idx], idx, n, sampling, call)
 
             if len(shares) == 1:  # one server: no thread
                 outcomes: list[tuple[VLLMServerEngine, list[int], Any]] = []

@@ -10,10 +10,24 @@ from grpo_core.errors import ConfigError
 from grpo_core.types import SamplingSettings
 
 
-def sampling_fields(sampling: SamplingSettings, n: int, call_index: int) -> dict[str, Any]:
-    """vLLM ``SamplingParams`` fields for ``n`` samples per prompt, except
-    ``structured_outputs`` and ``generation_kwargs`` (their form differs
-    between HTTP and in-process use).
+def prompt_seed(seed: int, n: int, call_index: int, prompt_index: int) -> int:
+    """The seed of one prompt's request: distinct per call and per prompt.
+
+    vLLM seeds a prompt's ``n`` samples ``seed, seed+1, ...`` and gives every
+    prompt of a request the same seed, so two prompts sampled with one seed
+    draw the same random numbers. For an episode's later turns (each a prompt
+    of its own, often alike) that made the episodes of a group near copies of
+    each other, with no spread for GRPO to learn from. Offsets of ``n`` per
+    prompt keep every sample's stream apart.
+    """
+    return (seed + 1_000_003 * call_index + n * prompt_index) % (2**63)
+
+
+def sampling_fields(sampling: SamplingSettings, n: int, call_index: int, prompt_index: int = 0) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` fields for ``n`` samples of the prompt at
+    ``prompt_index`` of call ``call_index``, except ``structured_outputs``
+    and ``generation_kwargs`` (their form differs between HTTP and
+    in-process use).
 
     ``logprobs = 0`` asks for the sampled token's own log-prob, which the
     importance-sampling correction compares with the trainer's.
@@ -40,7 +54,5 @@ def sampling_fields(sampling: SamplingSettings, n: int, call_index: int) -> dict
     if sampling.stop_token_ids:
         fields["stop_token_ids"] = list(sampling.stop_token_ids)
     if sampling.seed is not None:
-        # vLLM seeds the n samples of a prompt seed, seed+1, ...; move the
-        # base per call so steps do not replay the same random stream.
-        fields["seed"] = (sampling.seed + 1_000_003 * call_index) % (2**63)
+        fields["seed"] = prompt_seed(sampling.seed, n, call_index, prompt_index)
     return fields

@@ -117,6 +117,22 @@ def test_sampling_settings_reach_the_server(make_context, prompts):
         run(temperature=0.0)
 
 
+def test_prompts_of_one_seeded_call_never_share_a_random_stream(make_context, prompts):
+    """vLLM gives every prompt of a request the same seed. Two prompts with the
+    same ids in one seeded call (an episode's later turns are often alike)
+    must still sample apart, and the whole call must replay from the seed."""
+    twins = [prompts[0], Prompt(prompt=prompts[0].prompt, prompt_ids=list(prompts[0].prompt_ids), index=1)]
+
+    def run() -> list[list[list[int]]]:
+        groups = VLLMRollout(make_context()).grpo_rollout_generate(twins, 2, SamplingSettings(max_tokens=16, seed=7), 0)
+        return [[c.token_ids for c in g.completions] for g in groups]
+
+    first, again = run(), run()
+    assert first == again  # reproducible from the seed
+    samples = [tuple(ids) for group in first for ids in group]
+    assert len(set(samples)) == 4, samples  # four streams: 2 prompts x 2 samples
+
+
 def test_server_found_by_host_and_port(make_context, prompts, vllm_server):
     """trl.vllm_server_host / vllm_server_port, without a base URL (every
     other test uses one), reach the server."""
