@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from grpo_core.errors import ConfigError, DataError
-from grpo_core.training.episodes import release
+from grpo_core.training.episodes import release, sample_groups
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -105,15 +105,7 @@ def evaluate(
     groups: list[RolloutGroup] = []
     for start in range(0, len(prompts), EVAL_CHUNK):
         chunk = prompts[start : start + EVAL_CHUNK]
-        if episodes is not None:
-            def turn(requests: list[Prompt], n: int, turn_sampling: Any) -> list[RolloutGroup]:
-                return hook.grpo_rollout_generate(prompts=requests, num_generations=n, sampling=turn_sampling, policy_version=policy_version)
-
-            out = episodes.run(chunk, 1, sampling, turn)
-        else:
-            out = hook.grpo_rollout_generate(prompts=chunk, num_generations=1, sampling=sampling, policy_version=policy_version)
-        if out is None or len(out) != len(chunk):
-            raise RuntimeError(f"evaluation: the rollout returned {0 if out is None else len(out)} groups for {len(chunk)} prompts")
+        out = sample_groups(hook, chunk, 1, sampling, policy_version, episodes, what="evaluation")
         groups.extend(out)
     gen_seconds = time.perf_counter() - started
     try:

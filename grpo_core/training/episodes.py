@@ -46,6 +46,27 @@ GenerateTurn = Callable[[list[Prompt], int, SamplingSettings], list[RolloutGroup
 """``generate(prompts, n, sampling)``: one rollout call (the run's engine)."""
 
 
+def sample_groups(
+    hook: Any, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, policy_version: int,
+    driver: RolloutDriver | None, what: str = "rollout",
+) -> list[RolloutGroup]:
+    """One group per prompt: a single rollout call, or, when the run has a
+    ``driver`` (episodes, ``rollout_func``), whatever rollout calls it makes,
+    each stamped ``policy_version``. ``what`` names the caller in errors."""
+    if driver is not None:
+        def turn(requests: list[Prompt], n: int, turn_sampling: SamplingSettings) -> list[RolloutGroup]:
+            return hook.grpo_rollout_generate(prompts=requests, num_generations=n, sampling=turn_sampling, policy_version=policy_version)
+
+        groups = driver.run(prompts, num_generations, sampling, turn)
+        for group in groups or []:
+            group.policy_version = policy_version
+    else:
+        groups = hook.grpo_rollout_generate(prompts=prompts, num_generations=num_generations, sampling=sampling, policy_version=policy_version)
+    if groups is None or len(groups) != len(prompts):
+        raise RuntimeError(f"{what}: the rollout returned {0 if groups is None else len(groups)} groups for {len(prompts)} prompts")
+    return groups
+
+
 class RolloutDriver(Protocol):
     """What the producer hands a batch's prompts to when generation is more
     than one rollout call: the episode driver below, or ``trl.rollout_func``
@@ -56,6 +77,14 @@ class RolloutDriver(Protocol):
 
 ENDINGS = ("environment", "max_turns", "length", "error", "timeout")
 MAX_LOGGED_FAILURES = 5  # per batch; the metrics count them all
+
+
+@dataclass
+class _FailureLog:
+    """How many failures one batch has said in the log so far (streaming
+    runs several batches at once, so this is per batch, not per driver)."""
+
+    said: int = 0
 
 
 @dataclass
@@ -77,6 +106,7 @@ class _Live:
     info: dict[str, Any] = field(default_factory=dict)
     stats: EpisodeStats = field(default_factory=EpisodeStats)
     done: bool = False
+    failures: _FailureLog = field(default_factory=_FailureLog)  # shared by the episodes of a batch
 
     @property
     def budget(self) -> int:
@@ -154,7 +184,6 @@ class EpisodeDriver:
         self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, generate: GenerateTurn
     ) -> list[RolloutGroup]:
         """Every episode of ``prompts`` to its end; one group per prompt."""
-        self._failures_logged = 0
         live = self._start_all(prompts, num_generations, int(sampling.max_tokens))
         turn = 0
         while active := [e for e in live if not e.done]:
@@ -177,9 +206,10 @@ class EpisodeDriver:
 
         outcomes = call_each([lambda p=p, s=s: begin(p, s) for p, s in starts], self.settings.step_timeout, self.settings.max_concurrent_steps)
         live = []
+        failures = _FailureLog()
         for (prompt, sample), (kind, value) in zip(starts, outcomes):
             conversation = list(prompt.prompt) if prompt.is_conversational else None
-            e = _Live(prompt, sample, None, list(prompt.prompt_ids), conversation, budget)
+            e = _Live(prompt, sample, None, list(prompt.prompt_ids), conversation, budget, failures=failures)
             if kind == "ok":
                 e.episode, start = value
                 try:
@@ -214,12 +244,13 @@ class EpisodeDriver:
 
     def _model_turn(self, active: list[_Live], sampling: SamplingSettings, generate: GenerateTurn, turn: int) -> None:
         same_context: dict[tuple[int, ...], list[_Live]] = {}
-        greedy = sampling.temperature == 0  # engines sample one completion per greedy request (vLLM refuses n > 1)
-        for i, e in enumerate(active):
-            key = tuple(e.context + e.ids)
-            same_context.setdefault((i, *key) if greedy else key, []).append(e)
+        for e in active:
+            same_context.setdefault(tuple(e.context + e.ids), []).append(e)
+        sharers = list(same_context.values())
+        if sampling.temperature == 0:  # greedy: one completion per request (vLLM refuses n > 1)
+            sharers = [[e] for members in sharers for e in members]
         by_count: dict[int, list[list[_Live]]] = {}
-        for members in same_context.values():
+        for members in sharers:
             by_count.setdefault(len(members), []).append(members)
         calls = []
         for j, (count, groups) in enumerate(sorted(by_count.items())):
@@ -339,8 +370,8 @@ class EpisodeDriver:
 
     def _fail(self, e: _Live, kind: str, problem: str, turn: int) -> None:
         e.end(kind, problem)
-        if self._failures_logged < MAX_LOGGED_FAILURES:
-            self._failures_logged += 1
+        if e.failures.said < MAX_LOGGED_FAILURES:
+            e.failures.said += 1
             self.log(f"environment '{self.name}': episode {e.sample} of prompt {e.prompt.index} ended at turn {turn}: {problem}")
 
     # ------------------------------------------------------------------ results

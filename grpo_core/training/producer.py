@@ -24,7 +24,7 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.training.batch import steps_per_batch
-from grpo_core.training.episodes import RolloutDriver, episode_metrics, release
+from grpo_core.training.episodes import RolloutDriver, episode_metrics, release, sample_groups
 from grpo_core.types import Prompt, RolloutGroup, SamplingSettings, ScoredGroup, TrainingProgress
 
 
@@ -182,20 +182,7 @@ class RolloutProducer:
         sampling = self.sampling
         if sampling.seed is not None:  # a distinct, reproducible seed per request
             sampling = SamplingSettings(**{**sampling.__dict__, "seed": sampling.seed * 1_000_003 + seed_offset})
-        if self.episodes is not None:
-            def turn(requests: list[Prompt], n: int, turn_sampling: SamplingSettings) -> list[RolloutGroup]:
-                return self.hook.grpo_rollout_generate(prompts=requests, num_generations=n, sampling=turn_sampling, policy_version=version)
-
-            groups = self.episodes.run(prompts, self.num_generations, sampling, turn)
-            for group in groups:
-                group.policy_version = version
-        else:
-            groups = self.hook.grpo_rollout_generate(
-                prompts=prompts, num_generations=self.num_generations, sampling=sampling, policy_version=version
-            )
-        if groups is None or len(groups) != len(prompts):
-            raise RuntimeError(f"rollout returned {0 if groups is None else len(groups)} groups for {len(prompts)} prompts")
-        return groups
+        return sample_groups(self.hook, prompts, self.num_generations, sampling, version, self.episodes)
 
     def _chunks(self, prompts: list[Prompt]) -> list[list[Prompt]]:
         if not self.cfg.trl.streaming_partial_batch:
