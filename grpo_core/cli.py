@@ -23,6 +23,17 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from grpo_core import __version__
+from grpo_core.cli_common import (
+    config_argument,
+    host_for,
+    import_from_cwd,
+    load_always_on,
+    load_and_check,
+    set_option,
+    stderr,
+    warn,
+)
+from grpo_core.cli_tools import register_tools
 from grpo_core.errors import ConfigError, GrpoError
 
 if TYPE_CHECKING:
@@ -34,27 +45,6 @@ HELP = """GRPO training for language models, with a plugin for every step.
 A run is described by one config file (TOML, or the reference guide's YAML
 layout): `grpo config check CONFIG` validates it, `grpo run CONFIG` trains.
 """
-
-SET_HELP = (
-    "Override a config key, e.g. --set trl.num_generations=4 or --set 'trl.reward_funcs=[\"a\", \"b\"]'. "
-    "VALUE is read as TOML (numbers, true/false, quoted strings, arrays, inline tables), else as a plain string. "
-    "Repeatable."
-)
-
-
-def _stderr(message: str) -> None:
-    typer.echo(message, err=True)
-
-
-_warned: set[str] = set()
-
-
-def _warn(message: str) -> None:
-    """Print a warning once (start-up and the command may both see it)."""
-    if message not in _warned:
-        _warned.add(message)
-        _stderr(f"warning: {message}")
-
 
 _CORE_DIR = Path(__file__).resolve().parent
 _library_formatwarning = warnings.formatwarning  # Python's, as imported
@@ -71,50 +61,6 @@ def _format_warning(message: Warning | str, category: type[Warning], filename: s
     if ours:
         return f"warning: {message}\n"
     return _library_formatwarning(message, category, filename, lineno, line)
-
-
-def _set_option() -> Any:
-    return typer.Option(None, "--set", "-s", metavar="KEY=VALUE", help=SET_HELP, show_default=False)
-
-
-def _config_argument() -> Any:
-    return typer.Argument(..., help="Config file: .toml, or .yaml/.yml in the reference layout.", show_default=False)
-
-
-def _import_from_cwd() -> None:
-    """Reward functions and dataset transforms are named by import path
-    relative to the directory grpo runs in (``rewards.accuracy_reward``); a
-    console script does not put that directory on ``sys.path`` by itself."""
-    from grpo_core.data import make_cwd_importable
-
-    make_cwd_importable()
-
-
-def _host_for(cfg: GRPOConfig) -> PluginHost:
-    from grpo_core.plugin_host import PluginHost
-
-    return PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
-
-
-def _load_and_check(config: Path, overrides: list[str] | None, num_processes: int | None = None) -> tuple[GRPOConfig, PluginHost, list[str]]:
-    from grpo_core.config.checks import check_config
-    from grpo_core.config.loader import load_config
-
-    _import_from_cwd()
-    cfg = load_config(config, overrides or [])
-    host = _host_for(cfg)
-    notes = _load_always_on(host)
-    notes += check_config(cfg, host, num_processes)
-    return cfg, host, notes
-
-
-def _load_always_on(host: PluginHost) -> list[str]:
-    """Register the always-on plugins the allowlist permits; their problems
-    come back as notes."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        host.load_always_on(strict=True)
-    return [str(w.message) for w in caught]
 
 
 # ---------------------------------------------------------------------- app
@@ -143,8 +89,6 @@ def build_app(host: PluginHost | None = None) -> typer.Typer:
     _add_run_command(app)
     _add_plugins_command(app)
     _add_config_commands(config_app)
-    from grpo_core.cli_tools import register_tools
-
     register_tools(app)  # report, rewards test, eval, merge
     _add_plugin_commands(app, host)
     return app
@@ -168,8 +112,8 @@ def _add_root_options(app: typer.Typer) -> None:
 def _add_run_command(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
-        config: Path = _config_argument(),
-        set_: Optional[list[str]] = _set_option(),
+        config: Path = config_argument(),
+        set_: Optional[list[str]] = set_option(),
         num_processes: int = typer.Option(
             1, "--num-processes", min=1, help="Training processes (one per GPU; on CPU they share the cores), started "
             "with accelerate's launcher. Several machines: see the README's \"Scaling out\".",
@@ -188,20 +132,20 @@ def _add_run_command(app: typer.Typer) -> None:
             from grpo_core.launch import launch
 
             if not launched_by_launcher():  # check once, here, before any process starts
-                for note in _load_and_check(config, set_, num_processes)[2]:
-                    _warn(note)
+                for note in load_and_check(config, set_, num_processes)[2]:
+                    warn(note)
             code = launch(num_processes, ["run", str(config), *[a for o in set_ or [] for a in ("--set", o)]])
             if code >= 0:  # the launched processes trained; else this is one of them
                 raise typer.Exit(code)
-        warn = _warn if os.environ.get(CHECKED_ENV) != "1" else (lambda _note: None)  # the parent printed them
-        _import_from_cwd()
+        note = warn if os.environ.get(CHECKED_ENV) != "1" else (lambda _note: None)  # the parent printed them
+        import_from_cwd()
         cfg = load_config(config, set_ or [])
-        host = _host_for(cfg)
-        for note in _load_always_on(host):
-            warn(note)
+        host = host_for(cfg)
+        for message in load_always_on(host):
+            note(message)
         from grpo_core.training.run import run_training  # heavy: torch, transformers
 
-        run_training(cfg, host, warn=warn)  # the same checks as `grpo config check`
+        run_training(cfg, host, warn=note)  # the same checks as `grpo config check`
 
 
 def _add_plugins_command(app: typer.Typer) -> None:
@@ -236,8 +180,8 @@ def _add_plugins_command(app: typer.Typer) -> None:
 def _add_config_commands(config_app: typer.Typer) -> None:
     @config_app.command("check")
     def check_cmd(
-        config: Path = _config_argument(),
-        set_: Optional[list[str]] = _set_option(),
+        config: Path = config_argument(),
+        set_: Optional[list[str]] = set_option(),
         full: bool = typer.Option(False, "--full", help="Print the whole effective config (TOML) instead of a summary."),
         num_processes: Optional[int] = typer.Option(
             None, "--num-processes", min=1, help="Check for this many training processes (default: the launcher's, else 1)."
@@ -254,7 +198,7 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         can run (warnings included), 2 when it cannot; the message names each
         offending key and the fix.
         """
-        cfg, host, notes = _load_and_check(config, set_, num_processes)
+        cfg, host, notes = load_and_check(config, set_, num_processes)
         if full:
             from grpo_core.config.convert import to_toml_text
 
@@ -266,7 +210,7 @@ def _add_config_commands(config_app: typer.Typer) -> None:
             typer.echo(summary(cfg, num_processes))
             typer.echo(user_code_text(user_code(cfg, host.published(REWARD_GROUP))))
         for note in notes:
-            _warn(note)
+            warn(note)
         typer.echo(f"{config}: OK" + (f" ({len(notes)} warning(s))" if notes else ""))
 
     @config_app.command("schema")
@@ -299,12 +243,12 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         try:
             validate(json.loads(json.dumps(data, default=str)), str(config))
         except ConfigError as exc:
-            _warn(f"converted, but the config does not validate yet:\n{exc}")
+            warn(f"converted, but the config does not validate yet:\n{exc}")
         if output is None:
             typer.echo(text, nl=False)
         else:
             output.write_text(text, encoding="utf-8")
-            _stderr(f"wrote {output}")
+            stderr(f"wrote {output}")
 
 
 def _add_plugin_commands(app: typer.Typer, host: PluginHost | None) -> None:
@@ -317,15 +261,15 @@ def _add_plugin_commands(app: typer.Typer, host: PluginHost | None) -> None:
             warnings.simplefilter("always")
             host.load_always_on(strict=False)
     except GrpoError as exc:  # e.g. a malformed allowlist: commands still work
-        _warn(f"plugins not loaded: {exc}")
+        warn(f"plugins not loaded: {exc}")
         return
     for w in caught:
-        _warn(str(w.message))
+        warn(str(w.message))
     for impl in host.pm.hook.grpo_register_commands.get_hookimpls():
         try:
             impl.function(*[{"app": app}[name] for name in impl.argnames])
         except Exception as exc:  # a plugin bug must not break `grpo --help`
-            _warn(f"plugin '{impl.plugin_name}' could not add its commands: {type(exc).__name__}: {exc}")
+            warn(f"plugin '{impl.plugin_name}' could not add its commands: {type(exc).__name__}: {exc}")
 
 
 def allowlist_of_command_line(argv: list[str]) -> set[str] | None:
@@ -462,15 +406,15 @@ def _main(argv: list[str] | None) -> int:
         command = typer.main.get_command(build_app(PluginHost(allow=allow)))
         command.main(args=argv, prog_name="grpo", standalone_mode=True)
     except GrpoError as exc:
-        _stderr(f"error: {exc}")
+        stderr(f"error: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
-        _stderr("interrupted")
+        stderr("interrupted")
         return 130
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
-        _stderr(str(exc.code))
+        stderr(str(exc.code))
         return 1
     return 0
 

@@ -1,7 +1,8 @@
 """CLI commands around a run: ``report``, ``rewards test``, ``eval``, ``merge``.
 
 Registered on the app by :func:`register_tools` (called from
-:func:`grpo_core.cli.build_app`); the work lives in :mod:`grpo_core.report`
+:func:`grpo_core.cli.build_app`; the options they share are
+:mod:`grpo_core.cli_common`'s); the work lives in :mod:`grpo_core.report`
 and :mod:`grpo_core.tools`, imported inside each command so ``grpo --help``
 stays fast.
 """
@@ -14,10 +15,10 @@ from typing import Optional
 
 import typer
 
+from grpo_core.cli_common import config_argument, load_and_check, set_option, stderr, warn
+
 
 def register_tools(app: typer.Typer) -> None:
-    from grpo_core.cli import _config_argument, _load_and_check, _set_option, _stderr, _warn
-
     rewards_app = typer.Typer(help="Check reward functions before training.", no_args_is_help=True)
     app.add_typer(rewards_app, name="rewards")
 
@@ -37,11 +38,11 @@ def register_tools(app: typer.Typer) -> None:
 
     @rewards_app.command("test")
     def rewards_test_cmd(
-        config: Path = _config_argument(),
+        config: Path = config_argument(),
         samples: int = typer.Option(8, "--samples", "-n", min=1, help="Dataset rows to score."),
         from_column: Optional[str] = typer.Option(None, "--from-column", help="Score this dataset column (e.g. the reference answer) instead of generated completions."),
         generations: int = typer.Option(2, "--generations", min=1, help="Completions generated per row (without --from-column)."),
-        set_: Optional[list[str]] = _set_option(),
+        set_: Optional[list[str]] = set_option(),
     ) -> None:
         """Run each reward function standalone on N dataset rows (through the
         dataset transform) and print, per function, the distribution of its
@@ -49,9 +50,9 @@ def register_tools(app: typer.Typer) -> None:
         call. Do this first when rewards stay at zero."""
         from grpo_core.tools import rewards_test
 
-        cfg, host, notes = _load_and_check(config, set_)
+        cfg, host, notes = load_and_check(config, set_)
         for note in notes:
-            _warn(note)
+            warn(note)
         reports, groups = rewards_test(cfg, host, samples, from_column, generations)
         source = f"column '{from_column}'" if from_column else f"{generations} generated completion(s) per row"
         typer.echo(f"{len(groups)} rows, {source}")
@@ -67,10 +68,10 @@ def register_tools(app: typer.Typer) -> None:
 
     @app.command("eval")
     def eval_cmd(
-        config: Path = _config_argument(),
+        config: Path = config_argument(),
         adapter: Optional[Path] = typer.Option(None, "--adapter", help="A trained LoRA adapter (a run's output_dir or a checkpoint); omit for the base model."),
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the metrics here as JSON."),
-        set_: Optional[list[str]] = _set_option(),
+        set_: Optional[list[str]] = set_option(),
     ) -> None:
         """Evaluate the base model or an adapter on the config's evaluation
         data (test_datasets, or the val_set_size split), exactly as training
@@ -78,15 +79,15 @@ def register_tools(app: typer.Typer) -> None:
         configured reward functions (transformers generation)."""
         from grpo_core.tools import run_eval
 
-        cfg, host, notes = _load_and_check(config, set_)
+        cfg, host, notes = load_and_check(config, set_)
         for note in notes:
-            _warn(note)
+            warn(note)
         metrics = run_eval(cfg, host, str(adapter) if adapter else None)
         for key in sorted(metrics):
             typer.echo(f"{key:<34} {metrics[key]:.4g}")
         if output is not None:
             output.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-            _stderr(f"wrote {output}")
+            stderr(f"wrote {output}")
 
     @app.command("merge")
     def merge_cmd(

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from grpo_core.config.zero_stage import zero_stage
 from grpo_core.errors import ConfigError, NotImplementedYet
 from grpo_core.precision import resolve_precision
 from grpo_core.quantization import quantization_config
@@ -383,7 +384,5 @@ def gradient_checkpointing_kwargs(cfg: GRPOConfig) -> dict[str, Any]:
     metadata check (an explicit false there is refused by the config checks)."""
     kwargs = dict(cfg.gradient_checkpointing_kwargs or {})
     if "use_reentrant" not in kwargs:
-        from grpo_core.training.zero import zero_stage
-
         kwargs["use_reentrant"] = bool(cfg.deepspeed) and zero_stage(cfg) == 3
     return kwargs

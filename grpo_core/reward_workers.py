@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_core.errors import GrpoError, RewardError
-from grpo_core.rewards import FIX_HINT, Batch, Outcome, describe_failure, run_functions
+from grpo_core.reward_calls import FIX_HINT, Batch, Outcome, describe_failure, run_functions
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig

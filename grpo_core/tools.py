@@ -122,7 +122,7 @@ def _column_groups(prompts: list[Prompt], column: str, tokenizer: Any) -> list[R
 def rewards_test(cfg: GRPOConfig, host: PluginHost, samples: int, from_column: str | None, generations: int) -> tuple[list[RewardReport], list[RolloutGroup]]:
     """Score ``samples`` dataset rows with each reward function on its own."""
     from grpo_core.data import load_prompts
-    from grpo_core.rewards import _function_name, build_batch, run_functions
+    from grpo_core.reward_calls import build_batch, function_name, run_functions
     from grpo_core.training.producer import sampling_from_config
 
     local = _Local.open(cfg, host)
@@ -131,7 +131,7 @@ def rewards_test(cfg: GRPOConfig, host: PluginHost, samples: int, from_column: s
     if not specs:
         raise ConfigError("trl.reward_funcs is empty: nothing to test.")
     funcs = [host.load_reward(spec, local.context) for spec in specs]
-    names = [_function_name(f, s) for f, s in zip(funcs, specs)]
+    names = [function_name(f, s) for f, s in zip(funcs, specs)]
     if from_column:
         groups = _column_groups(prompts, from_column, local.tokenizer)
     else:

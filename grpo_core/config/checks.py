@@ -14,13 +14,13 @@ silently ignoring. Remove an entry when its feature lands.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from grpo_core.config.compat import compat_warnings
 from grpo_core.config.schema import GRPOConfig
+from grpo_core.config.zero_stage import zero_stage
 from grpo_core.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, chosen_implementations, declared, source_key
 from grpo_core.plugin_host import PluginHost, own_checks, settings_key, split_qualified, table_ref, validate_settings
@@ -48,17 +48,6 @@ def implementation_names(cfg: GRPOConfig) -> dict[str, str]:
     """The implementation each extension point will load, by name: the
     trainer's own choice, so the checks judge exactly what will run."""
     return chosen_implementations(cfg)
-
-
-def _zero_stage(deepspeed: str) -> int | None:
-    """ZeRO stage of a DeepSpeed config file, or a guess from its name."""
-    path = Path(deepspeed)
-    try:
-        stage = json.loads(path.read_text(encoding="utf-8")).get("zero_optimization", {}).get("stage")
-        return int(stage) if stage is not None else None
-    except (OSError, ValueError, AttributeError, TypeError):
-        name = path.name.lower().replace("-", "").replace("_", "")
-        return 3 if "zero3" in name or "z3" in name else None
 
 
 def _divisors(n: int) -> list[int]:
@@ -172,7 +161,7 @@ def _deepspeed_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str])
     if cfg.fp8:
         errors.append("fp8 with deepspeed: accelerate's fp8 path under DeepSpeed (MS-AMP / Transformer Engine) is not "
                       "wired; set fp8 = false, or use fp8 without deepspeed.")  # fmt: skip
-    if _zero_stage(cfg.deepspeed) != 3:
+    if zero_stage(cfg) != 3:
         return
     if names["rollout"] == "transformers":
         errors.append(
@@ -388,7 +377,7 @@ def _training_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) ->
     if cfg.bf16 is True and cfg.fp16:
         errors.append("bf16 and fp16 are both true: choose one.")
     kwargs = cfg.gradient_checkpointing_kwargs or {}
-    if cfg.deepspeed and kwargs.get("use_reentrant") is False and _zero_stage(cfg.deepspeed) == 3:
+    if cfg.deepspeed and kwargs.get("use_reentrant") is False and zero_stage(cfg) == 3:
         errors.append(
             "DeepSpeed ZeRO-3 with gradient_checkpointing_kwargs.use_reentrant = false fails during recomputation "
             "(CheckpointError): set use_reentrant = true."

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from grpo_core.config.schema import GRPOConfig
+from grpo_core.config.zero_stage import zero_stage
 from grpo_core.errors import ConfigError, GrpoError
 
 FSDP_OPTIONS = {"full_shard", "shard_grad_op", "auto_wrap", "offload"}
@@ -181,8 +182,6 @@ def full_weights_for_sync(parts: Any, version: int) -> Iterator[Any]:
 def sharding_name(cfg: GRPOConfig, world: int) -> str:
     """How the model is spread over the processes, for ``grpo config check``."""
     if cfg.deepspeed:
-        from grpo_core.training.zero import zero_stage
-
         stage = zero_stage(cfg)
         return f"DeepSpeed ZeRO-{stage if stage is not None else '?'} ({cfg.deepspeed})"
     if cfg.fsdp and world > 1:

@@ -41,19 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from grpo_core.config.schema import GRPOConfig
+from grpo_core.config.zero_stage import zero_stage as zero_stage  # re-exported: read in the config layer, below the checks
 from grpo_core.errors import ConfigError, GrpoError
 
 SUPPORTED_STAGES = (2, 3)
 KEY = "deepspeed"
-
-
-def zero_stage(cfg: GRPOConfig) -> int | None:
-    """The ZeRO stage of ``cfg.deepspeed`` (None when unset or unreadable)."""
-    if not cfg.deepspeed:
-        return None
-    from grpo_core.config.checks import _zero_stage
-
-    return _zero_stage(cfg.deepspeed)
 
 
 def read_config(path: str) -> dict[str, Any]:

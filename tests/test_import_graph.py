@@ -1,0 +1,235 @@
+"""The import graph of grpo_core and grpo_plugins: no circles, layers read one way.
+
+The graph is read from the source (:mod:`import_graph`, nothing is imported),
+so the test takes well under a second. What it holds the code to:
+
+* no circle among the imports that run (module level, and with the imports
+  inside functions counted: a lazy import must not hide one); a circle of
+  ``TYPE_CHECKING``-only imports never runs and is allowed where listed;
+* grpo_core never imports the built-in plugins, vLLM, DeepSpeed or Liger (at
+  any level: it reaches built-ins through entry points, and accelerate
+  imports DeepSpeed for it);
+* a plugin imports grpo_core, libraries and its own package, never a sibling
+  plugin (what two plugins share is a typed part of the contract);
+* grpo_core's layers: the error and data types import nothing of grpo_core,
+  the contract imports only the contract, the config's own modules import
+  only the contract and the config, and nothing below the command line
+  imports it. Imports that still run from a lower layer up are listed in
+  :data:`UPWARD`, each with why; the list must match the code exactly, so a
+  new one fails and a removed one asks for its entry to go.
+
+``python tests/import_graph.py`` prints the circles and what ties them.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from import_graph import Edge, all_edges, cycles, edges_between, graph, own, source_files
+
+ENGINES = {"grpo_plugins", "plugins", "vllm", "deepspeed", "liger_kernel"}
+
+# Circles of TYPE_CHECKING-only imports (never run): the schema builds its
+# [plugins] table from the extension points, which name GRPOConfig in the
+# type of their ``default`` callables.
+TYPE_ONLY_CIRCLES = [["grpo_core.config.schema", "grpo_core.extension_points"]]
+
+FOUNDATION = {"grpo_core.errors", "grpo_core.types"}
+CONTRACT = FOUNDATION | {
+    "grpo_core",  # the package: it re-exports hookimpl
+    "grpo_core.hookspecs",
+    "grpo_core.context",
+    "grpo_core.extension_points",
+    "grpo_core.plugin_host",
+}
+CONFIG_DATA = {  # what a config is, read and written; grpo_core.config.checks judges it and sits higher
+    "grpo_core.config",
+    "grpo_core.config.schema",
+    "grpo_core.config.loader",
+    "grpo_core.config.compat",
+    "grpo_core.config.convert",
+    "grpo_core.config.axolotl",
+    "grpo_core.config.zero_stage",
+}
+COMMAND_LINE = {"grpo_core.cli", "grpo_core.cli_common", "grpo_core.cli_tools"}
+
+# Imports that run from a lower layer to a higher one, each with why it is
+# still there. Issue #24's training backends (each owning its config
+# problems) and the split of config.checks are where they go.
+UPWARD: dict[tuple[str, str], str] = {
+    ("grpo_core.config.checks", "grpo_core.training.batch"): "the batch-size arithmetic the process checks judge",
+    ("grpo_core.config.checks", "grpo_core.training.distributed"): "the launcher's world size, when --num-processes is not given",
+    ("grpo_core.config.checks", "grpo_core.training.sharding"): "FSDP's config problems, owned by the FSDP backend",
+    ("grpo_core.config.checks", "grpo_core.training.zero"): "the DeepSpeed file's problems, owned by the ZeRO backend",
+}
+
+
+@pytest.fixture(scope="module")
+def edges() -> list[Edge]:
+    return all_edges()
+
+
+@pytest.fixture(scope="module")
+def known() -> set[str]:
+    return set(source_files())
+
+
+def _own_edges(edges: list[Edge], known: set[str], levels: set[str]) -> set[tuple[str, str]]:
+    return {(e.source, t) for e in edges if e.level in levels and (t := own(e.target, known)) is not None and t != e.source}
+
+
+def _layer_breaks(edges: list[Edge], known: set[str]) -> set[tuple[str, str]]:
+    """Imports that run (module or function level) and break a layer rule."""
+    breaks = set()
+    for source, target in _own_edges(edges, known, {"module", "function"}):
+        if source in FOUNDATION and target.startswith("grpo_core"):
+            breaks.add((source, target))
+        elif source in CONTRACT and target.startswith("grpo_core") and target not in CONTRACT:
+            breaks.add((source, target))
+        elif source in CONFIG_DATA and target.startswith("grpo_core") and target not in CONTRACT | CONFIG_DATA:
+            breaks.add((source, target))
+        elif source.startswith("grpo_core.config") and target.startswith("grpo_core.training"):
+            breaks.add((source, target))
+        elif target in COMMAND_LINE and source not in COMMAND_LINE:
+            breaks.add((source, target))
+        elif target == "grpo" or target.startswith("grpo."):  # the `import grpo` alias is for users only
+            breaks.add((source, target))
+    return breaks
+
+
+def _sibling_imports(edges: list[Edge], known: set[str]) -> list[str]:
+    """Plugin imports of another plugin (any level)."""
+    found = []
+    for edge in edges:
+        target = own(edge.target, known)
+        if not edge.source.startswith("grpo_plugins.") or target is None or not target.startswith("grpo_plugins"):
+            continue
+        if _plugin_package(edge.source) != _plugin_package(target):
+            found.append(f"{edge.source}:{edge.line} imports {edge.target}")
+    return found
+
+
+def _plugin_package(module: str) -> str:
+    """The plugin a module belongs to: ``grpo_plugins.vllm`` for ``grpo_plugins.vllm.pool``,
+    the module itself for a one-file plugin (``grpo_plugins.advantages``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _ties(found: list[list[str]], edges: list[Edge], known: set[str], levels: set[str]) -> str:
+    """What ties each circle, for the failure message."""
+    return "\n".join(f"{e.source}:{e.line} -> {e.target} ({e.level})" for members in found
+                     for e in edges_between(edges, set(members), known) if e.level in levels)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- the repository
+
+
+def test_no_circle_among_module_level_imports(edges: list[Edge], known: set[str]) -> None:
+    found = cycles(graph(edges, known, {"module"}))
+    assert found == [], _ties(found, edges, known, {"module"})
+
+
+def test_no_lazy_import_hides_a_circle(edges: list[Edge], known: set[str]) -> None:
+    """With the imports inside functions counted, still no circle: a lazy
+    import is for a heavy library or start-up time, never to dodge one."""
+    found = cycles(graph(edges, known, {"module", "function"}))
+    assert found == [], _ties(found, edges, known, {"module", "function"})
+
+
+def test_type_only_circles_are_the_listed_ones(edges: list[Edge], known: set[str]) -> None:
+    assert cycles(graph(edges, known, {"module", "function", "type_checking"})) == TYPE_ONLY_CIRCLES
+
+
+def test_core_never_imports_plugins_or_engines(edges: list[Edge]) -> None:
+    offenders = [f"{e.source}:{e.line} imports {e.target} ({e.level})" for e in edges
+                 if e.source.startswith("grpo_core") and e.target.split(".")[0] in ENGINES]  # fmt: skip
+    assert offenders == []
+
+
+def test_plugins_import_only_the_core_libraries_and_their_own_package(edges: list[Edge], known: set[str]) -> None:
+    assert _sibling_imports(edges, known) == []
+    assert [e for e in edges if e.source.startswith("grpo_plugins") and e.target.split(".")[0] == "plugins"] == []
+
+
+def test_layers_read_one_way_except_the_listed_imports(edges: list[Edge], known: set[str]) -> None:
+    breaks = _layer_breaks(edges, known)
+    assert sorted(breaks - UPWARD.keys()) == [], "a new import runs from a lower layer up"
+    assert sorted(UPWARD.keys() - breaks) == [], "no longer imported: remove it from UPWARD"
+
+
+def test_errors_and_types_import_nothing_of_grpo_core_even_for_type_checking(edges: list[Edge], known: set[str]) -> None:
+    assert {(s, t) for s, t in _own_edges(edges, known, {"module", "function", "type_checking"}) if s in FOUNDATION} == set()
+
+
+def test_the_graph_covers_every_package(known: set[str]) -> None:
+    for package in ("grpo_core", "grpo_core.config", "grpo_core.training", "grpo_plugins", "grpo_plugins.vllm",
+                    "grpo_plugins.environments", "grpo_plugins.rewards", "grpo"):  # fmt: skip
+        assert package in known
+    assert len(known) >= 90
+    assert CONTRACT | CONFIG_DATA | COMMAND_LINE <= known  # a renamed module must be renamed here too
+
+
+# ---------------------------------------------------------------------------- the scan itself
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, code in {"grpo_core/__init__.py": "", "plugins/__init__.py": "", "grpo/__init__.py": "", **files}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(code), encoding="utf-8")
+    return root
+
+
+def test_the_scan_tells_module_function_and_type_checking_imports(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "grpo_core/a.py": """
+            from typing import TYPE_CHECKING
+            from grpo_core import b
+            from .c import thing
+            import importlib
+            if TYPE_CHECKING:
+                from grpo_core.d import D
+            def later():
+                from grpo_core.e import E
+                importlib.import_module("vllm")
+            class Holder:
+                from grpo_core import f
+        """,
+        "grpo_core/b.py": "", "grpo_core/c.py": "", "grpo_core/d.py": "", "grpo_core/e.py": "", "grpo_core/f.py": "",
+    })  # fmt: skip
+    found = {(own(e.target, set(source_files(root))) or e.target, e.level) for e in all_edges(root) if e.source == "grpo_core.a"}
+    assert found == {
+        ("typing", "module"), ("grpo_core.b", "module"), ("grpo_core.c", "module"), ("importlib", "module"),
+        ("grpo_core.d", "type_checking"), ("grpo_core.e", "function"), ("vllm", "function"), ("grpo_core.f", "module"),
+    }  # fmt: skip
+
+
+def test_a_circle_is_found_and_a_lazy_one_too(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "grpo_core/a.py": "from grpo_core.b import x\n",
+        "grpo_core/b.py": "import grpo_core.c\nx = 1\n",
+        "grpo_core/c.py": "def f():\n    from grpo_core import a\n",
+        "grpo_core/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from grpo_core import a\n",
+        "grpo_core/e.py": "import grpo_core.d\n",
+    })  # fmt: skip
+    edges, known = all_edges(root), set(source_files(root))
+    assert cycles(graph(edges, known, {"module"})) == []
+    assert cycles(graph(edges, known, {"module", "function"})) == [["grpo_core.a", "grpo_core.b", "grpo_core.c"]]
+    (root / "grpo_core/c.py").write_text("from grpo_core import a\n", encoding="utf-8")
+    assert cycles(graph(all_edges(root), known, {"module"})) == [["grpo_core.a", "grpo_core.b", "grpo_core.c"]]
+
+
+def test_a_sibling_plugin_import_and_an_upward_import_are_caught(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "plugins/vllm/__init__.py": "", "plugins/vllm/pool.py": "from grpo_plugins.vllm.server import x\n",
+        "plugins/vllm/server.py": "x = 1\n", "plugins/replay.py": "",
+        "plugins/advantages.py": "def f():\n    from grpo_plugins.vllm import pool\n",
+        "grpo_core/errors.py": "from grpo_core.types import Prompt\n", "grpo_core/types.py": "",
+        "grpo_core/cli.py": "", "grpo_core/models.py": "def f():\n    import grpo_core.cli\n",
+    })  # fmt: skip
+    edges, known = all_edges(root), set(source_files(root))
+    assert _sibling_imports(edges, known) == ["grpo_plugins.advantages:2 imports grpo_plugins.vllm.pool"]
+    assert _layer_breaks(edges, known) == {("grpo_core.errors", "grpo_core.types"), ("grpo_core.models", "grpo_core.cli")}
