@@ -244,6 +244,13 @@ def grpo_rollout_generate(
     importance-sampling correction) and whether the completion was truncated
     at ``sampling.max_tokens``. Stamp every group with ``policy_version``.
 
+    With ``sampling.seed`` set, sampling is reproducible from it, and still
+    every completion of the call draws from a random stream of its own:
+    prompts of one call never share a seed (an engine that seeds whole
+    requests, as vLLM does, needs one request or one seed per prompt). The
+    episode driver sends each episode's next turn as a prompt of its own;
+    shared streams would make the episodes of a group near copies.
+
     May be called from a background thread when ``async_prefetch`` is on; it
     must not touch the trainer's model then (use the inference engine).
     Raise :class:`grpo_core.errors.EngineUnavailable` when the engine cannot
