@@ -213,7 +213,7 @@ def trainer_ways(model, ids: torch.Tensor, completion: int) -> dict[str, Callabl
 
 
 def time_interleaved(model, ways: dict[str, Callable[[], torch.Tensor]], repeats: int):
-    """Median seconds of each way, the ways alternating (the first round is warm-up), and each one's log-probs."""
+    """Seconds of each way per round, the ways alternating (the first round, warm-up, not kept), and each one's log-probs."""
     times: dict[str, list[float]] = {name: [] for name in ways}
     logps: dict[str, torch.Tensor] = {}
     for round_ in range(repeats + 1):
@@ -223,7 +223,8 @@ def time_interleaved(model, ways: dict[str, Callable[[], torch.Tensor]], repeats
             logps[name] = fn()
             if round_:
                 times[name].append(time.perf_counter() - began)
-    return {name: statistics.median(t) for name, t in times.items()}, logps
+            print(f"  round {round_} {name}: {time.perf_counter() - began:.2f} s", file=sys.stderr, flush=True)
+    return times, logps
 
 
 def top_ops(fn: Callable[[], object], model, top: int) -> list[dict]:
@@ -352,17 +353,23 @@ def main() -> None:
     dims = Dims.of(model.config, lora_r=16)
     ids = micro_batch(torch.Generator().manual_seed(0), PROMPTS, ROWS, PROMPT_TOKENS, COMPLETION_TOKENS)
     ways = trainer_ways(model, ids, COMPLETION_TOKENS)
-    seconds, logps = time_interleaved(model, ways, args.repeats)
+    samples, logps = time_interleaved(model, ways, args.repeats)
+    seconds = {name: statistics.median(t) for name, t in samples.items()}
     labels = {"shared": "grpo, shared prompts (default)", "whole": "grpo, every row whole",
               "plain": "plain transformers + peft loop"}  # fmt: skip
     out["trainer"] = []
     for name, s in seconds.items():
         flops = micro_batch_flops(dims, name, PROMPTS, ROWS, PROMPT_TOKENS, COMPLETION_TOKENS)
-        out["trainer"].append({"way": name, "label": labels[name], "seconds": s, "gflop": sum(flops.values()) / 1e9,
-                               "gflops": sum(flops.values()) / s / 1e9, "ceiling_share": ceiling_seconds(flops, fp32) / s,
+        out["trainer"].append({"way": name, "label": labels[name], "seconds": s, "samples_s": samples[name],
+                               "gflop": sum(flops.values()) / 1e9, "gflops": sum(flops.values()) / s / 1e9,
+                               "ceiling_share": ceiling_seconds(flops, fp32) / s,
                                "flops_by_class_G": {k: v / 1e9 for k, v in flops.items()}})  # fmt: skip
     out["max_abs_logp_difference_vs_plain"] = {n: float((logps[n] - logps["plain"]).abs().max()) for n in ("shared", "whole")}
     print_trainer(out["trainer"])
+    gflop = {r["way"]: r["gflop"] for r in out["trainer"]}
+    for name in ("shared", "whole"):  # the same round's ratio: the machine's load changes less within a round
+        per_round = [gflop[name] / samples[name][i] / (gflop["plain"] / samples["plain"][i]) for i in range(args.repeats)]
+        print(f"GFLOP/s of {labels[name]} over the plain loop's, per round: {', '.join(f'{r:.2f}' for r in per_round)}")
     print("useful GFLOP by class (shared): " + ", ".join(f"{k} {v:.1f}" for k, v in out["trainer"][0]["flops_by_class_G"].items()))
     print(f"max |log-prob difference| against the plain loop: {out['max_abs_logp_difference_vs_plain']}", flush=True)
 
