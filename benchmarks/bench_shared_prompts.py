@@ -51,6 +51,27 @@ def fused_lora_forward(layer, x: torch.Tensor) -> torch.Tensor:
     return result.view(*x.shape[:-1], result.shape[-1])
 
 
+def lora_model() -> torch.nn.Module:
+    """SmolLM2-135M-Instruct in float32 with a fresh LoRA r16 on all linear layers, in training mode."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(DEFAULT_MODEL), dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
+    model.train()
+    return model
+
+
+def micro_batch(generator: torch.Generator, prompts: int, rows: int, prompt_tokens: int, completion: int) -> torch.Tensor:
+    """``[rows, prompt_tokens + completion]`` random token ids: ``prompts`` distinct prompts, row i
+    holding prompt i % prompts, each row its own completion (the arithmetic example's layout)."""
+    prompt_ids = torch.randint(0, 49152, (prompts, prompt_tokens), generator=generator)
+    return torch.cat([prompt_ids[torch.arange(rows) % prompts],
+                      torch.randint(0, 49152, (rows, completion), generator=generator)], dim=1)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
@@ -68,18 +89,13 @@ def main() -> None:
             "lora-forward": (("peft", {"share_prompts": True}, None),
                              ("fused", {"share_prompts": True}, fused_lora_forward))}[args.compare]  # fmt: skip
 
-    from peft import LoraConfig, get_peft_model
     from peft.tuners.lora.layer import Linear as LoraLinear
-    from transformers import AutoModelForCausalLM
 
     from grpo_core.logprobs import token_logprobs
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_core.precision import cpu_flag_summary
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(DEFAULT_MODEL), dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
-    model.train()
+    model = lora_model()
     if args.compare == "lora-forward":  # a fresh adapter is a no-op (B = 0): give it an effect, as after a few steps
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -89,9 +105,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     results = []
     for completion in args.completion_tokens:
-        prompts = torch.randint(0, 49152, (args.prompts, args.prompt_tokens), generator=generator)
-        ids = torch.cat([prompts[torch.arange(args.rows) % args.prompts],
-                         torch.randint(0, 49152, (args.rows, completion), generator=generator)], dim=1)  # fmt: skip
+        ids = micro_batch(generator, args.prompts, args.rows, args.prompt_tokens, completion)
         mask = torch.ones_like(ids)
         times: dict[str, list[float]] = {label: [] for label, _, _ in ways}
         logps: dict[str, torch.Tensor] = {}
