@@ -10,7 +10,8 @@ record what passes by:
   environment token counts, its turns);
 * ``VLLMColocateRollout.grpo_rollout_generate``: each call's thread, prompt
   count and the calls overlapping it (the engine serialises them);
-* ``InMemorySync.grpo_sync_weights``: each in-memory sync's version.
+* ``InMemorySync.grpo_sync_weights``: each in-memory sync's version and the
+  engine's weight label after it.
 
 Prints ``PROBE {json}``.
 """
@@ -91,7 +92,7 @@ def main(config_path: str) -> None:
     @functools.wraps(sync)
     def recording_sync(self, model, version, engine):
         result = sync(self, model=model, version=version, engine=engine)
-        syncs.append(version)
+        syncs.append((version, engine.weight_label))  # the label counts the engine's completed in-memory loads
         return result
 
     colocate.InMemorySync.grpo_sync_weights = recording_sync

@@ -116,4 +116,5 @@ def test_episodes_train_on_the_colocated_engine(smollm2_dir: str, tmp_path: Path
     for m in metrics_rows:
         assert m["episodes/turns_mean"] > 1 and m["episodes/environment_tokens_mean"] > 0 and m["episodes/errors"] == 0
         assert "rewards/parity_reward/mean" in m and m["time/weight_sync"] > 0
-    assert probe["syncs"] == [0, 1, 2]  # in memory: the policy at start, then after each step
+    # in memory, each one loaded by the engine: the policy at start, then after each step
+    assert probe["syncs"] == [[0, "grpo-memory-1"], [1, "grpo-memory-2"], [2, "grpo-memory-3"]]
