@@ -44,6 +44,14 @@ class EngineUnavailable(GrpoError):
     exit_code = 3
 
 
+class EnvironmentLost(GrpoError):
+    """An environment that cannot go on at all (its server keeps dying, or
+    never came up). Raised when an episode is made or reset, it ends the
+    run, where any other error there ends only that episode."""
+
+    exit_code = 3
+
+
 class NotImplementedYet(ConfigError):
     """An option from the reference feature list whose feature is not built
     yet: refusing is better than silently ignoring it."""

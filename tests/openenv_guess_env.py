@@ -10,7 +10,7 @@ step reads the last integer of the message and answers "higher", "lower" or
 "correct" (reward 1, done); a wrong guess costs 0.1 and the game ends after
 ``MAX_GUESSES``. Every session (WebSocket connection) gets its own
 instance, whose ``instance`` id and ``guesses`` count the observation shows,
-so a test can tell sessions apart. ``MAX_CONCURRENT_ENVS`` (environment
+so a test can tell sessions apart (and ``pid``, the server process). ``MAX_CONCURRENT_ENVS`` (environment
 variable) sets the server's session limit. ``app_bet`` is the same game
 with a two-field action.
 """
@@ -56,6 +56,7 @@ class GuessObservation(Observation):
     guesses: int = 0
     instance: str = ""
     episode_id: str | None = None
+    pid: int = 0
 
 
 class GuessEnvironment(Environment):
@@ -73,7 +74,7 @@ class GuessEnvironment(Environment):
         hint = kwargs.get("hint")
         text = "Guess my number between 1 and 20." + (f" Hint: {hint}" if hint else "")
         over = bool(kwargs.get("over"))  # a game that is over before it starts
-        return GuessObservation(text=text, instance=self.instance, episode_id=episode_id, reward=0.0, done=over)
+        return GuessObservation(text=text, instance=self.instance, episode_id=episode_id, reward=0.0, done=over, pid=os.getpid())
 
     def step(self, action: GuessAction, timeout_s: float | None = None, **kwargs: Any) -> GuessObservation:  # type: ignore[override]
         self._state.step_count += 1
@@ -82,7 +83,8 @@ class GuessEnvironment(Environment):
         if "SLEEP" in action.message:  # a step slower than the adapter's step_timeout
             time.sleep(3.0)
         numbers = re.findall(r"-?\d+", action.message)
-        common = {"guesses": self._state.step_count, "instance": self.instance, "episode_id": self._state.episode_id}
+        common = {"guesses": self._state.step_count, "instance": self.instance, "episode_id": self._state.episode_id,
+                  "pid": os.getpid()}  # fmt: skip
         if numbers and int(numbers[-1]) == self.secret:
             return GuessObservation(text="correct", done=True, reward=1.0, **common)
         over = self._state.step_count >= MAX_GUESSES

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,11 +34,15 @@ TESTS = Path(__file__).resolve().parent
 SERVE = "{python} -m uvicorn openenv_guess_env:app --app-dir " + str(TESTS) + " --host {host} --port {port}"
 
 
-def load(tmp_path: Path, **settings) -> OpenEnvEnvironment:
+def config(**settings):
+    return validate({"base_model": "unused/model", "trl": {"reward_funcs": ["x.y"]},
+                     "plugins": {"environment": "openenv", "openenv": settings}})  # fmt: skip
+
+
+def load(tmp_path: Path, log: list[str] | None = None, **settings) -> OpenEnvEnvironment:
     """The adapter as a run builds it: through the plugin host, from a config."""
-    cfg = validate({"base_model": "unused/model", "trl": {"reward_funcs": ["x.y"]},
-                    "plugins": {"environment": "openenv", "openenv": settings}})  # fmt: skip
-    return PluginHost().load_implementation("environment", "openenv", RunContext(config=cfg, output_dir=tmp_path, log=lambda m: None))
+    context = RunContext(config=config(**settings), output_dir=tmp_path, log=(lambda m: None) if log is None else log.append)
+    return PluginHost().load_implementation("environment", "openenv", context)
 
 
 def prompt(index: int, **columns) -> Prompt:
@@ -249,29 +254,115 @@ def test_capacity_is_explained_and_can_be_waited_for(tmp_path):
         one.close()
 
 
-def test_a_dead_server_is_a_clear_error(tmp_path):
+def test_a_dead_server_is_a_clear_error_and_restarted_at_the_next_episode(tmp_path):
     """The managed server killed mid-episode: the next step fails with a
     GrpoError naming the server, the episode, the step and the exit code
-    (no traceback); a new episode then says the server is not running."""
-    doomed = load(tmp_path, command=SERVE)
+    (no traceback). The next episode to start restarts the server once (a
+    new process on a new port), says so in one log line, counts it in
+    episodes/environment_restarts, and plays on it."""
+    log: list[str] = []
+    doomed = load(tmp_path, log, command=SERVE, observation_field="text")
     try:
         episode = doomed.grpo_environment_episode(prompt(5), 0)
         episode.reset()
         episode.step("3")
-        os.killpg(doomed.server.process.pid, signal.SIGKILL)
+        first_pid, first_port = doomed.server.pid, doomed.server.port
+        os.killpg(first_pid, signal.SIGKILL)
         doomed.server.process.wait(timeout=10)
         with pytest.raises(OpenEnvUnavailable) as died:
             episode.step("4")
         message = str(died.value)
         assert isinstance(died.value, GrpoError) and "Traceback" not in message
-        assert f"OpenEnv server at ws://127.0.0.1:{doomed.server.port}/ws, prompt 5, sample 0, step 2" in message
+        assert f"OpenEnv server at ws://127.0.0.1:{first_port}/ws, prompt 5, sample 0, step 2" in message
         assert "exited with code -9" in message
         episode.close()  # never raises on a dead server
-        fresh = doomed.grpo_environment_episode(prompt(5), 1)
-        with pytest.raises(OpenEnvUnavailable, match="reset: the server is not running .*exited with code -9"):
-            fresh.reset()
+        metrics: dict[str, float] = {}
+        doomed.grpo_step_end(metrics=metrics)
+        assert metrics == {"episodes/environment_restarts": 0.0}
+
+        starts = [doomed.grpo_environment_episode(prompt(5), s) for s in (1, 2)]  # two starts, one restart
+        assert doomed.restarts == 1 and doomed.server.pid != first_pid and doomed.server.port != first_port
+        restarted = [line for line in log if "restarting it" in line]
+        assert restarted == [
+            f"OpenEnv: the managed server (pid {first_pid}) exited with code -9; restarting it (restart 1 of at most 3, "
+            "plugins.openenv.max_restarts); the episodes it was playing end with an error"
+        ]
+        assert f"OpenEnv: server restarted at http://127.0.0.1:{doomed.server.port} (pid {doomed.server.pid})" in log
+        for fresh in starts:
+            seen, total, steps = play_bisect(fresh)  # on the new server
+            assert seen[-1] == "done" and total == pytest.approx(1.0 - 0.1 * (steps - 1))
+        doomed.grpo_step_end(metrics=metrics)
+        assert metrics == {"episodes/environment_restarts": 1.0}
     finally:
         doomed.close()
+
+
+def test_a_server_that_stops_answering_is_restarted(tmp_path):
+    """A server whose process lives but answers nothing (SIGSTOP): the step
+    in flight times out, and the next episode's start finds /health
+    silent, kills the old process group and plays on a new server."""
+    log: list[str] = []
+    frozen = load(tmp_path, log, command=SERVE, observation_field="text", step_timeout=1.0, connect_timeout=3.0)
+    try:
+        episode = frozen.grpo_environment_episode(prompt(3), 0)
+        episode.reset()
+        old = frozen.server.process
+        os.killpg(old.pid, signal.SIGSTOP)
+        with pytest.raises(OpenEnvError, match="step 1: no answer within 1 s"):
+            episode.step("3")
+        episode.close()
+        frozen.step_timeout = 60.0  # the new server's steps: no hurry on a loaded machine
+        fresh = frozen.grpo_environment_episode(prompt(3), 1)
+        assert old.poll() is not None  # the frozen process group was killed, not left behind
+        assert frozen.restarts == 1 and frozen.server.pid != old.pid
+        assert any(f"(pid {old.pid}) did not answer GET /health within 3 s" in line and "restarting it" in line for line in log)
+        assert play_bisect(fresh)[0][-1] == "done"
+    finally:
+        frozen.close()
+
+
+FLAKY = "{python} " + str(TESTS / "openenv_flaky_server.py") + " MARKER {host} {port}"
+
+
+def test_a_server_that_dies_at_every_restart_ends_the_run(tmp_path, smollm2_tokenizer):
+    """Restarts are bounded: a server that comes up once, is killed, and then
+    exits at every start is restarted max_restarts times, then the next
+    episode start (and every one after it) raises OpenEnvServerLost, an
+    EnvironmentLost naming the command and its last log lines. The episode
+    driver lets it end the run instead of failing one episode after another."""
+    from grpo_core.errors import EnvironmentLost
+    from grpo_core.training.episodes import EpisodeDriver
+    from grpo_core.types import SamplingSettings
+    from grpo_plugins.environments.openenv import OpenEnvServerLost
+
+    command = FLAKY.replace("MARKER", str(tmp_path / "started"))
+    log: list[str] = []
+    flaky = load(tmp_path, log, command=command, observation_field="text", max_restarts=2)
+    try:
+        assert play_bisect(flaky.grpo_environment_episode(prompt(0), 0))[0][-1] == "done"
+        os.killpg(flaky.server.pid, signal.SIGKILL)
+        flaky.server.process.wait(timeout=10)
+        start = time.monotonic()
+        with pytest.raises(OpenEnvServerLost) as lost:
+            flaky.grpo_environment_episode(prompt(0), 1)
+        assert time.monotonic() - start < 60  # two quick failed starts, no waiting for startup_timeout
+        message = str(lost.value)
+        assert isinstance(lost.value, EnvironmentLost) and lost.value.exit_code == 3
+        assert flaky.restarts == 2 and sum("restarting it" in line for line in log) == 2
+        assert "exited with code 1 before answering /health, and it was restarted 2 time(s) already" in message
+        assert "(plugins.openenv.max_restarts = 2), so the run ends" in message
+        assert f"Its command: {sys.executable} {TESTS / 'openenv_flaky_server.py'}" in message
+        assert "refusing to start again" in message  # the log's last lines
+        assert flaky.server.process is None  # nothing left running
+
+        # The driver: the error ends the batch (and so the run), it is not one failed episode
+        cfg = config(command=command)
+        driver = EpisodeDriver(flaky.grpo_environment_episode, smollm2_tokenizer, cfg, "openenv", log.append, concurrent_turns=False)
+        never = lambda *args: pytest.fail("no episode may reach the model")  # noqa: E731
+        with pytest.raises(OpenEnvServerLost, match="so the run ends"):
+            driver.run([prompt(i) for i in range(2)], 2, SamplingSettings(max_tokens=16), never)
+    finally:
+        flaky.close()
 
 
 def test_no_server_at_base_url(tmp_path):
@@ -297,9 +388,17 @@ def test_a_base_url_server_that_goes_away(managed, tmp_path):
 
 
 def test_a_server_that_cannot_start_shows_its_log(tmp_path):
+    """A command that never serves: its log's tail in the error, which ends
+    the run (an EnvironmentLost); it is not restarted, since the same
+    command would fail the same way, and every later episode says so at once."""
+    from grpo_core.errors import EnvironmentLost
+
     broken = load(tmp_path, command="{python} -m uvicorn no_such_module:app --host {host} --port {port}", startup_timeout=60)
-    with pytest.raises(OpenEnvUnavailable, match="(?s)failed to start: the managed server .* exited with code \\d+; last lines of .*no_such_module"):
+    with pytest.raises(EnvironmentLost, match="(?s)failed to start: the managed server .* exited with code \\d+; last lines of .*no_such_module.*The run ends"):
         broken.grpo_environment_episode(prompt(0), 0)
+    with pytest.raises(OpenEnvUnavailable, match="failed to start"):
+        broken.grpo_environment_episode(prompt(0), 1)
+    assert broken.restarts == 0
     broken.close()
 
 

@@ -17,7 +17,10 @@ still running gets one model turn and one environment step:
   (``ended_by = "error"`` / ``"timeout"``): it keeps the tokens it has, gets
   no environment reward (``None``), and is logged; the rest of its group
   trains as usual. With the environment as the only reward it therefore
-  contributes advantage 0.
+  contributes advantage 0. The one exception: an
+  :class:`~grpo_core.errors.EnvironmentLost` raised while episodes are made
+  or reset (an environment that can serve none, e.g. a server that keeps
+  dying) ends the run with its message.
 
 An episode becomes one :class:`~grpo_core.types.Completion`: the model's
 ids (loss mask 1, the sampler's log-probs) and the environment's (mask 0,
@@ -38,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
-from grpo_core.errors import GrpoError
+from grpo_core.errors import EnvironmentLost, GrpoError
 from grpo_core.training.turn_tokens import TemplateError, TurnTokens
 from grpo_core.types import Completion, EnvironmentReply, EpisodeStats, Messages, Prompt, RolloutGroup, SamplingSettings
 
@@ -205,6 +208,9 @@ class EpisodeDriver:
             return episode, episode.reset()
 
         outcomes = call_each([lambda p=p, s=s: begin(p, s) for p, s in starts], self.settings.step_timeout, self.settings.max_concurrent_steps)
+        lost = next((value for kind, value in outcomes if kind == "error" and isinstance(value, EnvironmentLost)), None)
+        if lost is not None:  # e.g. a server that keeps dying: no episode could be played, so the run ends
+            raise lost
         live = []
         failures = _FailureLog()
         for (prompt, sample), (kind, value) in zip(starts, outcomes):

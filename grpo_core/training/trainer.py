@@ -20,7 +20,7 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
-from grpo_core.errors import EngineUnavailable, GrpoError, PluginError, RewardError, TrainingInterrupted
+from grpo_core.errors import EngineUnavailable, EnvironmentLost, GrpoError, PluginError, RewardError, TrainingInterrupted
 from grpo_core.logprobs import token_logprobs
 from grpo_core.loss import LossSettings, zero_advantage_rows_are_inert
 from grpo_core.precision import resolve_precision
@@ -636,7 +636,7 @@ class GRPOTrainer:
                     try:
                         metrics = self._train_step()
                         self._sync_after_step(metrics, observer)
-                    except (EngineUnavailable, RewardError, PluginError) as exc:
+                    except (EngineUnavailable, EnvironmentLost, RewardError, PluginError) as exc:
                         path = self.save()  # everything finished so far is kept
                         raise type(exc)(f"{exc}\nTraining stopped at step {self.step}; checkpoint saved to {path}. "
                                         f"Resume with resume_from_checkpoint = \"{path}\".") from exc

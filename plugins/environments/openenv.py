@@ -21,7 +21,8 @@ is the step's reward (``provides_reward = True``: the ``environment``
 reward function sums them), its ``done`` ends the episode.
 
 ``[plugins.openenv]`` either points at a running server (``base_url``) or
-names a ``command`` grpo runs on a free loopback port and stops at the end::
+names a ``command`` grpo runs on a free loopback port, restarts when it dies
+(at most ``max_restarts`` times) and stops at the end::
 
     [plugins]
     environment = "openenv"
@@ -35,6 +36,7 @@ names a ``command`` grpo runs on a free loopback port and stops at the end::
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import time
 import zlib
@@ -46,12 +48,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from grpo_core import hookimpl
 from grpo_core.context import RunContext
 from grpo_core.data import import_from_cwd
-from grpo_core.errors import ConfigError
+from grpo_core.errors import ConfigError, EnvironmentLost
 from grpo_core.types import EnvironmentReply, Messages, Prompt
 from grpo_plugins.environments.openenv_server import ManagedEnvServer
 from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvSession, OpenEnvUnavailable, StepResult, http_url
 
 ActionFunction = Callable[[str], dict[str, Any]]
+
+
+class OpenEnvServerLost(OpenEnvUnavailable, EnvironmentLost):
+    """The managed server is down for good (it never came up, or died more
+    often than ``max_restarts`` allows): the run ends with this message."""
 
 
 class OpenEnvSettings(BaseModel):
@@ -69,6 +76,10 @@ class OpenEnvSettings(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for command.")
     startup_timeout: float = Field(
         120.0, gt=0, description="Seconds the server (command's, or base_url's) may take to answer /health, waited for at the first episode."
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="Times grpo restarts command's server in a run when it has exited or stopped answering "
+        "/health (checked as each episode starts); past that, the run ends with an error. 0: never restart."
     )
     connect_timeout: float = Field(10.0, gt=0, description="Seconds to open an episode's WebSocket session.")
     step_timeout: float | None = Field(None, gt=0, description="Seconds a reset or step may take. Unset: [episodes] step_timeout.")
@@ -246,10 +257,18 @@ class OpenEnvEnvironment:
             self.server = ManagedEnvServer(s.command, env=s.env, log_path=log_path)
             self.server.start()  # starts while the model loads; waited for at the first episode
             context.log(f"OpenEnv: starting server {self.server.argv[0]} ... at {self.server.base_url}, log: {log_path}")
-        self.base_url = self.server.base_url if self.server else str(s.base_url)
+        self._base_url = str(s.base_url)
         self._action_field = s.action_field
         self._ready = False
-        self._ready_lock = threading.Lock()
+        self._ready_lock = threading.Lock()  # also serialises the health checks and restarts of a managed server
+        self.restarts = 0  # of the managed server, in this run
+        self._suspect = False  # a connection broke or timed out: check /health before the next episode
+        self._lost: OpenEnvServerLost | None = None
+
+    @property
+    def base_url(self) -> str:
+        """Where the server is: a managed one moves to a new port when restarted."""
+        return self.server.base_url if self.server is not None else self._base_url
 
     # ------------------------------------------------------------------ mapping
 
@@ -316,16 +335,85 @@ class OpenEnvEnvironment:
         """Once, at the first episode: wait for a managed server, then find
         the action field when the settings name none."""
         with self._ready_lock:
+            if self._lost is not None:
+                raise self._lost
             if self._ready:
+                if self.server is not None:
+                    self._restart_if_down()
                 return
             if self.server is not None:
-                self.server.wait_ready(self.settings.startup_timeout)
+                try:
+                    self.server.wait_ready(self.settings.startup_timeout)
+                except OpenEnvUnavailable as exc:  # never came up: restarting the same command would not help
+                    self._lost = OpenEnvServerLost(f"{exc} The run ends: no episode can be played without it.")
+                    raise self._lost from None
             else:
                 self._wait_external()
             self.context.log(f"OpenEnv: server ready at {self.base_url}")
             if self._action_function is None and self._action_field is None:
                 self._action_field = self._find_action_field()
             self._ready = True
+
+    def _mark_suspect(self) -> None:
+        self._suspect = True
+
+    def _health_problem(self) -> str | None:
+        """Why a managed server whose process runs is still no good (it does
+        not answer ``GET /health`` within connect_timeout), else ``None``."""
+        import httpx
+
+        assert self.server is not None
+        timeout = self.settings.connect_timeout
+        try:
+            status = httpx.get(f"{self.server.base_url}/health", timeout=timeout, trust_env=False).status_code
+        except httpx.HTTPError as exc:
+            return f"the managed server (pid {self.server.pid}) did not answer GET /health within {timeout:g} s ({type(exc).__name__})"
+        return None if status == 200 else f"the managed server (pid {self.server.pid}) answered GET /health with {status}"
+
+    def _restart_if_down(self) -> None:
+        """At an episode's start (under ``_ready_lock``, so a failure seen by
+        many episodes at once is handled once): a managed server that has
+        exited, or that broke a connection and now fails ``/health``, is
+        restarted, at most ``max_restarts`` times in the run. Past that,
+        :class:`OpenEnvServerLost`, which ends the run."""
+        server, s = self.server, self.settings
+        assert server is not None
+        code = server.exit_code()
+        problem = None if code is None else f"the managed server (pid {server.pid}) exited with code {code}"
+        if problem is None and self._suspect:
+            self._suspect = False
+            problem = self._health_problem()
+        while problem is not None:
+            if self.restarts >= s.max_restarts:
+                server.stop(grace=5.0)
+                tail = server.log_tail()
+                self._lost = OpenEnvServerLost(
+                    f"OpenEnv server at {server.base_url}: {problem}, and it was restarted {self.restarts} time(s) "
+                    f"already (plugins.openenv.max_restarts = {s.max_restarts}), so the run ends. "
+                    f"Its command: {shlex.join(server.argv)}"
+                    + (f". Last lines of {server.log_path}:\n{tail}" if tail else f"; its log: {server.log_path}.")
+                )
+                raise self._lost
+            self.restarts += 1
+            self.context.log(
+                f"OpenEnv: {problem}; restarting it (restart {self.restarts} of at most {s.max_restarts}, "
+                "plugins.openenv.max_restarts); the episodes it was playing end with an error"
+            )
+            server.restart(f"restart {self.restarts}: {problem}")
+            pid = server.pid
+            try:
+                server.wait_ready(s.startup_timeout)
+            except OpenEnvUnavailable:
+                code = server.exit_code()
+                problem = (
+                    f"the restarted server (pid {pid}) exited with code {code} before answering /health"
+                    if code is not None
+                    else f"the restarted server (pid {pid}) did not answer /health within {s.startup_timeout:g} s "
+                    "(plugins.openenv.startup_timeout)"
+                )
+                continue
+            problem = None
+            self.context.log(f"OpenEnv: server restarted at {self.base_url} (pid {pid})")
 
     def _wait_external(self) -> None:
         """A base_url server may still be starting (launched beside grpo):
@@ -355,6 +443,7 @@ class OpenEnvEnvironment:
             connect_timeout=self.settings.connect_timeout,
             message_timeout=self.step_timeout,
             server_problem=self.server.problem if self.server else (lambda: None),
+            on_lost=self._mark_suspect if self.server else (lambda: None),
         )
 
     @hookimpl
@@ -380,6 +469,11 @@ class OpenEnvEnvironment:
             reset_text=self.reset_content,
             capacity_wait=s.capacity_wait,
         )
+
+    @hookimpl
+    def grpo_step_end(self, metrics: dict[str, float]) -> None:
+        if self.server is not None:
+            metrics["episodes/environment_restarts"] = float(self.restarts)  # so far in this run
 
     @hookimpl
     def grpo_train_end(self) -> None:

@@ -5,6 +5,8 @@ OpenEnv environments ship as FastAPI apps (``server/app.py`` with
 --host H --port P`` serves. grpo runs that command on a free loopback port,
 waits until ``GET /health`` answers, and stops the whole process group when
 the run ends (or, through the parent-death signal, when grpo dies).
+:meth:`ManagedEnvServer.restart` replaces a server that died with a new
+process on a new free port (the adapter decides when, and how often).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from grpo_plugins.environments.openenv_session import OpenEnvUnavailable
+from grpo_plugins.vllm.server import _in_lifelong_thread  # one process-long thread starts every managed server
 
 _LIVE: weakref.WeakSet[ManagedEnvServer] = weakref.WeakSet()
 
@@ -47,15 +50,29 @@ def command_argv(command: str | list[str], host: str, port: int) -> list[str]:
     return [w.replace("{host}", host).replace("{port}", str(port)).replace("{python}", sys.executable) for w in words]
 
 
-def _parent_death_signal() -> None:
-    """In the child before exec: SIGTERM when the thread that started it dies
-    (Linux), so a killed trainer leaves no environment server behind."""
+def _load_prctl() -> Any:
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: the atexit guard still applies
-        pass
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except Exception:  # noqa: BLE001 - not Linux (or no glibc): the atexit guard still applies
+        return None
+
+
+# Resolved here, in the parent: between fork and exec the child should only
+# call it. Importing ctypes or dlopen-ing libc there can deadlock the child when
+# another thread of the parent holds the import or loader lock at the fork, and
+# a restart forks while episode threads (and their websocket threads) run.
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+_SIGTERM = int(signal.SIGTERM)
+
+
+def _parent_death_signal() -> None:
+    """In the child before exec: SIGTERM when the thread that started it dies
+    (Linux), so a killed trainer leaves no environment server behind."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, _SIGTERM)
 
 
 class ManagedEnvServer:
@@ -63,6 +80,7 @@ class ManagedEnvServer:
 
     def __init__(self, command: str | list[str], *, env: dict[str, str], log_path: Path, port: int = 0) -> None:
         self.host = "127.0.0.1"
+        self.command = command
         self.port = port or free_loopback_port()
         self.argv = command_argv(command, self.host, self.port)
         self.env = env
@@ -82,19 +100,25 @@ class ManagedEnvServer:
                 return
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's life
-            try:
-                self.process = subprocess.Popen(  # noqa: S603 - the command the config names
+            log = self._log
+
+            def launch() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(  # noqa: S603 - the command the config names
                     self.argv,
                     env={**os.environ, **self.env},
                     stdin=subprocess.DEVNULL,
-                    stdout=self._log,
+                    stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # its own process group: stop() reaches its workers too
-                    # The death signal follows the *thread* that starts the child: from
-                    # any other thread than the main one it would fire when that thread
-                    # ends, so there only the atexit guard applies.
-                    preexec_fn=_parent_death_signal if threading.current_thread() is threading.main_thread() else None,
+                    preexec_fn=_parent_death_signal,
                 )
+
+            try:
+                # The death signal follows the *thread* that starts the child: the main
+                # thread lives as long as the process; any other (a restart from an
+                # episode's thread) hands the start to one that does.
+                in_main = threading.current_thread() is threading.main_thread()
+                self.process = launch() if in_main else _in_lifelong_thread(launch)  # type: ignore[assignment]
             except OSError as exc:
                 self._log.close()
                 self._log = None
@@ -103,6 +127,31 @@ class ManagedEnvServer:
                     "Give the full path of the program, or '{python} -m uvicorn ...' for this interpreter."
                 ) from None
             _LIVE.add(self)
+
+    @property
+    def pid(self) -> int | None:
+        proc = self.process
+        return None if proc is None else proc.pid
+
+    def exit_code(self) -> int | None:
+        """The process's exit code once it has exited; ``None`` while it runs (or was never started)."""
+        proc = self.process
+        return None if proc is None else proc.poll()
+
+    def restart(self, note: str) -> None:
+        """Stop what is left of the server (its whole process group) and
+        start the command again on a new free port; ``note`` goes into the
+        log first, so its tail shows the new process's own lines. A new port,
+        not the old one: a dying server's workers may still hold it."""
+        self.stop(grace=5.0)
+        self.port = free_loopback_port()
+        self.argv = command_argv(self.command, self.host, self.port)
+        try:
+            with open(self.log_path, "ab") as fh:
+                fh.write(f"\n--- grpo: {note} ---\n".encode())
+        except OSError:
+            pass
+        self.start()
 
     def log_tail(self, lines: int = 15) -> str:
         try:

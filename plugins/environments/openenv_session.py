@@ -101,7 +101,10 @@ class OpenEnvSession:
 
     ``where`` names the episode in error messages (e.g. ``"prompt 3, sample
     1"``); ``server_problem`` says why the server cannot answer (a managed
-    server that exited, with its log's tail), ``None`` when it runs.
+    server that exited, with its log's tail), ``None`` when it runs;
+    ``on_lost`` is told when a connection could not be opened, broke or
+    timed out (the adapter then checks the server's health before the next
+    episode).
     """
 
     def __init__(
@@ -112,12 +115,14 @@ class OpenEnvSession:
         connect_timeout: float,
         message_timeout: float,
         server_problem: Callable[[], str | None] = lambda: None,
+        on_lost: Callable[[], None] = lambda: None,
     ) -> None:
         self.url = ws_url(base_url)
         self.where = where
         self.connect_timeout = connect_timeout
         self.message_timeout = message_timeout
         self.server_problem = server_problem
+        self.on_lost = on_lost
         self._ws: Any = None
         self._lock = threading.Lock()  # close() may come from another thread than step()
         self._closed = False
@@ -131,6 +136,7 @@ class OpenEnvSession:
             connect_timeout=self.connect_timeout,
             message_timeout=self.message_timeout,
             server_problem=self.server_problem,
+            on_lost=self.on_lost,
         )
 
     # ------------------------------------------------------------------ errors
@@ -139,6 +145,7 @@ class OpenEnvSession:
         return f"OpenEnv server at {self.url}, {self.where}, {what}"
 
     def _unavailable(self, what: str, detail: str) -> OpenEnvUnavailable:
+        self.on_lost()
         problem = self.server_problem()
         suffix = f" ({problem})" if problem else ""
         return OpenEnvUnavailable(f"{self._prefix(what)}: {detail}{suffix}.")
@@ -188,6 +195,7 @@ class OpenEnvSession:
                     raw = ws.recv(timeout=self.message_timeout)
             except TimeoutError:
                 self._drop(what)
+                self.on_lost()
                 raise OpenEnvError(
                     f"{self._prefix(what)}: no answer within {self.message_timeout:g} s "
                     "(plugins.openenv.step_timeout, default [episodes] step_timeout)."

@@ -51,7 +51,7 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-USER_MODULES = ("calculator", "rewards", "guess_env", "two_turns", "grpo_guess_number", "grpo_env_faults")
+USER_MODULES = ("calculator", "rewards", "guess_env", "two_turns", "killer", "grpo_guess_number", "grpo_env_faults")
 
 
 @contextmanager
@@ -298,3 +298,88 @@ def test_rollout_func_generates_through_the_engine(vllm_server, smollm2_dir: str
     rows = metrics(out)
     # the engine's log-probs reached the loss (the IS correction runs on them)
     assert len(rows) == 2 and any(r.get("is/importance_sampling_ratio/mean", 0) > 0 for r in rows)
+
+
+KILLER = '''
+import os
+import signal
+
+from grpo_plugins.environments import openenv_server
+
+ARMED = []   # set once the first batch is scored: the next action kills the server
+KILLED = []  # the pid killed
+PIDS = []    # per scored batch: the server pids the episodes' last observations came from
+
+
+def act(text):
+    """plugins.openenv.action_function: the usual action, and kill -9 of the server's
+    process group at the second batch's first step, while its episodes are in flight."""
+    if ARMED and not KILLED:
+        (server,) = [s for s in openenv_server._LIVE if s.process is not None]
+        KILLED.append(server.pid)
+        os.killpg(server.pid, signal.SIGKILL)
+        server.process.wait()
+    return {"message": text}
+
+
+def server_pids(completions, openenv_observation=None, **kwargs):
+    """A zero reward that records which server process each episode played on."""
+    PIDS.append([None if o is None else o.get("pid") for o in (openenv_observation or [None] * len(completions))])
+    ARMED.append(True)
+    return [0.0] * len(completions)
+'''
+
+
+@pytest.mark.parametrize("restarts", ["succeed", "keep_failing"])
+def test_a_killed_openenv_server_is_restarted_and_the_run_goes_on(
+    vllm_server, smollm2_dir: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], restarts: str
+) -> None:  # fmt: skip
+    # kill -9 of the OpenEnv server in the middle of step 2's episodes: they end with an error, the
+    # next episode start (step 3) restarts the server once and plays on the new process. A server
+    # that then dies at every start is restarted max_restarts times and ends the run with a clear error.
+    pytest.importorskip("openenv")
+    from grpo_plugins.environments.openenv import OpenEnvServerLost
+
+    (tmp_path / "killer.py").write_text(KILLER)
+    if restarts == "succeed":
+        serve = "{python} -m uvicorn openenv_guess_env:app --app-dir " + str(ROOT / "tests") + " --host {host} --port {port}"
+    else:
+        serve = "{python} " + str(ROOT / "tests" / "openenv_flaky_server.py") + f" {tmp_path / 'started'} {{host}} {{port}}"
+    out = tmp_path / "out"
+    cfg = validate(episode_run(
+        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
+        plugins={"environment": "openenv",
+                 "openenv": {"command": serve, "observation_field": "text", "env": {"MAX_CONCURRENT_ENVS": "16"},
+                             "action_function": "killer.act", "max_restarts": 2}},
+        episodes={"max_turns": 2, "max_tokens_per_turn": 6}, max_steps=3,
+        trl={"reward_funcs": ["killer.server_pids", "environment"], "reward_weights": [0.0, 1.0]},
+    ))  # fmt: skip
+    with importable(tmp_path):
+        import killer
+
+        if restarts == "succeed":
+            assert run_training(cfg) == "completed"
+        else:
+            with pytest.raises(OpenEnvServerLost, match=r"restarted 2 time\(s\) already \(plugins.openenv.max_restarts = 2\), so the run ends") as lost:
+                run_training(cfg)
+            assert "openenv_flaky_server.py" in str(lost.value) and "refusing to start again" in str(lost.value)
+            # what was trained is kept: fix the server, resume
+            assert f"Training stopped at step 2; checkpoint saved to {out / 'checkpoint-2'}" in str(lost.value)
+            assert (out / "checkpoint-2").is_dir()
+        pids, killed = killer.PIDS, killer.KILLED
+    printed = capfd.readouterr()
+    output = printed.out + printed.err
+    rows = metrics(out)
+    assert len(killed) == 1 and f"(pid {killed[0]}) exited with code -9; restarting it (restart 1 of at most 2" in output
+    assert set(pids[0]) == {killed[0]}  # step 1 played on the first server
+    assert rows[1]["episodes/errors"] > 0 and rows[1]["episodes/environment_restarts"] == 0  # in flight at the kill
+    if restarts == "succeed":
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        (new_pid,) = set(pids[2])
+        assert new_pid not in (None, killed[0])  # step 3's episodes all played on the restarted server
+        assert rows[2]["episodes/errors"] == 0 and rows[2]["episodes/environment_restarts"] == 1
+        assert rows[2]["episodes/turns_mean"] >= 1 and "rewards/environment/mean" in rows[2]
+    else:
+        assert [r["step"] for r in rows] == [1, 2]  # step 3 never trained: the run ended
+        assert output.count("restarting it (restart") == 2
+    assert "Traceback" not in output

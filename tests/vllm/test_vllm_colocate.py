@@ -64,3 +64,57 @@ def test_grpo_run_colocate_is_one_process(smollm2_dir: str, tmp_path: Path) -> N
         assert abs(row["is/importance_sampling_ratio/mean"] - 1.0) < 1e-3, row
         assert row["eval/num_samples"] == 2 and row["eval/policy_version"] == row["step"], row
         assert row["is/sampling_logp_difference/max"] < 1e-2, row
+
+
+CALCULATOR = HERE.parents[1] / "examples" / "calculator"
+
+
+def test_episodes_train_on_the_colocated_engine(smollm2_dir: str, tmp_path: Path) -> None:
+    # Multi-turn episodes (the calculator tool) through the in-process engine: every turn is one
+    # rollout call on the episode's ids so far. Guided decoding makes every model turn a valid
+    # tool call, so every episode has two turns with the tool's answer (loss mask 0) between them.
+    (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)  # varies within a group: every step trains
+    cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_mode="colocate", reward_funcs=["parity_rewards.parity_reward"],
+                     tools=["calculator.calculate"], max_tool_calling_iterations=1, max_completion_length=96,
+                     vllm_guided_decoding_regex=r'<tool_call>calculate\(expression="(2\+3|4\*5|7-1)"\)</tool_call>')  # fmt: skip
+    cfg["max_steps"] = 2
+    cfg["datasets"] = [{"path": str(CALCULATOR / "data" / "train.jsonl")}]
+    cfg["plugins"] = {"tools": {"format": "python"}}
+    cfg["episodes"] = {"max_turns": 3, "max_tokens_per_turn": 22}  # a guided call is 18 tokens and the end of turn
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(cfg))
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(CALCULATOR), ENV.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(HERE / "colocate_episodes_probe.py"), str(config)],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "Traceback" not in output and "colocated engine ready" in output
+    probe = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("PROBE "))[6:])
+    assert probe["status"] == "completed"
+    print({k: probe[k] for k in ("syncs", "seconds")}, [(c["prompts"], c["n"], round(c["seconds"], 2)) for c in probe["calls"]])
+
+    # The trained rows: mask 1 exactly on the model's tokens, 0 on the tool's answer, none on padding.
+    rows = probe["rows"]
+    assert rows
+    for row in rows:
+        assert row["mask"] == row["loss_mask"] and row["padding_mask_sum"] == 0
+        assert sum(row["mask"]) == row["model_tokens"] and row["mask"].count(0) == row["environment_tokens"]
+        # every <|im_start|> (id 1) in a completion opens the template's reply turn: mask 0
+        starts = [m for t, m in zip(row["ids"], row["mask"]) if t == 1]
+        assert all(m == 0 for m in starts) and (len(starts) > 0) == (row["environment_tokens"] > 0)
+    multi = [r for r in rows if r["turns"] > 1]
+    assert multi and all(r["environment_tokens"] > 0 and r["tool_calls"] >= 1 for r in multi)
+
+    # Each turn of the batch's episodes went to the engine together: one call per turn and group
+    # size, from one thread, never two at once (the engine's lock is never contended).
+    calls = probe["calls"]
+    assert all(c["overlapping"] == 1 for c in calls) and len({c["thread"] for c in calls}) == 1
+    assert max(c["prompts"] for c in calls) >= 2
+
+    metrics_rows = metrics(tmp_path / "out")
+    assert [m["step"] for m in metrics_rows] == [1, 2]
+    for m in metrics_rows:
+        assert m["episodes/turns_mean"] > 1 and m["episodes/environment_tokens_mean"] > 0 and m["episodes/errors"] == 0
+        assert "rewards/parity_reward/mean" in m and m["time/weight_sync"] > 0
+    # in memory, each one loaded by the engine: the policy at start, then after each step
+    assert probe["syncs"] == [[0, "grpo-memory-1"], [1, "grpo-memory-2"], [2, "grpo-memory-3"]]
