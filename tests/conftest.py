@@ -18,6 +18,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+from vllm_session import vllm_server  # noqa: E402,F401 - the session's one vLLM server, for tests/vllm and tests/reliability
+
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> str:

