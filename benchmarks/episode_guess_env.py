@@ -20,6 +20,10 @@ CLOSENESS = 0.5
 
 
 class GuessNumberEnv:
+    # every scored game as (secret, guesses, reward), for the benchmark's
+    # side-by-side account of how the two trainers' episodes went
+    scored: list[tuple[int, list[int], float]] = []
+
     def __init__(self) -> None:
         self.secret = LOW
         self.guesses: list[int] = []
@@ -46,7 +50,9 @@ class GuessNumberEnv:
         return "Higher." if number < self.secret else "Lower."
 
     def get_reward(self) -> float:
-        return episode_reward(self.secret, self.guesses, self.solved_at)
+        reward = episode_reward(self.secret, self.guesses, self.solved_at)
+        GuessNumberEnv.scored.append((self.secret, list(self.guesses), reward))
+        return reward
 
 
 def episode_reward(secret: int, guesses: list[int], solved_at: int | None) -> float:
