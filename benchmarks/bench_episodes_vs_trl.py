@@ -77,7 +77,10 @@ SYSTEM = (
     "You are playing a game: find a secret whole number from 1 to 16 with the guess tool. "
     "After each guess you are told Higher., Lower. or Correct!."
 )
-GAME = "I am thinking of a number from 1 to 16. Guess it."
+# "Call the guess tool." and the "I guess N." before each demonstrated call: without them the
+# untrained model wrote no call in 0 of 6 samples per variant (it continued with
+# <tool_response> blocks); with both, 4 of 6 samples had a guess call (RESULTS.md)
+GAME = "I am thinking of a number from 1 to 16. Call the guess tool."
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -88,6 +91,11 @@ def call_text(number: int) -> str:
     return '<tool_call>\n{"name": "guess", "arguments": {"number": ' + str(number) + "}}\n</tool_call>"
 
 
+def demo_turn(number: int) -> str:
+    """A demonstrated model turn: a few words, then the call."""
+    return f"I guess {number}.\n" + call_text(number)
+
+
 def game_rows(count: int, seed: int) -> list[dict[str, Any]]:
     """Dataset rows: a secret and a prompt (system, a demonstrated game, the game)."""
     rng = random.Random(seed)
@@ -96,11 +104,11 @@ def game_rows(count: int, seed: int) -> list[dict[str, Any]]:
         secret = rng.randint(1, 16)
         demo = [
             {"role": "user", "content": GAME},
-            {"role": "assistant", "content": call_text(8)},
+            {"role": "assistant", "content": demo_turn(8)},
             {"role": "tool", "content": "Lower."},
-            {"role": "assistant", "content": call_text(4)},
+            {"role": "assistant", "content": demo_turn(4)},
             {"role": "tool", "content": "Higher."},
-            {"role": "assistant", "content": call_text(6)},
+            {"role": "assistant", "content": demo_turn(6)},
             {"role": "tool", "content": "Correct!"},
             {"role": "assistant", "content": "Found it: 6."},
         ]
@@ -483,7 +491,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=4, help="micro-batches of 16 (16 episodes of ~850 tokens) were killed for memory on the shared 24 GB machine")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--turn-tokens", type=int, default=32)
+    parser.add_argument("--turn-tokens", type=int, default=40, help="'I guess 12.' and its call are 35 tokens with SmolLM2's tokenizer")
     parser.add_argument("--max-completion-length", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--bf16", action="store_true", help="bf16 training on both sides (default float32 on both)")

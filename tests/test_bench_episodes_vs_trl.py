@@ -52,7 +52,7 @@ def test_summarise_keeps_steps_that_skipped_completions_out_of_the_mean():
 def test_rows_demonstrate_calls_in_the_template_form_and_suffix_only_the_system():
     rows = bench.game_rows(5, seed=1)
     assert rows == bench.game_rows(5, seed=1) and all(1 <= r["secret"] <= 16 for r in rows)
-    assert rows[0]["prompt"][2]["content"] == '<tool_call>\n{"name": "guess", "arguments": {"number": 8}}\n</tool_call>'
+    assert rows[0]["prompt"][2]["content"] == 'I guess 8.\n<tool_call>\n{"name": "guess", "arguments": {"number": 8}}\n</tool_call>'
     suffixed = bench.with_system_suffix(rows, "TOOLS")
     assert suffixed[0]["prompt"][0]["content"].endswith("\n\nTOOLS")
     assert suffixed[0]["prompt"][1:] == rows[0]["prompt"][1:]
