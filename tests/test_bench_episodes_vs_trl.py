@@ -1,0 +1,72 @@
+"""The pure helpers of benchmarks/bench_episodes_vs_trl.py and its game."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+bench = _load("bench_episodes_vs_trl")
+env = _load("episode_guess_env")
+
+
+def test_moving_mean_crossing_waits_for_a_full_window():
+    rewards, seconds = [0.9, 0.1, 0.2, 0.8, 0.9, 0.7], [10.0] * 6
+    # step 1 alone is 0.9, but the first full window (steps 1-3) is 0.4
+    assert bench.moving_mean_crossing(rewards, seconds, 0.6, 3) == (5, 50.0)
+    assert bench.moving_mean_crossing(rewards, seconds, 0.95, 3) is None
+    assert bench.moving_mean_crossing(rewards, seconds, 0.9, 1) == (1, 10.0)
+
+
+def test_summarise_keeps_steps_that_skipped_completions_out_of_the_mean():
+    steps = [
+        {"seconds": 99.0, "model_tokens": 100, "turns": 10, "episodes": 16},  # warm-up
+        {"seconds": 10.0, "model_tokens": 500, "turns": 20, "episodes": 16},
+        {"seconds": 4.0, "model_tokens": 500, "turns": 20, "episodes": 16, "skipped": 8},
+        {"seconds": 20.0, "model_tokens": 1500, "turns": 40, "episodes": 16, "skipped": 0},
+    ]
+    s = bench.summarise(steps)
+    full = s["trained_every_completion"]
+    assert full["steps"] == 2 and full["sec_per_step"] == pytest.approx(15.0)
+    assert full["sec_per_1k_model_tokens"] == pytest.approx(1000 * 30 / 2000)
+    assert full["turns_per_step"] == pytest.approx(30.0)
+    assert s["left_completions_out"]["steps"] == 1 and s["skipped_completions"] == 8
+
+
+def test_rows_demonstrate_calls_in_the_template_form_and_suffix_only_the_system():
+    rows = bench.game_rows(5, seed=1)
+    assert rows == bench.game_rows(5, seed=1) and all(1 <= r["secret"] <= 16 for r in rows)
+    assert rows[0]["prompt"][2]["content"] == 'I guess 8.\n<tool_call>\n{"name": "guess", "arguments": {"number": 8}}\n</tool_call>'
+    suffixed = bench.with_system_suffix(rows, "TOOLS")
+    assert suffixed[0]["prompt"][0]["content"].endswith("\n\nTOOLS")
+    assert suffixed[0]["prompt"][1:] == rows[0]["prompt"][1:]
+    assert not rows[0]["prompt"][0]["content"].endswith("TOOLS")  # the input is left alone
+
+
+def test_game_answers_and_scores():
+    game = env.GuessNumberEnv()
+    assert game.reset(secret=6, prompt=[]) is None
+    assert game.get_reward() == 0.0
+    assert [game.guess(8), game.guess(4), game.guess(6)] == ["Lower.", "Higher.", "Correct!"]
+    assert game.get_reward() == pytest.approx(0.8)
+    game.reset(secret=16)
+    game.guess(1)
+    assert game.get_reward() == pytest.approx(0.0)
+    game.guess(13)
+    assert game.get_reward() == pytest.approx(0.5 * (1 - 3 / 15))
