@@ -32,7 +32,7 @@ from grpo_core import hookimpl
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import WEIGHTS_IN_MEMORY, Completion, ControlEndpoint, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult
 from grpo_plugins.vllm.engine import PACKED_GROUPS
-from grpo_plugins.vllm.sampling import sampling_fields
+from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 from grpo_plugins.vllm.worker_ext import retie_output_embeddings
 from grpo_plugins.vllm.server import cpu_kvcache_gib, cuda_available, enforce_eager, max_model_len, resolve_dtype
 from grpo_plugins.vllm.weight_sync import merged_weights
@@ -189,7 +189,7 @@ class ColocatedEngine:
         params = dict(fields)
         if sampling.guided_regex:
             params["structured_outputs"] = StructuredOutputsParams(regex=sampling.guided_regex)
-        params.update(sampling.extra)
+        params.update(generation_extra(sampling))
         try:
             return SamplingParams(**params)
         except TypeError as exc:

@@ -30,7 +30,7 @@ from grpo_plugins.vllm.client import ModelNotLoaded
 from grpo_plugins.vllm.engine import VLLMServerEngine
 from grpo_plugins.vllm.pool import VLLMEnginePool
 from grpo_plugins.vllm.server import placement_problems
-from grpo_plugins.vllm.sampling import sampling_fields
+from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -108,7 +108,7 @@ class VLLMRollout:
             payload["structured_outputs"] = {"regex": sampling.guided_regex}
         if sampling.extra:
             self._check_extra(sampling.extra)
-            payload.update(sampling.extra)
+            payload.update(generation_extra(sampling))
         return payload
 
     def _check_extra(self, extra: dict[str, Any]) -> None:

@@ -56,3 +56,14 @@ def sampling_fields(sampling: SamplingSettings, n: int, call_index: int, prompt_
     if sampling.seed is not None:
         fields["seed"] = prompt_seed(sampling.seed, n, call_index, prompt_index)
     return fields
+
+
+def generation_extra(sampling: SamplingSettings) -> dict[str, Any]:
+    """``trl.generation_kwargs`` for one request. ``min_tokens`` is held to
+    the request's ``max_tokens``: an episode's later turns get what is left
+    of ``max_completion_length``, which can fall below a configured
+    ``min_tokens``, and vLLM refuses a request asking for more than it allows."""
+    extra = dict(sampling.extra)
+    if isinstance(extra.get("min_tokens"), int) and extra["min_tokens"] > sampling.max_tokens:
+        extra["min_tokens"] = sampling.max_tokens
+    return extra

@@ -110,6 +110,9 @@ def test_sampling_settings_reach_the_server(make_context, prompts):
     # generation_kwargs pass through (min_tokens forbids stopping early)...
     for g in run(extra={"min_tokens": 8}, stop_token_ids=[EOS]):
         assert all(len(c.token_ids) == 8 for c in g.completions)
+    # ...held to max_tokens (an episode's last turn may get fewer tokens than min_tokens; vLLM refuses min > max)
+    for g in run(extra={"min_tokens": 20}, stop_token_ids=[EOS]):
+        assert all(len(c.token_ids) == 8 for c in g.completions)
     # ...and names vLLM does not know are refused instead of silently ignored.
     with pytest.raises(ConfigError, match="min_tokenz"):
         run(extra={"min_tokenz": 8})
