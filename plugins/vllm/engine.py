@@ -96,6 +96,7 @@ class VLLMServerEngine:
         self._served = SERVED_MODEL_NAME
         self._label: str | None = None
         self._loads = 0
+        self.restarts = 0  # managed restarts so far: a request that failed before one may try again
         self._last_load: Callable[[], None] | None = None
         self._retie_missing = False  # the server lacks grpo's worker extension
         self.run_id = f"{id(self):x}"[-8:]
@@ -215,6 +216,7 @@ class VLLMServerEngine:
             self.server.stop()
             self.server.start()
             self.server.wait_ready(max(self.timeout, 300.0))
+            self.restarts += 1
             self.reapply(reapplying)
             return True
 

@@ -159,6 +159,7 @@ class VLLMRollout:
         for attempt in range(3):
             last = attempt == 2
             outages = client.outages
+            restarts = getattr(engine, "restarts", 0)
             try:
                 result = self._request(engine, prompt_ids, n, sampling, call, first)
             except ModelNotLoaded:
@@ -167,7 +168,9 @@ class VLLMRollout:
                 engine.reapply("the server does not know the policy adapter (restarted?); re-applying the last weight sync")
                 continue
             except EngineUnavailable:
-                if last or not engine.restart_if_dead():
+                # Requests in flight together all fail when the server dies; the first to get
+                # here restarts it, the others find it restarted and try again.
+                if last or not (engine.restart_if_dead() or getattr(engine, "restarts", 0) != restarts):
                     raise
                 continue
             # Answered after an outage: the server may have restarted in between
