@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from grpo_plugins.environments.openenv_session import OpenEnvUnavailable
-from grpo_plugins.vllm.server import _in_lifelong_thread  # one process-long thread starts every managed server
+from grpo_core.lifelong_thread import in_lifelong_thread  # one process-long thread starts every managed server
 
 _LIVE: weakref.WeakSet[ManagedEnvServer] = weakref.WeakSet()
 
@@ -118,7 +118,7 @@ class ManagedEnvServer:
                 # thread lives as long as the process; any other (a restart from an
                 # episode's thread) hands the start to one that does.
                 in_main = threading.current_thread() is threading.main_thread()
-                self.process = launch() if in_main else _in_lifelong_thread(launch)  # type: ignore[assignment]
+                self.process = launch() if in_main else in_lifelong_thread(launch)  # type: ignore[assignment]
             except OSError as exc:
                 self._log.close()
                 self._log = None

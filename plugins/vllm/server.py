@@ -28,7 +28,6 @@ import atexit
 import functools
 import ipaddress
 import os
-import queue
 import secrets
 import signal
 import socket
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
+from grpo_core.lifelong_thread import in_lifelong_thread
 from grpo_core.cpu_affinity import format_cpu_list, process_cpus
 from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
 from grpo_plugins.vllm.cpus import plan_cpu_split
@@ -541,44 +541,6 @@ def _set_parent_death_signal() -> None:
         pass
 
 
-_SPAWN_QUEUE: queue.SimpleQueue[tuple[Callable[[], object], list[tuple[bool, object]], threading.Event]] | None = None
-_SPAWN_LOCK = threading.Lock()
-
-
-def _spawner_loop(jobs: queue.SimpleQueue) -> None:
-    while True:
-        job, box, done = jobs.get()
-        try:
-            box.append((True, job()))
-        except BaseException as exc:  # handed back to the caller
-            box.append((False, exc))
-        done.set()
-
-
-def _in_lifelong_thread(job: Callable[[], object]) -> object:
-    """Run ``job`` in one daemon thread that lives as long as this process.
-
-    Linux's parent-death signal fires when the *thread* that started the
-    child exits, not the process. A server (re)started from a short-lived
-    thread (the prefetch thread restarting a dead server) would either be
-    killed when that thread ends, or, without the signal, orphaned when grpo
-    is SIGKILLed. Started from this thread, it dies exactly with the process."""
-    global _SPAWN_QUEUE
-    with _SPAWN_LOCK:
-        if _SPAWN_QUEUE is None:
-            _SPAWN_QUEUE = queue.SimpleQueue()
-            threading.Thread(target=_spawner_loop, args=(_SPAWN_QUEUE,), name="grpo-server-spawner", daemon=True).start()
-        jobs = _SPAWN_QUEUE
-    box: list[tuple[bool, object]] = []
-    done = threading.Event()
-    jobs.put((job, box, done))
-    done.wait()
-    ok, value = box[0]
-    if not ok:
-        raise value  # type: ignore[misc]
-    return value
-
-
 _LIVE: weakref.WeakSet[ManagedServer] = weakref.WeakSet()
 
 
@@ -641,7 +603,7 @@ class ManagedServer:
             # The death signal is tied to the starting thread: the main thread
             # lives as long as the process; any other hands the start to one that does.
             in_main = threading.current_thread() is threading.main_thread()
-            self.process = launch() if in_main else _in_lifelong_thread(launch)  # type: ignore[assignment]
+            self.process = launch() if in_main else in_lifelong_thread(launch)  # type: ignore[assignment]
             _LIVE.add(self)
             where = f", log: {self.log_path}" if self.log_path else ""
             self.log(f"vLLM: starting server (pid {self.process.pid}) at {self.base_url}{where}")
