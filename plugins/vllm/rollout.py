@@ -159,7 +159,7 @@ class VLLMRollout:
         for attempt in range(3):
             last = attempt == 2
             outages = client.outages
-            restarts = getattr(engine, "restarts", 0)
+            restarts = engine.restarts
             try:
                 result = self._request(engine, prompt_ids, n, sampling, call, first)
             except ModelNotLoaded:
@@ -170,7 +170,7 @@ class VLLMRollout:
             except EngineUnavailable:
                 # Requests in flight together all fail when the server dies; the first to get
                 # here restarts it, the others find it restarted and try again.
-                if last or not (engine.restart_if_dead() or getattr(engine, "restarts", 0) != restarts):
+                if last or not (engine.restart_if_dead() or engine.restarts != restarts):
                     raise
                 continue
             # Answered after an outage: the server may have restarted in between
