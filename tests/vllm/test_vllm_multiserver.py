@@ -133,7 +133,7 @@ def test_two_servers_share_the_groups_and_both_serve_the_http_synced_weights(
     # sampled match the trainer's under the synced weights, not the base model's.
     sampling = SamplingSettings(max_tokens=10, seed=2)
     for member in members:
-        sampled = [RolloutGroup(p, c) for p, c in zip(prompts[:2], rollout._generate_share(member, prompts[:2], 2, sampling, 0), strict=True)]
+        sampled = [RolloutGroup(p, c) for p, c in zip(prompts[:2], rollout._generate_share(member, prompts[:2], [0, 1], 2, sampling, 0), strict=True)]
         synced_err = mean_abs_diff(sampled, peft_model)
         with peft_model.disable_adapter():
             base_err = mean_abs_diff(sampled, peft_model)
