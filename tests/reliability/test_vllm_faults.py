@@ -253,8 +253,9 @@ def test_garbage_and_slow_answers_retry_then_stop_with_a_checkpoint(runner: Runn
 
     # Run 1: step 2's first two answers are garbage (retried, the step completes);
     # step 3's answer never comes: the run stops after vllm_server_timeout with checkpoint-2.
+    # One prompt a step, so one request a step (a seeded call sends one request per prompt).
     proxy.plan(lambda n: {1: "pass", 2: "garbage", 3: "garbage", 4: "pass"}.get(n, "slow"))
-    config = runner.config(max_steps=3, **external(proxy.url, 15))
+    config = runner.config(max_steps=3, micro_batch_size=2, **external(proxy.url, 15))
     code, output = runner.run(config)
     assert_clean_failure(code, output, expected_code=3)
     assert proxy.actions() == ["pass", "garbage", "garbage", "pass", "slow"]
@@ -267,7 +268,7 @@ def test_garbage_and_slow_answers_retry_then_stop_with_a_checkpoint(runner: Runn
     # Run 2, resumed: every answer is garbage. Retried with growing pauses, then a stop
     # naming the problem, with the checkpoint still there.
     proxy.plan(lambda n: "garbage")
-    config = runner.config(max_steps=3, **external(proxy.url, 6))
+    config = runner.config(max_steps=3, micro_batch_size=2, **external(proxy.url, 6))
     code, output = runner.run(config, f'resume_from_checkpoint="{checkpoint}"')
     assert_clean_failure(code, output, expected_code=3)
     assert f"resumed from {checkpoint} at step 2" in output
