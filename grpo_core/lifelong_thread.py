@@ -12,8 +12,9 @@ child server uses it, so they share one thread, not a copy each.
 from __future__ import annotations
 
 import queue
+import signal
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 _SPAWN_QUEUE: queue.SimpleQueue[tuple[Callable[[], object], list[tuple[bool, object]], threading.Event]] | None = None
 _SPAWN_LOCK = threading.Lock()
@@ -46,3 +47,28 @@ def in_lifelong_thread(job: Callable[[], object]) -> object:
     if not ok:
         raise value  # type: ignore[misc]
     return value
+
+
+def _load_prctl() -> Any:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except Exception:  # noqa: BLE001 - not Linux (or no glibc): the atexit guards still apply
+        return None
+
+
+# Resolved here, in the parent: between fork and exec the child should only
+# call it. Importing ctypes or dlopen-ing libc there can deadlock the child when
+# another thread of the parent holds the import or loader lock at the fork, and
+# restarts fork while other threads (prefetch, episodes) run.
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+_SIGTERM = int(signal.SIGTERM)
+
+
+def set_parent_death_signal() -> None:
+    """In the child before exec: SIGTERM when the thread that started it dies
+    (Linux), so a killed trainer leaves no server behind."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, _SIGTERM)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from grpo_plugins.environments.openenv_session import OpenEnvUnavailable
-from grpo_core.lifelong_thread import in_lifelong_thread  # one process-long thread starts every managed server
+from grpo_core.lifelong_thread import in_lifelong_thread, set_parent_death_signal  # one process-long thread starts every managed server
 
 _LIVE: weakref.WeakSet[ManagedEnvServer] = weakref.WeakSet()
 
@@ -48,31 +48,6 @@ def command_argv(command: str | list[str], host: str, port: int) -> list[str]:
     interpreter) filled in; a string is split like a shell would."""
     words = shlex.split(command) if isinstance(command, str) else list(command)
     return [w.replace("{host}", host).replace("{port}", str(port)).replace("{python}", sys.executable) for w in words]
-
-
-def _load_prctl() -> Any:
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except Exception:  # noqa: BLE001 - not Linux (or no glibc): the atexit guard still applies
-        return None
-
-
-# Resolved here, in the parent: between fork and exec the child should only
-# call it. Importing ctypes or dlopen-ing libc there can deadlock the child when
-# another thread of the parent holds the import or loader lock at the fork, and
-# a restart forks while episode threads (and their websocket threads) run.
-_PRCTL = _load_prctl()
-_PR_SET_PDEATHSIG = 1
-_SIGTERM = int(signal.SIGTERM)
-
-
-def _parent_death_signal() -> None:
-    """In the child before exec: SIGTERM when the thread that started it dies
-    (Linux), so a killed trainer leaves no environment server behind."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, _SIGTERM)
 
 
 class ManagedEnvServer:
@@ -110,7 +85,7 @@ class ManagedEnvServer:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # its own process group: stop() reaches its workers too
-                    preexec_fn=_parent_death_signal,
+                    preexec_fn=set_parent_death_signal,
                 )
 
             try:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.lifelong_thread import in_lifelong_thread
+from grpo_core.lifelong_thread import in_lifelong_thread, set_parent_death_signal
 from grpo_core.cpu_affinity import format_cpu_list, process_cpus
 from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
 from grpo_plugins.vllm.cpus import plan_cpu_split
@@ -521,24 +521,12 @@ def _prepare_child(cpus: frozenset[int] | None) -> None:
     """Runs in the server's process before vLLM starts: the parent-death
     signal, and the CPU affinity grpo itself started with (a restart after
     the trainer confined its own threads must not inherit that)."""
-    _set_parent_death_signal()
+    set_parent_death_signal()
     if cpus:
         try:
             os.sched_setaffinity(0, cpus)
         except OSError:
             pass
-
-
-def _set_parent_death_signal() -> None:
-    """Linux: the server gets SIGTERM if the process that started it dies,
-    even by SIGKILL, so it is never orphaned. Runs in the child."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # not Linux: the atexit guard still applies
-        pass
 
 
 _LIVE: weakref.WeakSet[ManagedServer] = weakref.WeakSet()
