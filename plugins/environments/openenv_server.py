@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from grpo_plugins.environments.openenv_session import OpenEnvUnavailable
 from grpo_core.lifelong_thread import in_lifelong_thread, set_parent_death_signal  # one process-long thread starts every managed server
