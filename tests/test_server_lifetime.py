@@ -68,3 +68,35 @@ def test_server_dies_with_its_sigkilled_owner(tmp_path: Path, starter: str) -> N
         if pidfile.is_file() and not gone(int(pidfile.read_text())):
             os.kill(int(pidfile.read_text()), signal.SIGKILL)  # the one process this test started
     assert not orphaned, f"server {server} outlived its SIGKILLed owner (started from the {starter} thread)"
+
+
+def process_environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_text()
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+def test_server_temporary_files_live_and_die_with_it() -> None:
+    """vLLM writes rendezvous files and ZMQ sockets to the temporary directory
+    at every start and never removes them: the managed server gets one of its
+    own, gone when it stops, fresh on a restart."""
+    from grpo_plugins.vllm.server import SERVER_TMP_PREFIX, ManagedServer, ServerSpec
+
+    writer = "import os, tempfile, time; open(os.path.join(tempfile.gettempdir(), 'vllm_dist_x'), 'w').close(); time.sleep(600)"
+    server = ManagedServer(ServerSpec(argv=[sys.executable, "-c", writer], env={}, host="127.0.0.1", port=1), log=lambda _m: None)
+    server.start()
+    try:
+        env = process_environ(server.process.pid)
+        first = Path(env["TMPDIR"])
+        assert first.name.startswith(SERVER_TMP_PREFIX) and env["VLLM_RPC_BASE_PATH"] == str(first)
+        deadline = time.monotonic() + 30
+        while not (first / "vllm_dist_x").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (first / "vllm_dist_x").exists(), "the server's file did not land in its own directory"
+        server.stop()
+        assert not first.exists(), "the server's temporary directory outlived it"
+        server.start()  # a restart gets a fresh directory
+        second = Path(process_environ(server.process.pid)["TMPDIR"])
+        assert second != first and second.is_dir()
+    finally:
+        server.close()
+    assert not second.exists()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import getpass
 import ipaddress
 import os
 import secrets
@@ -34,6 +35,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -54,6 +56,7 @@ SERVED_MODEL_NAME = "base"
 LOG_NAME = "vllm-server.log"
 SOCKET_NAME = "vllm.sock"
 SOCKET_DIR_PREFIX = "grpo-vllm-"
+SERVER_TMP_PREFIX = "grpo-vllmtmp-"  # the server's own temporary directory (:func:`server_temp_env`)
 GUARD_MIDDLEWARE = "grpo_plugins.vllm.guard.RequireApiKey"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, NUL included
 
@@ -123,6 +126,22 @@ def private_socket_dir() -> Path:
     short enough for a socket path; removed by :meth:`ManagedServer.close`,
     or by a later run if this process is killed (:mod:`grpo_core.scratch`)."""
     return make_scratch_dir(SOCKET_DIR_PREFIX)
+
+
+def server_temp_env(temp_dir: Path) -> dict[str, str]:
+    """Environment that keeps a server's temporary files in ``temp_dir``.
+
+    vLLM leaves files in the system temporary directory at every start (a
+    ``vllm_dist_*`` rendezvous file and the engine's ZMQ sockets) and never
+    removes them: a run whose server restarts, or a test suite, piles up
+    thousands in /tmp. A directory of the server's own is deleted with it.
+    torch's compile cache stays where it was, so a restart reuses it."""
+    default_cache = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    return {
+        "TMPDIR": str(temp_dir),
+        "VLLM_RPC_BASE_PATH": str(temp_dir),
+        "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(default_cache)),
+    }
 
 
 def check_socket_path(path: Path) -> None:
@@ -551,6 +570,7 @@ class ManagedServer:
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
+        self._temp_dir: Path | None = None  # the running process's TMPDIR (:func:`server_temp_env`)
         self._lock = threading.Lock()
 
     @property
@@ -565,7 +585,10 @@ class ManagedServer:
         with self._lock:
             if self.alive():
                 return
-            env = {**os.environ, **self.spec.env}
+            if self._temp_dir is not None:  # a process that died without stop(): its files go now
+                remove_scratch_dir(self._temp_dir)
+            self._temp_dir = make_scratch_dir(SERVER_TMP_PREFIX)
+            env = {**os.environ, **self.spec.env, **server_temp_env(self._temp_dir)}
             if self.spec.uds:
                 socket_file = Path(self.spec.uds)
                 check_socket_path(socket_file)  # (re)creates a private directory for a restart
@@ -665,6 +688,9 @@ class ManagedServer:
                     proc.wait(timeout=5)
             self.process = None
             self._remove_socket()
+            if self._temp_dir is not None:
+                remove_scratch_dir(self._temp_dir)
+                self._temp_dir = None
             if self._log_file is not None:
                 self._log_file.close()
                 self._log_file = None
