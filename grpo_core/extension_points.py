@@ -114,7 +114,7 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
         default=_default_weight_sync,
         decided_by="trl.use_vllm / trl.vllm_mode / trl.vllm_lora_sync",
         summary="trained weights -> inference engine",
-        attributes={"required_capabilities": frozenset()},
+        attributes={"required_capabilities": frozenset(), "sends": "merged_weights"},
     ),
     ExtensionPoint(
         "advantage_aggregation",
@@ -136,6 +136,7 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
         default=lambda cfg: "liger" if cfg.trl.use_liger_loss else "grpo",
         decided_by="trl.use_liger_loss",
         summary="micro-batch -> loss to back-propagate",
+        attributes={"uses_hidden_states": False},
     ),
     ExtensionPoint(
         "replay",

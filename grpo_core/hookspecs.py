@@ -144,10 +144,23 @@ optional (defaults in the extension-point table):
 ``engine_capabilities: frozenset[str]`` (rollout)
     What the inference engine this rollout owns can do
     (:data:`~grpo_core.types.ENGINE_CAPABILITIES`); a rollout that samples the
-    trainer's live model declares ``SAMPLES_TRAINER_MODEL``.
+    trainer's live model declares ``SAMPLES_TRAINER_MODEL`` (refused under
+    FSDP and ZeRO-3, where no process holds the whole model), one whose
+    engine lives in the trainer's process ``WEIGHTS_IN_MEMORY``. The checks
+    read these, never the implementation's name.
 ``required_capabilities: frozenset[str]`` (weight_sync)
     What the sync needs from the rollout's engine. ``grpo config check``
     refuses a sync whose needs the chosen rollout does not declare.
+``sends: str`` (weight_sync)
+    What reaches the engine: ``"merged_weights"`` (the default: full
+    weights, a LoRA merged in), ``"adapter"`` (the adapter alone; the
+    engine keeps its base, so a quantised base works) or ``"nothing"`` (the
+    rollout samples the trained model itself). The checks refuse a
+    quantised base (``load_in_4bit``) with a sync that sends merged weights.
+``uses_hidden_states: bool`` (policy_loss)
+    ``True`` when the loss calls ``inputs.hidden_states`` (it fuses the LM
+    head, as Liger's does) instead of ``inputs.logprobs``; refused under
+    DeepSpeed, whose engine's forward that path does not go through.
 ``episodic: bool`` / ``provides_reward: bool`` (environment)
     ``episodic = False`` means "no episodes" (the built-in ``none``, the
     default without tools). ``provides_reward = True`` adds the

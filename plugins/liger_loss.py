@@ -48,6 +48,8 @@ def liger_problem() -> str | None:
 class LigerPolicyLoss:
     """Liger's fused-linear GRPO loss behind the ``policy_loss`` extension point."""
 
+    uses_hidden_states = True  # fuses the LM head: runs the decoder through inputs.hidden_states
+
     def __init__(self, context: Any = None) -> None:
         from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 

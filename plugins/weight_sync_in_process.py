@@ -20,6 +20,7 @@ class InProcessSync:
     """``grpo.weight_sync`` implementation ``in_process``."""
 
     required_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
+    sends = "nothing"  # the rollout samples the trained model itself
 
     def __init__(self, context: RunContext) -> None:
         self.context = context

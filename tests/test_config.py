@@ -22,6 +22,8 @@ from grpo_core.config.convert import to_toml_text
 from grpo_core.config.loader import apply_overrides, load_config, parse_override, read_raw, validate
 from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig, TrlSettings
 from grpo_core.errors import ConfigError, GrpoError, NotImplementedYet
+from grpo_core.plugin_host import EntryPointInfo, PluginHost
+from grpo_core.types import SAMPLES_TRAINER_MODEL
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart"
@@ -404,7 +406,7 @@ def test_zero3_refuses_what_needs_the_whole_model_in_one_process(tmp_path: Path)
     with pytest.raises(ConfigError) as info:
         check_config(validate(minimal(deepspeed=str(ds), trl={"num_generations": 4, "beta": 0.1,
                                                                "reward_funcs": ["last_number_match"]})))  # fmt: skip
-    assert "transformers rollout" in str(info.value) and "trl.beta > 0" in str(info.value)
+    assert "rollout 'transformers'" in str(info.value) and "trl.beta > 0" in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -418,7 +420,7 @@ def test_zero3_refuses_what_needs_the_whole_model_in_one_process(tmp_path: Path)
         ({"trl": {"replay_buffer_size": 10, "replay_recompute_logps": False}}, "stale log-probabilities"),
         ({"trl": {"use_vllm": False, "vllm_lora_sync": True}, "adapter": "lora"}, "no effect without trl.use_vllm"),
         ({"trl": {"use_vllm": True, "vllm_mode": "colocate", "vllm_lora_sync": True}, "adapter": "lora"},
-         "merged weights in memory"),
+         "weight sync 'vllm_in_memory' sends merged weights, not the adapter (the engine lives in the trainer's process)"),
         ({"datasets": [{"path": "./missing.jsonl"}]}, "does not exist"),
         ({"gradient_checkpointing_kwargs": {"use_reentrant": False}}, "gradient_checkpointing is false"),
     ],
@@ -438,8 +440,58 @@ def test_fsdp_options_that_cannot_run_are_refused_by_name() -> None:
     with pytest.raises(ConfigError) as info:
         check_config(validate(minimal(fsdp=["hybrid_shard"], fsdp_config={"fsdp_bogus": 1})))
     assert "hybrid_shard" in str(info.value) and "fsdp_bogus" in str(info.value)
-    with pytest.raises(ConfigError, match="transformers rollout"):
+    with pytest.raises(ConfigError, match="rollout 'transformers'"):
         check_config(validate(minimal(fsdp=["full_shard"])))
+
+
+class _HostWith(PluginHost):
+    """A real plugin host that finds one extra implementation, as if a
+    third-party package published it (no entry point needed in a test)."""
+
+    def __init__(self, point: str, name: str, cls: type) -> None:
+        super().__init__()
+        self.extra = (point, name, cls)
+
+    def implementation_class(self, point: str, spec: str, key: str | None = None):  # type: ignore[override]
+        if (point, spec) == self.extra[:2]:
+            return EntryPointInfo(f"grpo.{point}", spec, f"thirdparty:{spec}", "grpo-plugin-thirdparty"), self.extra[2]
+        return super().implementation_class(point, spec, key)
+
+
+class _ThirdPartySampler:
+    """A rollout of another package that samples the trainer's own model."""
+
+    engine_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
+
+    def grpo_rollout_generate(self, prompts, num_generations, sampling, policy_version):  # pragma: no cover - never built
+        raise AssertionError
+
+
+def test_sharding_rules_judge_what_a_rollout_declares_not_its_name(tmp_path: Path) -> None:
+    """FSDP and ZeRO-3 refuse any rollout that samples the trainer's model: a
+    third-party one and the built-in ``function`` rollout (trl.rollout_func
+    without vLLM) as well as ``transformers``."""
+    ds = write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 3}}')
+    host = _HostWith("rollout", "my_sampler", _ThirdPartySampler)
+    for sharding in ({"fsdp": ["full_shard"]}, {"deepspeed": str(ds)}):
+        with pytest.raises(ConfigError, match="rollout 'my_sampler': it samples with the trainer's own model"):
+            check_config(validate(minimal(**sharding, plugins={"rollout": "my_sampler"})), host=host)
+        with pytest.raises(ConfigError, match="rollout 'function': it samples with the trainer's own model"):
+            check_config(validate(minimal(**sharding, trl={"rollout_func": "m.f"})))
+
+
+def test_quantised_base_is_judged_by_what_the_sync_sends() -> None:
+    """``load_in_4bit`` needs a sync that leaves the engine's base alone: the
+    adapter sync passes the rule, every merged-weights sync is refused
+    (``full_http`` too, which the old list of names missed)."""
+    base = {"adapter": "lora", "load_in_4bit": True}
+    for sync in ("full_filesystem", "full_http", "nccl"):
+        with pytest.raises(ConfigError, match=f"weight sync '{sync}' sends merged full weights"):
+            check_config(validate(minimal(**base, trl={"use_vllm": True}, plugins={"weight_sync": sync})))
+    try:
+        check_config(validate(minimal(**base, trl={"use_vllm": True, "vllm_lora_sync": True})))
+    except ConfigError as exc:
+        assert "sends merged full weights" not in str(exc)
 
 
 def test_sequence_level_is_with_liger_warns(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -667,3 +719,14 @@ def test_sync_ref_model_with_lora_is_refused_at_check_time() -> None:
     message = str(info.value)
     assert "trl.sync_ref_model" in message and "adapter = 'lora'" in message and "trl.sync_ref_model = false" in message
     check_config(validate(minimal(trl={"sync_ref_model": True, "beta": 0.1})))  # full weights: it runs
+
+
+def test_a_loss_that_fuses_the_lm_head_is_refused_under_deepspeed(tmp_path: Path) -> None:
+    """Liger's loss declares ``uses_hidden_states``; the rule reads that."""
+    ds = write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 2}}')
+    with pytest.raises(ConfigError, match="policy_loss 'liger' with deepspeed: a loss that fuses the LM head"):
+        check_config(validate(minimal(deepspeed=str(ds), trl={"use_liger_loss": True})))
+    try:
+        check_config(validate(minimal(deepspeed=str(ds))))
+    except ConfigError as exc:
+        assert "fuses the LM head" not in str(exc)

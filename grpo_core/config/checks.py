@@ -24,6 +24,7 @@ from grpo_core.config.zero_stage import zero_stage
 from grpo_core.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, chosen_implementations, declared, source_key
 from grpo_core.plugin_host import PluginHost, own_checks, settings_key, split_qualified, table_ref, validate_settings
+from grpo_core.types import SAMPLES_TRAINER_MODEL, WEIGHTS_IN_MEMORY
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,39 @@ def implementation_names(cfg: GRPOConfig) -> dict[str, str]:
     """The implementation each extension point will load, by name: the
     trainer's own choice, so the checks judge exactly what will run."""
     return chosen_implementations(cfg)
+
+
+@dataclass(frozen=True)
+class ChosenTraits:
+    """What the chosen implementations declare (their classes imported, never
+    built), for the rules below: a rule asks what an implementation can do,
+    never which one it is, so a third-party rollout or sync is judged like a
+    built-in one. An implementation that cannot be imported declares
+    nothing here; :func:`_plugin_checks` reports it."""
+
+    names: dict[str, str]
+    samples_trainer_model: bool = False  # the rollout samples the trainer's live model
+    engine_in_process: bool = False  # the rollout's engine lives in the trainer's process
+    sync_sends: str | None = None  # the weight sync's ``sends``: "merged_weights", "adapter" or "nothing"
+    loss_uses_hidden_states: bool = False  # the policy loss runs the decoder itself (a fused LM head)
+
+
+def chosen_traits(cfg: GRPOConfig, host: PluginHost, names: dict[str, str]) -> ChosenTraits:
+    def cls_of(point: str) -> Any:
+        try:
+            return host.implementation_class(point, names[point], key=source_key(cfg, BY_NAME[point]))[1]
+        except (PluginError, ConfigError):
+            return None
+
+    rollout, sync, loss = cls_of("rollout"), cls_of("weight_sync"), cls_of("policy_loss")
+    offered = frozenset(declared(rollout, BY_NAME["rollout"], "engine_capabilities")) if rollout is not None else frozenset()
+    return ChosenTraits(
+        names=names,
+        samples_trainer_model=SAMPLES_TRAINER_MODEL in offered,
+        engine_in_process=WEIGHTS_IN_MEMORY in offered,
+        sync_sends=str(declared(sync, BY_NAME["weight_sync"], "sends")) if sync is not None else None,
+        loss_uses_hidden_states=loss is not None and bool(declared(loss, BY_NAME["policy_loss"], "uses_hidden_states")),
+    )
 
 
 def _divisors(n: int) -> list[int]:
@@ -143,7 +177,7 @@ def _process_checks(cfg: GRPOConfig, names: dict[str, str], world: int, errors: 
         )
 
 
-def _deepspeed_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str]) -> None:
+def _deepspeed_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str]) -> None:
     """``deepspeed``: what in its JSON grpo cannot run as written, and, under
     ZeRO-3 (partitioned parameters), what needs the whole model in one process."""
     if not cfg.deepspeed:
@@ -155,19 +189,20 @@ def _deepspeed_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str])
     except ConfigError as exc:
         errors.append(str(exc))
         return
-    if names.get("policy_loss") == "liger":
-        errors.append("policy_loss 'liger' (trl.use_liger_loss) with deepspeed: the fused loss runs the decoder outside "
-                      "the DeepSpeed engine's forward, which is not wired; use the built-in loss, or fsdp.")  # fmt: skip
+    if traits.loss_uses_hidden_states:
+        errors.append(f"policy_loss '{traits.names['policy_loss']}' with deepspeed: a loss that fuses the LM head runs "
+                      "the decoder outside the DeepSpeed engine's forward, which is not wired; use the built-in loss "
+                      "(trl.use_liger_loss = false), or fsdp.")  # fmt: skip
     if cfg.fp8:
         errors.append("fp8 with deepspeed: accelerate's fp8 path under DeepSpeed (MS-AMP / Transformer Engine) is not "
                       "wired; set fp8 = false, or use fp8 without deepspeed.")  # fmt: skip
     if zero_stage(cfg) != 3:
         return
-    if names["rollout"] == "transformers":
+    if traits.samples_trainer_model:
         errors.append(
-            "deepspeed ZeRO-3 with the transformers rollout: it samples with the trainer's own model, whose parameters "
-            "ZeRO-3 partitions over the processes, and only rank 0 samples. Use a vLLM server (trl.use_vllm = true), a "
-            "trl.rollout_func, or ZeRO stage 2."
+            f"deepspeed ZeRO-3 with rollout '{traits.names['rollout']}': it samples with the trainer's own model, whose "
+            "parameters ZeRO-3 partitions over the processes, and only rank 0 samples. Use a vLLM server "
+            "(trl.use_vllm = true, which a trl.rollout_func then generates through too), or ZeRO stage 2."
         )
     if float(cfg.trl.beta or 0) > 0:
         errors.append(
@@ -176,10 +211,10 @@ def _deepspeed_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str])
         )
 
 
-def _sharding_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str]) -> None:
+def _sharding_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str]) -> None:
     """``fsdp`` / ``fsdp_config``: options accelerate's plugin cannot take, and
     combinations that need the unsharded model in one process."""
-    _deepspeed_checks(cfg, names, errors)
+    _deepspeed_checks(cfg, traits, errors)
     if not (cfg.fsdp or cfg.fsdp_config):
         return
     from grpo_core.training.sharding import fsdp_problems
@@ -187,10 +222,11 @@ def _sharding_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str]) 
     errors.extend(fsdp_problems(cfg))
     if not cfg.fsdp:
         return
-    if names["rollout"] == "transformers":
+    if traits.samples_trainer_model:
         errors.append(
-            "fsdp with the transformers rollout: it samples with the trainer's own model, which FSDP shards over "
-            "the processes, and only rank 0 samples. Use a vLLM server (trl.use_vllm = true) or a trl.rollout_func."
+            f"fsdp with rollout '{traits.names['rollout']}': it samples with the trainer's own model, which FSDP shards "
+            "over the processes, and only rank 0 samples. Use a vLLM server (trl.use_vllm = true, which a "
+            "trl.rollout_func then generates through too)."
         )
     if float(cfg.trl.beta or 0) > 0:
         errors.append(
@@ -236,7 +272,7 @@ def _reward_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> N
         warnings.append("trl.reward_funcs lists the same function twice: its reward counts double.")
 
 
-def _async_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], warnings: list[str]) -> None:
+def _async_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warnings: list[str]) -> None:
     trl = cfg.trl
     if trl.async_prefetch and trl.vllm_importance_sampling_correction is False:
         warnings.append(
@@ -250,10 +286,11 @@ def _async_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
         )
     if trl.vllm_lora_sync and not trl.use_vllm:
         warnings.append("trl.vllm_lora_sync has no effect without trl.use_vllm.")
-    if trl.vllm_lora_sync and names["weight_sync"] == "vllm_in_memory":
+    if trl.vllm_lora_sync and trl.use_vllm and cfg.adapter is not None and traits.sync_sends == "merged_weights":
+        where = " (the engine lives in the trainer's process)" if traits.engine_in_process else ""
         warnings.append(
-            "trl.vllm_lora_sync has no effect with trl.vllm_mode = 'colocate': the engine lives in the trainer's "
-            "process and receives merged weights in memory."
+            f"trl.vllm_lora_sync has no effect: weight sync '{traits.names['weight_sync']}' sends merged weights, not "
+            f"the adapter{where}."
         )
     if trl.replay_buffer_size > 0 and not trl.replay_recompute_logps:
         warnings.append(
@@ -273,14 +310,14 @@ def _async_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
         warnings.append(f"trl.epsilon_high ({trl.epsilon_high}) is below trl.epsilon ({trl.epsilon}).")
 
 
-def _no_effect_checks(cfg: GRPOConfig, names: dict[str, str], warnings: list[str]) -> None:
+def _no_effect_checks(cfg: GRPOConfig, traits: ChosenTraits, warnings: list[str]) -> None:
     """Options that are valid but do nothing in this combination: named, so
     none is ignored silently."""
     trl = cfg.trl
-    if trl.vllm_enable_sleep_mode and names["rollout"] != "vllm_colocate":
+    if trl.vllm_enable_sleep_mode and not traits.engine_in_process:
         warnings.append(
-            "trl.vllm_enable_sleep_mode has no effect here: only the colocated engine (trl.vllm_mode = 'colocate') "
-            "sleeps between generations; a vLLM server keeps its memory."
+            f"trl.vllm_enable_sleep_mode has no effect with rollout '{traits.names['rollout']}': only an engine in the "
+            "trainer's process (trl.vllm_mode = 'colocate') sleeps between generations; a vLLM server keeps its memory."
         )
     if trl.sync_ref_model and not float(trl.beta or 0) > 0:
         warnings.append(
@@ -389,7 +426,7 @@ def _training_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) ->
 ATTN_IMPLEMENTATIONS = {"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "paged_attention"}
 
 
-def _model_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], warnings: list[str]) -> None:
+def _model_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warnings: list[str]) -> None:
     """Model-loading keys Axolotl users bring: attention, k-bit loading, epochs, packing."""
     attn = cfg.attn_implementation
     if attn is not None and attn not in ATTN_IMPLEMENTATIONS and "/" not in attn:
@@ -415,10 +452,10 @@ def _model_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], war
         return
     if cfg.adapter is None:
         errors.append(f"{bits} quantises the frozen base weights, so it needs a LoRA adapter to train: set adapter = 'lora'.")
-    if names.get("weight_sync") in {"full_filesystem", "vllm_in_memory", "nccl"}:
+    if traits.sync_sends == "merged_weights":
         errors.append(
-            f"{bits}: weight sync '{names['weight_sync']}' sends merged full weights, which a quantised base cannot "
-            "give: set trl.vllm_lora_sync = true (vLLM serves the base model with the adapter loaded)."
+            f"{bits}: weight sync '{traits.names['weight_sync']}' sends merged full weights, which a quantised base "
+            "cannot give: set trl.vllm_lora_sync = true (vLLM serves the base model with the adapter loaded)."
         )
     from grpo_core.quantization import bitsandbytes_problem
 
@@ -573,6 +610,7 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
     plugins = host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
     add_environment_reward(cfg, plugins)
     names = implementation_names(cfg)
+    traits = chosen_traits(cfg, plugins, names)
     _reward_checks(cfg, errors, warnings)
     if cfg.trl.rollout_func and (cfg.trl.tools or cfg.trl.environment_factory or environment_is_episodic(cfg, plugins)):
         errors.append(
@@ -582,12 +620,12 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
         )
     _generation_checks(cfg, errors, warnings)
     _process_checks(cfg, names, num_processes or world_size(), errors)
-    _sharding_checks(cfg, names, errors)
-    _async_checks(cfg, names, errors, warnings)
+    _sharding_checks(cfg, traits, errors)
+    _async_checks(cfg, traits, errors, warnings)
     _training_checks(cfg, errors, warnings)
-    _no_effect_checks(cfg, names, warnings)
+    _no_effect_checks(cfg, traits, warnings)
     _ignored_option_checks(cfg, num_processes or world_size(), warnings)
-    _model_checks(cfg, names, errors, warnings)
+    _model_checks(cfg, traits, errors, warnings)
     _speed_checks(cfg, errors, warnings)
     _observability_checks(cfg, host, errors, warnings)
     _plugin_checks(cfg, plugins, names, errors, warnings)

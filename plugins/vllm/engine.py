@@ -126,8 +126,7 @@ class VLLMServerEngine:
                     "(or set trl.vllm_managed = false to use those servers)."
                 )
             # A private Unix socket, or TCP with a key made for this run.
-            lora = ADAPTER_FROM_PATH in context.engine_requirements
-            spec = managed_spec(cfg, lora=lora, replica=replica)
+            spec = managed_spec(cfg, context.engine_requirements, replica=replica)
             for warning in spec.warnings:
                 self.log("WARNING: " + warning)
             log_name = LOG_NAME if replica is None else LOG_NAME.replace(".log", f"-{replica}.log")

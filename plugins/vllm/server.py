@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
+from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_OVER_NCCL
 from grpo_core.lifelong_thread import in_lifelong_thread, set_parent_death_signal
 from grpo_core.cpu_affinity import format_cpu_list, process_cpus
 from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
@@ -265,12 +266,17 @@ def server_spec(
     port: int | None = None,
     lora: bool = False,
     *,
+    weight_transfer: bool = False,
     uds: Path | None = None,
     generate_key: bool = False,
     replica: int | None = None,
 ) -> ServerSpec:
     """The ``python -m vllm.entrypoints.openai.api_server`` command for ``cfg``;
-    ``lora``: the weight sync loads adapters, so the server needs LoRA layers.
+    ``lora``: the weight sync loads adapters, so the server needs LoRA layers;
+    ``weight_transfer``: it broadcasts weights over NCCL, so the server opens
+    vLLM's weight-transfer engine. Both come from the sync's declared
+    ``required_capabilities`` (:attr:`RunContext.engine_requirements`),
+    never from its name.
 
     ``uds``: listen on that Unix socket (no TCP port at all), else on
     ``host:port``. Over TCP the API key (configured, or made up when
@@ -315,7 +321,7 @@ def server_spec(
     ]  # fmt: skip
     if cfg.trust_remote_code:
         argv.append("--trust-remote-code")
-    if cfg.plugins.weight_sync == "nccl":  # vLLM's NCCL weight-transfer engine (grpo_plugins.vllm.nccl_sync)
+    if weight_transfer:  # vLLM's NCCL weight-transfer engine
         argv += ["--weight-transfer-config", '{"backend": "nccl"}']
     if v.enable_prefix_caching is not None:
         argv.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
@@ -377,21 +383,25 @@ def server_spec(
     return ServerSpec(argv, env, host, port, api_key, dev_mode, warnings, str(uds) if uds is not None else None, generated)
 
 
-def managed_spec(cfg: GRPOConfig, lora: bool = False, replica: int | None = None) -> ServerSpec:
+def managed_spec(cfg: GRPOConfig, needs: frozenset[str] = frozenset(), replica: int | None = None) -> ServerSpec:
     """The server ``grpo run`` starts for itself: on a Unix socket in a
     private directory (``[vllm] transport`` unset or ``"unix"``), or over TCP
     with a key made up for this run (``"tcp"``, or no Unix sockets here).
+    ``needs``: what the weight sync requires of the engine
+    (:attr:`RunContext.engine_requirements`): LoRA layers for adapter loads,
+    the weight-transfer engine for NCCL broadcasts.
     ``replica`` (0, 1, ...): one of ``data_parallel_size`` separate servers,
     each with its own socket directory (or, over TCP, its own free port
     after the first)."""
     transport = cfg.vllm.transport or ("unix" if unix_sockets_available() else "tcp")
+    lora, weight_transfer = ADAPTER_FROM_PATH in needs, WEIGHTS_OVER_NCCL in needs
     if transport == "unix":
         if not unix_sockets_available():
             raise ConfigError("[vllm] transport = 'unix', but this platform has no Unix domain sockets: use 'tcp'.")
-        spec = server_spec(cfg, lora=lora, uds=private_socket_dir() / SOCKET_NAME, replica=replica)
+        spec = server_spec(cfg, lora=lora, weight_transfer=weight_transfer, uds=private_socket_dir() / SOCKET_NAME, replica=replica)
     else:
         port = 0 if replica else None  # replicas after the first never collide on the configured port
-        spec = server_spec(cfg, port=port, lora=lora, generate_key=True, replica=replica)
+        spec = server_spec(cfg, port=port, lora=lora, weight_transfer=weight_transfer, generate_key=True, replica=replica)
     usable = process_cpus()
     split = plan_cpu_split(cfg, usable, cuda_available())
     spec.spawn_cpus = usable

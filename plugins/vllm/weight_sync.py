@@ -135,6 +135,7 @@ class LoraFilesystemSync(_FilesystemSync):
     subdir = "vllm-adapters"
     kind = "lora_filesystem"
     required_capabilities = frozenset({ADAPTER_FROM_PATH})
+    sends = "adapter"  # the base stays as the engine loaded it (a quantised base works)
 
     @staticmethod
     def grpo_validate_config(config: GRPOConfig) -> list[str]:

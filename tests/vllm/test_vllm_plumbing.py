@@ -106,6 +106,23 @@ def test_merged_weight_runs_serve_without_lora_layers(smollm2_dir, tmp_path, con
     assert "--enable-lora" in server_spec(adapter, lora=True).argv
 
 
+def test_the_server_opens_what_the_chosen_sync_declares_it_needs(smollm2_dir, tmp_path, config_for):
+    """LoRA layers and vLLM's NCCL weight-transfer engine follow the sync's
+    declared ``required_capabilities``, not its name."""
+    from grpo_core.plugin_host import PluginHost
+    from grpo_plugins.vllm.server import managed_spec
+
+    nccl = config_for(smollm2_dir, tmp_path, vllm_lora_sync=False)
+    nccl.plugins.weight_sync = "nccl"
+    for cfg, transfer, lora in ((nccl, True, False), (config_for(smollm2_dir, tmp_path, vllm_lora_sync=True), False, True)):
+        spec = managed_spec(cfg, PluginHost().engine_requirements(cfg))
+        try:
+            assert ("--weight-transfer-config" in spec.argv) == transfer
+            assert ("--enable-lora" in spec.argv) == lora
+        finally:
+            spec.remove_private_socket_dir()
+
+
 def test_public_bind_warns_and_drops_unguarded_dev_mode(smollm2_dir, tmp_path, config_for):
     cfg = config_for(smollm2_dir, tmp_path)
     spec = server_spec(cfg, host="0.0.0.0", port=8123, lora=True)
