@@ -48,7 +48,7 @@ def main() -> None:
     from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_core.types import WEIGHTS_FROM_PATH
     from grpo_plugins.vllm.engine import VLLMServerEngine
-    from grpo_plugins.vllm.weight_sync import FullFilesystemSync
+    from grpo_plugins.weight_sync_files import FullFilesystemSync
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
     work = Path(tempfile.mkdtemp(prefix="bench-sync-"))
@@ -129,7 +129,7 @@ def colocated(syncs: int) -> None:
     from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_core.precision import cpu_flag_summary
     from grpo_plugins.vllm.colocate import ColocatedEngine
-    from grpo_plugins.vllm.weight_sync import merged_weights
+    from grpo_core.engine_weights import merged_weights
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
     cfg = validate({

@@ -439,6 +439,10 @@ def grpo_sync_weights(model: Any, version: int, engine: InferenceEngine | None) 
     today: the step's ``time/weight_sync`` metric times the whole call, and
     a ``wrapper=True`` plugin (above) can read the result.
 
+    The weights to send, for any engine: :func:`grpo_core.engine_weights.merged_weights`
+    (every weight for full fine-tuning; for a LoRA only the adapted modules,
+    as ``W + delta``, with the base never touched).
+
     Runs before :func:`grpo_step_end` of the step it follows (see "One
     optimizer step, in order" above). Write files in a
     :func:`grpo_core.scratch.make_scratch_dir` folder (signature above) and

@@ -44,6 +44,7 @@ CONTRACT = FOUNDATION | {
     "grpo_core.context",
     "grpo_core.extension_points",
     "grpo_core.plugin_host",
+    "grpo_core.engine_weights",  # what a weight sync sends, for any engine
 }
 CONFIG_DATA = {  # what a config is, read and written; grpo_core.config.checks judges it and sits higher
     "grpo_core.config",

@@ -87,7 +87,7 @@ def test_the_merged_weight_syncs_directory_is_a_scratch_directory(tmp_path: Path
     """What the weight syncs hand a local engine lives in such a directory,
     removed at the end of training."""
     from grpo_core.context import RunContext
-    from grpo_plugins.vllm.weight_sync import FullFilesystemSync
+    from grpo_plugins.weight_sync_files import FullFilesystemSync
 
     class LocalEngine:
         same_host = True

@@ -18,7 +18,7 @@ from grpo_core.context import RunContext
 
 
 def _sync(tmp_path: Path, **trl: object):
-    from grpo_plugins.vllm.weight_sync import LoraFilesystemSync
+    from grpo_plugins.weight_sync_files import LoraFilesystemSync
 
     cfg = validate({"base_model": str(tmp_path), "datasets": [{"path": "x.jsonl"}], "micro_batch_size": 4,
                     "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True,

@@ -35,7 +35,7 @@ from grpo_plugins.vllm.engine import PACKED_GROUPS
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 from grpo_plugins.vllm.worker_ext import retie_output_embeddings
 from grpo_plugins.vllm.server import cpu_kvcache_gib, cuda_available, enforce_eager, max_model_len, resolve_dtype
-from grpo_plugins.vllm.weight_sync import merged_weights
+from grpo_core.engine_weights import merged_weights
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig

@@ -318,7 +318,7 @@ class NcclSync:
     def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
         import torch
 
-        from grpo_plugins.vllm.weight_sync import merged_weights
+        from grpo_core.engine_weights import merged_weights
 
         if engine is None:
             raise ConfigError("weight sync 'nccl' sends weights to a vLLM server, but the rollout has none: set trl.use_vllm = true.")

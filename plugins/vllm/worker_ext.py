@@ -5,7 +5,7 @@ machines, and refreshes a tied LM head after every in-place reload.
 
 ``/collective_rpc {"method": "grpo_load_weights_from_url", ...}`` makes
 every worker fetch the safetensors bytes the trainer serves
-(:mod:`grpo_plugins.vllm.http_sync`) and load them in place, exactly as
+(:mod:`grpo_plugins.weight_sync_http`) and load them in place, exactly as
 ``reload_weights`` loads files: weights not in the payload keep their
 values. Nothing is written to disk on the server's side. This module is
 imported by the vLLM server process: it must stay free of grpo_core and of

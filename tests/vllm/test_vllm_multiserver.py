@@ -20,9 +20,9 @@ import requests
 from grpo_core.types import RolloutGroup, SamplingSettings
 from grpo_plugins.vllm.client import EngineRequestError, VLLMClient
 from grpo_plugins.vllm.engine import ServerControl
-from grpo_plugins.vllm.http_sync import FullHttpSync
+from grpo_plugins.weight_sync_http import FullHttpSync
 from grpo_plugins.vllm.rollout import VLLMRollout
-from grpo_plugins.vllm.weight_sync import FullFilesystemSync
+from grpo_plugins.weight_sync_files import FullFilesystemSync
 
 from conftest import make_config
 from test_vllm_server import chat_prompts, mean_abs_diff

@@ -181,7 +181,7 @@ def test_rank_beyond_vllm_limit_is_a_config_error(smollm2_dir, tmp_path, config_
 
 
 def test_commands_module_does_not_import_vllm():
-    code = "import sys, grpo_plugins.vllm.commands, grpo_plugins.vllm.rollout, grpo_plugins.vllm.weight_sync; " \
+    code = "import sys, grpo_plugins.vllm.commands, grpo_plugins.vllm.rollout, grpo_plugins.weight_sync_files; " \
            "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -18,7 +18,7 @@ from grpo_core.scratch import LOCK_NAME
 from grpo_core.types import Prompt, SamplingSettings
 from grpo_plugins.vllm.client import EngineRequestError, VLLMClient
 from grpo_plugins.vllm.rollout import VLLMRollout
-from grpo_plugins.vllm.weight_sync import FullFilesystemSync, LoraFilesystemSync
+from grpo_plugins.weight_sync_files import FullFilesystemSync, LoraFilesystemSync
 
 pytestmark = pytest.mark.vllm
 

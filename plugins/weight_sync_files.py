@@ -1,4 +1,4 @@
-"""Weight syncs to a vLLM server through the filesystem.
+"""Weight syncs through the filesystem, to any engine that loads from a path.
 
 * ``lora_filesystem``: save the PEFT adapter, then the engine loads it in
   place (``/v1/load_lora_adapter``) and serves it.
@@ -14,7 +14,8 @@ from reusing prefix-cache blocks computed with the old weights). Older
 versions are deleted; the newest stays until the next sync, because an
 engine that restarts re-applies it (with ``async_prefetch``, the
 ``prefetch_depth`` before it too: requests made ahead may still use them). NCCL transfer to GPU servers is
-:mod:`grpo_plugins.vllm.nccl_sync`.
+:mod:`grpo_plugins.vllm.nccl_sync`; a server that cannot read this machine's files gets the
+weights over HTTP (:mod:`grpo_plugins.weight_sync_http`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_core import hookimpl
 from grpo_core.atomic import atomic_directory
+from grpo_core.engine_weights import is_peft, merged_weights
 from grpo_core.errors import ConfigError
 from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
 from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, InferenceEngine, SyncResult
@@ -35,10 +37,6 @@ from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, InferenceEngin
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
     from grpo_core.context import RunContext
-
-
-def _is_peft(model: Any) -> bool:
-    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
 def memory_backed_dir() -> str | None:
@@ -147,7 +145,7 @@ class LoraFilesystemSync(_FilesystemSync):
         return []
 
     def _save(self, model: Any, out: Path, engine: InferenceEngine) -> None:
-        if not _is_peft(model):
+        if not is_peft(model):
             raise ConfigError(
                 "weight sync 'lora_filesystem' (trl.vllm_lora_sync = true) needs a LoRA adapter: set "
                 "adapter = 'lora', or use plugins.weight_sync = 'full_filesystem' for full fine-tuning."
@@ -161,66 +159,6 @@ class LoraFilesystemSync(_FilesystemSync):
 
     def _apply(self, engine: InferenceEngine, path: Path) -> None:
         engine.load_adapter(path)
-
-
-# An engine that fuses projections into one weight (vLLM: qkv_proj,
-# gate_up_proj) needs every member of a group in a partial update; the
-# engine says which groups (InferenceEngine.fused_modules).
-
-
-def _lora_modules(base: Any) -> dict[str, Any]:
-    return {name: m for name, m in base.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")}
-
-
-def _modules_to_send(base: Any, lora: dict[str, Any], packed_groups: tuple[tuple[str, ...], ...]) -> set[str] | None:
-    """Names of the modules whose weights training changes (LoRA-wrapped
-    ones, plus their fused siblings); ``None`` when other weights train too
-    (everything is sent then)."""
-    if any(p.requires_grad and "lora_" not in n for n, p in base.named_parameters()):
-        return None
-    names = set(lora)
-    for name in lora:
-        parent, _, leaf = name.rpartition(".")
-        for group in packed_groups:
-            if leaf in group:
-                names.update(f"{parent}.{member}" if parent else member for member in group)
-    return names
-
-
-def merged_weights(model: Any, packed_groups: tuple[tuple[str, ...], ...]) -> dict[str, Any]:
-    """The HF-named weights the inference engine needs to sample from
-    ``model``: every weight for full fine-tuning; for a LoRA, only the
-    adapted modules (and their fused siblings), as ``W + delta``.
-
-    The delta is computed beside the weights, never merged into them, so the
-    trainer's frozen base stays bit-exact however many syncs run (a merge
-    followed by an unmerge does not round-trip in floating point), and the
-    ~25% of the model a LoRA never touches (embeddings, norms) is neither
-    copied nor sent. vLLM's in-place reload keeps weights it is not given.
-    """
-    import torch
-
-    if not _is_peft(model):
-        return {k: v.detach() for k, v in model.state_dict().items()}
-    base = model.get_base_model()
-    lora = _lora_modules(base)
-    send = _modules_to_send(base, lora, packed_groups)
-    state: dict[str, Any] = {}
-    with torch.no_grad():
-        for key, value in base.state_dict().items():
-            if "lora_" in key:
-                continue
-            name = key.replace(".base_layer.", ".")
-            module_name, _, param = name.rpartition(".")
-            if send is not None and module_name not in send:
-                continue
-            module = lora.get(module_name)
-            if module is not None and param == "weight" and not module.merged:
-                for adapter in module.active_adapters:
-                    if adapter in module.lora_A:
-                        value = value + module.get_delta_weight(adapter)
-            state[name] = value.detach()
-    return state
 
 
 class FullFilesystemSync(_FilesystemSync):

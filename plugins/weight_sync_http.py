@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from grpo_core import hookimpl
 from grpo_core.errors import ConfigError
 from grpo_core.types import WEIGHTS_FROM_URL, InferenceEngine, SyncResult
-from grpo_plugins.vllm.weight_sync import merged_weights
+from grpo_core.engine_weights import merged_weights
 
 if TYPE_CHECKING:
     from grpo_core.context import RunContext
