@@ -8,11 +8,11 @@ layers; reading it from the server's own answers (``/v1/models``, and in
 dev mode ``/server_info``) is what lets the two-terminal workflow of TRL,
 ``trl vllm-serve --model DIR`` then train, point grpo at it unchanged.
 
-TRL >= 1.x's ``trl vllm-serve`` *is* vLLM's OpenAI server (it execs
+TRL 1.16's ``trl vllm-serve`` *is* vLLM's OpenAI server (it execs
 ``vllm serve`` with dev mode, ``--logprobs-mode processed_logprobs`` and
 ``--weight-transfer-config '{"backend": "nccl"}'``), so the ``vllm``
-rollout speaks its protocol as it is. Older TRL (and ``axolotl
-vllm-serve``, which runs TRL's script) served a FastAPI app of its own
+rollout speaks its protocol as it is. TRL 1.10 and earlier (and ``axolotl
+vllm-serve``, which runs the installed TRL's script) served a FastAPI app of its own
 (``/generate/``, ``/init_communicator/``, ``/update_named_param/``);
 :func:`old_trl_protocol` recognises it so the run stops with one line
 naming the fix instead of failing on a missing route.
@@ -34,9 +34,10 @@ after the temperature, as grpo's trainer divides its logits by it (grpo's
 managed servers and ``trl vllm-serve`` both pass it)."""
 
 OLD_TRL_PROTOCOL = (
-    "{url} speaks the older TRL server protocol (/generate/, /init_communicator/: `trl vllm-serve` of TRL before 1.x, "
-    "or `axolotl vllm-serve`), which grpo does not talk; start the server with TRL >= 1.x's `trl vllm-serve --model DIR` "
-    "(it runs vLLM's own server), `vllm serve DIR` or `grpo vllm-serve CONFIG` instead (docs/servers.md)."
+    "{url} speaks the older TRL server protocol (/generate/, /init_communicator/: `trl vllm-serve` of TRL 1.10 or "
+    "earlier, or `axolotl vllm-serve` on such a TRL), which grpo does not talk; start the server with a newer TRL's "
+    "`trl vllm-serve --model DIR` (TRL 1.16's runs vLLM's own server), `vllm serve DIR` or `grpo vllm-serve CONFIG` "
+    "instead (docs/servers.md)."
 )
 
 
