@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import ADAPTER_FROM_PATH, CONTROL_ENDPOINTS, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, ControlEndpoint
 from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, EngineRequestError, VLLMClient, adoption_refusal
+from grpo_plugins.vllm.external import OLD_TRL_PROTOCOL, ServerFacts, logprobs_problem, old_trl_protocol, read_facts
 from grpo_plugins.vllm.key_handoff import handed_key
 from grpo_plugins.vllm.worker_ext import RETIE_METHOD
 from grpo_plugins.vllm.server import (
@@ -93,7 +94,9 @@ class VLLMServerEngine:
         self.server: ManagedServer | None = None
         self._lock = threading.RLock()
         self._prepared = False
-        self._served = SERVED_MODEL_NAME
+        self._base = SERVED_MODEL_NAME  # an external server's own name for it is read in ensure_ready
+        self._served = self._base
+        self.facts = ServerFacts()  # what an external server says about itself (ensure_ready)
         self._label: str | None = None
         self._loads = 0
         self.restarts = 0  # managed restarts so far: a request that failed before one may try again
@@ -117,8 +120,9 @@ class VLLMServerEngine:
                 if not managed:
                     self.log(f"vLLM: using the server already answering at {url}")
                 elif refusal != NOTHING_ANSWERS:
-                    self.log(f"vLLM: not using the server at {url}: {refusal}; starting a private one "
-                             "(set trl.vllm_managed = false and [vllm] api_key to use that server)")  # fmt: skip
+                    self.log(f"vLLM: not using the server at {url}: {refusal}; starting a private one (set "
+                             "trl.vllm_managed = false to use that server, and [vllm] api_key if it checks one; "
+                             "a `trl vllm-serve` checks none)")  # fmt: skip
         if managed:
             if trl.vllm_server_base_url or trl.vllm_server_base_urls:
                 raise ConfigError(
@@ -138,6 +142,8 @@ class VLLMServerEngine:
         if self.server is not None:
             self.client.dead_check = self.server.dead_reason
         elif trl.vllm_managed is False and not self.client.health():
+            if old_trl_protocol(url):
+                raise EngineRequestError(OLD_TRL_PROTOCOL.format(url=url), 404)
             # Said now, not after the model has loaded (it may just be starting up too).
             self.log(
                 f"WARNING: nothing answers at {url} yet; after loading the model grpo waits up to "
@@ -170,7 +176,7 @@ class VLLMServerEngine:
         """Known for a server grpo started from the config; an external
         server may have been started with any dtype."""
         if self.server is None:
-            return None
+            return self.facts.dtype
         dtype = resolve_dtype(self.context.config.vllm.dtype)
         return None if dtype == "auto" else dtype
 
@@ -224,7 +230,7 @@ class VLLMServerEngine:
             self.client.collective_rpc("reload_weights", {"weights_path": str(path)})
             self._retie_output_embeddings()
             self.client.reset_prefix_cache()
-            self._served = SERVED_MODEL_NAME
+            self._served = self._base
 
         self._load("full", load)
 
@@ -250,7 +256,7 @@ class VLLMServerEngine:
                     500,
                 )
             self.client.reset_prefix_cache()
-            self._served = SERVED_MODEL_NAME
+            self._served = self._base
 
         self._load("full", load)
 
@@ -333,10 +339,51 @@ class VLLMServerEngine:
                      "after a full fine-tuning sync a model with tied embeddings may sample with its old LM head on "
                      f"vLLM's CPU backend. Start the server with `grpo vllm-serve` (or --worker-extension-cls {WORKER_EXTENSION}).")
 
+    def _models(self) -> list[dict[str, Any]]:
+        """``/v1/models``; a server of TRL's older protocol is refused in one line."""
+        try:
+            return self.client.models()
+        except EndpointMissing:
+            if old_trl_protocol(self.client.base_url):
+                raise EngineRequestError(OLD_TRL_PROTOCOL.format(url=self.client.base_url), 404) from None
+            raise
+
+    def _learn_external(self, models: list[dict[str, Any]]) -> None:
+        """Read what a server started by hand is (:mod:`.external`): the
+        name it serves the base model under, and refuse one whose log-probs
+        or LoRA layers this run cannot use, naming the flag to restart with."""
+        self.facts = facts = read_facts(self.client, models)
+        if facts.base_model:
+            self._base = self._served = facts.base_model
+        where = self.description
+        if not facts.dev_mode:
+            self.log(f"vLLM: {where} has no /server_info (dev mode off): its --logprobs-mode, dtype and LoRA "
+                     "settings cannot be checked; full-weight syncs need VLLM_SERVER_DEV_MODE=1 too")  # fmt: skip
+            return
+        problem = logprobs_problem(facts.logprobs_mode, float(self.context.config.trl.temperature or 1.0), where)
+        if problem:
+            raise ConfigError(problem)
+        cfg = self.context.config
+        if ADAPTER_FROM_PATH in self.context.engine_requirements:
+            rank = int(cfg.lora_r or 0)
+            if not facts.lora:
+                raise ConfigError(
+                    f"{where} has no LoRA layers, and weight sync 'lora_filesystem' (trl.vllm_lora_sync = true) loads "
+                    f"the adapter into it: restart it with --enable-lora --max-lora-rank {rank} and "
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment (`trl vllm-serve` passes extra flags on to "
+                    "vLLM), or set trl.vllm_lora_sync = false to send the merged weights instead."
+                )
+            if facts.max_lora_rank is not None and rank > int(facts.max_lora_rank):
+                raise ConfigError(f"{where} takes LoRA ranks up to {facts.max_lora_rank} (--max-lora-rank), but lora_r = {rank}: "
+                                  f"restart it with --max-lora-rank {rank}.")  # fmt: skip
+
     def _clean_server(self) -> None:
         client = self.client
         base_root = None
-        for model in client.models():
+        models = self._models()
+        if self.server is None:
+            self._learn_external(models)
+        for model in models:
             if model.get("parent") is None:
                 base_root = base_root or model.get("root")
                 continue

@@ -8,8 +8,10 @@ vLLM (>= 0.32) ships both halves: the server's RL routes
 ``NCCLTrainerWeightTransferEngine``. This module only adapts them to grpo:
 
 * the first sync opens the NCCL group: the trainer is rank 0, the servers'
-  workers ranks 1..N (``[plugins.nccl] inference_world_size``, default
-  ``vllm.tensor_parallel_size x vllm.data_parallel_size``), rendezvous at
+  workers ranks 1..N (``[plugins.nccl] inference_world_size``; unset, what
+  each server's ``/get_world_size`` answers, as TRL's client asks a
+  ``trl vllm-serve``, else ``vllm.tensor_parallel_size x
+  vllm.data_parallel_size``), rendezvous at
   ``master_address:master_port`` (the trainer's address as the server sees
   it; ``127.0.0.1`` for a server on this machine);
 * every sync broadcasts the weights the engine needs (:func:`merged_weights`:
@@ -23,9 +25,8 @@ The control-plane requests go through the engine's
 way to reach each server with its API key and socket) rather than vLLM's
 bare ``HTTPVLLMWeightSyncClient``. With several servers (a pool:
 ``trl.vllm_server_base_urls`` or managed ``[vllm] data_parallel_size`` > 1)
-every server joins the one NCCL group, server ``i``'s workers at ranks
-``1 + i x workers_per_server`` onwards, and each request reaches all of
-them at once.
+every server joins the one NCCL group, each server's workers at the ranks
+after the previous server's, and each request reaches all of them at once.
 
 No step can hang the run: every step of the protocol (either side of the
 handshake, each request to the servers, each broadcast round, the server's
@@ -51,6 +52,7 @@ from pydantic import BaseModel, Field
 from grpo_core import hookimpl
 from grpo_core.errors import ConfigError, EngineUnavailable, GrpoError
 from grpo_core.types import CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL, ControlEndpoint, InferenceEngine, SyncResult
+from grpo_plugins.vllm.client import DEV_MODE_HINT, EndpointMissing
 from grpo_plugins.vllm.nccl_watchdog import ProtocolSteps, SyncStepTimeout, run_with_deadlines
 
 if TYPE_CHECKING:
@@ -101,11 +103,11 @@ class _ServersClient:
     Each request goes to all servers at once and returns when all have
     answered: ``update_weights`` must, since every server's workers receive
     the same broadcast inside it. Server ``i``'s workers join the NCCL
-    group at ranks ``1 + i * workers_per_server`` onwards (vLLM's trainer
-    side assumes one server at rank offset 1)."""
+    group at ranks ``rank_offsets[i]`` onwards (1 for the first: vLLM's
+    trainer side assumes one server at rank offset 1)."""
 
-    def __init__(self, endpoints: list[ControlEndpoint], workers_per_server: int, timeout: float, steps: ProtocolSteps) -> None:
-        self.endpoints, self.workers_per_server, self.steps = endpoints, workers_per_server, steps
+    def __init__(self, endpoints: list[ControlEndpoint], rank_offsets: list[int], timeout: float, steps: ProtocolSteps) -> None:
+        self.endpoints, self.rank_offsets, self.steps = endpoints, rank_offsets, steps
         # The watchdog names a late step at `timeout`; the request's own
         # timeout, a little later, only frees its thread.
         self.timeout = timeout + REQUEST_GRACE_S
@@ -132,7 +134,7 @@ class _ServersClient:
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self._post_all(
             "/init_weight_transfer_engine",
-            [{"init_info": {**init_info, "rank_offset": 1 + i * self.workers_per_server}} for i in range(len(self.endpoints))],
+            [{"init_info": {**init_info, "rank_offset": offset}} for offset in self.rank_offsets],
         )
 
     def shutdown_weight_transfer_engine(self) -> None:
@@ -206,6 +208,43 @@ class _MergedWeights:
         return iter(list(self.state.items()))
 
 
+QUESTION_TIMEOUT_S = 30.0
+"""How long the handshake's questions (``/get_world_size``, ``/server_info``) may take."""
+
+
+def _reported_world_size(endpoint: ControlEndpoint) -> int | None:
+    """The server's ``GET /get_world_size`` (its workers, TP x PP x DP), or
+    ``None`` when it gives none. A server without the route has no dev
+    mode, hence none of the weight-transfer routes either: refused here."""
+    try:
+        answer = endpoint.request("GET", "/get_world_size", timeout=QUESTION_TIMEOUT_S)
+    except EndpointMissing:
+        raise ConfigError(f"weight sync 'nccl': {endpoint.description} has no weight-transfer routes: {DEV_MODE_HINT}.") from None
+    except GrpoError:
+        return None
+    size = answer.get("world_size") if isinstance(answer, dict) else None
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def _check_weight_transfer(endpoint: ControlEndpoint) -> None:
+    """Refuse a server whose ``/server_info`` says it has no NCCL
+    weight-transfer engine (started without ``--weight-transfer-config``),
+    before anything waits on an NCCL rendezvous it would never join."""
+    try:
+        info = endpoint.request("GET", "/server_info?config_format=json", timeout=QUESTION_TIMEOUT_S)
+    except GrpoError:
+        return  # no /server_info: nothing to check here; /get_world_size decides about dev mode
+    config = info.get("vllm_config") if isinstance(info, dict) else None
+    if isinstance(config, dict) and "weight_transfer_config" in config:
+        backend = (config.get("weight_transfer_config") or {}).get("backend")
+        if backend != "nccl":
+            raise ConfigError(
+                f"weight sync 'nccl': {endpoint.description} has no NCCL weight-transfer engine (backend {backend!r}): restart "
+                "it with --weight-transfer-config '{\"backend\": \"nccl\"}' (`trl vllm-serve` passes it; grpo's own "
+                "servers do with plugins.weight_sync = 'nccl')."
+            )
+
+
 class NcclSync:
     """``grpo.weight_sync:nccl``."""
 
@@ -246,20 +285,25 @@ class NcclSync:
             raise ConfigError(problem)
         return []
 
-    def _workers_per_server(self, servers: int) -> int:
+    def _workers_per_server(self, endpoints: list[ControlEndpoint]) -> list[int]:
         """GPU workers of each server: ``inference_world_size`` split evenly
-        over the servers, or ``tensor_parallel_size`` per server (times
-        vLLM's own ``data_parallel_size`` when there is one server)."""
-        v = self.context.config.vllm
+        over the servers; unset, what each server's ``/get_world_size``
+        says (a server started by hand knows its own parallelism), else
+        ``tensor_parallel_size`` per server (times vLLM's own
+        ``data_parallel_size`` when there is one server)."""
+        v, servers = self.context.config.vllm, len(endpoints)
         if self.settings.inference_world_size is None:
-            return int(v.tensor_parallel_size) * (int(v.data_parallel_size) if servers == 1 else 1)
+            reported = [_reported_world_size(e) for e in endpoints]
+            if all(size is not None for size in reported):
+                return [int(size) for size in reported]  # type: ignore[arg-type]
+            return [int(v.tensor_parallel_size) * (int(v.data_parallel_size) if servers == 1 else 1)] * servers
         per, rest = divmod(self.settings.inference_world_size, servers)
         if rest or not per:
             raise ConfigError(
                 f"[plugins.nccl] inference_world_size = {self.settings.inference_world_size} does not split evenly over "
                 f"the {servers} vLLM servers: set it to their GPU workers in all (each server's tensor_parallel_size, summed)."
             )
-        return per
+        return [per] * servers
 
     def _handshake(self, engine: InferenceEngine) -> Callable[[], Any]:
         """Check the engine and settings (here, in the caller's thread: a
@@ -274,7 +318,10 @@ class NcclSync:
                 f"({engine.description}) takes no control requests: use the 'vllm' rollout (trl.use_vllm = true, server mode)."
             )
         endpoints = engine.control_endpoints()
-        per_server = self._workers_per_server(len(endpoints))
+        for endpoint in endpoints:
+            _check_weight_transfer(endpoint)
+        sizes = self._workers_per_server(endpoints)
+        offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
         if self.settings.master_address is None and not engine.same_host:
             raise ConfigError(
                 "weight sync 'nccl' with a vLLM server on another host: set [plugins.nccl] master_address to this "
@@ -284,10 +331,10 @@ class NcclSync:
             rank=0,  # the single sending trainer process
             master_address=self.settings.master_address or "127.0.0.1",
             master_port=self.settings.master_port,
-            world_size=1 + per_server * len(endpoints),
+            world_size=1 + sum(sizes),
             packed=self.settings.packed,
         )
-        client = _ServersClient(endpoints, per_server, self.settings.timeout, self._steps)
+        client = _ServersClient(endpoints, offsets, self.settings.timeout, self._steps)
         trainer_side = (f"the handshake, trainer side: joining the NCCL group at {info.master_address}:{info.master_port} "
                         f"as rank 0 of {info.world_size}")  # fmt: skip
 
