@@ -44,6 +44,16 @@ class EngineUnavailable(GrpoError):
     exit_code = 3
 
 
+class WeightSyncUnverified(GrpoError):
+    """After a weight sync (and one retry) the engine still does not serve
+    the weights just synced: its log-probs of a fixed probe differ from the
+    trainer's by more than the two precisions explain
+    (:mod:`grpo_core.training.sync_check`). The message names the engine,
+    the policy version and the measured gap."""
+
+    exit_code = 3
+
+
 class EnvironmentLost(GrpoError):
     """An environment that cannot go on at all (its server keeps dying, or
     never came up). Raised when an episode is made or reset, it ends the

@@ -122,7 +122,8 @@ One optimizer step, in order
 3. Every ``trl.vllm_sync_interval`` steps: :func:`grpo_sync_weights`, on
    rank 0, **before** :func:`grpo_step_end` of the same step (its time is
    that step's ``time/weight_sync``); the first sync runs once before the
-   first rollout.
+   first rollout. Right after it the core verifies the sync
+   (``verify_weight_sync``) when the engine declares ``SCORES_TOKENS``.
 4. ``trl.sync_ref_model``'s reference update, then :func:`grpo_step_end`
    (rank 0 only) with the step's metrics, then logging, evaluation and the
    checkpoint of that step.
@@ -442,6 +443,20 @@ def grpo_sync_weights(model: Any, version: int, engine: InferenceEngine | None) 
     The weights to send, for any engine: :func:`grpo_core.engine_weights.merged_weights`
     (every weight for full fine-tuning; for a LoRA only the adapted modules,
     as ``W + delta``, with the base never touched).
+
+    **Verified.** When the engine declares
+    :data:`~grpo_core.types.SCORES_TOKENS` (the built-in vLLM engines do),
+    the core checks after this returns that the engine serves ``model``'s
+    weights: each server scores a fixed probe of a few dozen token ids
+    (:meth:`~grpo_core.types.InferenceEngine.score_tokens`) and its
+    log-probs must match the trainer's within what the two precisions
+    explain (:mod:`grpo_core.training.sync_check`; config
+    ``verify_weight_sync``). A sync that returned without the engine
+    serving the new weights is called once more with the same arguments
+    (so it must be safe to repeat), checked again, and then the run stops
+    with a checkpoint and :class:`~grpo_core.errors.WeightSyncUnverified`
+    naming the engine, the version and the gap. Return only once the
+    engine serves the new weights.
 
     Runs before :func:`grpo_step_end` of the step it follows (see "One
     optimizer step, in order" above). Write files in a

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -322,14 +322,35 @@ is one or more HTTP servers a sync may send its own authenticated requests
 to)."""
 WEIGHTS_IN_MEMORY = "weights_in_memory"
 """Engine capability: :meth:`InferenceEngine.load_weights` (same process)."""
+SCORES_TOKENS = "scores_tokens"
+"""Engine capability: :meth:`InferenceEngine.score_tokens` (the engine's
+log-prob of each token of a sequence, per server). The core uses it to
+verify every weight sync (``verify_weight_sync``,
+:mod:`grpo_core.training.sync_check`); no sync needs it."""
 SAMPLES_TRAINER_MODEL = "samples_trainer_model"
 """Rollout capability without an engine: it samples the trainer's live model,
 so the weights are current the moment the optimizer steps."""
 
 ENGINE_CAPABILITIES: frozenset[str] = frozenset(
     {WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS, WEIGHTS_IN_MEMORY,
-     SAMPLES_TRAINER_MODEL}
+     SCORES_TOKENS, SAMPLES_TRAINER_MODEL}
 )
+
+
+@dataclass(frozen=True)
+class EngineScore:
+    """One server's answer to :meth:`InferenceEngine.score_tokens`.
+
+    ``logprobs[i]`` is the engine's log-prob of ``token_ids[i + 1]`` given
+    ``token_ids[: i + 1]`` (the first token has no prefix, so there are
+    ``len(token_ids) - 1``), from the full softmax at temperature 1 (no
+    sampling processors), under the model the engine serves now
+    (``model``: the base, or the adapter the last load installed)."""
+
+    description: str
+    """Which server answered, for messages (``"vLLM server at http://..."``)."""
+    logprobs: list[float]
+    model: str = ""
 
 
 @runtime_checkable
@@ -379,6 +400,18 @@ class InferenceEngine(Protocol):
     ``EngineUnavailable`` only when none is left. A weight sync therefore
     never needs to know how many servers there are (except through
     :meth:`control_endpoints`, which lists them).
+
+    Optional, capability-gated: an engine declaring :data:`SCORES_TOKENS`
+    has ``score_tokens(token_ids: Sequence[int]) -> list[EngineScore]``:
+    for **each** server the handle stands for (each live server of a pool on
+    its own, in a fixed order), the engine's log-prob of every token given
+    its prefix (:class:`EngineScore`), computed with the weights it serves
+    now (the adapter after a ``load_adapter``). It must not change what the
+    engine serves; raise ``EngineUnavailable`` when no server answers. The
+    core calls it after each weight sync to check that the engine serves the
+    weights just synced (``verify_weight_sync``). It is not a member of this
+    protocol, so engines written before it still satisfy ``isinstance``;
+    read it with :func:`token_scorer`.
 
     Optional: an engine that computes on this machine's CPU cores may expose
     ``cpu_cores`` (a ``frozenset[int]``): the cores it is pinned to. The
@@ -460,6 +493,14 @@ class InferenceEngine(Protocol):
         the trainer's process) raises :class:`NotImplementedError` saying so.
         A restarted server has lost whatever state those requests set up
         (an NCCL group): the sync finds out from the next request failing."""
+
+
+def token_scorer(engine: object) -> Callable[[Sequence[int]], list[EngineScore]] | None:
+    """The engine's ``score_tokens`` when it declares :data:`SCORES_TOKENS`
+    (``None`` otherwise, or without an engine)."""
+    if engine is None or SCORES_TOKENS not in getattr(engine, "capabilities", ()):
+        return None
+    return getattr(engine, "score_tokens", None)
 
 
 def engine_cpu_cores(engine: object) -> frozenset[int] | None:

@@ -24,7 +24,7 @@ from grpo_core.config.zero_stage import zero_stage
 from grpo_core.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, chosen_implementations, declared, source_key
 from grpo_core.plugin_host import PluginHost, own_checks, settings_key, split_qualified, table_ref, validate_settings
-from grpo_core.types import SAMPLES_TRAINER_MODEL, WEIGHTS_IN_MEMORY
+from grpo_core.types import SAMPLES_TRAINER_MODEL, SCORES_TOKENS, WEIGHTS_IN_MEMORY
 
 
 @dataclass(frozen=True)
@@ -536,6 +536,16 @@ def _plugin_checks(cfg: GRPOConfig, host: PluginHost, names: dict[str, str], err
                 f"rollout's inference engine, but rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) offers "
                 f"{sorted(offered) or 'none'}: choose a weight sync made for that rollout (see `grpo plugins`), or "
                 "remove plugins.weight_sync to get the default one."
+            )
+    if "rollout" in classes and "verify_weight_sync" in cfg.model_fields_set and cfg.verify_weight_sync != "never":
+        rollout, rollout_cls = classes["rollout"]
+        offered = declared(rollout_cls, BY_NAME["rollout"], "engine_capabilities")
+        if not offered & {SCORES_TOKENS, SAMPLES_TRAINER_MODEL}:
+            errors.append(
+                f"verify_weight_sync = '{cfg.verify_weight_sync}' checks each weight sync by having the engine score "
+                f"tokens, but rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) declares no "
+                f"'{SCORES_TOKENS}' capability: remove verify_weight_sync (then unverified syncs are only logged) or "
+                "set it to 'never'."
             )
     names_used = {info.name for info, _ in classes.values()}
     for spec in cfg.trl.reward_funcs or []:

@@ -356,6 +356,13 @@ class GRPOConfig(_Table):
         "rounding for fewer tokens. Not applied with gradient_checkpointing, torch_compile, active dropout, or models "
         "whose cache is not a plain per-layer key/value cache.",
     )
+    verify_weight_sync: Literal["every", "first", "never"] = Field(
+        "every",
+        description="After a weight sync, check that the inference engine serves the weights just synced: each server "
+        "scores a fixed 48-token probe and its log-probs must match the trainer's within what both precisions explain; "
+        "a sync that fails is repeated once, then the run stops with a checkpoint. 'every' sync (default), the 'first' "
+        "only, or 'never'. Engines that cannot score tokens are not checked (an error only when this key is set).",
+    )
     special_tokens: dict[str, str] | None = None
 
     fsdp: list[str] | None = None

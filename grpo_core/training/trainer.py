@@ -20,7 +20,15 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
-from grpo_core.errors import EngineUnavailable, EnvironmentLost, GrpoError, PluginError, RewardError, TrainingInterrupted
+from grpo_core.errors import (
+    EngineUnavailable,
+    EnvironmentLost,
+    GrpoError,
+    PluginError,
+    RewardError,
+    TrainingInterrupted,
+    WeightSyncUnverified,
+)
 from grpo_core.logprobs import token_logprobs
 from grpo_core.loss import LossSettings, zero_advantage_rows_are_inert
 from grpo_core.precision import resolve_precision
@@ -40,6 +48,7 @@ from grpo_core.training.batch import (
 from grpo_core.training.distributed import Distributed, shares
 from grpo_core.training.optim import advance_schedule
 from grpo_core.training.producer import ScoredBatch
+from grpo_core.training.sync_check import SyncVerifier
 from grpo_core.training.timing import StepClock, dominant_phases
 from grpo_core.types import Checkpointable, InferenceEngine, PolicyLossInputs, TrainingProgress
 
@@ -132,6 +141,9 @@ class GRPOTrainer:
 
         self.compiled_body = compile_policy(cfg, parts.model)  # None unless torch_compile
         self.share_prompts = bool(cfg.share_prompt_prefix)
+        # rank 0 syncs, so rank 0 checks each sync (verify_weight_sync); the other ranks only wait
+        mode = cfg.verify_weight_sync if self.dist.is_main else "never"
+        self.verifier = SyncVerifier.build(mode, parts.engine, parts.tokenizer, self.precision, parts.context.log)
         if self.compiled_body is not None:
             parts.context.log(f"torch_compile: the decoder body is compiled (backend "
                               f"{cfg.torch_compile_backend or 'inductor'}) at the first training forward")
@@ -582,7 +594,7 @@ class GRPOTrainer:
                 self.sync_weights()
         except BaseException:
             try:
-                observer.record_only(self, {**metrics, **self.clock.metrics()})
+                observer.record_only(self, {**metrics, **self.clock.metrics(), **self.verifier.take_metrics()})
             except Exception as lost:  # e.g. a full disk: the sync's own error is the one to report
                 self.parts.context.log(f"step {self.step}'s metrics could not be written either: {lost}")
             raise
@@ -595,9 +607,11 @@ class GRPOTrainer:
             return
         from grpo_core.training.sharding import full_weights_for_sync
 
-        with full_weights_for_sync(self.parts, self.policy_version) as model:
-            if self.dist.is_main:
-                self.parts.hook.grpo_sync_weights(model=model, version=self.policy_version, engine=self.parts.engine)
+        version = self.policy_version
+        with full_weights_for_sync(self.parts, version) as model:
+            if self.dist.is_main:  # the sync, then its check (grpo_core.training.sync_check)
+                self.verifier.sync(lambda: self.parts.hook.grpo_sync_weights(model=model, version=version, engine=self.parts.engine),
+                                   model, version)  # fmt: skip
         self.dist.barrier()
         self.last_sync_version = self.policy_version
         self.parts.producer.weights_synced(self.policy_version)
@@ -624,7 +638,11 @@ class GRPOTrainer:
 
     def train(self) -> str:
         cfg, trl = self.cfg, self.trl
-        self.sync_weights()  # the engine starts from this run's weights, whatever it held before
+        try:
+            self.sync_weights()  # the engine starts from this run's weights, whatever it held before
+        except WeightSyncUnverified as exc:  # nothing trained since the start: nothing new to checkpoint
+            raise WeightSyncUnverified(f"{exc}\nTraining stopped before step {self.step + 1}; nothing was trained, so no "
+                                       "checkpoint was written.") from None  # fmt: skip
         from grpo_core.observe import RunObserver
 
         observer = self.parts.observer or (RunObserver(cfg) if self.dist.is_main else _QuietObserver())
@@ -636,13 +654,14 @@ class GRPOTrainer:
                     try:
                         metrics = self._train_step()
                         self._sync_after_step(metrics, observer)
-                    except (EngineUnavailable, EnvironmentLost, RewardError, PluginError) as exc:
+                    except (EngineUnavailable, EnvironmentLost, RewardError, PluginError, WeightSyncUnverified) as exc:
                         path = self.save()  # everything finished so far is kept
                         raise type(exc)(f"{exc}\nTraining stopped at step {self.step}; checkpoint saved to {path}. "
                                         f"Resume with resume_from_checkpoint = \"{path}\".") from exc
                     if trl.sync_ref_model and self.step % trl.ref_model_sync_steps == 0:
                         self._update_reference()
                     metrics.update(self.clock.metrics())  # the phases add up to step_time
+                    metrics.update(self.verifier.take_metrics())  # sync/*: the checks of the syncs since the last record
                     self.timings.append(metrics)
                     # The next step's clock starts now: evaluation, logging and this step's checkpoint
                     # are timed in the next step, so every second of the run is in some step_time.

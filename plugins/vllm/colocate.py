@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_core import hookimpl
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import WEIGHTS_IN_MEMORY, Completion, ControlEndpoint, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult
+from grpo_core.types import SCORES_TOKENS, WEIGHTS_IN_MEMORY, Completion, ControlEndpoint, EngineScore, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult
 from grpo_plugins.vllm.engine import PACKED_GROUPS
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 from grpo_plugins.vllm.worker_ext import retie_output_embeddings
@@ -55,7 +55,7 @@ class ColocatedEngine:
     process, so it never restarts behind the trainer's back.
     """
 
-    capabilities = frozenset({WEIGHTS_IN_MEMORY})
+    capabilities = frozenset({WEIGHTS_IN_MEMORY, SCORES_TOKENS})
     served_model = "base"
     same_host = True
     weight_dtype = None  # tensors are handed over as they are; vLLM casts on load
@@ -207,6 +207,21 @@ class ColocatedEngine:
             finally:
                 self._sleep_if_enabled()
 
+    def score_tokens(self, token_ids: Any) -> list[EngineScore]:
+        """The engine's log-prob of each token given its prefix, from the
+        weights it holds now (``prompt_logprobs``: the full softmax, never
+        the prefix cache)."""
+        from vllm import SamplingParams
+
+        ids = [int(t) for t in token_ids]
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        output = self.generate([ids], params)[0]
+        entries = output.prompt_logprobs or []
+        if len(entries) != len(ids):
+            raise EngineUnavailable(f"{self.description} returned prompt log-probs for {len(entries)} of {len(ids)} tokens")
+        return [EngineScore(self.description, [float(entry[token].logprob) for entry, token in zip(entries[1:], ids[1:], strict=True)],
+                            self.served_model)]  # fmt: skip
+
     def packed_groups(self) -> tuple[tuple[str, ...], ...]:
         """Which HF projections vLLM fuses into one weight, from the loaded
         model itself (e.g. ``qkv_proj`` <- q, k, v); grpo's default list if
@@ -254,7 +269,7 @@ def _completions(output: Any) -> list[Completion]:
 class VLLMColocateRollout:
     """``grpo.rollout:vllm_colocate``."""
 
-    engine_capabilities = frozenset({WEIGHTS_IN_MEMORY})
+    engine_capabilities = frozenset({WEIGHTS_IN_MEMORY, SCORES_TOKENS})
     concurrent_generate = False  # one in-process engine, one call at a time
 
     def __init__(self, context: RunContext) -> None:

@@ -11,13 +11,22 @@ adapter is unknown) and re-applies the last load before it samples again.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from urllib.parse import urlparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import ADAPTER_FROM_PATH, CONTROL_ENDPOINTS, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, ControlEndpoint
+from grpo_core.types import (
+    ADAPTER_FROM_PATH,
+    CONTROL_ENDPOINTS,
+    SCORES_TOKENS,
+    WEIGHTS_FROM_PATH,
+    WEIGHTS_FROM_URL,
+    WEIGHTS_OVER_NCCL,
+    ControlEndpoint,
+    EngineScore,
+)
 from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, EngineRequestError, VLLMClient, adoption_refusal
 from grpo_plugins.vllm.external import OLD_TRL_PROTOCOL, ServerFacts, logprobs_problem, old_trl_protocol, read_facts
 from grpo_plugins.vllm.key_handoff import handed_key
@@ -59,6 +68,21 @@ def server_to_adopt(url: str, api_key: str | None) -> tuple[str | None, str | No
     return (api_key, None) if refusal is None else (None, refusal)
 
 
+def prompt_logprobs(data: Mapping[str, Any], ids: list[int], where: str) -> list[float]:
+    """The log-prob of each of ``ids[1:]`` in a ``/v1/completions`` answer
+    asked with ``prompt_logprobs``. Raises ``ValueError`` on an answer that
+    does not fit the request (the client retries those), ``EngineRequestError``
+    for a server that returns logits instead of log-probs."""
+    entries = data["choices"][0]["prompt_logprobs"]
+    if not isinstance(entries, list) or len(entries) != len(ids):
+        raise ValueError(f"expected prompt_logprobs for {len(ids)} tokens, got {type(entries).__name__}")
+    out = [float(entry[str(token)]["logprob"]) for entry, token in zip(entries[1:], ids[1:], strict=True)]
+    if any(value > 1e-3 for value in out):
+        raise EngineRequestError(f"{where} returns positive prompt log-probs: it was started with a --logprobs-mode that "
+                                 "returns logits; start it with --logprobs-mode processed_logprobs (grpo vllm-serve does).", 400)  # fmt: skip
+    return out
+
+
 class ServerControl:
     """A :class:`~grpo_core.types.ControlEndpoint` over one server's client:
     its API key and socket, no retries (a control request may not be
@@ -83,7 +107,7 @@ class VLLMServerEngine:
     ``trl.vllm_server_base_urls``) or ``replica`` (managed server ``i`` of
     ``[vllm] data_parallel_size``)."""
 
-    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS})
+    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS, SCORES_TOKENS})
 
     def __init__(self, context: RunContext, *, url: str | None = None, replica: int | None = None) -> None:
         self.context = context
@@ -270,6 +294,20 @@ class VLLMServerEngine:
         """This server, taking authenticated control requests (the ``nccl``
         sync's weight-transfer routes)."""
         return [ServerControl(self.client, self.description)]
+
+    def score_tokens(self, token_ids: Sequence[int]) -> list[EngineScore]:
+        """This server's log-prob of each token given its prefix, under the
+        model it serves now: one ``/v1/completions`` request with the ids as
+        the prompt, ``prompt_logprobs: 0`` and one generated token. vLLM
+        computes prompt log-probs from the full softmax whatever the
+        sampling parameters (the same under ``processed_logprobs`` and
+        ``raw_logprobs``; a ``*_logits`` server returns logits, refused
+        here), and never from its prefix cache."""
+        ids = [int(t) for t in token_ids]
+        self.ensure_ready()
+        model = self._served
+        payload = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+        return [EngineScore(self.description, self.client.completions(payload, parse=lambda d: prompt_logprobs(d, ids, self.description)), model)]
 
     # ------------------------------------------------------------------ weights
 

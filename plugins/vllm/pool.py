@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import ControlEndpoint
+from grpo_core.types import ControlEndpoint, EngineScore
 from grpo_plugins.vllm.engine import VLLMServerEngine
 from grpo_plugins.vllm.server import narrow_trainer_devices, placement_problems
 
@@ -273,6 +273,12 @@ class VLLMEnginePool:
         """One endpoint per live server, in the pool's order (a dropped
         server is no longer listed)."""
         return [endpoint for member in self.live() for endpoint in member.control_endpoints()]
+
+    def score_tokens(self, token_ids: Sequence[int]) -> list[EngineScore]:
+        """Every live server scores the ids on its own (in parallel), in the
+        pool's order: a server a sync did not reach is told apart from the
+        others."""
+        return [score for scores in self.each(lambda m: m.score_tokens(token_ids)) for score in scores]
 
     def shutdown(self) -> None:
         for member in self.members + self.dropped:

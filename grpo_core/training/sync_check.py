@@ -1,0 +1,299 @@
+"""Every weight sync proves itself: after the sync, the engine serves the
+weights just synced.
+
+Why: a sync that reports success without reaching the engine (an adapter
+never loaded, a reload that failed silently, one server of a pool left
+behind) looks like ordinary staleness for weeks. So after each sync
+(``verify_weight_sync``), rank 0 scores a fixed probe of
+:data:`PROBE_TOKENS` token ids twice: with the trainer's model (no grad,
+eval mode, the run's autocast) and with every server of the engine
+(:meth:`~grpo_core.types.InferenceEngine.score_tokens`). The gap of a server
+is the mean absolute difference of the per-token log-probs (robust: one
+token's rounding cannot fail a check; its maximum is logged beside it).
+
+What gap the same weights show depends on the two precisions (measured on
+SmolLM2-135M, benchmarks/RESULTS.md): ~5e-6 nats per token with float32 on
+both sides, ~0.03-0.04 when either side computes in bfloat16. The first
+verified sync of a run measures this *noise floor* per server (it must be
+under the precision's ceiling: an engine serving another model fails
+there); every later sync must stay within ``factor x floor + margin`` of
+its precision class (:data:`NOISE`). An engine whose dtype is unknown (an
+external server) is put in a class by its measured floor, never by this
+machine's CPU flags.
+
+A sync that fails the check is run once more and checked again; then the
+run stops (:class:`~grpo_core.errors.WeightSyncUnverified`, caught by the
+training loop, which saves a checkpoint first).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grpo_core.errors import EngineUnavailable, GrpoError, WeightSyncUnverified
+from grpo_core.types import EngineScore, token_scorer
+
+PROBE_TEXT = (
+    "The quick brown fox jumps over the lazy dog. 17 + 25 = 42, and the capital of France is Paris. "
+    "Water boils at 100 degrees Celsius at sea level; ice melts at zero. def add(a, b): return a + b"
+)
+"""Fixed text, tokenized once with the run's tokenizer: words, numbers and
+code, so the log-probs are neither all near 0 nor all tiny."""
+PROBE_TOKENS = 48
+"""Token ids in the probe: one forward of 48 tokens on each side."""
+
+MODES = ("every", "first", "never")
+
+
+@dataclass(frozen=True)
+class Noise:
+    """How far apart the same weights may score in one precision class
+    (mean |log-prob difference| per token, nats)."""
+
+    name: str
+    ceiling: float
+    """The first check's limit: above it the engine serves other weights."""
+    factor: float
+    margin: float
+
+    def bound(self, floor: float) -> float:
+        """The limit of a later check, from the first check's gap."""
+        return min(self.ceiling, self.factor * floor + self.margin)
+
+
+FLOAT32 = Noise("float32", ceiling=1e-3, factor=4.0, margin=5e-5)
+"""Both sides float32: 5.2e-6 mean, 2.1e-5 max measured (vLLM CPU vs torch)."""
+HALF = Noise("16-bit", ceiling=0.25, factor=2.0, margin=0.03)
+"""Either side bfloat16/float16: 0.031-0.040 mean, 0.13-0.23 max measured."""
+NOISE = {"float32": FLOAT32, "16-bit": HALF}
+
+
+def noise_class(trainer_dtype: str, engine_dtype: str | None, floor: float | None = None) -> Noise:
+    """The precision class of a trainer/engine pair. An engine of unknown
+    dtype is float32 when the trainer is and the measured ``floor`` is within
+    float32's ceiling; otherwise (or before any measurement) 16-bit, the
+    looser one."""
+    if trainer_dtype != "float32":
+        return HALF
+    if engine_dtype is None:
+        return FLOAT32 if floor is not None and floor <= FLOAT32.ceiling else HALF
+    return FLOAT32 if engine_dtype in ("float32", "float", "fp32") else HALF
+
+
+def trainer_dtype_name(precision: Any) -> str:
+    """``"float32"`` when the trainer computes and keeps its weights in
+    float32, else the 16-bit dtype it uses (``grpo_core.precision.Precision``)."""
+    for dtype in (precision.compute_dtype, precision.load_dtype):
+        if dtype is not None and dtype != torch.float32:
+            return str(dtype).removeprefix("torch.")
+    return "float32"
+
+
+@dataclass(frozen=True)
+class ServerGap:
+    """One server's comparison."""
+
+    description: str
+    mean: float
+    max: float
+    bound: float
+    noise: str
+    first: bool
+    error: str = ""  # the server could not score the probe (the message)
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.mean <= self.bound
+
+    def describe(self) -> str:
+        if self.error:
+            return f"{self.description}: {self.error}"
+        basis = "the same weights in these precisions differ by at most" if self.first else "bound"
+        return (f"{self.description}: mean |log-prob gap| {self.mean:.3g} per token (max {self.max:.3g}), "
+                f"{basis} {self.bound:.3g} ({self.noise})")  # fmt: skip
+
+
+def compare(trainer: Sequence[float], score: EngineScore) -> tuple[float, float]:
+    """(mean, max) absolute difference of two log-prob lists of one probe."""
+    if len(score.logprobs) != len(trainer):
+        raise ValueError(f"{score.description} scored {len(score.logprobs)} tokens, the trainer {len(trainer)}")
+    diffs = [abs(a - b) for a, b in zip(trainer, score.logprobs, strict=True)]
+    return sum(diffs) / len(diffs), max(diffs)
+
+
+@dataclass
+class Floors:
+    """Each server's noise floor, set by its first verified check."""
+
+    trainer_dtype: str
+    engine_dtype: str | None
+    floors: dict[str, float] = field(default_factory=dict)
+
+    def judge(self, description: str, mean: float, worst: float) -> ServerGap:
+        floor = self.floors.get(description)
+        first = floor is None
+        noise = noise_class(self.trainer_dtype, self.engine_dtype, mean if first else floor)
+        bound = noise.ceiling if first else noise.bound(floor)
+        return ServerGap(description, mean, worst, bound, f"{noise.name}: trainer {self.trainer_dtype}, engine "
+                         f"{self.engine_dtype or 'dtype unknown'}" + ("" if first else f", noise floor {floor:.3g}"), first)  # fmt: skip
+
+    def accept(self, gaps: list[ServerGap]) -> None:
+        for gap in gaps:
+            if gap.ok and gap.first:
+                self.floors[gap.description] = gap.mean
+
+
+@dataclass
+class Verification:
+    """One check of one sync: every server's gap, and what it cost."""
+
+    version: int
+    gaps: list[ServerGap]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.gaps) and all(g.ok for g in self.gaps)
+
+    def failures(self) -> str:
+        return "; ".join(g.describe() for g in self.gaps if not g.ok) or "no server scored the probe"
+
+
+def probe_ids(tokenizer: Any, tokens: int = PROBE_TOKENS) -> list[int]:
+    """The probe: :data:`PROBE_TEXT` in the run's tokenizer, ``tokens`` ids."""
+    ids = [int(i) for i in tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]][:tokens]
+    if len(ids) < 8:
+        raise GrpoError(f"verify_weight_sync: the tokenizer makes only {len(ids)} tokens of the probe text")
+    return ids
+
+
+def trainer_logprobs(model: Any, ids: Sequence[int], precision: Any) -> list[float]:
+    """The trainer's log-prob of each probe token after the first, as the
+    training forward computes them (the run's autocast; eval mode so that
+    dropout is off; no grad)."""
+    from grpo_core.logprobs import token_logprobs
+
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([list(ids)], device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), precision.autocast(device.type):
+            logps, _ = token_logprobs(model, input_ids, torch.ones_like(input_ids), len(ids) - 1)
+    finally:
+        model.train(was_training)
+    return [float(x) for x in logps[0].float().cpu()]
+
+
+class SyncVerifier:
+    """Runs the run's weight syncs and checks each one (the trainer calls
+    :meth:`sync` on rank 0 instead of calling the hook itself)."""
+
+    def __init__(
+        self,
+        mode: str,
+        engine: Any,
+        ids: list[int] | None,
+        precision: Any,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.mode = mode
+        self.engine = engine
+        self.ids = ids
+        self.precision = precision
+        self.log = log
+        self.score = token_scorer(engine)
+        self.floors = Floors(trainer_dtype_name(precision), getattr(engine, "weight_dtype", None))
+        self.checks = 0  # syncs checked so far
+        self._pending: list[Verification] = []
+        self._retries = 0
+        if mode != "never" and self.score is None:
+            self.log(f"verify_weight_sync = '{mode}': " + (
+                "the rollout samples the trainer's own model, so there is no engine whose weights could be stale: "
+                "nothing to verify" if engine is None else
+                f"{getattr(engine, 'description', type(engine).__name__)} cannot score tokens (no "
+                "'scores_tokens' capability): weight syncs are not verified"))  # fmt: skip
+
+    @classmethod
+    def build(cls, mode: str, engine: Any, tokenizer: Any, precision: Any, log: Callable[[str], None]) -> SyncVerifier:
+        """``mode``: the config's ``verify_weight_sync``; the probe is tokenized here, once."""
+        ids = probe_ids(tokenizer) if mode != "never" and token_scorer(engine) is not None else None
+        return cls(mode, engine, ids, precision, log)
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "never" and self.score is not None and self.ids is not None
+
+    def due(self) -> bool:
+        return self.active and (self.mode == "every" or self.checks == 0)
+
+    def check(self, model: Any, version: int) -> Verification:
+        """Score the probe on both sides and judge every server."""
+        assert self.score is not None and self.ids is not None
+        start = time.perf_counter()
+        mine = trainer_logprobs(model, self.ids, self.precision)
+        try:
+            scores = self.score(self.ids)
+        except EngineUnavailable:
+            raise
+        except GrpoError as exc:  # the engine answered but could not serve the probe (e.g. the adapter is unknown)
+            description = getattr(self.engine, "description", "the engine")
+            line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            gaps = [ServerGap(description, float("inf"), float("inf"), 0.0, "", True, error=line)]
+            return Verification(version, gaps, time.perf_counter() - start)
+        gaps = [self.floors.judge(s.description, *compare(mine, s)) for s in scores]
+        return Verification(version, gaps, time.perf_counter() - start)
+
+    def sync(self, run_sync: Callable[[], Any], model: Any, version: int) -> None:
+        """``run_sync()`` (the weight_sync hook), then the check when due;
+        on a failed check one more sync and check, then
+        :class:`WeightSyncUnverified`."""
+        run_sync()
+        if not self.due():
+            return
+        result = self.check(model, version)
+        self._pending.append(result)
+        if not result.ok:
+            self.log(f"weight sync of policy version {version} not verified ({result.failures()}); syncing again")
+            self._retries += 1
+            run_sync()
+            result = self.check(model, version)
+            self._pending.append(result)
+            if not result.ok:
+                raise WeightSyncUnverified(
+                    f"weight sync of policy version {version} did not reach the engine (checked again after a second "
+                    f"sync): {result.failures()}. The engine would sample from other weights than the trainer's; check "
+                    "the weight sync plugin and the engine's log."
+                )
+        self.floors.accept(result.gaps)
+        first = self.checks == 0
+        self.checks += 1
+        if first:
+            self.log("weight sync verified: " + "; ".join(g.describe() for g in result.gaps)
+                     + f" ({result.seconds:.2f} s; later syncs must stay within the bound above the noise floor)")  # fmt: skip
+
+    def take_metrics(self) -> dict[str, float]:
+        """``sync/*`` for the checks since the last call: ``sync/verified``
+        1.0 when at least one ran and the last one passed, else 0.0 (not
+        checked, or failed); ``sync/logprob_gap`` the largest server gap of
+        the last check (and ``_max`` its largest token), ``sync/logprob_bound``
+        its bound, ``sync/verify_seconds`` their total time, ``sync/retries``
+        the syncs repeated after a failed check."""
+        pending, self._pending = self._pending, []
+        retries, self._retries = self._retries, 0
+        out = {"sync/verified": 0.0, "sync/verify_seconds": sum(v.seconds for v in pending), "sync/retries": float(retries)}
+        if pending:
+            last = pending[-1]
+            finite = [g for g in last.gaps if not g.error]
+            out["sync/verified"] = 1.0 if last.ok else 0.0
+            if finite:
+                worst = max(finite, key=lambda g: g.mean)
+                out["sync/logprob_gap"] = worst.mean
+                out["sync/logprob_gap_max"] = max(g.max for g in finite)
+                out["sync/logprob_bound"] = worst.bound
+        return out

@@ -1,0 +1,192 @@
+"""The weight-sync check's judgement (grpo_core/training/sync_check.py) on
+made-up numbers: which precision class a trainer/engine pair is in, the first
+check's ceiling, the bound later checks are held to, one retry then a stop,
+and the ``sync/*`` metrics. The real engines and runs are in
+tests/vllm/test_sync_verification.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpo_core.errors import EngineUnavailable, GrpoError, WeightSyncUnverified
+from grpo_core.precision import Precision
+from grpo_core.training.sync_check import (
+    FLOAT32,
+    HALF,
+    Floors,
+    SyncVerifier,
+    compare,
+    noise_class,
+    trainer_dtype_name,
+)
+from grpo_core.types import SCORES_TOKENS, EngineScore
+
+FP32 = Precision(torch.float32, None, "float32")
+BF16_LORA = Precision(torch.bfloat16, torch.bfloat16, "bf16")
+BF16_FULL = Precision(torch.float32, torch.bfloat16, "bf16")
+
+
+def test_precision_classes_come_from_the_dtypes() -> None:
+    assert trainer_dtype_name(FP32) == "float32"
+    assert trainer_dtype_name(BF16_LORA) == "bfloat16" and trainer_dtype_name(BF16_FULL) == "bfloat16"
+    assert noise_class("float32", "float32") is FLOAT32
+    assert noise_class("float32", "bfloat16") is HALF and noise_class("bfloat16", "float32") is HALF
+    assert noise_class("float16", None, floor=1e-6) is HALF  # a 16-bit trainer is 16-bit whatever it measures
+    # an engine of unknown dtype: the first check's floor tells (float32 noise is 1000x smaller)
+    assert noise_class("float32", None) is HALF
+    assert noise_class("float32", None, floor=5e-6) is FLOAT32
+    assert noise_class("float32", None, floor=0.03) is HALF
+
+
+def test_bounds_sit_between_the_measured_noise_and_a_one_step_change() -> None:
+    # measured here: float32 5.2e-6 mean (one LoRA step at lr 1e-3 moves the probe by ~1e-2 or more)
+    assert 5.2e-6 < FLOAT32.bound(5.2e-6) < 1e-3
+    assert FLOAT32.bound(5.2e-6) == pytest.approx(4 * 5.2e-6 + 5e-5)
+    # measured here: bf16 0.031-0.040 mean; the bound leaves room for the floor to vary by 2x
+    assert 0.08 < HALF.bound(0.035) < 0.12
+    assert HALF.bound(1.0) == HALF.ceiling  # never looser than the ceiling
+
+
+def test_compare_is_mean_and_max_abs_difference() -> None:
+    mean, worst = compare([-1.0, -2.0, -3.0, -4.0], EngineScore("s", [-1.0, -2.5, -3.0, -3.9]))
+    assert mean == pytest.approx(0.15) and worst == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="scored 3 tokens"):
+        compare([-1.0, -2.0], EngineScore("s", [-1.0, -2.0, -3.0]))
+
+
+def test_first_check_measures_the_floor_and_later_ones_are_held_to_it() -> None:
+    floors = Floors("float32", "float32")
+    first = floors.judge("A", 6e-6, 2e-5)
+    assert first.ok and first.first and first.bound == FLOAT32.ceiling
+    floors.accept([first])
+    assert floors.floors == {"A": 6e-6}
+    later = floors.judge("A", 3e-5, 1e-4)
+    assert later.ok and not later.first and later.bound == pytest.approx(4 * 6e-6 + 5e-5)
+    stale = floors.judge("A", 0.02, 0.3)  # one training step the engine never got
+    assert not stale.ok and "noise floor 6e-06" in stale.describe()
+    floors.accept([stale])
+    assert floors.floors == {"A": 6e-6}  # a failed check never moves the floor
+    # a server seen for the first time (a pool member) gets its own first check
+    assert floors.judge("B", 6e-6, 2e-5).first
+
+
+def test_an_engine_serving_other_weights_fails_the_first_check() -> None:
+    assert not Floors("float32", "float32").judge("A", 0.5, 3.0).ok
+    assert not Floors("bfloat16", "bfloat16").judge("A", 0.5, 3.0).ok
+    assert Floors("bfloat16", "bfloat16").judge("A", 0.04, 0.2).ok  # bf16 noise is no failure
+
+
+class FakeEngine:
+    """An engine whose servers answer made-up log-probs: ``offsets`` is added
+    to the trainer's values per server (what a stale server shows)."""
+
+    capabilities = frozenset({SCORES_TOKENS})
+    weight_dtype = "float32"
+    description = "fake engine"
+
+    def __init__(self, servers: list[str], trainer: list[float]) -> None:
+        self.offsets = dict.fromkeys(servers, 1e-6)
+        self.trainer = trainer
+        self.calls = 0
+        self.error: Exception | None = None
+
+    def score_tokens(self, ids: list[int]) -> list[EngineScore]:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return [EngineScore(name, [t + off for t in self.trainer], "base") for name, off in self.offsets.items()]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch):
+    """A verifier over a FakeEngine with two servers; the trainer's side is
+    fixed log-probs (its forward is tested against vLLM in the real runs)."""
+    trainer = [-1.0, -2.0, -0.5, -3.0]
+    monkeypatch.setattr("grpo_core.training.sync_check.trainer_logprobs", lambda model, ids, precision: list(trainer))
+    engine = FakeEngine(["server A", "server B"], trainer)
+    logs: list[str] = []
+    verifier = SyncVerifier("every", engine, [1, 2, 3, 4, 5], FP32, logs.append)
+    return verifier, engine, logs
+
+
+def test_a_stale_server_is_retried_once_then_named(fake) -> None:
+    verifier, engine, logs = fake
+    syncs: list[int] = []
+    verifier.sync(lambda: syncs.append(0), model=None, version=0)
+    assert syncs == [0] and verifier.floors.floors == {"server A": pytest.approx(1e-6), "server B": pytest.approx(1e-6)}
+    assert "weight sync verified" in logs[-1]
+    metrics = verifier.take_metrics()
+    assert metrics["sync/verified"] == 1.0 and metrics["sync/logprob_gap"] == pytest.approx(1e-6) and metrics["sync/retries"] == 0.0
+    assert verifier.take_metrics()["sync/verified"] == 0.0  # nothing checked since: "not checked"
+
+    engine.offsets["server B"] = 0.05  # B never got version 1
+    with pytest.raises(WeightSyncUnverified) as info:
+        verifier.sync(lambda: syncs.append(1), model=None, version=1)
+    assert syncs == [0, 1, 1]  # synced, checked, synced once more, checked, stopped
+    message = str(info.value)
+    assert "policy version 1" in message and "server B" in message and "server A" not in message
+    assert "0.05" in message and "\n" not in message
+    assert any("not verified" in line and "syncing again" in line for line in logs)
+    metrics = verifier.take_metrics()
+    assert metrics["sync/verified"] == 0.0 and metrics["sync/logprob_gap"] == pytest.approx(0.05) and metrics["sync/retries"] == 1.0
+
+
+def test_a_sync_the_retry_fixes_goes_on(fake) -> None:
+    verifier, engine, logs = fake
+    verifier.sync(lambda: None, model=None, version=0)
+    attempts: list[int] = []
+
+    def flaky_sync() -> None:
+        attempts.append(1)
+        engine.offsets["server A"] = 0.3 if len(attempts) == 1 else 2e-6  # the second sync reaches it
+
+    verifier.sync(flaky_sync, model=None, version=1)
+    assert len(attempts) == 2
+    metrics = verifier.take_metrics()
+    assert metrics["sync/verified"] == 1.0 and metrics["sync/retries"] == 1.0 and metrics["sync/logprob_gap"] < 1e-5
+    assert metrics["sync/verify_seconds"] >= 0.0
+
+
+def test_modes_first_and_never(fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    verifier, engine, _ = fake
+    verifier.mode = "first"
+    verifier.sync(lambda: None, model=None, version=0)
+    engine.offsets["server A"] = 1.0
+    verifier.sync(lambda: None, model=None, version=1)  # not checked: no error
+    assert engine.calls == 1
+    verifier.mode = "never"
+    verifier.checks = 0
+    verifier.sync(lambda: None, model=None, version=2)
+    assert engine.calls == 1
+
+
+def test_an_engine_that_cannot_serve_the_probe_is_a_failed_check_but_an_unreachable_one_is_not(fake) -> None:
+    verifier, engine, _ = fake
+    engine.error = GrpoError("vLLM server at X: The model `policy` does not exist.")
+    with pytest.raises(WeightSyncUnverified, match="does not exist"):
+        verifier.sync(lambda: None, model=None, version=0)
+    assert math.isinf(verifier.take_metrics().get("sync/logprob_gap", math.inf))
+    engine.error = EngineUnavailable("vLLM server at X did not answer")
+    with pytest.raises(EngineUnavailable):  # the loop's own handling: checkpoint, engine-unavailable exit
+        verifier.sync(lambda: None, model=None, version=0)
+
+
+def test_without_the_capability_nothing_is_checked_and_one_line_says_so() -> None:
+    logs: list[str] = []
+    engine = FakeEngine(["s"], [-1.0])
+    engine.capabilities = frozenset()
+    verifier = SyncVerifier.build("every", engine, tokenizer=None, precision=FP32, log=logs.append)
+    verifier.sync(lambda: None, model=None, version=0)
+    assert engine.calls == 0 and not verifier.active
+    assert len(logs) == 1 and "cannot score tokens" in logs[0]
+    assert verifier.take_metrics()["sync/verified"] == 0.0
+    logs.clear()
+    SyncVerifier.build("every", None, tokenizer=None, precision=FP32, log=logs.append)
+    assert len(logs) == 1 and "nothing to verify" in logs[0]
+    logs.clear()
+    SyncVerifier.build("never", None, tokenizer=None, precision=FP32, log=logs.append)
+    assert logs == []
