@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from grpo_core.errors import EngineUnavailable, GrpoError, WeightSyncUnverified
-from grpo_core.types import EngineScore, token_scorer
+from grpo_core.types import WEIGHTS_IN_MEMORY, EngineScore, token_scorer
 
 PROBE_TEXT = (
     "The quick brown fox jumps over the lazy dog. 17 + 25 = 42, and the capital of France is Paris. "
@@ -208,6 +209,8 @@ class SyncVerifier:
         self.precision = precision
         self.log = log
         self.score = token_scorer(engine)
+        # an engine that takes weights in memory lives in this process: it scores after the trainer, not beside it
+        self.overlap = WEIGHTS_IN_MEMORY not in getattr(engine, "capabilities", ())
         self.floors = Floors(trainer_dtype_name(precision), getattr(engine, "weight_dtype", None))
         self.checks = 0  # syncs checked so far
         self._pending: list[Verification] = []
@@ -236,9 +239,14 @@ class SyncVerifier:
         """Score the probe on both sides and judge every server."""
         assert self.score is not None and self.ids is not None
         start = time.perf_counter()
-        mine = trainer_logprobs(model, self.ids, self.precision)
+        # The engine scores while the trainer computes its side: two forwards of the probe, overlapped
+        # where the engine has cores (or a device) of its own. An in-process engine must not run beside the
+        # trainer's forward, so it scores after.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-sync-check") as pool:
+            asked = pool.submit(self.score, self.ids) if self.overlap else None
+            mine = trainer_logprobs(model, self.ids, self.precision)
         try:
-            scores = self.score(self.ids)
+            scores = asked.result() if asked is not None else self.score(self.ids)
         except EngineUnavailable:
             raise
         except GrpoError as exc:  # the engine answered but could not serve the probe (e.g. the adapter is unknown)

@@ -58,6 +58,10 @@ def test_grpo_run_colocate_is_one_process(smollm2_dir: str, tmp_path: Path) -> N
     rows = metrics(tmp_path / "out")
     assert [row["step"] for row in rows] == [1, 2]
     assert all(row["time/weight_sync"] > 0 for row in rows)
+    # every in-memory sync was verified: the engine scored the probe as the trainer does (float32 both sides)
+    assert "weight sync verified: vLLM engine in the trainer's process" in output
+    assert [row["sync/verified"] for row in rows] == [1.0, 1.0]
+    assert all(0 < row["sync/logprob_gap"] < 1e-4 and row["sync/logprob_bound"] < 1e-3 for row in rows), rows
     # Synced every step, fp32 on both sides: the sampler's log-probs are the
     # trainer's, so the importance-sampling ratios stay at 1.
     for row in rows:
