@@ -26,6 +26,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -87,8 +88,17 @@ def main() -> None:
                         if "lora_B" in name:
                             param.add_(torch.randn(param.shape, generator=generator) * args.step)
                 stale.append(compare(trainer_logprobs(model, ids, precision), engine.score_tokens(ids)[0])[0])
+            alone_trainer, alone_engine = [], []
+            for _ in range(3):  # the check's two halves, one after the other (before the files go: vLLM reads them)
+                began = time.perf_counter()
+                trainer_logprobs(model, ids, precision)
+                alone_trainer.append(time.perf_counter() - began)
+                began = time.perf_counter()
+                engine.score_tokens(ids)
+                alone_engine.append(time.perf_counter() - began)
             sync.grpo_train_end()
             results[kind] = {
+                "trainer_probe_s": statistics.median(alone_trainer), "engine_probe_s": statistics.median(alone_engine),
                 "sync_s": statistics.median(syncs), "check_s": statistics.median(checks),
                 "check_over_sync": statistics.median(checks) / statistics.median(syncs),
                 "gap_mean": gaps, "gap_max": worst, "bound": bounds, "stale_gap_mean": stale,
@@ -100,7 +110,8 @@ def main() -> None:
     for kind, r in results.items():
         print(f"{kind:<16} sync {r['sync_s']:.3f}s  check {r['check_s']:.3f}s  ({100 * r['check_over_sync']:.0f}% of the sync)  "
               f"same-weight gap mean {max(r['gap_mean']):.2g} max {max(r['gap_max']):.2g} (bound {min(r['bound']):.2g})  "
-              f"stale gap mean {min(r['stale_gap_mean']):.2g}-{max(r['stale_gap_mean']):.2g}")  # fmt: skip
+              f"stale gap mean {min(r['stale_gap_mean']):.2g}-{max(r['stale_gap_mean']):.2g}; alone: trainer probe "
+              f"{r['trainer_probe_s']:.3f}s, engine probe {r['engine_probe_s']:.3f}s")  # fmt: skip
     print(f"server dtype {args.dtype}, trainer {trainer}, probe {len(ids)} tokens, step std {args.step}; cpu flags: {cpu_flag_summary()}")
     print("RESULT " + json.dumps({"cpu_flags": cpu_flag_summary(), "dtype": args.dtype, "trainer": trainer, "syncs": args.syncs, **results}))
 

@@ -190,3 +190,57 @@ def test_without_the_capability_nothing_is_checked_and_one_line_says_so() -> Non
     logs.clear()
     SyncVerifier.build("never", None, tokenizer=None, precision=FP32, log=logs.append)
     assert logs == []
+
+
+ROLLOUT_MODULE = '''
+from grpo_core import hookimpl
+from grpo_core.types import WEIGHTS_FROM_PATH
+
+
+class PathOnlyRollout:
+    """A rollout whose engine loads weights from files but cannot score tokens."""
+
+    engine_capabilities = frozenset({WEIGHTS_FROM_PATH})
+
+    def __init__(self, context):
+        self.context = context
+
+    @hookimpl
+    def grpo_rollout_generate(self, prompts, num_generations, sampling, policy_version):
+        raise NotImplementedError
+'''
+
+
+@pytest.fixture
+def path_only_rollout(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    from grpo_core import plugin_host
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "grpo_path_only.py").write_text(ROLLOUT_MODULE, encoding="utf-8")
+    info = site / "grpo_path_only-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: grpo-path-only\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text("[grpo.rollout]\npath_only = grpo_path_only:PathOnlyRollout\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(site))
+    plugin_host.rescan()
+    yield
+    plugin_host.rescan()
+
+
+@pytest.mark.parametrize("setting", [None, "never", "first"])
+def test_config_check_refuses_an_explicit_check_the_rollouts_engine_cannot_run(path_only_rollout, setting: str | None) -> None:
+    from grpo_core.config.checks import check_config
+    from grpo_core.config.loader import validate
+
+    data = {"base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
+            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
+            "plugins": {"rollout": "path_only", "weight_sync": "full_filesystem"}}  # fmt: skip
+    if setting is not None:
+        data["verify_weight_sync"] = setting
+    cfg = validate(data)
+    if setting != "first":  # unset: the default, not a request; 'never' asks for nothing
+        check_config(cfg)
+        return
+    with pytest.raises(GrpoError, match=r"verify_weight_sync = 'first' .* rollout 'path_only' .* no 'scores_tokens'"):
+        check_config(cfg)

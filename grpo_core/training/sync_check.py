@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from grpo_core.errors import EngineUnavailable, GrpoError, WeightSyncUnverified
-from grpo_core.types import WEIGHTS_IN_MEMORY, EngineScore, token_scorer
+from grpo_core.types import WEIGHTS_IN_MEMORY, EngineScore, engine_cpu_cores, token_scorer
 
 PROBE_TEXT = (
     "The quick brown fox jumps over the lazy dog. 17 + 25 = 42, and the capital of France is Paris. "
@@ -191,6 +191,17 @@ def trainer_logprobs(model: Any, ids: Sequence[int], precision: Any) -> list[flo
     return [float(x) for x in logps[0].float().cpu()]
 
 
+def overlaps(engine: Any) -> bool:
+    """Whether the engine may score the probe while the trainer computes its
+    side: only where it computes elsewhere (another machine, or CPU cores of
+    its own). An engine sharing the trainer's cores would only contend with
+    it (measured: slower than one after the other), and one in this process
+    (weights in memory) must not run beside the trainer's forward."""
+    if engine is None or WEIGHTS_IN_MEMORY in getattr(engine, "capabilities", ()):
+        return False
+    return not getattr(engine, "same_host", True) or engine_cpu_cores(engine) is not None
+
+
 class SyncVerifier:
     """Runs the run's weight syncs and checks each one (the trainer calls
     :meth:`sync` on rank 0 instead of calling the hook itself)."""
@@ -209,8 +220,7 @@ class SyncVerifier:
         self.precision = precision
         self.log = log
         self.score = token_scorer(engine)
-        # an engine that takes weights in memory lives in this process: it scores after the trainer, not beside it
-        self.overlap = WEIGHTS_IN_MEMORY not in getattr(engine, "capabilities", ())
+        self.overlap = overlaps(engine)
         self.floors = Floors(trainer_dtype_name(precision), getattr(engine, "weight_dtype", None))
         self.checks = 0  # syncs checked so far
         self._pending: list[Verification] = []
@@ -239,9 +249,7 @@ class SyncVerifier:
         """Score the probe on both sides and judge every server."""
         assert self.score is not None and self.ids is not None
         start = time.perf_counter()
-        # The engine scores while the trainer computes its side: two forwards of the probe, overlapped
-        # where the engine has cores (or a device) of its own. An in-process engine must not run beside the
-        # trainer's forward, so it scores after.
+        # The engine scores while the trainer computes its side where it has cores of its own (overlaps())
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-sync-check") as pool:
             asked = pool.submit(self.score, self.ids) if self.overlap else None
             mine = trainer_logprobs(model, self.ids, self.precision)
