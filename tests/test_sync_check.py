@@ -244,3 +244,26 @@ def test_config_check_refuses_an_explicit_check_the_rollouts_engine_cannot_run(p
         return
     with pytest.raises(GrpoError, match=r"verify_weight_sync = 'first' .* rollout 'path_only' .* no 'scores_tokens'"):
         check_config(cfg)
+
+
+def test_the_trainers_side_is_the_eval_mode_forward_and_leaves_the_mode_alone(smollm2_dir: str, tmp_path) -> None:
+    """The probe's log-probs are the model's own (no dropout: eval mode), of
+    the tokenizer's ids of the fixed text, and training mode is restored."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_core.training.sync_check import PROBE_TOKENS, probe_ids, trainer_logprobs
+    from tiny_model import build_tiny_model
+
+    path = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attention_dropout=0.9)
+    ids = probe_ids(AutoTokenizer.from_pretrained(smollm2_dir))
+    assert len(ids) == PROBE_TOKENS
+    model.train()
+    first = trainer_logprobs(model, ids, FP32)
+    assert model.training
+    assert trainer_logprobs(model, ids, FP32) == first  # no dropout mask drawn: the same numbers every time
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert first == pytest.approx(expected.tolist(), abs=1e-5)
