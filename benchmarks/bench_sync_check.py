@@ -50,7 +50,7 @@ def main() -> None:
     from grpo_core.training.sync_check import SyncVerifier, compare, probe_ids, trainer_logprobs
     from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
     from grpo_plugins.vllm.engine import VLLMServerEngine
-    from grpo_plugins.vllm.weight_sync import FullFilesystemSync, LoraFilesystemSync
+    from grpo_plugins.weight_sync_files import FullFilesystemSync, LoraFilesystemSync
     from transformers import AutoTokenizer
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)

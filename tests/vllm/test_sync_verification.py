@@ -35,7 +35,7 @@ pytestmark = pytest.mark.vllm
 SYNC_MODULE = '''
 from pathlib import Path
 
-from grpo_plugins.vllm.weight_sync import FullFilesystemSync
+from grpo_plugins.weight_sync_files import FullFilesystemSync
 
 
 class SkipsLoads(FullFilesystemSync):
