@@ -46,7 +46,7 @@ def test_bounds_sit_between_the_measured_noise_and_a_one_step_change() -> None:
     # measured here: float32 5.2e-6 mean (one LoRA step at lr 1e-3 moves the probe by ~1e-2 or more)
     assert 5.2e-6 < FLOAT32.bound(5.2e-6) < 1e-3
     assert FLOAT32.bound(5.2e-6) == pytest.approx(4 * 5.2e-6 + 5e-5)
-    # measured here: bf16 0.031-0.040 mean; the bound leaves room for the floor to vary by 2x
+    # measured here: bf16 0.031-0.055 mean; the bound leaves room for the floor to vary by 2x
     assert 0.08 < HALF.bound(0.035) < 0.12
     assert HALF.bound(1.0) == HALF.ceiling  # never looser than the ceiling
 
