@@ -83,7 +83,7 @@ def noise_class(trainer_dtype: str, engine_dtype: str | None, floor: float | Non
         return HALF
     if engine_dtype is None:
         return FLOAT32 if floor is not None and floor <= FLOAT32.ceiling else HALF
-    return FLOAT32 if engine_dtype in ("float32", "float", "fp32") else HALF
+    return FLOAT32 if engine_dtype.removeprefix("torch.") in ("float32", "float", "fp32") else HALF
 
 
 def trainer_dtype_name(precision: Any) -> str:
@@ -262,6 +262,8 @@ class SyncVerifier:
             line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             gaps = [ServerGap(description, float("inf"), float("inf"), 0.0, "", True, error=line)]
             return Verification(version, gaps, time.perf_counter() - start)
+        # read now, not when built: an external server tells its dtype once it has answered (ensure_ready)
+        self.floors.engine_dtype = getattr(self.engine, "weight_dtype", None)
         gaps = [self.floors.judge(s.description, *compare(mine, s)) for s in scores]
         return Verification(version, gaps, time.perf_counter() - start)
 
