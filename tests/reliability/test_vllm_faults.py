@@ -151,7 +151,7 @@ class FaultyProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self._plan: Callable[[int], str] = lambda n: "pass"
-        self.served: list[tuple[float, str]] = []  # (time, action) per /v1/completions request
+        self.served: list[tuple[float, str]] = []  # (time, action) per /v1/completions generation request
         self._lock = threading.Lock()
         self._release = threading.Event()
         proxy = self
@@ -187,7 +187,9 @@ class FaultyProxy:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
         action = "pass"
-        if handler.path.startswith("/v1/completions"):
+        # Generation requests follow the plan; the weight-sync check's probe
+        # (prompt_logprobs, grpo_core.training.sync_check) passes through uncounted.
+        if handler.path.startswith("/v1/completions") and b'"prompt_logprobs"' not in (body or b""):
             with self._lock:
                 action = self._plan(len(self.served) + 1)
                 self.served.append((time.monotonic(), action))
