@@ -28,6 +28,7 @@ from grpo_core.types import (
     EngineScore,
 )
 from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, EngineRequestError, VLLMClient, adoption_refusal
+from grpo_plugins.vllm.probe_gate import ProbeGate
 from grpo_plugins.vllm.external import OLD_TRL_PROTOCOL, ServerFacts, logprobs_problem, old_trl_protocol, read_facts
 from grpo_plugins.vllm.key_handoff import handed_key
 from grpo_plugins.vllm.worker_ext import RETIE_METHOD
@@ -117,6 +118,7 @@ class VLLMServerEngine:
         self.timeout = float(trl.vllm_server_timeout or 240)
         self.server: ManagedServer | None = None
         self._lock = threading.RLock()
+        self.gate = ProbeGate()  # generation shares the server; a sync check's probe has it alone
         self._prepared = False
         self._base = SERVED_MODEL_NAME  # an external server's own name for it is read in ensure_ready
         self._served = self._base
@@ -307,7 +309,9 @@ class VLLMServerEngine:
         self.ensure_ready()
         model = self._served
         payload = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
-        return [EngineScore(self.description, self.client.completions(payload, parse=lambda d: prompt_logprobs(d, ids, self.description)), model)]
+        with self.gate.probe():  # never batched with generation: vLLM's CPU LoRA path crashes then (probe_gate.py)
+            scores = self.client.completions(payload, parse=lambda d: prompt_logprobs(d, ids, self.description))
+        return [EngineScore(self.description, scores, model)]
 
     # ------------------------------------------------------------------ weights
 

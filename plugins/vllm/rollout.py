@@ -148,7 +148,8 @@ class VLLMRollout:
         self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int, first: int
     ) -> list[list[Completion]]:
         payload = self._payload(engine, prompt_ids, n, sampling, call, first)
-        return engine.client.completions(payload, parse=lambda d: self._parse(d, prompt_ids, n))
+        with engine.gate.generation():
+            return engine.client.completions(payload, parse=lambda d: self._parse(d, prompt_ids, n))
 
     def _generate_chunk(
         self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int, first: int
