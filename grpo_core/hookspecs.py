@@ -146,7 +146,8 @@ optional (defaults in the extension-point table):
     What the inference engine this rollout owns can do
     (:data:`~grpo_core.types.ENGINE_CAPABILITIES`); a rollout that samples the
     trainer's live model declares ``SAMPLES_TRAINER_MODEL`` (refused under
-    FSDP and ZeRO-3, where no process holds the whole model), one whose
+    FSDP and ZeRO-3, where no process holds the whole model, unless it runs
+    the user's ``trl.rollout_func``: ``runs_rollout_func``), one whose
     engine lives in the trainer's process ``WEIGHTS_IN_MEMORY``. The checks
     read these, never the implementation's name.
 ``required_capabilities: frozenset[str]`` (weight_sync)

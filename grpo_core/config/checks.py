@@ -60,7 +60,7 @@ class ChosenTraits:
     nothing here; :func:`_plugin_checks` reports it."""
 
     names: dict[str, str]
-    samples_trainer_model: bool = False  # the rollout samples the trainer's live model
+    samples_trainer_model: bool = False  # the rollout samples the trainer's live model (itself, not a user's rollout_func)
     engine_in_process: bool = False  # the rollout's engine lives in the trainer's process
     sync_sends: str | None = None  # the weight sync's ``sends``: "merged_weights", "adapter" or "nothing"
     loss_uses_hidden_states: bool = False  # the policy loss runs the decoder itself (a fused LM head)
@@ -77,7 +77,10 @@ def chosen_traits(cfg: GRPOConfig, host: PluginHost, names: dict[str, str]) -> C
     offered = frozenset(declared(rollout, BY_NAME["rollout"], "engine_capabilities")) if rollout is not None else frozenset()
     return ChosenTraits(
         names=names,
-        samples_trainer_model=SAMPLES_TRAINER_MODEL in offered,
+        # A rollout that runs the user's trl.rollout_func leaves sampling to that function, which may
+        # generate however it likes (the multi-process tests' functions never touch the model).
+        samples_trainer_model=SAMPLES_TRAINER_MODEL in offered
+        and not (rollout is not None and declared(rollout, BY_NAME["rollout"], "runs_rollout_func")),
         engine_in_process=WEIGHTS_IN_MEMORY in offered,
         sync_sends=str(declared(sync, BY_NAME["weight_sync"], "sends")) if sync is not None else None,
         loss_uses_hidden_states=loss is not None and bool(declared(loss, BY_NAME["policy_loss"], "uses_hidden_states")),
@@ -202,7 +205,7 @@ def _deepspeed_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str]) 
         errors.append(
             f"deepspeed ZeRO-3 with rollout '{traits.names['rollout']}': it samples with the trainer's own model, whose "
             "parameters ZeRO-3 partitions over the processes, and only rank 0 samples. Use a vLLM server "
-            "(trl.use_vllm = true, which a trl.rollout_func then generates through too), or ZeRO stage 2."
+            "(trl.use_vllm = true), a trl.rollout_func, or ZeRO stage 2."
         )
     if float(cfg.trl.beta or 0) > 0:
         errors.append(
@@ -225,8 +228,8 @@ def _sharding_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str]) -
     if traits.samples_trainer_model:
         errors.append(
             f"fsdp with rollout '{traits.names['rollout']}': it samples with the trainer's own model, which FSDP shards "
-            "over the processes, and only rank 0 samples. Use a vLLM server (trl.use_vllm = true, which a "
-            "trl.rollout_func then generates through too)."
+            "over the processes, and only rank 0 samples. Use a vLLM server (trl.use_vllm = true) or a "
+            "trl.rollout_func."
         )
     if float(cfg.trl.beta or 0) > 0:
         errors.append(
