@@ -40,6 +40,20 @@ def _inside(dist: importlib.metadata.Distribution, sites: Sequence[Path]) -> boo
     return any(where == site or site in where.parents for site in sites)
 
 
+def write_distribution(site: Path, module: str, source: str, dist: str, entry_points: str) -> Path:
+    """Install ``source`` as ``site/<module>.py`` with a real ``.dist-info``
+    (``dist`` 0.1, ``entry_points``: an ``entry_points.txt`` body) into the
+    folder ``site`` (made if missing): a plugin package as pip would leave
+    it, for a test to put on ``sys.path``. Returns ``site``."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / f"{module}.py").write_text(source, encoding="utf-8")
+    info = site / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(entry_points, encoding="utf-8")
+    return site
+
+
 def filtered(real: Callable[..., Iterable[importlib.metadata.Distribution]], sites: Sequence[Path]) -> Callable[..., Iterator[importlib.metadata.Distribution]]:
     """``importlib.metadata.distributions`` limited to grpo's own plugins and
     those installed in ``sites``."""

@@ -19,6 +19,7 @@ from grpo_core.config.loader import validate
 from grpo_core.errors import PluginError
 from grpo_core.training.run import run_training
 from tiny_model import build_tiny_model
+from plugin_set import write_distribution
 
 SYNC_MODULE = '''
 from grpo_core import hookimpl
@@ -45,13 +46,8 @@ REWARDS = "def even(completion_ids, **kwargs):\n    return [sum(t % 2 == 0 for t
 
 @pytest.fixture
 def failing_sync_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "grpo_failing_sync.py").write_text(SYNC_MODULE, encoding="utf-8")
-    info = site / "grpo_failing_sync-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: grpo-failing-sync\nVersion: 0.1\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text("[grpo.weight_sync]\nfails_at_2 = grpo_failing_sync:FailsAtVersion2\n", encoding="utf-8")
+    site = write_distribution(tmp_path / "site", "grpo_failing_sync", SYNC_MODULE, "grpo-failing-sync",
+                              "[grpo.weight_sync]\nfails_at_2 = grpo_failing_sync:FailsAtVersion2\n")  # fmt: skip
     monkeypatch.syspath_prepend(str(site))
     plugin_host.rescan()
     yield site

@@ -24,6 +24,7 @@ from grpo_core.training.sync_check import (
     trainer_dtype_name,
 )
 from grpo_core.types import SCORES_TOKENS, EngineScore
+from plugin_set import write_distribution
 
 FP32 = Precision(torch.float32, None, "float32")
 BF16_LORA = Precision(torch.bfloat16, torch.bfloat16, "bf16")
@@ -215,13 +216,8 @@ class PathOnlyRollout:
 def path_only_rollout(tmp_path, monkeypatch: pytest.MonkeyPatch):
     from grpo_core import plugin_host
 
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "grpo_path_only.py").write_text(ROLLOUT_MODULE, encoding="utf-8")
-    info = site / "grpo_path_only-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: grpo-path-only\nVersion: 0.1\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text("[grpo.rollout]\npath_only = grpo_path_only:PathOnlyRollout\n", encoding="utf-8")
+    site = write_distribution(tmp_path / "site", "grpo_path_only", ROLLOUT_MODULE, "grpo-path-only",
+                              "[grpo.rollout]\npath_only = grpo_path_only:PathOnlyRollout\n")  # fmt: skip
     monkeypatch.syspath_prepend(str(site))
     plugin_host.rescan()
     yield

@@ -28,6 +28,7 @@ from grpo_core.config.loader import validate
 from grpo_core.errors import WeightSyncUnverified
 from grpo_core.training.run import run_training
 from grpo_core.training.sync_check import FLOAT32
+from plugin_set import write_distribution
 from test_vllm_training import PARITY_REWARD, metrics, run_config
 
 pytestmark = pytest.mark.vllm
@@ -66,15 +67,10 @@ class SkipsOnce(FullFilesystemSync):
 
 @pytest.fixture
 def faulty_sync_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "grpo_faulty_sync.py").write_text(SYNC_MODULE, encoding="utf-8")
-    info = site / "grpo_faulty_sync-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: grpo-faulty-sync\nVersion: 0.1\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text(
-        "[grpo.weight_sync]\nskips_loads = grpo_faulty_sync:SkipsLoads\nskips_once = grpo_faulty_sync:SkipsOnce\n", encoding="utf-8"
-    )
+    site = write_distribution(
+        tmp_path / "site", "grpo_faulty_sync", SYNC_MODULE, "grpo-faulty-sync",
+        "[grpo.weight_sync]\nskips_loads = grpo_faulty_sync:SkipsLoads\nskips_once = grpo_faulty_sync:SkipsOnce\n",
+    )  # fmt: skip
     (site / "parity_rewards.py").write_text(PARITY_REWARD)  # every step trains: each sync has new weights to deliver
     monkeypatch.syspath_prepend(str(site))
     plugin_host.rescan()
