@@ -57,7 +57,7 @@ class ChosenTraits:
     built), for the rules below: a rule asks what an implementation can do,
     never which one it is, so a third-party rollout or sync is judged like a
     built-in one. An implementation that cannot be imported declares
-    nothing here; :func:`_plugin_checks` reports it."""
+    nothing here; :func:`import_chosen` reports it."""
 
     names: dict[str, str]
     samples_trainer_model: bool = False  # the rollout samples the trainer's live model (itself, not a user's rollout_func)
@@ -66,12 +66,30 @@ class ChosenTraits:
     loss_uses_hidden_states: bool = False  # the policy loss runs the decoder itself (a fused LM head)
 
 
-def chosen_traits(cfg: GRPOConfig, host: PluginHost, names: dict[str, str]) -> ChosenTraits:
-    def cls_of(point: str) -> Any:
+ChosenClasses = dict[str, tuple[Any, Any]]
+"""Each extension point's chosen implementation, imported once: ``(entry
+point info, class)`` by point name."""
+
+
+def import_chosen(cfg: GRPOConfig, host: PluginHost, names: dict[str, str]) -> tuple[ChosenClasses, list[str]]:
+    """Import every chosen implementation (never build it) and check it
+    against the contract; return the classes that passed and, for the
+    others, the error that names the key and the fix."""
+    classes: ChosenClasses = {}
+    problems: list[str] = []
+    for point in EXTENSION_POINTS:
         try:
-            return host.implementation_class(point, names[point], key=source_key(cfg, BY_NAME[point]))[1]
-        except (PluginError, ConfigError):
-            return None
+            classes[point.name] = host.implementation_class(point.name, names[point.name], key=source_key(cfg, point))
+        except (PluginError, ConfigError) as exc:
+            problems.append(str(exc))
+    return classes, problems
+
+
+def chosen_traits(names: dict[str, str], classes: ChosenClasses) -> ChosenTraits:
+    """What the imported implementations declare, for the rules below."""
+
+    def cls_of(point: str) -> Any:
+        return classes[point][1] if point in classes else None
 
     rollout, sync, loss = cls_of("rollout"), cls_of("weight_sync"), cls_of("policy_loss")
     offered = frozenset(declared(rollout, BY_NAME["rollout"], "engine_capabilities")) if rollout is not None else frozenset()
@@ -511,24 +529,23 @@ def _unimplemented(cfg: GRPOConfig) -> list[NotImplementedYet]:
     return [NotImplementedYet(item.key, item.detail) for item in NOT_IMPLEMENTED if item.is_set(cfg)]
 
 
-def _plugin_checks(cfg: GRPOConfig, host: PluginHost, names: dict[str, str], errors: list[str], warnings: list[str]) -> None:
-    """Import each chosen implementation (never build it) and check it
-    against the contract, its settings, the other choices and its own rules,
-    so that "OK" means ``grpo run`` gets past wiring."""
-    classes: dict[str, tuple[Any, Any]] = {}
+def _plugin_checks(cfg: GRPOConfig, host: PluginHost, classes: ChosenClasses, errors: list[str], warnings: list[str]) -> None:
+    """Check each imported implementation against its settings, the other
+    choices and its own rules, so that "OK" means ``grpo run`` gets past
+    wiring (:func:`import_chosen` reported the ones that did not import)."""
     tables = cfg.plugins.settings_tables()
     used: set[str] = set()  # the [plugins.<key>] tables some chosen implementation reads
     for point in EXTENSION_POINTS:
+        if point.name not in classes:
+            continue
+        info, cls = classes[point.name]
+        table = settings_key(tables, info) or info.name
+        used.add(table)
         try:
-            info, cls = host.implementation_class(point.name, names[point.name], key=source_key(cfg, point))
-            table = settings_key(tables, info) or info.name
-            used.add(table)
             validate_settings(cls, table, cfg.plugins.settings_table(table))
             warnings += own_checks(cls, cfg)
         except (PluginError, ConfigError) as exc:
             errors.append(str(exc))
-            continue
-        classes[point.name] = (info, cls)
     if "rollout" in classes and "weight_sync" in classes:
         (rollout, rollout_cls), (sync, sync_cls) = classes["rollout"], classes["weight_sync"]
         offered = declared(rollout_cls, BY_NAME["rollout"], "engine_capabilities")
@@ -623,7 +640,9 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
     plugins = host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
     add_environment_reward(cfg, plugins)
     names = implementation_names(cfg)
-    traits = chosen_traits(cfg, plugins, names)
+    classes, import_problems = import_chosen(cfg, plugins, names)
+    errors += import_problems
+    traits = chosen_traits(names, classes)
     _reward_checks(cfg, errors, warnings)
     if cfg.trl.rollout_func and (cfg.trl.tools or cfg.trl.environment_factory or environment_is_episodic(cfg, plugins)):
         errors.append(
@@ -641,7 +660,7 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
     _model_checks(cfg, traits, errors, warnings)
     _speed_checks(cfg, errors, warnings)
     _observability_checks(cfg, host, errors, warnings)
-    _plugin_checks(cfg, plugins, names, errors, warnings)
+    _plugin_checks(cfg, plugins, classes, errors, warnings)
     warnings += compat_warnings(cfg)
     unimplemented = _unimplemented(cfg)
     if unimplemented and not errors and len(unimplemented) == 1:
