@@ -75,3 +75,20 @@ class TrainingInterrupted(GrpoError):
     """SIGINT/SIGTERM stopped training after a checkpoint was saved."""
 
     exit_code = 130
+
+
+def shareable_error(exc: BaseException) -> BaseException:
+    """``exc`` as another process can receive it (pickled through a
+    collective, as when rank 0's failed weight sync must stop every rank):
+    the error itself when it survives pickling with its type and message,
+    else a :class:`GrpoError` that carries both."""
+    import pickle
+
+    try:
+        copy = pickle.loads(pickle.dumps(exc))
+        if type(copy) is type(exc) and str(copy) == str(exc):
+            copy.__traceback__ = None
+            return copy
+    except Exception:
+        pass
+    return GrpoError(f"{type(exc).__name__}: {exc}")

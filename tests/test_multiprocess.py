@@ -388,6 +388,45 @@ def test_a_child_killed_by_a_signal_gets_one_line_and_a_shell_exit_code(capsys: 
     assert capsys.readouterr().err == "error: training process 1 was killed by signal SIGKILL\n"
 
 
+REFUSING_SYNC = """
+from grpo_core import hookimpl
+from grpo_core.errors import WeightSyncUnverified
+from grpo_plugins.weight_sync_in_process import InProcessSync
+
+
+class RefusesVersion2(InProcessSync):
+    \"\"\"Rank 0's sync of policy version 2 fails its check.\"\"\"
+
+    @hookimpl
+    def grpo_sync_weights(self, model, version, engine):
+        if version == 2:
+            raise WeightSyncUnverified("test: the engine never received policy version 2")
+        return super().grpo_sync_weights(model, version, engine)
+"""
+
+
+def test_a_sync_that_fails_on_rank_0_stops_every_rank_with_one_checkpoint(workdir: tuple[Path, str]) -> None:
+    """Only rank 0 syncs; its failed sync after step 2 must stop rank 1 too,
+    at the same point: both checkpoint step 2 together and exit 3. (Before,
+    rank 1 went on to step 3's collectives while rank 0 checkpointed, and
+    the run hung.)"""
+    from plugin_set import write_distribution
+
+    tmp, model = workdir
+    write_distribution(tmp, "grpo_refusing_sync", REFUSING_SYNC, "grpo-refusing-sync",
+                       "[grpo.weight_sync]\nrefuses_v2 = grpo_refusing_sync:RefusesVersion2\n")  # fmt: skip
+    path = write_config(tmp, "out", model, max_steps=4, plugins={"weight_sync": "refuses_v2"})
+    done, _ = grpo_launch(tmp, ["run", str(path), "--num-processes", "2"])  # a hang fails at TIMEOUT
+    assert done.returncode == 3, done.stderr[-4000:]
+    assert_no_launcher_dump(done.stderr)
+    said = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert 1 <= len(said) <= 2 and set(said) == {"error: test: the engine never received policy version 2"}, done.stderr
+    assert "Training stopped at step 2; checkpoint saved to" in done.stderr
+    out = tmp / "out"
+    assert [r["step"] for r in metrics(out)] == [1, 2]  # step 2 trained and was recorded before its sync failed
+    assert (out / "checkpoint-2" / "trainer_state.json").is_file() and not (out / "checkpoint-3").exists()
+
+
 def test_optimizer_state_is_rekeyed_between_sharded_and_unsharded_runs() -> None:
     """An unsharded checkpoint keys Adam's state by position, FSDP's by
     parameter name (torch's distributed state dict): each is rekeyed for the

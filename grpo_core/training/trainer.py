@@ -28,6 +28,7 @@ from grpo_core.errors import (
     RewardError,
     TrainingInterrupted,
     WeightSyncUnverified,
+    shareable_error,
 )
 from grpo_core.logprobs import token_logprobs
 from grpo_core.loss import LossSettings, zero_advantage_rows_are_inert
@@ -602,17 +603,28 @@ class GRPOTrainer:
     def sync_weights(self) -> None:
         """Push the weights to the engine: every rank calls this (FSDP/ZeRO-3
         gather the full weights together), rank 0 alone calls the weight_sync
-        plugin, the others wait at a barrier."""
+        plugin, the others wait for its outcome: a sync that raises on rank 0
+        raises on every rank (the others would otherwise go on to the next
+        step's collectives while rank 0 checkpoints, and hang)."""
         if self.policy_version == self.last_sync_version:
             return
         from grpo_core.training.sharding import full_weights_for_sync
 
         version = self.policy_version
+        failure: Exception | None = None
         with full_weights_for_sync(self.parts, version) as model:
             if self.dist.is_main:  # the sync, then its check (grpo_core.training.sync_check)
-                self.verifier.sync(lambda: self.parts.hook.grpo_sync_weights(model=model, version=version, engine=self.parts.engine),
-                                   model, version)  # fmt: skip
-        self.dist.barrier()
+                try:
+                    self.verifier.sync(lambda: self.parts.hook.grpo_sync_weights(model=model, version=version, engine=self.parts.engine),
+                                       model, version)  # fmt: skip
+                except Exception as exc:
+                    failure = exc
+        if self.dist.active:  # instead of a barrier: every rank learns whether the sync took
+            raised = self.dist.broadcast(None if failure is None else shareable_error(failure))
+            if raised is not None and failure is None:
+                failure = raised
+        if failure is not None:  # every rank raises, so all stop and checkpoint together
+            raise failure
         self.last_sync_version = self.policy_version
         self.parts.producer.weights_synced(self.policy_version)
 
