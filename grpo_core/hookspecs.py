@@ -89,6 +89,8 @@ read-only:
 ``get_model() -> model | None``
     The trainer's current (unwrapped) model; ``None`` until it is loaded
     (implementations are built first, so an engine can start meanwhile).
+    Under FSDP/ZeRO-3, for a rollout that samples the trainer's model: rank
+    0's full copy, holding the weights of the last sync.
 ``log(line: str)``
     Print a line on the run's console.
 ``engine_requirements: frozenset[str]``
@@ -145,9 +147,9 @@ optional (defaults in the extension-point table):
 ``engine_capabilities: frozenset[str]`` (rollout)
     What the inference engine this rollout owns can do
     (:data:`~grpo_core.types.ENGINE_CAPABILITIES`); a rollout that samples the
-    trainer's live model declares ``SAMPLES_TRAINER_MODEL`` (refused under
-    FSDP and ZeRO-3, where no process holds the whole model, unless it runs
-    the user's ``trl.rollout_func``: ``runs_rollout_func``), one whose
+    trainer's live model declares ``SAMPLES_TRAINER_MODEL`` (under FSDP and
+    ZeRO-3, where no process holds the whole model, ``context.get_model()``
+    is then rank 0's full copy, refreshed by every weight sync), one whose
     engine lives in the trainer's process ``WEIGHTS_IN_MEMORY``. The checks
     read these, never the implementation's name.
 ``required_capabilities: frozenset[str]`` (weight_sync)

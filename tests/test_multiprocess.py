@@ -21,6 +21,7 @@ replica). NCCL and GPUs cannot run here; gloo runs the same collectives.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -274,6 +275,43 @@ def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(w
     onto("fsdp_onto_one", tmp / "fsdp" / "checkpoint-2", 1, **fsdp, gradient_accumulation_steps=2)
     onto("single_onto_fsdp", tmp / "single" / "checkpoint-2", 2, **fsdp)
     onto("single_onto_ddp", tmp / "single" / "checkpoint-2", 2)
+
+
+ZERO3_JSON = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
+              "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}  # fmt: skip
+
+
+@pytest.mark.parametrize("sharding", ["fsdp", "zero3"])
+def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_process(workdir: tuple[Path, str], sharding: str) -> None:
+    """FSDP and ZeRO-3 shard the weights, so no rank can generate alone: rank 0 samples with its
+    full copy of the policy, which every weight sync refreshes. The 2-process run samples, scores
+    and trains the same batches as 1 process (the transformers rollout, seeded), and on every step
+    the sampler's log-probs equal the trainer's: a copy left at the start's weights would sample
+    steps 2-3 from a stale policy (a log-prob gap, and other samples)."""
+    tmp, model = workdir
+    if sharding == "zero3":
+        if importlib.util.find_spec("deepspeed") is None:
+            pytest.skip("deepspeed is not installed")
+        (tmp / "zero3.json").write_text(json.dumps(ZERO3_JSON))
+        shard: dict = {"deepspeed": str(tmp / "zero3.json")}
+    else:
+        shard = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+    sharded = write_config(tmp, sharding, model, max_steps=3, learning_rate=2e-2, **shard)
+    single = write_config(tmp, "single", model, max_steps=3, learning_rate=2e-2, gradient_accumulation_steps=2)
+    run_grpo(tmp, ["run", str(sharded), "--num-processes", "2"])
+    run_grpo(tmp, ["run", str(single)])
+    a, c = metrics(tmp / sharding), metrics(tmp / "single")
+    assert [r["world_size"] for r in a] == [2.0] * 3
+    for ra, rc in zip(a, c, strict=True):
+        assert ra["reward"] == rc["reward"] and ra["num_tokens"] == rc["num_tokens"], "the same samples"
+        assert ra["grad_norm"] == pytest.approx(rc["grad_norm"], rel=1e-4, abs=1e-7)
+        for record in (ra, rc):  # sampled from the policy being trained, not an older one
+            assert record["is/sampling_logp_difference/max"] < 1e-3, record
+    wa, wc = weights_of(tmp / sharding), weights_of(tmp / "single")
+    for key in wc:
+        torch.testing.assert_close(wa[key], wc[key], rtol=1e-4, atol=1e-6)
+    moved = max(float((wc[k] - weights_at_start(model)[k]).abs().max()) for k in wc)
+    assert moved > 1e-3, "the weights barely moved: a stale sampler would go unseen"
 
 
 # ----------------------------------------------------------------------------- light: shapes and checks

@@ -60,7 +60,6 @@ class ChosenTraits:
     nothing here; :func:`import_chosen` reports it."""
 
     names: dict[str, str]
-    samples_trainer_model: bool = False  # the rollout samples the trainer's live model (itself, not a user's rollout_func)
     engine_in_process: bool = False  # the rollout's engine lives in the trainer's process
     sync_sends: str | None = None  # the weight sync's ``sends``: "merged_weights", "adapter" or "nothing"
     loss_uses_hidden_states: bool = False  # the policy loss runs the decoder itself (a fused LM head)
@@ -95,10 +94,6 @@ def chosen_traits(names: dict[str, str], classes: ChosenClasses) -> ChosenTraits
     offered = frozenset(declared(rollout, BY_NAME["rollout"], "engine_capabilities")) if rollout is not None else frozenset()
     return ChosenTraits(
         names=names,
-        # A rollout that runs the user's trl.rollout_func leaves sampling to that function, which may
-        # generate however it likes (the multi-process tests' functions never touch the model).
-        samples_trainer_model=SAMPLES_TRAINER_MODEL in offered
-        and not (rollout is not None and declared(rollout, BY_NAME["rollout"], "runs_rollout_func")),
         engine_in_process=WEIGHTS_IN_MEMORY in offered,
         sync_sends=str(declared(sync, BY_NAME["weight_sync"], "sends")) if sync is not None else None,
         loss_uses_hidden_states=loss is not None and bool(declared(loss, BY_NAME["policy_loss"], "uses_hidden_states")),
@@ -219,12 +214,6 @@ def _deepspeed_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str]) 
                       "wired; set fp8 = false, or use fp8 without deepspeed.")  # fmt: skip
     if zero_stage(cfg) != 3:
         return
-    if traits.samples_trainer_model:
-        errors.append(
-            f"deepspeed ZeRO-3 with rollout '{traits.names['rollout']}': it samples with the trainer's own model, whose "
-            "parameters ZeRO-3 partitions over the processes, and only rank 0 samples. Use a vLLM server "
-            "(trl.use_vllm = true), a trl.rollout_func, or ZeRO stage 2."
-        )
     if float(cfg.trl.beta or 0) > 0:
         errors.append(
             "deepspeed ZeRO-3 with trl.beta > 0: the KL reference model is not partitioned (not implemented); set "
@@ -243,12 +232,6 @@ def _sharding_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str]) -
     errors.extend(fsdp_problems(cfg))
     if not cfg.fsdp:
         return
-    if traits.samples_trainer_model:
-        errors.append(
-            f"fsdp with rollout '{traits.names['rollout']}': it samples with the trainer's own model, which FSDP shards "
-            "over the processes, and only rank 0 samples. Use a vLLM server (trl.use_vllm = true) or a "
-            "trl.rollout_func."
-        )
     if float(cfg.trl.beta or 0) > 0:
         errors.append(
             "fsdp with trl.beta > 0: the KL reference model is not sharded (not implemented); set trl.beta = 0 "

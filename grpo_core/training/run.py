@@ -37,7 +37,7 @@ from grpo_core.training.producer import (
     ScatteringProducer,
     sampling_from_config,
 )
-from grpo_core.types import Checkpointable, InferenceEngine, Prompt, TrainingProgress, engine_cpu_cores
+from grpo_core.types import SAMPLES_TRAINER_MODEL, Checkpointable, InferenceEngine, Prompt, TrainingProgress, engine_cpu_cores
 
 
 def seed_everything(seed: int) -> None:
@@ -104,6 +104,12 @@ class Implementations:
     def concurrent_generate(self) -> bool:
         rollout = self.objects.get("rollout")
         return rollout is not None and bool(declared(rollout, BY_NAME["rollout"], "concurrent_generate"))
+
+    @property
+    def samples_trainer_model(self) -> bool:
+        """The rollout (or the user's rollout_func through it) samples the trainer's model."""
+        rollout = self.objects.get("rollout")
+        return rollout is not None and SAMPLES_TRAINER_MODEL in declared(rollout, BY_NAME["rollout"], "engine_capabilities")
 
     def checkpointable(self) -> dict[str, Checkpointable]:
         """Implementations with state to save (``state_dict``/``load_state_dict``)."""
@@ -325,6 +331,12 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
             kind = sharding_name(cfg, dist.world)
             context.log(f"process {dist.rank} of {dist.world} ({kind}, {accelerator.device})")
         model_holder["model"] = model
+        if full is not None and impls.samples_trainer_model:
+            # FSDP/ZeRO-3: no rank holds the model whole, so rank 0 samples with its full copy,
+            # which every weight sync refreshes (grpo_core.training.sharding.sampling_copy).
+            from grpo_core.training.sharding import sampling_copy
+
+            model_holder["model"] = sampling_copy(full, accelerator.device)
         stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)
         episodes = _rollout_driver(cfg, host, context, impls) if dist.is_main else None
         if observer is not None:

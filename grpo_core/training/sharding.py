@@ -167,6 +167,18 @@ class FullWeights:
         return self.copy
 
 
+def sampling_copy(full: Any, device: Any) -> Any:
+    """Rank 0's full copy (:class:`FullWeights` or ZeRO-3's) as the model a
+    rollout samples under FSDP/ZeRO-3, where the shards cannot generate on
+    one rank: placed on ``device`` (generation on a GPU needs the weights
+    there: one whole model beside rank 0's shard, as TRL's unwrapping for
+    generation costs) and refreshed by every weight sync, so it holds the
+    policy the sync reported. ``None`` on the other ranks (they never sample)."""
+    if full.copy is not None:
+        full.copy.to(device)
+    return full.copy
+
+
 @contextlib.contextmanager
 def full_weights_for_sync(parts: Any, version: int) -> Iterator[Any]:
     """The policy with its full weights, for the weight_sync plugin and
