@@ -18,7 +18,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
@@ -123,6 +123,29 @@ def batch_metrics(groups: list[ScoredGroup], reward_names: list[str], weights: l
     return metrics
 
 
+class Producer(Protocol):
+    """What the trainer asks of a producer (every schedule in this module:
+    synchronous, prefetching, scattering to other ranks)."""
+
+    def produce(self, progress: TrainingProgress) -> ScoredBatch:
+        """The next scored batch, for the optimizer step ``progress`` names."""
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        """Hold any background work while the caller reads the state (a checkpoint)."""
+
+    def prefetched(self) -> list[ScoredBatch]:
+        """Batches made but not handed out yet, for a checkpoint to save."""
+
+    def restore(self, batches: list[ScoredBatch]) -> None:
+        """Hand ``batches`` (from a checkpoint) out first, before anything new."""
+
+    def weights_synced(self, version: int) -> None:
+        """The engine now samples policy ``version``."""
+
+    def close(self) -> None:
+        """Stop background work; the run is over."""
+
+
 class RolloutProducer:
     """Makes scored batches synchronously; the base every schedule wraps.
 
@@ -177,6 +200,9 @@ class RolloutProducer:
         """The trainer synced ``version`` to the engine: rollouts requested
         from now on are stamped with it."""
         self.synced_version = version
+
+    def close(self) -> None:
+        """Nothing runs in the background here: nothing to stop."""
 
     def _generate(self, prompts: list[Prompt], version: int, seed_offset: int) -> list[RolloutGroup]:
         sampling = self.sampling

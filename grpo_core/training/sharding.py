@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.config.zero_stage import zero_stage
@@ -136,6 +136,17 @@ def is_sharded(accelerator: Any) -> bool:
     from accelerate.utils import DistributedType
 
     return accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+
+
+class FullCopy(Protocol):
+    """Rank 0's unsharded copy of a sharded policy (FSDP's :class:`FullWeights`,
+    ZeRO-3's ``Zero3FullWeights``): what syncs, checkpoints and, for a
+    rollout that samples the trainer's model, generation use."""
+
+    copy: Any  # the full model on rank 0; None on the other ranks
+
+    def refresh(self, accelerator: Any, forward: Any, version: int) -> Any:
+        """Gather policy ``version`` into the copy (a collective: every rank calls it); return the copy."""
 
 
 class FullWeights:

@@ -48,7 +48,8 @@ from grpo_core.training.batch import (
 )
 from grpo_core.training.distributed import Distributed, shares
 from grpo_core.training.optim import advance_schedule
-from grpo_core.training.producer import ScoredBatch
+from grpo_core.training.producer import Producer, ScoredBatch
+from grpo_core.training.sharding import FullCopy
 from grpo_core.training.sync_check import SyncVerifier
 from grpo_core.training.timing import StepClock, dominant_phases
 from grpo_core.types import Checkpointable, InferenceEngine, PolicyLossInputs, TrainingProgress
@@ -66,7 +67,7 @@ class TrainerParts:
     tokenizer: Any
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    producer: Any
+    producer: Producer
     scorer: Any
     stream: Any = None  # the PromptStream, restored on resume
     reference: Any = None  # grpo_core.models reference handle when beta > 0
@@ -75,7 +76,7 @@ class TrainerParts:
     observer: Any = None  # grpo_core.observe.RunObserver: logs, trackers, evaluation, alerts (rank 0)
     forward: Any = None  # the prepared PolicyLogprobs (DDP/FSDP-wrapped with several processes); None: call the model
     dist: Distributed = field(default_factory=Distributed)  # the training processes (one by default)
-    full_weights: Any = None  # sharding.FullWeights under FSDP: rank 0's unsharded copy for syncs and saves
+    full_weights: FullCopy | None = None  # under FSDP/ZeRO-3: rank 0's unsharded copy for syncs, saves and sampling
 
 
 class StopRequested:
@@ -696,9 +697,7 @@ class GRPOTrainer:
             self.save()
         finally:
             observer.close()
-            close = getattr(self.parts.producer, "close", None)
-            if close is not None:
-                close()
+            self.parts.producer.close()
         shares = dominant_phases(self.timings)
         if shares:
             self.parts.context.log(f"time per step went to: {shares} (metrics.jsonl: time/*)")
