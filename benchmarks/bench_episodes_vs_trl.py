@@ -355,6 +355,8 @@ def grpo_config(model_dir: str, a: argparse.Namespace, workdir: Path, data: Path
             "temperature": 1.0,
             "beta": 0.0,
             "loss_type": "dapo",
+            # --train-zero-advantage: train every completion, as TRL does (identical work for the ratio)
+            "skip_zero_advantage_batches": not a.train_zero_advantage,
             "environment_factory": ENV_CLASS,
             "max_tool_calling_iterations": a.turns - 1,
             "generation_kwargs": {"min_tokens": a.turn_tokens},
@@ -500,6 +502,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--order", default="trl,grpo")
+    parser.add_argument("--train-zero-advantage", action="store_true",
+                        help="grpo trains zero-advantage completions too (as TRL does): every step is identical work and enters the ratio")
     parser.add_argument("--log-completions", action="store_true", help="grpo: keep a few logged episodes in the results")
     parser.add_argument("--server-timeout", type=int, default=900, help="seconds grpo's vLLM server may take to start (a loaded machine needs minutes)")
     parser.add_argument("--wait-for-memory", type=float, default=5.0, help="GiB of MemAvailable to wait for (up to 20 min) before each side starts")
