@@ -178,7 +178,7 @@ class FullWeights:
         return self.copy
 
 
-def sampling_copy(full: Any, device: Any) -> Any:
+def sampling_copy(full: FullCopy, device: Any) -> Any:
     """Rank 0's full copy (:class:`FullWeights` or ZeRO-3's) as the model a
     rollout samples under FSDP/ZeRO-3, where the shards cannot generate on
     one rank: placed on ``device`` (generation on a GPU needs the weights

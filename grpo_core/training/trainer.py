@@ -49,7 +49,7 @@ from grpo_core.training.batch import (
 from grpo_core.training.distributed import Distributed, shares
 from grpo_core.training.optim import advance_schedule
 from grpo_core.training.producer import Producer, ScoredBatch
-from grpo_core.training.sharding import FullCopy
+from grpo_core.training.sharding import FullCopy, full_weights_for_sync
 from grpo_core.training.sync_check import SyncVerifier
 from grpo_core.training.timing import StepClock, dominant_phases
 from grpo_core.types import Checkpointable, InferenceEngine, PolicyLossInputs, TrainingProgress
@@ -609,8 +609,6 @@ class GRPOTrainer:
         step's collectives while rank 0 checkpoints, and hang)."""
         if self.policy_version == self.last_sync_version:
             return
-        from grpo_core.training.sharding import full_weights_for_sync
-
         version = self.policy_version
         failure: Exception | None = None
         with full_weights_for_sync(self.parts, version) as model:
