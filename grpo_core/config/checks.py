@@ -580,23 +580,25 @@ def environment_is_episodic(cfg: GRPOConfig, host: PluginHost) -> bool:
         _, cls = host.implementation_class(point.name, chosen_implementations(cfg)[point.name], key=source_key(cfg, point))
     except (PluginError, ConfigError):
         return False
-    return bool(declared(cls, point, "episodic"))
+    return _episodic(cls)
 
 
-def add_environment_reward(cfg: GRPOConfig, host: PluginHost) -> None:
+def _episodic(environment_cls: Any | None) -> bool:
+    return environment_cls is not None and bool(declared(environment_cls, BY_NAME["environment"], "episodic"))
+
+
+def add_environment_reward(cfg: GRPOConfig, environment_cls: Any | None) -> None:
     """An environment that declares ``provides_reward`` scores its episodes:
     add the ``environment`` reward function (weight 1, as TRL adds
     ``get_reward``) to ``trl.reward_funcs`` unless the config lists it.
-    An environment that cannot be imported is left to the plugin checks."""
-    point = BY_NAME["environment"]
-    try:
-        _, cls = host.implementation_class(point.name, chosen_implementations(cfg)[point.name], key=source_key(cfg, point))
-    except (PluginError, ConfigError):
+    ``environment_cls``: the chosen environment's class (:func:`import_chosen`),
+    ``None`` when it could not be imported (the import's error is reported)."""
+    if not _episodic(environment_cls):
         return
-    provides = declared(cls, point, "provides_reward")
+    provides = declared(environment_cls, BY_NAME["environment"], "provides_reward")
     if callable(provides):  # decided from the config (never by importing the user's code)
         provides = provides(cfg)
-    if not (declared(cls, point, "episodic") and provides):
+    if not provides:
         return
     funcs = list(cfg.trl.reward_funcs or [])
     if ENVIRONMENT_REWARD in funcs:
@@ -621,13 +623,14 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
     errors: list[str] = []
     warnings: list[str] = []
     plugins = host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
-    add_environment_reward(cfg, plugins)
     names = implementation_names(cfg)
     classes, import_problems = import_chosen(cfg, plugins, names)
     errors += import_problems
+    environment_cls = classes["environment"][1] if "environment" in classes else None
+    add_environment_reward(cfg, environment_cls)
     traits = chosen_traits(names, classes)
     _reward_checks(cfg, errors, warnings)
-    if cfg.trl.rollout_func and (cfg.trl.tools or cfg.trl.environment_factory or environment_is_episodic(cfg, plugins)):
+    if cfg.trl.rollout_func and (cfg.trl.tools or cfg.trl.environment_factory or _episodic(environment_cls)):
         errors.append(
             "trl.rollout_func and an environment (trl.tools, trl.environment_factory or plugins.environment) both "
             "drive the rollout: keep one (an environment runs the episodes itself; a rollout_func runs its own loop, "

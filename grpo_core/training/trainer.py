@@ -619,9 +619,8 @@ class GRPOTrainer:
                 except Exception as exc:
                     failure = exc
         if self.dist.active:  # instead of a barrier: every rank learns whether the sync took
-            raised = self.dist.broadcast(None if failure is None else shareable_error(failure))
-            if raised is not None and failure is None:
-                failure = raised
+            shared = self.dist.broadcast(None if failure is None else shareable_error(failure))  # every rank calls it
+            failure = failure if failure is not None else shared
         if failure is not None:  # every rank raises, so all stop and checkpoint together
             raise failure
         self.last_sync_version = self.policy_version
