@@ -126,7 +126,7 @@ def _add_run_command(app: typer.Typer) -> None:
         """
         from grpo_core.config.loader import load_config
         from grpo_core.launch import CHECKED_ENV
-        from grpo_core.training.distributed import launched_by_launcher
+        from grpo_core.processes import launched_by_launcher
 
         if num_processes > 1:
             from grpo_core.launch import launch
@@ -319,14 +319,14 @@ def list_plugins() -> dict[str, dict[str, Any]]:
 
 def summary(cfg: GRPOConfig, num_processes: int | None = None) -> str:
     """The settings that decide what a run does, after defaults."""
-    from grpo_core.training.distributed import world_size
+    from grpo_core.processes import world_size
 
     world = num_processes or world_size()
     from grpo_core.config.checks import implementation_names
     from grpo_core.precision import resolve_precision
 
     trl = cfg.trl
-    from grpo_core.training.batch import generation_batch_size, steps_per_generation
+    from grpo_core.config.batch_shape import generation_batch_size, steps_per_generation
 
     batch = generation_batch_size(cfg, world)
     per_generation = steps_per_generation(cfg, world)
@@ -361,7 +361,7 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None) -> str:
 
 def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
     """Per-process and global batch shapes (TRL's definitions: micro_batch_size is per process)."""
-    from grpo_core.training.batch import global_step_batch
+    from grpo_core.config.batch_shape import global_step_batch
     from grpo_core.training.sharding import sharding_name
 
     n = max(1, int(cfg.trl.num_generations or 1))

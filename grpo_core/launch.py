@@ -50,7 +50,7 @@ def launch(num_processes: int, grpo_args: list[str]) -> int:
     """Run ``grpo <grpo_args>`` (without ``--num-processes``) as
     ``num_processes`` processes and return their exit code; -1 when this
     process is already one of them (started by a launcher)."""
-    from grpo_core.training.distributed import launched_by_launcher, world_size
+    from grpo_core.processes import launched_by_launcher, world_size
 
     if num_processes < 1:
         raise ConfigError(f"--num-processes {num_processes}: give 1 or more processes.")

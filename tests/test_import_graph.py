@@ -58,14 +58,10 @@ CONFIG_DATA = {  # what a config is, read and written; grpo_core.config.checks j
 COMMAND_LINE = {"grpo_core.cli", "grpo_core.cli_common", "grpo_core.cli_tools"}
 
 # Imports that run from a lower layer to a higher one, each with why it is
-# still there. Issue #24's training backends (each owning its config
-# problems) and the split of config.checks are where they go.
-UPWARD: dict[tuple[str, str], str] = {
-    ("grpo_core.config.checks", "grpo_core.training.batch"): "the batch-size arithmetic the process checks judge",
-    ("grpo_core.config.checks", "grpo_core.training.distributed"): "the launcher's world size, when --num-processes is not given",
-    ("grpo_core.config.checks", "grpo_core.training.sharding"): "FSDP's config problems, owned by the FSDP backend",
-    ("grpo_core.config.checks", "grpo_core.training.zero"): "the DeepSpeed file's problems, owned by the ZeRO backend",
-}
+# still there (none today: the config checks read the batch shape, the FSDP
+# options and the DeepSpeed file from the config layer, and the world size
+# from grpo_core.processes, which sit below the training backends that use them).
+UPWARD: dict[tuple[str, str], str] = {}
 
 
 @pytest.fixture(scope="module")

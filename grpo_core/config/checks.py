@@ -18,12 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from grpo_core.config.batch_shape import generation_batch_size, global_step_batch, steps_per_generation
 from grpo_core.config.compat import compat_warnings
+from grpo_core.config.deepspeed_file import config_problems, read_config
+from grpo_core.config.fsdp_options import fsdp_problems
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.config.zero_stage import zero_stage
 from grpo_core.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, chosen_implementations, declared, source_key
 from grpo_core.plugin_host import PluginHost, own_checks, settings_key, split_qualified, table_ref, validate_settings
+from grpo_core.processes import world_size
 from grpo_core.types import SAMPLES_TRAINER_MODEL, SCORES_TOKENS, WEIGHTS_IN_MEMORY
 
 
@@ -172,7 +176,6 @@ def _process_checks(cfg: GRPOConfig, names: dict[str, str], world: int, errors: 
     N equal shares of whole groups and each share into whole optimizer steps."""
     if world <= 1:
         return
-    from grpo_core.training.batch import generation_batch_size, global_step_batch
 
     n = int(cfg.trl.num_generations or 0)
     batch, step = generation_batch_size(cfg, world), global_step_batch(cfg, world)
@@ -198,7 +201,6 @@ def _deepspeed_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str]) 
     ZeRO-3 (partitioned parameters), what needs the whole model in one process."""
     if not cfg.deepspeed:
         return
-    from grpo_core.training.zero import config_problems, read_config
 
     try:
         errors.extend(config_problems(cfg, read_config(cfg.deepspeed)))
@@ -227,7 +229,6 @@ def _sharding_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str]) -
     _deepspeed_checks(cfg, traits, errors)
     if not (cfg.fsdp or cfg.fsdp_config):
         return
-    from grpo_core.training.sharding import fsdp_problems
 
     errors.extend(fsdp_problems(cfg))
     if not cfg.fsdp:
@@ -393,7 +394,6 @@ def _accumulation_note(cfg: GRPOConfig, world: int, warnings: list[str]) -> None
     trl = cfg.trl
     if trl.generation_batch_size is None or cfg.gradient_accumulation_steps == 1:
         return
-    from grpo_core.training.batch import global_step_batch, steps_per_generation
 
     step, steps = global_step_batch(cfg, world), steps_per_generation(cfg, world)
     if steps <= 1 or trl.generation_batch_size % step:  # one step per generation; a misfit is an error already
@@ -618,7 +618,6 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
     first to include theirs). ``num_processes``: the training processes
     the run will have (default: this process's launcher environment).
     """
-    from grpo_core.training.distributed import world_size
 
     errors: list[str] = []
     warnings: list[str] = []

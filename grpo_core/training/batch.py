@@ -20,13 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
-from typing import TYPE_CHECKING
-
+from grpo_core.config.batch_shape import generation_batch_size, global_step_batch, steps_per_batch, steps_per_generation
 from grpo_core.errors import GrpoError
 from grpo_core.types import ScoredGroup
 
-if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
+__all__ = [
+    "MicroBatch", "Sample", "collate", "completion_tokens", "flatten", "generation_batch_size", "global_step_batch",
+    "micro_batch_count", "micro_batches", "step_slices", "steps_per_batch", "steps_per_generation", "with_signal_first",
+]  # fmt: skip
 
 
 @dataclass
@@ -175,44 +176,6 @@ def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int, mas
         collate(ordered[i : i + micro_batch_size], pad_id, mask_truncated)
         for i in range(0, len(ordered), micro_batch_size)
     ]
-
-
-def generation_batch_size(cfg: GRPOConfig, world: int | None = None) -> int:
-    """Completions per generation, over all ``world`` training processes:
-    ``trl.generation_batch_size`` (global, as in TRL), else ``micro_batch_size
-    x world x trl.steps_per_generation`` (default
-    ``gradient_accumulation_steps``), TRL's default."""
-    trl = cfg.trl
-    if trl.generation_batch_size is not None:
-        return int(trl.generation_batch_size)
-    world = _world(world)
-    return cfg.micro_batch_size * world * int(trl.steps_per_generation or cfg.gradient_accumulation_steps)
-
-
-def global_step_batch(cfg: GRPOConfig, world: int | None = None) -> int:
-    """Completions one optimizer step trains on, over all processes (TRL's
-    effective batch: per-device batch x accumulation x processes)."""
-    return cfg.micro_batch_size * cfg.gradient_accumulation_steps * _world(world)
-
-
-def steps_per_generation(cfg: GRPOConfig, world: int | None = None) -> int:
-    """Optimizer steps one generation batch feeds, per iteration. The config
-    checks refuse a generation batch that is not a whole number (>= 1) of
-    optimizer steps, so this divides exactly."""
-    return max(1, generation_batch_size(cfg, world) // global_step_batch(cfg, world))
-
-
-def steps_per_batch(cfg: GRPOConfig, world: int | None = None) -> int:
-    """Optimizer steps between two generations: every slice, ``num_iterations`` times."""
-    return steps_per_generation(cfg, world) * int(cfg.trl.num_iterations or 1)
-
-
-def _world(world: int | None) -> int:
-    if world is not None:
-        return max(1, int(world))
-    from grpo_core.training.distributed import world_size
-
-    return world_size()
 
 
 def step_slices(samples: list[Sample], steps: int) -> list[list[Sample]]:

@@ -29,34 +29,15 @@ the N processes; ``trl.generation_batch_size`` is global (default
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
+from grpo_core.processes import launched_by_launcher, process_rank, world_size
 from grpo_core.types import ScoredGroup
 
-
-def world_size() -> int:
-    """Training processes in this run: the joined process group's size, else
-    what the launcher put in the environment (``WORLD_SIZE``), else 1."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return int(torch.distributed.get_world_size())
-    return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
-
-
-def process_rank() -> int:
-    """This process's rank (0 when alone), known before accelerate joins the
-    processes: launchers put it in ``RANK``."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return int(torch.distributed.get_rank())
-    return int(os.environ.get("RANK", "0") or 0)
-
-
-def launched_by_launcher() -> bool:
-    """True inside a process started by ``accelerate launch``/``torchrun``."""
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+__all__ = ["Distributed", "launched_by_launcher", "process_rank", "shares", "world_size"]
 
 
 def shares(groups: list[ScoredGroup], world: int) -> list[list[ScoredGroup]]:

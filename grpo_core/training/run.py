@@ -26,9 +26,11 @@ from grpo_core.errors import PluginError, StorageError, TrainingInterrupted
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, chosen_implementations, declared
 from grpo_core.plugin_host import ERROR_LOG, PluginHost
 from grpo_core.training import checkpoint as ckpt
+from grpo_core.training.backends import TrainingBackend, backend_for
 from grpo_core.training.batch import generation_batch_size, steps_per_batch
-from grpo_core.training.distributed import Distributed, process_rank
+from grpo_core.training.distributed import Distributed, process_rank, world_size
 from grpo_core.training.episodes import EpisodeDriver, RolloutDriver
+from grpo_core.training.policy_forward import inner_policy
 from grpo_core.training.rollout_function import RolloutFunctionDriver
 from grpo_core.training.producer import (
     PrefetchingProducer,
@@ -198,70 +200,57 @@ def _make_producer(
     return ScatteringProducer(producer, dist) if dist.active else producer
 
 
-def make_accelerator(cfg: GRPOConfig) -> Any:
-    """accelerate's Accelerator for this process. Under a launcher
+def make_accelerator(cfg: GRPOConfig, backend: type[TrainingBackend] | None = None) -> Any:
+    """accelerate's Accelerator for this process, configured by the run's
+    training backend (:mod:`grpo_core.training.backends`). Under a launcher
     (``accelerate launch``, ``torchrun``, ``grpo run --num-processes``) it
-    joins the other processes: NCCL on GPUs; without GPUs accelerate is told
-    ``cpu=True`` so it joins them over gloo (otherwise it would quietly run
-    every process alone)."""
+    joins the other processes: NCCL on GPUs, gloo without them."""
     from accelerate import Accelerator
 
     from grpo_core.fp8 import accelerator_kwargs
-    from grpo_core.training.distributed import world_size
-    from grpo_core.training.sharding import enable_fsdp_on_cpu, sharding_plugins
 
     world = world_size()
-    kwargs: dict[str, Any] = {**sharding_plugins(cfg, world), **accelerator_kwargs(cfg)}  # fp8: torchao Float8Linear at prepare
-    # (DeepSpeed: accelerate ignores the plugin when told cpu=True; without GPUs it joins the processes over gloo itself)
-    if "deepspeed_plugin" in kwargs:
-        from grpo_core.training.zero import accelerator_kwargs as deepspeed_kwargs
-
-        kwargs.update(deepspeed_kwargs(world))
-    elif world > 1 and not torch.cuda.is_available():
-        kwargs["cpu"] = True
-    accelerator = Accelerator(**kwargs)
-    enable_fsdp_on_cpu(accelerator, kwargs.get("fsdp_plugin"))
-    return accelerator
+    backend = backend or backend_for(cfg, world)
+    kwargs: dict[str, Any] = backend.accelerator_kwargs(cfg, world)
+    for key, value in accelerator_kwargs(cfg).items():  # fp8: torchao Float8Linear at prepare
+        kwargs[key] = kwargs.get(key, []) + value if key == "kwargs_handlers" else value
+    return Accelerator(**kwargs)
 
 
-def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
-    """Model, optimizer and schedule placed by accelerate (GPU where there
-    is one; it owns backward, gradient clipping and, with several processes,
-    the DDP/FSDP/DeepSpeed wrapping), and the reference. Returns the
-    accelerator, the policy, the prepared log-prob module the loop calls
-    (:mod:`grpo_core.training.policy_forward`), optimizer, schedule,
-    reference, and under FSDP rank 0's unsharded copy (syncs, checkpoints)."""
+@dataclass
+class ModelParts:
+    """The policy and what trains it, placed by accelerate (GPU where there is one)."""
+
+    accelerator: Any
+    backend: TrainingBackend  # how the policy is spread over the processes: backward, step, full weights, checkpoints
+    model: torch.nn.Module  # the policy (under FSDP/ZeRO-3 holding this rank's shards)
+    forward: Any  # the prepared log-prob module the loop calls (grpo_core.training.policy_forward)
+    optimizer: Any
+    scheduler: Any
+    reference: Any  # grpo_core.models reference handle when beta > 0, else None
+
+
+def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> ModelParts:
+    """Model, optimizer and schedule through the run's training backend
+    (it owns backward, clipping and, with several processes, the DDP/FSDP/
+    DeepSpeed wrapping), and the reference."""
     from grpo_core.models import load_policy, reference_model
     from grpo_core.training.optim import build_optimizer, build_scheduler
-    from grpo_core.training.policy_forward import PolicyLogprobs, inner_policy
-    from grpo_core.training.sharding import FullWeights, is_sharded
 
-    accelerator = make_accelerator(cfg)
-    context.log(f"loading model from {model_dir}")
-    if cfg.deepspeed:
-        # Under ZeRO-3 accelerate leaves transformers believing it should load the model already
-        # partitioned (zero.Init); grpo loads it whole (rank 0 copies it first) and the engine partitions it.
-        from transformers.integrations import unset_hf_deepspeed_config
-
-        unset_hf_deepspeed_config()
-    model = load_policy(cfg, model_dir, context.tokenizer)
-    # One process has nothing to shard over (accelerate runs it unsharded): no FSDP machinery then.
-    full: Any = FullWeights(model, accelerator.is_main_process) if cfg.fsdp and is_sharded(accelerator) else None
-    if cfg.fsdp and full is None:
+    world = world_size()
+    backend_cls = backend_for(cfg, world)
+    if cfg.fsdp and backend_cls.name != "fsdp":
         context.log("fsdp: one process has nothing to shard over; training unsharded (checkpoints load either way)")
-    if cfg.deepspeed:
-        from grpo_core.training import zero
-
-        zero.fill_model_autos(accelerator.state.deepspeed_plugin.deepspeed_config, model.config)
-        if zero.zero_stage(cfg) == 3:  # partitioned parameters: rank 0 keeps a full copy for syncs and saves
-            full = zero.Zero3FullWeights(model, accelerator.is_main_process, trainable_only=cfg.adapter == "lora")
-    optimizer = build_optimizer(cfg, model)
-    forward, optimizer = accelerator.prepare(PolicyLogprobs(model), optimizer)
+    accelerator = make_accelerator(cfg, backend_cls)
+    backend = backend_cls(cfg, accelerator)
+    context.log(f"loading model from {model_dir}")
+    model = load_policy(cfg, model_dir, context.tokenizer)
+    forward, optimizer = backend.prepare(model, build_optimizer(cfg, model))
     model = inner_policy(forward)
     reference = reference_model(cfg, model_dir, model)  # None unless beta > 0
     if reference is not None and hasattr(reference, "model"):
         reference.model.to(accelerator.device)
-    return accelerator, model, forward, optimizer, build_scheduler(cfg, optimizer), reference, full
+    return ModelParts(accelerator, backend, model, forward, optimizer, build_scheduler(cfg, optimizer), reference)
 
 
 def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable[[str], None] | None = None) -> str:
@@ -323,20 +312,17 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
         if trainer_cores:  # before the model loads: its threads, and every later one, stay on these cores
             context.log(f"CPU split: the inference engine computes on cores {format_cpu_list(engine_cores)}, "
                         f"the trainer on {format_cpu_list(trainer_cores)} ([vllm] engine_cpus)")
-        accelerator, model, forward, optimizer, scheduler, reference, full = _load_model_parts(cfg, context, model_dir)
+        loaded = _load_model_parts(cfg, context, model_dir)
+        accelerator = loaded.accelerator
         dist = Distributed.from_accelerator(accelerator)
         if dist.active:
             from grpo_core.training.sharding import sharding_name
 
             kind = sharding_name(cfg, dist.world)
             context.log(f"process {dist.rank} of {dist.world} ({kind}, {accelerator.device})")
-        model_holder["model"] = model
-        if full is not None and impls.samples_trainer_model:
-            # FSDP/ZeRO-3: no rank holds the model whole, so rank 0 samples with its full copy,
-            # which every weight sync refreshes (grpo_core.training.sharding.sampling_copy).
-            from grpo_core.training.sharding import sampling_copy
-
-            model_holder["model"] = sampling_copy(full, accelerator.device)
+        # A rollout that samples the trainer's model: under FSDP/ZeRO-3 no rank holds it whole, so rank 0
+        # samples with the backend's full copy, which every weight sync refreshes.
+        model_holder["model"] = loaded.backend.sampling_model(accelerator.device) if impls.samples_trainer_model else loaded.model
         stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)
         episodes = _rollout_driver(cfg, host, context, impls) if dist.is_main else None
         if observer is not None:
@@ -345,21 +331,21 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
             cfg=cfg,
             context=context,
             hook=host.hook,
-            model=model,
+            model=loaded.model,
             accelerator=accelerator,
             tokenizer=context.tokenizer,
-            optimizer=optimizer,
-            scheduler=scheduler,
+            optimizer=loaded.optimizer,
+            scheduler=loaded.scheduler,
             producer=_make_producer(cfg, host, scorer, stream, context.tokenizer, impls, dist, episodes),
             scorer=scorer,
             stream=stream,
-            reference=reference,
+            reference=loaded.reference,
             engine=impls.engine,
             stateful=impls.checkpointable(),
             observer=observer,
-            forward=forward,
+            forward=loaded.forward,
             dist=dist,
-            full_weights=full,
+            backend=loaded.backend,
         )
         trainer = GRPOTrainer(parts)
         if resume is not None:

@@ -24,59 +24,13 @@ runs there too (torch's ``fully_shard`` supports gloo): that is how the
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Iterator
 from typing import Any, Protocol
 
 from grpo_core.config.schema import GRPOConfig
+from grpo_core.config.fsdp_options import fsdp_problems, fsdp_value
 from grpo_core.config.zero_stage import zero_stage
 from grpo_core.errors import ConfigError, GrpoError
-
-FSDP_OPTIONS = {"full_shard", "shard_grad_op", "auto_wrap", "offload"}
-FSDP_REFUSED = {
-    "hybrid_shard": "hybrid sharding needs a 2-D device mesh (shard within a node, replicate across nodes), which is not wired",
-    "hybrid_shard_zero2": "hybrid sharding needs a 2-D device mesh, which is not wired",
-    "no_shard": "FSDP without sharding is DDP: leave `fsdp` unset",
-}
-FSDP_CONFIG_KEYS = {
-    "fsdp_version", "version", "fsdp_transformer_layer_cls_to_wrap", "transformer_layer_cls_to_wrap", "fsdp_offload_params",
-    "offload_params", "fsdp_reshard_after_forward", "reshard_after_forward", "fsdp_activation_checkpointing",
-    "activation_checkpointing", "fsdp_cpu_ram_efficient_loading", "cpu_ram_efficient_loading", "fsdp_state_dict_type",
-    "state_dict_type", "fsdp_auto_wrap_policy", "auto_wrap_policy", "fsdp_sync_module_states", "sync_module_states",
-    "fsdp_use_orig_params", "use_orig_params",
-}  # fmt: skip
-
-
-def _fsdp_value(cfg: GRPOConfig, name: str, default: Any = None) -> Any:
-    """``fsdp_config.fsdp_<name>`` or ``fsdp_config.<name>`` (both spellings exist in the wild)."""
-    options = cfg.fsdp_config or {}
-    return options.get(f"fsdp_{name}", options.get(name, default))
-
-
-def fsdp_problems(cfg: GRPOConfig) -> list[str]:
-    """What in ``fsdp`` / ``fsdp_config`` cannot run, each with its fix."""
-    problems = []
-    for option in cfg.fsdp or []:
-        if option in FSDP_REFUSED:
-            problems.append(f"fsdp option '{option}': {FSDP_REFUSED[option]}.")
-        elif option not in FSDP_OPTIONS:
-            problems.append(f"fsdp option '{option}' is unknown: use {', '.join(sorted(FSDP_OPTIONS))}.")
-    unknown = sorted(set(cfg.fsdp_config or {}) - FSDP_CONFIG_KEYS)
-    if unknown:
-        problems.append(f"fsdp_config keys {unknown} are not supported; known: {', '.join(sorted(k for k in FSDP_CONFIG_KEYS if k.startswith('fsdp_')))}.")
-    if cfg.fsdp_config and not cfg.fsdp:
-        problems.append("fsdp_config is set but fsdp is not: set fsdp = [\"full_shard\", \"auto_wrap\"] to shard the model.")
-    version = int(_fsdp_value(cfg, "version", 2) or 2)
-    if version not in (1, 2):
-        problems.append(f"fsdp_config.fsdp_version = {version}: use 2 (torch's fully_shard) or 1.")
-    policy = str(_fsdp_value(cfg, "auto_wrap_policy", "TRANSFORMER_BASED_WRAP")).upper()
-    if policy not in ("TRANSFORMER_BASED_WRAP", "NO_WRAP"):
-        problems.append(f"fsdp_config.fsdp_auto_wrap_policy = {policy}: use TRANSFORMER_BASED_WRAP.")
-    if cfg.fsdp and cfg.deepspeed:
-        problems.append("fsdp and deepspeed are both set: choose one way of sharding the model.")
-    return problems
-
 
 def fsdp_plugin(cfg: GRPOConfig) -> Any:
     """accelerate's FSDP plugin for ``cfg.fsdp`` / ``cfg.fsdp_config``."""
@@ -86,16 +40,16 @@ def fsdp_plugin(cfg: GRPOConfig) -> Any:
     if problems:
         raise ConfigError(" ".join(problems))
     options = set(cfg.fsdp or [])
-    version = int(_fsdp_value(cfg, "version", 2) or 2)
-    layers = _fsdp_value(cfg, "transformer_layer_cls_to_wrap")
+    version = int(fsdp_value(cfg, "version", 2) or 2)
+    layers = fsdp_value(cfg, "transformer_layer_cls_to_wrap")
     if isinstance(layers, str):
         layers = [name.strip() for name in layers.split(",") if name.strip()]
-    reshard = _fsdp_value(cfg, "reshard_after_forward", "shard_grad_op" not in options)
+    reshard = fsdp_value(cfg, "reshard_after_forward", "shard_grad_op" not in options)
     kwargs: dict[str, Any] = {
         "fsdp_version": version,
-        "cpu_offload": bool(_fsdp_value(cfg, "offload_params", "offload" in options)),
-        "activation_checkpointing": bool(_fsdp_value(cfg, "activation_checkpointing", False)),
-        "cpu_ram_efficient_loading": bool(_fsdp_value(cfg, "cpu_ram_efficient_loading", False)),
+        "cpu_offload": bool(fsdp_value(cfg, "offload_params", "offload" in options)),
+        "activation_checkpointing": bool(fsdp_value(cfg, "activation_checkpointing", False)),
+        "cpu_ram_efficient_loading": bool(fsdp_value(cfg, "cpu_ram_efficient_loading", False)),
         "state_dict_type": "FULL_STATE_DICT",
     }
     if "auto_wrap" in options:
@@ -111,17 +65,6 @@ def fsdp_plugin(cfg: GRPOConfig) -> Any:
     return FullyShardedDataParallelPlugin(**kwargs)
 
 
-def sharding_plugins(cfg: GRPOConfig, world: int = 1) -> dict[str, Any]:
-    """Keyword arguments for :class:`accelerate.Accelerator` (empty: DDP, or one process)."""
-    if cfg.fsdp:
-        return {"fsdp_plugin": fsdp_plugin(cfg)}
-    if cfg.deepspeed:
-        from grpo_core.training.zero import deepspeed_plugin
-
-        return {"deepspeed_plugin": deepspeed_plugin(cfg, world)}
-    return {}
-
-
 def enable_fsdp_on_cpu(accelerator: Any, plugin: Any) -> None:
     """accelerate enables FSDP only for GPU-type backends: on CPU (gloo) mark
     its state FSDP with ``plugin`` so ``prepare`` takes accelerate's own FSDP path."""
@@ -130,12 +73,6 @@ def enable_fsdp_on_cpu(accelerator: Any, plugin: Any) -> None:
     if plugin is not None and accelerator.distributed_type == DistributedType.MULTI_CPU:
         accelerator.state.distributed_type = DistributedType.FSDP
         accelerator.state.fsdp_plugin = plugin
-
-
-def is_sharded(accelerator: Any) -> bool:
-    from accelerate.utils import DistributedType
-
-    return accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
 
 class FullCopy(Protocol):
@@ -188,18 +125,6 @@ def sampling_copy(full: FullCopy, device: Any) -> Any:
     if full.copy is not None:
         full.copy.to(device)
     return full.copy
-
-
-@contextlib.contextmanager
-def full_weights_for_sync(parts: Any, version: int) -> Iterator[Any]:
-    """The policy with its full weights, for the weight_sync plugin and
-    checkpoints on rank 0. Without sharding (one process, DDP) every rank
-    already holds them: the policy itself."""
-    full = getattr(parts, "full_weights", None)
-    if full is None:
-        yield parts.model
-        return
-    yield full.refresh(parts.accelerator, parts.forward, version)
 
 
 def sharding_name(cfg: GRPOConfig, world: int) -> str:
@@ -306,13 +231,3 @@ def load_full_model_state(forward: Any, state: dict[str, Any] | None) -> None:
     full = {f"policy.{k}": v for k, v in (state or {}).items()}
     options = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=True)
     set_model_state_dict(forward, full, options=options)
-
-
-class _StateOf:
-    """An object whose ``state_dict()`` is a given dict (for save_checkpoint)."""
-
-    def __init__(self, state: dict[str, Any]) -> None:
-        self.state = state
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.state

@@ -34,6 +34,7 @@ from grpo_core.logprobs import token_logprobs
 from grpo_core.loss import LossSettings, zero_advantage_rows_are_inert
 from grpo_core.precision import resolve_precision
 from grpo_core.training import checkpoint as ckpt
+from grpo_core.training.backends import TrainingBackend
 from grpo_core.training.batch import (
     MicroBatch,
     Sample,
@@ -49,7 +50,6 @@ from grpo_core.training.batch import (
 from grpo_core.training.distributed import Distributed, shares
 from grpo_core.training.optim import advance_schedule
 from grpo_core.training.producer import Producer, ScoredBatch
-from grpo_core.training.sharding import FullCopy, full_weights_for_sync
 from grpo_core.training.sync_check import SyncVerifier
 from grpo_core.training.timing import StepClock, dominant_phases
 from grpo_core.types import Checkpointable, InferenceEngine, PolicyLossInputs, TrainingProgress
@@ -69,6 +69,7 @@ class TrainerParts:
     scheduler: Any
     producer: Producer
     scorer: Any
+    backend: TrainingBackend  # how the policy is spread over the processes (grpo_core.training.backends)
     stream: Any = None  # the PromptStream, restored on resume
     reference: Any = None  # grpo_core.models reference handle when beta > 0
     engine: InferenceEngine | None = None  # the rollout's engine, handed to the weight sync
@@ -76,7 +77,6 @@ class TrainerParts:
     observer: Any = None  # grpo_core.observe.RunObserver: logs, trackers, evaluation, alerts (rank 0)
     forward: Any = None  # the prepared PolicyLogprobs (DDP/FSDP-wrapped with several processes); None: call the model
     dist: Distributed = field(default_factory=Distributed)  # the training processes (one by default)
-    full_weights: FullCopy | None = None  # under FSDP/ZeRO-3: rank 0's unsharded copy for syncs, saves and sampling
 
 
 class StopRequested:
@@ -135,10 +135,7 @@ class GRPOTrainer:
         self.timings: list[dict[str, float]] = []  # each step's metrics, for the end-of-run time shares
         self.device = parts.accelerator.device
         self.precision = resolve_precision(cfg, self.device.type)
-        from grpo_core.training.zero import DeepSpeedStep, engine_of
-
-        engine = engine_of(parts.accelerator, parts.forward)
-        self.deepspeed = DeepSpeedStep(engine) if engine is not None else None  # backward/step through the engine
+        self.backend = parts.backend  # backward, the optimizer step, full weights and checkpoints
         from grpo_core.compile import compile_policy
 
         self.compiled_body = compile_policy(cfg, parts.model)  # None unless torch_compile
@@ -210,32 +207,17 @@ class GRPOTrainer:
                 pending = ScoredBatch(groups=[g for p, _ in gathered for g in p.groups], policy_version=first.policy_version,
                                       metrics=first.metrics, stream_state=first.stream_state)  # fmt: skip
                 old_logps = [o for _, o in gathered]
+        staging = self.output_dir / f".tmp-{ckpt.PREFIX}{self.step}-{self.backend.name}"  # per-rank files, if the backend writes any
+        state = self.backend.checkpoint_parts(staging, self.policy_version)
         path = self.output_dir / f"{ckpt.PREFIX}{self.step}"
-        model, optimizer = self.parts.model, self.parts.optimizer
-        from grpo_core.training import sharding
-
-        staged: dict[str, Path] = {}
-        if self.deepspeed is not None:  # every rank writes its ZeRO partition, moved into the checkpoint by rank 0
-            from grpo_core.training import zero
-
-            staging = self.output_dir / f".tmp-{ckpt.PREFIX}{self.step}-{zero.CHECKPOINT_DIR}"
-            self.deepspeed.save(staging, trainable_only=self.cfg.adapter == "lora")
-            self.dist.barrier()
-            staged[zero.CHECKPOINT_DIR] = staging
-            optimizer = sharding._StateOf({"deepspeed": f"{zero.CHECKPOINT_DIR}/ (per-rank ZeRO partitions)"})
-        if self.parts.full_weights is not None:  # sharded: gather full weights (collectives)
-            model = self.parts.full_weights.refresh(self.parts.accelerator, self.parts.forward, self.policy_version)
-            if self.deepspeed is None:  # FSDP: and the optimizer state, keyed by name
-                optimizer = sharding._StateOf(sharding.full_optimizer_state(self.parts.forward, self.parts.optimizer))
         if self.dist.is_main:
             extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
             extra["pending_batch"] = pending
             extra["pending_old_logps"] = old_logps
             extra["pending_world_size"] = self.dist.world
             extra["prefetched_batches"] = self._prefetched_batches()
-            if self.deepspeed is not None:
-                extra["deepspeed_world_size"] = self.dist.world
-            path = self._write_checkpoint(extra, model, optimizer, staged)
+            extra.update(state.extra)
+            path = self._write_checkpoint(extra, state.model, state.optimizer, state.staged)
         self.dist.barrier()
         return path
 
@@ -293,29 +275,7 @@ class GRPOTrainer:
         :func:`~grpo_core.training.checkpoint.read_checkpoint` result when the
         caller checked it early (before the model loaded)."""
         loaded = loaded or ckpt.read_checkpoint(path)
-        if self.deepspeed is not None:
-            self._resume_deepspeed(path, loaded)
-        elif "deepspeed_world_size" in loaded.extra:
-            raise GrpoError(f"resume_from_checkpoint = \"{path}\" was written with `deepspeed` (ZeRO partitions of "
-                            f"{loaded.extra['deepspeed_world_size']} process(es)): resume it with the same `deepspeed` "
-                            "config and process count.")  # fmt: skip
-        elif self.parts.full_weights is not None:  # sharded: rank 0 reads, every rank takes its shards
-            from grpo_core.training import sharding
-
-            full = self.parts.full_weights
-            if self.dist.is_main:
-                ckpt.load_model_weights(full.copy, path)
-            sharding.load_full_model_state(self.parts.forward, full.copy.state_dict() if self.dist.is_main else None)
-            # an unsharded run's checkpoint (one process, DDP) keys the state by position, FSDP's by name
-            by_name = sharding.optimizer_state_by_name(self.parts.forward, self.parts.optimizer, loaded.optimizer)
-            sharding.load_full_optimizer_state(self.parts.forward, self.parts.optimizer, by_name)
-            loaded.optimizer = self.parts.optimizer.state_dict()  # already in place: restore the rest
-        else:
-            from grpo_core.training import sharding
-
-            ckpt.load_model_weights(self.parts.model, path)
-            # an FSDP checkpoint (full tensors, keyed by name) onto one process or DDP
-            loaded.optimizer = sharding.optimizer_state_by_index(self.parts.forward, self.parts.optimizer, loaded.optimizer)
+        self.backend.resume(path, loaded)  # weights and optimizer state, in the backend's layout
         ckpt.restore_checkpoint(loaded, self.parts.optimizer, self.parts.scheduler)
         state, extra = loaded.trainer_state, loaded.extra
         self.step = int(state["step"])
@@ -347,23 +307,6 @@ class GRPOTrainer:
             self._set_batch(pending, old_logps=old_logps)
         # After the stream: restoring moves it past these batches.
         self.parts.producer.restore(list(extra.get("prefetched_batches") or []))
-
-    def _resume_deepspeed(self, path: Path, loaded: ckpt.LoadedCheckpoint) -> None:
-        """Each rank reads its ZeRO partition back; the optimizer state is
-        there, not in optimizer.pt (only the same process count fits)."""
-        from grpo_core.training import zero
-
-        saved = loaded.extra.get("deepspeed_world_size")
-        if saved is None or not (path / zero.CHECKPOINT_DIR).is_dir():
-            raise GrpoError(f"resume_from_checkpoint = \"{path}\" was not written with `deepspeed`: its weights and "
-                            "optimizer state are not in DeepSpeed's layout. Resume it without `deepspeed` (same sharding "
-                            "as when it was written), or start this DeepSpeed run without resume_from_checkpoint.")  # fmt: skip
-        if int(saved) != self.dist.world:
-            raise GrpoError(f"resume_from_checkpoint = \"{path}\" holds DeepSpeed ZeRO partitions of {saved} process(es) "
-                            f"and this run has {self.dist.world}: resume with --num-processes {saved}. (Its model/ "
-                            "folder holds the full weights: start a new run from them as base_model to change the count.)")  # fmt: skip
-        self.deepspeed.load(path / zero.CHECKPOINT_DIR)
-        loaded.optimizer = None  # restored with the partitions: restore the rest
 
     # ---------------------------------------------------------------- pieces
 
@@ -514,13 +457,8 @@ class GRPOTrainer:
                 step_metrics.setdefault(key, []).append(float(value))
         grad_norm = 0.0
         with clock.phase("optimizer"):
-            if trained and self.deepspeed is not None:  # the engine clips, steps and zeroes (grpo_core.training.zero)
-                grad_norm = self.deepspeed.step()
-            elif trained:
-                params = [p for p in model.parameters() if p.requires_grad]
-                norm = self.parts.accelerator.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
-                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
-                self.parts.optimizer.step()
+            if trained:
+                grad_norm = self.backend.optimizer_step(cfg.max_grad_norm)
             lr = float(self.parts.scheduler.get_last_lr()[0])
             advance_schedule(self.parts.scheduler)  # also on a step that trained nothing, without torch's warning
             self.parts.optimizer.zero_grad(set_to_none=True)
@@ -552,10 +490,7 @@ class GRPOTrainer:
             is_weights=lambda trainer_logps: self._is_weights(mb, trainer_logps, step_metrics),
         )
         loss, m = self.parts.hook.grpo_policy_loss(inputs=inputs)
-        if self.deepspeed is not None:
-            self.deepspeed.backward(loss, last)
-        else:
-            self.parts.accelerator.backward(loss)
+        self.backend.backward(loss, last)
         return loss, m
 
     def _step_metrics(
@@ -611,13 +546,13 @@ class GRPOTrainer:
             return
         version = self.policy_version
         failure: Exception | None = None
-        with full_weights_for_sync(self.parts, version) as model:
-            if self.dist.is_main:  # the sync, then its check (grpo_core.training.sync_check)
-                try:
-                    self.verifier.sync(lambda: self.parts.hook.grpo_sync_weights(model=model, version=version, engine=self.parts.engine),
-                                       model, version)  # fmt: skip
-                except Exception as exc:
-                    failure = exc
+        model = self.backend.full_model(version)  # a collective under FSDP/ZeRO-3
+        if self.dist.is_main:  # the sync, then its check (grpo_core.training.sync_check)
+            try:
+                self.verifier.sync(lambda: self.parts.hook.grpo_sync_weights(model=model, version=version, engine=self.parts.engine),
+                                   model, version)  # fmt: skip
+            except Exception as exc:
+                failure = exc
         if self.dist.active:  # instead of a barrier: every rank learns whether the sync took
             shared = self.dist.broadcast(None if failure is None else shareable_error(failure))  # every rank calls it
             failure = failure if failure is not None else shared
@@ -631,9 +566,7 @@ class GRPOTrainer:
         from grpo_core.models import save_final
 
         out = self.output_dir
-        model = self.parts.model
-        if self.parts.full_weights is not None:
-            model = self.parts.full_weights.refresh(self.parts.accelerator, self.parts.forward, self.policy_version)
+        model = self.backend.full_model(self.policy_version)
         if self.dist.is_main:
             save_final(model, self.parts.tokenizer, out, safetensors=self.cfg.save_safetensors)
         self.dist.barrier()

@@ -1,0 +1,27 @@
+"""Training backends: how the policy is spread over the training processes.
+
+Each backend is one module implementing
+:class:`~grpo_core.training.backends.base.TrainingBackend` (accelerate's
+plugins, backward and the optimizer step, the full weights for syncs and
+saves, the checkpoint layout), and one entry of :data:`BACKENDS`. The trainer
+calls the interface and never asks which backend runs; adding one (say,
+hybrid-sharded FSDP over a 2-D mesh) is a new module here and its entry.
+"""
+
+from __future__ import annotations
+
+from grpo_core.config.schema import GRPOConfig
+from grpo_core.training.backends.base import CheckpointParts, TrainingBackend
+from grpo_core.training.backends.deepspeed_zero import DeepSpeedBackend
+from grpo_core.training.backends.fsdp import FsdpBackend
+from grpo_core.training.backends.replicated import ReplicatedBackend
+
+__all__ = ["BACKENDS", "CheckpointParts", "TrainingBackend", "backend_for"]
+
+BACKENDS: tuple[type[TrainingBackend], ...] = (DeepSpeedBackend, FsdpBackend, ReplicatedBackend)
+"""Tried in order: the first whose ``applies(cfg, world)`` is true runs."""
+
+
+def backend_for(cfg: GRPOConfig, world: int) -> type[TrainingBackend]:
+    """The backend class that runs ``cfg`` on ``world`` processes."""
+    return next(backend for backend in BACKENDS if backend.applies(cfg, world))

@@ -1,0 +1,150 @@
+"""What every training backend provides: the contract between the loop and
+the way the policy is spread over the training processes.
+
+The trainer (:mod:`grpo_core.training.trainer`) never asks which backend
+runs: it calls these methods, and each backend module
+(:mod:`~grpo_core.training.backends.replicated`,
+:mod:`~grpo_core.training.backends.fsdp`,
+:mod:`~grpo_core.training.backends.deepspeed_zero`) answers for its layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+from grpo_core.config.schema import GRPOConfig
+from grpo_core.errors import GrpoError
+from grpo_core.training import checkpoint as ckpt
+from grpo_core.training.policy_forward import PolicyLogprobs
+
+PARTITIONED_KEY = "deepspeed_world_size"
+"""The checkpoint ``extra`` key under which a backend whose weights and
+optimizer state are per-rank partitions (DeepSpeed ZeRO) records the process
+count that wrote them; a backend that reads full tensors refuses such a
+checkpoint by it (:func:`refuse_partitioned`)."""
+
+
+@dataclass
+class CheckpointParts:
+    """What one checkpoint holds of the backend's state, for
+    :func:`~grpo_core.training.checkpoint.save_checkpoint` on rank 0."""
+
+    model: Any  # what ``model/`` is written from: the policy with its full weights (rank 0)
+    optimizer: Any  # an object whose ``state_dict()`` is ``optimizer.pt``
+    staged: dict[str, Path] = field(default_factory=dict)  # folders already written, moved in as they are
+    extra: dict[str, Any] = field(default_factory=dict)  # entries of the checkpoint's extra state
+
+
+class TrainingBackend(Protocol):
+    """How the policy is spread over the training processes, and everything
+    that depends on it: accelerate's plugins, backward and the optimizer
+    step, where the full weights come from for a sync or a save, and the
+    checkpoint layout.
+
+    A backend's life in a run (:func:`grpo_core.training.run`):
+    :func:`~grpo_core.training.backends.backend_for` picks its class by
+    :meth:`applies`; :meth:`accelerator_kwargs` configures accelerate; the
+    class is built with the accelerator *before* the model loads;
+    :meth:`prepare` takes the loaded policy and its optimizer and returns
+    what accelerate prepared; the trainer then calls the rest. Every method
+    marked *collective* is called by every rank together.
+    """
+
+    name: ClassVar[str]
+    """How the log names it (``process 0 of 2 (<sharding>, cpu)`` uses the config's own words)."""
+
+    @classmethod
+    def applies(cls, cfg: GRPOConfig, world: int) -> bool:
+        """This backend runs ``cfg`` on ``world`` processes."""
+        ...
+
+    @classmethod
+    def accelerator_kwargs(cls, cfg: GRPOConfig, world: int) -> dict[str, Any]:
+        """Keyword arguments for :class:`accelerate.Accelerator` (its plugins)."""
+        ...
+
+    def __init__(self, cfg: GRPOConfig, accelerator: Any) -> None:
+        """Built before the model loads (a backend may have to tell the loader how)."""
+
+    def prepare(self, policy: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
+        """The loaded ``policy`` and its ``optimizer`` through accelerate: the
+        prepared :class:`~grpo_core.training.policy_forward.PolicyLogprobs`
+        (wrapped by DDP, FSDP or DeepSpeed) and the prepared optimizer."""
+        ...
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Backward of one micro-batch's (pre-scaled) loss; ``last``: the step's
+        last trained micro-batch, where gradients are reduced."""
+        ...
+
+    def optimizer_step(self, max_grad_norm: float | None) -> float:
+        """Clip and step (the caller zeroes the gradients); the global pre-clip gradient norm."""
+        ...
+
+    def full_model(self, version: int) -> Any:
+        """*Collective.* The policy with its full weights at ``version``, on
+        rank 0: what weight syncs, checkpoints and the final save read."""
+        ...
+
+    def sampling_model(self, device: Any) -> Any:
+        """The model a rollout that samples the trainer's model generates with
+        (``SAMPLES_TRAINER_MODEL``) on rank 0: the policy itself, or where no
+        rank holds it whole, a full copy on ``device`` that :meth:`full_model`
+        keeps current. ``None`` on ranks that never sample."""
+        ...
+
+    def checkpoint_parts(self, staging: Path, version: int) -> CheckpointParts:
+        """*Collective.* What a checkpoint holds of this backend's state, with
+        the weights of policy ``version``; ``staging`` is a fresh folder this backend may
+        write per-rank files under (moved into the checkpoint)."""
+        ...
+
+    def resume(self, path: Path, loaded: ckpt.LoadedCheckpoint) -> None:
+        """*Collective.* Put checkpoint ``path``'s weights and optimizer state
+        in place, or refuse a layout this backend cannot read. Leaves in
+        ``loaded.optimizer`` what :func:`~grpo_core.training.checkpoint.restore_checkpoint`
+        should still load (``None``: restored already)."""
+        ...
+
+
+def prepare_with_accelerate(accelerator: Any, policy: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
+    """The policy's log-prob module and the optimizer, through ``accelerator.prepare``."""
+    return accelerator.prepare(PolicyLogprobs(policy), optimizer)
+
+
+def gloo_on_cpu(world: int) -> dict[str, Any]:
+    """Without GPUs accelerate is told ``cpu=True`` so that several processes
+    join over gloo (otherwise each would quietly run alone)."""
+    return {"cpu": True} if world > 1 and not torch.cuda.is_available() else {}
+
+
+def clip_and_step(accelerator: Any, model: torch.nn.Module, optimizer: Any, max_grad_norm: float | None) -> float:
+    """accelerate's clipping (the all-reduced gradients' global norm), then
+    the optimizer's step: what a backend without its own engine does."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = accelerator.clip_grad_norm_(params, max_grad_norm or float("inf"))
+    optimizer.step()
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
+
+
+def refuse_partitioned(path: Path, loaded: ckpt.LoadedCheckpoint) -> None:
+    """A checkpoint of per-rank partitions (:data:`PARTITIONED_KEY`) cannot
+    load into full tensors: say how to resume it."""
+    if PARTITIONED_KEY in loaded.extra:
+        raise GrpoError(f"resume_from_checkpoint = \"{path}\" was written with `deepspeed` (ZeRO partitions of "
+                        f"{loaded.extra[PARTITIONED_KEY]} process(es)): resume it with the same `deepspeed` "
+                        "config and process count.")  # fmt: skip
+
+
+class StateOf:
+    """An object whose ``state_dict()`` is a given dict (for save_checkpoint)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state

@@ -1,0 +1,97 @@
+"""FSDP on several processes: each rank holds a shard of every parameter,
+gradient and optimizer state (accelerate's FSDP2 path, torch's ``fully_shard``;
+the options are :mod:`grpo_core.training.sharding`'s).
+
+No rank holds the policy whole, so rank 0 keeps an unsharded copy made before
+sharding (:class:`~grpo_core.training.sharding.FullWeights`), refreshed from the
+shards once per policy version: what syncs, checkpoints, the final save and a
+rollout that samples the trainer's model read. Checkpoints hold full tensors
+(the optimizer state keyed by parameter name), so they load onto any process
+count, sharded or not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from grpo_core.config.schema import GRPOConfig
+from grpo_core.training import checkpoint as ckpt
+from grpo_core.training.backends.base import (
+    CheckpointParts,
+    StateOf,
+    clip_and_step,
+    gloo_on_cpu,
+    prepare_with_accelerate,
+    refuse_partitioned,
+)
+from grpo_core.training.policy_forward import inner_policy
+from grpo_core.training.sharding import (
+    FullWeights,
+    enable_fsdp_on_cpu,
+    fsdp_plugin,
+    full_optimizer_state,
+    load_full_model_state,
+    load_full_optimizer_state,
+    optimizer_state_by_name,
+    sampling_copy,
+)
+
+
+class FsdpBackend:
+    name: ClassVar[str] = "fsdp"
+
+    @classmethod
+    def applies(cls, cfg: GRPOConfig, world: int) -> bool:
+        return bool(cfg.fsdp) and world > 1  # one process has nothing to shard over: replicated
+
+    @classmethod
+    def accelerator_kwargs(cls, cfg: GRPOConfig, world: int) -> dict[str, Any]:
+        return {"fsdp_plugin": fsdp_plugin(cfg), **gloo_on_cpu(world)}
+
+    def __init__(self, cfg: GRPOConfig, accelerator: Any) -> None:
+        self.accelerator = accelerator
+        enable_fsdp_on_cpu(accelerator, fsdp_plugin(cfg))  # accelerate enables FSDP for GPU backends only
+        self.full: FullWeights | None = None
+        self.policy: Any = None
+        self.forward: Any = None
+        self.optimizer: Any = None
+
+    def prepare(self, policy: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
+        self.full = FullWeights(policy, self.accelerator.is_main_process)  # before the shards replace the weights
+        self.forward, self.optimizer = prepare_with_accelerate(self.accelerator, policy, optimizer)
+        self.policy = inner_policy(self.forward)
+        return self.forward, self.optimizer
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        self.accelerator.backward(loss)
+
+    def optimizer_step(self, max_grad_norm: float | None) -> float:
+        return clip_and_step(self.accelerator, self.policy, self.optimizer, max_grad_norm)
+
+    def full_model(self, version: int) -> Any:
+        assert self.full is not None, "prepare() first"
+        return self.full.refresh(self.accelerator, self.forward, version)
+
+    def sampling_model(self, device: Any) -> Any:
+        assert self.full is not None, "prepare() first"
+        return sampling_copy(self.full, device)
+
+    def checkpoint_parts(self, staging: Path, version: int) -> CheckpointParts:
+        model = self.full_model(version)
+        return CheckpointParts(model=model, optimizer=StateOf(full_optimizer_state(self.forward, self.optimizer)))
+
+    def resume(self, path: Path, loaded: ckpt.LoadedCheckpoint) -> None:
+        """Rank 0 reads the full weights, every rank takes its shards."""
+        refuse_partitioned(path, loaded)
+        assert self.full is not None, "prepare() first"
+        main = self.full.copy is not None
+        if main:
+            ckpt.load_model_weights(self.full.copy, path)
+        load_full_model_state(self.forward, self.full.copy.state_dict() if main else None)
+        # an unsharded run's checkpoint (one process, DDP) keys the state by position, FSDP's by name
+        by_name = optimizer_state_by_name(self.forward, self.optimizer, loaded.optimizer)
+        load_full_optimizer_state(self.forward, self.optimizer, by_name)
+        loaded.optimizer = self.optimizer.state_dict()  # already in place: restore_checkpoint restores the rest

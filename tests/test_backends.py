@@ -1,0 +1,126 @@
+"""Training backends (grpo_core/training/backends): the table picks one by
+config and process count, each implements the whole interface, and a new
+backend needs nothing but its class and a table entry: the trainer calls
+the interface and never asks which backend runs (a real run on the tiny
+model, with a backend the trainer has never heard of)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_core.config.loader import validate
+from grpo_core.training import backends
+from grpo_core.training.backends import BACKENDS, backend_for
+from grpo_core.training.backends.base import TrainingBackend
+from grpo_core.training.backends.replicated import ReplicatedBackend
+from grpo_core.training.run import run_training
+from tiny_model import build_tiny_model
+
+REWARD = '''
+def even(completion_ids, **kwargs):
+    return [sum(t % 2 == 0 for t in ids) / max(1, len(ids)) for ids in completion_ids]
+'''
+
+
+def _config(tmp_path: Path, model_dir: str, name: str = "out", **top: object):
+    rows = [{"prompt": f"Write token number {i}:"} for i in range(8)]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    return validate({
+        "base_model": model_dir, "adapter": "lora", "lora_r": 4, "datasets": [{"path": str(tmp_path / "train.jsonl")}],
+        "sequence_len": 64, "micro_batch_size": 8, "gradient_accumulation_steps": 2, "max_steps": 2,
+        "learning_rate": 1e-2, "lr_scheduler": "constant", "output_dir": str(tmp_path / name), "seed": 1,
+        "trl": {"num_generations": 8, "max_completion_length": 4, "reward_funcs": ["backend_rewards.even"]},
+        **top,
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("top", "world", "chosen"),
+    [
+        ({}, 1, "replicated"),
+        ({}, 2, "replicated"),  # DDP: a full replica per process
+        ({"fsdp": ["full_shard", "auto_wrap"]}, 2, "fsdp"),
+        ({"fsdp": ["full_shard", "auto_wrap"]}, 1, "replicated"),  # nothing to shard over
+        ({"deepspeed": "ZERO"}, 1, "deepspeed"),
+        ({"deepspeed": "ZERO"}, 2, "deepspeed"),
+    ],
+)
+def test_the_table_picks_the_backend_by_config_and_process_count(tmp_path: Path, top: dict, world: int, chosen: str) -> None:
+    if top.get("deepspeed") == "ZERO":
+        (tmp_path / "zero2.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+        top = {"deepspeed": str(tmp_path / "zero2.json")}
+    assert backend_for(_config(tmp_path, "unused-model", **top), world).name == chosen
+
+
+def _interface() -> set[str]:
+    return {name for name, _ in inspect.getmembers(TrainingBackend) if not name.startswith("_")} | {"name"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)
+def test_every_backend_implements_the_whole_interface(backend: type) -> None:
+    missing = {name for name in _interface() if not hasattr(backend, name)}
+    assert missing == set()
+    for name in _interface() - {"name"}:  # with the interface's arguments
+        ours, theirs = inspect.signature(getattr(backend, name)), inspect.signature(getattr(TrainingBackend, name))
+        assert list(ours.parameters) == list(theirs.parameters), name
+    assert BACKENDS[-1] is ReplicatedBackend  # the fallback comes last: it takes every config
+
+
+class RecordingBackend(ReplicatedBackend):
+    """A "fourth" backend: the replicated one, recording what the trainer asks of it."""
+
+    name = "recording"
+    calls: list[str] = []
+
+    @classmethod
+    def applies(cls, cfg, world) -> bool:
+        return True
+
+    def backward(self, loss, last):
+        self.calls.append(f"backward(last={last})")
+        super().backward(loss, last)
+
+    def optimizer_step(self, max_grad_norm):
+        self.calls.append("optimizer_step")
+        return super().optimizer_step(max_grad_norm)
+
+    def full_model(self, version):
+        self.calls.append(f"full_model({version})")
+        return super().full_model(version)
+
+    def checkpoint_parts(self, staging, version):
+        self.calls.append(f"checkpoint_parts({staging.name})")
+        return super().checkpoint_parts(staging, version)
+
+    def resume(self, path, loaded):
+        self.calls.append(f"resume({path.name})")
+        super().resume(path, loaded)
+
+
+def test_a_new_backend_is_its_class_and_a_table_entry(tmp_path: Path, smollm2_dir: str, monkeypatch) -> None:
+    (tmp_path / "backend_rewards.py").write_text(REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tiny = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    monkeypatch.setattr(backends, "BACKENDS", (RecordingBackend, *BACKENDS))
+    RecordingBackend.calls = []
+    assert run_training(_config(tmp_path, tiny, save_steps=1)) == "completed"
+    calls = RecordingBackend.calls
+    steps = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    trained = sum(1 for s in steps if s["grad_norm"] > 0)
+    assert trained >= 1, steps  # the reward varies within groups: something trained
+    # every trained step: backward per trained micro-batch, the last one flagged, then one optimizer step
+    assert calls.count("optimizer_step") == trained
+    assert calls.count("backward(last=True)") == trained
+    # the syncs and saves read the full weights through it; the checkpoint at step 1 and the final one
+    assert calls[0] == "full_model(0)"  # the first sync, before step 1
+    assert "checkpoint_parts(.tmp-checkpoint-1-recording)" in calls
+    assert (tmp_path / "out" / "checkpoint-1" / "model").is_dir()
+
+    RecordingBackend.calls = []
+    resumed = _config(tmp_path, tiny, max_steps=3, resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
+    assert run_training(resumed) == "completed"
+    assert RecordingBackend.calls[0] == "resume(checkpoint-1)"
