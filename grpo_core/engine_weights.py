@@ -8,7 +8,14 @@ for another engine never imports it from the vLLM plugin.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
+
+from grpo_core.errors import ConfigError
+
+ADAPTER_CONFIG_KEY = "adapter_config"
+"""The safetensors metadata key under which :func:`adapter_body` carries ``adapter_config.json``."""
 
 
 def is_peft(model: Any) -> bool:
@@ -74,3 +81,32 @@ def merged_weights(model: Any, packed_groups: tuple[tuple[str, ...], ...]) -> di
                         value = value + module.get_delta_weight(adapter)
             state[name] = value.detach()
     return state
+
+
+def save_adapter(model: Any, out: Path, sync: str) -> None:
+    """Write ``model``'s active PEFT adapter into ``out`` as an engine loads
+    one (``adapter_model.safetensors``, ``adapter_config.json``, directly in
+    ``out``); ``sync`` names the weight sync for the error a model without
+    an adapter gets."""
+    if not is_peft(model):
+        raise ConfigError(
+            f"weight sync '{sync}' (trl.vllm_lora_sync = true) needs a LoRA adapter: set adapter = 'lora', or use "
+            "a full-weight sync (plugins.weight_sync = 'full_filesystem' or 'full_http') for full fine-tuning."
+        )
+    name = getattr(model, "active_adapter", "default")
+    model.save_pretrained(str(out), selected_adapters=[name])
+    if name != "default":  # PEFT writes non-default adapters into a subfolder
+        for item in (out / name).iterdir():
+            item.rename(out / item.name)
+        (out / name).rmdir()
+
+
+def adapter_body(directory: Path) -> bytes:
+    """The adapter :func:`save_adapter` wrote in ``directory`` as one
+    safetensors body, its config in the metadata (:data:`ADAPTER_CONFIG_KEY`):
+    what an engine fetches for :meth:`~grpo_core.types.InferenceEngine.load_adapter_from_url`."""
+    from safetensors.torch import load_file, save
+
+    config = json.loads((directory / "adapter_config.json").read_text(encoding="utf-8"))
+    tensors = load_file(str(directory / "adapter_model.safetensors"))
+    return save(tensors, metadata={"format": "pt", ADAPTER_CONFIG_KEY: json.dumps(config)})

@@ -437,15 +437,19 @@ def grpo_sync_weights(model: Any, version: int, engine: InferenceEngine | None) 
     call reaches all of them before it returns (see
     :class:`~grpo_core.types.InferenceEngine`), so call it once. A sync for
     servers that share no filesystem with the trainer declares
-    ``WEIGHTS_FROM_URL`` and serves the weights itself (the built-in
-    ``full_http`` does). Return what was done and how long it took
+    ``WEIGHTS_FROM_URL`` (merged weights) or ``ADAPTER_FROM_URL`` (a LoRA
+    adapter) and serves the weights itself (the built-in ``full_http`` and
+    ``lora_http`` do). Return what was done and how long it took
     (:class:`~grpo_core.types.SyncResult`); the trainer does not log it
     today: the step's ``time/weight_sync`` metric times the whole call, and
     a ``wrapper=True`` plugin (above) can read the result.
 
     The weights to send, for any engine: :func:`grpo_core.engine_weights.merged_weights`
     (every weight for full fine-tuning; for a LoRA only the adapted modules,
-    as ``W + delta``, with the base never touched).
+    as ``W + delta``, with the base never touched), or the adapter itself:
+    :func:`~grpo_core.engine_weights.save_adapter` writes it as engines load
+    one, :func:`~grpo_core.engine_weights.adapter_body` packs it for
+    ``load_adapter_from_url``.
 
     **Verified.** When the engine declares
     :data:`~grpo_core.types.SCORES_TOKENS` (the built-in vLLM engines do),

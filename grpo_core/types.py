@@ -308,6 +308,13 @@ WEIGHTS_FROM_PATH = "weights_from_path"
 """Engine capability: :meth:`InferenceEngine.load_weights_from_path`."""
 ADAPTER_FROM_PATH = "adapter_from_path"
 """Engine capability: :meth:`InferenceEngine.load_adapter`."""
+ADAPTER_FROM_URL = "adapter_from_url"
+"""Engine capability: :meth:`InferenceEngine.load_adapter_from_url` (the
+engine pulls a PEFT adapter over HTTP: a LoRA sync with no filesystem
+shared with the trainer)."""
+ADAPTER_LOADS: frozenset[str] = frozenset({ADAPTER_FROM_PATH, ADAPTER_FROM_URL})
+"""The capabilities that load a LoRA adapter: an engine asked for one of
+them must serve adapters (vLLM: ``--enable-lora``)."""
 WEIGHTS_FROM_URL = "weights_from_url"
 """Engine capability: :meth:`InferenceEngine.load_weights_from_url` (the
 engine pulls the weights over HTTP: no filesystem shared with the trainer)."""
@@ -332,8 +339,8 @@ SAMPLES_TRAINER_MODEL = "samples_trainer_model"
 so the weights are current the moment the optimizer steps."""
 
 ENGINE_CAPABILITIES: frozenset[str] = frozenset(
-    {WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS, WEIGHTS_IN_MEMORY,
-     SCORES_TOKENS, SAMPLES_TRAINER_MODEL}
+    {WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, ADAPTER_FROM_URL, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS,
+     WEIGHTS_IN_MEMORY, SCORES_TOKENS, SAMPLES_TRAINER_MODEL}
 )
 
 
@@ -468,6 +475,14 @@ class InferenceEngine(Protocol):
     def load_adapter(self, path: Path) -> None:
         """Load the PEFT adapter saved at ``path`` (replacing the previous one)
         and serve it from now on."""
+
+    def load_adapter_from_url(self, url: str, token: str) -> None:
+        """Load the PEFT adapter the engine fetches from ``url`` (sending
+        ``Authorization: Bearer <token>``) and serve it from now on, like
+        :meth:`load_adapter` with no shared filesystem. The body is the
+        adapter's ``adapter_model.safetensors`` with its
+        ``adapter_config.json`` as the safetensors metadata key
+        ``adapter_config`` (:func:`grpo_core.engine_weights.adapter_body`)."""
 
     def load_weights_from_url(self, url: str, token: str) -> None:
         """Replace the weights with the safetensors bytes the engine fetches

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_core import hookimpl
 from grpo_core.atomic import atomic_directory
-from grpo_core.engine_weights import is_peft, merged_weights
+from grpo_core.engine_weights import merged_weights, save_adapter
 from grpo_core.errors import ConfigError
 from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
 from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, InferenceEngine, SyncResult
@@ -145,17 +145,7 @@ class LoraFilesystemSync(_FilesystemSync):
         return []
 
     def _save(self, model: Any, out: Path, engine: InferenceEngine) -> None:
-        if not is_peft(model):
-            raise ConfigError(
-                "weight sync 'lora_filesystem' (trl.vllm_lora_sync = true) needs a LoRA adapter: set "
-                "adapter = 'lora', or use plugins.weight_sync = 'full_filesystem' for full fine-tuning."
-            )
-        name = getattr(model, "active_adapter", "default")
-        model.save_pretrained(str(out), selected_adapters=[name])
-        if name != "default":  # PEFT writes non-default adapters into a subfolder
-            for item in (out / name).iterdir():
-                item.rename(out / item.name)
-            (out / name).rmdir()
+        save_adapter(model, out, self.kind)
 
     def _apply(self, engine: InferenceEngine, path: Path) -> None:
         engine.load_adapter(path)

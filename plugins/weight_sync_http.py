@@ -1,13 +1,20 @@
-"""``grpo.weight_sync:full_http``: weights over the network, no shared
-filesystem.
+"""``grpo.weight_sync:full_http`` and ``lora_http``: weights over the
+network, no shared filesystem.
 
-The trainer serves the weights it changed (merged ``W + delta`` of the
-LoRA-adapted modules, or every weight for full fine-tuning; the same set
-``full_filesystem`` writes, in the engine's dtype) as one safetensors body
-from a small HTTP server in its own process, held in memory; each vLLM
-server pulls it (``/collective_rpc`` -> :mod:`grpo_plugins.vllm.worker_ext`)
-and loads it in place. Nothing is written to disk on either side, so the
-vLLM servers may run on other hosts with no filesystem in common.
+``full_http``: the trainer serves the weights it changed (merged ``W +
+delta`` of the LoRA-adapted modules, or every weight for full fine-tuning;
+the same set ``full_filesystem`` writes, in the engine's dtype) as one
+safetensors body from a small HTTP server in its own process, held in
+memory; each vLLM server pulls it (``/collective_rpc`` ->
+:mod:`grpo_plugins.vllm.worker_ext`) and loads it in place. Nothing is
+written to disk on either side.
+
+``lora_http``: the adapter alone (what ``lora_filesystem`` writes, a few MB
+where merged weights are most of the model), served the same way; each
+server's worker pulls it into a private folder on the server's own machine
+and the server loads it from there as a LoRA adapter. The trainer's disk is
+never read by the server. Either way the vLLM servers may run on other
+hosts with no filesystem in common.
 
 Who can fetch the weights: the HTTP server binds ``[plugins.full_http]
 host`` (loopback by default; a trainer whose servers run elsewhere binds an
@@ -32,8 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from grpo_core import hookimpl
 from grpo_core.errors import ConfigError
-from grpo_core.types import WEIGHTS_FROM_URL, InferenceEngine, SyncResult
-from grpo_core.engine_weights import merged_weights
+from grpo_core.engine_weights import adapter_body, merged_weights, save_adapter
+from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
+from grpo_core.types import ADAPTER_FROM_URL, WEIGHTS_FROM_URL, InferenceEngine, SyncResult
 
 if TYPE_CHECKING:
     from grpo_core.context import RunContext
@@ -115,13 +123,14 @@ class WeightServer:
             self.body = b""
 
 
-class FullHttpSync:
-    """``grpo.weight_sync:full_http``."""
+class _HttpSync:
+    """What ``full_http`` and ``lora_http`` share: the settings, the weight
+    server (started at the first sync), the URL the engine fetches."""
 
-    required_capabilities = frozenset({WEIGHTS_FROM_URL})
+    kind = ""
 
     class Settings(BaseModel):
-        """``[plugins.full_http]``."""
+        """``[plugins.full_http]`` / ``[plugins.lora_http]``."""
 
         model_config = ConfigDict(extra="forbid")
         host: str = Field("127.0.0.1", description="Address the trainer's weight server binds (0.0.0.0: every interface).")
@@ -130,45 +139,37 @@ class FullHttpSync:
             None, description="The address the vLLM servers use to reach the trainer. Default: host (this machine's name when host is 0.0.0.0)."
         )
 
-    def __init__(self, context: RunContext, settings: FullHttpSync.Settings | None = None) -> None:
+    def __init__(self, context: RunContext, settings: _HttpSync.Settings | None = None) -> None:
         self.context = context
-        self.settings = settings or FullHttpSync.Settings()
+        self.settings = settings or self.Settings()
         self.server: WeightServer | None = None  # started at the first sync
         self._lock = threading.Lock()
 
-    @staticmethod
-    def grpo_validate_config(config: Any) -> list[str]:
+    @classmethod
+    def _refuse_colocate(cls, config: Any, instead: str) -> None:
         if config.trl.vllm_mode == "colocate":
             raise ConfigError(
-                "weight sync 'full_http' sends weights to vLLM servers over HTTP, but trl.vllm_mode = 'colocate' "
-                "runs vLLM inside the trainer: use plugins.weight_sync = 'vllm_in_memory' (the default there)."
+                f"weight sync '{cls.kind}' sends weights to vLLM servers over HTTP, but trl.vllm_mode = 'colocate' "
+                f"runs vLLM inside the trainer: {instead}."
             )
-        return []
 
     def url_base(self, port: int) -> str:
         s = self.settings
         host = s.advertise_host or (socket.getfqdn() if s.host in ("0.0.0.0", "", "::") else s.host)
         return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
-    @hookimpl
-    def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
+    def _publish(self, version: int, body: bytes) -> str:
+        if self.server is None:
+            self.server = WeightServer(self.settings.host, self.settings.port)
+        return self.url_base(self.server.port) + self.server.publish(version, body)
+
+    def _needs_engine(self, engine: InferenceEngine | None) -> InferenceEngine:
         if engine is None:
             raise ConfigError(
-                "weight sync 'full_http' sends weights to an inference engine, but the rollout has none: set "
+                f"weight sync '{self.kind}' sends weights to an inference engine, but the rollout has none: set "
                 "trl.use_vllm = true (or choose the rollout's own weight sync)."
             )
-        with self._lock:
-            start = time.perf_counter()
-            if self.server is None:
-                self.server = WeightServer(self.settings.host, self.settings.port)
-            body = safetensors_bytes(merged_weights(model, engine.fused_modules()), engine.weight_dtype)
-            url = self.url_base(self.server.port) + self.server.publish(version, body)
-            packed = time.perf_counter()
-            engine.load_weights_from_url(url, self.server.token)
-            end = time.perf_counter()
-        return SyncResult(
-            version, end - start, f"full_http: pack {packed - start:.2f}s, load {end - packed:.2f}s ({len(body) / 2**20:.0f} MiB from {url})"
-        )
+        return engine
 
     @hookimpl
     def grpo_train_end(self) -> None:
@@ -176,3 +177,68 @@ class FullHttpSync:
             if self.server is not None:
                 self.server.close()
                 self.server = None
+
+
+class FullHttpSync(_HttpSync):
+    """``grpo.weight_sync:full_http``."""
+
+    kind = "full_http"
+    required_capabilities = frozenset({WEIGHTS_FROM_URL})
+
+    @staticmethod
+    def grpo_validate_config(config: Any) -> list[str]:
+        FullHttpSync._refuse_colocate(config, "use plugins.weight_sync = 'vllm_in_memory' (the default there)")
+        return []
+
+    @hookimpl
+    def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
+        engine = self._needs_engine(engine)
+        with self._lock:
+            start = time.perf_counter()
+            body = safetensors_bytes(merged_weights(model, engine.fused_modules()), engine.weight_dtype)
+            url = self._publish(version, body)
+            packed = time.perf_counter()
+            assert self.server is not None
+            engine.load_weights_from_url(url, self.server.token)
+            end = time.perf_counter()
+        return SyncResult(
+            version, end - start, f"full_http: pack {packed - start:.2f}s, load {end - packed:.2f}s ({len(body) / 2**20:.0f} MiB from {url})"
+        )
+
+
+class LoraHttpSync(_HttpSync):
+    """``grpo.weight_sync:lora_http``."""
+
+    kind = "lora_http"
+    required_capabilities = frozenset({ADAPTER_FROM_URL})
+    sends = "adapter"  # the base stays as the engine loaded it (a quantised base works)
+
+    @staticmethod
+    def grpo_validate_config(config: Any) -> list[str]:
+        LoraHttpSync._refuse_colocate(config, "leave plugins.weight_sync unset (the colocated engine syncs in memory)")
+        if config.adapter != "lora":
+            raise ConfigError(
+                "weight sync 'lora_http' sends a LoRA adapter to the engine, but no adapter is trained: set "
+                "adapter = 'lora', or plugins.weight_sync = 'full_http' (full weights over HTTP)."
+            )
+        return []
+
+    @hookimpl
+    def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
+        engine = self._needs_engine(engine)
+        with self._lock:
+            start = time.perf_counter()
+            staging = make_scratch_dir("grpo-lora-http-")
+            try:
+                save_adapter(model, staging, self.kind)
+                body = adapter_body(staging)
+            finally:
+                remove_scratch_dir(staging)
+            url = self._publish(version, body)
+            packed = time.perf_counter()
+            assert self.server is not None
+            engine.load_adapter_from_url(url, self.server.token)
+            end = time.perf_counter()
+        return SyncResult(
+            version, end - start, f"lora_http: pack {packed - start:.2f}s, load {end - packed:.2f}s ({len(body) / 2**20:.1f} MiB from {url})"
+        )

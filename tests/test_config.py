@@ -726,3 +726,34 @@ def test_a_loss_that_fuses_the_lm_head_is_refused_under_deepspeed(tmp_path: Path
         check_config(validate(minimal(deepspeed=str(ds))))
     except ConfigError as exc:
         assert "fuses the LM head" not in str(exc)
+
+
+def test_lora_http_sends_the_adapter_and_asks_the_engine_for_adapters() -> None:
+    """``lora_http`` is judged as an adapter sync (a quantised base passes,
+    no adapter or the colocated engine is refused), and a managed server for
+    it gets LoRA layers, as ``lora_filesystem``'s does."""
+    from grpo_core.types import ADAPTER_FROM_URL
+    from grpo_plugins.vllm.server import engine_flags, managed_spec, server_spec
+
+    plugins = {"weight_sync": "lora_http"}
+    with pytest.raises(ConfigError, match="no adapter is trained"):
+        check_config(validate(minimal(trl={"use_vllm": True}, plugins=plugins)))
+    with pytest.raises(ConfigError, match="lora_http.*colocate"):
+        check_config(validate(minimal(adapter="lora", trl={"use_vllm": True, "vllm_mode": "colocate"}, plugins=plugins)))
+    cfg = validate(minimal(adapter="lora", load_in_4bit=True, trl={"use_vllm": True}, plugins=plugins))
+    try:
+        check_config(cfg)
+    except ConfigError as exc:
+        assert "sends merged full weights" not in str(exc)
+    needs = PluginHost().engine_requirements(cfg)
+    assert ADAPTER_FROM_URL in needs
+    assert "--enable-lora" in managed_spec(cfg, needs).argv
+    assert "--enable-lora" not in managed_spec(cfg, frozenset()).argv
+    # its worker fetches the adapter through /collective_rpc: a dev endpoint, so a network bind must say so
+    with pytest.raises(ConfigError, match=r"fetches its adapter \(lora_http\).*expose_dev_endpoints = true"):
+        server_spec(cfg, host="10.1.2.3", port=8000, **engine_flags(needs))
+    cfg.vllm.expose_dev_endpoints = True
+    assert server_spec(cfg, host="10.1.2.3", port=8000, **engine_flags(needs)).dev_mode
+    lora_files = PluginHost().engine_requirements(validate(minimal(adapter="lora", trl={"use_vllm": True, "vllm_lora_sync": True})))
+    assert not server_spec(cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"expose_dev_endpoints": False})}),
+                           host="10.1.2.3", port=8000, **engine_flags(lora_files)).dev_mode  # a path-loaded adapter needs none

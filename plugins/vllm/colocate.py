@@ -93,6 +93,9 @@ class ColocatedEngine:
     def load_adapter(self, path: Any) -> None:
         raise NotImplementedError(f"{self.description} serves merged weights; it loads no adapters")
 
+    def load_adapter_from_url(self, url: str, token: str) -> None:
+        raise NotImplementedError(f"{self.description} serves merged weights; it loads no adapters")
+
     def load_weights_from_url(self, url: str, token: str) -> None:
         raise NotImplementedError(f"{self.description} takes weights in memory (load_weights), not over the network")
 

@@ -28,20 +28,19 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
     from grpo_core.config.loader import load_config
     from grpo_core.errors import EngineUnavailable
     from grpo_core.plugin_host import PluginHost
-    from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_OVER_NCCL
     from grpo_plugins.vllm.key_handoff import leave_key, withdraw_key
-    from grpo_plugins.vllm.server import ManagedServer, check_socket_path, server_spec
+    from grpo_plugins.vllm.server import ManagedServer, check_socket_path, engine_flags, server_spec
 
     cfg = load_config(config, overrides)
     # LoRA layers only when the config's weight sync loads adapters (they slow CPU generation).
     needs = PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None).engine_requirements(cfg)
-    lora, transfer = ADAPTER_FROM_PATH in needs, WEIGHTS_OVER_NCCL in needs
+    flags = engine_flags(needs)
     if uds is not None:
         uds = uds.absolute()
         check_socket_path(uds)
-        spec = server_spec(cfg, lora=lora, weight_transfer=transfer, uds=uds)
+        spec = server_spec(cfg, **flags, uds=uds)
     else:
-        spec = server_spec(cfg, host=host, port=port, lora=lora, weight_transfer=transfer, generate_key=True)
+        spec = server_spec(cfg, host=host, port=port, **flags, generate_key=True)
     for warning in spec.warnings:
         typer.echo(f"warning: {warning}", err=True)
     stop = threading.Event()

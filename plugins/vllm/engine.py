@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import (
     ADAPTER_FROM_PATH,
+    ADAPTER_FROM_URL,
+    ADAPTER_LOADS,
     CONTROL_ENDPOINTS,
     SCORES_TOKENS,
     WEIGHTS_FROM_PATH,
@@ -108,7 +110,7 @@ class VLLMServerEngine:
     ``trl.vllm_server_base_urls``) or ``replica`` (managed server ``i`` of
     ``[vllm] data_parallel_size``)."""
 
-    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS, SCORES_TOKENS})
+    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, ADAPTER_FROM_URL, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS, SCORES_TOKENS})
 
     def __init__(self, context: RunContext, *, url: str | None = None, replica: int | None = None) -> None:
         self.context = context
@@ -267,6 +269,26 @@ class VLLMServerEngine:
 
         self._load("lora", load)
 
+    def load_adapter_from_url(self, url: str, token: str) -> None:
+        """The server's first worker fetches the adapter into a private folder
+        on the server's machine (:mod:`grpo_plugins.vllm.worker_ext`), which
+        the server then loads as the policy adapter: it never reads the
+        trainer's disk."""
+
+        def load() -> None:
+            answer = self.client.collective_rpc("grpo_fetch_adapter", {"url": url, "token": token})
+            paths = [str(p) for p in (answer or {}).get("results") or [] if p]
+            if not paths:
+                raise EngineRequestError(
+                    f"vLLM server at {self.client.base_url} did not fetch the adapter from {url} (answer: {answer!r}); "
+                    f"it needs --worker-extension-cls {WORKER_EXTENSION} (grpo vllm-serve and managed servers have it).",
+                    500,
+                )
+            self.client.load_lora_adapter(POLICY_ADAPTER, paths[0], inplace=True)
+            self._served = POLICY_ADAPTER
+
+        self._load("lora", load)
+
     def load_weights_from_url(self, url: str, token: str) -> None:
         """Each worker fetches the safetensors bytes from ``url`` and loads
         them in place (:mod:`grpo_plugins.vllm.worker_ext`): no file on
@@ -406,11 +428,12 @@ class VLLMServerEngine:
         if problem:
             raise ConfigError(problem)
         cfg = self.context.config
-        if ADAPTER_FROM_PATH in self.context.engine_requirements:
+        if ADAPTER_LOADS & self.context.engine_requirements:
             rank = int(cfg.lora_r or 0)
+            sync = f"'{cfg.plugins.weight_sync}'" if cfg.plugins.weight_sync else "'lora_filesystem' (trl.vllm_lora_sync = true)"
             if not facts.lora:
                 raise ConfigError(
-                    f"{where} has no LoRA layers, and weight sync 'lora_filesystem' (trl.vllm_lora_sync = true) loads "
+                    f"{where} has no LoRA layers, and weight sync {sync} loads "
                     f"the adapter into it: restart it with --enable-lora --max-lora-rank {rank} and "
                     "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment (`trl vllm-serve` passes extra flags on to "
                     "vLLM), or set trl.vllm_lora_sync = false to send the merged weights instead."

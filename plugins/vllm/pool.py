@@ -260,6 +260,9 @@ class VLLMEnginePool:
     def load_adapter(self, path: Path) -> None:
         self.each(lambda m: m.load_adapter(path))
 
+    def load_adapter_from_url(self, url: str, token: str) -> None:
+        self.each(lambda m: m.load_adapter_from_url(url, token))
+
     def load_weights_from_url(self, url: str, token: str) -> None:
         self.each(lambda m: m.load_weights_from_url(url, token))
 

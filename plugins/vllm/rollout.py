@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_core import hookimpl
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import ADAPTER_FROM_PATH, CONTROL_ENDPOINTS, SCORES_TOKENS, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, Completion, InferenceEngine, Prompt, RolloutGroup, SamplingSettings
+from grpo_core.types import ADAPTER_FROM_PATH, ADAPTER_FROM_URL, CONTROL_ENDPOINTS, SCORES_TOKENS, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, Completion, InferenceEngine, Prompt, RolloutGroup, SamplingSettings
 from grpo_plugins.vllm.client import ModelNotLoaded
 from grpo_plugins.vllm.engine import VLLMServerEngine
 from grpo_plugins.vllm.pool import VLLMEnginePool
@@ -44,7 +44,7 @@ MAX_SEEDED_REQUESTS_IN_FLIGHT = 64
 class VLLMRollout:
     """``grpo.rollout:vllm``."""
 
-    engine_capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS, SCORES_TOKENS})
+    engine_capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, ADAPTER_FROM_URL, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS, SCORES_TOKENS})
     concurrent_generate = True
 
     def __init__(self, context: RunContext) -> None:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable
 
 from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_OVER_NCCL
+from grpo_core.types import ADAPTER_FROM_URL, ADAPTER_LOADS, WEIGHTS_OVER_NCCL
 from grpo_core.lifelong_thread import in_lifelong_thread, set_parent_death_signal
 from grpo_core.cpu_affinity import format_cpu_list, process_cpus
 from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
@@ -267,6 +267,7 @@ def server_spec(
     lora: bool = False,
     *,
     weight_transfer: bool = False,
+    adapter_over_http: bool = False,
     uds: Path | None = None,
     generate_key: bool = False,
     replica: int | None = None,
@@ -274,8 +275,10 @@ def server_spec(
     """The ``python -m vllm.entrypoints.openai.api_server`` command for ``cfg``;
     ``lora``: the weight sync loads adapters, so the server needs LoRA layers;
     ``weight_transfer``: it broadcasts weights over NCCL, so the server opens
-    vLLM's weight-transfer engine. Both come from the sync's declared
-    ``required_capabilities`` (:attr:`RunContext.engine_requirements`),
+    vLLM's weight-transfer engine; ``adapter_over_http``: the server's worker
+    fetches the adapter (``lora_http``) through ``/collective_rpc``. All come
+    from the sync's declared ``required_capabilities``
+    (:attr:`RunContext.engine_requirements`, through :func:`engine_flags`),
     never from its name.
 
     ``uds``: listen on that Unix socket (no TCP port at all), else on
@@ -283,10 +286,11 @@ def server_spec(
     ``generate_key``) guards every path but ``/health``.
 
     Dev mode (``/collective_rpc``, ``/reset_prefix_cache``, ``/weight_info``)
-    is needed for full-weight reload and server hygiene. It is on for a
-    socket and a loopback bind; a non-loopback bind gets it only with
-    ``[vllm] expose_dev_endpoints = true``, and a full-weight run that needs
-    it is refused without (a LoRA run works without dev mode).
+    is needed for full-weight reload, an adapter fetched over HTTP and
+    server hygiene. It is on for a socket and a loopback bind; a
+    non-loopback bind gets it only with ``[vllm] expose_dev_endpoints =
+    true``, and a run that needs it is refused without (an adapter loaded
+    from a path works without dev mode).
 
     ``replica``: this is server ``replica`` of the ``data_parallel_size``
     separate servers a managed run starts (vLLM's own data parallelism off,
@@ -341,9 +345,10 @@ def server_spec(
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     warnings: list[str] = []
     network = uds is None and not is_loopback(host)
-    if network and not lora and not v.expose_dev_endpoints:
+    if network and (not lora or adapter_over_http) and not v.expose_dev_endpoints:
+        what = "fetches its adapter (lora_http)" if adapter_over_http else "syncs full weights"
         raise ConfigError(
-            f"vLLM would bind {host}, reachable from the network, and this run syncs full weights through vLLM's "
+            f"vLLM would bind {host}, reachable from the network, and this run {what} through vLLM's "
             "dev-mode endpoint /collective_rpc (which makes the server load weights from any path it can read). "
             "Bind [vllm] host = '127.0.0.1' (reach it across hosts through an SSH tunnel, docs/security.md), "
             "sync a LoRA adapter instead (adapter = 'lora', which needs no dev endpoints), or accept the risk by name "
@@ -383,6 +388,13 @@ def server_spec(
     return ServerSpec(argv, env, host, port, api_key, dev_mode, warnings, str(uds) if uds is not None else None, generated)
 
 
+def engine_flags(needs: frozenset[str]) -> dict[str, bool]:
+    """:func:`server_spec`'s keywords for what the weight sync needs of the
+    engine (``needs``: :attr:`RunContext.engine_requirements`)."""
+    return {"lora": bool(ADAPTER_LOADS & needs), "weight_transfer": WEIGHTS_OVER_NCCL in needs,
+            "adapter_over_http": ADAPTER_FROM_URL in needs}  # fmt: skip
+
+
 def managed_spec(cfg: GRPOConfig, needs: frozenset[str] = frozenset(), replica: int | None = None) -> ServerSpec:
     """The server ``grpo run`` starts for itself: on a Unix socket in a
     private directory (``[vllm] transport`` unset or ``"unix"``), or over TCP
@@ -394,14 +406,14 @@ def managed_spec(cfg: GRPOConfig, needs: frozenset[str] = frozenset(), replica: 
     each with its own socket directory (or, over TCP, its own free port
     after the first)."""
     transport = cfg.vllm.transport or ("unix" if unix_sockets_available() else "tcp")
-    lora, weight_transfer = ADAPTER_FROM_PATH in needs, WEIGHTS_OVER_NCCL in needs
+    flags = engine_flags(needs)
     if transport == "unix":
         if not unix_sockets_available():
             raise ConfigError("[vllm] transport = 'unix', but this platform has no Unix domain sockets: use 'tcp'.")
-        spec = server_spec(cfg, lora=lora, weight_transfer=weight_transfer, uds=private_socket_dir() / SOCKET_NAME, replica=replica)
+        spec = server_spec(cfg, **flags, uds=private_socket_dir() / SOCKET_NAME, replica=replica)
     else:
         port = 0 if replica else None  # replicas after the first never collide on the configured port
-        spec = server_spec(cfg, port=port, lora=lora, weight_transfer=weight_transfer, generate_key=True, replica=replica)
+        spec = server_spec(cfg, port=port, **flags, generate_key=True, replica=replica)
     usable = process_cpus()
     split = plan_cpu_split(cfg, usable, cuda_available())
     spec.spawn_cpus = usable

@@ -7,18 +7,30 @@ machines, and refreshes a tied LM head after every in-place reload.
 every worker fetch the safetensors bytes the trainer serves
 (:mod:`grpo_plugins.weight_sync_http`) and load them in place, exactly as
 ``reload_weights`` loads files: weights not in the payload keep their
-values. Nothing is written to disk on the server's side. This module is
-imported by the vLLM server process: it must stay free of grpo_core and of
-anything heavy.
+values. Nothing is written to disk on the server's side.
+
+``/collective_rpc {"method": "grpo_fetch_adapter", ...}`` makes the first
+worker fetch a LoRA adapter (``lora_http``) into a private folder on the
+server's machine, which the server then loads as an adapter: the server
+never reads the trainer's disk.
+
+This module is imported by the vLLM server process: it must stay free of
+grpo_core and of anything heavy.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import struct
+import tempfile
 import urllib.request
 from typing import Any
 
 FETCH_TIMEOUT_S = 600.0
 RETIE_METHOD = "grpo_retie_output_embeddings"
+ADAPTER_CONFIG_KEY = "adapter_config"  # as grpo_core.engine_weights.ADAPTER_CONFIG_KEY (this module imports no grpo_core)
 
 
 def fetch(url: str, token: str, timeout: float = FETCH_TIMEOUT_S) -> bytes:
@@ -28,6 +40,30 @@ def fetch(url: str, token: str, timeout: float = FETCH_TIMEOUT_S) -> bytes:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     with opener.open(request, timeout=timeout) as response:
         return response.read()
+
+
+def safetensors_metadata(body: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors body (its header: an 8-byte
+    little-endian length, then that many bytes of JSON)."""
+    (length,) = struct.unpack("<Q", body[:8])
+    return dict(json.loads(body[8 : 8 + length]).get("__metadata__") or {})
+
+
+def write_adapter(body: bytes, previous: str | None) -> str:
+    """The adapter ``body`` as the two files vLLM loads, in a fresh private
+    folder (memory-backed where the machine has /dev/shm); the ``previous``
+    folder goes (vLLM has read it by the time the next adapter arrives)."""
+    config = safetensors_metadata(body).get(ADAPTER_CONFIG_KEY)
+    if config is None:
+        raise ValueError(f"the adapter body has no {ADAPTER_CONFIG_KEY!r} metadata: not sent by grpo's lora_http sync")
+    directory = tempfile.mkdtemp(prefix="grpo-adapter-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    with open(os.path.join(directory, "adapter_model.safetensors"), "wb") as handle:
+        handle.write(body)
+    with open(os.path.join(directory, "adapter_config.json"), "w", encoding="utf-8") as handle:
+        handle.write(config)
+    if previous and os.path.isdir(previous):
+        shutil.rmtree(previous, ignore_errors=True)
+    return directory
 
 
 def retie_output_embeddings(worker: Any) -> bool:
@@ -69,3 +105,12 @@ class GrpoWorkerExtension:
         self.reload_weights(weights_iterator=iter(tensors.items()))  # type: ignore[attr-defined]
         retie_output_embeddings(self)
         return len(tensors)
+
+    def grpo_fetch_adapter(self, url: str, token: str) -> str:
+        """Fetch the adapter into a private folder on this machine and return
+        its path; only the first worker does (they share the machine the API
+        server loads from), the others return ""."""
+        if int(getattr(self, "rank", 0) or 0) != 0:
+            return ""
+        self._grpo_adapter_dir = write_adapter(fetch(url, token), getattr(self, "_grpo_adapter_dir", None))
+        return self._grpo_adapter_dir

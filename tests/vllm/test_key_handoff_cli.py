@@ -2,8 +2,10 @@
 process, then ``grpo run config.toml`` in another (same user, same config,
 no key configured or copied) trains against that server instead of starting
 a second one; a key the server cannot prove is refused; the key file goes
-when the server stops. Slow (a real server start and a real run), so marked
-``slow`` besides ``vllm``.
+when the server stops; the server answers nothing without its key, and
+Ctrl-C stops it, engine core included. Slow (a real server start and a
+real run), so marked ``slow`` besides ``vllm``. (SIGTERM is the server-host
+test's stop: tests/vllm/test_server_host.py.)
 
 The refusal is checked through the engine's own decision
 (:func:`grpo_plugins.vllm.engine.server_to_adopt`), not a second ``grpo
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from grpo_plugins.vllm import key_handoff
 from grpo_plugins.vllm.engine import server_to_adopt
@@ -52,6 +55,14 @@ def _config(tmp: Path, model: str, port: int) -> Path:
     return path
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
@@ -77,7 +88,15 @@ def test_grpo_run_uses_the_server_grpo_vllm_serve_started_and_refuses_a_key_it_c
             assert serve.poll() is None, log.read_text()[-3000:]
             time.sleep(1)
         text = log.read_text()
+        assert f"ready at {url}" in text, text[-3000:]
         key = re.search(r"API key for this server \(made up now; none was configured\): (\S+)", text).group(1)
+        server_pid = int(re.search(r"starting server \(pid (\d+)\)", text).group(1))
+        # the made-up key is required on every path, the control ones too
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": "/nonexistent"}}
+        assert requests.post(f"{url}/collective_rpc", json=rpc, timeout=30).status_code == 401
+        assert requests.get(f"{url}/v1/models", timeout=30).status_code == 401
+        models = requests.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert models.status_code == 200 and models.json()["data"][0]["id"] == "base"
         file = runtime / key_handoff.DIR_NAME / f"127.0.0.1_{port}.key"
         assert f"API key left for `grpo run` of this user in {file} (mode 600" in text, text[-3000:]
         assert _mode(file) == 0o600 and _mode(file.parent) == 0o700
@@ -106,6 +125,9 @@ def test_grpo_run_uses_the_server_grpo_vllm_serve_started_and_refuses_a_key_it_c
         assert serve.wait(timeout=90) == 0, log.read_text()[-3000:]
         assert "vLLM server stopped." in log.read_text()
         assert not file.exists(), "the key file outlived its server"
+        assert not _pid_alive(server_pid)  # the API server, and with it its engine core
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(f"{url}/health", timeout=5)
     finally:
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)

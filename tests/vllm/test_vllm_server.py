@@ -184,6 +184,40 @@ def test_lora_sync_changes_outputs_and_matches_trainer_logprobs(make_context, pr
     assert not sync.root.exists()  # nothing large is left behind
 
 
+def test_lora_http_sends_the_adapter_over_http_and_the_server_loads_it_from_its_own_disk(make_context, prompts, peft_model):
+    """``lora_http``: no path of the trainer's reaches the server. The
+    trainer serves the adapter (a few MB, not the merged model) over HTTP;
+    the server's worker writes it into its own private folder and loads it
+    from there; it samples the adapter, and a second sync replaces it."""
+    from grpo_plugins.weight_sync_http import LoraHttpSync
+
+    ctx = make_context()
+    rollout = VLLMRollout(ctx)
+    sync = LoraHttpSync(ctx)
+    loads: list[str] = []
+    load_lora_adapter = rollout.client.load_lora_adapter
+    rollout.client.load_lora_adapter = lambda name, path, **kw: (loads.append(path), load_lora_adapter(name, path, **kw))[1]
+    result = sync.grpo_sync_weights(peft_model, 1, rollout.engine)
+    assert result.detail.startswith("lora_http: ") and "/grpo-weights/v1" in result.detail
+    assert rollout.engine.served_model == "policy" and sync.server is not None and sync.server.fetches == 1
+    adapter_bytes = sum(p.numel() * 4 for n, p in peft_model.named_parameters() if "lora_" in n)
+    assert len(sync.server.body) < 1.1 * adapter_bytes + 65536  # the adapter alone, not merged weights
+    assert len(loads) == 1 and Path(loads[0]).name.startswith("grpo-adapter-")  # the server's own folder
+    assert {p.name for p in Path(loads[0]).iterdir()} == {"adapter_model.safetensors", "adapter_config.json"}
+    assert not (ctx.output_dir / "vllm-adapters").exists()
+
+    lora_groups = rollout.grpo_rollout_generate(prompts, 4, SamplingSettings(max_tokens=12, seed=11), 1)
+    lora_err = mean_abs_diff(lora_groups, peft_model)
+    with peft_model.disable_adapter():
+        base_err = mean_abs_diff(lora_groups, peft_model)
+    assert lora_err < 0.1 and base_err > 3 * lora_err  # the server samples the adapter it fetched
+
+    sync.grpo_sync_weights(peft_model, 2, rollout.engine)
+    assert len(loads) == 2 and loads[1] != loads[0] and not Path(loads[0]).exists()  # the old folder is gone
+    sync.grpo_train_end()
+    assert sync.server is None
+
+
 def test_full_sync_then_next_run_starts_from_base(make_context, prompts, peft_model, smollm2_dir):
     # Run A: full-weight sync of the merged LoRA model into the base weights.
     ctx_a = make_context()
