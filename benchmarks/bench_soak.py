@@ -77,6 +77,7 @@ class SoakResult:
     server_starts: int
     samples: list[Sample] = field(default_factory=list)
     reward_worker_pids: list[int] = field(default_factory=list)  # every worker process seen, in order
+    scratch_left: list[str] = field(default_factory=list)  # what the run left in its TMPDIR after it exited
     output_tail: str = ""
 
     def growth(self, warmup_steps: int) -> dict[str, float]:
@@ -160,9 +161,13 @@ def soak(work: Path, steps: int, restart_every: int, worker_kill_every: int, sam
     """Run the soak under ``work`` (made fresh) and return what was sampled."""
     from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
 
+    import shutil
+    import tempfile
+
     work.mkdir(parents=True, exist_ok=True)
-    scratch = work / "tmp"  # the run's TMPDIR: its scratch space is everything under it
-    scratch.mkdir(exist_ok=True)
+    # The run's TMPDIR: its scratch space is everything under it. Short, under the system's own
+    # temporary directory, so the server's engine sockets (107-byte paths at most) fit in it.
+    scratch = Path(tempfile.mkdtemp(prefix="grpo-soak-"))
     config = write_run(work, resolve_model_dir(DEFAULT_MODEL), steps)
     out = work / "out"
     grpo = Path(sys.executable).with_name("grpo")
@@ -214,6 +219,8 @@ def soak(work: Path, steps: int, restart_every: int, worker_kill_every: int, sam
         if run.poll() is None:
             run.kill()
         result.exit_code = run.wait()
+    result.scratch_left = sorted(p.name for p in scratch.iterdir())
+    shutil.rmtree(scratch, ignore_errors=True)
     text = log_file.read_text(errors="replace")
     result.steps = _steps_done(out)
     result.server_starts = len(re.findall(r"vLLM: starting server \(pid (\d+)\)", text))

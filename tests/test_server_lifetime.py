@@ -100,3 +100,20 @@ def test_server_temporary_files_live_and_die_with_it() -> None:
     finally:
         server.close()
     assert not second.exists()
+
+
+def test_a_long_tmpdir_moves_the_servers_temporary_directory_where_its_sockets_fit(tmp_path: Path, monkeypatch) -> None:
+    """vLLM's engine sockets live in the server's temporary directory and must
+    fit AF_UNIX's 107 bytes: under a long TMPDIR the engine crashed at start
+    (found by the soak benchmark); grpo then puts the directory in /tmp."""
+    import tempfile
+
+    from grpo_plugins.vllm.server import ENGINE_SOCKET_NAME_LEN, MAX_SOCKET_PATH, SERVER_TMP_PREFIX, server_temp_parent
+
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    assert server_temp_parent() is None  # fits: the system's own
+    long = tmp_path / ("d" * 60)
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    assert len(str(long)) + 1 + len(SERVER_TMP_PREFIX) + 9 + ENGINE_SOCKET_NAME_LEN > MAX_SOCKET_PATH
+    assert server_temp_parent() == "/tmp"

@@ -145,6 +145,24 @@ def server_temp_env(temp_dir: Path) -> dict[str, str]:
     }
 
 
+ENGINE_SOCKET_NAME_LEN = 36  # vLLM names each engine ZMQ socket by a uuid4, inside VLLM_RPC_BASE_PATH
+
+
+def server_temp_parent() -> str | None:
+    """Where a managed server's temporary directory goes: the system's
+    (``TMPDIR``), unless vLLM's engine sockets would not fit there (their
+    paths must stay within AF_UNIX's 107 bytes: a long ``TMPDIR`` crashed the
+    engine at start with a ZMQ error), then ``/tmp``."""
+    base = tempfile.gettempdir()
+    longest = len(os.fsencode(base)) + 1 + len(SERVER_TMP_PREFIX) + 8 + 1 + ENGINE_SOCKET_NAME_LEN
+    if longest <= MAX_SOCKET_PATH:
+        return None
+    if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK):
+        return "/tmp"
+    raise ConfigError(f"the temporary directory {base} is too long for vLLM's engine sockets ({MAX_SOCKET_PATH} bytes "
+                      "at most, with ~60 of its own): set TMPDIR to a shorter path.")  # fmt: skip
+
+
 def check_socket_path(path: Path) -> None:
     """Refuse a socket path others could reach, or one too long for AF_UNIX.
 
@@ -609,7 +627,7 @@ class ManagedServer:
                 return
             if self._temp_dir is not None:  # a process that died without stop(): its files go now
                 remove_scratch_dir(self._temp_dir)
-            self._temp_dir = make_scratch_dir(SERVER_TMP_PREFIX)
+            self._temp_dir = make_scratch_dir(SERVER_TMP_PREFIX, parent=server_temp_parent())
             env = {**os.environ, **self.spec.env, **server_temp_env(self._temp_dir)}
             if self.spec.uds:
                 socket_file = Path(self.spec.uds)
