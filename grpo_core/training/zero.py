@@ -71,7 +71,7 @@ def engine_config(cfg: GRPOConfig, world: int) -> dict[str, Any]:
     return out
 
 
-def fill_modelautos(config: dict[str, Any], model_config: Any) -> None:
+def fill_model_autos(config: dict[str, Any], model_config: Any) -> None:
     """Fill the ``"auto"`` bucket sizes from the model's hidden size (accelerate
     would, but it reads them from the prepared module, grpo's log-prob
     wrapper, which has no ``config``); refuse any ``"auto"`` left."""
