@@ -184,21 +184,23 @@ def test_zero3_lora_with_async_prefetch_matches_one_process_and_resumes_exactly(
 def test_a_deepspeed_checkpoint_is_refused_on_another_process_count_or_without_deepspeed(tmp_path: Path) -> None:
     """ZeRO partitions are per rank: another process count (or no DeepSpeed) is refused with the fix, before
     DeepSpeed reads anything (light: no engine runs)."""
-    from types import SimpleNamespace
-
     from grpo_core.errors import GrpoError
+    from grpo_core.training.backends.deepspeed_zero import DeepSpeedBackend
+    from grpo_core.training.backends.replicated import ReplicatedBackend
     from grpo_core.training.checkpoint import LoadedCheckpoint
-    from grpo_core.training.distributed import Distributed
-    from grpo_core.training.trainer import GRPOTrainer
 
     (tmp_path / "deepspeed").mkdir()
     loaded = LoadedCheckpoint(tmp_path, {"step": 2}, None, {}, {}, {"deepspeed_world_size": 2})
-    alone = SimpleNamespace(dist=Distributed(rank=0, world=1), deepspeed=object())
+    alone = object.__new__(DeepSpeedBackend)  # the backend of a 1-process DeepSpeed run, before any engine
+    alone.world, alone.step_driver = 1, None
     with pytest.raises(GrpoError, match="resume with --num-processes 2"):
-        GRPOTrainer._resume_deepspeed(alone, tmp_path, loaded)
+        alone.resume(tmp_path, loaded)
     plain = LoadedCheckpoint(tmp_path / "x", {"step": 2}, {}, {}, {}, {})
     with pytest.raises(GrpoError, match="was not written with `deepspeed`"):
-        GRPOTrainer._resume_deepspeed(alone, tmp_path / "x", plain)
+        alone.resume(tmp_path / "x", plain)
+    without = object.__new__(ReplicatedBackend)  # one process or DDP (FSDP refuses it the same way)
+    with pytest.raises(GrpoError, match="written with `deepspeed` .*resume it with the same `deepspeed`"):
+        without.resume(tmp_path, loaded)
 
 
 class _NotPlain:
