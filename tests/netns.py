@@ -180,3 +180,16 @@ class Hosts:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def opened_hosts(count: int = 2):
+    """A module-scoped fixture's body: ``count`` hosts, skipped with the reason
+    where the kernel refuses namespaces, checked to leave nothing behind."""
+    import pytest
+
+    refused = namespaces_refused()
+    if refused:
+        pytest.skip(refused)
+    with Hosts(count=count) as made:
+        yield made
+    assert made.leftovers() == [], "namespaces, /etc/netns entries or processes left behind"

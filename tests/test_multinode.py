@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from netns import Hosts, namespaces_refused
+from netns import Hosts, namespaces_refused, opened_hosts
 from test_multiprocess import ENV, REWARDS, ROOT, TESTS, metrics, run_grpo, weights, weights_of, write_config
 from tiny_model import build_tiny_model
 
@@ -49,12 +49,7 @@ TIMEOUT = 180
 
 @pytest.fixture(scope="module")
 def hosts():
-    refused = namespaces_refused()
-    if refused:
-        pytest.skip(refused)
-    with Hosts(count=2) as made:
-        yield made
-    assert made.leftovers() == [], "namespaces, /etc/netns entries or processes left behind"
+    yield from opened_hosts(2)
 
 
 def host_folder(root: Path, name: str, model_src: Path) -> Path:

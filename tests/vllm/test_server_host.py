@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from netns import Hosts, namespaces_refused
+from netns import Hosts, opened_hosts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -47,12 +47,7 @@ def varied(completions, **kwargs):
 
 @pytest.fixture(scope="module")
 def hosts():
-    refused = namespaces_refused()
-    if refused:
-        pytest.skip(refused)
-    with Hosts(count=2) as made:
-        yield made
-    assert made.leftovers() == [], "namespaces, /etc/netns entries or processes left behind"
+    yield from opened_hosts(2)
 
 
 def trainer_config(folder: Path, model_dir: str, hosts: Hosts, name: str, key: str = KEY, **top: object) -> Path:

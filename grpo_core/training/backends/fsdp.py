@@ -19,15 +19,8 @@ import torch
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.training import checkpoint as ckpt
-from grpo_core.training.backends.base import (
-    CheckpointParts,
-    StateOf,
-    clip_and_step,
-    gloo_on_cpu,
-    prepare_with_accelerate,
-    refuse_partitioned,
-)
-from grpo_core.training.policy_forward import inner_policy
+from grpo_core.training.backends.base import CheckpointParts, StateOf, gloo_on_cpu, refuse_partitioned
+from grpo_core.training.backends.replicated import ReplicatedBackend
 from grpo_core.training.sharding import (
     FullWeights,
     enable_fsdp_on_cpu,
@@ -40,7 +33,11 @@ from grpo_core.training.sharding import (
 )
 
 
-class FsdpBackend:
+class FsdpBackend(ReplicatedBackend):
+    """Backward and the step as :class:`ReplicatedBackend` does them
+    (accelerate's FSDP2 reduces and clips the sharded gradients); the full
+    weights, checkpoints and resume from rank 0's copy."""
+
     name: ClassVar[str] = "fsdp"
 
     @classmethod
@@ -52,24 +49,13 @@ class FsdpBackend:
         return {"fsdp_plugin": fsdp_plugin(cfg), **gloo_on_cpu(world)}
 
     def __init__(self, cfg: GRPOConfig, accelerator: Any) -> None:
-        self.accelerator = accelerator
+        super().__init__(cfg, accelerator)
         enable_fsdp_on_cpu(accelerator, fsdp_plugin(cfg))  # accelerate enables FSDP for GPU backends only
         self.full: FullWeights | None = None
-        self.policy: Any = None
-        self.forward: Any = None
-        self.optimizer: Any = None
 
     def prepare(self, policy: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
         self.full = FullWeights(policy, self.accelerator.is_main_process)  # before the shards replace the weights
-        self.forward, self.optimizer = prepare_with_accelerate(self.accelerator, policy, optimizer)
-        self.policy = inner_policy(self.forward)
-        return self.forward, self.optimizer
-
-    def backward(self, loss: torch.Tensor, last: bool) -> None:
-        self.accelerator.backward(loss)
-
-    def optimizer_step(self, max_grad_norm: float | None) -> float:
-        return clip_and_step(self.accelerator, self.policy, self.optimizer, max_grad_norm)
+        return super().prepare(policy, optimizer)
 
     def full_model(self, version: int) -> Any:
         assert self.full is not None, "prepare() first"
