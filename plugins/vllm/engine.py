@@ -379,11 +379,14 @@ class VLLMServerEngine:
     def ensure_weights(self) -> None:
         """Before generating: a server that died is restarted, and one that
         lost our weights gets them again."""
+        restarts = self.restarts
         try:
             if not self.restart_if_dead() and self.weights_lost():
                 self.reapply("the server holds other weights than the last sync (restarted?); re-applying the last weight sync")
         except EngineUnavailable:  # it died while we asked
-            if not self.restart_if_dead():
+            # Another thread (the prefetch thread, or the trainer's) may have restarted it meanwhile,
+            # holding the lock while we waited: then it is back, with our weights re-applied.
+            if not self.restart_if_dead() and self.restarts == restarts:
                 raise
 
     def _retie_output_embeddings(self) -> None:

@@ -1,4 +1,4 @@
-"""The short soak: benchmarks/bench_soak.py's run, cut to a few dozen steps,
+"""The short soak: benchmarks/bench_soak.py's run, cut to two dozen steps,
 with one server kill and reward-worker kills, held to the benchmark's bounds
 (resident memory, open files, threads, descendants, scratch space do not
 grow from the first third of the run to the last). The full soak (hundreds
@@ -23,14 +23,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_a_short_soak_with_a_server_kill_and_worker_kills_stays_flat(tmp_path: Path, smollm2_dir: str) -> None:
-    result = soak(tmp_path / "soak", steps=36, restart_every=18, worker_kill_every=8, sample_s=1.0, timeout_s=1500)
+    result = soak(tmp_path / "soak", steps=24, restart_every=12, worker_kill_every=6, sample_s=1.0, timeout_s=1500)
     assert result.exit_code == 0, result.output_tail
     assert "Traceback" not in result.output_tail
-    assert result.steps == 36
+    assert result.steps == 24
     assert result.server_kills == 1 and result.server_starts == 2, result.output_tail  # restarted once, as killed
     assert result.worker_kills >= 3
-    # every killed worker was replaced: the run saw its two first workers and one new one per kill
-    assert len(result.reward_worker_pids) >= 2 + result.worker_kills, result.reward_worker_pids
+    # every killed worker was replaced (workers start when first needed: at least one, then one new per kill)
+    assert len(result.reward_worker_pids) >= 1 + result.worker_kills, result.reward_worker_pids
     growth = result.growth(warmup_steps=6)
     assert {key: value for key, value in growth.items() if value > BOUNDS[key]} == {}, growth
     assert result.scratch_left == []  # nothing left in the run's temporary directory after it exited
