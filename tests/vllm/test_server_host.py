@@ -62,7 +62,7 @@ def trainer_config(folder: Path, model_dir: str, hosts: Hosts, name: str, key: s
         "vllm": {"host": hosts.address(1), "port": SERVER_PORT, "api_key": key, "dtype": "float32", "max_model_len": 256,
                  "cpu_kvcache_space": 1, "expose_dev_endpoints": True},
         "trl": {"use_vllm": True, "vllm_managed": False, "vllm_server_base_url": f"http://{hosts.address(1)}:{SERVER_PORT}",
-                "vllm_server_timeout": 120, "num_generations": 2,
+                "vllm_server_timeout": 900, "num_generations": 2,
                 "max_completion_length": 8, "reward_funcs": ["host_rewards.varied"]},
         "plugins": {"weight_sync": "lora_http", "lora_http": {"host": hosts.address(0), "port": WEIGHTS_PORT}},
         **top,
