@@ -191,7 +191,7 @@ def test_lora_http_sends_the_adapter_over_http_and_the_server_loads_it_from_its_
     from there; it samples the adapter, and a second sync replaces it."""
     from grpo_plugins.weight_sync_http import LoraHttpSync
 
-    ctx = make_context()
+    ctx = make_context(vllm_server_timeout=300)  # the first generation through a new adapter is slow on a loaded CPU
     rollout = VLLMRollout(ctx)
     sync = LoraHttpSync(ctx)
     loads: list[str] = []
