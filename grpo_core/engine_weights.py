@@ -8,7 +8,6 @@ for another engine never imports it from the vLLM plugin.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +106,6 @@ def adapter_body(directory: Path) -> bytes:
     what an engine fetches for :meth:`~grpo_core.types.InferenceEngine.load_adapter_from_url`."""
     from safetensors.torch import load_file, save
 
-    config = json.loads((directory / "adapter_config.json").read_text(encoding="utf-8"))
+    config = (directory / "adapter_config.json").read_text(encoding="utf-8")  # as PEFT wrote it
     tensors = load_file(str(directory / "adapter_model.safetensors"))
-    return save(tensors, metadata={"format": "pt", ADAPTER_CONFIG_KEY: json.dumps(config)})
+    return save(tensors, metadata={"format": "pt", ADAPTER_CONFIG_KEY: config})

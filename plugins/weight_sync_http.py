@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -171,6 +171,19 @@ class _HttpSync:
             )
         return engine
 
+    def _send(self, version: int, make_body: Callable[[], bytes], load: Callable[[str, str], None]) -> SyncResult:
+        """Serve ``make_body()`` as ``version`` and have the engine ``load(url, token)`` it, timed."""
+        with self._lock:
+            start = time.perf_counter()
+            body = make_body()
+            url = self._publish(version, body)
+            packed = time.perf_counter()
+            assert self.server is not None
+            load(url, self.server.token)
+            end = time.perf_counter()
+        return SyncResult(version, end - start, f"{self.kind}: pack {packed - start:.2f}s, load {end - packed:.2f}s "
+                                                f"({len(body) / 2**20:.1f} MiB from {url})")  # fmt: skip
+
     @hookimpl
     def grpo_train_end(self) -> None:
         with self._lock:
@@ -193,17 +206,8 @@ class FullHttpSync(_HttpSync):
     @hookimpl
     def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
         engine = self._needs_engine(engine)
-        with self._lock:
-            start = time.perf_counter()
-            body = safetensors_bytes(merged_weights(model, engine.fused_modules()), engine.weight_dtype)
-            url = self._publish(version, body)
-            packed = time.perf_counter()
-            assert self.server is not None
-            engine.load_weights_from_url(url, self.server.token)
-            end = time.perf_counter()
-        return SyncResult(
-            version, end - start, f"full_http: pack {packed - start:.2f}s, load {end - packed:.2f}s ({len(body) / 2**20:.0f} MiB from {url})"
-        )
+        return self._send(version, lambda: safetensors_bytes(merged_weights(model, engine.fused_modules()), engine.weight_dtype),
+                          engine.load_weights_from_url)  # fmt: skip
 
 
 class LoraHttpSync(_HttpSync):
@@ -226,19 +230,13 @@ class LoraHttpSync(_HttpSync):
     @hookimpl
     def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
         engine = self._needs_engine(engine)
-        with self._lock:
-            start = time.perf_counter()
+
+        def body() -> bytes:
             staging = make_scratch_dir("grpo-lora-http-")
             try:
                 save_adapter(model, staging, self.kind)
-                body = adapter_body(staging)
+                return adapter_body(staging)
             finally:
                 remove_scratch_dir(staging)
-            url = self._publish(version, body)
-            packed = time.perf_counter()
-            assert self.server is not None
-            engine.load_adapter_from_url(url, self.server.token)
-            end = time.perf_counter()
-        return SyncResult(
-            version, end - start, f"lora_http: pack {packed - start:.2f}s, load {end - packed:.2f}s ({len(body) / 2**20:.1f} MiB from {url})"
-        )
+
+        return self._send(version, body, engine.load_adapter_from_url)

@@ -39,6 +39,7 @@ KEY = "server-host-key"
 SERVER_PORT = 8000  # free in a fresh namespace
 WEIGHTS_PORT = 8100  # the trainer's weight server, on host0's address
 GRPO = str(Path(sys.executable).with_name("grpo"))
+READY = "vLLM server ready at"  # grpo vllm-serve's line, once per start (the managed server's own "vLLM: server ready" differs)
 REWARDS = '''
 def varied(completions, **kwargs):
     return [float(len(c[0]["content"]) % 3) / 2.0 for c in completions]
@@ -86,10 +87,10 @@ class Server:
         with open(self.log, "ab") as out:
             self.proc = self.hosts.start(1, argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         deadline = time.monotonic() + 600
-        while self.log.read_text(errors="replace").count("server ready") < self.starts and time.monotonic() < deadline:
+        while self.log.read_text(errors="replace").count(READY) < self.starts and time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text(errors="replace")[-4000:]
             time.sleep(1)
-        assert self.log.read_text(errors="replace").count("server ready") >= self.starts, self.log.read_text()[-4000:]
+        assert self.log.read_text(errors="replace").count(READY) >= self.starts, self.log.read_text()[-4000:]
 
     @property
     def starts(self) -> int:
