@@ -92,13 +92,13 @@ class WeightServer:
                 if version is None or self.path != f"{PATH_PREFIX}{version}":
                     self.send_error(404, "not the newest weights")
                     return
+                with server._lock:  # counted before the body goes: the fetcher may answer its caller as soon as it has it
+                    server.fetches += 1
                 self.send_response(200)
                 self.send_header("Content-Type", "application/octet-stream")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
-                with server._lock:
-                    server.fetches += 1
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: the token is not logged
                 pass
