@@ -49,6 +49,7 @@ from grpo_core.lifelong_thread import in_lifelong_thread, set_parent_death_signa
 from grpo_core.cpu_affinity import format_cpu_list, process_cpus
 from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
 from grpo_plugins.vllm.cpus import plan_cpu_split
+from grpo_plugins.vllm.idle_spin import CPU_IDLE_SPIN_S, IDLE_SPIN_ENV
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -349,9 +350,11 @@ def server_spec(
         argv.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
     if enforce_eager(cfg):
         argv.append("--enforce-eager")
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if not cuda_available():
         argv += cpu_whole_prefill_args(max_len)
-    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        # The worker must not busy-wait a second after each request on cores the trainer shares (idle_spin.py)
+        env[IDLE_SPIN_ENV] = CPU_IDLE_SPIN_S
     if lora:
         # Only for adapter sync: serving through LoRA layers is slow on CPU
         # (3.9x here, benchmarks/RESULTS.md), so merged-weight runs skip it.

@@ -243,3 +243,50 @@ def test_a_server_that_accepts_any_key_is_not_adopted():
         server.shutdown()
         server.server_close()
     assert adoption_refusal(url, "our-key") == NOTHING_ANSWERS
+
+
+def test_cpu_servers_are_told_not_to_busy_wait_and_gpu_servers_keep_vllms_default(smollm2_dir, tmp_path, config_for, monkeypatch):
+    import grpo_plugins.vllm.server as server
+    from grpo_plugins.vllm.idle_spin import CPU_IDLE_SPIN_S, IDLE_SPIN_ENV
+
+    cfg = config_for(smollm2_dir, tmp_path)
+    monkeypatch.setattr(server, "cuda_available", lambda: False)
+    assert server_spec(cfg).env[IDLE_SPIN_ENV] == CPU_IDLE_SPIN_S
+    monkeypatch.setattr(server, "cuda_available", lambda: True)  # faked: no GPU here
+    assert IDLE_SPIN_ENV not in server_spec(cfg).env
+
+
+def test_the_idle_spin_plugin_shortens_vllms_reader_wait_only_when_asked(monkeypatch):
+    """vLLM's real queue class: a reader made after ``register()`` sleeps at
+    once; without the variable, register() leaves vLLM's one-second spin."""
+    import zmq
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    from grpo_plugins.vllm import idle_spin
+
+    original_init = shm_broadcast.SpinCondition.__init__
+    context = zmq.Context()
+
+    def reader_spin() -> float:
+        address = f"inproc://spin-{os.urandom(4).hex()}"
+        writer = shm_broadcast.SpinCondition(False, context, address)  # binds what the reader connects to
+        reader = shm_broadcast.SpinCondition(True, context, address)
+        for socket in (reader.local_notify_socket, reader.write_cancel_socket, reader.read_cancel_socket, writer.local_notify_socket):
+            socket.close(linger=0)
+        return reader.busy_loop_s
+
+    try:
+        monkeypatch.delenv(idle_spin.IDLE_SPIN_ENV, raising=False)
+        idle_spin.register()
+        assert reader_spin() == 1  # vLLM's own default
+        monkeypatch.setenv(idle_spin.IDLE_SPIN_ENV, "0")
+        idle_spin.register()
+        assert reader_spin() == 0.0
+        monkeypatch.setenv(idle_spin.IDLE_SPIN_ENV, "0.25")
+        idle_spin.register()  # registering again (vLLM loads plugins once per process; a test may not) updates it
+        assert reader_spin() == 0.25
+    finally:
+        shm_broadcast.SpinCondition.__init__ = original_init
+        if hasattr(shm_broadcast.SpinCondition, "_grpo_idle_spin"):
+            del shm_broadcast.SpinCondition._grpo_idle_spin
+        context.term()

@@ -83,6 +83,35 @@ def test_generate_shapes_logprobs_and_truncation(make_context, prompts, smollm2_
     assert all(c.truncated and len(c.token_ids) == 2 for c in cut[0].completions)
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of every live process of group ``pgid``."""
+    import os
+
+    ticks = 0
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_server_sleeps_once_a_request_is_answered(make_context, prompts, vllm_server):
+    """grpo's CPU servers do not busy-wait after a request (idle_spin.py):
+    vLLM's worker would hold a core for a second after every answer, the
+    second the trainer starts computing on the same cores."""
+    if vllm_server.process is None:
+        pytest.skip("the session's server was started by hand (GRPO_TEST_VLLM_PORT): its processes are not ours to watch")
+    rollout = VLLMRollout(make_context())
+    rollout.grpo_rollout_generate(prompts, 4, SamplingSettings(max_tokens=16, seed=5), 0)
+    before = group_cpu_seconds(vllm_server.process.pid)
+    time.sleep(1.0)
+    idle = group_cpu_seconds(vllm_server.process.pid) - before
+    assert idle < 0.3, f"the server's processes used {idle:.2f} CPU seconds in the second after answering"  # ~1.0 when spinning
+
+
 def test_sampling_settings_reach_the_server(make_context, prompts):
     def run(**kw):
         return VLLMRollout(make_context()).grpo_rollout_generate(prompts, 4, SamplingSettings(max_tokens=8, **kw), 0)
@@ -305,7 +334,7 @@ def test_nothing_listening_gives_clear_engine_unavailable():
 # ---------------------------------------------------------------------- restart (last: kills the server)
 
 
-@pytest.mark.parametrize("sync", ["lora", "merged"])
+@pytest.mark.parametrize("sync", ["lora", pytest.param("merged", marks=pytest.mark.extended)])  # each restart ~45 s
 def test_server_restart_mid_run_is_survived(make_context, prompts, peft_model, vllm_server, sync):
     """The server dies and comes back (from another thread) with its base
     weights; the next rollout re-applies the last sync before sampling:
