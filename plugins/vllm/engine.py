@@ -129,6 +129,7 @@ class VLLMServerEngine:
         self._loads = 0
         self.restarts = 0  # managed restarts so far: a request that failed before one may try again
         self._last_load: Callable[[], None] | None = None
+        self.applied = 0  # loads and re-applications so far: a request that failed before one need not re-apply
         self._retie_missing = False  # the server lacks grpo's worker extension
         self.run_id = f"{id(self):x}"[-8:]
         api_key = configured_api_key(cfg)
@@ -276,7 +277,7 @@ class VLLMServerEngine:
         trainer's disk."""
 
         def load() -> None:
-            answer = self.client.collective_rpc("grpo_fetch_adapter", {"url": url, "token": token})
+            answer = self.client.collective_rpc("grpo_fetch_adapter", {"url": url, "token": token, "keep": self.adapter_folders_kept()})
             paths = [str(p) for p in (answer or {}).get("results") or [] if p]
             if not paths:
                 raise EngineRequestError(
@@ -288,6 +289,15 @@ class VLLMServerEngine:
             self._served = POLICY_ADAPTER
 
         self._load("lora", load)
+
+    def adapter_folders_kept(self) -> int:
+        """How many fetched adapter folders the server keeps: the new one,
+        the one it serves until the new one is loaded, and one for each
+        batch ``async_prefetch`` may still be sampling under an older
+        adapter (vLLM re-reads an in-place adapter at every step, see
+        :func:`grpo_plugins.vllm.worker_ext.write_adapter`)."""
+        trl = self.context.config.trl
+        return 2 + (int(trl.prefetch_depth or 1) if trl.async_prefetch else 0)
 
     def load_weights_from_url(self, url: str, token: str) -> None:
         """Each worker fetches the safetensors bytes from ``url`` and loads
@@ -347,6 +357,7 @@ class VLLMServerEngine:
 
             def apply() -> None:
                 load()
+                self.applied += 1
                 self._label = tag if self.client.set_weight_version(tag) else None
 
             try:
@@ -359,11 +370,16 @@ class VLLMServerEngine:
                 return
             self._last_load = apply
 
-    def reapply(self, message: str) -> None:
+    def reapply(self, message: str, *, seen: int | None = None) -> None:
         """Give a server that lost our weights the last load again, saying
-        ``message`` first."""
+        ``message`` first. ``seen``: the :attr:`applied` count a failed
+        request was sent under; when weights were applied since (another of
+        the requests in flight together got there first), there is nothing
+        to do: each re-application of ``lora_http`` fetches a new adapter
+        folder, and a burst of them would outrun the folders the requests
+        still read (:func:`grpo_plugins.vllm.worker_ext.write_adapter`)."""
         with self._lock:
-            if self._last_load is None:
+            if self._last_load is None or (seen is not None and seen != self.applied):
                 return
             self.log(f"vLLM: {message}")
             self._last_load()

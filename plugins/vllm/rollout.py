@@ -161,12 +161,14 @@ class VLLMRollout:
             last = attempt == 2
             outages = client.outages
             restarts = engine.restarts
+            applied = engine.applied
             try:
                 result = self._request(engine, prompt_ids, n, sampling, call, first)
             except ModelNotLoaded:
                 if last:
                     raise
-                engine.reapply("the server does not know the policy adapter (restarted?); re-applying the last weight sync")
+                # requests in flight together all fail so: the first re-applies, the others just retry
+                engine.reapply("the server does not know the policy adapter (restarted?); re-applying the last weight sync", seen=applied)
                 continue
             except EngineUnavailable:
                 # Requests in flight together all fail when the server dies; the first to get
@@ -177,7 +179,7 @@ class VLLMRollout:
             # Answered after an outage: the server may have restarted in between
             # and sampled from base weights without complaint (full-weight sync).
             if client.outages != outages and engine.weights_lost() and not last:
-                engine.reapply("the server came back without our weights; re-applying the last weight sync")
+                engine.reapply("the server came back without our weights; re-applying the last weight sync", seen=applied)
                 continue
             return result
         raise AssertionError("unreachable")

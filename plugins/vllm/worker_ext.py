@@ -49,10 +49,15 @@ def safetensors_metadata(body: bytes) -> dict[str, str]:
     return dict(json.loads(body[8 : 8 + length]).get("__metadata__") or {})
 
 
-def write_adapter(body: bytes, previous: str | None) -> str:
+def write_adapter(body: bytes, kept: list[str], keep: int) -> str:
     """The adapter ``body`` as the two files vLLM loads, in a fresh private
-    folder (memory-backed where the machine has /dev/shm); the ``previous``
-    folder goes (vLLM has read it by the time the next adapter arrives)."""
+    folder (memory-backed where the machine has /dev/shm), appended to
+    ``kept`` (the folders written before, oldest first); all but the newest
+    ``keep`` go. vLLM 0.32 reads an adapter loaded in place from its folder
+    again at every engine step of every request that uses it
+    (``WorkerLoRAManager.add_adapter``), so a folder must outlive the load
+    after it and the requests sampled under it: a folder deleted too early
+    kills the engine ("No adapter found")."""
     config = safetensors_metadata(body).get(ADAPTER_CONFIG_KEY)
     if config is None:
         raise ValueError(f"the adapter body has no {ADAPTER_CONFIG_KEY!r} metadata: not sent by grpo's lora_http sync")
@@ -61,8 +66,9 @@ def write_adapter(body: bytes, previous: str | None) -> str:
         handle.write(body)
     with open(os.path.join(directory, "adapter_config.json"), "w", encoding="utf-8") as handle:
         handle.write(config)
-    if previous and os.path.isdir(previous):
-        shutil.rmtree(previous, ignore_errors=True)
+    kept.append(directory)
+    while len(kept) > max(keep, 2):  # never fewer than the new one and the one the server serves now
+        shutil.rmtree(kept.pop(0), ignore_errors=True)
     return directory
 
 
@@ -106,11 +112,13 @@ class GrpoWorkerExtension:
         retie_output_embeddings(self)
         return len(tensors)
 
-    def grpo_fetch_adapter(self, url: str, token: str) -> str:
+    def grpo_fetch_adapter(self, url: str, token: str, keep: int = 2) -> str:
         """Fetch the adapter into a private folder on this machine and return
-        its path; only the first worker does (they share the machine the API
-        server loads from), the others return ""."""
+        its path, keeping the newest ``keep`` folders (:func:`write_adapter`);
+        only the first worker does (they share the machine the API server
+        loads from), the others return ""."""
         if int(getattr(self, "rank", 0) or 0) != 0:
             return ""
-        self._grpo_adapter_dir = write_adapter(fetch(url, token), getattr(self, "_grpo_adapter_dir", None))
-        return self._grpo_adapter_dir
+        if not hasattr(self, "_grpo_adapter_dirs"):
+            self._grpo_adapter_dirs: list[str] = []
+        return write_adapter(fetch(url, token), self._grpo_adapter_dirs, keep)

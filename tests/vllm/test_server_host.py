@@ -128,9 +128,7 @@ def wait_for(condition, what: str, proc: subprocess.Popen, log: Path, timeout: f
         time.sleep(0.5)
 
 
-@pytest.mark.skip(reason="open (#26): after the server host restarts, re-applying the lora_http adapter crashed vLLM's "
-                  "engine ('Loading lora policy failed: No adapter found for /dev/shm/grpo-adapter-...'), 2026-12-02; "
-                  "the parts before the restart passed (wrong key refused, training over TCP, syncs verified)")
+@pytest.mark.extended  # its own server start in a namespace, a restart, three trainer runs (~145 s)
 def test_a_server_on_its_own_host_trains_over_tcp_with_lora_http_and_survives_its_faults(
     hosts: Hosts, smollm2_dir: str, tmp_path: Path
 ) -> None:

@@ -290,3 +290,31 @@ def test_the_idle_spin_plugin_shortens_vllms_reader_wait_only_when_asked(monkeyp
         if hasattr(shm_broadcast.SpinCondition, "_grpo_idle_spin"):
             del shm_broadcast.SpinCondition._grpo_idle_spin
         context.term()
+
+
+def test_fetched_adapter_folders_outlive_the_load_after_them():
+    """vLLM re-reads an in-place adapter from its folder at every engine
+    step, so the server-side folders of ``lora_http`` go only once ``keep``
+    newer ones exist (never fewer than two: the new one and the one served
+    until it loads)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save
+
+    from grpo_core.engine_weights import ADAPTER_CONFIG_KEY
+    from grpo_plugins.vllm.worker_ext import write_adapter
+
+    body = save({"w": torch.zeros(2)}, metadata={"format": "pt", ADAPTER_CONFIG_KEY: '{"r": 4}'})
+    kept: list[str] = []
+    try:
+        made = [write_adapter(body, kept, keep=3) for _ in range(5)]
+        assert kept == made[-3:] and [Path(p).exists() for p in made] == [False, False, True, True, True]
+        assert (Path(made[-1]) / "adapter_config.json").read_text() == '{"r": 4}'
+        made.append(write_adapter(body, kept, keep=1))  # asked for fewer: the served one still stays
+        assert kept == made[-2:]
+        with pytest.raises(ValueError, match="adapter_config"):
+            write_adapter(save({"w": torch.zeros(2)}), kept, keep=2)
+    finally:
+        for path in kept:
+            shutil.rmtree(path, ignore_errors=True)

@@ -241,10 +241,39 @@ def test_lora_http_sends_the_adapter_over_http_and_the_server_loads_it_from_its_
         base_err = mean_abs_diff(lora_groups, peft_model)
     assert lora_err < 0.1 and base_err > 3 * lora_err  # the server samples the adapter it fetched
 
+    # vLLM re-reads an in-place adapter from its folder at every step: the one it serves stays
+    # until the next one is loaded, then goes at the fetch after that
     sync.grpo_sync_weights(peft_model, 2, rollout.engine)
-    assert len(loads) == 2 and loads[1] != loads[0] and not Path(loads[0]).exists()  # the old folder is gone
+    assert len(loads) == 2 and loads[1] != loads[0] and Path(loads[0]).exists()
+    sync.grpo_sync_weights(peft_model, 3, rollout.engine)
+    assert len(loads) == 3 and not Path(loads[0]).exists() and Path(loads[1]).exists() and Path(loads[2]).exists()
     sync.grpo_train_end()
     assert sync.server is None
+
+
+def test_a_server_that_lost_the_adapter_gets_it_once_from_a_burst_of_requests(make_context, smollm2_tokenizer, peft_model):
+    """A restarted server answers every request in flight "unknown model":
+    the first of them re-applies the last ``lora_http`` sync, the others
+    find it done and only retry. One re-application each would fetch a new
+    adapter folder per request and delete the folder the retried requests
+    read (vLLM re-reads an in-place adapter every step): that killed the
+    engine of the server-host test."""
+    from grpo_plugins.weight_sync_http import LoraHttpSync
+
+    ctx = make_context(vllm_server_timeout=300)
+    rollout = VLLMRollout(ctx)
+    sync = LoraHttpSync(ctx)
+    try:
+        sync.grpo_sync_weights(peft_model, 1, rollout.engine)
+        rollout.client.unload_lora_adapter("policy")  # what a restart does to it, behind the engine's back
+        fetches = sync.server.fetches
+        four = chat_prompts(smollm2_tokenizer, ["What is 1 + 1?", "Name a colour.", "Say hi.", "Name a fruit."])
+        groups = rollout.grpo_rollout_generate(four, 2, SamplingSettings(max_tokens=6, seed=3), 1)  # seeded: four requests at once
+        assert [len(g.completions) for g in groups] == [2, 2, 2, 2]
+        assert sum("does not know the policy adapter" in line for line in ctx.logs) == 1, ctx.logs
+        assert sync.server.fetches == fetches + 1  # fetched again once, not once per request
+    finally:
+        sync.grpo_train_end()
 
 
 def test_full_sync_then_next_run_starts_from_base(make_context, prompts, peft_model, smollm2_dir):
