@@ -30,6 +30,7 @@ def test_gdpo_example_is_gdpo() -> None:
     assert len(cfg.trl.reward_funcs or []) == 2
 
 
+@pytest.mark.extended  # a GDPO run of Axolotl's example (~26 s); GDPO and the Axolotl config are tested in the default tier
 def test_axolotl_gdpo_example_runs_with_a_local_model_and_dataset(tmp_path: Path, smollm2_dir: str) -> None:
     out = tmp_path / "out"
     result = subprocess.run(

@@ -127,6 +127,7 @@ def assert_matches_one_process(tmp: Path, sharded: str, single: str, world: int 
     return a
 
 
+@pytest.mark.extended  # two 2-process DeepSpeed runs and their resumes (~80 s); the ZeRO-3 LoRA test runs in the default tier
 @needs_deepspeed
 def test_zero2_and_zero3_full_finetune_match_one_process_and_resume_exactly(dsdir: tuple[Path, str]) -> None:
     tmp, model = dsdir

@@ -160,6 +160,7 @@ def test_two_hosts_torchrun_ddp_matches_two_processes_on_one_host_and_resumes_on
         torch.testing.assert_close(wr[key], wb[key], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.extended  # the two-host DDP run (torchrun) is the default tier's; this FSDP one adds ~30 s
 def test_two_hosts_accelerate_fsdp_matches_fsdp_on_one_host(hosts: Hosts, smollm2_dir: str, tmp_path: Path) -> None:
     """FSDP2 (full_shard + auto_wrap), full fine-tuning, started by ``accelerate launch --num_machines 2
     --machine_rank R --main_process_ip host0``: the same steps and weights as ``grpo run --num-processes 2``

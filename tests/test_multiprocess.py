@@ -81,6 +81,7 @@ def workdir(smollm2_dir: str, tmp_path: Path) -> tuple[Path, str]:
     return tmp_path, build_tiny_model(smollm2_dir, tmp_path / "tiny")
 
 
+@pytest.mark.extended  # DDP against one process also runs in test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly and test_multinode
 def test_two_processes_match_one_on_the_same_global_batch(workdir: tuple[Path, str]) -> None:
     tmp, model = workdir
     one = write_config(tmp, "one", model, gradient_accumulation_steps=2)  # 1 x 2 x 2 = 4 completions per step
@@ -212,6 +213,7 @@ def weights_of(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(file if file.is_file() else out / "model.safetensors"))
 
 
+@pytest.mark.extended  # five FSDP runs (~75 s); FSDP with async prefetch and the sharded transformers rollout run in the default tier
 def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(workdir: tuple[Path, str]) -> None:
     """FSDP2 (full_shard + auto_wrap of the decoder layers) through accelerate, full fine-tuning: the
     same steps as 1 process on the same global batch, full weights in checkpoints, exact resume on 2
@@ -281,7 +283,7 @@ ZERO3_JSON = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu
               "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}  # fmt: skip
 
 
-@pytest.mark.parametrize("sharding", ["fsdp", "zero3"])
+@pytest.mark.parametrize("sharding", ["fsdp", pytest.param("zero3", marks=pytest.mark.extended)])  # ZeRO-3 runs in test_deepspeed too
 def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_process(workdir: tuple[Path, str], sharding: str) -> None:
     """FSDP and ZeRO-3 shard the weights, so no rank can generate alone: rank 0 samples with its
     full copy of the policy, which every weight sync refreshes. The 2-process run samples, scores

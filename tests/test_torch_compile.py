@@ -50,7 +50,7 @@ def tiny(smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("adapter", ["lora", None], ids=["lora", "full"])
+@pytest.mark.parametrize("adapter", ["lora", pytest.param(None, marks=pytest.mark.extended)], ids=["lora", "full"])
 def test_compiled_run_matches_eager_and_its_checkpoint_resumes_eager(tiny: str, tmp_path: Path, adapter: str | None) -> None:
     from torch._dynamo.utils import counters
 

@@ -93,7 +93,7 @@ def uninterrupted(server: Any, smollm2_dir: str, tmp_path_factory: pytest.TempPa
         runner.close()
 
 
-@pytest.mark.parametrize("fault", ["sigterm", "kill-9"])
+@pytest.mark.parametrize("fault", [pytest.param("sigterm", marks=pytest.mark.extended), "kill-9"])  # kill -9 is the harder case
 def test_an_interrupted_async_run_trains_every_prompt_once(runner: Runner, server: Any, uninterrupted: dict[str, Any], fault: str) -> None:
     from grpo_core.training.checkpoint import resolve_resume
     from grpo_core.training.safe_load import safe_load

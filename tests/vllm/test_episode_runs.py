@@ -330,6 +330,7 @@ def server_pids(completions, openenv_observation=None, **kwargs):
 '''
 
 
+@pytest.mark.extended  # an OpenEnv server killed mid-run (~15 s each); test_environment_openenv restarts a dead one in the default tier
 @pytest.mark.parametrize("restarts", ["succeed", "keep_failing"])
 def test_a_killed_openenv_server_is_restarted_and_the_run_goes_on(
     vllm_server, smollm2_dir: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], restarts: str

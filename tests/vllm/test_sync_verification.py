@@ -83,7 +83,7 @@ def parity_run(smollm2_dir: str, out: Path, base_url: str | None, **trl: object)
     return run_config(smollm2_dir, out, base_url, reward_funcs=["parity_rewards.parity_reward"], **trl)
 
 
-@pytest.mark.parametrize("sync", ["lora", "merged"])
+@pytest.mark.parametrize("sync", ["lora", pytest.param("merged", marks=pytest.mark.extended)])
 def test_every_sync_is_verified_at_float32_noise(vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path, sync: str) -> None:
     """``lora``: the adapter is loaded and the probe is scored under its name;
     ``merged``: W + BA reloaded into the base. Each of the 3 steps trains,
@@ -138,6 +138,7 @@ def test_a_sync_that_never_loads_stops_the_run_with_a_checkpoint(vllm_server, sm
     assert record["sync/logprob_gap"] == pytest.approx(gap, rel=1e-2)
 
 
+@pytest.mark.extended  # a third real run of this file (~22 s); the failing and passing checks run in the default tier
 def test_a_sync_the_second_attempt_fixes_lets_the_run_go_on(vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path) -> None:
     cfg = validate({**parity_run(smollm2_dir, tmp_path / "run", vllm_server.base_url), "plugins": {"weight_sync": "skips_once"}})
     assert run_training(cfg) == "completed"

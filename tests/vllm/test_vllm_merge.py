@@ -15,6 +15,7 @@ from grpo_core.cli import main
 pytestmark = pytest.mark.vllm
 
 
+@pytest.mark.extended  # starts its own server on the merged model (~35 s)
 def test_merged_adapter_is_served_by_vllm(smollm2_dir: str, tmp_path: Path) -> None:
     import torch
     from peft import LoraConfig, get_peft_model

@@ -150,7 +150,7 @@ SYNCED_MEAN_TOL = 1e-4
 SYNCED_MAX_TOL = 1e-3
 
 
-@pytest.mark.parametrize("sync", ["merged", "lora", "full"])
+@pytest.mark.parametrize("sync", [pytest.param("merged", marks=pytest.mark.extended), "lora", "full"])  # merged: test_merged_weight_sync_run_and_server_reuse
 def test_server_samples_the_policy_just_synced(vllm_server, smollm2_dir: str, tmp_path: Path, monkeypatch, sync: str) -> None:
     """After each sync the server samples the trainer's current weights: the
     sampler's log-probs of the sampled tokens match the trainer's under the
@@ -344,6 +344,7 @@ def gone(pid: int) -> bool:
 ACCESS = re.compile(r'"(POST|GET) (/v1/completions|/v1/load_lora_adapter) HTTP/1\.1" 200')
 
 
+@pytest.mark.extended  # two managed server starts (~90 s); the server pool is trained through in test_vllm_multiserver
 @pytest.mark.slow
 def test_grpo_run_manages_two_data_parallel_servers(smollm2_dir: str, tmp_path: Path) -> None:
     """``[vllm] data_parallel_size = 2``, managed: ``grpo run`` starts two
