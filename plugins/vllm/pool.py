@@ -157,11 +157,12 @@ class VLLMEnginePool:
                 except EngineUnavailable as exc:
                     self.drop(member, exc)
 
-    def each(self, action: Callable[[VLLMServerEngine], T]) -> list[T]:
-        """Run ``action`` on every live server at once, after a health
-        probe; a server that fails with ``EngineUnavailable`` is dropped (the
-        error is raised only when none is left). Other errors propagate (a
-        4xx is a bug or a config problem, the same on every server)."""
+    def each(self, action: Callable[[VLLMServerEngine], T], *, at_once: bool = True) -> list[T]:
+        """Run ``action`` on every live server, all at once (or one after
+        another with ``at_once=False``), after a health probe; a server that
+        fails with ``EngineUnavailable`` is dropped (the error is raised only
+        when none is left). Other errors propagate (a 4xx is a bug or a
+        config problem, the same on every server)."""
         self.probe()
         members = self.live()
         if len(members) == 1:
@@ -171,7 +172,7 @@ class VLLMEnginePool:
                 self.drop(members[0], exc)  # raises: it was the last one
                 return []
         results: list[T] = []
-        with ThreadPoolExecutor(max_workers=len(members), thread_name_prefix="grpo-vllm-pool") as pool:
+        with ThreadPoolExecutor(max_workers=len(members) if at_once else 1, thread_name_prefix="grpo-vllm-pool") as pool:
             futures = [(m, pool.submit(action, m)) for m in members]
         errors: list[tuple[VLLMServerEngine, EngineUnavailable]] = []
         for member, future in futures:
@@ -278,10 +279,13 @@ class VLLMEnginePool:
         return [endpoint for member in self.live() for endpoint in member.control_endpoints()]
 
     def score_tokens(self, token_ids: Sequence[int]) -> list[EngineScore]:
-        """Every live server scores the ids on its own (in parallel), in the
-        pool's order: a server a sync did not reach is told apart from the
-        others."""
-        return [score for scores in self.each(lambda m: m.score_tokens(token_ids)) for score in scores]
+        """Every live server scores the ids on its own, in the pool's order:
+        a server a sync did not reach is told apart from the others. One
+        after another (a probe takes a fraction of a second): two pool
+        members may be one engine reached under two names, and vLLM's CPU
+        LoRA path crashes when a probe shares a batch with another request
+        (probe_gate.py); each member's gate knows only its own requests."""
+        return [score for scores in self.each(lambda m: m.score_tokens(token_ids), at_once=False) for score in scores]
 
     def shutdown(self) -> None:
         for member in self.members + self.dropped:
