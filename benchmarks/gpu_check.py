@@ -59,7 +59,7 @@ def even_first(completion_ids, **kwargs):
 
 
 def fixed_rollout(prompts, trainer):
-    """FSDP shards the model the transformers rollout would sample with: made-up completions instead."""
+    """Made-up completions: the FSDP section times the sharded training step alone, not generation."""
     tok = trainer.processing_class
     out = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
     for i, prompt in enumerate(prompts):

@@ -164,8 +164,8 @@ def test_two_hosts_torchrun_ddp_matches_two_processes_on_one_host_and_resumes_on
 def test_two_hosts_accelerate_fsdp_matches_fsdp_on_one_host(hosts: Hosts, smollm2_dir: str, tmp_path: Path) -> None:
     """FSDP2 (full_shard + auto_wrap), full fine-tuning, started by ``accelerate launch --num_machines 2
     --machine_rank R --main_process_ip host0``: the same steps and weights as ``grpo run --num-processes 2``
-    (accelerate, one host). The rollout is tests/test_multiprocess.py's deterministic one: the
-    transformers rollout is refused under FSDP (it would sample with the sharded model)."""
+    (accelerate, one host). The rollout is tests/test_multiprocess.py's deterministic one, so that
+    both layouts train the same completions (sampling would differ with the process layout)."""
     model_src = Path(build_tiny_model(smollm2_dir, tmp_path / "tiny_src"))
     fsdp = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
 

@@ -213,7 +213,7 @@ def weights_of(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(file if file.is_file() else out / "model.safetensors"))
 
 
-@pytest.mark.extended  # five FSDP runs (~75 s); FSDP with async prefetch and the sharded transformers rollout run in the default tier
+@pytest.mark.extended  # five FSDP runs (~75 s); the FSDP run of the sharded transformers rollout test is the default tier's
 def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(workdir: tuple[Path, str]) -> None:
     """FSDP2 (full_shard + auto_wrap of the decoder layers) through accelerate, full fine-tuning: the
     same steps as 1 process on the same global batch, full weights in checkpoints, exact resume on 2
@@ -319,6 +319,7 @@ def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_proce
 # ----------------------------------------------------------------------------- light: shapes and checks
 
 
+@pytest.mark.extended  # FSDP runs in the default tier through the sharded transformers rollout test; async prefetch on 2 processes through the DDP disjoint-shares test
 def test_fsdp_with_async_prefetch_does_not_deadlock_and_matches_one_process(workdir: tuple[Path, str]) -> None:
     """The reference's documented deadlock (a background thread issuing FSDP collectives): grpo's producer
     thread issues none, so an FSDP run with async_prefetch finishes (a hang fails at TIMEOUT) and trains the

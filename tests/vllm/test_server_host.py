@@ -11,7 +11,8 @@ not reach the server fails the run. Then, against the same server: a wrong
 key is refused with one clear error; the server goes away and comes back on
 the same address mid-run (the run waits, re-applies its last sync, goes on);
 the trainer is killed with SIGKILL mid-run, and a new trainer resumes from
-its checkpoint against the server that is still up.
+its checkpoint against the server that is still up. Last, a ``full_http``
+run (merged weights over HTTP) against the same server.
 
 One trainer host stands for the two of tests/test_multinode.py: only rank 0
 talks to inference, so a second trainer host adds no path to the server.
@@ -179,4 +180,17 @@ def test_a_server_on_its_own_host_trains_over_tcp_with_lora_http_and_survives_it
     # the adapter reached the server by its worker's fetch, then a load from the server's own folder
     served = server.log.read_text(errors="replace")
     assert re.search(r'"POST /collective_rpc HTTP/1\.1" 200', served) and re.search(r'"POST /v1/load_lora_adapter HTTP/1\.1" 200', served)
+
+    # full_http against the same server: the merged weights pulled over HTTP by its workers and
+    # loaded in place, nothing written on either side; every sync verified as above.
+    full = trainer_config(trainer_dir, smollm2_dir, hosts, "full", max_steps=2,
+                          plugins={"weight_sync": "full_http", "full_http": {"host": hosts.address(0), "port": WEIGHTS_PORT}})  # fmt: skip
+    log = trainer_dir / "full.log"
+    proc = run_trainer(hosts, trainer_dir, full, log)
+    assert proc.wait(timeout=900) == 0, log.read_text(errors="replace")[-4000:]
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text and "weight sync verified" in text, text[-4000:]
+    steps = records(trainer_dir / "full")
+    assert [r["step"] for r in steps] == [1, 2] and all(r.get("sync/retries", 0) == 0 for r in steps), steps
+    assert not list((trainer_dir / "full").glob("vllm-*")), "full_http wrote weight files"
     server.stop()
