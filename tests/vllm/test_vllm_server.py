@@ -19,6 +19,7 @@ from grpo_core.types import Prompt, SamplingSettings
 from grpo_plugins.vllm.client import EngineRequestError, VLLMClient
 from grpo_plugins.vllm.rollout import VLLMRollout
 from grpo_plugins.weight_sync_files import FullFilesystemSync, LoraFilesystemSync
+from process_group import group_cpu_seconds
 
 pytestmark = pytest.mark.vllm
 
@@ -81,21 +82,6 @@ def test_generate_shapes_logprobs_and_truncation(make_context, prompts, smollm2_
         assert len(c.text) == 3 and c.text.isdigit() and c.token_ids[-1] == EOS and not c.truncated
     cut = rollout.grpo_rollout_generate(prompts[:1], 2, SamplingSettings(max_tokens=2, guided_regex="[0-9]{3}"), 0)
     assert all(c.truncated and len(c.token_ids) == 2 for c in cut[0].completions)
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds of every live process of group ``pgid``."""
-    import os
-
-    ticks = 0
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat_file.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def test_the_server_sleeps_once_a_request_is_answered(make_context, prompts, vllm_server):

@@ -20,6 +20,7 @@ import pytest
 
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
+from process_group import process_group
 
 pytestmark = pytest.mark.vllm
 
@@ -226,19 +227,6 @@ def test_engine_down_stops_with_checkpoint(smollm2_dir: str, tmp_path: Path) -> 
     with pytest.raises(EngineUnavailable) as info:
         run_training(cfg)
     assert f"127.0.0.1:{port}" in str(info.value)
-
-
-def process_group(pgid: int) -> list[int]:
-    """Every process of group ``pgid`` (a server and its engine core)."""
-    pids = []
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat_file.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            pids.append(int(stat_file.parent.name))
-    return pids
 
 
 def tcp_listeners(pids: list[int]) -> list[tuple[int, str]]:
