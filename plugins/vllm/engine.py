@@ -339,11 +339,23 @@ class VLLMServerEngine:
         here), and never from its prefix cache."""
         ids = [int(t) for t in token_ids]
         self.ensure_ready()
-        model = self._served
-        payload = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
-        with self.gate.probe():  # never batched with generation: vLLM's CPU LoRA path crashes then (probe_gate.py)
-            scores = self.client.completions(payload, parse=lambda d: prompt_logprobs(d, ids, self.description))
-        return [EngineScore(self.description, scores, model)]
+
+        def score() -> list[EngineScore]:
+            model = self._served
+            payload = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+            with self.gate.probe():  # never batched with generation: vLLM's CPU LoRA path crashes then (probe_gate.py)
+                scores = self.client.completions(payload, parse=lambda d: prompt_logprobs(d, ids, self.description))
+            return [EngineScore(self.description, scores, model)]
+
+        restarts = self.restarts
+        try:
+            return score()
+        except EngineUnavailable:
+            # A managed server that died under the probe comes back with the last load re-applied
+            # (by this thread, or by the prefetch thread that found it dead first): ask it again.
+            if not (self.restart_if_dead() or self.restarts != restarts):
+                raise
+            return score()
 
     # ------------------------------------------------------------------ weights
 

@@ -262,6 +262,38 @@ def test_a_server_that_lost_the_adapter_gets_it_once_from_a_burst_of_requests(ma
         sync.grpo_train_end()
 
 
+@pytest.mark.extended  # two managed server starts (~60 s)
+def test_a_managed_server_killed_under_the_sync_check_is_restarted_and_checked_again(make_context, peft_model, smollm2_tokenizer):
+    """Found by the soak: the server died while the sync check's probe was
+    out, and the probe's EngineUnavailable stopped the run. The probe now
+    restarts a dead managed server (the restart re-applies the last sync)
+    and asks again, as generation and syncs do."""
+    import os
+    import signal
+
+    from grpo_core.training.sync_check import probe_ids
+    from grpo_core.types import ADAPTER_FROM_PATH
+
+    ctx = make_context(vllm_managed=True, vllm_server_base_url=None, vllm_server_timeout=300)
+    ctx.engine_requirements = frozenset({ADAPTER_FROM_PATH})  # what `grpo run` reads from the LoRA sync
+    rollout = VLLMRollout(ctx)
+    sync = LoraFilesystemSync(ctx)
+    try:
+        rollout.grpo_train_start()
+        sync.grpo_sync_weights(peft_model, 1, rollout.engine)
+        [member] = rollout.engine.live()
+        first = member.server.process.pid
+        os.killpg(first, signal.SIGKILL)
+        member.server.process.wait(timeout=30)
+        [score] = rollout.engine.score_tokens(probe_ids(smollm2_tokenizer))
+        assert member.server.process.pid != first and member.restarts == 1
+        assert score.model == "policy" and len(score.logprobs) == len(probe_ids(smollm2_tokenizer)) - 1
+        assert any("re-applying the last weight sync" in line for line in ctx.logs), ctx.logs
+    finally:
+        sync.grpo_train_end()
+        rollout.grpo_train_end()
+
+
 def test_full_sync_then_next_run_starts_from_base(make_context, prompts, peft_model, smollm2_dir):
     # Run A: full-weight sync of the merged LoRA model into the base weights.
     ctx_a = make_context()
