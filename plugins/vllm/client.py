@@ -5,7 +5,7 @@ Why our own client: TRL's client refuses vLLM 0.32 and syncs weights over
 NCCL only; grpo talks to vLLM's HTTP API directly. It uses httpx, which
 reaches a server on a Unix domain socket as well as over TCP: a base URL
 ``unix:/path/to/socket`` (what a managed server listens on by default, see
-:mod:`grpo_plugins.vllm.server`) or ``http(s)://host:port``. Transient failures
+:mod:`grpo_plugins.vllm.addresses`) or ``http(s)://host:port``. Transient failures
 (connection refused, 5xx, a garbled answer) are retried with exponential
 backoff until ``timeout`` seconds have passed in total, then become
 :class:`~grpo_core.errors.EngineUnavailable` naming the URL and what to check.

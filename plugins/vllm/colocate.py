@@ -34,7 +34,8 @@ from grpo_core.types import SCORES_TOKENS, WEIGHTS_IN_MEMORY, Completion, Contro
 from grpo_plugins.vllm.engine import PACKED_GROUPS
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 from grpo_plugins.vllm.worker_ext import retie_output_embeddings
-from grpo_plugins.vllm.server import cpu_kvcache_gib, cuda_available, enforce_eager, max_model_len, resolve_dtype
+from grpo_plugins.vllm.engine_settings import cpu_kvcache_gib, enforce_eager, max_model_len, resolve_dtype
+from grpo_plugins.vllm.machine import cuda_available
 from grpo_core.engine_weights import merged_weights
 
 if TYPE_CHECKING:

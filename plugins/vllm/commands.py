@@ -29,7 +29,9 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
     from grpo_core.errors import EngineUnavailable
     from grpo_core.plugin_host import PluginHost
     from grpo_plugins.vllm.key_handoff import leave_key, withdraw_key
-    from grpo_plugins.vllm.server import ManagedServer, check_socket_path, engine_flags, server_spec
+    from grpo_plugins.vllm.addresses import check_socket_path
+    from grpo_plugins.vllm.command_line import engine_flags, server_spec
+    from grpo_plugins.vllm.server import ManagedServer
 
     cfg = load_config(config, overrides)
     # LoRA layers only when the config's weight sync loads adapters (they slow CPU generation).

@@ -34,16 +34,10 @@ from grpo_plugins.vllm.probe_gate import ProbeGate
 from grpo_plugins.vllm.external import OLD_TRL_PROTOCOL, ServerFacts, logprobs_problem, old_trl_protocol, read_facts
 from grpo_plugins.vllm.key_handoff import handed_key
 from grpo_plugins.vllm.worker_ext import RETIE_METHOD
-from grpo_plugins.vllm.server import (
-    LOG_NAME,
-    SERVED_MODEL_NAME,
-    WORKER_EXTENSION,
-    ManagedServer,
-    configured_api_key,
-    is_loopback,
-    managed_spec,
-    resolve_dtype,
-)
+from grpo_plugins.vllm.addresses import configured_api_key, is_loopback
+from grpo_plugins.vllm.command_line import SERVED_MODEL_NAME, WORKER_EXTENSION, managed_spec
+from grpo_plugins.vllm.engine_settings import resolve_dtype
+from grpo_plugins.vllm.server import LOG_NAME, ManagedServer
 
 if TYPE_CHECKING:
     from grpo_core.context import RunContext

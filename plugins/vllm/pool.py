@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from grpo_core.errors import ConfigError, EngineUnavailable
 from grpo_core.types import ControlEndpoint, EngineScore
 from grpo_plugins.vllm.engine import VLLMServerEngine
-from grpo_plugins.vllm.server import narrow_trainer_devices, placement_problems
+from grpo_plugins.vllm.placement import narrow_trainer_devices, placement_problems
 
 if TYPE_CHECKING:
     from grpo_core.context import RunContext

@@ -29,7 +29,7 @@ from grpo_core.types import ADAPTER_FROM_PATH, ADAPTER_FROM_URL, CONTROL_ENDPOIN
 from grpo_plugins.vllm.client import ModelNotLoaded
 from grpo_plugins.vllm.engine import VLLMServerEngine
 from grpo_plugins.vllm.pool import VLLMEnginePool
-from grpo_plugins.vllm.server import placement_problems
+from grpo_plugins.vllm.placement import placement_problems
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 
 if TYPE_CHECKING:

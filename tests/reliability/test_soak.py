@@ -35,5 +35,5 @@ def test_a_short_soak_with_a_server_kill_and_worker_kills_stays_flat(tmp_path: P
     growth = result.growth(warmup_steps=6)
     assert {key: value for key, value in growth.items() if value > BOUNDS[key]} == {}, growth
     # nothing left in the run's temporary directory after it exited, but torch's compile cache, kept on
-    # purpose (grpo_plugins.vllm.server.server_temp_env: a restarted server reuses it)
+    # purpose (grpo_plugins.vllm.server_temp.server_temp_env: a restarted server reuses it)
     assert [name for name in result.scratch_left if not name.startswith("torchinductor_")] == [], result.scratch_left

@@ -58,7 +58,7 @@ def external(url: str, timeout: int, **trl: Any) -> dict[str, Any]:
 
 
 def test_server_not_started_is_a_clear_error(runner: Runner) -> None:
-    from grpo_plugins.vllm.server import free_port
+    from grpo_plugins.vllm.addresses import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     code, output = runner.run(runner.config(**external(url, 3)))

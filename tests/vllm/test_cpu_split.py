@@ -15,7 +15,7 @@ import pytest
 
 from grpo_core.errors import ConfigError
 from grpo_plugins.vllm.cpus import parse_cpu_list, plan_cpu_split
-from grpo_plugins.vllm.server import managed_spec
+from grpo_plugins.vllm.command_line import managed_spec
 
 TWO = frozenset({0, 1})
 EIGHT = frozenset(range(8))
@@ -65,8 +65,8 @@ def test_parse_cpu_list() -> None:
 
 
 def test_managed_server_is_bound_to_the_engine_cores(cfg, monkeypatch) -> None:
-    monkeypatch.setattr("grpo_plugins.vllm.server.process_cpus", lambda: EIGHT)
-    monkeypatch.setattr("grpo_plugins.vllm.server.cuda_available", lambda: False)
+    monkeypatch.setattr("grpo_plugins.vllm.command_line.process_cpus", lambda: EIGHT)
+    monkeypatch.setattr("grpo_plugins.vllm.machine.cuda_available", lambda: False)
     spec = managed_spec(cfg)
     assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1,2,3" and spec.engine_cpus == {0, 1, 2, 3}
     assert spec.spawn_cpus == EIGHT  # a restart starts from grpo's own mask, not the trainer's

@@ -166,10 +166,11 @@ def test_many_long_seeded_requests_at_once_keep_the_cpu_server_alive(make_contex
     # vLLM 0.32's CPU engine dies ("CPU Generator does not use offset") when a seeded request is
     # prefilled in chunks; 12 prompts of ~350 tokens (over the 2048-token step budget together)
     # forced chunking before grpo's servers prefilled whole prompts on CPU.
-    import grpo_plugins.vllm.server as server
+    from grpo_plugins.vllm import machine
+    from grpo_plugins.vllm.command_line import server_spec
 
-    monkeypatch.setattr(server, "cuda_available", lambda: False)  # the CPU command line, whatever this machine has
-    argv = server.server_spec(make_context().config).argv
+    monkeypatch.setattr(machine, "cuda_available", lambda: False)  # the CPU command line, whatever this machine has
+    argv = server_spec(make_context().config).argv
     assert "--no-enable-chunked-prefill" in argv and int(argv[argv.index("--max-num-batched-tokens") + 1]) >= 512
     tok = smollm2_tokenizer
     rollout = VLLMRollout(make_context())

@@ -29,7 +29,7 @@ import requests
 
 from grpo_plugins.vllm import key_handoff
 from grpo_plugins.vllm.engine import server_to_adopt
-from grpo_plugins.vllm.server import free_port
+from grpo_plugins.vllm.addresses import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -93,7 +93,7 @@ class TrlServer:
 @pytest.fixture(scope="module")
 def trl_server(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory):
     """A real ``trl vllm-serve`` process (its own process group), stopped at the end."""
-    from grpo_plugins.vllm.server import free_port
+    from grpo_plugins.vllm.addresses import free_port
 
     out = tmp_path_factory.mktemp("trl-vllm-serve")
     port = free_port()

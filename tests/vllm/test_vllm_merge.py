@@ -21,7 +21,8 @@ def test_merged_adapter_is_served_by_vllm(smollm2_dir: str, tmp_path: Path) -> N
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_plugins.vllm.server import ManagedServer, server_spec
+    from grpo_plugins.vllm.command_line import server_spec
+    from grpo_plugins.vllm.server import ManagedServer
 
     # A LoRA adapter with non-zero weights on both factors, saved like a run saves it.
     torch.manual_seed(0)

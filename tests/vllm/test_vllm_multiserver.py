@@ -35,7 +35,8 @@ SYNCED_TOL = 0.1  # mean |sampler - trainer| log-prob per token, the server test
 
 @pytest.fixture(scope="module")
 def server_b(vllm_server, smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory):
-    from grpo_plugins.vllm.server import ManagedServer, server_spec
+    from grpo_plugins.vllm.command_line import server_spec
+    from grpo_plugins.vllm.server import ManagedServer
 
     out = tmp_path_factory.mktemp("vllm-server-b")
     private_tmp = out / "tmp"

@@ -19,7 +19,7 @@ import pytest
 from grpo_core.config.loader import validate
 from grpo_core.context import RunContext
 from grpo_core.errors import ConfigError
-from grpo_plugins.vllm import server as server_mod
+from grpo_plugins.vllm import command_line, placement
 from grpo_plugins.vllm.pool import VLLMEnginePool
 from grpo_plugins.vllm.rollout import VLLMRollout
 
@@ -44,7 +44,7 @@ def config(model_dir: str, tmp_path: Path, vllm: dict | None = None, **trl: obje
 
 
 def problems(model_dir: str, tmp_path: Path, **vllm: object) -> str:
-    return " ".join(server_mod.placement_problems(config(model_dir, tmp_path, vllm)))
+    return " ".join(placement.placement_problems(config(model_dir, tmp_path, vllm)))
 
 
 def test_placement_refuses_overlaps_that_would_run_out_of_memory(model_dir, tmp_path) -> None:
@@ -83,17 +83,17 @@ def test_config_check_refuses_a_bad_placement_with_the_keys(model_dir, tmp_path)
 
 
 def test_device_indices_count_among_the_visible_gpus() -> None:
-    assert server_mod.physical_devices([0, 1], visible="") == "0,1"
-    assert server_mod.physical_devices([1], visible="4,5") == "5"
+    assert placement.physical_devices([0, 1], visible="") == "0,1"
+    assert placement.physical_devices([1], visible="4,5") == "5"
     with pytest.raises(ConfigError, match="shows only 2"):
-        server_mod.physical_devices([2], visible="4,5")
+        placement.physical_devices([2], visible="4,5")
 
 
 def test_trainer_devices_narrow_this_process(model_dir, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
     cfg = config(model_dir, tmp_path, {"devices": [0], "trainer_devices": [1]})
-    assert server_mod.server_devices(cfg, None) == "6"  # computed before the trainer narrows its own view
-    assert server_mod.narrow_trainer_devices(cfg) == "7"
+    assert placement.server_devices(cfg, None) == "6"  # computed before the trainer narrows its own view
+    assert placement.narrow_trainer_devices(cfg) == "7"
     import os
 
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
@@ -111,7 +111,7 @@ def test_managed_data_parallel_starts_separate_servers_on_their_gpus(model_dir, 
     # (a leaked CUDA_VISIBLE_DEVICES would make later tests believe there is a GPU).
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     real_specs = []
-    real_managed_spec = server_mod.managed_spec
+    real_managed_spec = command_line.managed_spec
 
     def stand_in_spec(*args, **kwargs):
         spec = real_managed_spec(*args, **kwargs)
@@ -130,7 +130,7 @@ def test_managed_data_parallel_starts_separate_servers_on_their_gpus(model_dir, 
         assert len(set(sockets)) == 2 and all(s and Path(s).parent.stat().st_mode & 0o777 == 0o700 for s in sockets)
         for argv in real_specs:
             assert argv[argv.index("--data-parallel-size") + 1] == "1"
-            assert argv[argv.index("--worker-extension-cls") + 1] == server_mod.WORKER_EXTENSION
+            assert argv[argv.index("--worker-extension-cls") + 1] == command_line.WORKER_EXTENSION
         seen = []
         for i, member in enumerate(pool.members):
             log = tmp_path / "out" / f"vllm-server-{i}.log"
@@ -165,7 +165,7 @@ def test_when_every_server_is_gone_the_last_error_is_reported(model_dir, tmp_pat
     EngineUnavailable (after trl.vllm_server_timeout) is what the run reports."""
     from grpo_core.errors import EngineUnavailable
     from grpo_core.types import Prompt, SamplingSettings
-    from grpo_plugins.vllm.server import free_port
+    from grpo_plugins.vllm.addresses import free_port
 
     urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
     cfg = config(model_dir, tmp_path, vllm_managed=False, vllm_server_base_urls=urls, vllm_server_timeout=2)

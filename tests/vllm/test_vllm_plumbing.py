@@ -13,7 +13,9 @@ import pytest
 
 from grpo_core.errors import ConfigError
 from grpo_core.context import RunContext
-from grpo_plugins.vllm.server import cpu_has_fast_bf16, cuda_available, resolve_dtype, server_spec
+from grpo_plugins.vllm.command_line import server_spec
+from grpo_plugins.vllm.engine_settings import resolve_dtype
+from grpo_plugins.vllm.machine import cpu_has_fast_bf16, cuda_available
 
 
 def _arg(argv: list[str], flag: str) -> str:
@@ -74,13 +76,13 @@ def test_auto_dtype_per_cpu_class(cpu: str) -> None:
 
 def test_auto_dtype_reaches_the_server_command(smollm2_dir, tmp_path, config_for, monkeypatch) -> None:
     """The server is started with the dtype its CPU class resolves to."""
-    import grpo_plugins.vllm.server as server
+    from grpo_plugins.vllm import machine
 
-    monkeypatch.setattr(server, "cuda_available", lambda: False)
+    monkeypatch.setattr(machine, "cuda_available", lambda: False)
     cfg = config_for(smollm2_dir, tmp_path)
     cfg.vllm.dtype = "auto"  # the shared test config states float32
     for flags, expected in CPU_CLASSES.values():
-        monkeypatch.setattr(server, "cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(machine, "cpu_flags", lambda flags=flags: flags)
         assert _arg(server_spec(cfg).argv, "--dtype") == expected
 
 
@@ -110,7 +112,7 @@ def test_the_server_opens_what_the_chosen_sync_declares_it_needs(smollm2_dir, tm
     """LoRA layers and vLLM's NCCL weight-transfer engine follow the sync's
     declared ``required_capabilities``, not its name."""
     from grpo_core.plugin_host import PluginHost
-    from grpo_plugins.vllm.server import managed_spec
+    from grpo_plugins.vllm.command_line import managed_spec
 
     nccl = config_for(smollm2_dir, tmp_path, vllm_lora_sync=False)
     nccl.plugins.weight_sync = "nccl"
@@ -138,7 +140,7 @@ def test_public_bind_warns_and_drops_unguarded_dev_mode(smollm2_dir, tmp_path, c
 
 
 def test_managed_server_is_a_private_socket_and_tcp_gets_a_key(smollm2_dir, tmp_path, config_for, monkeypatch):
-    from grpo_plugins.vllm.server import managed_spec
+    from grpo_plugins.vllm.command_line import managed_spec
 
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     cfg = config_for(smollm2_dir, tmp_path)
@@ -160,7 +162,7 @@ def test_managed_server_is_a_private_socket_and_tcp_gets_a_key(smollm2_dir, tmp_
 
 
 def test_a_socket_directory_others_can_open_is_refused(tmp_path):
-    from grpo_plugins.vllm.server import check_socket_path
+    from grpo_plugins.vllm.addresses import check_socket_path
 
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
@@ -246,13 +248,13 @@ def test_a_server_that_accepts_any_key_is_not_adopted():
 
 
 def test_cpu_servers_are_told_not_to_busy_wait_and_gpu_servers_keep_vllms_default(smollm2_dir, tmp_path, config_for, monkeypatch):
-    import grpo_plugins.vllm.server as server
+    from grpo_plugins.vllm import machine
     from grpo_plugins.vllm.idle_spin import CPU_IDLE_SPIN_S, IDLE_SPIN_ENV
 
     cfg = config_for(smollm2_dir, tmp_path)
-    monkeypatch.setattr(server, "cuda_available", lambda: False)
+    monkeypatch.setattr(machine, "cuda_available", lambda: False)
     assert server_spec(cfg).env[IDLE_SPIN_ENV] == CPU_IDLE_SPIN_S
-    monkeypatch.setattr(server, "cuda_available", lambda: True)  # faked: no GPU here
+    monkeypatch.setattr(machine, "cuda_available", lambda: True)  # faked: no GPU here
     assert IDLE_SPIN_ENV not in server_spec(cfg).env
 
 

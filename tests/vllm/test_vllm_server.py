@@ -367,7 +367,7 @@ def test_only_a_server_that_holds_our_key_is_adopted(vllm_server):
 
 
 def test_nothing_listening_gives_clear_engine_unavailable():
-    from grpo_plugins.vllm.server import free_port
+    from grpo_plugins.vllm.addresses import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     start = time.monotonic()

@@ -220,7 +220,7 @@ def test_merged_weight_sync_run_and_server_reuse(vllm_server, smollm2_dir: str, 
 
 def test_engine_down_stops_with_checkpoint(smollm2_dir: str, tmp_path: Path) -> None:
     from grpo_core.errors import EngineUnavailable
-    from grpo_plugins.vllm.server import free_port
+    from grpo_plugins.vllm.addresses import free_port
 
     port = free_port()
     cfg = validate(run_config(smollm2_dir, tmp_path / "run", f"http://127.0.0.1:{port}", vllm_server_timeout=3))
