@@ -36,10 +36,11 @@ def compiled_body(model: Any) -> Any:
     """The module :func:`compile_policy` compiles: the decoder body the
     log-prob path runs (``model.model`` for Llama-style models, through a
     PEFT wrapper)."""
-    from grpo_core.logprobs import _decoder_and_head
+    # Here, not at the top: config checks import this module, and these two import torch.
+    from grpo_core.logprobs import decoder_and_head
     from grpo_core.models import unwrap
 
-    return _decoder_and_head(unwrap(model))[0]
+    return decoder_and_head(unwrap(model))[0]
 
 
 def compile_problem(cfg: GRPOConfig) -> str | None:

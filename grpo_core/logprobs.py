@@ -44,7 +44,7 @@ tokens over a 49k vocabulary (36 Mi) or 16 x 48 over a 152k one (111 Mi)
 are kept, 16 x 512 over 152k (1.2 Gi, 14 GiB kept) is checkpointed."""
 
 
-def _unwrap_peft(model: Any) -> Any:
+def unwrap_peft(model: Any) -> Any:
     """The transformers model inside a PEFT wrapper (LoRA layers stay injected
     in it, so running it directly still applies the adapter)."""
     get_base = getattr(model, "get_base_model", None)
@@ -59,8 +59,11 @@ def _unwrap_peft(model: Any) -> Any:
     return get_base()
 
 
-def _decoder_and_head(model: Any) -> tuple[Any, Any]:
-    lm = _unwrap_peft(model)
+def decoder_and_head(model: Any) -> tuple[Any, Any]:
+    """(decoder body, LM head) of a causal LM, through a PEFT wrapper: the
+    body runs once per micro-batch and the head only on completion positions,
+    here and in losses that fuse the head themselves."""
+    lm = unwrap_peft(model)
     head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
     prefix = getattr(lm, "base_model_prefix", "model")
     body = getattr(lm, prefix, None)
@@ -72,7 +75,7 @@ def _decoder_and_head(model: Any) -> tuple[Any, Any]:
     return body, head
 
 
-def _logit_transform(lm: Any) -> tuple[float, float | None]:
+def logit_transform(lm: Any) -> tuple[float, float | None]:
     """(scale, softcap) some architectures apply after the head (Cohere's
     ``logit_scale``, Gemma-2's ``final_logit_softcapping``)."""
     config = getattr(lm, "config", None)
@@ -80,6 +83,12 @@ def _logit_transform(lm: Any) -> tuple[float, float | None]:
     scale = getattr(text_config, "logit_scale", None)
     softcap = getattr(text_config, "final_logit_softcapping", None)
     return (1.0 if scale is None else float(scale)), softcap
+
+
+def head_is_plain(model: Any) -> bool:
+    """Whether the logits are the LM head's output as is (no scale, no soft
+    cap): what a loss that fuses the head as a plain linear layer assumes."""
+    return logit_transform(unwrap_peft(model)) == (1.0, None)
 
 
 def _chunk_logps(
@@ -188,9 +197,9 @@ def token_logprobs(
     if not 0 < c < length:
         raise ValueError(f"token_logprobs: num_completion_tokens={c} must be in [1, {length - 1}] for length {length}")
 
-    plain_body, head = _decoder_and_head(model)
+    plain_body, head = decoder_and_head(model)
     body = plain_body if body is None else body
-    scale, softcap = _logit_transform(_unwrap_peft(model))
+    scale, softcap = logit_transform(unwrap_peft(model))
     hidden = _shared_prompt_hidden(plain_body, input_ids, attention_mask, c) if share_prompts and body is plain_body else None
     if hidden is None:
         outputs = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)

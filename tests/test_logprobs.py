@@ -132,10 +132,10 @@ def test_gradients_match_naive_plain_model(model, batch, checkpoint_above):
 def test_head_is_recomputed_in_backward_only_above_the_threshold(lora_model, batch):
     """Below ``checkpoint_above`` backward reuses the head's chunks (one
     head call per chunk); above it each chunk runs again in backward."""
-    from grpo_core.logprobs import _decoder_and_head
+    from grpo_core.logprobs import decoder_and_head
 
     ids, mask, cmask, c = batch
-    head = _decoder_and_head(lora_model)[1]
+    head = decoder_and_head(lora_model)[1]
     calls = []
     handle = head.register_forward_hook(lambda *args: calls.append(1))
     try:
@@ -251,10 +251,10 @@ def grouped_batch(smollm2_tokenizer):
 
 def _tokens_through(model, fn) -> int:
     """Token positions the decoder's embedding layer processed while ``fn`` ran."""
-    from grpo_core.logprobs import _decoder_and_head
+    from grpo_core.logprobs import decoder_and_head
 
     seen = []
-    handle = _decoder_and_head(model)[0].embed_tokens.register_forward_hook(lambda _m, args, _out: seen.append(args[0].numel()))
+    handle = decoder_and_head(model)[0].embed_tokens.register_forward_hook(lambda _m, args, _out: seen.append(args[0].numel()))
     try:
         fn()
     finally:

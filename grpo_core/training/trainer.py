@@ -30,7 +30,7 @@ from grpo_core.errors import (
     WeightSyncUnverified,
     shareable_error,
 )
-from grpo_core.logprobs import token_logprobs
+from grpo_core.logprobs import decoder_and_head, head_is_plain, token_logprobs
 from grpo_core.loss import LossSettings, zero_advantage_rows_are_inert
 from grpo_core.precision import resolve_precision
 from grpo_core.training import checkpoint as ckpt
@@ -401,10 +401,8 @@ class GRPOTrainer:
     def _hidden_states(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.nn.Module]:
         """The decoder's hidden states predicting the completion tokens, and
         the LM head: for losses that fuse the head (``policy_loss = liger``)."""
-        from grpo_core.logprobs import _decoder_and_head, _logit_transform, _unwrap_peft
-
-        plain_body, head = _decoder_and_head(model)
-        if _logit_transform(_unwrap_peft(model)) != (1.0, None):
+        plain_body, head = decoder_and_head(model)
+        if not head_is_plain(model):
             raise GrpoError(
                 f"policy_loss '{self.cfg.plugins.policy_loss or 'liger'}' fuses the LM head as a plain linear layer, but "
                 "this model scales or soft-caps its logits after the head (logit_scale / final_logit_softcapping): "
