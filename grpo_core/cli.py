@@ -362,12 +362,12 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None) -> str:
 def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
     """Per-process and global batch shapes (TRL's definitions: micro_batch_size is per process)."""
     from grpo_core.config.batch_shape import global_step_batch
-    from grpo_core.training.sharding import sharding_name
+    from grpo_core.training.backends import backend_for
 
     n = max(1, int(cfg.trl.num_generations or 1))
     per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
     return (
-        f"processes:    {world} ({sharding_name(cfg, world)}); per process: {cfg.micro_batch_size} x "
+        f"processes:    {world} ({backend_for(cfg, world).describe(cfg, world)}); per process: {cfg.micro_batch_size} x "
         f"{cfg.gradient_accumulation_steps} = {per_step} completions per optimizer step, {batch // world} "
         f"({batch // world // n} groups) per generation; global: {global_step_batch(cfg, world)} per optimizer step, "
         f"{batch} ({batch // n} prompts) per generation"

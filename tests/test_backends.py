@@ -39,21 +39,26 @@ def _config(tmp_path: Path, model_dir: str, name: str = "out", **top: object):
 
 
 @pytest.mark.parametrize(
-    ("top", "world", "chosen"),
+    ("top", "world", "chosen", "described"),
     [
-        ({}, 1, "replicated"),
-        ({}, 2, "replicated"),  # DDP: a full replica per process
-        ({"fsdp": ["full_shard", "auto_wrap"]}, 2, "fsdp"),
-        ({"fsdp": ["full_shard", "auto_wrap"]}, 1, "replicated"),  # nothing to shard over
-        ({"deepspeed": "ZERO"}, 1, "deepspeed"),
-        ({"deepspeed": "ZERO"}, 2, "deepspeed"),
+        ({}, 1, "replicated", "one process"),
+        ({}, 2, "replicated", "DDP: a full replica per process"),
+        ({"fsdp": ["full_shard", "auto_wrap"]}, 2, "fsdp", "FSDP full_shard auto_wrap"),
+        ({"fsdp": ["full_shard", "auto_wrap"]}, 1, "replicated", "one process (fsdp has nothing to shard over"),
+        ({"deepspeed": "ZERO"}, 1, "deepspeed", "DeepSpeed ZeRO-2 ("),
+        ({"deepspeed": "ZERO"}, 2, "deepspeed", "DeepSpeed ZeRO-2 ("),
     ],
 )
-def test_the_table_picks_the_backend_by_config_and_process_count(tmp_path: Path, top: dict, world: int, chosen: str) -> None:
+def test_the_table_picks_the_backend_by_config_and_process_count(
+    tmp_path: Path, top: dict, world: int, chosen: str, described: str
+) -> None:
     if top.get("deepspeed") == "ZERO":
         (tmp_path / "zero2.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
         top = {"deepspeed": str(tmp_path / "zero2.json")}
-    assert backend_for(_config(tmp_path, "unused-model", **top), world).name == chosen
+    cfg = _config(tmp_path, "unused-model", **top)
+    backend = backend_for(cfg, world)
+    assert backend.name == chosen
+    assert backend.describe(cfg, world).startswith(described)  # the run's log line and `grpo config check` say it
 
 
 def _interface() -> set[str]:

@@ -19,16 +19,24 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from grpo_core.config.checks import check_config, environment_is_episodic
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
 from grpo_core.cpu_affinity import format_cpu_list, keep_off_engine_cores
 from grpo_core.errors import PluginError, StorageError, TrainingInterrupted
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, chosen_implementations, declared
+from grpo_core.data import common_columns, load_prompts
+from grpo_core.evaluation import load_eval_prompts
+from grpo_core.model_files import resolve_model_dir
+from grpo_core.models import load_policy, load_tokenizer, reference_model
+from grpo_core.observe import RunObserver
 from grpo_core.plugin_host import ERROR_LOG, PluginHost
+from grpo_core.rewards import RewardScorer
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.backends import TrainingBackend, backend_for
 from grpo_core.training.batch import generation_batch_size, steps_per_batch
 from grpo_core.training.distributed import Distributed, process_rank, world_size
+from grpo_core.training.optim import build_optimizer, build_scheduler
 from grpo_core.training.episodes import EpisodeDriver, RolloutDriver
 from grpo_core.training.policy_forward import inner_policy
 from grpo_core.training.rollout_function import RolloutFunctionDriver
@@ -39,6 +47,7 @@ from grpo_core.training.producer import (
     ScatteringProducer,
     sampling_from_config,
 )
+from grpo_core.training.trainer import GRPOTrainer, TrainerParts
 from grpo_core.types import SAMPLES_TRAINER_MODEL, Checkpointable, InferenceEngine, Prompt, TrainingProgress, engine_cpu_cores
 
 
@@ -234,13 +243,9 @@ def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> M
     """Model, optimizer and schedule through the run's training backend
     (it owns backward, clipping and, with several processes, the DDP/FSDP/
     DeepSpeed wrapping), and the reference."""
-    from grpo_core.models import load_policy, reference_model
-    from grpo_core.training.optim import build_optimizer, build_scheduler
-
     world = world_size()
     backend_cls = backend_for(cfg, world)
-    if cfg.fsdp and backend_cls.name != "fsdp":
-        context.log("fsdp: one process has nothing to shard over; training unsharded (checkpoints load either way)")
+    context.log(f"training: {backend_cls.describe(cfg, world)}")
     accelerator = make_accelerator(cfg, backend_cls)
     backend = backend_cls(cfg, accelerator)
     context.log(f"loading model from {model_dir}")
@@ -253,101 +258,143 @@ def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> M
     return ModelParts(accelerator, backend, model, forward, optimizer, build_scheduler(cfg, optimizer), reference)
 
 
-def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable[[str], None] | None = None) -> str:
-    """Check ``cfg`` exactly as ``grpo run`` does (warnings go to ``warn``),
-    train, and return the final status (``completed``). Everything cheap that
-    can fail (checks, plugins, data, reward columns) happens before a model
-    loads or a server starts."""
-    from grpo_core.config.checks import check_config, environment_is_episodic
-    from grpo_core.data import common_columns, load_prompts
-    from grpo_core.model_files import resolve_model_dir
-    from grpo_core.models import load_tokenizer
-    from grpo_core.rewards import RewardScorer
-    from grpo_core.training.trainer import GRPOTrainer, TrainerParts
-
+def _checked_plugins(cfg: GRPOConfig, host: PluginHost | None, warn: Callable[[str], None] | None) -> PluginHost:
+    """The plugin host with its always-on plugins, after ``cfg`` passed every
+    check ``grpo run`` makes (its warnings to ``warn``, else printed)."""
     host = host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
     host.load_always_on()
     for warning in check_config(cfg, host):
         (warn or (lambda message: print(f"warning: {message}")))(warning)
+    return host
+
+
+def _prepared_output(cfg: GRPOConfig, host: PluginHost) -> Path:
+    """``output_dir``, writable (checked now, not at the first save), with the
+    plugins' error log in it; seeds and precision flags set."""
     output_dir = Path(cfg.output_dir)
     check_output_dir(output_dir)
     host.error_log = output_dir / ERROR_LOG
     seed_everything(cfg.seed)
     apply_precision_flags(cfg)
+    return output_dir
 
-    context = RunContext(config=cfg, output_dir=output_dir, engine_requirements=host.engine_requirements(cfg))
-    for action in ckpt.recover_interrupted_saves(output_dir):
+
+def _resume_point(cfg: GRPOConfig, context: RunContext) -> tuple[Path | None, ckpt.LoadedCheckpoint | None]:
+    """The checkpoint to resume from and its contents, read (and refused, if
+    it would run code) before anything slow starts; saves an interrupted
+    run left half done are finished or removed first."""
+    for action in ckpt.recover_interrupted_saves(context.output_dir):
         context.log(action)
-    # Read (and refuse, if it would run code) the checkpoint before anything slow starts.
-    resume = ckpt.resolve_resume(cfg.resume_from_checkpoint, output_dir)
-    resume_state = ckpt.read_checkpoint(resume) if resume is not None else None
-    model_dir = resolve_model_dir(cfg.base_model)
-    context.tokenizer = load_tokenizer(cfg, model_dir)
-    main = process_rank() == 0  # rank 0 alone samples, scores, logs and saves
-    scorer = RewardScorer(cfg, host, context) if main else None
+    resume = ckpt.resolve_resume(cfg.resume_from_checkpoint, context.output_dir)
+    return resume, (ckpt.read_checkpoint(resume) if resume is not None else None)
+
+
+def _prompts(cfg: GRPOConfig, host: PluginHost, context: RunContext, scorer: RewardScorer | None) -> tuple[list[Prompt], list[Prompt]]:
+    """Training and evaluation prompts, with the reward columns checked
+    against the data; ``num_epochs`` turned into ``max_steps`` now that the
+    dataset's size is known."""
     prompts = load_prompts(cfg, context.tokenizer)
     # A rollout_func, and an environment (its reward, environments=, its replies' info), add
     # per-completion fields that exist only once completions do.
     if scorer is not None and not cfg.trl.rollout_func and not environment_is_episodic(cfg, host):
         scorer.check_columns(common_columns(prompts))
-    from grpo_core.evaluation import load_eval_prompts
-    from grpo_core.observe import RunObserver
-
     prompts, eval_prompts = load_eval_prompts(cfg, context.tokenizer, prompts)
     if cfg.num_epochs is not None and "max_steps" not in cfg.model_fields_set:  # max_steps wins, as in Axolotl
         cfg.max_steps = steps_for_epochs(cfg, len(prompts))
         context.log(f"num_epochs = {cfg.num_epochs:g} over {len(prompts)} prompts: max_steps = {cfg.max_steps}")
+    return prompts, eval_prompts
 
-    model_holder: dict[str, Any] = {}
-    context.get_model = lambda: model_holder.get("model")
+
+def _stop_ids(tokenizer: Any) -> list[int]:
+    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+
+def _keep_trainer_off_engine_cores(context: RunContext, impls: Implementations) -> None:
+    """Before the model loads (its threads, and every later one, stay on these
+    cores): the trainer leaves the cores a CPU engine computes on."""
+    engine_cores = engine_cpu_cores(impls.engine)
+    trainer_cores = keep_off_engine_cores(engine_cores)
+    if trainer_cores:
+        context.log(f"CPU split: the inference engine computes on cores {format_cpu_list(engine_cores)}, "
+                    f"the trainer on {format_cpu_list(trainer_cores)} ([vllm] engine_cpus)")  # fmt: skip
+
+
+def _joined_processes(cfg: GRPOConfig, context: RunContext, loaded: ModelParts) -> Distributed:
+    """This process's place among the training processes (logged when there are several)."""
+    dist = Distributed.from_accelerator(loaded.accelerator)
+    if dist.active:
+        context.log(f"process {dist.rank} of {dist.world} ({loaded.backend.describe(cfg, dist.world)}, {loaded.accelerator.device})")
+    return dist
+
+
+def _trainer_parts(
+    cfg: GRPOConfig,
+    host: PluginHost,
+    context: RunContext,
+    loaded: ModelParts,
+    impls: Implementations,
+    dist: Distributed,
+    scorer: RewardScorer | None,
+    observer: RunObserver | None,
+    prompts: list[Prompt],
+) -> TrainerParts:
+    """Everything the trainer drives, wired: the prompt stream, the producer
+    (with the episode driver, if the run has episodes) and the loaded model."""
+    stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)
+    episodes = _rollout_driver(cfg, host, context, impls) if dist.is_main else None
+    if observer is not None:
+        observer.episodes = episodes
+    return TrainerParts(
+        cfg=cfg,
+        context=context,
+        hook=host.hook,
+        model=loaded.model,
+        accelerator=loaded.accelerator,
+        tokenizer=context.tokenizer,
+        optimizer=loaded.optimizer,
+        scheduler=loaded.scheduler,
+        producer=_make_producer(cfg, host, scorer, stream, context.tokenizer, impls, dist, episodes),
+        scorer=scorer,
+        stream=stream,
+        reference=loaded.reference,
+        engine=impls.engine,
+        stateful=impls.checkpointable(),
+        observer=observer,
+        forward=loaded.forward,
+        dist=dist,
+        backend=loaded.backend,
+    )
+
+
+def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable[[str], None] | None = None) -> str:
+    """Check ``cfg`` exactly as ``grpo run`` does (warnings go to ``warn``),
+    train, and return the final status (``completed``). Everything cheap that
+    can fail (checks, plugins, data, reward columns) happens before a model
+    loads or a server starts."""
+    host = _checked_plugins(cfg, host, warn)
+    output_dir = _prepared_output(cfg, host)
+    context = RunContext(config=cfg, output_dir=output_dir, engine_requirements=host.engine_requirements(cfg))
+    resume, resume_state = _resume_point(cfg, context)
+    model_dir = resolve_model_dir(cfg.base_model)
+    context.tokenizer = load_tokenizer(cfg, model_dir)
+    main = process_rank() == 0  # rank 0 alone samples, scores, logs and saves
+    scorer = RewardScorer(cfg, host, context) if main else None
+    prompts, eval_prompts = _prompts(cfg, host, context, scorer)
+    sampled: dict[str, Any] = {}  # the model a rollout samples, once it has loaded
+    context.get_model = lambda: sampled.get("model")
     status = "failed"
     observer: RunObserver | None = None
     try:
-        stop_ids = [context.tokenizer.eos_token_id] if context.tokenizer.eos_token_id is not None else []
         # trackers: before the model loads; rank 0 alone logs
-        observer = RunObserver.build(cfg, host, context, eval_prompts, stop_ids) if main else None
-        impls = build_implementations(host, cfg, context, main=main)
-        engine_cores = engine_cpu_cores(impls.engine)
-        trainer_cores = keep_off_engine_cores(engine_cores)
-        if trainer_cores:  # before the model loads: its threads, and every later one, stay on these cores
-            context.log(f"CPU split: the inference engine computes on cores {format_cpu_list(engine_cores)}, "
-                        f"the trainer on {format_cpu_list(trainer_cores)} ([vllm] engine_cpus)")
+        observer = RunObserver.build(cfg, host, context, eval_prompts, _stop_ids(context.tokenizer)) if main else None
+        impls = build_implementations(host, cfg, context, main=main)  # a managed engine starts here
+        _keep_trainer_off_engine_cores(context, impls)
         loaded = _load_model_parts(cfg, context, model_dir)
-        accelerator = loaded.accelerator
-        dist = Distributed.from_accelerator(accelerator)
-        if dist.active:
-            from grpo_core.training.sharding import sharding_name
-
-            kind = sharding_name(cfg, dist.world)
-            context.log(f"process {dist.rank} of {dist.world} ({kind}, {accelerator.device})")
+        dist = _joined_processes(cfg, context, loaded)
         # A rollout that samples the trainer's model: under FSDP/ZeRO-3 no rank holds it whole, so rank 0
         # samples with the backend's full copy, which every weight sync refreshes.
-        model_holder["model"] = loaded.backend.sampling_model(accelerator.device) if impls.samples_trainer_model else loaded.model
-        stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)
-        episodes = _rollout_driver(cfg, host, context, impls) if dist.is_main else None
-        if observer is not None:
-            observer.episodes = episodes
-        parts = TrainerParts(
-            cfg=cfg,
-            context=context,
-            hook=host.hook,
-            model=loaded.model,
-            accelerator=accelerator,
-            tokenizer=context.tokenizer,
-            optimizer=loaded.optimizer,
-            scheduler=loaded.scheduler,
-            producer=_make_producer(cfg, host, scorer, stream, context.tokenizer, impls, dist, episodes),
-            scorer=scorer,
-            stream=stream,
-            reference=loaded.reference,
-            engine=impls.engine,
-            stateful=impls.checkpointable(),
-            observer=observer,
-            forward=loaded.forward,
-            dist=dist,
-            backend=loaded.backend,
-        )
-        trainer = GRPOTrainer(parts)
+        sampled["model"] = loaded.backend.sampling_model(loaded.accelerator.device) if impls.samples_trainer_model else loaded.model
+        trainer = GRPOTrainer(_trainer_parts(cfg, host, context, loaded, impls, dist, scorer, observer, prompts))
         if resume is not None:
             trainer.resume(resume, resume_state)
             context.log(f"resumed from {resume} at step {trainer.step}")

@@ -29,7 +29,6 @@ from typing import Any, Protocol
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.config.fsdp_options import fsdp_problems, fsdp_value
-from grpo_core.config.zero_stage import zero_stage
 from grpo_core.errors import ConfigError, GrpoError
 
 def fsdp_plugin(cfg: GRPOConfig) -> Any:
@@ -125,18 +124,6 @@ def sampling_copy(full: FullCopy, device: Any) -> Any:
     if full.copy is not None:
         full.copy.to(device)
     return full.copy
-
-
-def sharding_name(cfg: GRPOConfig, world: int) -> str:
-    """How the model is spread over the processes, for ``grpo config check``."""
-    if cfg.deepspeed:
-        stage = zero_stage(cfg)
-        return f"DeepSpeed ZeRO-{stage if stage is not None else '?'} ({cfg.deepspeed})"
-    if cfg.fsdp and world > 1:
-        return "FSDP " + " ".join(cfg.fsdp)
-    if cfg.fsdp:
-        return "one process (fsdp has nothing to shard it over: unsharded)"
-    return "DDP: a full replica per process" if world > 1 else "one process"
 
 
 # ----------------------------------------------------------------------------- sharded checkpoints

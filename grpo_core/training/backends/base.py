@@ -63,6 +63,12 @@ class TrainingBackend(Protocol):
         ...
 
     @classmethod
+    def describe(cls, cfg: GRPOConfig, world: int) -> str:
+        """How it spreads the policy over ``world`` processes, in the config's
+        own words: the run's first log line and ``grpo config check`` say it."""
+        ...
+
+    @classmethod
     def accelerator_kwargs(cls, cfg: GRPOConfig, world: int) -> dict[str, Any]:
         """Keyword arguments for :class:`accelerate.Accelerator` (its plugins)."""
         ...

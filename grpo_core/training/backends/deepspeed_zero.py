@@ -35,6 +35,11 @@ class DeepSpeedBackend:
         return bool(cfg.deepspeed)
 
     @classmethod
+    def describe(cls, cfg: GRPOConfig, world: int) -> str:
+        stage = zero.zero_stage(cfg)
+        return f"DeepSpeed ZeRO-{stage if stage is not None else '?'} ({cfg.deepspeed})"
+
+    @classmethod
     def accelerator_kwargs(cls, cfg: GRPOConfig, world: int) -> dict[str, Any]:
         # accelerate ignores the plugin when told cpu=True: without GPUs it joins the processes over gloo itself
         return {"deepspeed_plugin": zero.deepspeed_plugin(cfg, world), **zero.accelerator_kwargs(world)}

@@ -45,6 +45,10 @@ class FsdpBackend(ReplicatedBackend):
         return bool(cfg.fsdp) and world > 1  # one process has nothing to shard over: replicated
 
     @classmethod
+    def describe(cls, cfg: GRPOConfig, world: int) -> str:
+        return "FSDP " + " ".join(cfg.fsdp or [])
+
+    @classmethod
     def accelerator_kwargs(cls, cfg: GRPOConfig, world: int) -> dict[str, Any]:
         return {"fsdp_plugin": fsdp_plugin(cfg), **gloo_on_cpu(world)}
 

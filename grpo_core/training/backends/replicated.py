@@ -34,6 +34,14 @@ class ReplicatedBackend:
         return True  # the table's last entry: what no sharding backend takes
 
     @classmethod
+    def describe(cls, cfg: GRPOConfig, world: int) -> str:
+        if world > 1:
+            return "DDP: a full replica per process"
+        if cfg.fsdp:
+            return "one process (fsdp has nothing to shard over: training unsharded; checkpoints load either way)"
+        return "one process"
+
+    @classmethod
     def accelerator_kwargs(cls, cfg: GRPOConfig, world: int) -> dict[str, Any]:
         return gloo_on_cpu(world)
 
