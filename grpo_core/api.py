@@ -26,6 +26,7 @@ from typing import Any
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.errors import ConfigError
 from grpo_core.hookspecs import hookimpl
+from grpo_core.script_objects import hold
 
 CALLABLE_PREFIX = "python:"
 
@@ -127,6 +128,19 @@ def _reward_specs(reward_funcs: Sequence[str | Callable[..., Any]]) -> tuple[lis
     return specs, in_memory
 
 
+def _code_spec(obj: str | Any, key: str) -> str:
+    """An import path for ``obj`` (a name, or the object itself): its own
+    when it has one, else one that :mod:`grpo_core.script_objects` holds."""
+    if isinstance(obj, str):
+        return obj
+    if not callable(obj):
+        raise ConfigError(f"{key}: expected a function, a class or a 'module.name' path, got {type(obj).__name__}")
+    path = _importable_path(obj)
+    if path is not None:
+        return path
+    return hold(obj, getattr(obj, "__name__", None) or type(obj).__name__)
+
+
 def _save_dataset(dataset: Any, output_dir: Path) -> str:
     target = output_dir / "train_dataset"
     if not hasattr(dataset, "save_to_disk"):
@@ -141,6 +155,9 @@ def train(
     *,
     reward_funcs: Sequence[str | Callable[..., Any]] | None = None,
     train_dataset: Any = None,
+    rollout_func: str | Callable[..., Any] | None = None,
+    environment_factory: str | type | Callable[..., Any] | None = None,
+    tools: Sequence[str | Callable[..., Any]] | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Train with GRPO; return where the model and metrics went.
@@ -153,6 +170,11 @@ def train(
     columns in, one float per completion out) and/or names; they replace
     ``trl.reward_funcs``. ``train_dataset``: a ``datasets.Dataset`` with a
     ``prompt`` column; it replaces the config's ``datasets``.
+    ``rollout_func``, ``environment_factory`` (a class), ``tools`` (functions):
+    TRL's arguments of the same names, as objects or import paths; they
+    replace ``trl.rollout_func`` / ``trl.environment_factory`` / ``trl.tools``.
+    An object defined in the script itself works here (the training process
+    runs them), unlike a reward function under reward worker subprocesses.
 
     Runs the checks ``grpo run`` runs and raises the same errors
     (:class:`~grpo_core.errors.ConfigError` and friends) before anything heavy.
@@ -168,6 +190,14 @@ def train(
     if reward_funcs is not None:
         specs, in_memory = _reward_specs(reward_funcs)
         raw.setdefault("trl", {})["reward_funcs"] = specs
+    if rollout_func is not None:
+        raw.setdefault("trl", {})["rollout_func"] = _code_spec(rollout_func, "rollout_func")
+    if environment_factory is not None:
+        raw.setdefault("trl", {})["environment_factory"] = _code_spec(environment_factory, "environment_factory")
+    if tools is not None:
+        if isinstance(tools, str):
+            raise ConfigError("tools: expected a list of functions or 'module.function' paths, got one string")
+        raw.setdefault("trl", {})["tools"] = [_code_spec(tool, "tools") for tool in tools]
     if train_dataset is not None:
         output_dir = Path(str(raw.get("output_dir", GRPOConfig.model_fields["output_dir"].default)))
         raw["datasets"] = [{"path": _save_dataset(train_dataset, output_dir)}]

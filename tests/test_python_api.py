@@ -174,3 +174,102 @@ def test_trl_style_script_trains_end_to_end(tmp_path: Path, smollm2_dir: str) ->
     assert last["rewards/length_reward/mean"] < 0  # the object's own scoring ran
     assert (Path(report["output_dir"]) / "adapter_model.safetensors").is_file()
     assert report["checkpoints"] and report["checkpoints"][-1].endswith("checkpoint-1")
+
+
+def test_code_objects_without_an_import_path_are_held_and_loaded_like_any_user_code() -> None:
+    from grpo_core.api import _code_spec
+    from grpo_core.data import import_from_cwd
+    from grpo_core.errors import ConfigError
+    from grpo_core.training.rollout_function import import_rollout_func
+    from grpo_plugins.rewards.builtin import last_number_match
+
+    def rollout(prompts, trainer):  # a closure: no import path reaches it
+        return {}
+
+    def other(prompts, trainer):
+        return {}
+
+    other.__name__ = "rollout"  # same name, another object: held under a name of its own
+    first, second = _code_spec(rollout, "rollout_func"), _code_spec(other, "rollout_func")
+    assert first.startswith("grpo_core.script_objects.rollout") and first != second
+    assert import_rollout_func(first) is rollout and import_from_cwd(second) is other
+    assert _code_spec(rollout, "rollout_func") == first  # the same object again: the same path
+    assert _code_spec(last_number_match, "tools") == "grpo_plugins.rewards.builtin.last_number_match"
+    assert _code_spec("mod.fn", "tools") == "mod.fn"
+    with pytest.raises(ConfigError, match="environment_factory: expected a function, a class"):
+        _code_spec(3, "environment_factory")
+
+
+TOOLS_SCRIPT = '''
+import json, sys
+import grpo
+
+class Counter:
+    """TRL's environment_factory: one per episode; its public methods are tools."""
+    def reset(self, **row):
+        self.calls = 0
+        return None
+
+    def add(self, a: int, b: int) -> str:
+        """Add two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        self.calls += 1
+        return str(a + b)
+
+def shout(text: str) -> str:
+    """Repeat a text in capitals.
+
+    Args:
+        text: What to repeat.
+    """
+    return text.upper()
+
+def short(completions, **kwargs):
+    return [-len(str(c)) / 100 for c in completions]
+
+result = grpo.train(sys.argv[1], reward_funcs=[short], environment_factory=Counter, tools=[shout])
+print(json.dumps({"status": result.status, "metrics": result.metrics(),
+                  "factory": result.config.trl.environment_factory, "tools": result.config.trl.tools}))
+'''
+
+
+def test_a_script_passes_its_own_environment_class_and_tools_as_objects(tmp_path: Path, smollm2_dir: str) -> None:
+    """TRL scripts pass ``environment_factory=MyEnv, tools=[f]`` defined in the
+    script itself (``__main__``); grpo.train takes them as TRL does, through
+    the tools environment and the transformers rollout."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"What is {i} + {i}? Use the add tool."}) for i in range(2)))
+    config = tmp_path / "config.toml"
+    config.write_text(textwrap.dedent(f"""
+        base_model = {json.dumps(smollm2_dir)}
+        adapter = "lora"
+        lora_r = 4
+        sequence_len = 512
+        micro_batch_size = 4
+        max_steps = 1
+        learning_rate = 1.0e-4
+        output_dir = {json.dumps(str(tmp_path / "out"))}
+        [[datasets]]
+        path = {json.dumps(str(data))}
+        [episodes]
+        max_turns = 2
+        max_tokens_per_turn = 8
+        [trl]
+        num_generations = 4
+        max_completion_length = 32
+        reward_funcs = ["rewards.never_loaded"]
+        """))
+    script = tmp_path / "train_with_tools.py"
+    script.write_text(TOOLS_SCRIPT, encoding="utf-8")
+    result = run_script(script, tmp_path, str(config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["status"] == "completed"
+    assert report["factory"] == "grpo_core.script_objects.Counter"
+    assert report["tools"] == ["grpo_core.script_objects.shout"]
+    row = report["metrics"][-1]
+    assert row["step"] == 1 and "episodes/turns_mean" in row  # the tools environment ran the episodes
