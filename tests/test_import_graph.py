@@ -230,3 +230,18 @@ def test_a_sibling_plugin_import_and_an_upward_import_are_caught(tmp_path: Path)
     edges, known = all_edges(root), set(source_files(root))
     assert _sibling_imports(edges, known) == ["grpo_plugins.advantages:2 imports grpo_plugins.vllm.pool"]
     assert _layer_breaks(edges, known) == {("grpo_core.errors", "grpo_core.types"), ("grpo_core.models", "grpo_core.cli")}
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A leading underscore means "this module's own": another module that
+    needs it asks for a public name instead (the trainer once reached into
+    the log-prob path's helpers this way)."""
+    import ast
+
+    offenders = []
+    for name, path in source_files().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in {"grpo_core", "grpo_plugins", "grpo"}:
+                offenders += [f"{name}:{node.lineno} imports {node.module}.{a.name}" for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]  # fmt: skip
+    assert offenders == []
