@@ -245,3 +245,80 @@ def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, m
     fresh_rows = [r for r in rows(tmp_path / "resumed") if (r["step"] - 1) % iterations == 0]
     assert [r for r in rows(tmp_path / "straight") if r["step"] > 3] == fresh_rows
     assert fresh_rows[0]["policy_version"] == saved[0].policy_version
+
+
+FAILING_SYNC = '''
+from grpo_core import hookimpl
+from grpo_core.types import SAMPLES_TRAINER_MODEL, SyncResult
+
+
+class FailsAtVersion3:
+    """A sync that works until policy version 3, then raises (the engine lost)."""
+
+    required_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
+
+    def __init__(self, context):
+        self.context = context
+
+    @hookimpl
+    def grpo_sync_weights(self, model, version, engine):
+        if version == 3:
+            raise RuntimeError("the engine went away while loading version 3")
+        return SyncResult(version=version, seconds=0.0, detail="test")
+'''
+
+
+def test_a_run_stopped_by_a_failure_under_async_prefetch_keeps_the_batch_made_ahead(
+    smollm2_dir: str, tmp_path: Path, monkeypatch
+) -> None:
+    """The third way an async run stops (after periodic saves and signals): a
+    failure. The sync after step 3 raises; the checkpoint the run leaves
+    holds the batch the prefetch thread had made for step 4, and the resumed
+    run trains it first, never generating it again, to the same values and
+    weights as a run that never failed."""
+    import importlib
+
+    from grpo_core import plugin_host
+    from grpo_core.errors import PluginError
+    from grpo_core.training.safe_load import safe_load
+    from plugin_set import write_distribution
+    from transformers import AutoModelForCausalLM
+
+    site = write_distribution(tmp_path / "site", "grpo_fails_at_3", FAILING_SYNC, "grpo-fails-at-3",
+                              "[grpo.weight_sync]\nfails_at_3 = grpo_fails_at_3:FailsAtVersion3\n")  # fmt: skip
+    (tmp_path / "async_env.py").write_text(ASYNC_ENV)
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(10)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(site))
+    plugin_host.rescan()
+    try:
+        model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+        env = importlib.import_module("async_env")
+        env.MODEL = AutoModelForCausalLM.from_pretrained(model).eval()
+
+        env.LOG = str(tmp_path / "straight-calls.jsonl")
+        assert run_training(async_config(tmp_path, model, "straight", 1, 1, save_steps=100)) == "completed"
+        env.LOG = str(tmp_path / "failed-calls.jsonl")
+        failing = async_config(tmp_path, model, "failed", 1, 1, save_steps=100, plugins={"weight_sync": "fails_at_3"})
+        with pytest.raises(PluginError, match="(?s)version 3.*stopped at step 3; checkpoint saved"):
+            run_training(failing)
+        checkpoint = tmp_path / "failed" / "checkpoint-3"
+        env.LOG = str(tmp_path / "resumed-calls.jsonl")
+        assert run_training(async_config(tmp_path, model, "resumed", 1, 1, resume_from_checkpoint=str(checkpoint))) == "completed"
+    finally:
+        plugin_host.rescan()
+
+    straight_calls, resumed_calls = calls(tmp_path / "straight-calls.jsonl"), calls(tmp_path / "resumed-calls.jsonl")
+    saved = safe_load(checkpoint / "extra_state.pt")["prefetched_batches"]
+    assert len(saved) == 1  # the batch for step 4, made while step 3 trained
+    assert [c.token_ids for g in saved[0].groups for c in g.group.completions] == straight_calls[3]["completion_ids"]
+    assert straight_calls[3]["seed"] not in {c["seed"] for c in resumed_calls}, "the saved batch was generated again"
+    assert resumed_calls[0] == straight_calls[4]
+
+    def math(record: dict) -> dict:  # everything but wall-clock timings
+        return {k: v for k, v in record.items() if k != "step_time" and not k.startswith(("time/", "sync/"))}
+
+    straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
+    assert [r["step"] for r in split] == [4, 5, 6, 7]
+    for a, b in zip(straight[3:], split, strict=True):
+        assert math(a) == math(b), a["step"]
