@@ -14,7 +14,7 @@ import signal
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,10 +49,20 @@ from grpo_core.training.batch import (
 )
 from grpo_core.training.distributed import Distributed, shares
 from grpo_core.training.optim import advance_schedule
-from grpo_core.training.producer import Producer, ScoredBatch
+from grpo_core.training.producer import Producer, PromptStream, ScoredBatch
 from grpo_core.training.sync_check import SyncVerifier
 from grpo_core.training.timing import StepClock, dominant_phases
 from grpo_core.types import Checkpointable, InferenceEngine, PolicyLossInputs, TrainingProgress
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from pluggy import HookRelay
+    from transformers import PreTrainedTokenizerBase
+
+    from grpo_core.models import ReferenceModel
+    from grpo_core.observe import RunObserver
+    from grpo_core.rewards import RewardScorer
+    from grpo_core.training.policy_forward import PolicyLogprobs
 
 
 @dataclass
@@ -61,21 +71,21 @@ class TrainerParts:
 
     cfg: GRPOConfig
     context: RunContext
-    hook: Any
+    hook: HookRelay  # the plugin host's hook relay: every implementation's hooks
     model: torch.nn.Module
-    accelerator: Any
-    tokenizer: Any
+    accelerator: Accelerator
+    tokenizer: PreTrainedTokenizerBase
     optimizer: torch.optim.Optimizer
-    scheduler: Any
+    scheduler: torch.optim.lr_scheduler.LRScheduler
     producer: Producer
-    scorer: Any
+    scorer: RewardScorer | None  # rank 0 scores; None on the other ranks
     backend: TrainingBackend  # how the policy is spread over the processes (grpo_core.training.backends)
-    stream: Any = None  # the PromptStream, restored on resume
-    reference: Any = None  # grpo_core.models reference handle when beta > 0
+    stream: PromptStream | None = None  # restored on resume
+    reference: ReferenceModel | None = None  # when beta > 0
     engine: InferenceEngine | None = None  # the rollout's engine, handed to the weight sync
     stateful: dict[str, Checkpointable] = field(default_factory=dict)  # extension point -> implementation with state
-    observer: Any = None  # grpo_core.observe.RunObserver: logs, trackers, evaluation, alerts (rank 0)
-    forward: Any = None  # the prepared PolicyLogprobs (DDP/FSDP-wrapped with several processes); None: call the model
+    observer: RunObserver | None = None  # logs, trackers, evaluation, alerts (rank 0)
+    forward: PolicyLogprobs | None = None  # the prepared log-prob module (DDP/FSDP-wrapped with several processes); None: call the model
     dist: Distributed = field(default_factory=Distributed)  # the training processes (one by default)
 
 
