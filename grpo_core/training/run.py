@@ -23,10 +23,10 @@ from grpo_core.config.checks import check_config, environment_is_episodic
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
 from grpo_core.cpu_affinity import format_cpu_list, keep_off_engine_cores
-from grpo_core.errors import PluginError, StorageError, TrainingInterrupted
-from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, chosen_implementations, declared
 from grpo_core.data import common_columns, load_prompts
+from grpo_core.errors import PluginError, StorageError, TrainingInterrupted
 from grpo_core.evaluation import load_eval_prompts
+from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, chosen_implementations, declared
 from grpo_core.model_files import resolve_model_dir
 from grpo_core.models import load_policy, load_tokenizer, reference_model
 from grpo_core.observe import RunObserver
@@ -36,10 +36,9 @@ from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.backends import TrainingBackend, backend_for
 from grpo_core.training.batch import generation_batch_size, steps_per_batch
 from grpo_core.training.distributed import Distributed, process_rank, world_size
-from grpo_core.training.optim import build_optimizer, build_scheduler
 from grpo_core.training.episodes import EpisodeDriver, RolloutDriver
+from grpo_core.training.optim import build_optimizer, build_scheduler
 from grpo_core.training.policy_forward import inner_policy
-from grpo_core.training.rollout_function import RolloutFunctionDriver
 from grpo_core.training.producer import (
     PrefetchingProducer,
     PromptStream,
@@ -47,6 +46,7 @@ from grpo_core.training.producer import (
     ScatteringProducer,
     sampling_from_config,
 )
+from grpo_core.training.rollout_function import RolloutFunctionDriver
 from grpo_core.training.trainer import GRPOTrainer, TrainerParts
 from grpo_core.types import SAMPLES_TRAINER_MODEL, Checkpointable, InferenceEngine, Prompt, TrainingProgress, engine_cpu_cores
 
@@ -188,7 +188,7 @@ def _make_producer(
     with several processes wrapped so the main thread scatters its batches."""
     if not dist.is_main:
         return ScatteringProducer(None, dist)
-    stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stop_ids = _stop_ids(tokenizer)
     producer: Any = RolloutProducer(
         cfg,
         host.hook,
