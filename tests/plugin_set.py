@@ -100,3 +100,28 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def failing_sync_source(version: int) -> str:
+    """Source of a weight sync plugin module whose class ``FailsAt`` syncs
+    every policy version but ``version``, where it raises as an engine lost
+    mid-load does (tests of what a failed sync leaves behind)."""
+    return f'''
+from grpo_core import hookimpl
+from grpo_core.types import SAMPLES_TRAINER_MODEL, SyncResult
+
+
+class FailsAt:
+    """A sync that works, except for policy version {version}."""
+
+    required_capabilities = frozenset({{SAMPLES_TRAINER_MODEL}})
+
+    def __init__(self, context):
+        self.context = context
+
+    @hookimpl
+    def grpo_sync_weights(self, model, version, engine):
+        if version == {version}:
+            raise RuntimeError("the engine went away while loading version {version}")
+        return SyncResult(version=version, seconds=0.0, detail="test")
+'''

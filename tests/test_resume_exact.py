@@ -247,25 +247,6 @@ def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, m
     assert fresh_rows[0]["policy_version"] == saved[0].policy_version
 
 
-FAILING_SYNC = '''
-from grpo_core import hookimpl
-from grpo_core.types import SAMPLES_TRAINER_MODEL, SyncResult
-
-
-class FailsAtVersion3:
-    """A sync that works until policy version 3, then raises (the engine lost)."""
-
-    required_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
-
-    def __init__(self, context):
-        self.context = context
-
-    @hookimpl
-    def grpo_sync_weights(self, model, version, engine):
-        if version == 3:
-            raise RuntimeError("the engine went away while loading version 3")
-        return SyncResult(version=version, seconds=0.0, detail="test")
-'''
 
 
 def test_a_run_stopped_by_a_failure_under_async_prefetch_keeps_the_batch_made_ahead(
@@ -281,11 +262,11 @@ def test_a_run_stopped_by_a_failure_under_async_prefetch_keeps_the_batch_made_ah
     from grpo_core import plugin_host
     from grpo_core.errors import PluginError
     from grpo_core.training.safe_load import safe_load
-    from plugin_set import write_distribution
+    from plugin_set import failing_sync_source, write_distribution
     from transformers import AutoModelForCausalLM
 
-    site = write_distribution(tmp_path / "site", "grpo_fails_at_3", FAILING_SYNC, "grpo-fails-at-3",
-                              "[grpo.weight_sync]\nfails_at_3 = grpo_fails_at_3:FailsAtVersion3\n")  # fmt: skip
+    site = write_distribution(tmp_path / "site", "grpo_fails_at_3", failing_sync_source(3), "grpo-fails-at-3",
+                              "[grpo.weight_sync]\nfails_at_3 = grpo_fails_at_3:FailsAt\n")  # fmt: skip
     (tmp_path / "async_env.py").write_text(ASYNC_ENV)
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(10)))
     monkeypatch.syspath_prepend(str(tmp_path))

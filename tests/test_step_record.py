@@ -19,35 +19,16 @@ from grpo_core.config.loader import validate
 from grpo_core.errors import PluginError
 from grpo_core.training.run import run_training
 from tiny_model import build_tiny_model
-from plugin_set import write_distribution
+from plugin_set import failing_sync_source, write_distribution
 
-SYNC_MODULE = '''
-from grpo_core import hookimpl
-from grpo_core.types import SAMPLES_TRAINER_MODEL, SyncResult
-
-
-class FailsAtVersion2:
-    """The in-process sync, except that syncing policy version 2 raises."""
-
-    required_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
-
-    def __init__(self, context):
-        self.context = context
-
-    @hookimpl
-    def grpo_sync_weights(self, model, version, engine):
-        if version == 2:
-            raise RuntimeError("the engine went away while loading version 2")
-        return SyncResult(version=version, seconds=0.0, detail="test")
-'''
 
 REWARDS = "def even(completion_ids, **kwargs):\n    return [sum(t % 2 == 0 for t in ids) / max(1, len(ids)) for ids in completion_ids]\n"
 
 
 @pytest.fixture
 def failing_sync_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    site = write_distribution(tmp_path / "site", "grpo_failing_sync", SYNC_MODULE, "grpo-failing-sync",
-                              "[grpo.weight_sync]\nfails_at_2 = grpo_failing_sync:FailsAtVersion2\n")  # fmt: skip
+    site = write_distribution(tmp_path / "site", "grpo_failing_sync", failing_sync_source(2), "grpo-failing-sync",
+                              "[grpo.weight_sync]\nfails_at_2 = grpo_failing_sync:FailsAt\n")  # fmt: skip
     monkeypatch.syspath_prepend(str(site))
     plugin_host.rescan()
     yield site
