@@ -248,6 +248,14 @@ class VLLMServerEngine:
             self.reapply(reapplying)
             return True
 
+    def back_since(self, restarts: int) -> bool:
+        """After a request failed with ``EngineUnavailable``: whether the
+        server is up again since :attr:`restarts` read ``restarts``, restarted
+        now by this thread or already by another (the prefetch thread and the
+        trainer's both find a dead server; the first restarts it, with the
+        last load re-applied). ``False``: nothing came back, the error stands."""
+        return self.restart_if_dead() or self.restarts != restarts
+
     def load_weights_from_path(self, path: Path) -> None:
         def load() -> None:
             self.client.collective_rpc("reload_weights", {"weights_path": str(path)})
@@ -344,10 +352,8 @@ class VLLMServerEngine:
         restarts = self.restarts
         try:
             return score()
-        except EngineUnavailable:
-            # A managed server that died under the probe comes back with the last load re-applied
-            # (by this thread, or by the prefetch thread that found it dead first): ask it again.
-            if not (self.restart_if_dead() or self.restarts != restarts):
+        except EngineUnavailable:  # a managed server that died under the probe: ask it again once it is back
+            if not self.back_since(restarts):
                 raise
             return score()
 
@@ -406,9 +412,7 @@ class VLLMServerEngine:
             if not self.restart_if_dead() and self.weights_lost():
                 self.reapply("the server holds other weights than the last sync (restarted?); re-applying the last weight sync")
         except EngineUnavailable:  # it died while we asked
-            # Another thread (the prefetch thread, or the trainer's) may have restarted it meanwhile,
-            # holding the lock while we waited: then it is back, with our weights re-applied.
-            if not self.restart_if_dead() and self.restarts == restarts:
+            if not self.back_since(restarts):
                 raise
 
     def _retie_output_embeddings(self) -> None:

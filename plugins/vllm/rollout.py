@@ -173,7 +173,7 @@ class VLLMRollout:
             except EngineUnavailable:
                 # Requests in flight together all fail when the server dies; the first to get
                 # here restarts it, the others find it restarted and try again.
-                if last or not (engine.restart_if_dead() or engine.restarts != restarts):
+                if last or not engine.back_since(restarts):
                     raise
                 continue
             # Answered after an outage: the server may have restarted in between
