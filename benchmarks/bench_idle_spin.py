@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -30,11 +29,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from process_group import group_cpu_seconds  # noqa: E402
-
-
-def cpu_flags() -> str:
-    text = Path("/proc/cpuinfo").read_text()
-    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f" {f}" in text)
 
 
 def measure(spin: str | None, model_dir: str, policy, repeats: int) -> dict[str, float]:
@@ -108,6 +102,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.precision import cpu_flag_summary
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -121,8 +116,9 @@ def main() -> None:
     for key in spin:
         ratio = spin[key] / grpo[key] if grpo[key] > 0 else float("inf")
         print(f"{key:34s} {spin[key]:12.3f} {grpo[key]:12.3f} {ratio:7.2f}x")
-    print(f"cpu flags: {cpu_flags()}; torch threads {torch.get_num_threads()}")
-    print("RESULT " + json.dumps({"cpu_flags": cpu_flags(), **results}))
+    flags = cpu_flag_summary()
+    print(f"cpu flags: {flags}; torch threads {torch.get_num_threads()}")
+    print("RESULT " + json.dumps({"cpu_flags": flags, **results}))
 
 
 if __name__ == "__main__":
