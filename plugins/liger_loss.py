@@ -76,6 +76,8 @@ class LigerPolicyLoss:
             )
         if errors:
             raise ConfigError("; ".join(errors))
+        if trl.importance_sampling_level == "sequence":
+            return ["trl.importance_sampling_level = 'sequence' is numerically fragile with the Liger loss; use 'token'."]
         return []
 
     def _module(self, inputs: PolicyLossInputs, device: torch.device) -> Any:

@@ -136,6 +136,22 @@ def test_config_check_refuses_options_liger_does_not_have(tmp_path: Path) -> Non
         check_config(_cfg(tmp_path, off_policy_mask_threshold=0.5))
 
 
+def test_sequence_level_importance_sampling_warns_however_liger_was_chosen(tmp_path: Path) -> None:
+    """The warning is the Liger plugin's own: choosing it by name
+    (plugins.policy_loss) gets it exactly as trl.use_liger_loss does, and the
+    built-in loss never does."""
+    pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
+    from grpo_core.config.checks import check_config
+    from grpo_core.config.loader import validate
+
+    fragile = "importance_sampling_level = 'sequence' is numerically fragile with the Liger loss"
+    assert any(fragile in w for w in check_config(_cfg(tmp_path, importance_sampling_level="sequence")))
+    by_name = _cfg(tmp_path, importance_sampling_level="sequence", use_liger_loss=False).model_dump(exclude_unset=True)
+    by_name["plugins"] = {"policy_loss": "liger"}
+    assert any(fragile in w for w in check_config(validate(by_name)))
+    assert not any(fragile in w for w in check_config(_cfg(tmp_path, importance_sampling_level="sequence", use_liger_loss=False)))
+
+
 def test_liger_is_accepted_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Liger's GRPO loss needs no GPU: with CUDA faked absent the check passes
     and the built-in is not chosen instead."""

@@ -302,10 +302,6 @@ def _async_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warn
             "trl.replay_recompute_logps = false: replayed groups keep stale log-probabilities (an importance-"
             "sampling mismatch); keep the default true unless you know why."
         )
-    if trl.importance_sampling_level == "sequence" and trl.use_liger_loss:
-        warnings.append(
-            "trl.importance_sampling_level = 'sequence' is numerically fragile with the Liger loss; use 'token'."
-        )
     if trl.mask_truncated_completions and trl.max_completion_length is not None and trl.max_completion_length < 64:
         warnings.append(
             f"trl.mask_truncated_completions with max_completion_length {trl.max_completion_length}: most "
