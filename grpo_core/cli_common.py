@@ -66,14 +66,14 @@ def host_for(cfg: GRPOConfig) -> PluginHost:
 def load_and_check(config: Path, overrides: list[str] | None, num_processes: int | None = None) -> tuple[GRPOConfig, PluginHost, list[str]]:
     """The config as ``grpo config check`` judges it: loaded, its always-on
     plugins registered, checked; the warnings come back as notes."""
-    from grpo_core.config.checks import check_config
     from grpo_core.config.loader import load_config
+    from grpo_core.training.config_check import check_run_config
 
     import_from_cwd()
     cfg = load_config(config, overrides or [])
     host = host_for(cfg)
     notes = load_always_on(host)
-    notes += check_config(cfg, host, num_processes)
+    notes += check_run_config(cfg, host, num_processes)
     return cfg, host, notes
 
 

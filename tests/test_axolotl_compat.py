@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from grpo_core.config import axolotl
-from grpo_core.config.checks import check_config
 from grpo_core.config.compat import compat_keys
 from grpo_core.config.loader import read_raw, validate
 from grpo_core.config.schema import DatasetSpec, GRPOConfig, TrlSettings, VllmSettings
 from grpo_core.errors import ConfigError
+from grpo_core.training.config_check import check_run_config
 
 DATA = Path(__file__).resolve().parent / "data" / "axolotl"
 KEYS = json.loads((DATA / "keys.json").read_text())
@@ -125,13 +125,13 @@ def test_compat_keys_validate_and_are_named_in_a_warning() -> None:
     axolotl_compat = [k for k in KEYS["top_level"] if k in compat_keys()]
     assert set(axolotl_compat) <= set(COMPAT_SAMPLES), "give a sample value for each new compat key"
     for key, value in COMPAT_SAMPLES.items():
-        warnings = check_config(validate(base(**{key: value})))
+        warnings = check_run_config(validate(base(**{key: value})))
         assert any(w.startswith(f"{key} is accepted for compatibility") for w in warnings), (key, warnings)
 
 
 def test_sample_packing_true_is_refused_with_the_reason() -> None:
     with pytest.raises(ConfigError, match="sample_packing = true is not supported"):
-        check_config(validate(base(sample_packing=True)))
+        check_run_config(validate(base(sample_packing=True)))
 
 
 # ------------------------------------------------------------ honoured keys
@@ -171,7 +171,7 @@ def test_num_epochs_and_max_steps() -> None:
     cfg.trl.num_iterations = 2
     assert steps_for_epochs(cfg, 9) == 18
     both = validate(base(num_epochs=2, max_steps=5))
-    assert any("max_steps = 5 takes precedence over num_epochs = 2" in w for w in check_config(both))
+    assert any("max_steps = 5 takes precedence over num_epochs = 2" in w for w in check_run_config(both))
 
 
 def test_attn_implementation_is_validated_and_flash_falls_back_to_sdpa_without_cuda() -> None:
@@ -184,9 +184,9 @@ def test_attn_implementation_is_validated_and_flash_falls_back_to_sdpa_without_c
         with pytest.warns(UserWarning, match="flash_attention_2 is unavailable \\(no CUDA device\\); using 'sdpa'"):
             assert resolve_attn_implementation(validate(base(attn_implementation="flash_attention_2"))) == "sdpa"
     with pytest.raises(ConfigError, match="attn_implementation = 'flash' is not an attention implementation"):
-        check_config(validate(base(attn_implementation="flash")))
+        check_run_config(validate(base(attn_implementation="flash")))
     with pytest.raises(ConfigError, match="keep attn_implementation only"):
-        check_config(validate(base(attn_implementation="sdpa", flash_attention=True)))
+        check_run_config(validate(base(attn_implementation="sdpa", flash_attention=True)))
 
 
 def test_optimizer_and_scheduler_keys_reach_torch_and_transformers() -> None:
@@ -220,10 +220,10 @@ def test_qlora_needs_load_in_4bit_and_kbit_needs_lora_and_adapter_sync() -> None
         validate(base(adapter="qlora"))
     assert validate(base(adapter="qlora", load_in_4bit=True)).adapter == "lora"
     with pytest.raises(ConfigError, match="needs a LoRA adapter"):
-        check_config(validate(base(load_in_8bit=True)))
+        check_run_config(validate(base(load_in_8bit=True)))
     with pytest.raises(ConfigError, match="set trl.vllm_lora_sync = true"):
-        check_config(validate(base(adapter="lora", load_in_4bit=True, trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": True})))
-    check_config(validate(base(adapter="lora", load_in_4bit=True, trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": True, "vllm_lora_sync": True})))  # fmt: skip
+        check_run_config(validate(base(adapter="lora", load_in_4bit=True, trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": True})))
+    check_run_config(validate(base(adapter="lora", load_in_4bit=True, trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": True, "vllm_lora_sync": True})))  # fmt: skip
 
 
 def test_kbit_is_refused_naming_the_hardware_when_bitsandbytes_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -237,7 +237,7 @@ def test_kbit_is_refused_naming_the_hardware_when_bitsandbytes_is_missing(monkey
     quantization.bitsandbytes_problem.cache_clear()
     try:
         with pytest.raises(ConfigError) as info:
-            check_config(validate(base(adapter="lora", load_in_4bit=True)))
+            check_run_config(validate(base(adapter="lora", load_in_4bit=True)))
     finally:
         quantization.bitsandbytes_problem.cache_clear()
     assert "load_in_4bit cannot run here: bitsandbytes is not installed" in str(info.value)

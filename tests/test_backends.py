@@ -75,6 +75,53 @@ def test_every_backend_implements_the_whole_interface(backend: type) -> None:
     assert BACKENDS[-1] is ReplicatedBackend  # the fallback comes last: it takes every config
 
 
+class RefusingBackend(ReplicatedBackend):
+    """A backend with a rule of its own: it refuses ``seed = 13``."""
+
+    name = "refusing"
+
+    @classmethod
+    def config_problems(cls, cfg, traits):
+        return [f"backend 'refusing' cannot run seed = {cfg.seed} (policy '{traits.names['policy_loss']}'): change seed."] if cfg.seed == 13 else []
+
+
+def test_a_new_backends_config_rules_reach_the_check_with_no_change_elsewhere(tmp_path: Path, monkeypatch) -> None:
+    """``grpo run`` and ``grpo config check`` (check_run_config) ask every
+    backend in the table, each with the chosen implementations' traits; the
+    config layer's check_config knows no backend and asks none unless told."""
+    from grpo_core.config.checks import check_config
+    from grpo_core.errors import ConfigError
+    from grpo_core.training.config_check import check_run_config
+
+    (tmp_path / "backend_rewards.py").write_text(REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(backends, "BACKENDS", (RefusingBackend, *BACKENDS))
+    refused = _config(tmp_path, str(tmp_path), seed=13)
+    with pytest.raises(ConfigError, match=r"backend 'refusing' cannot run seed = 13 \(policy 'grpo'\)"):
+        check_run_config(refused)
+    assert check_run_config(_config(tmp_path, str(tmp_path), seed=12)) == []
+    assert check_config(refused) == []  # the config layer alone: no backend's rules
+
+
+def test_the_built_in_backends_answer_only_for_their_own_keys(tmp_path: Path) -> None:
+    """Each rule moved out of the config layer with its backend, and runs
+    whatever the process count (``grpo config check`` starts no process)."""
+    from grpo_core.config.checks import chosen_traits
+
+    traits = chosen_traits({"policy_loss": "grpo"}, {})
+    (tmp_path / "backend_rewards.py").write_text(REWARD)
+    zero3 = tmp_path / "zero3.json"
+    zero3.write_text(json.dumps({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}))
+    deepspeed = _config(tmp_path, str(tmp_path), deepspeed=str(zero3), gradient_checkpointing=True,
+                        gradient_checkpointing_kwargs={"use_reentrant": False})  # fmt: skip
+    fsdp = _config(tmp_path, str(tmp_path), fsdp=["full_shard", "hybrid_shard"])
+    by_backend = {b.name: (b.config_problems(deepspeed, traits), b.config_problems(fsdp, traits)) for b in BACKENDS}
+    assert [p.split(" fails")[0] for p in by_backend["deepspeed"][0]] == ["DeepSpeed ZeRO-3 with gradient_checkpointing_kwargs.use_reentrant = false"]
+    assert by_backend["deepspeed"][1] == []
+    assert by_backend["fsdp"][0] == [] and ["hybrid_shard" in p for p in by_backend["fsdp"][1]] == [True]
+    assert by_backend["replicated"] == ([], [])
+
+
 class RecordingBackend(ReplicatedBackend):
     """A "fourth" backend: the replicated one, recording what the trainer asks of it."""
 

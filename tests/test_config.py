@@ -17,12 +17,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from grpo_core.config.checks import check_config, implementation_names
+from grpo_core.config.checks import implementation_names
 from grpo_core.config.convert import to_toml_text
 from grpo_core.config.loader import apply_overrides, load_config, parse_override, read_raw, validate
 from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig, TrlSettings
 from grpo_core.errors import ConfigError, GrpoError, NotImplementedYet
 from grpo_core.plugin_host import EntryPointInfo, PluginHost
+from grpo_core.training.config_check import check_run_config
 from grpo_core.types import SAMPLES_TRAINER_MODEL
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +63,7 @@ def test_quickstart_yaml_and_toml_twin_validate_to_the_same_config() -> None:
     assert from_yaml.model_dump() == from_toml.model_dump()
     assert from_yaml.trl.reward_funcs == ["rewards.accuracy_reward", "rewards.format_reward"]
     assert from_yaml.trl.num_generations == 8 and from_yaml.learning_rate == pytest.approx(5e-6)
-    warnings = check_config(from_yaml)
+    warnings = check_run_config(from_yaml)
     assert all(isinstance(w, str) for w in warnings)
 
 
@@ -283,7 +284,7 @@ def test_every_reference_option_exists_under_trl_with_the_doc_default(
 
 
 def test_minimal_config_passes_without_warnings() -> None:
-    assert check_config(validate(minimal())) == []
+    assert check_run_config(validate(minimal())) == []
 
 
 @pytest.mark.parametrize(
@@ -309,7 +310,7 @@ def test_minimal_config_passes_without_warnings() -> None:
 def test_impossible_configs_raise_with_the_fix(changes: dict[str, Any], fragments: list[str]) -> None:
     cfg = validate(minimal(**changes))
     with pytest.raises(ConfigError) as info:
-        check_config(cfg)
+        check_run_config(cfg)
     for fragment in fragments:
         assert fragment in str(info.value)
 
@@ -319,12 +320,12 @@ def test_deepspeed_zero3_with_non_reentrant_checkpointing_is_an_error(tmp_path: 
     cfg = validate(minimal(deepspeed=str(ds), gradient_checkpointing=True, trl={"num_generations": 4, "use_vllm": True,
                            "reward_funcs": ["last_number_match"]}, gradient_checkpointing_kwargs={"use_reentrant": False}))  # fmt: skip
     with pytest.raises(ConfigError) as info:
-        check_config(cfg)
+        check_run_config(cfg)
     assert "use_reentrant = true" in str(info.value)
     stage2 = write(tmp_path, "ds2.json", '{"zero_optimization": {"stage": 2}}')
     cfg = validate(minimal(deepspeed=str(stage2), gradient_checkpointing=True,
                            gradient_checkpointing_kwargs={"use_reentrant": False}))
-    check_config(cfg)  # ZeRO-2 takes non-reentrant checkpointing
+    check_run_config(cfg)  # ZeRO-2 takes non-reentrant checkpointing
 
 
 def test_zero3_defaults_use_reentrant_to_true_and_fsdp_keeps_false(tmp_path: Path) -> None:
@@ -360,7 +361,7 @@ def test_deepspeed_configs_grpo_cannot_run_name_the_key_and_fix(tmp_path: Path, 
     monkeypatch.setattr(precision, "cpu_flags", lambda: set())  # bf16 = "auto" stays float32 whatever this CPU has
     ds = write(tmp_path, "ds.json", json_text)
     with pytest.raises(ConfigError) as info:
-        check_config(validate(minimal(deepspeed=str(ds), bf16="auto")))
+        check_run_config(validate(minimal(deepspeed=str(ds), bf16="auto")))
     message = str(info.value)
     assert f'deepspeed = "{ds}"' in message
     for fragment in fragments:
@@ -369,7 +370,7 @@ def test_deepspeed_configs_grpo_cannot_run_name_the_key_and_fix(tmp_path: Path, 
 
 def test_deepspeed_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read the DeepSpeed config"):
-        check_config(validate(minimal(deepspeed=str(tmp_path / "nope.json"))))
+        check_run_config(validate(minimal(deepspeed=str(tmp_path / "nope.json"))))
 
 
 def test_deepspeed_autos_are_filled_from_grpo_config(tmp_path: Path, monkeypatch) -> None:
@@ -404,7 +405,7 @@ def test_deepspeed_autos_are_filled_from_grpo_config(tmp_path: Path, monkeypatch
 def test_zero3_refuses_a_reference_model_it_cannot_partition(tmp_path: Path) -> None:
     ds = write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 3}}')
     with pytest.raises(ConfigError) as info:
-        check_config(validate(minimal(deepspeed=str(ds), trl={"num_generations": 4, "beta": 0.1,
+        check_run_config(validate(minimal(deepspeed=str(ds), trl={"num_generations": 4, "beta": 0.1,
                                                                "reward_funcs": ["last_number_match"]})))  # fmt: skip
     assert "trl.beta > 0" in str(info.value) and "rollout 'transformers'" not in str(info.value)
 
@@ -426,19 +427,19 @@ def test_zero3_refuses_a_reference_model_it_cannot_partition(tmp_path: Path) -> 
     ],
 )
 def test_risky_configs_warn(changes: dict[str, Any], fragment: str) -> None:
-    warnings = check_config(validate(minimal(**changes)))
+    warnings = check_run_config(validate(minimal(**changes)))
     assert any(fragment in w for w in warnings), warnings
 
 
 def test_fsdp_with_async_prefetch_needs_no_deadlock_warning() -> None:
     # The prefetch thread issues no collectives (only the trainer's thread scatters): nothing to warn about.
     cfg = validate(minimal(fsdp=["full_shard", "auto_wrap"], trl={"use_vllm": True, "async_prefetch": True, "use_data_producer": True}))
-    assert not any("deadlock" in w for w in check_config(cfg))
+    assert not any("deadlock" in w for w in check_run_config(cfg))
 
 
 def test_fsdp_options_that_cannot_run_are_refused_by_name() -> None:
     with pytest.raises(ConfigError) as info:
-        check_config(validate(minimal(fsdp=["hybrid_shard"], fsdp_config={"fsdp_bogus": 1})))
+        check_run_config(validate(minimal(fsdp=["hybrid_shard"], fsdp_config={"fsdp_bogus": 1})))
     assert "hybrid_shard" in str(info.value) and "fsdp_bogus" in str(info.value)
 
 
@@ -472,8 +473,8 @@ def test_fsdp_and_zero3_accept_a_rollout_that_samples_the_trainers_model(tmp_pat
     ds = write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 3}}')
     host = _HostWith("rollout", "my_sampler", _ThirdPartySampler)
     for sharding in ({"fsdp": ["full_shard"]}, {"deepspeed": str(ds)}):
-        check_config(validate(minimal(**sharding)))
-        check_config(validate(minimal(**sharding, plugins={"rollout": "my_sampler"})), host=host)
+        check_run_config(validate(minimal(**sharding)))
+        check_run_config(validate(minimal(**sharding, plugins={"rollout": "my_sampler"})), host=host)
 
 
 def test_quantised_base_is_judged_by_what_the_sync_sends() -> None:
@@ -483,9 +484,9 @@ def test_quantised_base_is_judged_by_what_the_sync_sends() -> None:
     base = {"adapter": "lora", "load_in_4bit": True}
     for sync in ("full_filesystem", "full_http", "nccl"):
         with pytest.raises(ConfigError, match=f"weight sync '{sync}' sends merged full weights"):
-            check_config(validate(minimal(**base, trl={"use_vllm": True}, plugins={"weight_sync": sync})))
+            check_run_config(validate(minimal(**base, trl={"use_vllm": True}, plugins={"weight_sync": sync})))
     try:
-        check_config(validate(minimal(**base, trl={"use_vllm": True, "vllm_lora_sync": True})))
+        check_run_config(validate(minimal(**base, trl={"use_vllm": True, "vllm_lora_sync": True})))
     except ConfigError as exc:
         assert "sends merged full weights" not in str(exc)
 
@@ -495,7 +496,7 @@ def test_sequence_level_is_with_liger_warns(monkeypatch: pytest.MonkeyPatch) -> 
 
     cfg = validate(minimal(trl={"importance_sampling_level": "sequence", "use_liger_loss": True}))
     monkeypatch.setattr(liger_loss, "liger_problem", lambda: None)  # as if liger-kernel were installed
-    assert any("'token'" in w for w in check_config(cfg))
+    assert any("'token'" in w for w in check_run_config(cfg))
 
 
 @pytest.fixture
@@ -510,13 +511,13 @@ def an_unimplemented_option(monkeypatch) -> str:
 
 def test_unimplemented_options_are_refused(an_unimplemented_option: str) -> None:
     with pytest.raises(NotImplementedYet) as info:
-        check_config(validate(minimal(tf32=True)))
+        check_run_config(validate(minimal(tf32=True)))
     assert f"`{an_unimplemented_option}` is not implemented yet" in str(info.value)
 
 
 def test_an_unimplemented_option_is_listed_with_the_other_problems(an_unimplemented_option: str) -> None:
     with pytest.raises(ConfigError) as info:
-        check_config(validate(minimal(tf32=True, torch_compile=True, torch_compile_backend="nope")))
+        check_run_config(validate(minimal(tf32=True, torch_compile=True, torch_compile_backend="nope")))
     message = str(info.value)
     assert "2 problems" in message and "`tf32`" in message and "torch_compile_backend = 'nope'" in message
 
@@ -545,7 +546,7 @@ def test_unknown_implementation_names_are_errors_with_a_host() -> None:
 
     cfg = validate(minimal(plugins={"advantage_aggregation": "no_such_thing"}))
     with pytest.raises(ConfigError) as info:
-        check_config(cfg, PluginHost())
+        check_run_config(cfg, PluginHost())
     message = str(info.value)
     assert "plugins.advantage_aggregation" in message and "'no_such_thing'" in message
     assert "sum_then_normalize" in message  # lists what is available
@@ -590,7 +591,7 @@ def test_fuzz_loader_raises_only_config_errors(flat: dict[Any, Any]) -> None:
         assert str(exc)
         return
     try:
-        check_config(cfg)
+        check_run_config(cfg)
     except ConfigError:
         pass
 
@@ -656,7 +657,7 @@ def test_top_level_key_written_after_a_table_header_says_move_it(tmp_path) -> No
     ],
 )
 def test_an_option_set_but_never_read_is_named(changes: dict[str, Any], fragment: str) -> None:
-    warnings = check_config(validate(minimal(**changes)))
+    warnings = check_run_config(validate(minimal(**changes)))
     assert any(fragment in w for w in warnings), warnings
 
 
@@ -674,7 +675,7 @@ def test_an_option_set_but_never_read_is_named(changes: dict[str, Any], fragment
     ],
 )
 def test_the_same_options_where_they_are_read_are_not_warned_about(changes: dict[str, Any]) -> None:
-    assert check_config(validate(minimal(**changes))) == []
+    assert check_run_config(validate(minimal(**changes))) == []
 
 
 def test_a_default_grpo_fills_in_is_never_warned_about() -> None:
@@ -682,7 +683,7 @@ def test_a_default_grpo_fills_in_is_never_warned_about() -> None:
     cfg = validate(minimal())
     assert cfg.trl.prefetch_depth == 1 and cfg.trl.vllm_importance_sampling_mode == "token_truncate"
     assert set(EFFECTIVE_DEFAULTS) & cfg.trl.model_fields_set == {"num_generations"}  # the one minimal() writes
-    assert check_config(cfg) == []
+    assert check_run_config(cfg) == []
 
 
 def test_a_config_dumped_with_only_what_was_set_derives_its_defaults_again() -> None:
@@ -698,7 +699,7 @@ def test_a_config_dumped_with_only_what_was_set_derives_its_defaults_again() -> 
 
 def test_accumulation_with_a_generation_batch_says_how_many_steps_it_feeds() -> None:
     cfg = validate(minimal(micro_batch_size=2, gradient_accumulation_steps=4, trl={"generation_batch_size": 16}))
-    warnings = check_config(cfg)
+    warnings = check_run_config(cfg)
     assert any("trl.generation_batch_size = 16 with gradient_accumulation_steps = 4: each generation feeds 2 "
                "optimizer steps of 8 completions" in w for w in warnings), warnings  # fmt: skip
     assert not any("has no effect" in w for w in warnings), warnings
@@ -706,24 +707,24 @@ def test_accumulation_with_a_generation_batch_says_how_many_steps_it_feeds() -> 
 
     assert "2 optimizer steps per generation" in summary(cfg)  # the summary and the warning agree
     one = validate(minimal(micro_batch_size=2, gradient_accumulation_steps=4, trl={"generation_batch_size": 8}))
-    assert check_config(one) == []  # one generation per step: nothing to say
+    assert check_run_config(one) == []  # one generation per step: nothing to say
 
 
 def test_sync_ref_model_with_lora_is_refused_at_check_time() -> None:
     with pytest.raises(NotImplementedYet) as info:
-        check_config(validate(minimal(adapter="lora", trl={"sync_ref_model": True, "beta": 0.1})))
+        check_run_config(validate(minimal(adapter="lora", trl={"sync_ref_model": True, "beta": 0.1})))
     message = str(info.value)
     assert "trl.sync_ref_model" in message and "adapter = 'lora'" in message and "trl.sync_ref_model = false" in message
-    check_config(validate(minimal(trl={"sync_ref_model": True, "beta": 0.1})))  # full weights: it runs
+    check_run_config(validate(minimal(trl={"sync_ref_model": True, "beta": 0.1})))  # full weights: it runs
 
 
 def test_a_loss_that_fuses_the_lm_head_is_refused_under_deepspeed(tmp_path: Path) -> None:
     """Liger's loss declares ``uses_hidden_states``; the rule reads that."""
     ds = write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 2}}')
     with pytest.raises(ConfigError, match="policy_loss 'liger' with deepspeed: a loss that fuses the LM head"):
-        check_config(validate(minimal(deepspeed=str(ds), trl={"use_liger_loss": True})))
+        check_run_config(validate(minimal(deepspeed=str(ds), trl={"use_liger_loss": True})))
     try:
-        check_config(validate(minimal(deepspeed=str(ds))))
+        check_run_config(validate(minimal(deepspeed=str(ds))))
     except ConfigError as exc:
         assert "fuses the LM head" not in str(exc)
 
@@ -737,12 +738,12 @@ def test_lora_http_sends_the_adapter_and_asks_the_engine_for_adapters() -> None:
 
     plugins = {"weight_sync": "lora_http"}
     with pytest.raises(ConfigError, match="no adapter is trained"):
-        check_config(validate(minimal(trl={"use_vllm": True}, plugins=plugins)))
+        check_run_config(validate(minimal(trl={"use_vllm": True}, plugins=plugins)))
     with pytest.raises(ConfigError, match="lora_http.*colocate"):
-        check_config(validate(minimal(adapter="lora", trl={"use_vllm": True, "vllm_mode": "colocate"}, plugins=plugins)))
+        check_run_config(validate(minimal(adapter="lora", trl={"use_vllm": True, "vllm_mode": "colocate"}, plugins=plugins)))
     cfg = validate(minimal(adapter="lora", load_in_4bit=True, trl={"use_vllm": True}, plugins=plugins))
     try:
-        check_config(cfg)
+        check_run_config(cfg)
     except ConfigError as exc:
         assert "sends merged full weights" not in str(exc)
     needs = PluginHost().engine_requirements(cfg)

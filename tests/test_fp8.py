@@ -34,26 +34,26 @@ def _cfg(tmp_path: Path):
 
 
 def test_config_check_refuses_fp8_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_core.config.checks import check_config
     from grpo_core.errors import ConfigError
+    from grpo_core.training.config_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match=r"fp8 = true needs an NVIDIA GPU of compute capability >= 8.9.*no CUDA"):
-        check_config(_cfg(tmp_path))
+        check_run_config(_cfg(tmp_path))
 
 
 def test_config_check_fp8_on_faked_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import grpo_core.fp8 as fp8
-    from grpo_core.config.checks import check_config
     from grpo_core.errors import ConfigError
+    from grpo_core.training.config_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     with pytest.raises(ConfigError, match="compute capability 8.0"):
-        check_config(_cfg(tmp_path))
+        check_run_config(_cfg(tmp_path))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(fp8, "_torchao_available", lambda: True)
-    check_config(_cfg(tmp_path))  # accepted: an H100 with torchao
+    check_run_config(_cfg(tmp_path))  # accepted: an H100 with torchao
 
 
 def test_fp8_reaches_the_accelerators_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

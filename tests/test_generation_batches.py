@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_core.config.checks import check_config
 from grpo_core.config.loader import validate
 from grpo_core.errors import ConfigError
 from grpo_core.training.batch import generation_batch_size, steps_per_batch, steps_per_generation
+from grpo_core.training.config_check import check_run_config
 from grpo_core.training.run import run_training
 from tiny_model import build_tiny_model
 
@@ -50,7 +50,7 @@ def cfg_for(tmp: Path, model: str = "unused/model", **settings):
 )
 def test_generation_batch_feeds_whole_optimizer_steps(tmp_path: Path, settings: dict, per_generation: int) -> None:
     cfg = cfg_for(tmp_path, **settings)
-    check_config(cfg)
+    check_run_config(cfg)
     assert steps_per_generation(cfg) == per_generation
     assert generation_batch_size(cfg) == 8 * per_generation
     assert cfg.gradient_accumulation_steps == 2  # never overridden
@@ -69,7 +69,7 @@ def test_generation_batch_feeds_whole_optimizer_steps(tmp_path: Path, settings: 
 )
 def test_unsupported_generation_batches_are_refused_by_name(tmp_path: Path, settings: dict, fragments: list[str]) -> None:
     with pytest.raises(ConfigError) as info:
-        check_config(cfg_for(tmp_path, **settings))
+        check_run_config(cfg_for(tmp_path, **settings))
     for fragment in fragments:
         assert fragment in str(info.value), (fragment, str(info.value))
 

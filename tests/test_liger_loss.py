@@ -114,26 +114,26 @@ def _cfg(tmp_path: Path, **trl):
 
 
 def test_config_check_refuses_liger_without_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_core.config.checks import check_config
     from grpo_core.errors import ConfigError
+    from grpo_core.training.config_check import check_run_config
 
     # Faked absence: importing liger_kernel raises ImportError whatever is installed.
     for name in [m for m in sys.modules if m.startswith("liger_kernel")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "liger_kernel", None)
     with pytest.raises(ConfigError, match=r"trl.use_liger_loss = true needs the liger-kernel package.*pip install"):
-        check_config(_cfg(tmp_path))
+        check_run_config(_cfg(tmp_path))
 
 
 def test_config_check_refuses_options_liger_does_not_have(tmp_path: Path) -> None:
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
-    from grpo_core.config.checks import check_config
     from grpo_core.errors import ConfigError
+    from grpo_core.training.config_check import check_run_config
 
     with pytest.raises(ConfigError, match="top_entropy_quantile.*use_liger_loss = false"):
-        check_config(_cfg(tmp_path, top_entropy_quantile=0.2))
+        check_run_config(_cfg(tmp_path, top_entropy_quantile=0.2))
     with pytest.raises(ConfigError, match="off_policy_mask_threshold"):
-        check_config(_cfg(tmp_path, off_policy_mask_threshold=0.5))
+        check_run_config(_cfg(tmp_path, off_policy_mask_threshold=0.5))
 
 
 def test_sequence_level_importance_sampling_warns_however_liger_was_chosen(tmp_path: Path) -> None:
@@ -141,27 +141,27 @@ def test_sequence_level_importance_sampling_warns_however_liger_was_chosen(tmp_p
     (plugins.policy_loss) gets it exactly as trl.use_liger_loss does, and the
     built-in loss never does."""
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
-    from grpo_core.config.checks import check_config
     from grpo_core.config.loader import validate
+    from grpo_core.training.config_check import check_run_config
 
     fragile = "importance_sampling_level = 'sequence' is numerically fragile with the Liger loss"
-    assert any(fragile in w for w in check_config(_cfg(tmp_path, importance_sampling_level="sequence")))
+    assert any(fragile in w for w in check_run_config(_cfg(tmp_path, importance_sampling_level="sequence")))
     by_name = _cfg(tmp_path, importance_sampling_level="sequence", use_liger_loss=False).model_dump(exclude_unset=True)
     by_name["plugins"] = {"policy_loss": "liger"}
-    assert any(fragile in w for w in check_config(validate(by_name)))
-    assert not any(fragile in w for w in check_config(_cfg(tmp_path, importance_sampling_level="sequence", use_liger_loss=False)))
+    assert any(fragile in w for w in check_run_config(validate(by_name)))
+    assert not any(fragile in w for w in check_run_config(_cfg(tmp_path, importance_sampling_level="sequence", use_liger_loss=False)))
 
 
 def test_liger_is_accepted_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Liger's GRPO loss needs no GPU: with CUDA faked absent the check passes
     and the built-in is not chosen instead."""
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
-    from grpo_core.config.checks import check_config
     from grpo_core.extension_points import chosen_implementations
+    from grpo_core.training.config_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = _cfg(tmp_path)
-    check_config(cfg)
+    check_run_config(cfg)
     assert chosen_implementations(cfg)["policy_loss"] == "liger"
     assert chosen_implementations(_cfg(tmp_path, use_liger_loss=False))["policy_loss"] == "grpo"
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from grpo_core.alerts import HealthMonitor
-from grpo_core.config.checks import check_config
 from grpo_core.config.loader import validate
 from grpo_core.config.schema import AlertSettings
 from grpo_core.context import RunContext
@@ -20,6 +19,7 @@ from grpo_core.errors import ConfigError, DataError
 from grpo_core.evaluation import split_validation
 from grpo_core.plugin_host import PluginHost
 from grpo_core.tracking import TrackerSet, requested_trackers
+from grpo_core.training.config_check import check_run_config
 from grpo_core.types import Prompt, Tracker
 
 
@@ -52,22 +52,22 @@ def test_use_wandb_adds_wandb_and_all_means_every_installed_tracker() -> None:
 
 
 def test_formerly_refused_options_now_pass_the_checks() -> None:
-    check_config(validate(minimal(use_wandb=True, val_set_size=0.1, trl={"num_generations": 4, "reward_funcs": ["x"], "log_completions": True})))
+    check_run_config(validate(minimal(use_wandb=True, val_set_size=0.1, trl={"num_generations": 4, "reward_funcs": ["x"], "log_completions": True})))
 
 
 def test_config_check_names_an_unknown_tracker_and_what_exists() -> None:
     with pytest.raises(ConfigError) as info:
-        check_config(validate(minimal(report_to=["tensorbored"])), PluginHost())
+        check_run_config(validate(minimal(report_to=["tensorbored"])), PluginHost())
     assert "report_to = 'tensorbored'" in str(info.value) and "tensorboard" in str(info.value)
 
 
 def test_eval_strategy_without_data_and_unknown_alert_names_are_refused() -> None:
     with pytest.raises(ConfigError, match="val_set_size"):
-        check_config(validate(minimal(eval_strategy="steps")))
+        check_run_config(validate(minimal(eval_strategy="steps")))
     with pytest.raises(ConfigError, match="alerts.silence"):
-        check_config(validate(minimal(alerts={"silence": ["entropy"]})))
+        check_run_config(validate(minimal(alerts={"silence": ["entropy"]})))
     with pytest.raises(ConfigError, match="whole number"):
-        check_config(validate(minimal(val_set_size=2.5)))
+        check_run_config(validate(minimal(val_set_size=2.5)))
 
 
 # --------------------------------------------------------------------------- trackers
@@ -275,7 +275,7 @@ def test_a_third_party_tracker_package_is_chosen_by_its_entry_point_name(tmp_pat
     plugin_host.rescan()
     try:
         cfg, ctx = _context(tmp_path, report_to=["lines"])
-        check_config(cfg, PluginHost())  # known by name to the config check
+        check_run_config(cfg, PluginHost())  # known by name to the config check
         trackers = TrackerSet.build(cfg, PluginHost(), ctx)
         trackers.log({"reward": 0.25}, 3)
         trackers.log_table("completions", [{"step": 3, "completion": "x"}], 3)

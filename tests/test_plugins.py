@@ -28,11 +28,11 @@ import pytest
 import torch
 
 from grpo_core import plugin_host
-from grpo_core.config.checks import check_config
 from grpo_core.config.loader import validate
 from grpo_core.context import RunContext
 from grpo_core.errors import ConfigError, PluginError
 from grpo_core.plugin_host import ALLOW_ENV, PluginHost
+from grpo_core.training.config_check import check_run_config
 from pip_target import install_into_target
 from plugin_set import SITES_ENV, only_plugins_from, subprocess_command
 
@@ -284,8 +284,8 @@ def test_config_allowlist_blocks_a_chosen_implementation(example_site: Path, tmp
             "plugins": {"allow": ["someone-else"]},
         })
         with pytest.raises(ConfigError, match="rank.*not allowed.*plugins.allow"):
-            check_config(blocked, PluginHost(allow=set(blocked.plugins.allow or [])))
-        check_config(blocked, PluginHost(allow={EXAMPLE_DIST}))
+            check_run_config(blocked, PluginHost(allow=set(blocked.plugins.allow or [])))
+        check_run_config(blocked, PluginHost(allow={EXAMPLE_DIST}))
 
 
 # ---------------------------------------------------------------- broken plugins
@@ -482,7 +482,7 @@ def test_length_bonus_is_configured_from_a_toml_file(example_site: Path, tmp_pat
         assert reward.__name__ == "length_bonus"
         # 4 tokens is now the target: full bonus; 8 tokens is twice the target: none
         assert reward(completions=["a", "b"], completion_ids=[[1] * 4, [1] * 8]) == [1.0, 0.0]
-        assert check_config(cfg) == []
+        assert check_run_config(cfg) == []
     ok = grpo("config", "check", str(path), pythonpath=example_site)
     assert ok.returncode == 0, ok.stderr
 
@@ -512,7 +512,7 @@ def test_a_qualified_name_reads_its_qualified_settings_table(example_site: Path,
     path = write_config(tmp_path, f'reward_funcs = [{QUALIFIED}]', f"[plugins.{QUALIFIED}]\ntarget_tokens = 4\n")
     with on_path(example_site, "grpo_plugin_example"):
         cfg = load_config(path)
-        assert check_config(cfg, PluginHost()) == []  # read, so not "unused"
+        assert check_run_config(cfg, PluginHost()) == []  # read, so not "unused"
         reward = PluginHost().load_reward(f"{EXAMPLE_DIST}:length_bonus", RunContext(config=cfg, output_dir=tmp_path))
         assert reward(completions=["a", "b"], completion_ids=[[1] * 4, [1] * 8]) == [1.0, 0.0]  # target 4, not 64
     typo = write_config(tmp_path, f'reward_funcs = [{QUALIFIED}]', f"[plugins.{QUALIFIED}]\ntarget_token = 4\n")
@@ -588,7 +588,7 @@ def test_config_check_imports_and_checks_each_chosen_implementation(
             "plugins": changes.get("plugins", {})}
     with on_path(broken_site, "grpo_broken_example"):
         with pytest.raises(ConfigError) as info:
-            check_config(validate(data))
+            check_run_config(validate(data))
     assert fragment in str(info.value)
 
 
@@ -760,6 +760,6 @@ def test_example_weight_sync_needs_an_engine_that_loads_from_a_path(example_site
                          "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **trl}})  # fmt: skip
 
     with on_path(example_site, "grpo_plugin_example"):
-        check_config(cfg(use_vllm=True), PluginHost())  # the vllm rollout's engine declares weights_from_path
+        check_run_config(cfg(use_vllm=True), PluginHost())  # the vllm rollout's engine declares weights_from_path
         with pytest.raises(ConfigError, match="weight sync 'safetensors_dir' .* needs \\['weights_from_path'\\]"):
-            check_config(cfg(), PluginHost())  # the transformers rollout has no engine
+            check_run_config(cfg(), PluginHost())  # the transformers rollout has no engine

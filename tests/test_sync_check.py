@@ -226,8 +226,8 @@ def path_only_rollout(tmp_path, monkeypatch: pytest.MonkeyPatch):
 
 @pytest.mark.parametrize("setting", [None, "never", "first"])
 def test_config_check_refuses_an_explicit_check_the_rollouts_engine_cannot_run(path_only_rollout, setting: str | None) -> None:
-    from grpo_core.config.checks import check_config
     from grpo_core.config.loader import validate
+    from grpo_core.training.config_check import check_run_config
 
     data = {"base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
             "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
@@ -236,10 +236,10 @@ def test_config_check_refuses_an_explicit_check_the_rollouts_engine_cannot_run(p
         data["verify_weight_sync"] = setting
     cfg = validate(data)
     if setting != "first":  # unset: the default, not a request; 'never' asks for nothing
-        check_config(cfg)
+        check_run_config(cfg)
         return
     with pytest.raises(GrpoError, match=r"verify_weight_sync = 'first' .* rollout 'path_only' .* no 'scores_tokens'"):
-        check_config(cfg)
+        check_run_config(cfg)
 
 
 def test_the_trainers_side_is_the_eval_mode_forward_and_leaves_the_mode_alone(smollm2_dir: str, tmp_path) -> None:

@@ -20,10 +20,7 @@ from typing import Any, Callable
 
 from grpo_core.config.batch_shape import generation_batch_size, global_step_batch, steps_per_generation
 from grpo_core.config.compat import compat_warnings
-from grpo_core.config.deepspeed_file import config_problems, read_config
-from grpo_core.config.fsdp_options import fsdp_problems
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.config.zero_stage import zero_stage
 from grpo_core.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, chosen_implementations, declared, source_key
 from grpo_core.plugin_host import PluginHost, own_checks, settings_key, split_qualified, table_ref, validate_settings
@@ -193,50 +190,6 @@ def _process_checks(cfg: GRPOConfig, names: dict[str, str], world: int, errors: 
             f"generation, which is not a whole number of groups of trl.num_generations = {n} (groups stay whole "
             f"on a process: advantages are per group). Make micro_batch_size x gradient_accumulation_steps a "
             f"multiple of {n}, or set trl.generation_batch_size to a multiple of {n * world}."
-        )
-
-
-def _deepspeed_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str]) -> None:
-    """``deepspeed``: what in its JSON grpo cannot run as written, and, under
-    ZeRO-3 (partitioned parameters), what needs the whole model in one process."""
-    if not cfg.deepspeed:
-        return
-
-    try:
-        errors.extend(config_problems(cfg, read_config(cfg.deepspeed)))
-    except ConfigError as exc:
-        errors.append(str(exc))
-        return
-    if traits.loss_uses_hidden_states:
-        errors.append(f"policy_loss '{traits.names['policy_loss']}' with deepspeed: a loss that fuses the LM head runs "
-                      "the decoder outside the DeepSpeed engine's forward, which is not wired; use the built-in loss "
-                      "(trl.use_liger_loss = false), or fsdp.")  # fmt: skip
-    if cfg.fp8:
-        errors.append("fp8 with deepspeed: accelerate's fp8 path under DeepSpeed (MS-AMP / Transformer Engine) is not "
-                      "wired; set fp8 = false, or use fp8 without deepspeed.")  # fmt: skip
-    if zero_stage(cfg) != 3:
-        return
-    if float(cfg.trl.beta or 0) > 0:
-        errors.append(
-            "deepspeed ZeRO-3 with trl.beta > 0: the KL reference model is not partitioned (not implemented); set "
-            "trl.beta = 0, or use ZeRO stage 2."
-        )
-
-
-def _sharding_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str]) -> None:
-    """``fsdp`` / ``fsdp_config``: options accelerate's plugin cannot take, and
-    combinations that need the unsharded model in one process."""
-    _deepspeed_checks(cfg, traits, errors)
-    if not (cfg.fsdp or cfg.fsdp_config):
-        return
-
-    errors.extend(fsdp_problems(cfg))
-    if not cfg.fsdp:
-        return
-    if float(cfg.trl.beta or 0) > 0:
-        errors.append(
-            "fsdp with trl.beta > 0: the KL reference model is not sharded (not implemented); set trl.beta = 0 "
-            "or train without fsdp (DDP keeps a full replica per process)."
         )
 
 
@@ -413,13 +366,7 @@ def _training_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) ->
             warnings.append(f"datasets[{i}].path '{ds.path}' does not exist (relative to {Path.cwd()}).")
     if cfg.bf16 is True and cfg.fp16:
         errors.append("bf16 and fp16 are both true: choose one.")
-    kwargs = cfg.gradient_checkpointing_kwargs or {}
-    if cfg.deepspeed and kwargs.get("use_reentrant") is False and zero_stage(cfg) == 3:
-        errors.append(
-            "DeepSpeed ZeRO-3 with gradient_checkpointing_kwargs.use_reentrant = false fails during recomputation "
-            "(CheckpointError): set use_reentrant = true."
-        )
-    if kwargs and not cfg.gradient_checkpointing:
+    if cfg.gradient_checkpointing_kwargs and not cfg.gradient_checkpointing:
         warnings.append("gradient_checkpointing_kwargs is set but gradient_checkpointing is false.")
 
 
@@ -604,7 +551,14 @@ def add_environment_reward(cfg: GRPOConfig, environment_cls: Any | None) -> None
     cfg.trl.reward_funcs = [*funcs, ENVIRONMENT_REWARD]
 
 
-def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes: int | None = None) -> list[str]:
+BackendRules = Callable[[GRPOConfig, ChosenTraits], list[str]]
+"""The training backends' own rules: what in ``cfg`` a backend cannot run
+(:func:`grpo_core.training.backends.config_problems`). The config layer sits
+below the backends and never imports them, so the caller passes them in."""
+
+
+def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes: int | None = None,
+                 backend_rules: BackendRules | None = None) -> list[str]:  # fmt: skip
     """Return warnings for ``cfg``; raise :class:`ConfigError` listing every
     problem that stops it from running.
 
@@ -613,6 +567,10 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
     every plugin registered on it is asked too (register always-on plugins
     first to include theirs). ``num_processes``: the training processes
     the run will have (default: this process's launcher environment).
+    ``backend_rules``: the training backends' problems with ``cfg``, judged
+    with the same traits and reported in the same list;
+    :func:`grpo_core.training.config_check.check_run_config` passes them, as
+    ``grpo run`` and ``grpo config check`` do.
     """
 
     errors: list[str] = []
@@ -633,7 +591,8 @@ def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes:
         )
     _generation_checks(cfg, errors, warnings)
     _process_checks(cfg, names, num_processes or world_size(), errors)
-    _sharding_checks(cfg, traits, errors)
+    if backend_rules is not None:
+        errors += backend_rules(cfg, traits)
     _async_checks(cfg, traits, errors, warnings)
     _training_checks(cfg, errors, warnings)
     _no_effect_checks(cfg, traits, warnings)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from grpo_core.config.checks import check_config, environment_is_episodic
+from grpo_core.config.checks import environment_is_episodic
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
 from grpo_core.cpu_affinity import format_cpu_list, keep_off_engine_cores
@@ -35,6 +35,7 @@ from grpo_core.rewards import RewardScorer
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.backends import TrainingBackend, backend_for
 from grpo_core.training.batch import generation_batch_size, steps_per_batch
+from grpo_core.training.config_check import check_run_config
 from grpo_core.training.distributed import Distributed, process_rank, world_size
 from grpo_core.training.episodes import EpisodeDriver, RolloutDriver
 from grpo_core.training.optim import build_optimizer, build_scheduler
@@ -263,7 +264,7 @@ def _checked_plugins(cfg: GRPOConfig, host: PluginHost | None, warn: Callable[[s
     check ``grpo run`` makes (its warnings to ``warn``, else printed)."""
     host = host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
     host.load_always_on()
-    for warning in check_config(cfg, host):
+    for warning in check_run_config(cfg, host):
         (warn or (lambda message: print(f"warning: {message}")))(warning)
     return host
 

@@ -197,8 +197,8 @@ def test_nccl_sync_runs_vllms_protocol_in_order(tmp_path: Path, mocked_nccl: lis
 
 
 def test_nccl_sync_is_refused_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_core.config.checks import check_config
     from grpo_core.errors import ConfigError
+    from grpo_core.training.config_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # faked: whatever this machine has
     (tmp_path / "x.jsonl").write_text('{"prompt": "hi"}\n')
@@ -206,7 +206,7 @@ def test_nccl_sync_is_refused_without_cuda(tmp_path: Path, monkeypatch: pytest.M
                     "plugins": {"weight_sync": "nccl"},
                     "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True}})  # fmt: skip
     with pytest.raises(ConfigError, match=r"weight sync 'nccl'.*no CUDA device.*full_filesystem"):
-        check_config(cfg)
+        check_run_config(cfg)
 
 
 def test_nccl_sync_needs_master_address_for_a_remote_server(tmp_path: Path, mocked_nccl: list) -> None:

@@ -67,19 +67,19 @@ def test_placement_refuses_overlaps_that_would_run_out_of_memory(model_dir, tmp_
 
 
 def test_config_check_refuses_a_bad_placement_with_the_keys(model_dir, tmp_path) -> None:
-    from grpo_core.config.checks import check_config
     from grpo_core.plugin_host import PluginHost
+    from grpo_core.training.config_check import check_run_config
 
     host = PluginHost()
     host.load_always_on()
     with pytest.raises(ConfigError, match=r"\[vllm\] devices and the trainer's default GPU"):
-        check_config(config(model_dir, tmp_path, {"devices": [0]}), host)
+        check_run_config(config(model_dir, tmp_path, {"devices": [0]}), host)
     with pytest.raises(ConfigError, match="external servers"):
-        check_config(config(model_dir, tmp_path, {"devices": [0], "trainer_devices": [1]},
+        check_run_config(config(model_dir, tmp_path, {"devices": [0], "trainer_devices": [1]},
                             vllm_server_base_urls=["http://127.0.0.1:1"]), host)  # fmt: skip
     with pytest.raises(ConfigError, match="both set"):
-        check_config(config(model_dir, tmp_path, vllm_server_base_urls=["http://a:1"], vllm_server_base_url="http://b:1"), host)
-    check_config(config(model_dir, tmp_path, {"devices": [0], "trainer_devices": [1]}), host)  # the reference's layout passes
+        check_run_config(config(model_dir, tmp_path, vllm_server_base_urls=["http://a:1"], vllm_server_base_url="http://b:1"), host)
+    check_run_config(config(model_dir, tmp_path, {"devices": [0], "trainer_devices": [1]}), host)  # the reference's layout passes
 
 
 def test_device_indices_count_among_the_visible_gpus() -> None:
@@ -184,8 +184,8 @@ def test_when_every_server_is_gone_the_last_error_is_reported(model_dir, tmp_pat
 def test_full_http_is_a_weight_sync_the_server_rollout_accepts(model_dir, tmp_path) -> None:
     """Chosen by name through the entry points, with its settings table
     validated; refused with colocated vLLM (no server to pull anything)."""
-    from grpo_core.config.checks import check_config
     from grpo_core.plugin_host import PluginHost
+    from grpo_core.training.config_check import check_run_config
 
     host = PluginHost()
     host.load_always_on()
@@ -194,8 +194,8 @@ def test_full_http_is_a_weight_sync_the_server_rollout_accepts(model_dir, tmp_pa
         cfg = config(model_dir, tmp_path, **trl)
         return validate({**cfg.model_dump(exclude_unset=True), "plugins": {"weight_sync": "full_http", **settings}})
 
-    check_config(with_sync({"full_http": {"host": "0.0.0.0", "advertise_host": "trainer.example"}}), host)
+    check_run_config(with_sync({"full_http": {"host": "0.0.0.0", "advertise_host": "trainer.example"}}), host)
     with pytest.raises(ConfigError, match="plugins.full_http.hots"):
-        check_config(with_sync({"full_http": {"hots": "x"}}), host)
+        check_run_config(with_sync({"full_http": {"hots": "x"}}), host)
     with pytest.raises(ConfigError, match="vllm_in_memory"):
-        check_config(with_sync({}, vllm_mode="colocate"), host)
+        check_run_config(with_sync({}, vllm_mode="colocate"), host)

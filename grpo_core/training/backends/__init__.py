@@ -10,13 +10,14 @@ hybrid-sharded FSDP over a 2-D mesh) is a new module here and its entry.
 
 from __future__ import annotations
 
+from grpo_core.config.checks import ChosenTraits
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.training.backends.base import CheckpointParts, TrainingBackend
 from grpo_core.training.backends.deepspeed_zero import DeepSpeedBackend
 from grpo_core.training.backends.fsdp import FsdpBackend
 from grpo_core.training.backends.replicated import ReplicatedBackend
 
-__all__ = ["BACKENDS", "CheckpointParts", "TrainingBackend", "backend_for"]
+__all__ = ["BACKENDS", "CheckpointParts", "TrainingBackend", "backend_for", "config_problems"]
 
 BACKENDS: tuple[type[TrainingBackend], ...] = (DeepSpeedBackend, FsdpBackend, ReplicatedBackend)
 """Tried in order: the first whose ``applies(cfg, world)`` is true runs."""
@@ -25,3 +26,10 @@ BACKENDS: tuple[type[TrainingBackend], ...] = (DeepSpeedBackend, FsdpBackend, Re
 def backend_for(cfg: GRPOConfig, world: int) -> type[TrainingBackend]:
     """The backend class that runs ``cfg`` on ``world`` processes."""
     return next(backend for backend in BACKENDS if backend.applies(cfg, world))
+
+
+def config_problems(cfg: GRPOConfig, traits: ChosenTraits) -> list[str]:
+    """Every backend's problems with ``cfg`` (each answers only for the keys
+    that choose it): the ``backend_rules`` of
+    :func:`~grpo_core.config.checks.check_config`."""
+    return [problem for backend in BACKENDS for problem in backend.config_problems(cfg, traits)]

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from grpo_core.config.checks import ChosenTraits
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.errors import GrpoError
 from grpo_core.training import checkpoint as ckpt
@@ -66,6 +67,16 @@ class TrainingBackend(Protocol):
     def describe(cls, cfg: GRPOConfig, world: int) -> str:
         """How it spreads the policy over ``world`` processes, in the config's
         own words: the run's first log line and ``grpo config check`` say it."""
+        ...
+
+    @classmethod
+    def config_problems(cls, cfg: GRPOConfig, traits: ChosenTraits) -> list[str]:
+        """What in ``cfg`` this backend cannot run, each naming the key and
+        the fix; ``[]`` when ``cfg`` does not ask for this backend. Judged
+        whatever the process count (``grpo config check`` runs before any
+        process starts), with what the chosen implementations declare
+        (``traits``): ``grpo run`` and ``grpo config check`` report these
+        beside the config's other problems."""
         ...
 
     @classmethod

@@ -18,8 +18,10 @@ from typing import Any, ClassVar
 
 import torch
 
+from grpo_core.config.checks import ChosenTraits
+from grpo_core.config.deepspeed_file import config_problems, read_config
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.errors import GrpoError
+from grpo_core.errors import ConfigError, GrpoError
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training import zero
 from grpo_core.training.backends.base import PARTITIONED_KEY, CheckpointParts, StateOf, prepare_with_accelerate
@@ -38,6 +40,33 @@ class DeepSpeedBackend:
     def describe(cls, cfg: GRPOConfig, world: int) -> str:
         stage = zero.zero_stage(cfg)
         return f"DeepSpeed ZeRO-{stage if stage is not None else '?'} ({cfg.deepspeed})"
+
+    @classmethod
+    def config_problems(cls, cfg: GRPOConfig, traits: ChosenTraits) -> list[str]:
+        """What in the DeepSpeed JSON grpo cannot run as written, and, under
+        ZeRO-3 (partitioned parameters), what needs the whole model in one process."""
+        if not cfg.deepspeed:
+            return []
+        try:
+            problems = config_problems(cfg, read_config(cfg.deepspeed))
+        except ConfigError as exc:
+            return [str(exc)]
+        if traits.loss_uses_hidden_states:
+            problems.append(f"policy_loss '{traits.names['policy_loss']}' with deepspeed: a loss that fuses the LM head "
+                            "runs the decoder outside the DeepSpeed engine's forward, which is not wired; use the built-in "
+                            "loss (trl.use_liger_loss = false), or fsdp.")  # fmt: skip
+        if cfg.fp8:
+            problems.append("fp8 with deepspeed: accelerate's fp8 path under DeepSpeed (MS-AMP / Transformer Engine) is "
+                            "not wired; set fp8 = false, or use fp8 without deepspeed.")  # fmt: skip
+        if zero.zero_stage(cfg) != 3:
+            return problems
+        if float(cfg.trl.beta or 0) > 0:
+            problems.append("deepspeed ZeRO-3 with trl.beta > 0: the KL reference model is not partitioned (not "
+                            "implemented); set trl.beta = 0, or use ZeRO stage 2.")  # fmt: skip
+        if (cfg.gradient_checkpointing_kwargs or {}).get("use_reentrant") is False:
+            problems.append("DeepSpeed ZeRO-3 with gradient_checkpointing_kwargs.use_reentrant = false fails during "
+                            "recomputation (CheckpointError): set use_reentrant = true.")  # fmt: skip
+        return problems
 
     @classmethod
     def accelerator_kwargs(cls, cfg: GRPOConfig, world: int) -> dict[str, Any]:

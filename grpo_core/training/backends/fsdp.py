@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from grpo_core.config.checks import ChosenTraits
+from grpo_core.config.fsdp_options import fsdp_problems
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.backends.base import CheckpointParts, StateOf, gloo_on_cpu, refuse_partitioned
@@ -47,6 +49,18 @@ class FsdpBackend(ReplicatedBackend):
     @classmethod
     def describe(cls, cfg: GRPOConfig, world: int) -> str:
         return "FSDP " + " ".join(cfg.fsdp or [])
+
+    @classmethod
+    def config_problems(cls, cfg: GRPOConfig, traits: ChosenTraits) -> list[str]:
+        """Options accelerate's plugin cannot take, and combinations that need
+        the unsharded model in one process."""
+        if not (cfg.fsdp or cfg.fsdp_config):
+            return []
+        problems = fsdp_problems(cfg)
+        if cfg.fsdp and float(cfg.trl.beta or 0) > 0:
+            problems.append("fsdp with trl.beta > 0: the KL reference model is not sharded (not implemented); set "
+                            "trl.beta = 0 or train without fsdp (DDP keeps a full replica per process).")  # fmt: skip
+        return problems
 
     @classmethod
     def accelerator_kwargs(cls, cfg: GRPOConfig, world: int) -> dict[str, Any]:

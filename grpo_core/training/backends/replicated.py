@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from grpo_core.config.checks import ChosenTraits
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.backends.base import (
@@ -40,6 +41,10 @@ class ReplicatedBackend:
         if cfg.fsdp:
             return "one process (fsdp has nothing to shard over: training unsharded; checkpoints load either way)"
         return "one process"
+
+    @classmethod
+    def config_problems(cls, cfg: GRPOConfig, traits: ChosenTraits) -> list[str]:
+        return []  # a full replica per process runs whatever one process runs
 
     @classmethod
     def accelerator_kwargs(cls, cfg: GRPOConfig, world: int) -> dict[str, Any]:
