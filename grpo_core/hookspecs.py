@@ -46,7 +46,7 @@ Two more groups exist:
 
       import time
 
-      from grpo_core import hookimpl
+      from grpo_core.plugin_api import hookimpl
 
 
       class SyncTimer:  # always-on: print how long each weight sync took
@@ -63,6 +63,15 @@ Two more groups exist:
 
   (an always-on plugin is built with no arguments; an implementation with
   the context).
+
+What a plugin imports from grpo
+-------------------------------
+Everything, through one module: :mod:`grpo_core.plugin_api` (the hook
+marker, the types below, :class:`~grpo_core.context.RunContext`, the
+errors, the config, and helpers several implementations share:
+``make_scratch_dir``, ``merged_weights``, ``atomic_directory``, ...). Its
+``__all__`` is the public surface; its names keep working when the modules
+behind them move, and any other grpo_core module may change without notice.
 
 Lifecycle hooks reach implementations too
 -----------------------------------------

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_core import hookimpl
-from grpo_core.context import RunContext
-from grpo_core.errors import GrpoError
+from grpo_core.plugin_api import GrpoError, RunContext, hookimpl
 
 STD_EPS = 1e-4
 SCALE_CHOICES = ("group", "batch", "none")

@@ -26,10 +26,7 @@ import math
 
 import torch
 
-from grpo_core import hookimpl
-from grpo_core.config.schema import EFFECTIVE_DEFAULTS
-from grpo_core.context import RunContext
-from grpo_core.errors import ConfigError
+from grpo_core.plugin_api import EFFECTIVE_DEFAULTS, ConfigError, RunContext, hookimpl
 
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 # grpo's effective default; note TRL 1.16's own default cap is 3.0.

@@ -25,12 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpo_core import hookimpl
-from grpo_core.errors import ConfigError
-from grpo_core.types import PolicyLossInputs
+from grpo_core.plugin_api import ConfigError, PolicyLossInputs, hookimpl
 
 if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.plugin_api import GRPOConfig
 
 PACKAGE_HINT = "pip install 'liger-kernel>=0.6' (or the gpu extra: pip install 'grpo[gpu]')"
 
@@ -136,7 +134,7 @@ class LigerPolicyLoss:
 
 
 def _logps_no_grad(hidden: torch.Tensor, head: Any, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    from grpo_core.logprobs import DEFAULT_CHUNK_SIZE
+    from grpo_core.plugin_api import DEFAULT_CHUNK_SIZE
 
     batch, c, width = hidden.shape
     flat, flat_targets = hidden.detach().reshape(batch * c, width), targets.reshape(batch * c)

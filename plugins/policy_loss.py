@@ -11,9 +11,7 @@ from typing import Any
 
 import torch
 
-from grpo_core import hookimpl
-from grpo_core.loss import policy_loss
-from grpo_core.types import PolicyLossInputs
+from grpo_core.plugin_api import PolicyLossInputs, hookimpl, policy_loss
 
 
 class GRPOPolicyLoss:

@@ -39,10 +39,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from grpo_core import hookimpl
-from grpo_core.context import RunContext
-from grpo_core.errors import GrpoError
-from grpo_core.types import Completion, EpisodeStats, Prompt, RolloutGroup, ScoredGroup, TrainingProgress
+from grpo_core.plugin_api import Completion, EpisodeStats, GrpoError, Prompt, RolloutGroup, RunContext, ScoredGroup, TrainingProgress, hookimpl
 
 STATE_VERSION = 1
 

@@ -11,11 +11,7 @@ drives the function over an engine (``trl.use_vllm = true``), where
 
 from __future__ import annotations
 
-from grpo_core import hookimpl
-from grpo_core.context import RunContext
-from grpo_core.errors import ConfigError
-from grpo_core.training.rollout_function import RolloutFuncTrainer, groups_from_output, import_rollout_func
-from grpo_core.types import SAMPLES_TRAINER_MODEL, Prompt, RolloutGroup, SamplingSettings
+from grpo_core.plugin_api import SAMPLES_TRAINER_MODEL, ConfigError, Prompt, RolloutFuncTrainer, RolloutGroup, RunContext, SamplingSettings, groups_from_output, hookimpl, import_rollout_func
 
 
 class FunctionRollout:

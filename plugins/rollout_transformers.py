@@ -23,12 +23,7 @@ from typing import Any
 
 import torch
 
-from grpo_core import hookimpl
-from grpo_core.config.schema import GRPOConfig
-from grpo_core.context import RunContext
-from grpo_core.errors import ConfigError, GrpoError
-from grpo_core.precision import resolve_precision
-from grpo_core.types import SAMPLES_TRAINER_MODEL, Completion, Prompt, RolloutGroup, SamplingSettings
+from grpo_core.plugin_api import SAMPLES_TRAINER_MODEL, Completion, ConfigError, GRPOConfig, GrpoError, Prompt, RolloutGroup, RunContext, SamplingSettings, hookimpl, resolve_precision
 
 DEFAULT_CHUNK_SIZE = 64
 """Sequences generated per ``generate`` call (bounds activation/KV memory)."""

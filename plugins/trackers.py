@@ -17,8 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from grpo_core.context import RunContext
-from grpo_core.tracking import MissingTrackerLibrary
+from grpo_core.plugin_api import MissingTrackerLibrary, RunContext
 
 
 def _require(tracker: str, module: str, package: str) -> Any:

@@ -27,16 +27,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo_core import hookimpl
-from grpo_core.atomic import atomic_directory
-from grpo_core.engine_weights import merged_weights, save_adapter
-from grpo_core.errors import ConfigError
-from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
-from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, InferenceEngine, SyncResult
+from grpo_core.plugin_api import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, ConfigError, InferenceEngine, SyncResult, atomic_directory, hookimpl, make_scratch_dir, merged_weights, remove_scratch_dir, save_adapter
 
 if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
-    from grpo_core.context import RunContext
+    from grpo_core.plugin_api import GRPOConfig, RunContext
 
 
 def memory_backed_dir() -> str | None:

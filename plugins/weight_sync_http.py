@@ -37,14 +37,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from grpo_core import hookimpl
-from grpo_core.errors import ConfigError
-from grpo_core.engine_weights import adapter_body, merged_weights, save_adapter
-from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
-from grpo_core.types import ADAPTER_FROM_URL, WEIGHTS_FROM_URL, InferenceEngine, SyncResult
+from grpo_core.plugin_api import ADAPTER_FROM_URL, WEIGHTS_FROM_URL, ConfigError, InferenceEngine, SyncResult, adapter_body, hookimpl, make_scratch_dir, merged_weights, remove_scratch_dir, save_adapter
 
 if TYPE_CHECKING:
-    from grpo_core.context import RunContext
+    from grpo_core.plugin_api import RunContext
 
 PATH_PREFIX = "/grpo-weights/v"
 

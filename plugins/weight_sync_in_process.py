@@ -11,9 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from grpo_core import hookimpl
-from grpo_core.context import RunContext
-from grpo_core.types import SAMPLES_TRAINER_MODEL, InferenceEngine, SyncResult
+from grpo_core.plugin_api import SAMPLES_TRAINER_MODEL, InferenceEngine, RunContext, SyncResult, hookimpl
 
 
 class InProcessSync:

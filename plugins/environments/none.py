@@ -5,9 +5,7 @@ It is what a run gets unless ``[plugins] environment``, ``trl.tools`` or
 
 from __future__ import annotations
 
-from grpo_core import hookimpl
-from grpo_core.context import RunContext
-from grpo_core.types import Prompt
+from grpo_core.plugin_api import Prompt, RunContext, hookimpl
 
 
 class NoEnvironment:

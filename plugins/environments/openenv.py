@@ -45,11 +45,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from grpo_core import hookimpl
-from grpo_core.context import RunContext
-from grpo_core.data import import_from_cwd
-from grpo_core.errors import ConfigError, EnvironmentLost
-from grpo_core.types import EnvironmentReply, Messages, Prompt
+from grpo_core.plugin_api import ConfigError, EnvironmentLost, EnvironmentReply, Messages, Prompt, RunContext, hookimpl, import_from_cwd
 from grpo_plugins.environments.openenv_server import ManagedEnvServer
 from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvSession, OpenEnvUnavailable, StepResult, http_url
 

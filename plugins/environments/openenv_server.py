@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from grpo_plugins.environments.openenv_session import OpenEnvUnavailable
-from grpo_core.lifelong_thread import in_lifelong_thread, set_parent_death_signal  # one process-long thread starts every managed server
+from grpo_core.plugin_api import in_lifelong_thread, set_parent_death_signal
 
 _LIVE: weakref.WeakSet[ManagedEnvServer] = weakref.WeakSet()
 

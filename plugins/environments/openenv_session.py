@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from grpo_core.errors import GrpoError
+from grpo_core.plugin_api import GrpoError
 
 
 class OpenEnvError(GrpoError):

@@ -29,11 +29,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
-from grpo_core import hookimpl
-from grpo_core.context import RunContext
-from grpo_core.data import import_from_cwd
-from grpo_core.errors import ConfigError
-from grpo_core.types import EnvironmentReply, Messages, Prompt
+from grpo_core.plugin_api import ConfigError, EnvironmentReply, Messages, Prompt, RunContext, hookimpl, import_from_cwd
 from grpo_plugins.environments.tool_calls import ToolCall, example_arguments, instructions, parse_calls
 
 

@@ -20,10 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from grpo_core import hookimpl
-from grpo_core.context import RunContext
-from grpo_core.data import import_from_cwd
-from grpo_core.errors import PluginError
+from grpo_core.plugin_api import PluginError, RunContext, hookimpl, import_from_cwd
 
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 SEQ_CLS_SUFFIX = "ForSequenceClassification"

@@ -24,11 +24,10 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo_core.errors import ConfigError
-from grpo_core.scratch import make_scratch_dir
+from grpo_core.plugin_api import ConfigError, make_scratch_dir
 
 if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.plugin_api import GRPOConfig
 
 SOCKET_NAME = "vllm.sock"
 SOCKET_DIR_PREFIX = "grpo-vllm-"

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import httpx
 
-from grpo_core.errors import EngineUnavailable, GrpoError
+from grpo_core.plugin_api import EngineUnavailable, GrpoError
 
 UNIX_PREFIX = "unix:"
 NOTHING_ANSWERS = "nothing answers there"

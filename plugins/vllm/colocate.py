@@ -28,19 +28,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from grpo_core import hookimpl
-from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import SCORES_TOKENS, WEIGHTS_IN_MEMORY, Completion, ControlEndpoint, EngineScore, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult
+from grpo_core.plugin_api import SCORES_TOKENS, WEIGHTS_IN_MEMORY, Completion, ConfigError, ControlEndpoint, EngineScore, EngineUnavailable, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult, hookimpl, merged_weights
 from grpo_plugins.vllm.engine import PACKED_GROUPS
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 from grpo_plugins.vllm.worker_ext import retie_output_embeddings
 from grpo_plugins.vllm.engine_settings import cpu_kvcache_gib, enforce_eager, max_model_len, resolve_dtype
 from grpo_plugins.vllm.machine import cuda_available
-from grpo_core.engine_weights import merged_weights
 
 if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
-    from grpo_core.context import RunContext
+    from grpo_core.plugin_api import GRPOConfig, RunContext
 
 # A LoRA sync reloads only the adapted modules; vLLM warns about every
 # module it was not given (100+ lines per sync). That is intended here.
@@ -127,7 +123,7 @@ class ColocatedEngine:
         with self._lock:
             if self.llm is not None:
                 return
-            from grpo_core.model_files import resolve_model_dir
+            from grpo_core.plugin_api import resolve_model_dir
 
             self._configure_environment()
             try:

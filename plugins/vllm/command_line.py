@@ -14,10 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo_core.cpu_affinity import format_cpu_list, process_cpus
-from grpo_core.errors import ConfigError
-from grpo_core.scratch import remove_scratch_dir
-from grpo_core.types import ADAPTER_FROM_URL, ADAPTER_LOADS, WEIGHTS_OVER_NCCL
+from grpo_core.plugin_api import ADAPTER_FROM_URL, ADAPTER_LOADS, WEIGHTS_OVER_NCCL, ConfigError, format_cpu_list, process_cpus, remove_scratch_dir
 from grpo_plugins.vllm import machine
 from grpo_plugins.vllm.addresses import (
     SOCKET_DIR_PREFIX,
@@ -35,7 +32,7 @@ from grpo_plugins.vllm.idle_spin import CPU_IDLE_SPIN_S, IDLE_SPIN_ENV
 from grpo_plugins.vllm.placement import server_devices
 
 if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.plugin_api import GRPOConfig
 
 SERVED_MODEL_NAME = "base"
 GUARD_MIDDLEWARE = "grpo_plugins.vllm.guard.RequireApiKey"
@@ -108,7 +105,7 @@ def server_spec(
     its share of ``[vllm] devices``); ``None``: one server, given every
     device in ``[vllm] devices`` and vLLM's ``--data-parallel-size``.
     """
-    from grpo_core.model_files import resolve_model_dir
+    from grpo_core.plugin_api import resolve_model_dir
 
     v = cfg.vllm
     host = host or v.host

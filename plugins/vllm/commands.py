@@ -9,7 +9,7 @@ module imports neither vLLM nor torch: the server is a subprocess, and
 from pathlib import Path
 from typing import Any, List, Optional
 
-from grpo_core import hookimpl
+from grpo_core.plugin_api import hookimpl
 
 
 def serve_foreground(config: Path, overrides: List[str], host: Optional[str], port: Optional[int], uds: Optional[Path] = None) -> int:
@@ -25,9 +25,7 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
 
     import typer
 
-    from grpo_core.config.loader import load_config
-    from grpo_core.errors import EngineUnavailable
-    from grpo_core.plugin_host import PluginHost
+    from grpo_core.plugin_api import EngineUnavailable, PluginHost, load_config
     from grpo_plugins.vllm.key_handoff import leave_key, withdraw_key
     from grpo_plugins.vllm.addresses import check_socket_path
     from grpo_plugins.vllm.command_line import engine_flags, server_spec

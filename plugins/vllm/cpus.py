@@ -15,11 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from grpo_core.cpu_affinity import format_cpu_list
-from grpo_core.errors import ConfigError
+from grpo_core.plugin_api import ConfigError, format_cpu_list
 
 if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.plugin_api import GRPOConfig
 
 NO_SPLIT = "all"
 

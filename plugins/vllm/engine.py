@@ -16,19 +16,7 @@ from urllib.parse import urlparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import (
-    ADAPTER_FROM_PATH,
-    ADAPTER_FROM_URL,
-    ADAPTER_LOADS,
-    CONTROL_ENDPOINTS,
-    SCORES_TOKENS,
-    WEIGHTS_FROM_PATH,
-    WEIGHTS_FROM_URL,
-    WEIGHTS_OVER_NCCL,
-    ControlEndpoint,
-    EngineScore,
-)
+from grpo_core.plugin_api import ADAPTER_FROM_PATH, ADAPTER_FROM_URL, ADAPTER_LOADS, CONTROL_ENDPOINTS, SCORES_TOKENS, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, ConfigError, ControlEndpoint, EngineScore, EngineUnavailable
 from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, EngineRequestError, VLLMClient, adoption_refusal
 from grpo_plugins.vllm.probe_gate import ProbeGate
 from grpo_plugins.vllm.external import OLD_TRL_PROTOCOL, ServerFacts, logprobs_problem, old_trl_protocol, read_facts
@@ -40,7 +28,7 @@ from grpo_plugins.vllm.engine_settings import resolve_dtype
 from grpo_plugins.vllm.server import LOG_NAME, ManagedServer
 
 if TYPE_CHECKING:
-    from grpo_core.context import RunContext
+    from grpo_core.plugin_api import RunContext
 
 POLICY_ADAPTER = "policy"
 OWN_TAG_PREFIX = "grpo-"

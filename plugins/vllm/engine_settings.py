@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from grpo_plugins.vllm import machine
 
 if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.plugin_api import GRPOConfig
 
 
 def resolve_dtype(dtype: str, flags: str | None = None, cuda: bool | None = None) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from grpo_core.errors import GrpoError
+from grpo_core.plugin_api import GrpoError
 from grpo_plugins.vllm.client import VLLMClient
 
 MATCHING_LOGPROBS_MODE = "processed_logprobs"

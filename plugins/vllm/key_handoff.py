@@ -33,7 +33,7 @@ def key_dir() -> Path:
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and Path(runtime).is_dir():
         return Path(runtime) / DIR_NAME
-    from grpo_core.model_files import cache_root
+    from grpo_core.plugin_api import cache_root
 
     return cache_root() / "vllm-keys"
 

@@ -49,15 +49,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pydantic import BaseModel, Field
 
-from grpo_core import hookimpl
-from grpo_core.errors import ConfigError, EngineUnavailable, GrpoError
-from grpo_core.types import CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL, ControlEndpoint, InferenceEngine, SyncResult
+from grpo_core.plugin_api import CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL, ConfigError, ControlEndpoint, EngineUnavailable, GrpoError, InferenceEngine, SyncResult, hookimpl
 from grpo_plugins.vllm.client import DEV_MODE_HINT, EndpointMissing
 from grpo_plugins.vllm.nccl_watchdog import ProtocolSteps, SyncStepTimeout, run_with_deadlines
 
 if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
-    from grpo_core.context import RunContext
+    from grpo_core.plugin_api import GRPOConfig, RunContext
 
 REQUEST_GRACE_S = 5.0
 """A control request's HTTP timeout is ``[plugins.nccl] timeout`` plus this:
@@ -365,7 +362,7 @@ class NcclSync:
     def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
         import torch
 
-        from grpo_core.engine_weights import merged_weights
+        from grpo_core.plugin_api import merged_weights
 
         if engine is None:
             raise ConfigError("weight sync 'nccl' sends weights to a vLLM server, but the rollout has none: set trl.use_vllm = true.")

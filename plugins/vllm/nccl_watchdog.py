@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, TypeVar
 
-from grpo_core.errors import EngineUnavailable
+from grpo_core.plugin_api import EngineUnavailable
 
 T = TypeVar("T")
 

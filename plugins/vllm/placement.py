@@ -8,10 +8,10 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from grpo_core.errors import ConfigError
+from grpo_core.plugin_api import ConfigError
 
 if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.plugin_api import GRPOConfig
 
 TRAINER_SHARE_MAX = 0.5
 """A GPU the trainer shares with vLLM may give vLLM at most this fraction of

@@ -32,13 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import ControlEndpoint, EngineScore
+from grpo_core.plugin_api import ConfigError, ControlEndpoint, EngineScore, EngineUnavailable
 from grpo_plugins.vllm.engine import VLLMServerEngine
 from grpo_plugins.vllm.placement import narrow_trainer_devices, placement_problems
 
 if TYPE_CHECKING:
-    from grpo_core.context import RunContext
+    from grpo_core.plugin_api import RunContext
 
 T = TypeVar("T")
 

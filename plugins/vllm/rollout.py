@@ -23,9 +23,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from grpo_core import hookimpl
-from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.types import ADAPTER_FROM_PATH, ADAPTER_FROM_URL, CONTROL_ENDPOINTS, SCORES_TOKENS, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, Completion, InferenceEngine, Prompt, RolloutGroup, SamplingSettings
+from grpo_core.plugin_api import ADAPTER_FROM_PATH, ADAPTER_FROM_URL, CONTROL_ENDPOINTS, SCORES_TOKENS, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, Completion, ConfigError, EngineUnavailable, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, hookimpl
 from grpo_plugins.vllm.client import ModelNotLoaded
 from grpo_plugins.vllm.engine import VLLMServerEngine
 from grpo_plugins.vllm.pool import VLLMEnginePool
@@ -33,8 +31,7 @@ from grpo_plugins.vllm.placement import placement_problems
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 
 if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
-    from grpo_core.context import RunContext
+    from grpo_core.plugin_api import GRPOConfig, RunContext
 
 MAX_PROMPTS_PER_REQUEST = 256
 # Seeded calls send one request per prompt (see _generate_share); this many at once.

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_core.errors import ConfigError
-from grpo_core.types import SamplingSettings
+from grpo_core.plugin_api import ConfigError, SamplingSettings
 
 
 def prompt_seed(seed: int, n: int, call_index: int, prompt_index: int) -> int:

@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from grpo_core.errors import ConfigError
+from grpo_core.plugin_api import ConfigError
 from grpo_plugins.vllm.addresses import MAX_SOCKET_PATH
 
 SERVER_TMP_PREFIX = "grpo-vllmtmp-"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from grpo_core import hookimpl
+from grpo_core.plugin_api import hookimpl
 
 if TYPE_CHECKING:
     import torch

@@ -34,11 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_core import hookimpl
-from grpo_core.context import RunContext
-from grpo_core.errors import ConfigError
-from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
-from grpo_core.types import WEIGHTS_FROM_PATH, InferenceEngine, SyncResult
+from grpo_core.plugin_api import WEIGHTS_FROM_PATH, ConfigError, InferenceEngine, RunContext, SyncResult, hookimpl, make_scratch_dir, remove_scratch_dir
 
 FILE = "model.safetensors"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from grpo_core import hookimpl
+from grpo_core.plugin_api import hookimpl
 
 
 class ScaledGroupAdvantages:

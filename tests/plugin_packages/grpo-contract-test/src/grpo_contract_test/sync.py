@@ -16,8 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from grpo_core import hookimpl
-from grpo_core.types import WEIGHTS_FROM_PATH, InferenceEngine, SyncResult
+from grpo_core.plugin_api import WEIGHTS_FROM_PATH, InferenceEngine, SyncResult, hookimpl
 
 
 class TimedFullSync:
