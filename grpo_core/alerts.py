@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from grpo_core.errors import ConfigError
+
 if TYPE_CHECKING:
     from grpo_core.config.schema import AlertSettings
 
@@ -60,8 +62,6 @@ class HealthMonitor:
     def __init__(self, settings: AlertSettings, output_dir: Path | None = None, echo: Callable[[str], None] | None = None) -> None:
         unknown = sorted(set(settings.silence) - set(ALERT_NAMES))
         if unknown:
-            from grpo_core.errors import ConfigError
-
             raise ConfigError(f"alerts.silence names unknown alert(s) {unknown}; known: {', '.join(ALERT_NAMES)}.")
         self.s = settings
         self.path = None if output_dir is None else Path(output_dir) / "alerts.jsonl"

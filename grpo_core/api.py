@@ -82,6 +82,7 @@ def _merge(target: dict[str, Any], key: str, value: Any) -> None:
 
 def _raw_config(config: str | Path | Mapping[str, Any] | GRPOConfig) -> tuple[dict[str, Any], Path | None]:
     """The config as the raw dict the loader validates, and the folder its relative paths hang off."""
+    # the training stack loads when a run starts, so `import grpo` stays fast
     from grpo_core.config.loader import read_raw
 
     if isinstance(config, GRPOConfig):
@@ -179,6 +180,7 @@ def train(
     Runs the checks ``grpo run`` runs and raises the same errors
     (:class:`~grpo_core.errors.ConfigError` and friends) before anything heavy.
     """
+    # the training stack loads when a run starts, so `import grpo` stays fast
     from grpo_core.config.loader import anchor_to_config_dir, validate
     from grpo_core.plugin_host import PluginHost
     from grpo_core.training.run import run_training

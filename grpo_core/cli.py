@@ -124,11 +124,13 @@ def _add_run_command(app: typer.Typer) -> None:
         Checkpoints go to output_dir (every save_steps, at the end, and when
         interrupted: Ctrl-C saves and exits with code 130).
         """
+        # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.config.loader import load_config
         from grpo_core.launch import CHECKED_ENV
         from grpo_core.processes import launched_by_launcher
 
         if num_processes > 1:
+            # imported when the command runs, so `grpo --help` stays fast
             from grpo_core.launch import launch
 
             if not launched_by_launcher():  # check once, here, before any process starts
@@ -161,6 +163,7 @@ def _add_plugins_command(app: typer.Typer) -> None:
         the allowlist (GRPO_PLUGINS_ALLOW) is listed with the reason instead
         of failing the command.
         """
+        # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.plugin_host import AMBIGUOUS
 
         listing = list_plugins()
@@ -200,10 +203,12 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         """
         cfg, host, notes = load_and_check(config, set_, num_processes)
         if full:
+            # imported when the command runs, so `grpo --help` stays fast
             from grpo_core.config.convert import to_toml_text
 
             typer.echo(to_toml_text(cfg.model_dump(mode="json")), nl=False)
         else:
+            # imported when the command runs, so `grpo --help` stays fast
             from grpo_core.extension_points import REWARD_GROUP
             from grpo_core.user_code import user_code, user_code_text
 
@@ -216,6 +221,7 @@ def _add_config_commands(config_app: typer.Typer) -> None:
     @config_app.command("schema")
     def schema_cmd() -> None:
         """Print the JSON schema of the config (every key, type and default)."""
+        # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.config.schema import GRPOConfig
 
         typer.echo(json.dumps(GRPOConfig.model_json_schema(), indent=2))
@@ -233,6 +239,7 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         Axolotl's layout get a comment saying what grpo does with them;
         refused ones are written commented out, with the reason.
         """
+        # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.config.convert import to_toml_text
         from grpo_core.config.loader import read_raw, validate
 
@@ -253,6 +260,7 @@ def _add_config_commands(config_app: typer.Typer) -> None:
 
 def _add_plugin_commands(app: typer.Typer, host: PluginHost | None) -> None:
     """Let always-on plugins add commands; any failure only warns."""
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.plugin_host import PluginHost
 
     try:
@@ -276,6 +284,7 @@ def allowlist_of_command_line(argv: list[str]) -> set[str] | None:
     """``plugins.allow`` of the config file a command names, read before any
     plugin loads (so the allowlist also covers the plugins' commands).
     ``--set plugins.allow=[...]`` wins over the file."""
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.config.loader import parse_override, read_raw
 
     allow: Any = None
@@ -300,10 +309,12 @@ def allowlist_of_command_line(argv: list[str]) -> set[str] | None:
 def list_plugins() -> dict[str, dict[str, Any]]:
     """Extension point (and the reward and always-on groups) -> its entry
     point group and implementations."""
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.extension_points import ALWAYS_ON_GROUP, EXTENSION_POINTS, REWARD_GROUP
     from grpo_core.plugin_host import PluginHost
 
     host = PluginHost()
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.tracking import TRACKER_GROUP
 
     groups = {point.name: point.group for point in EXTENSION_POINTS} | {"reward": REWARD_GROUP, "plugins": ALWAYS_ON_GROUP, "tracker": TRACKER_GROUP}
@@ -319,13 +330,16 @@ def list_plugins() -> dict[str, dict[str, Any]]:
 
 def summary(cfg: GRPOConfig, num_processes: int | None = None) -> str:
     """The settings that decide what a run does, after defaults."""
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.processes import world_size
 
     world = num_processes or world_size()
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.config.checks import implementation_names
     from grpo_core.precision import resolve_precision
 
     trl = cfg.trl
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.config.batch_shape import generation_batch_size, steps_per_generation
 
     batch = generation_batch_size(cfg, world)
@@ -361,6 +375,7 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None) -> str:
 
 def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
     """Per-process and global batch shapes (TRL's definitions: micro_batch_size is per process)."""
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.config.batch_shape import global_step_batch
     from grpo_core.training.backends import backend_for
 
@@ -375,7 +390,8 @@ def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
 
 
 def _observe_summary(cfg: GRPOConfig) -> str:
-    from grpo_core.evaluation import eval_every
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.config.eval_schedule import eval_every
     from grpo_core.tracking import requested_trackers
 
     trackers = ", ".join(["metrics.jsonl", *requested_trackers(cfg, ["all installed"])])
@@ -399,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.plugin_host import PluginHost
 
     try:

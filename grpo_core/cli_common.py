@@ -58,6 +58,7 @@ def import_from_cwd() -> None:
 
 
 def host_for(cfg: GRPOConfig) -> PluginHost:
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.plugin_host import PluginHost
 
     return PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
@@ -66,6 +67,7 @@ def host_for(cfg: GRPOConfig) -> PluginHost:
 def load_and_check(config: Path, overrides: list[str] | None, num_processes: int | None = None) -> tuple[GRPOConfig, PluginHost, list[str]]:
     """The config as ``grpo config check`` judges it: loaded, its always-on
     plugins registered, checked; the warnings come back as notes."""
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.config.loader import load_config
     from grpo_core.training.config_check import check_run_config
 

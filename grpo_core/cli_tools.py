@@ -30,6 +30,7 @@ def register_tools(app: typer.Typer) -> None:
         """Plot a run (reward, per-function rewards, reward_std, entropy, KL,
         grad norm, completion length, staleness, IS ratios, eval) and print a
         one-screen summary with the alerts that fired."""
+        # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.report import build_report
 
         text, pngs = build_report(output_dir, out)
@@ -48,6 +49,7 @@ def register_tools(app: typer.Typer) -> None:
         dataset transform) and print, per function, the distribution of its
         values, any error with the sample that caused it, and the time per
         call. Do this first when rewards stay at zero."""
+        # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.tools import rewards_test
 
         cfg, host, notes = load_and_check(config, set_)
@@ -77,6 +79,7 @@ def register_tools(app: typer.Typer) -> None:
         data (test_datasets, or the val_set_size split), exactly as training
         does: one completion per prompt at eval_temperature, scored by the
         configured reward functions (transformers generation)."""
+        # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.tools import run_eval
 
         cfg, host, notes = load_and_check(config, set_)
@@ -97,6 +100,7 @@ def register_tools(app: typer.Typer) -> None:
     ) -> None:
         """Merge a LoRA adapter into its base model: a plain Hugging Face model
         directory (safetensors + tokenizer) for transformers or `vllm serve`."""
+        # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.tools import merge_adapter
 
         path = merge_adapter(output_dir, output, base)

@@ -45,6 +45,7 @@ def compiled_body(model: Any) -> Any:
 
 def compile_problem(cfg: GRPOConfig) -> str | None:
     """Why ``cfg``'s compile options cannot run here (for ``grpo config check``), or ``None``."""
+    # heavy (torch): loaded on first use, not with this module
     import torch
 
     if not cfg.torch_compile:
@@ -64,6 +65,7 @@ def compile_policy(cfg: GRPOConfig, model: Any) -> Any:
     ``torch_compile`` is off. Compilation itself happens at the first call."""
     if not cfg.torch_compile:
         return None
+    # heavy (torch): loaded on first use, not with this module
     import torch
 
     problem = compile_problem(cfg)

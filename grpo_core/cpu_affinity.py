@@ -39,6 +39,7 @@ def confine_to(cores: frozenset[int]) -> frozenset[int]:
             os.sched_setaffinity(tid, cores)
         except OSError:  # a thread that ended meanwhile
             pass
+    # heavy (torch): loaded on first use, not with this module
     import torch
 
     torch.set_num_threads(len(cores))

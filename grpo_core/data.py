@@ -46,6 +46,7 @@ def _is_saved_dataset(path: Path) -> bool:
 
 
 def _load_saved(path: Path, split: str, label: str) -> Any:
+    # heavy (datasets): loaded on first use, not with this module
     from datasets import DatasetDict, load_from_disk
 
     loaded = load_from_disk(str(path))
@@ -55,6 +56,7 @@ def _load_saved(path: Path, split: str, label: str) -> Any:
             raise DataError(f"{label}: split '{base}' not found; the saved dataset has {sorted(loaded)}. Set `split`.")
         loaded = loaded[base]
     if split != _base_split(split):
+        # heavy (datasets): loaded on first use, not with this module
         from datasets import ReadInstruction
 
         try:
@@ -67,6 +69,7 @@ def _load_saved(path: Path, split: str, label: str) -> Any:
 
 def load_raw(spec: DatasetSpec, index: int = 0) -> Any:
     """One entry as a ``datasets.Dataset``, before any transform."""
+    # heavy (datasets): loaded on first use, not with this module
     from datasets import load_dataset
 
     label = _label(index, spec)

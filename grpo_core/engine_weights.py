@@ -57,6 +57,7 @@ def merged_weights(model: Any, packed_groups: tuple[tuple[str, ...], ...]) -> di
     ~25% of the model a LoRA never touches (embeddings, norms) is neither
     copied nor sent. vLLM's in-place reload keeps weights it is not given.
     """
+    # heavy (torch): loaded on first use, not with this module
     import torch
 
     if not is_peft(model):
@@ -104,6 +105,7 @@ def adapter_body(directory: Path) -> bytes:
     """The adapter :func:`save_adapter` wrote in ``directory`` as one
     safetensors body, its config in the metadata (:data:`ADAPTER_CONFIG_KEY`):
     what an engine fetches for :meth:`~grpo_core.types.InferenceEngine.load_adapter_from_url`."""
+    # heavy (safetensors): loaded on first use, not with this module
     from safetensors.torch import load_file, save
 
     config = (directory / "adapter_config.json").read_text(encoding="utf-8")  # as PEFT wrote it

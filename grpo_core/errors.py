@@ -8,6 +8,8 @@ and keeps its traceback.
 
 from __future__ import annotations
 
+import pickle
+
 
 class GrpoError(Exception):
     """An error with a message meant for the user, not a bug."""
@@ -82,8 +84,6 @@ def shareable_error(exc: BaseException) -> BaseException:
     collective, as when rank 0's failed weight sync must stop every rank):
     the error itself when it survives pickling with its type and message,
     else a :class:`GrpoError` that carries both."""
-    import pickle
-
     try:
         copy = pickle.loads(pickle.dumps(exc))
         if type(copy) is type(exc) and str(copy) == str(exc):

@@ -27,27 +27,16 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from grpo_core.data import load_prompts
 from grpo_core.errors import ConfigError, DataError
 from grpo_core.training.episodes import release, sample_groups
+from grpo_core.training.producer import sampling_from_config
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
     from grpo_core.types import Prompt, RolloutGroup
 
 EVAL_CHUNK = 64  # prompts per rollout call
-
-
-def eval_enabled(cfg: GRPOConfig) -> bool:
-    has_data = bool(cfg.test_datasets) or cfg.val_set_size > 0
-    strategy = cfg.eval_strategy or ("steps" if has_data else "no")
-    if strategy == "steps" and not has_data:
-        raise ConfigError("eval_strategy = 'steps' but there is nothing to evaluate on: set val_set_size (a fraction "
-                          "or a count of prompts) or add [[test_datasets]].")
-    return strategy == "steps"
-
-
-def eval_every(cfg: GRPOConfig) -> int:
-    return int(cfg.eval_steps or cfg.logging_steps)
 
 
 def split_validation(prompts: list[Prompt], size: float, seed: int) -> tuple[list[Prompt], list[Prompt]]:
@@ -73,8 +62,6 @@ def split_validation(prompts: list[Prompt], size: float, seed: int) -> tuple[lis
 def load_eval_prompts(cfg: GRPOConfig, tokenizer: Any, prompts: list[Prompt]) -> tuple[list[Prompt], list[Prompt]]:
     """``(training prompts, evaluation prompts)`` for this config."""
     if cfg.test_datasets:
-        from grpo_core.data import load_prompts
-
         eval_cfg = cfg.model_copy(update={"datasets": cfg.test_datasets, "shuffle_dataset": False})
         return prompts, load_prompts(eval_cfg, tokenizer)
     return split_validation(prompts, cfg.val_set_size, cfg.seed)
@@ -98,8 +85,6 @@ def evaluate(
     """Generate one completion per prompt through the rollout hook (one
     whole episode each, through ``episodes``, when the run has them) and
     score it."""
-    from grpo_core.training.producer import sampling_from_config
-
     started = time.perf_counter()
     sampling = replace(sampling_from_config(cfg, stop_ids), temperature=float(cfg.eval_temperature))
     groups: list[RolloutGroup] = []

@@ -17,6 +17,7 @@ the ``torchao`` package. Anywhere else ``fp8 = true`` is refused by
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ GPUS = "an NVIDIA GPU of compute capability >= 8.9 (Ada: L4, L40S, RTX 4090; Hop
 
 
 def _cuda_capability() -> tuple[int, int] | None:
+    # heavy (torch): loaded on first use, not with this module
     import torch
 
     if not torch.cuda.is_available():
@@ -35,8 +37,6 @@ def _cuda_capability() -> tuple[int, int] | None:
 
 
 def _torchao_available() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("torchao") is not None
 
 
@@ -61,6 +61,7 @@ def accelerator_kwargs(cfg: GRPOConfig) -> dict[str, Any]:
     """Arguments of ``accelerate.Accelerator`` for ``cfg``'s fp8 choice."""
     if not cfg.fp8:
         return {}
+    # heavy (accelerate): loaded on first use, not with this module
     from accelerate.utils import AORecipeKwargs
 
     return {"mixed_precision": "fp8", "kwargs_handlers": [AORecipeKwargs()]}

@@ -50,6 +50,7 @@ def launch(num_processes: int, grpo_args: list[str]) -> int:
     """Run ``grpo <grpo_args>`` (without ``--num-processes``) as
     ``num_processes`` processes and return their exit code; -1 when this
     process is already one of them (started by a launcher)."""
+    # torch and accelerate's launcher load only for a multi-process run
     from grpo_core.processes import launched_by_launcher, world_size
 
     if num_processes < 1:
@@ -61,6 +62,7 @@ def launch(num_processes: int, grpo_args: list[str]) -> int:
                 f"{world_size()} processes: drop --num-processes when using accelerate launch / torchrun."
             )
         return -1  # already one of the N: train here
+    # torch and accelerate's launcher load only for a multi-process run
     import torch
 
     command = launcher_command(num_processes, grpo_args, torch.cuda.is_available())
@@ -74,6 +76,7 @@ def quiet_launcher(argv: list[str]) -> int:
     add a ``ChildFailedError`` traceback and log lines naming pids, which
     bury it. Only a child killed by a signal (it could print nothing) gets a
     line here."""
+    # torch and accelerate's launcher load only for a multi-process run
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 

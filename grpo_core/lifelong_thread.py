@@ -11,6 +11,7 @@ child server uses it, so they share one thread, not a copy each.
 
 from __future__ import annotations
 
+import ctypes
 import queue
 import signal
 import threading
@@ -51,8 +52,6 @@ def in_lifelong_thread(job: Callable[[], object]) -> object:
 
 def _load_prctl() -> Any:
     try:
-        import ctypes
-
         return ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except Exception:  # noqa: BLE001 - not Linux (or no glibc): the atexit guards still apply
         return None

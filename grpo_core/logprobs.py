@@ -133,6 +133,7 @@ def _shares_exactly(body: Any) -> bool:
 
 def _is_plain_cache(cache: Any) -> bool:
     """A full key/value cache per layer (no sliding window, no recurrent state)."""
+    # heavy (transformers): loaded on first use, not with this module
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
     layers = getattr(cache, "layers", None)

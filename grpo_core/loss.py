@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from grpo_core.config.schema import EFFECTIVE_DEFAULTS
 from grpo_core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -82,8 +83,6 @@ class LossSettings:
     @classmethod
     def from_config(cls, cfg: GRPOConfig) -> LossSettings:
         """Read the ``[trl]`` table; ``None`` entries take TRL 1.16's defaults."""
-        from grpo_core.config.schema import EFFECTIVE_DEFAULTS
-
         trl = cfg.trl
 
         def value(name: str) -> Any:

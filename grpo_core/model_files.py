@@ -54,6 +54,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     """Dequantise ``gguf`` into an HF directory that transformers, peft and
     vLLM all load. Written to a temporary sibling and renamed, so a crash
     never leaves a half-written cache that looks complete."""
+    # heavy (transformers): loaded on first use, not with this module
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     # A GGUF file holds tensors and metadata only: nothing to trust, say so anyway.

@@ -99,6 +99,7 @@ def remote_code_error(key: str, source: str, exc: Exception) -> ConfigError | No
 def load_tokenizer(cfg: GRPOConfig, model_dir: str) -> Any:
     """The tokenizer with the config's chat template and special tokens,
     a pad token, and left padding (prompts are left-padded in batches)."""
+    # heavy (transformers): loaded on first use, not with this module
     from transformers import AutoTokenizer
 
     source = cfg.tokenizer_config or model_dir
@@ -145,6 +146,7 @@ _FLASH_AVAILABLE = {"flash_attention_2": "is_flash_attn_2_available", "flash_att
 
 def _flash_or_sdpa(kernel: str, key: str) -> str:
     """A flash kernel where it can run; otherwise sdpa, saying so."""
+    # heavy (transformers): loaded on first use, not with this module
     import transformers.utils as tu
 
     probe = getattr(tu, _FLASH_AVAILABLE[kernel], None)
@@ -176,6 +178,7 @@ def resolve_attn_implementation(cfg: GRPOConfig) -> str | None:
 
 
 def _load_causal_lm(cfg: GRPOConfig, model_dir: str) -> nn.Module:
+    # heavy (transformers): loaded on first use, not with this module
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg), "trust_remote_code": cfg.trust_remote_code}
@@ -237,6 +240,7 @@ def load_policy(cfg: GRPOConfig, model_dir: str, tokenizer: Any) -> nn.Module:
             model.enable_input_require_grads()
 
     if cfg.adapter == "lora":
+        # heavy (peft): loaded on first use, not with this module
         from peft import LoraConfig, get_peft_model
 
         lora = LoraConfig(
@@ -259,6 +263,7 @@ def trainable_parameters(model: nn.Module) -> tuple[int, int]:
 
 def is_peft_model(model: Any) -> bool:
     try:
+        # heavy (peft): loaded on first use, not with this module
         from peft import PeftModel
     except ImportError:  # pragma: no cover - peft is a dependency
         return False

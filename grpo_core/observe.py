@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_core.alerts import HealthMonitor
-from grpo_core.evaluation import eval_enabled, eval_every, eval_rows, evaluate
+from grpo_core.config.eval_schedule import eval_enabled, eval_every
+from grpo_core.evaluation import eval_rows, evaluate
 from grpo_core.tracking import CompletionLog, TrackerSet, completion_rows
+from grpo_core.training.logging import MetricsLogger, print_completions
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -60,8 +62,6 @@ class RunObserver:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, trainer: Any) -> None:
-        from grpo_core.training.logging import MetricsLogger
-
         cfg = self.cfg
         self.logger = MetricsLogger(self.output_dir, cfg.max_steps, trainer.step, cfg.logging_steps)
         self._show_phases(trainer)
@@ -156,8 +156,6 @@ class RunObserver:
         # TRL's log_completions prints the sample too (all of it unless num_completions_to_print limits it)
         shown = trl.num_completions_to_print or (1 << 30 if trl.log_completions else 0)
         if shown and batch is not None and step % cfg.logging_steps == 0:
-            from grpo_core.training.logging import print_completions
-
             print_completions(batch.groups, trainer.parts.tokenizer, names, int(shown), step)
         self.phase("training")
 

@@ -25,6 +25,7 @@ def bitsandbytes_problem() -> str | None:
     if importlib.util.find_spec("bitsandbytes") is None:
         return f"bitsandbytes is not installed: `pip install bitsandbytes` (or grpo's `qlora` extra); it needs {HARDWARE}."
     try:
+        # bitsandbytes is optional: imported only where used, so grpo runs without it
         import bitsandbytes.functional as bnbf
         import torch
 
@@ -40,6 +41,7 @@ def quantization_config(cfg: GRPOConfig, compute_dtype: Any) -> Any | None:
     """transformers' BitsAndBytesConfig for the config, or None (no k-bit loading)."""
     if not (cfg.load_in_4bit or cfg.load_in_8bit):
         return None
+    # heavy (transformers): loaded on first use, not with this module
     from transformers import BitsAndBytesConfig
 
     kwargs: dict[str, Any] = {"load_in_8bit": True} if cfg.load_in_8bit else {

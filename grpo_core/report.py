@@ -58,10 +58,12 @@ def series(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
 def plot(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """One PNG per panel with data; returns the files written."""
     try:
+        # matplotlib is optional: imported only where used, so grpo runs without it
         import matplotlib
     except ImportError:
         raise ConfigError("grpo report draws its plots with matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg", force=True)
+    # matplotlib is optional: imported only where used, so grpo runs without it
     import matplotlib.pyplot as plt
 
     keys = sorted({k for r in records for k in r if k != "step"})

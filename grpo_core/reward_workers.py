@@ -23,7 +23,9 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpo_core.context import RunContext
 from grpo_core.errors import GrpoError, RewardError
+from grpo_core.plugin_host import PluginHost
 from grpo_core.reward_calls import FIX_HINT, Batch, Outcome, describe_failure, run_functions
 
 if TYPE_CHECKING:
@@ -34,9 +36,6 @@ START_TIMEOUT_S = 300.0  # resolving specs may load a reward model
 
 def worker_main(conn: Connection, cfg: GRPOConfig, specs: list[str], names: list[str], allow: set[str] | None) -> None:
     """Entry point of one worker process."""
-    from grpo_core.context import RunContext
-    from grpo_core.plugin_host import PluginHost
-
     try:
         host = PluginHost(allow=allow)
         context = RunContext(config=cfg, output_dir=Path(cfg.output_dir), log=lambda _msg: None)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from grpo_core.config.checks import reward_weights
 from grpo_core.errors import DataError, RewardError
 from grpo_core.reward_calls import FIX_HINT, Outcome, build_batch, function_name, required_columns, run_functions
 from grpo_core.reward_workers import WorkerPool
@@ -65,8 +66,6 @@ class RewardScorer:
     """
 
     def __init__(self, cfg: GRPOConfig, host: PluginHost, context: RunContext) -> None:
-        from grpo_core.config.checks import reward_weights
-
         self.weights = reward_weights(cfg)
         specs = list(cfg.trl.reward_funcs or [])
         self.cfg = cfg

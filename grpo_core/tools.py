@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_core.errors import ConfigError, DataError
+from grpo_core.types import Completion, RolloutGroup
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -44,6 +45,7 @@ class _Local:
 
     @classmethod
     def open(cls, cfg: GRPOConfig, host: PluginHost) -> _Local:
+        # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.context import RunContext
         from grpo_core.model_files import resolve_model_dir
         from grpo_core.models import load_tokenizer
@@ -56,6 +58,7 @@ class _Local:
         return cls(cfg, host, context, tokenizer, model_dir)
 
     def load_model(self, adapter: str | None = None) -> None:
+        # imported when the command runs (torch, transformers), so `grpo --help` stays fast
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -65,6 +68,7 @@ class _Local:
         if adapter:
             if not (Path(adapter) / "adapter_config.json").is_file():
                 raise ConfigError(f"--adapter {adapter}: no adapter_config.json there; give a run's output_dir or a checkpoint directory.")
+            # imported when the command runs (peft), so `grpo --help` stays fast
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
@@ -106,8 +110,6 @@ class RewardReport:
 
 
 def _column_groups(prompts: list[Prompt], column: str, tokenizer: Any) -> list[RolloutGroup]:
-    from grpo_core.types import Completion, RolloutGroup
-
     available = sorted(prompts[0].columns) if prompts else []
     if prompts and column not in prompts[0].columns:
         raise DataError(f"--from-column {column}: the dataset has no such column (columns: {', '.join(available) or 'none'}).")
@@ -121,6 +123,7 @@ def _column_groups(prompts: list[Prompt], column: str, tokenizer: Any) -> list[R
 
 def rewards_test(cfg: GRPOConfig, host: PluginHost, samples: int, from_column: str | None, generations: int) -> tuple[list[RewardReport], list[RolloutGroup]]:
     """Score ``samples`` dataset rows with each reward function on its own."""
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.data import load_prompts
     from grpo_core.reward_calls import build_batch, function_name, run_functions
     from grpo_core.training.producer import sampling_from_config
@@ -153,6 +156,7 @@ def rewards_test(cfg: GRPOConfig, host: PluginHost, samples: int, from_column: s
 
 def run_eval(cfg: GRPOConfig, host: PluginHost, adapter: str | None) -> dict[str, float]:
     """The in-training evaluation, standalone, on the base model or an adapter."""
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.data import load_prompts
     from grpo_core.evaluation import evaluate, load_eval_prompts
     from grpo_core.rewards import RewardScorer
@@ -178,6 +182,7 @@ def run_eval(cfg: GRPOConfig, host: PluginHost, adapter: str | None) -> dict[str
 def merge_adapter(adapter_dir: Path, output: Path | None = None, base: str | None = None) -> Path:
     """Merge a LoRA adapter into its base model: a plain HF model directory
     (safetensors + tokenizer) that transformers and ``vllm serve`` load."""
+    # imported when the command runs (peft, torch, transformers), so `grpo --help` stays fast
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -190,6 +195,7 @@ def merge_adapter(adapter_dir: Path, output: Path | None = None, base: str | Non
     base = base or json.loads(config_file.read_text(encoding="utf-8")).get("base_model_name_or_path")
     if not base:
         raise ConfigError(f"{config_file} does not name its base model: pass --base MODEL_DIR.")
+    # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.model_files import resolve_model_dir
 
     base_dir = resolve_model_dir(base)

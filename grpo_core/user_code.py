@@ -26,7 +26,11 @@ import importlib.util
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
+
+from grpo_core.data import make_cwd_importable
+from grpo_core.plugin_host import split_qualified
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -68,10 +72,6 @@ def named_user_code(cfg: GRPOConfig, registered_rewards: Iterable[str] = ()) -> 
     A reward that is a registered name (``registered_rewards``, as
     ``name`` or ``distribution:name``), a directory, a URL or a hub id is
     not user code by import path, so it is left out."""
-    from pathlib import Path
-
-    from grpo_core.plugin_host import split_qualified
-
     names = set(registered_rewards)
     trl = cfg.trl
     found: list[tuple[str, str]] = []
@@ -179,8 +179,6 @@ def locate(key: str, spec: str) -> UserCode:
 
 def user_code(cfg: GRPOConfig, registered_rewards: Iterable[str] = ()) -> list[UserCode]:
     """Every import path in ``cfg``, resolved (the working directory importable, as ``grpo run`` has it)."""
-    from grpo_core.data import make_cwd_importable
-
     make_cwd_importable()
     importlib.invalidate_caches()
     return [locate(key, spec) for key, spec in named_user_code(cfg, registered_rewards)]

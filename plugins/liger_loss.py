@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpo_core.plugin_api import ConfigError, PolicyLossInputs, hookimpl
+from grpo_core.plugin_api import DEFAULT_CHUNK_SIZE, ConfigError, PolicyLossInputs, hookimpl
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig
@@ -49,6 +49,7 @@ class LigerPolicyLoss:
     uses_hidden_states = True  # fuses the LM head: runs the decoder through inputs.hidden_states
 
     def __init__(self, context: Any = None) -> None:
+        # liger-kernel is optional: imported only where used, so grpo runs without it
         from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 
         self.context = context
@@ -134,8 +135,6 @@ class LigerPolicyLoss:
 
 
 def _logps_no_grad(hidden: torch.Tensor, head: Any, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    from grpo_core.plugin_api import DEFAULT_CHUNK_SIZE
-
     batch, c, width = hidden.shape
     flat, flat_targets = hidden.detach().reshape(batch * c, width), targets.reshape(batch * c)
     parts = []

@@ -209,6 +209,7 @@ class TransformersRollout:
     def _generation_config(model: Any, tokenizer: Any, sampling: SamplingSettings, stop_ids: list[int]) -> Any:
         """Every sampling field is set explicitly: transformers fills fields left
         ``None`` from the model's own generation_config (e.g. a hub top_k=50)."""
+        # heavy (transformers): loaded on first use, not with this module
         from transformers import GenerationConfig
 
         greedy = sampling.temperature == 0

@@ -48,6 +48,7 @@ class TensorBoardTracker:
 
     def __init__(self, context: RunContext) -> None:
         _require("tensorboard", "tensorboard", "tensorboard")
+        # tensorboard is optional: imported only when the tracker is chosen
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(os.environ.get("TENSORBOARD_LOGGING_DIR") or Path(context.output_dir) / "runs")

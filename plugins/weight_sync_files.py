@@ -155,6 +155,7 @@ class FullFilesystemSync(_FilesystemSync):
     def _save(self, model: Any, out: Path, engine: InferenceEngine) -> None:
         weights = merged_weights(model, engine.fused_modules())
         if engine.weight_dtype is not None:  # what the engine keeps anyway: fewer bytes to write and read
+            # heavy (torch): loaded on first use, not with this module
             import torch
 
             dtype = getattr(torch, engine.weight_dtype)
@@ -171,6 +172,7 @@ class FullFilesystemSync(_FilesystemSync):
 
 def save_safetensors(state: dict[str, Any], path: Path) -> None:
     """Write ``state`` with tied weights (lm_head = embed_tokens) stored once."""
+    # heavy (safetensors): loaded on first use, not with this module
     from safetensors.torch import save_file
 
     seen: set[int] = set()

@@ -48,6 +48,7 @@ PATH_PREFIX = "/grpo-weights/v"
 def safetensors_bytes(state: dict[str, Any], dtype: str | None) -> bytes:
     """``state`` as one safetensors body, cast to ``dtype`` (when given)
     with tied weights (lm_head = embed_tokens) stored once."""
+    # heavy (safetensors, torch): loaded on first use, not with this module
     import torch
     from safetensors.torch import save
 

@@ -152,6 +152,33 @@ def all_edges(root: Path = REPO) -> list[Edge]:
     ]
 
 
+def unexplained_lazy_imports(source: str) -> list[int]:
+    """Lines of the import blocks inside function bodies with no comment
+    saying why they are there: a block (consecutive import statements) is
+    explained by a comment on the line above it or on one of its lines.
+    Top-level code (module, class bodies, ``if TYPE_CHECKING``) is not asked."""
+    lines = source.splitlines()
+    found = []
+    for func in ast.walk(ast.parse(source)):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        bodies = [func.body] + [getattr(node, field) for node in ast.walk(func) if node is not func
+                                for field in ("body", "orelse", "finalbody") if isinstance(getattr(node, field, None), list)]  # fmt: skip
+        for body in bodies:
+            block: list[ast.stmt] = []
+            for stmt in [*body, None]:
+                if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                    block.append(stmt)
+                    continue
+                if block:
+                    above = lines[block[0].lineno - 2].strip() if block[0].lineno > 1 else ""
+                    commented = any("#" in lines[i] for s in block for i in range(s.lineno - 1, s.end_lineno))
+                    if not (above.startswith("#") or commented):
+                        found.append(block[0].lineno)
+                block = []
+    return sorted(set(found))
+
+
 def own(target: str, known: set[str]) -> str | None:
     """The grpo module an import's target names, or None for a library (``grpo_core.x.Name`` -> ``grpo_core.x``)."""
     while target and target not in known:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from import_graph import Edge, all_edges, cycles, edges_between, graph, own, source_files
+from import_graph import Edge, all_edges, cycles, edges_between, graph, own, source_files, unexplained_lazy_imports
 
 ENGINES = {"grpo_plugins", "plugins", "vllm", "deepspeed", "liger_kernel"}
 
@@ -140,6 +140,14 @@ def test_type_only_circles_are_the_listed_ones(edges: list[Edge], known: set[str
     assert cycles(graph(edges, known, {"module", "function", "type_checking"})) == TYPE_ONLY_CIRCLES
 
 
+def test_every_import_inside_a_function_says_why() -> None:
+    """A lazy import is for a heavy or optional library, or for start-up
+    time, and its comment says which; a light module is imported at the top."""
+    found = [f"{module}:{line}" for module, path in source_files().items() if module.split(".")[0] in ("grpo_core", "grpo_plugins")
+             for line in unexplained_lazy_imports(path.read_text(encoding="utf-8"))]  # fmt: skip
+    assert found == []
+
+
 def test_core_never_imports_plugins_or_engines(edges: list[Edge]) -> None:
     offenders = [f"{e.source}:{e.line} imports {e.target} ({e.level})" for e in edges
                  if e.source.startswith("grpo_core") and e.target.split(".")[0] in ENGINES]  # fmt: skip
@@ -202,6 +210,30 @@ def test_the_scan_tells_module_function_and_type_checking_imports(tmp_path: Path
         ("typing", "module"), ("grpo_core.b", "module"), ("grpo_core.c", "module"), ("importlib", "module"),
         ("grpo_core.d", "type_checking"), ("grpo_core.e", "function"), ("vllm", "function"), ("grpo_core.f", "module"),
     }  # fmt: skip
+
+
+def test_the_lazy_import_rule_reads_blocks_and_comments() -> None:
+    code = textwrap.dedent("""
+        import os
+
+        def explained():
+            # heavy: why
+            import torch
+            from transformers import AutoModel
+
+        def trailing():
+            import numpy as np  # heavy: why
+
+        def bare():
+            x = 1
+            import json
+            from pathlib import Path
+
+        def nested(flag):
+            if flag:
+                import pickle
+    """)
+    assert unexplained_lazy_imports(code) == [14, 19]
 
 
 def test_a_circle_is_found_and_a_lazy_one_too(tmp_path: Path) -> None:

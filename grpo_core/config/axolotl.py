@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
+from grpo_core.config.compat import COMPATIBILITY_ONLY
+from grpo_core.config.schema import DatasetSpec, GRPOConfig, TrlSettings, VllmSettings
 from grpo_core.errors import ConfigError
 
 # ----------------------------------------------------------------- reasons
@@ -296,8 +298,6 @@ def adapt(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]
     Returns the dict to validate and the notes to show the user; raises
     :class:`ConfigError` naming every refused key with its reason.
     """
-    from grpo_core.config.schema import DatasetSpec, GRPOConfig, TrlSettings, VllmSettings
-
     errors: list[str] = []
     notes: list[str] = []
     unset: list[str] = []
@@ -347,8 +347,6 @@ def explain(path: str, value: Any) -> tuple[str | None, bool]:
     """What grpo does with one key of a config being converted: a comment for
     it, and whether the key is written commented out (refused, so the TOML
     still runs and says what was left behind)."""
-    from grpo_core.config.compat import COMPATIBILITY_ONLY
-
     table, _, key = path.rpartition(".")
     if table.startswith("datasets["):
         refused = REFUSED_DATASET

@@ -18,13 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from grpo_core.alerts import ALERT_NAMES
+from grpo_core.compile import compile_problem
 from grpo_core.config.batch_shape import generation_batch_size, global_step_batch, steps_per_generation
 from grpo_core.config.compat import compat_warnings
+from grpo_core.config.eval_schedule import eval_enabled
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, chosen_implementations, declared, source_key
+from grpo_core.fp8 import fp8_problem
 from grpo_core.plugin_host import PluginHost, own_checks, settings_key, split_qualified, table_ref, validate_settings
 from grpo_core.processes import world_size
+from grpo_core.quantization import bitsandbytes_problem
+from grpo_core.tracking import check_report_to
 from grpo_core.types import SAMPLES_TRAINER_MODEL, SCORES_TOKENS, WEIGHTS_IN_MEMORY
 
 
@@ -404,8 +410,6 @@ def _model_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warn
             f"{bits}: weight sync '{traits.names['weight_sync']}' sends merged full weights, which a quantised base "
             "cannot give: set trl.vllm_lora_sync = true (vLLM serves the base model with the adapter loaded)."
         )
-    from grpo_core.quantization import bitsandbytes_problem
-
     problem = bitsandbytes_problem()
     if problem is not None:
         errors.append(f"{bits} cannot run here: {problem}")
@@ -413,14 +417,10 @@ def _model_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warn
 
 def _speed_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> None:
     """torch_compile, fp8, the Liger loss: each refused where it cannot run, naming what it needs."""
-    from grpo_core.compile import compile_problem
-
     problem = compile_problem(cfg)
     if problem is not None:
         errors.append(problem)
     if cfg.fp8:
-        from grpo_core.fp8 import fp8_problem
-
         problem = fp8_problem()
         if problem is not None:
             errors.append(problem)
@@ -430,9 +430,6 @@ def _speed_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> No
 
 def _observability_checks(cfg: GRPOConfig, host: PluginHost | None, errors: list[str], warnings: list[str]) -> None:
     """Evaluation data, alert names and trackers (see grpo_core.evaluation / alerts / tracking)."""
-    from grpo_core.alerts import ALERT_NAMES
-    from grpo_core.evaluation import eval_enabled
-
     try:
         eval_enabled(cfg)
     except ConfigError as exc:
@@ -446,8 +443,6 @@ def _observability_checks(cfg: GRPOConfig, host: PluginHost | None, errors: list
     if unknown:
         errors.append(f"alerts.silence names unknown alert(s) {unknown}; known: {', '.join(ALERT_NAMES)}.")
     if host is not None:
-        from grpo_core.tracking import check_report_to
-
         errors.extend(check_report_to(cfg, host))
 
 

@@ -16,6 +16,8 @@ from typing import Any, Callable, Optional
 
 import tomli_w
 
+from grpo_core.config.axolotl import explain as axolotl_explain
+
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -98,8 +100,5 @@ def to_toml_text(data: dict[str, Any], explain: bool = False) -> str:
     out: list[str] = []
     if dropped:
         out.append("# null in the source (left out; the default applies): " + ", ".join(dropped))
-    explainer: Explain | None = None
-    if explain:
-        from grpo_core.config.axolotl import explain as explainer
-    _render_table(clean, [], out, explainer)
+    _render_table(clean, [], out, axolotl_explain if explain else None)
     return "\n".join(out).lstrip("\n") + "\n"

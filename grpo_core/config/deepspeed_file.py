@@ -12,6 +12,7 @@ from typing import Any
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.errors import ConfigError
+from grpo_core.precision import resolve_precision
 
 SUPPORTED_STAGES = (2, 3)
 KEY = "deepspeed"
@@ -36,9 +37,8 @@ def is_auto(value: Any) -> bool:
 
 def precision_flags(cfg: GRPOConfig) -> tuple[bool, bool]:
     """(bf16, fp16) compute as grpo resolves it on this machine."""
+    # heavy (torch): loaded on first use, not with this module
     import torch
-
-    from grpo_core.precision import resolve_precision
 
     dtype = resolve_precision(cfg).compute_dtype
     return dtype == torch.bfloat16, dtype == torch.float16

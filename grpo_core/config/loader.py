@@ -8,6 +8,7 @@ import copy
 import difflib
 import json
 import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from grpo_core.config.axolotl import adapt
 from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig
 from grpo_core.errors import ConfigError
 
@@ -207,8 +209,6 @@ def apply_effective_defaults(cfg: GRPOConfig) -> GRPOConfig:
 def validate(data: dict[str, Any], source: str = "config") -> GRPOConfig:
     """Validate a raw config dict (ours, or written for Axolotl: its keys are
     adapted or refused with a reason first, see :mod:`grpo_core.config.axolotl`)."""
-    from grpo_core.config.axolotl import adapt
-
     data, notes = adapt(copy.deepcopy(data), source)
     try:
         cfg = GRPOConfig.model_validate(data)
@@ -227,8 +227,6 @@ def anchor_to_config_dir(cfg: GRPOConfig, config_dir: Path) -> GRPOConfig:
     ``grpo run examples/arithmetic/config.toml`` finds ``rewards.py`` and
     ``data/`` beside it while a file in the working directory still wins.
     """
-    import sys
-
     config_dir = config_dir.resolve()
     for spec in [*cfg.datasets, *cfg.test_datasets]:
         candidate = config_dir / spec.path

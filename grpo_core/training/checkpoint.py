@@ -304,10 +304,12 @@ def load_checkpoint(path: Path, optimizer: torch.optim.Optimizer, scheduler: Any
 def load_model_weights(model: Any, path: Path) -> None:
     """Load checkpointed weights into ``model`` in place (adapter or full)."""
     model_dir = path / "model"
+    # heavy (safetensors): loaded on first use, not with this module
     from safetensors.torch import load_file
 
     adapter = model_dir / "adapter_model.safetensors"
     if adapter.is_file():
+        # heavy (peft): loaded on first use, not with this module
         from peft import set_peft_model_state_dict
 
         set_peft_model_state_dict(model, load_file(str(adapter)))

@@ -64,6 +64,7 @@ class MetricsLogger:
 
 def print_completions(groups: list[ScoredGroup], tokenizer: Any, reward_names: list[str], limit: int, step: int) -> None:
     """``num_completions_to_print``: a readable table of prompt / completion / rewards."""
+    # rich's tables load only when completions are printed (trl.log_completions)
     from rich.console import Console
     from rich.table import Table
 

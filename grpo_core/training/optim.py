@@ -39,6 +39,7 @@ def _sgd(params: Any, cfg: GRPOConfig, extra: dict[str, Any]) -> torch.optim.Opt
 
 
 def _adafactor(params: Any, cfg: GRPOConfig, extra: dict[str, Any]) -> torch.optim.Optimizer:
+    # heavy (transformers): loaded on first use, not with this module
     from transformers.optimization import Adafactor
 
     kwargs = {"lr": cfg.learning_rate, "weight_decay": cfg.weight_decay, "scale_parameter": False, "relative_step": False}
@@ -83,6 +84,7 @@ def scheduler_choice(cfg: GRPOConfig) -> tuple[str, dict[str, Any]]:
 
 
 def build_scheduler(cfg: GRPOConfig, optimizer: torch.optim.Optimizer) -> Any:
+    # heavy (transformers): loaded on first use, not with this module
     from transformers import get_scheduler
 
     warmup = cfg.warmup_steps or int((cfg.warmup_ratio or 0.0) * cfg.max_steps)

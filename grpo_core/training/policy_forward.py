@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from grpo_core.logprobs import token_logprobs
+from grpo_core.models import unwrap
 
 
 class PolicyLogprobs(torch.nn.Module):
@@ -46,8 +47,6 @@ class PolicyLogprobs(torch.nn.Module):
 
 def inner_policy(prepared: Any) -> torch.nn.Module:
     """The policy inside a prepared (possibly DDP/FSDP-wrapped) :class:`PolicyLogprobs`."""
-    from grpo_core.models import unwrap
-
     module = unwrap(prepared)
     while not isinstance(module, PolicyLogprobs) and hasattr(module, "module"):
         module = module.module

@@ -23,7 +23,9 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from grpo_core.config.schema import GRPOConfig
+from grpo_core.errors import EngineUnavailable, PluginError, RewardError
 from grpo_core.training.batch import steps_per_batch
+from grpo_core.training.distributed import shares
 from grpo_core.training.episodes import RolloutDriver, episode_metrics, release, sample_groups
 from grpo_core.types import Prompt, RolloutGroup, SamplingSettings, ScoredGroup, TrainingProgress
 
@@ -426,8 +428,6 @@ class ScatteringProducer:
         self.dist = dist
 
     def produce(self, progress: TrainingProgress) -> ScoredBatch:
-        from grpo_core.training.distributed import shares
-
         per_rank: list[Any] | None = None
         if self.dist.is_main:
             try:
@@ -482,14 +482,10 @@ class _Failure:
         except Exception:  # an exception type whose constructor takes other arguments
             error = None
         if error is None or _checkpoints_on(error) != self.checkpoints:
-            from grpo_core.errors import PluginError
-
             text = f"rank 0 failed producing a batch: {self.kind.__name__}: {self.message}"
             return PluginError(text) if self.checkpoints else RuntimeError(text)
         return error
 
 
 def _checkpoints_on(exc: BaseException) -> bool:
-    from grpo_core.errors import EngineUnavailable, PluginError, RewardError
-
     return isinstance(exc, (EngineUnavailable, RewardError, PluginError))

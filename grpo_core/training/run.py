@@ -27,6 +27,7 @@ from grpo_core.data import common_columns, load_prompts
 from grpo_core.errors import PluginError, StorageError, TrainingInterrupted
 from grpo_core.evaluation import load_eval_prompts
 from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, chosen_implementations, declared
+from grpo_core.fp8 import accelerator_kwargs
 from grpo_core.model_files import resolve_model_dir
 from grpo_core.models import load_policy, load_tokenizer, reference_model
 from grpo_core.observe import RunObserver
@@ -215,9 +216,8 @@ def make_accelerator(cfg: GRPOConfig, backend: type[TrainingBackend] | None = No
     training backend (:mod:`grpo_core.training.backends`). Under a launcher
     (``accelerate launch``, ``torchrun``, ``grpo run --num-processes``) it
     joins the other processes: NCCL on GPUs, gloo without them."""
+    # heavy (accelerate): loaded on first use, not with this module
     from accelerate import Accelerator
-
-    from grpo_core.fp8 import accelerator_kwargs
 
     world = world_size()
     backend = backend or backend_for(cfg, world)

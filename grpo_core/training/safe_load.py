@@ -25,7 +25,9 @@ from typing import Any, BinaryIO
 
 import torch
 
+from grpo_core import types as contract_types
 from grpo_core.errors import GrpoError
+from grpo_core.training.producer import ScoredBatch
 
 
 class UnsafeCheckpoint(GrpoError):
@@ -38,9 +40,6 @@ def grpo_types() -> list[type]:
     batch of a run with ``num_iterations > 1``, the batches ``async_prefetch``
     generated ahead of training): every dataclass in
     :mod:`grpo_core.types` and the producer's :class:`ScoredBatch`."""
-    from grpo_core import types as contract_types
-    from grpo_core.training.producer import ScoredBatch
-
     found: list[type] = [ScoredBatch]
     for value in vars(contract_types).values():
         if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == contract_types.__name__:
@@ -51,6 +50,7 @@ def grpo_types() -> list[type]:
 def numpy_array_types() -> list[Any]:
     """What a pickled numpy array needs (checkpoints written before grpo read
     them safely kept numpy's RNG state as an array). These rebuild raw numeric buffers only."""
+    # heavy (numpy): loaded on first use, not with this module
     import numpy as np
 
     core = getattr(np, "_core", None) or np.core

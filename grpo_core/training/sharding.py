@@ -33,6 +33,7 @@ from grpo_core.errors import ConfigError, GrpoError
 
 def fsdp_plugin(cfg: GRPOConfig) -> Any:
     """accelerate's FSDP plugin for ``cfg.fsdp`` / ``cfg.fsdp_config``."""
+    # heavy (accelerate): loaded on first use, not with this module
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     problems = fsdp_problems(cfg)
@@ -67,6 +68,7 @@ def fsdp_plugin(cfg: GRPOConfig) -> Any:
 def enable_fsdp_on_cpu(accelerator: Any, plugin: Any) -> None:
     """accelerate enables FSDP only for GPU-type backends: on CPU (gloo) mark
     its state FSDP with ``plugin`` so ``prepare`` takes accelerate's own FSDP path."""
+    # heavy (accelerate): loaded on first use, not with this module
     from accelerate.utils import DistributedType
 
     if plugin is not None and accelerator.distributed_type == DistributedType.MULTI_CPU:
@@ -101,6 +103,7 @@ class FullWeights:
     def refresh(self, accelerator: Any, forward: Any, version: int) -> Any:
         if version == self.version:
             return self.copy
+        # heavy (torch): loaded on first use, not with this module
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         # a collective: full tensors on rank 0 (what accelerate's get_state_dict does for FSDP2)
@@ -134,6 +137,7 @@ def full_optimizer_state(forward: Any, optimizer: Any) -> dict[str, Any]:
     name, on rank 0 (a collective: every rank calls it). Full tensors load
     onto any process count: into another FSDP run as they are, into an
     unsharded one (one process, DDP) through :func:`optimizer_state_by_index`."""
+    # heavy (torch): loaded on first use, not with this module
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -141,6 +145,7 @@ def full_optimizer_state(forward: Any, optimizer: Any) -> dict[str, Any]:
 
 
 def load_full_optimizer_state(forward: Any, optimizer: Any, state: dict[str, Any]) -> None:
+    # heavy (torch): loaded on first use, not with this module
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True)
@@ -213,6 +218,7 @@ def optimizer_state_by_index(forward: Any, optimizer: Any, state: dict[str, Any]
 def load_full_model_state(forward: Any, state: dict[str, Any] | None) -> None:
     """Rank 0's full weights (as the policy names them; None on the other
     ranks) into the shards of every rank."""
+    # heavy (torch): loaded on first use, not with this module
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     full = {f"policy.{k}": v for k, v in (state or {}).items()}

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from grpo_core.errors import EngineUnavailable, GrpoError, WeightSyncUnverified
+from grpo_core.logprobs import token_logprobs
 from grpo_core.types import WEIGHTS_IN_MEMORY, EngineScore, engine_cpu_cores, token_scorer
 
 PROBE_TEXT = (
@@ -177,8 +178,6 @@ def trainer_logprobs(model: Any, ids: Sequence[int], precision: Any) -> list[flo
     """The trainer's log-prob of each probe token after the first, as the
     training forward computes them (the run's autocast; eval mode so that
     dropout is off; no grad)."""
-    from grpo_core.logprobs import token_logprobs
-
     device = next(model.parameters()).device
     input_ids = torch.tensor([list(ids)], device=device)
     was_training = model.training

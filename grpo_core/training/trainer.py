@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from grpo_core.compile import compile_policy
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.context import RunContext
 from grpo_core.errors import (
@@ -32,6 +33,8 @@ from grpo_core.errors import (
 )
 from grpo_core.logprobs import decoder_and_head, head_is_plain, token_logprobs
 from grpo_core.loss import LossSettings, zero_advantage_rows_are_inert
+from grpo_core.models import save_final
+from grpo_core.observe import RunObserver
 from grpo_core.precision import resolve_precision
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.backends import TrainingBackend
@@ -146,8 +149,6 @@ class GRPOTrainer:
         self.device = parts.accelerator.device
         self.precision = resolve_precision(cfg, self.device.type)
         self.backend = parts.backend  # backward, the optimizer step, full weights and checkpoints
-        from grpo_core.compile import compile_policy
-
         self.compiled_body = compile_policy(cfg, parts.model)  # None unless torch_compile
         self.share_prompts = bool(cfg.share_prompt_prefix)
         # rank 0 syncs, so rank 0 checks each sync (verify_weight_sync); the other ranks only wait
@@ -571,8 +572,6 @@ class GRPOTrainer:
 
     def save_final(self) -> Path:
         """The trained model in the standard format, written by rank 0."""
-        from grpo_core.models import save_final
-
         out = self.output_dir
         model = self.backend.full_model(self.policy_version)
         if self.dist.is_main:
@@ -594,8 +593,6 @@ class GRPOTrainer:
         except WeightSyncUnverified as exc:  # nothing trained since the start: nothing new to checkpoint
             raise WeightSyncUnverified(f"{exc}\nTraining stopped before step {self.step + 1}; nothing was trained, so no "
                                        "checkpoint was written.") from None  # fmt: skip
-        from grpo_core.observe import RunObserver
-
         observer = self.parts.observer or (RunObserver(cfg) if self.dist.is_main else _QuietObserver())
         observer.start(self)
         self.clock = StepClock()

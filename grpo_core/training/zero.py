@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ from grpo_core.config.deepspeed_file import (
     read_config,
 )
 from grpo_core.errors import ConfigError, GrpoError
+from grpo_core.training.safe_load import safe_load
 
 def engine_config(cfg: GRPOConfig, world: int) -> dict[str, Any]:
     """The JSON with every grpo-owned value filled (see the module docstring)."""
@@ -91,6 +94,7 @@ def deepspeed_plugin(cfg: GRPOConfig, world: int) -> Any:
     """accelerate's ``DeepSpeedPlugin`` over the filled config. ``zero3_init_flag``
     stays off: each process loads the model whole and the engine partitions
     it (rank 0 first keeps a CPU copy for syncs and checkpoints)."""
+    # heavy (accelerate): loaded on first use, not with this module
     from accelerate.utils import DeepSpeedPlugin
 
     return DeepSpeedPlugin(hf_ds_config=engine_config(cfg, world), zero3_init_flag=False)
@@ -105,12 +109,11 @@ def accelerator_kwargs(world: int) -> dict[str, Any]:
     joins the launcher's processes with it. A single process (no launcher)
     joins a process group of one here: DeepSpeed needs one and would
     otherwise look for MPI."""
+    # heavy (torch): loaded on first use, not with this module
     import torch
 
     cuda = torch.cuda.is_available()
     if world == 1 and not torch.distributed.is_initialized():
-        import socket
-
         with socket.socket() as sock:  # a free port for the group of one
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
@@ -120,6 +123,7 @@ def accelerator_kwargs(world: int) -> dict[str, Any]:
         return {}  # accelerate then sees one process (its own rank bookkeeping), DeepSpeed finds the group
     if cuda:
         return {}
+    # heavy (accelerate): loaded on first use, not with this module
     from accelerate.utils import InitProcessGroupKwargs
 
     return {"kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
@@ -171,8 +175,6 @@ def check_files(directory: Path) -> None:
     """DeepSpeed reads its files with the full unpickler (code could run):
     each is first read with grpo's restricted one (:mod:`grpo_core.training.safe_load`),
     which admits tensors, plain data and DeepSpeed's own few plain records."""
-    from grpo_core.training.safe_load import safe_load
-
     files = sorted((directory / CHECKPOINT_TAG).glob("*.pt"))
     if not files:
         raise GrpoError(f"{directory} holds no DeepSpeed checkpoint files: resume from another checkpoint.")
@@ -194,8 +196,6 @@ an int enum."""
 def deepspeed_record_types() -> list[Any]:
     """The classes of :data:`DEEPSPEED_RECORDS`, taken from the modules the
     running engine already imported (grpo_core imports no deepspeed)."""
-    import sys
-
     found = []
     for name in DEEPSPEED_RECORDS:
         module, _, attr = name.rpartition(".")

@@ -43,6 +43,9 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+import httpx
+import httpx
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from grpo_core.plugin_api import ConfigError, EnvironmentLost, EnvironmentReply, Messages, Prompt, RunContext, hookimpl, import_from_cwd
@@ -275,8 +278,6 @@ class OpenEnvEnvironment:
 
     def _find_action_field(self) -> str:
         """The action class's only required field, read from ``GET /schema``."""
-        import httpx
-
         url = f"{http_url(self.base_url)}/schema"
         try:
             response = httpx.get(url, timeout=self.settings.connect_timeout, trust_env=self.server is None)
@@ -356,8 +357,6 @@ class OpenEnvEnvironment:
     def _health_problem(self) -> str | None:
         """Why a managed server whose process runs is still no good (it does
         not answer ``GET /health`` within connect_timeout), else ``None``."""
-        import httpx
-
         assert self.server is not None
         timeout = self.settings.connect_timeout
         try:
@@ -414,8 +413,6 @@ class OpenEnvEnvironment:
     def _wait_external(self) -> None:
         """A base_url server may still be starting (launched beside grpo):
         wait for its ``/health`` up to ``startup_timeout``."""
-        import httpx
-
         url = f"{http_url(self.base_url)}/health"
         deadline = time.monotonic() + self.settings.startup_timeout
         while True:

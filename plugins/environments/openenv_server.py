@@ -24,6 +24,8 @@ import weakref
 from pathlib import Path
 from typing import IO
 
+import httpx
+
 from grpo_plugins.environments.openenv_session import OpenEnvUnavailable
 from grpo_core.plugin_api import in_lifelong_thread, set_parent_death_signal
 
@@ -153,8 +155,6 @@ class ManagedEnvServer:
     def wait_ready(self, timeout: float) -> None:
         """Block until ``GET /health`` answers 200; a clear error (and the
         server stopped) when it exits or does not within ``timeout`` s."""
-        import httpx
-
         deadline = time.monotonic() + timeout
         while True:
             problem = self.problem()

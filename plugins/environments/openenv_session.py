@@ -86,6 +86,7 @@ def _reward(value: Any) -> float | None:
 
 def _websockets() -> Any:
     try:
+        # websockets (openenv-core) is optional: imported only where used, so grpo runs without it
         from websockets.sync import client
     except ImportError:  # pragma: no cover - websockets comes with vllm and openenv-core
         raise OpenEnvUnavailable(
@@ -175,6 +176,7 @@ class OpenEnvSession:
         return self._ws
 
     def _exchange(self, message: dict[str, Any], what: str) -> dict[str, Any]:
+        # websockets (openenv-core) is optional: imported only where used, so grpo runs without it
         from websockets.exceptions import ConnectionClosed
 
         with self._lock:

@@ -49,6 +49,7 @@ class ToolSettings(BaseModel):
 
 
 def _schema(func: Callable[..., Any], where: str) -> dict[str, Any]:
+    # heavy (transformers): loaded on first use, not with this module
     from transformers.utils import get_json_schema
 
     try:

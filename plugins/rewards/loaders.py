@@ -80,6 +80,7 @@ def reward_model_from_dir(spec: str, path: Path, context: RunContext) -> Any:
 
 
 def reward_model_from_hub(spec: str, context: RunContext) -> Any:
+    # heavy (transformers): loaded on first use, not with this module
     from transformers import AutoConfig
 
     trust = bool(context.config.trust_remote_code)
@@ -123,6 +124,7 @@ class RewardModelFunction:
         self._tokenizer: Any = None
 
     def _load(self) -> None:
+        # heavy (torch, transformers): loaded on first use, not with this module
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -154,6 +156,7 @@ class RewardModelFunction:
         return str(prompt) + (completion if isinstance(completion, str) else str(completion))
 
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        # heavy (torch): loaded on first use, not with this module
         import torch
 
         with self._lock:

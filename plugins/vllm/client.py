@@ -14,6 +14,7 @@ A 4xx answer is the caller's fault and is never retried.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from typing import Any, Callable
@@ -270,8 +271,6 @@ def adoption_refusal(base_url: str, api_key: str | None) -> str | None:
     server grpo adopts decides what the trainer learns from. So an answering
     server is adopted only if it proves it holds our key: it refuses a
     made-up key and accepts ours. Without a configured key nothing is proven."""
-    import secrets
-
     ours = VLLMClient(base_url, api_key, timeout=10)
     if not ours.health():
         return NOTHING_ANSWERS

@@ -28,7 +28,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from grpo_core.plugin_api import SCORES_TOKENS, WEIGHTS_IN_MEMORY, Completion, ConfigError, ControlEndpoint, EngineScore, EngineUnavailable, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult, hookimpl, merged_weights
+from grpo_core.plugin_api import SCORES_TOKENS, WEIGHTS_IN_MEMORY, Completion, ConfigError, ControlEndpoint, EngineScore, EngineUnavailable, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult, hookimpl, merged_weights, resolve_model_dir
 from grpo_plugins.vllm.engine import PACKED_GROUPS
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 from grpo_plugins.vllm.worker_ext import retie_output_embeddings
@@ -123,10 +123,9 @@ class ColocatedEngine:
         with self._lock:
             if self.llm is not None:
                 return
-            from grpo_core.plugin_api import resolve_model_dir
-
             self._configure_environment()
             try:
+                # vLLM is optional and slow to import: only when this engine runs
                 from vllm import LLM
             except ImportError as exc:
                 raise ConfigError(
@@ -183,6 +182,7 @@ class ColocatedEngine:
     # ------------------------------------------------------------------ work
 
     def sampling_params(self, fields: dict[str, Any], sampling: SamplingSettings) -> Any:
+        # vLLM is optional and slow to import: only when this engine runs
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
@@ -211,6 +211,7 @@ class ColocatedEngine:
         """The engine's log-prob of each token given its prefix, from the
         weights it holds now (``prompt_logprobs``: the full softmax, never
         the prefix cache)."""
+        # vLLM is optional and slow to import: only when this engine runs
         from vllm import SamplingParams
 
         ids = [int(t) for t in token_ids]

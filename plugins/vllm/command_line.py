@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo_core.plugin_api import ADAPTER_FROM_URL, ADAPTER_LOADS, WEIGHTS_OVER_NCCL, ConfigError, format_cpu_list, process_cpus, remove_scratch_dir
+from grpo_core.plugin_api import ADAPTER_FROM_URL, ADAPTER_LOADS, WEIGHTS_OVER_NCCL, ConfigError, format_cpu_list, process_cpus, remove_scratch_dir, resolve_model_dir
 from grpo_plugins.vllm import machine
 from grpo_plugins.vllm.addresses import (
     SOCKET_DIR_PREFIX,
@@ -105,8 +105,6 @@ def server_spec(
     its share of ``[vllm] devices``); ``None``: one server, given every
     device in ``[vllm] devices`` and vLLM's ``--data-parallel-size``.
     """
-    from grpo_core.plugin_api import resolve_model_dir
-
     v = cfg.vllm
     host = host or v.host
     port = v.port if port is None else port

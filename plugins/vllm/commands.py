@@ -20,6 +20,7 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
     up here and printed once, required on every path but ``/health``. Over
     TCP the key is also left for a later ``grpo run`` of this user
     (:mod:`grpo_plugins.vllm.key_handoff`) until the server stops."""
+    # imported when `grpo vllm-serve` runs: this always-on plugin loads with every `grpo` command
     import signal
     import threading
 
@@ -92,6 +93,7 @@ class VLLMCommands:
 
     @hookimpl
     def grpo_register_commands(self, app: Any) -> None:
+        # imported when `grpo vllm-serve` runs: this always-on plugin loads with every `grpo` command
         import typer
 
         @app.command("vllm-serve")

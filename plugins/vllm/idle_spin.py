@@ -39,6 +39,7 @@ def register() -> None:
         return
     seconds = float(value)
     try:
+        # vLLM is optional and slow to import: only when this engine runs
         from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
     except ImportError:  # a vLLM without this queue: nothing spins there
         return

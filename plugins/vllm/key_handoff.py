@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
+from grpo_core.plugin_api import cache_root
+
 DIR_NAME = "grpo-vllm-keys"
 
 
@@ -33,8 +35,6 @@ def key_dir() -> Path:
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and Path(runtime).is_dir():
         return Path(runtime) / DIR_NAME
-    from grpo_core.plugin_api import cache_root
-
     return cache_root() / "vllm-keys"
 
 

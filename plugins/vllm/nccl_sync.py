@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pydantic import BaseModel, Field
 
-from grpo_core.plugin_api import CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL, ConfigError, ControlEndpoint, EngineUnavailable, GrpoError, InferenceEngine, SyncResult, hookimpl
+from grpo_core.plugin_api import CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL, ConfigError, ControlEndpoint, EngineUnavailable, GrpoError, InferenceEngine, SyncResult, hookimpl, merged_weights
 from grpo_plugins.vllm.client import DEV_MODE_HINT, EndpointMissing
 from grpo_plugins.vllm.nccl_watchdog import ProtocolSteps, SyncStepTimeout, run_with_deadlines
 
@@ -76,6 +76,7 @@ def nccl_problem(cuda: bool | None = None) -> str | None:
     """Why the NCCL sync cannot run on this trainer (``cuda`` defaults to
     this machine's), or ``None``."""
     if cuda is None:
+        # heavy (torch): loaded on first use, not with this module
         import torch
 
         cuda = bool(torch.cuda.is_available())
@@ -176,6 +177,7 @@ def _timed_transfer_class() -> type:
     GPU stream) marked as a step; built on first use (vLLM is imported late)."""
     global _TIMED_TRANSFER
     if _TIMED_TRANSFER is None:
+        # vLLM is optional and slow to import: only when this engine runs
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
 
         class TimedTransfer(NCCLTrainerWeightTransferEngine):
@@ -197,6 +199,7 @@ class _MergedWeights:
         self.state: dict[str, Any] = {}
 
     def metadata(self) -> list[Any]:
+        # vLLM is optional and slow to import: only when this engine runs
         from vllm.distributed.weight_transfer.base import ParamMeta
 
         return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.state.items()]
@@ -307,6 +310,7 @@ class NcclSync:
         config error is immediate) and return the handshake to run under
         the deadlines: the servers' workers and the trainer (rank 0) open
         the NCCL group together."""
+        # vLLM is optional and slow to import: only when this engine runs
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
         if CONTROL_ENDPOINTS not in engine.capabilities:
@@ -360,9 +364,8 @@ class NcclSync:
 
     @hookimpl
     def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
+        # heavy (torch): loaded on first use, not with this module
         import torch
-
-        from grpo_core.plugin_api import merged_weights
 
         if engine is None:
             raise ConfigError("weight sync 'nccl' sends weights to a vLLM server, but the rollout has none: set trl.use_vllm = true.")

@@ -24,6 +24,7 @@ from typing import IO, Callable
 
 from grpo_core.plugin_api import EngineUnavailable, in_lifelong_thread, make_scratch_dir, remove_scratch_dir, set_parent_death_signal
 from grpo_plugins.vllm.addresses import check_socket_path
+from grpo_plugins.vllm.client import VLLMClient
 from grpo_plugins.vllm.command_line import ServerSpec
 from grpo_plugins.vllm.server_temp import SERVER_TMP_PREFIX, server_temp_env, server_temp_parent
 
@@ -135,8 +136,6 @@ class ManagedServer:
     def wait_ready(self, timeout: float, cancel: threading.Event | None = None) -> None:
         """Block until ``/health`` answers 200 (or ``cancel`` is set); a
         clear error with the log's tail otherwise."""
-        from grpo_plugins.vllm.client import VLLMClient
-
         probe = VLLMClient(self.base_url, self.spec.api_key)
         deadline = time.monotonic() + timeout
         started = time.monotonic()

@@ -105,6 +105,7 @@ class GrpoWorkerExtension:
     def grpo_load_weights_from_url(self, url: str, token: str) -> int:
         """Fetch and load the weights; returns how many tensors were loaded
         (the trainer checks it)."""
+        # heavy (safetensors): loaded on first use, not with this module
         from safetensors.torch import load
 
         tensors: dict[str, Any] = load(fetch(url, token))
