@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.errors import ConfigError
 from grpo_core.precision import resolve_precision
@@ -37,9 +39,6 @@ def is_auto(value: Any) -> bool:
 
 def precision_flags(cfg: GRPOConfig) -> tuple[bool, bool]:
     """(bf16, fp16) compute as grpo resolves it on this machine."""
-    # heavy (torch): loaded on first use, not with this module
-    import torch
-
     dtype = resolve_precision(cfg).compute_dtype
     return dtype == torch.bfloat16, dtype == torch.float16
 

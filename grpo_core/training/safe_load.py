@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 
 from grpo_core import types as contract_types
@@ -50,9 +51,6 @@ def grpo_types() -> list[type]:
 def numpy_array_types() -> list[Any]:
     """What a pickled numpy array needs (checkpoints written before grpo read
     them safely kept numpy's RNG state as an array). These rebuild raw numeric buffers only."""
-    # heavy (numpy): loaded on first use, not with this module
-    import numpy as np
-
     core = getattr(np, "_core", None) or np.core
     return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 

@@ -41,6 +41,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.config.zero_stage import zero_stage as zero_stage  # re-exported: read in the config layer, below the checks
 from grpo_core.config.deepspeed_file import (
@@ -109,9 +111,6 @@ def accelerator_kwargs(world: int) -> dict[str, Any]:
     joins the launcher's processes with it. A single process (no launcher)
     joins a process group of one here: DeepSpeed needs one and would
     otherwise look for MPI."""
-    # heavy (torch): loaded on first use, not with this module
-    import torch
-
     cuda = torch.cuda.is_available()
     if world == 1 and not torch.distributed.is_initialized():
         with socket.socket() as sock:  # a free port for the group of one
