@@ -150,6 +150,7 @@ def shares_by_step(shares: Path) -> dict[int, dict[int, list[str]]]:
     return out
 
 
+@pytest.mark.extended  # ~65 s; test_multinode's two-host DDP run (matches two processes, resumes on one) and test_loss_mask's two-process episodes run in the default tier
 def test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly(workdir: tuple[Path, str]) -> None:
     tmp, model = workdir
     (tmp / "mp_env.py").write_text(ENV)

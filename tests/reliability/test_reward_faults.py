@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from fault_harness import Runner, assert_clean_failure, checkpoint_step, last_per_step, metrics, resume_hint
 
 
@@ -33,6 +35,7 @@ def _stopped_at(runner: Runner, code: int, output: str, step: int, fragments: li
     return str(checkpoint)
 
 
+@pytest.mark.extended  # ~70 s; test_reward_faults_scored_none_and_the_run_goes_on (reward faults in a real run) and test_plugin_contract_vllm's raising-hook test (stop with one error and a checkpoint) run in the default tier
 def test_reward_faults_stop_with_a_checkpoint_that_resumes(runner: Runner) -> None:
     """Three faults in a row, each stopping a run that resumed from the
     checkpoint the previous one left and trained on: a function that raises

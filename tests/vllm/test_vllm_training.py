@@ -165,7 +165,7 @@ SYNCED_MEAN_TOL = 1e-4
 SYNCED_MAX_TOL = 1e-3
 
 
-@pytest.mark.parametrize("sync", [pytest.param("merged", marks=pytest.mark.extended), "lora", "full"])  # merged: test_merged_weight_sync_run_and_server_reuse
+@pytest.mark.parametrize("sync", [pytest.param("merged", marks=pytest.mark.extended), pytest.param("lora", marks=pytest.mark.extended), "full"])  # merged: test_merged_weight_sync_run_and_server_reuse; lora: test_sync_verification's LoRA test checks the server's log-probs after every LoRA sync
 def test_server_samples_the_policy_just_synced(vllm_server, smollm2_dir: str, tmp_path: Path, monkeypatch, sync: str) -> None:
     """After each sync the server samples the trainer's current weights: the
     sampler's log-probs of the sampled tokens match the trainer's under the
