@@ -161,7 +161,6 @@ class Task:
     """One episode task both trainers run: its rows, the tool whose schema
     both sides render, and how each side is told about the tool and reward."""
 
-    name: str
     rows: Callable[[int, int], list[dict[str, Any]]]
     tool: Callable[[], Callable[..., str]]
     trl_kwargs: Callable[[], dict[str, Any]]  # GRPOTrainer's environment_factory, or tools and reward_funcs
@@ -195,9 +194,8 @@ def _calculator_trl() -> dict[str, Any]:
 
 
 TASKS = {
-    "guess": Task("guess", game_rows, _guess_tool, _guess_trl,
-                  {"environment_factory": ENV_CLASS}, HERE),
-    "calculator": Task("calculator", calculator_rows, _calculator_tool, _calculator_trl,
+    "guess": Task(game_rows, _guess_tool, _guess_trl, {"environment_factory": ENV_CLASS}, HERE),
+    "calculator": Task(calculator_rows, _calculator_tool, _calculator_trl,
                        {"tools": ["calculator.calculate"], "reward_funcs": ["rewards.final_answer_correct"]}, CALCULATOR),
 }
 

@@ -22,7 +22,7 @@ from grpo_core.types import Completion, RolloutGroup
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
     from grpo_core.plugin_host import PluginHost
-    from grpo_core.types import Prompt, RolloutGroup
+    from grpo_core.types import Prompt
 
 
 def _local_rollout_config(cfg: GRPOConfig) -> GRPOConfig:

@@ -63,7 +63,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from grpo_core.models import ReferenceModel
-    from grpo_core.observe import RunObserver
     from grpo_core.rewards import RewardScorer
     from grpo_core.training.policy_forward import PolicyLogprobs
 

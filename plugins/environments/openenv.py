@@ -44,8 +44,6 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import httpx
-import httpx
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from grpo_core.plugin_api import ConfigError, EnvironmentLost, EnvironmentReply, Messages, Prompt, RunContext, hookimpl, import_from_cwd
