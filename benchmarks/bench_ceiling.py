@@ -191,7 +191,7 @@ def ceiling_seconds(flops: dict[str, float], rates: dict[str, float]) -> float:
 
 def grpo_pass(model, ids: torch.Tensor, completion: int, share: bool) -> torch.Tensor:
     """grpo's log-prob path as the trainer calls it (entropy on), then backward."""
-    from grpo_core.logprobs import token_logprobs
+    from grpo_core.training.logprobs import token_logprobs
 
     logps, _ = token_logprobs(model, ids, torch.ones_like(ids), completion, with_entropy=True, share_prompts=share)
     logps.mean().backward()
@@ -289,7 +289,7 @@ def start_server():
     """A float32 vLLM server on all cores without LoRA layers (grpo's managed default on CPU), via bench_vllm_cpu."""
     from bench_vllm_cpu import serve
 
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -337,7 +337,7 @@ def main() -> None:
 
     from bench_shared_prompts import lora_model, micro_batch
 
-    from grpo_core.precision import cpu_flag_summary, native_bf16
+    from grpo_core.modeling.precision import cpu_flag_summary, native_bf16
 
     out: dict = {"cpu_flags": cpu_flag_summary(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                  "load_average_start": load_average()}  # fmt: skip
@@ -380,7 +380,7 @@ def main() -> None:
     if args.vllm or args.base_url:
         from transformers import AutoTokenizer
 
-        from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+        from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
         prompts = arithmetic_prompts(AutoTokenizer.from_pretrained(resolve_model_dir(DEFAULT_MODEL)), PROMPTS)
         bounds = decode_bounds(model, out["bandwidth_gbs"]["read (sum)"], fp32["decode-like [32x576]x[576x1536]"],

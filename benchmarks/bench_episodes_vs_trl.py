@@ -476,7 +476,7 @@ def run_grpo(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, 
     use_task(task)
     from grpo_core import hookimpl
     from grpo_core.config.loader import validate
-    from grpo_core.plugin_host import PluginHost
+    from grpo_core.host.plugin_host import PluginHost
     from grpo_core.training.run import run_training
 
     tok = tokenizer_with_template(model_dir)
@@ -658,7 +658,7 @@ def main() -> None:
     if (a.prompts * a.generations) % a.micro_batch:
         parser.error("prompts x generations must be a multiple of --micro-batch")
 
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
     model_dir = str(resolve_model_dir(DEFAULT_MODEL))
     if a.runner:
@@ -667,7 +667,7 @@ def main() -> None:
         Path(a.runner_out).write_text(json.dumps(result))
         return
 
-    from grpo_core.precision import cpu_flag_summary
+    from grpo_core.modeling.precision import cpu_flag_summary
 
     def load() -> str:
         return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip().split("load average:")[-1].strip()

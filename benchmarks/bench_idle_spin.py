@@ -101,8 +101,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.precision import cpu_flag_summary
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.precision import cpu_flag_summary
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 

@@ -45,9 +45,9 @@ def main() -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.logprobs import token_logprobs
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.precision import cpu_flag_summary
+    from grpo_core.training.logprobs import token_logprobs
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.precision import cpu_flag_summary
     from grpo_core.training.batch import Sample, collate, micro_batches
 
     torch.manual_seed(0)
@@ -86,7 +86,7 @@ def main() -> None:
         row = {"lengths": spec, **{f"{name} s": statistics.median(t[1:]) for name, t in times.items()},
                **{f"{name} tokens": _tokens(batches) for name, batches in layouts.items()}}  # fmt: skip
         if args.compile:
-            from grpo_core.compile import compiled_body
+            from grpo_core.modeling.compile import compiled_body
 
             if compiled is None:
                 compiled = torch.compile(compiled_body(model), dynamic=True)

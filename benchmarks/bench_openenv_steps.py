@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from grpo_core.config.loader import validate
-from grpo_core.context import RunContext
-from grpo_core.plugin_host import PluginHost
-from grpo_core.types import Prompt
+from grpo_core.contract.context import RunContext
+from grpo_core.host.plugin_host import PluginHost
+from grpo_core.contract.types import Prompt
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 

@@ -6,7 +6,7 @@
 - ``float32``: grpo's choice where bf16 is emulated (``bf16 = "auto"`` there).
 - ``autocast``: float32 weights, forward under ``torch.autocast(bfloat16)``.
 - ``bf16-base``: the frozen base loaded in bf16, adapters float32, under
-  autocast: what ``bf16 = true`` builds for a LoRA run (grpo_core/precision.py).
+  autocast: what ``bf16 = true`` builds for a LoRA run (grpo_core/modeling/precision.py).
 - ``bf16-base-no-autocast``: the frozen base in bf16, adapters float32, no
   autocast (peft casts the adapter input to its float32 weights).
 
@@ -62,8 +62,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=80)
     args = parser.parse_args()
 
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.precision import cpu_flag_summary, native_bf16
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.precision import cpu_flag_summary, native_bf16
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
     ids = torch.randint(0, 49152, (args.batch, args.tokens), generator=torch.Generator().manual_seed(0))

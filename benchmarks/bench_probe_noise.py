@@ -19,7 +19,7 @@ from grpo_plugins.vllm.command_line import server_spec
 from grpo_plugins.vllm.server import ManagedServer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
 MODEL = resolve_model_dir(DEFAULT_MODEL)
 dtype = sys.argv[1]

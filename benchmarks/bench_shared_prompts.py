@@ -16,7 +16,7 @@ differences between them.
 ``--compare head-checkpoint`` times, on the same micro-batch with shared
 prompts, the LM head's chunks recomputed in backward (activation
 checkpointing, ``checkpoint_above = 0``) against kept for backward (grpo's
-default below 128 Mi logit elements, :mod:`grpo_core.logprobs`).
+default below 128 Mi logit elements, :mod:`grpo_core.training.logprobs`).
 
 ``--compare lora-forward`` times peft's LoRA forward against a candidate that
 was tried for #13 and not adopted (RESULTS.md), kept here so that it can be
@@ -56,7 +56,7 @@ def lora_model() -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(DEFAULT_MODEL), dtype=torch.float32)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
@@ -91,8 +91,8 @@ def main() -> None:
 
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    from grpo_core.logprobs import token_logprobs
-    from grpo_core.precision import cpu_flag_summary
+    from grpo_core.training.logprobs import token_logprobs
+    from grpo_core.modeling.precision import cpu_flag_summary
 
     torch.manual_seed(0)
     model = lora_model()

@@ -159,7 +159,7 @@ def _reward_workers(trainer: psutil.Process) -> list[psutil.Process]:
 def soak(work: Path, steps: int, restart_every: int, worker_kill_every: int, sample_s: float = 2.0,
          timeout_s: float = 7200.0, log=print) -> SoakResult:  # fmt: skip
     """Run the soak under ``work`` (made fresh) and return what was sampled."""
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
     import shutil
     import tempfile
@@ -250,7 +250,7 @@ def main() -> None:
 
     import tempfile
 
-    from grpo_core.precision import cpu_flag_summary
+    from grpo_core.modeling.precision import cpu_flag_summary
 
     work = args.work or Path(tempfile.mkdtemp(prefix="grpo-soak-"))
     result = soak(work, args.steps, args.restart_every, args.worker_kill_every, args.sample_s)

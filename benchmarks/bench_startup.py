@@ -8,7 +8,7 @@ Three measurements, each in fresh processes, on the arithmetic example
 - ``server alone``: the server ``grpo run`` would start (same argv and
   environment), from spawn to ``/health`` answering, with nothing else running;
 - ``trainer alone``: a process that loads the tokenizer and the policy with its
-  LoRA adapter as ``grpo run`` does (``grpo_core.models``), spawn to loaded;
+  LoRA adapter as ``grpo run`` does (``grpo_core.modeling.models``), spawn to loaded;
 - ``grpo run``: the real command, one step, with every log line stamped as it
   arrives, so the timeline shows when the server was spawned, when it became
   ready (both as ``grpo run`` logs them) and when the first step ended.
@@ -67,8 +67,8 @@ def _trainer_alone() -> float:
     code = f"""
 import time
 from grpo_core.config.loader import load_config
-from grpo_core.model_files import resolve_model_dir
-from grpo_core.models import load_policy, load_tokenizer
+from grpo_core.modeling.model_files import resolve_model_dir
+from grpo_core.modeling.models import load_policy, load_tokenizer
 cfg = load_config({str(CONFIG)!r})
 model_dir = resolve_model_dir(cfg.base_model)
 load_policy(cfg, model_dir, load_tokenizer(cfg, model_dir))
@@ -82,7 +82,7 @@ print("LOADED")
 def _grpo_run() -> dict[str, float]:
     """Seconds from spawn of ``grpo run`` to each event in :data:`EVENTS`."""
     with tempfile.TemporaryDirectory(prefix="grpo-startup-") as tmp:
-        argv = [PYTHON, "-m", "grpo_core.cli", "run", str(CONFIG), "--set", "max_steps=1",
+        argv = [PYTHON, "-m", "grpo_core.interface.cli", "run", str(CONFIG), "--set", "max_steps=1",
                 "--set", f'output_dir="{Path(tmp) / "out"}"']  # fmt: skip
         started = time.monotonic()
         seen: dict[str, float] = {}
@@ -108,8 +108,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.precision import cpu_flag_summary
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.precision import cpu_flag_summary
 
     resolve_model_dir(DEFAULT_MODEL)  # convert the GGUF once, outside every clock
     rows: dict[str, list[float]] = {}

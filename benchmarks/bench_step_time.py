@@ -135,7 +135,7 @@ def run_grpo(model_dir: str, steps: int, workdir: Path, use_vllm: bool, **option
     sys.path.insert(0, str(ROOT / "examples" / "arithmetic"))
     from grpo_core import hookimpl
     from grpo_core.config.loader import validate
-    from grpo_core.plugin_host import PluginHost
+    from grpo_core.host.plugin_host import PluginHost
     from grpo_core.training.run import run_training
 
     cfg = validate(grpo_config(model_dir, steps, workdir, use_vllm, **options))
@@ -197,7 +197,7 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
     if args.runner:  # one runner per process: no state leaks between peers

@@ -44,11 +44,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from grpo_core.config.loader import validate
-    from grpo_core.context import RunContext
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.precision import Precision, cpu_flag_summary
+    from grpo_core.contract.context import RunContext
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.precision import Precision, cpu_flag_summary
     from grpo_core.training.sync_check import SyncVerifier, compare, probe_ids, trainer_logprobs
-    from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
+    from grpo_core.contract.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
     from grpo_plugins.vllm.engine import VLLMServerEngine
     from grpo_plugins.weight_sync_files import FullFilesystemSync, LoraFilesystemSync
     from transformers import AutoTokenizer

@@ -44,9 +44,9 @@ def main() -> None:
         return
 
     from grpo_core.config.loader import validate
-    from grpo_core.context import RunContext
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.types import WEIGHTS_FROM_PATH
+    from grpo_core.contract.context import RunContext
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.contract.types import WEIGHTS_FROM_PATH
     from grpo_plugins.vllm.engine import VLLMServerEngine
     from grpo_plugins.weight_sync_files import FullFilesystemSync
 
@@ -97,7 +97,7 @@ def main() -> None:
         r["speedup_vs_output_dir"] = base / r["total_s"]
         print(f"{variant:<12} save {r['save_s']:.3f}s  load {r['load_s']:.3f}s  total {r['total_s']:.3f}s  "
               f"{r['bytes'] / 2**20:.0f} MiB  {r['speedup_vs_output_dir']:.2f}x vs output_dir  ({r['root']})")
-    from grpo_core.precision import cpu_flag_summary
+    from grpo_core.modeling.precision import cpu_flag_summary
 
     print("cpu flags:", cpu_flag_summary())
     print("RESULT " + json.dumps({"cpu_flags": cpu_flag_summary(), "syncs": args.syncs, **results}))
@@ -126,10 +126,10 @@ def colocated(syncs: int) -> None:
     import time
 
     from grpo_core.config.loader import validate
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.precision import cpu_flag_summary
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.precision import cpu_flag_summary
     from grpo_plugins.vllm.colocate import ColocatedEngine
-    from grpo_core.engine_weights import merged_weights
+    from grpo_core.modeling.engine_weights import merged_weights
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
     cfg = validate({

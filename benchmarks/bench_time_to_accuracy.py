@@ -173,7 +173,7 @@ def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Cloc
     sys.path.insert(0, str(EXAMPLE))
     from grpo_core import hookimpl
     from grpo_core.config.loader import validate
-    from grpo_core.plugin_host import PluginHost
+    from grpo_core.host.plugin_host import PluginHost
     from grpo_core.training.run import run_training
 
     output_dir = save_dir / "grpo-run"
@@ -221,8 +221,8 @@ def evaluate_adapters(adapters: list[str | None]) -> list[float]:
     with ``grpo eval``'s evaluator, in this one process."""
     sys.path.insert(0, str(EXAMPLE))
     from grpo_core.config.loader import load_config
-    from grpo_core.plugin_host import PluginHost
-    from grpo_core.tools import run_eval
+    from grpo_core.host.plugin_host import PluginHost
+    from grpo_core.interface.tools import run_eval
 
     cfg = load_config(str(EXAMPLE / "config.toml"), overrides=[
         f'test_datasets=[{{path = "{TEST.as_posix()}"}}]', "trl.use_vllm=false",
@@ -318,15 +318,15 @@ def main() -> None:
         return
     if args.runner:  # one runner per process: no state leaks between peers
         clock = Clock()
-        from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+        from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
         model_dir = resolve_model_dir(DEFAULT_MODEL)
         result = RUNNERS[args.runner](model_dir, args.steps, args.every, Path(args.save_dir), clock)
         Path(args.out).write_text(json.dumps(result))
         return
 
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.precision import cpu_flag_summary
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.precision import cpu_flag_summary
 
     resolve_model_dir(DEFAULT_MODEL)  # convert the GGUF once, outside every runner's clock
     started = time.strftime("%Y-%m-%d %H:%M")

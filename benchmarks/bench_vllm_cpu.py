@@ -95,7 +95,7 @@ def transformers_rate(model_dir: str) -> float:
 
 
 def main() -> None:
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
     cases = [

@@ -59,7 +59,7 @@ def main() -> None:
     if len(sys.argv) == 3:  # child: one mode
         print("RESULT " + json.dumps(measure(sys.argv[1], sys.argv[2] == "eager")), flush=True)
         return
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
     rows = {}

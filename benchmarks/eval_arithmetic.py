@@ -27,7 +27,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args()
 
-    from grpo_core.cli import main as grpo
+    from grpo_core.interface.cli import main as grpo
 
     test_set = (EXAMPLE / "data" / "test.jsonl").as_posix()
     with tempfile.TemporaryDirectory() as tmp:

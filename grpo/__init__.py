@@ -5,13 +5,13 @@ A thin alias over :mod:`grpo_core` (where everything lives)::
     import grpo
     result = grpo.train("config.toml", max_steps=3)
 
-See :func:`grpo_core.api.train`.
+See :func:`grpo_core.interface.api.train`.
 """
 
 from grpo_core import __version__, hookimpl
-from grpo_core.api import TrainResult, train
 from grpo_core.config.loader import load_config
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.errors import ConfigError, GrpoError
+from grpo_core.contract.errors import ConfigError, GrpoError
+from grpo_core.interface.api import TrainResult, train
 
 __all__ = ["ConfigError", "GRPOConfig", "GrpoError", "TrainResult", "__version__", "hookimpl", "load_config", "train"]

@@ -1,10 +1,20 @@
 """grpo: GRPO training with a plugin contract for every extension point.
 
-Plugin authors need only :data:`hookimpl` and the types in
-:mod:`grpo_core.types`; the contract itself is :mod:`grpo_core.hookspecs`.
+Plugin authors import from :mod:`grpo_core.plugin_api` (the one public
+surface: :data:`hookimpl`, the types, the context, the errors and named
+helpers); the contract itself is :mod:`grpo_core.contract.hookspecs`. The
+folders are the layers, lowest first, each importing only itself and those
+before it: ``contract``, ``runtime``, ``config`` (its data; its checks rank
+above ``host``, ``modeling`` and ``observability``, whose rules they ask),
+``host``, ``modeling``, ``observability``, ``scoring``, ``training``,
+``interface``. Modules that once sat at this top level keep their old import
+paths (:mod:`grpo_core.moved`).
 """
 
-from grpo_core.hookspecs import hookimpl
+from grpo_core import moved
+from grpo_core.contract.hookspecs import hookimpl
+
+moved.install()
 
 __version__ = "0.1.0"
 __all__ = ["hookimpl", "__version__"]

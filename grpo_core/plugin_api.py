@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 HOMES: dict[str, tuple[str, ...]] = {
     # the contract: hooks, the types they exchange, the run, the errors
-    "grpo_core.hookspecs": ("hookimpl",),
-    "grpo_core.types": (
+    "grpo_core.contract.hookspecs": ("hookimpl",),
+    "grpo_core.contract.types": (
         "Prompt", "Messages", "SamplingSettings", "Completion", "EpisodeStats", "RolloutGroup", "ScoredGroup",
         "TrainingProgress", "RewardFunction", "SyncResult", "PolicyLossInputs", "EnvironmentReply", "Episode",
         "EngineScore", "ControlEndpoint", "InferenceEngine", "Checkpointable", "Tracker", "token_scorer",
@@ -34,8 +34,8 @@ HOMES: dict[str, tuple[str, ...]] = {
         "WEIGHTS_OVER_NCCL", "ADAPTER_FROM_PATH", "ADAPTER_FROM_URL", "ADAPTER_LOADS", "CONTROL_ENDPOINTS",
         "SCORES_TOKENS", "SAMPLES_TRAINER_MODEL",
     ),
-    "grpo_core.context": ("RunContext",),
-    "grpo_core.errors": (
+    "grpo_core.contract.context": ("RunContext",),
+    "grpo_core.contract.errors": (
         "GrpoError", "ConfigError", "PluginError", "RewardError", "DataError", "StorageError", "EngineUnavailable",
         "WeightSyncUnverified", "EnvironmentLost", "NotImplementedYet",
     ),
@@ -43,20 +43,20 @@ HOMES: dict[str, tuple[str, ...]] = {
     "grpo_core.config.schema": ("GRPOConfig", "EFFECTIVE_DEFAULTS"),
     "grpo_core.config.loader": ("load_config",),
     # helpers: scratch space, files written whole, user code by import path
-    "grpo_core.scratch": ("make_scratch_dir", "remove_scratch_dir"),
-    "grpo_core.atomic": ("atomic_directory",),
-    "grpo_core.data": ("import_from_cwd",),
+    "grpo_core.runtime.scratch": ("make_scratch_dir", "remove_scratch_dir"),
+    "grpo_core.runtime.atomic": ("atomic_directory",),
+    "grpo_core.training.data": ("import_from_cwd",),
     # helpers for an inference engine: what a weight sync sends, its process's life and cores
-    "grpo_core.engine_weights": ("merged_weights", "save_adapter", "adapter_body"),
-    "grpo_core.lifelong_thread": ("in_lifelong_thread", "set_parent_death_signal"),
-    "grpo_core.cpu_affinity": ("process_cpus", "format_cpu_list"),
-    "grpo_core.model_files": ("resolve_model_dir", "cache_root"),
-    "grpo_core.precision": ("resolve_precision",),
+    "grpo_core.modeling.engine_weights": ("merged_weights", "save_adapter", "adapter_body"),
+    "grpo_core.runtime.lifelong_thread": ("in_lifelong_thread", "set_parent_death_signal"),
+    "grpo_core.runtime.cpu_affinity": ("process_cpus", "format_cpu_list"),
+    "grpo_core.modeling.model_files": ("resolve_model_dir", "cache_root"),
+    "grpo_core.modeling.precision": ("resolve_precision",),
     # helpers for a policy loss, a tracker and the function rollout
-    "grpo_core.loss": ("policy_loss",),
-    "grpo_core.logprobs": ("DEFAULT_CHUNK_SIZE",),
-    "grpo_core.tracking": ("MissingTrackerLibrary",),
-    "grpo_core.plugin_host": ("PluginHost",),
+    "grpo_core.training.loss": ("policy_loss",),
+    "grpo_core.training.logprobs": ("DEFAULT_CHUNK_SIZE",),
+    "grpo_core.observability.tracking": ("MissingTrackerLibrary",),
+    "grpo_core.host.plugin_host": ("PluginHost",),
     "grpo_core.training.rollout_function": ("RolloutFuncTrainer", "groups_from_output", "import_rollout_func"),
 }  # fmt: skip
 """Each public name by the module it lives in (its home may change; the name stays)."""
@@ -79,31 +79,76 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what a type checker and an editor see; tests/test_plugin_api.py keeps it equal to HOMES
-    from grpo_core.atomic import atomic_directory
     from grpo_core.config.loader import load_config
     from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig
-    from grpo_core.context import RunContext
-    from grpo_core.cpu_affinity import format_cpu_list, process_cpus
-    from grpo_core.data import import_from_cwd
-    from grpo_core.engine_weights import adapter_body, merged_weights, save_adapter
-    from grpo_core.errors import (
-        ConfigError, DataError, EngineUnavailable, EnvironmentLost, GrpoError, NotImplementedYet, PluginError,
-        RewardError, StorageError, WeightSyncUnverified,
+    from grpo_core.contract.context import RunContext
+    from grpo_core.contract.errors import (
+        ConfigError,
+        DataError,
+        EngineUnavailable,
+        EnvironmentLost,
+        GrpoError,
+        NotImplementedYet,
+        PluginError,
+        RewardError,
+        StorageError,
+        WeightSyncUnverified,
     )  # fmt: skip
-    from grpo_core.hookspecs import hookimpl
-    from grpo_core.lifelong_thread import in_lifelong_thread, set_parent_death_signal
-    from grpo_core.logprobs import DEFAULT_CHUNK_SIZE
-    from grpo_core.loss import policy_loss
-    from grpo_core.model_files import cache_root, resolve_model_dir
-    from grpo_core.plugin_host import PluginHost
-    from grpo_core.precision import resolve_precision
-    from grpo_core.scratch import make_scratch_dir, remove_scratch_dir
-    from grpo_core.tracking import MissingTrackerLibrary
-    from grpo_core.training.rollout_function import RolloutFuncTrainer, groups_from_output, import_rollout_func
-    from grpo_core.types import (
-        ADAPTER_FROM_PATH, ADAPTER_FROM_URL, ADAPTER_LOADS, CONTROL_ENDPOINTS, ENGINE_CAPABILITIES, SAMPLES_TRAINER_MODEL,
-        SCORES_TOKENS, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_IN_MEMORY, WEIGHTS_OVER_NCCL, Checkpointable,
-        Completion, ControlEndpoint, EngineScore, EnvironmentReply, Episode, EpisodeStats, InferenceEngine,
-        Messages, PolicyLossInputs, Prompt, RewardFunction, RolloutGroup, SamplingSettings, ScoredGroup,
-        SyncResult, Tracker, TrainingProgress, engine_cpu_cores, token_scorer,
+    from grpo_core.contract.hookspecs import hookimpl
+    from grpo_core.contract.types import (
+        ADAPTER_FROM_PATH,
+        ADAPTER_FROM_URL,
+        ADAPTER_LOADS,
+        CONTROL_ENDPOINTS,
+        ENGINE_CAPABILITIES,
+        SAMPLES_TRAINER_MODEL,
+        SCORES_TOKENS,
+        WEIGHTS_FROM_PATH,
+        WEIGHTS_FROM_URL,
+        WEIGHTS_IN_MEMORY,
+        WEIGHTS_OVER_NCCL,
+        Checkpointable,
+        Completion,
+        ControlEndpoint,
+        EngineScore,
+        EnvironmentReply,
+        Episode,
+        EpisodeStats,
+        InferenceEngine,
+        Messages,
+        PolicyLossInputs,
+        Prompt,
+        RewardFunction,
+        RolloutGroup,
+        SamplingSettings,
+        ScoredGroup,
+        SyncResult,
+        Tracker,
+        TrainingProgress,
+        engine_cpu_cores,
+        token_scorer,
     )  # fmt: skip
+    from grpo_core.host.plugin_host import PluginHost
+    from grpo_core.modeling.engine_weights import (
+        adapter_body,
+        merged_weights,
+        save_adapter,
+    )
+    from grpo_core.modeling.model_files import cache_root, resolve_model_dir
+    from grpo_core.modeling.precision import resolve_precision
+    from grpo_core.observability.tracking import MissingTrackerLibrary
+    from grpo_core.runtime.atomic import atomic_directory
+    from grpo_core.runtime.cpu_affinity import format_cpu_list, process_cpus
+    from grpo_core.runtime.lifelong_thread import (
+        in_lifelong_thread,
+        set_parent_death_signal,
+    )
+    from grpo_core.runtime.scratch import make_scratch_dir, remove_scratch_dir
+    from grpo_core.training.data import import_from_cwd
+    from grpo_core.training.logprobs import DEFAULT_CHUNK_SIZE
+    from grpo_core.training.loss import policy_loss
+    from grpo_core.training.rollout_function import (
+        RolloutFuncTrainer,
+        groups_from_output,
+        import_rollout_func,
+    )

@@ -25,7 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpo_core.plugin_api import DEFAULT_CHUNK_SIZE, ConfigError, PolicyLossInputs, hookimpl
+from grpo_core.plugin_api import (
+    DEFAULT_CHUNK_SIZE,
+    ConfigError,
+    PolicyLossInputs,
+    hookimpl,
+)
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig

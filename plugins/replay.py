@@ -39,7 +39,17 @@ import threading
 from collections import deque
 from typing import Any
 
-from grpo_core.plugin_api import Completion, EpisodeStats, GrpoError, Prompt, RolloutGroup, RunContext, ScoredGroup, TrainingProgress, hookimpl
+from grpo_core.plugin_api import (
+    Completion,
+    EpisodeStats,
+    GrpoError,
+    Prompt,
+    RolloutGroup,
+    RunContext,
+    ScoredGroup,
+    TrainingProgress,
+    hookimpl,
+)
 
 STATE_VERSION = 1
 

@@ -11,7 +11,18 @@ drives the function over an engine (``trl.use_vllm = true``), where
 
 from __future__ import annotations
 
-from grpo_core.plugin_api import SAMPLES_TRAINER_MODEL, ConfigError, Prompt, RolloutFuncTrainer, RolloutGroup, RunContext, SamplingSettings, groups_from_output, hookimpl, import_rollout_func
+from grpo_core.plugin_api import (
+    SAMPLES_TRAINER_MODEL,
+    ConfigError,
+    Prompt,
+    RolloutFuncTrainer,
+    RolloutGroup,
+    RunContext,
+    SamplingSettings,
+    groups_from_output,
+    hookimpl,
+    import_rollout_func,
+)
 
 
 class FunctionRollout:

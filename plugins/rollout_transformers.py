@@ -23,7 +23,19 @@ from typing import Any
 
 import torch
 
-from grpo_core.plugin_api import SAMPLES_TRAINER_MODEL, Completion, ConfigError, GRPOConfig, GrpoError, Prompt, RolloutGroup, RunContext, SamplingSettings, hookimpl, resolve_precision
+from grpo_core.plugin_api import (
+    SAMPLES_TRAINER_MODEL,
+    Completion,
+    ConfigError,
+    GRPOConfig,
+    GrpoError,
+    Prompt,
+    RolloutGroup,
+    RunContext,
+    SamplingSettings,
+    hookimpl,
+    resolve_precision,
+)
 
 DEFAULT_CHUNK_SIZE = 64
 """Sequences generated per ``generate`` call (bounds activation/KV memory)."""

@@ -2,7 +2,7 @@
 Biases, MLflow and trackio.
 
 Each imports its library when built, not at module import, and raises
-:class:`~grpo_core.tracking.MissingTrackerLibrary` (one line naming the pip
+:class:`~grpo_core.observability.tracking.MissingTrackerLibrary` (one line naming the pip
 package) when it is absent. Every one writes under ``output_dir`` by default
 so a run works offline: W&B in offline mode unless ``WANDB_MODE`` says
 otherwise, MLflow to a local file store unless ``MLFLOW_TRACKING_URI`` is

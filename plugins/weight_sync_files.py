@@ -6,7 +6,7 @@
   (or all weights, for full fine-tuning) as safetensors; the engine reloads
   them in place (``reload_weights``) and resets its prefix cache.
 
-Both work against any engine handle (:class:`~grpo_core.types.InferenceEngine`)
+Both work against any engine handle (:class:`~grpo_core.contract.types.InferenceEngine`)
 that declares the capability they need, not a particular client. Each
 version goes to a fresh directory (written under a temporary name and
 renamed, so the engine never reads half a file; a new path also keeps vLLM
@@ -27,7 +27,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo_core.plugin_api import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH, ConfigError, InferenceEngine, SyncResult, atomic_directory, hookimpl, make_scratch_dir, merged_weights, remove_scratch_dir, save_adapter
+from grpo_core.plugin_api import (
+    ADAPTER_FROM_PATH,
+    WEIGHTS_FROM_PATH,
+    ConfigError,
+    InferenceEngine,
+    SyncResult,
+    atomic_directory,
+    hookimpl,
+    make_scratch_dir,
+    merged_weights,
+    remove_scratch_dir,
+    save_adapter,
+)
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig, RunContext
@@ -48,7 +60,7 @@ class _FilesystemSync:
     I/O and leaves nothing in ``output_dir``; an engine elsewhere reads them
     from ``output_dir/<subdir>`` (a filesystem both sides share). Either is
     removed when training ends; a temporary directory left by a killed run
-    is removed by the next run's first sync (:mod:`grpo_core.scratch`)."""
+    is removed by the next run's first sync (:mod:`grpo_core.runtime.scratch`)."""
 
     subdir = ""
     kind = ""

@@ -37,7 +37,19 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from grpo_core.plugin_api import ADAPTER_FROM_URL, WEIGHTS_FROM_URL, ConfigError, InferenceEngine, SyncResult, adapter_body, hookimpl, make_scratch_dir, merged_weights, remove_scratch_dir, save_adapter
+from grpo_core.plugin_api import (
+    ADAPTER_FROM_URL,
+    WEIGHTS_FROM_URL,
+    ConfigError,
+    InferenceEngine,
+    SyncResult,
+    adapter_body,
+    hookimpl,
+    make_scratch_dir,
+    merged_weights,
+    remove_scratch_dir,
+    save_adapter,
+)
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import RunContext

@@ -11,7 +11,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from grpo_core.plugin_api import SAMPLES_TRAINER_MODEL, InferenceEngine, RunContext, SyncResult, hookimpl
+from grpo_core.plugin_api import (
+    SAMPLES_TRAINER_MODEL,
+    InferenceEngine,
+    RunContext,
+    SyncResult,
+    hookimpl,
+)
 
 
 class InProcessSync:

@@ -28,7 +28,7 @@ GPU_WHEELS=(
   datasets==5.2.0
   tomli-w==1.2.0
   liger-kernel==0.8.5
-  torchao==0.17.0       # fp8 = true: accelerate's torchao backend (grpo_core/fp8.py)
+  torchao==0.17.0       # fp8 = true: accelerate's torchao backend (grpo_core/modeling/fp8.py)
   trl==1.16.0           # a declared dependency; the parity tests import it
   # what those need that the machine lacks
   pydantic-core==2.50.5
@@ -75,7 +75,7 @@ EOF
 import json, sys
 from pathlib import Path
 
-from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
 out = Path(sys.argv[1])
 src = Path(resolve_model_dir(DEFAULT_MODEL))

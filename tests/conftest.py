@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def smollm2_dir() -> str:
     """Local HF directory of SmolLM2-135M-Instruct (real pretrained weights)."""
-    from grpo_core.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
     return resolve_model_dir(DEFAULT_MODEL)
 

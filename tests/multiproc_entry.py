@@ -15,7 +15,7 @@ from pathlib import Path
 
 def main() -> int:
     import grpo_core.training.trainer as trainer_module
-    from grpo_core.cli import main as grpo_main
+    from grpo_core.interface.cli import main as grpo_main
 
     out = Path(os.environ["GRPO_TEST_SHARES"])
     real = trainer_module.GRPOTrainer._set_batch

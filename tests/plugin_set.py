@@ -27,7 +27,7 @@ from typing import Any
 
 SITES_ENV = "GRPO_TEST_PLUGIN_SITES"
 PROGRAM = Path(__file__).resolve()
-GROUP_PREFIX = "grpo."  # the entry point groups grpo reads (grpo_core.plugin_host.GROUP_PREFIX)
+GROUP_PREFIX = "grpo."  # the entry point groups grpo reads (grpo_core.host.plugin_host.GROUP_PREFIX)
 OWN_DIST = "grpo"
 
 
@@ -72,7 +72,7 @@ def filtered(real: Callable[..., Iterable[importlib.metadata.Distribution]], sit
 def only_plugins_from(*sites: Path) -> Iterator[None]:
     """In this process, see only grpo's own plugins and those in ``sites``
     (which the caller puts on ``sys.path``); restored afterwards."""
-    from grpo_core import plugin_host
+    from grpo_core.host import plugin_host
 
     real = importlib.metadata.distributions
     importlib.metadata.distributions = filtered(real, sites)  # type: ignore[assignment]
@@ -93,7 +93,7 @@ def subprocess_command(args: Sequence[str]) -> list[str]:
 def main() -> int:
     sites = [Path(p) for p in os.environ.get(SITES_ENV, "").split(os.pathsep) if p]
     importlib.metadata.distributions = filtered(importlib.metadata.distributions, sites)  # type: ignore[assignment]
-    from grpo_core.cli import main as grpo_main
+    from grpo_core.interface.cli import main as grpo_main
 
     return grpo_main()
 
@@ -108,7 +108,7 @@ def failing_sync_source(version: int) -> str:
     mid-load does (tests of what a failed sync leaves behind)."""
     return f'''
 from grpo_core import hookimpl
-from grpo_core.types import SAMPLES_TRAINER_MODEL, SyncResult
+from grpo_core.contract.types import SAMPLES_TRAINER_MODEL, SyncResult
 
 
 class FailsAt:

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.context import RunContext
-from grpo_core.errors import GrpoError
-from grpo_core.plugin_host import PluginHost
+from grpo_core.contract.context import RunContext
+from grpo_core.contract.errors import GrpoError
+from grpo_core.host.plugin_host import PluginHost
 from grpo_plugins.advantages import NormalizeThenSum, SumThenNormalize
 from trl_source import trl_block
 

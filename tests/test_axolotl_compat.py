@@ -25,7 +25,7 @@ from grpo_core.config import axolotl
 from grpo_core.config.compat import compat_keys
 from grpo_core.config.loader import read_raw, validate
 from grpo_core.config.schema import DatasetSpec, GRPOConfig, TrlSettings, VllmSettings
-from grpo_core.errors import ConfigError
+from grpo_core.contract.errors import ConfigError
 from grpo_core.training.config_check import check_run_config
 
 DATA = Path(__file__).resolve().parent / "data" / "axolotl"
@@ -177,7 +177,7 @@ def test_num_epochs_and_max_steps() -> None:
 def test_attn_implementation_is_validated_and_flash_falls_back_to_sdpa_without_cuda() -> None:
     import torch
 
-    from grpo_core.models import resolve_attn_implementation
+    from grpo_core.modeling.models import resolve_attn_implementation
 
     assert resolve_attn_implementation(validate(base(attn_implementation="eager"))) == "eager"
     if not torch.cuda.is_available():  # this machine; the CUDA branch needs a GPU
@@ -230,7 +230,7 @@ def test_kbit_is_refused_naming_the_hardware_when_bitsandbytes_is_missing(monkey
     # Fakes an environment without bitsandbytes (this one has it; the branch is the one other machines take).
     import importlib.util
 
-    from grpo_core import quantization
+    from grpo_core.modeling import quantization
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))

@@ -61,8 +61,8 @@ def test_qlora_with_attn_implementation_and_bin_weights_trains(
     pytest.importorskip("bitsandbytes")
     import bitsandbytes as bnb
 
-    from grpo_core.models import load_policy, load_tokenizer
-    from grpo_core.quantization import bitsandbytes_problem
+    from grpo_core.modeling.models import load_policy, load_tokenizer
+    from grpo_core.modeling.quantization import bitsandbytes_problem
     from grpo_core.training.run import run_training
 
     if bitsandbytes_problem() is not None:

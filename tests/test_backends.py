@@ -90,7 +90,7 @@ def test_a_new_backends_config_rules_reach_the_check_with_no_change_elsewhere(tm
     backend in the table, each with the chosen implementations' traits; the
     config layer's check_config knows no backend and asks none unless told."""
     from grpo_core.config.checks import check_config
-    from grpo_core.errors import ConfigError
+    from grpo_core.contract.errors import ConfigError
     from grpo_core.training.config_check import check_run_config
 
     (tmp_path / "backend_rewards.py").write_text(REWARD)

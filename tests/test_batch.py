@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpo_core.training.batch import Sample, collate, completion_tokens, flatten, micro_batches, with_signal_first
-from grpo_core.types import Completion, Prompt, RolloutGroup, ScoredGroup
+from grpo_core.contract.types import Completion, Prompt, RolloutGroup, ScoredGroup
 
 PAD = 0
 

@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_core.errors import GrpoError
+from grpo_core.contract.errors import GrpoError
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.producer import ScoredBatch
 from grpo_core.training.safe_load import UnsafeCheckpoint, unloadable_reason
-from grpo_core.types import Completion, Prompt, RolloutGroup, ScoredGroup
+from grpo_core.contract.types import Completion, Prompt, RolloutGroup, ScoredGroup
 
 STATE_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pt", "extra_state.pt")
 
@@ -137,6 +137,23 @@ def test_a_checkpoint_from_before_safe_loading_still_loads(tmp_path: Path) -> No
     ckpt.set_rng_state(loaded.rng)
     assert (random.random(), float(np.random.rand())) == expected
     assert loaded.extra["pending_batch"] == a_batch()
+
+
+def test_a_checkpoint_from_before_the_modules_moved_still_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints written before grpo_core's modules moved into layer folders
+    name grpo's types by their old module (``grpo_core.types.Completion``): they
+    load as the same classes, and nothing else is let through by the old name."""
+    import grpo_core.types as old_path  # the finder answers the old name with the module itself
+
+    assert old_path.Completion is Completion
+    path, _, _ = save(tmp_path)
+    for kind in (Prompt, Completion, RolloutGroup, ScoredGroup):
+        monkeypatch.setattr(kind, "__module__", "grpo_core.types")
+    torch.save({"pending_batch": a_batch()}, path / "extra_state.pt")
+    monkeypatch.undo()
+    assert b"grpo_core.types" in (path / "extra_state.pt").read_bytes()
+
+    assert ckpt.read_checkpoint(path).extra["pending_batch"] == a_batch()
 
 
 def test_plugin_state_that_is_not_plain_data_is_refused_before_writing(tmp_path: Path) -> None:

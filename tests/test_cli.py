@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.extension_points import EXTENSION_POINTS
+from grpo_core.contract.extension_points import EXTENSION_POINTS
 
 POINTS = [point.name for point in EXTENSION_POINTS]
 

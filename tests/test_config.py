@@ -21,10 +21,10 @@ from grpo_core.config.checks import implementation_names
 from grpo_core.config.convert import to_toml_text
 from grpo_core.config.loader import apply_overrides, load_config, parse_override, read_raw, validate
 from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig, TrlSettings
-from grpo_core.errors import ConfigError, GrpoError, NotImplementedYet
-from grpo_core.plugin_host import EntryPointInfo, PluginHost
+from grpo_core.contract.errors import ConfigError, GrpoError, NotImplementedYet
+from grpo_core.host.plugin_host import EntryPointInfo, PluginHost
 from grpo_core.training.config_check import check_run_config
-from grpo_core.types import SAMPLES_TRAINER_MODEL
+from grpo_core.contract.types import SAMPLES_TRAINER_MODEL
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart"
@@ -329,7 +329,7 @@ def test_deepspeed_zero3_with_non_reentrant_checkpointing_is_an_error(tmp_path: 
 
 
 def test_zero3_defaults_use_reentrant_to_true_and_fsdp_keeps_false(tmp_path: Path) -> None:
-    from grpo_core.models import gradient_checkpointing_kwargs
+    from grpo_core.modeling.models import gradient_checkpointing_kwargs
 
     zero3 = write(tmp_path, "z3.json", '{"zero_optimization": {"stage": 3}}')
     zero2 = write(tmp_path, "z2.json", '{"zero_optimization": {"stage": 2}}')
@@ -356,7 +356,7 @@ def test_zero3_defaults_use_reentrant_to_true_and_fsdp_keeps_false(tmp_path: Pat
     ],
 )
 def test_deepspeed_configs_grpo_cannot_run_name_the_key_and_fix(tmp_path: Path, json_text: str, fragments: list[str], monkeypatch) -> None:
-    import grpo_core.precision as precision
+    import grpo_core.modeling.precision as precision
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: set())  # bf16 = "auto" stays float32 whatever this CPU has
     ds = write(tmp_path, "ds.json", json_text)
@@ -374,7 +374,7 @@ def test_deepspeed_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_deepspeed_autos_are_filled_from_grpo_config(tmp_path: Path, monkeypatch) -> None:
-    import grpo_core.precision as precision
+    import grpo_core.modeling.precision as precision
     from grpo_core.training.zero import engine_config, fill_model_autos
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: set())
@@ -542,7 +542,7 @@ def test_implementation_names_follow_the_reference_options() -> None:
 
 
 def test_unknown_implementation_names_are_errors_with_a_host() -> None:
-    from grpo_core.plugin_host import PluginHost
+    from grpo_core.host.plugin_host import PluginHost
 
     cfg = validate(minimal(plugins={"advantage_aggregation": "no_such_thing"}))
     with pytest.raises(ConfigError) as info:
@@ -703,7 +703,7 @@ def test_accumulation_with_a_generation_batch_says_how_many_steps_it_feeds() -> 
     assert any("trl.generation_batch_size = 16 with gradient_accumulation_steps = 4: each generation feeds 2 "
                "optimizer steps of 8 completions" in w for w in warnings), warnings  # fmt: skip
     assert not any("has no effect" in w for w in warnings), warnings
-    from grpo_core.cli import summary
+    from grpo_core.interface.cli import summary
 
     assert "2 optimizer steps per generation" in summary(cfg)  # the summary and the warning agree
     one = validate(minimal(micro_batch_size=2, gradient_accumulation_steps=4, trl={"generation_batch_size": 8}))
@@ -733,7 +733,7 @@ def test_lora_http_sends_the_adapter_and_asks_the_engine_for_adapters() -> None:
     """``lora_http`` is judged as an adapter sync (a quantised base passes,
     no adapter or the colocated engine is refused), and a managed server for
     it gets LoRA layers, as ``lora_filesystem``'s does."""
-    from grpo_core.types import ADAPTER_FROM_URL
+    from grpo_core.contract.types import ADAPTER_FROM_URL
     from grpo_plugins.vllm.command_line import engine_flags, managed_spec, server_spec
 
     plugins = {"weight_sync": "lora_http"}

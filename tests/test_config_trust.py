@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config.loader import validate
-from grpo_core.errors import ConfigError
-from grpo_core.plugin_host import ALLOW_ENV, PluginHost, effective_allowlist
-from grpo_core.user_code import locate, named_user_code
+from grpo_core.contract.errors import ConfigError
+from grpo_core.host.plugin_host import ALLOW_ENV, PluginHost, effective_allowlist
+from grpo_core.host.user_code import locate, named_user_code
 
 GRPO = shutil.which("grpo", path=str(Path(sys.executable).parent)) or "grpo"
 SPY_DIST = "grpo-spy-plugin"

@@ -9,9 +9,9 @@ import textwrap
 import pytest
 
 from grpo_core.config.loader import validate
-from grpo_core.data import common_columns, load_prompts
-from grpo_core.errors import DataError
-from grpo_core.models import load_tokenizer
+from grpo_core.training.data import common_columns, load_prompts
+from grpo_core.contract.errors import DataError
+from grpo_core.modeling.models import load_tokenizer
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 10), (11, 12)]]
 

@@ -185,7 +185,7 @@ def test_zero3_lora_with_async_prefetch_matches_one_process_and_resumes_exactly(
 def test_a_deepspeed_checkpoint_is_refused_on_another_process_count_or_without_deepspeed(tmp_path: Path) -> None:
     """ZeRO partitions are per rank: another process count (or no DeepSpeed) is refused with the fix, before
     DeepSpeed reads anything (light: no engine runs)."""
-    from grpo_core.errors import GrpoError
+    from grpo_core.contract.errors import GrpoError
     from grpo_core.training.backends.deepspeed_zero import DeepSpeedBackend
     from grpo_core.training.backends.replicated import ReplicatedBackend
     from grpo_core.training.checkpoint import LoadedCheckpoint

@@ -23,10 +23,10 @@ import pytest
 pytest.importorskip("openenv.core.env_server", reason="openenv-core is not installed (pip install openenv-core)")
 
 from grpo_core.config.loader import validate  # noqa: E402
-from grpo_core.context import RunContext  # noqa: E402
-from grpo_core.errors import ConfigError, GrpoError  # noqa: E402
-from grpo_core.plugin_host import PluginHost  # noqa: E402
-from grpo_core.types import EnvironmentReply, Episode, Prompt  # noqa: E402
+from grpo_core.contract.context import RunContext  # noqa: E402
+from grpo_core.contract.errors import ConfigError, GrpoError  # noqa: E402
+from grpo_core.host.plugin_host import PluginHost  # noqa: E402
+from grpo_core.contract.types import EnvironmentReply, Episode, Prompt  # noqa: E402
 from grpo_plugins.environments.openenv import OpenEnvEnvironment, OpenEnvEpisode, observation_text  # noqa: E402
 from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvUnavailable  # noqa: E402
 
@@ -331,9 +331,9 @@ def test_a_server_that_dies_at_every_restart_ends_the_run(tmp_path, smollm2_toke
     episode start (and every one after it) raises OpenEnvServerLost, an
     EnvironmentLost naming the command and its last log lines. The episode
     driver lets it end the run instead of failing one episode after another."""
-    from grpo_core.errors import EnvironmentLost
+    from grpo_core.contract.errors import EnvironmentLost
     from grpo_core.training.episodes import EpisodeDriver
-    from grpo_core.types import SamplingSettings
+    from grpo_core.contract.types import SamplingSettings
     from grpo_plugins.environments.openenv import OpenEnvServerLost
 
     command = FLAKY.replace("MARKER", str(tmp_path / "started"))
@@ -392,7 +392,7 @@ def test_a_server_that_cannot_start_shows_its_log(tmp_path):
     """A command that never serves: its log's tail in the error, which ends
     the run (an EnvironmentLost); it is not restarted, since the same
     command would fail the same way, and every later episode says so at once."""
-    from grpo_core.errors import EnvironmentLost
+    from grpo_core.contract.errors import EnvironmentLost
 
     broken = load(tmp_path, command="{python} -m uvicorn no_such_module:app --host {host} --port {port}", startup_timeout=60)
     with pytest.raises(EnvironmentLost, match="(?s)failed to start: the managed server .* exited with code \\d+; last lines of .*no_such_module.*The run ends"):

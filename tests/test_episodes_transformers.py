@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core import plugin_host
+from grpo_core.host import plugin_host
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
 

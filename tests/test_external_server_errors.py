@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from grpo_core.config.loader import validate
-from grpo_core.context import RunContext
+from grpo_core.contract.context import RunContext
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_FOUND = (404, {"detail": "Not Found"})  # FastAPI's answer to an unknown route
@@ -126,7 +126,7 @@ def test_an_old_protocol_server_is_named_when_it_answers_health(tmp_path: Path) 
 
 
 def test_a_server_without_dev_mode_generates_but_refuses_weight_syncs_naming_dev_mode(tmp_path: Path) -> None:
-    from grpo_core.errors import ConfigError
+    from grpo_core.contract.errors import ConfigError
     from grpo_plugins.vllm.client import EngineRequestError
     from grpo_plugins.vllm.engine import VLLMServerEngine
     from grpo_plugins.vllm.nccl_sync import _reported_world_size
@@ -144,7 +144,7 @@ def test_a_server_without_dev_mode_generates_but_refuses_weight_syncs_naming_dev
 
 
 def test_a_server_in_another_logprobs_mode_is_refused_when_the_temperature_differs(tmp_path: Path) -> None:
-    from grpo_core.errors import ConfigError
+    from grpo_core.contract.errors import ConfigError
     from grpo_plugins.vllm.engine import VLLMServerEngine
 
     with serving(stock_vllm(dev_mode=True, logprobs_mode="raw_logprobs")) as url:
@@ -156,7 +156,7 @@ def test_a_server_in_another_logprobs_mode_is_refused_when_the_temperature_diffe
 
 
 def test_nccl_sync_refuses_a_server_without_a_weight_transfer_engine(tmp_path: Path) -> None:
-    from grpo_core.errors import ConfigError
+    from grpo_core.contract.errors import ConfigError
     from grpo_plugins.vllm.engine import VLLMServerEngine
     from grpo_plugins.vllm.nccl_sync import _check_weight_transfer
 

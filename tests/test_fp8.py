@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core.fp8 import fp8_problem
+from grpo_core.modeling.fp8 import fp8_problem
 
 
 def test_fp8_needs_compute_capability_8_9_and_torchao() -> None:
@@ -34,7 +34,7 @@ def _cfg(tmp_path: Path):
 
 
 def test_config_check_refuses_fp8_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_core.errors import ConfigError
+    from grpo_core.contract.errors import ConfigError
     from grpo_core.training.config_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -43,8 +43,8 @@ def test_config_check_refuses_fp8_without_cuda(tmp_path: Path, monkeypatch: pyte
 
 
 def test_config_check_fp8_on_faked_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import grpo_core.fp8 as fp8
-    from grpo_core.errors import ConfigError
+    import grpo_core.modeling.fp8 as fp8
+    from grpo_core.contract.errors import ConfigError
     from grpo_core.training.config_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

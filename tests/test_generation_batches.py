@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from grpo_core.config.loader import validate
-from grpo_core.errors import ConfigError
+from grpo_core.contract.errors import ConfigError
 from grpo_core.training.batch import generation_batch_size, steps_per_batch, steps_per_generation
 from grpo_core.training.config_check import check_run_config
 from grpo_core.training.run import run_training

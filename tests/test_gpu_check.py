@@ -107,7 +107,7 @@ def test_the_import_scan_sees_what_grpo_imports() -> None:
     """The scan itself: it finds static imports, and the torchao that fp8.py only looks up by name."""
     needed = needed_on_gpu_machine()
     assert {"torch", "pydantic", "pyyaml", "liger-kernel", "datasets", "torchao"} <= set(needed), sorted(needed)
-    assert "grpo_core/fp8.py" in needed["torchao"]
+    assert "grpo_core/modeling/fp8.py" in needed["torchao"]
 
 
 def test_every_package_grpo_imports_is_on_the_gpu_machine_or_in_the_wheel_list() -> None:
@@ -188,7 +188,7 @@ def test_the_wheel_script_builds_the_folder_under_the_limit(smollm2_dir: str) ->
     """For real, into a cache folder kept between runs (a re-run downloads
     nothing): one wheel per pinned package, for Python 3.12 x86_64, the
     SmolLM2-shaped config and tokenizer, under 64 MiB."""
-    from grpo_core.model_files import cache_root
+    from grpo_core.modeling.model_files import cache_root
 
     dest = cache_root() / "gpu-wheels"
     done = subprocess.run(["bash", str(WHEEL_SCRIPT)], env={**os.environ, "GPU_WHEELS_DIR": str(dest), "PY": sys.executable},
@@ -220,7 +220,7 @@ def test_the_wheels_install_as_gpu_check_sh_installs_them_there(smollm2_dir: str
     tag, and installs nothing else: --no-index, --no-deps), then grpo itself
     built by the carried setuptools alone (--no-build-isolation), its entry
     points included."""
-    from grpo_core.model_files import cache_root
+    from grpo_core.modeling.model_files import cache_root
 
     dest = cache_root() / "gpu-wheels"
     built = subprocess.run(["bash", str(WHEEL_SCRIPT)], env={**os.environ, "GPU_WHEELS_DIR": str(dest), "PY": sys.executable},

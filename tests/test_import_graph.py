@@ -11,10 +11,11 @@ so the test takes well under a second. What it holds the code to:
   imports DeepSpeed for it);
 * a plugin imports grpo_core, libraries and its own package, never a sibling
   plugin (what two plugins share is a typed part of the contract);
-* grpo_core's layers: the error and data types import nothing of grpo_core,
-  the contract imports only the contract, the config's own modules import
-  only the contract and the config, and nothing below the command line
-  imports it. Imports that still run from a lower layer up are listed in
+* grpo_core's layers are its folders (:data:`LAYERS`, lowest first: the
+  contract, runtime utilities, the config's data, the plugin host, models,
+  observability, the config checks, scoring, training, the command line): a
+  module imports only its own layer and lower ones, and the error and data
+  types import nothing of grpo_core. Imports that still run from a lower layer up are listed in
   :data:`UPWARD`, each with why; the list must match the code exactly, so a
   new one fails and a removed one asks for its entry to go.
 
@@ -35,33 +36,37 @@ ENGINES = {"grpo_plugins", "plugins", "vllm", "deepspeed", "liger_kernel"}
 # Circles of TYPE_CHECKING-only imports (never run): the schema builds its
 # [plugins] table from the extension points, which name GRPOConfig in the
 # type of their ``default`` callables.
-TYPE_ONLY_CIRCLES = [["grpo_core.config.schema", "grpo_core.extension_points"]]
+TYPE_ONLY_CIRCLES = [["grpo_core.config.schema", "grpo_core.contract.extension_points"]]
 
-FOUNDATION = {"grpo_core.errors", "grpo_core.types"}
-CONTRACT = FOUNDATION | {
-    "grpo_core",  # the package: it re-exports hookimpl
-    "grpo_core.hookspecs",
-    "grpo_core.context",
-    "grpo_core.extension_points",
-    "grpo_core.plugin_host",
-    "grpo_core.engine_weights",  # what a weight sync sends, for any engine
+FOUNDATION = {"grpo_core.contract.errors", "grpo_core.contract.types"}
+
+# grpo_core's folders are its layers, lowest first: a module imports (at
+# module level or inside a function) only modules of its own layer or lower
+# ones. The config's data (schema, loader, batch shape) sits low, read by
+# everything; its checks sit above the layers whose rules they ask (the
+# plugin host's settings, model options, trackers and alerts) and below the
+# scoring and training that read what they decide.
+LAYERS = ["contract", "runtime", "config", "host", "modeling", "observability", "config.checks", "scoring",
+          "training", "interface"]  # fmt: skip
+OWN_RANK = {
+    "grpo_core": "contract",  # the package: it re-exports hookimpl and installs the old-path finder
+    "grpo_core.moved": "contract",  # the old-path finder imports nothing of grpo_core
+    "grpo_core.config.checks": "config.checks",
 }
-CONFIG_DATA = {  # what a config is, read and written; grpo_core.config.checks judges it and sits higher
-    "grpo_core.config",
-    "grpo_core.config.schema",
-    "grpo_core.config.loader",
-    "grpo_core.config.compat",
-    "grpo_core.config.convert",
-    "grpo_core.config.axolotl",
-    "grpo_core.config.zero_stage",
-}
-COMMAND_LINE = {"grpo_core.cli", "grpo_core.cli_common", "grpo_core.cli_tools"}
+PLUGIN_SURFACE = "grpo_core.plugin_api"  # above every layer: it re-exports them for plugins, nothing in grpo_core imports it
 
 # Imports that run from a lower layer to a higher one, each with why it is
-# still there (none today: the config checks read the batch shape, the FSDP
-# options and the DeepSpeed file from the config layer, and the world size
-# from grpo_core.processes, which sit below the training backends that use them).
+# still there (none today).
 UPWARD: dict[tuple[str, str], str] = {}
+
+
+def rank(module: str) -> int:
+    """A grpo_core module's layer, as an index into :data:`LAYERS`."""
+    if module == PLUGIN_SURFACE:
+        return len(LAYERS)
+    if module in OWN_RANK:
+        return LAYERS.index(OWN_RANK[module])
+    return LAYERS.index(module.split(".")[1])
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +89,7 @@ def _layer_breaks(edges: list[Edge], known: set[str]) -> set[tuple[str, str]]:
     for source, target in _own_edges(edges, known, {"module", "function"}):
         if source in FOUNDATION and target.startswith("grpo_core"):
             breaks.add((source, target))
-        elif source in CONTRACT and target.startswith("grpo_core") and target not in CONTRACT:
-            breaks.add((source, target))
-        elif source in CONFIG_DATA and target.startswith("grpo_core") and target not in CONTRACT | CONFIG_DATA:
-            breaks.add((source, target))
-        elif source.startswith("grpo_core.config") and target.startswith("grpo_core.training"):
-            breaks.add((source, target))
-        elif target in COMMAND_LINE and source not in COMMAND_LINE:
+        elif source.startswith("grpo_core") and target.startswith("grpo_core") and rank(target) > rank(source):
             breaks.add((source, target))
         elif target == "grpo" or target.startswith("grpo."):  # the `import grpo` alias is for users only
             breaks.add((source, target))
@@ -174,7 +173,15 @@ def test_the_graph_covers_every_package(known: set[str]) -> None:
                     "grpo_plugins.environments", "grpo_plugins.rewards", "grpo"):  # fmt: skip
         assert package in known
     assert len(known) >= 90
-    assert CONTRACT | CONFIG_DATA | COMMAND_LINE <= known  # a renamed module must be renamed here too
+    assert set(OWN_RANK) | {PLUGIN_SURFACE} <= known  # a renamed module must be renamed here too
+
+
+def test_every_grpo_core_module_sits_in_a_layer_folder(known: set[str]) -> None:
+    """No module loose at grpo_core's top level but the package, the plugin
+    surface and the old-path finder: a new module goes into its layer."""
+    loose = {m for m in known if m.startswith("grpo_core.") and m.count(".") == 1 and m.split(".")[1] not in LAYERS}
+    assert loose == {PLUGIN_SURFACE, "grpo_core.moved"}
+    assert all(rank(m) >= 0 for m in known if m.startswith("grpo_core"))
 
 
 # ---------------------------------------------------------------------------- the scan itself
@@ -256,12 +263,12 @@ def test_a_sibling_plugin_import_and_an_upward_import_are_caught(tmp_path: Path)
         "plugins/vllm/__init__.py": "", "plugins/vllm/pool.py": "from grpo_plugins.vllm.server import x\n",
         "plugins/vllm/server.py": "x = 1\n", "plugins/replay.py": "",
         "plugins/advantages.py": "def f():\n    from grpo_plugins.vllm import pool\n",
-        "grpo_core/errors.py": "from grpo_core.types import Prompt\n", "grpo_core/types.py": "",
-        "grpo_core/cli.py": "", "grpo_core/models.py": "def f():\n    import grpo_core.cli\n",
+        "grpo_core/contract/errors.py": "from grpo_core.contract.types import Prompt\n", "grpo_core/contract/types.py": "",
+        "grpo_core/interface/cli.py": "", "grpo_core/modeling/models.py": "def f():\n    import grpo_core.interface.cli\n",
     })  # fmt: skip
     edges, known = all_edges(root), set(source_files(root))
     assert _sibling_imports(edges, known) == ["grpo_plugins.advantages:2 imports grpo_plugins.vllm.pool"]
-    assert _layer_breaks(edges, known) == {("grpo_core.errors", "grpo_core.types"), ("grpo_core.models", "grpo_core.cli")}
+    assert _layer_breaks(edges, known) == {("grpo_core.contract.errors", "grpo_core.contract.types"), ("grpo_core.modeling.models", "grpo_core.interface.cli")}
 
 
 def test_no_module_imports_another_modules_private_names() -> None:

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.context import RunContext
-from grpo_core.errors import ConfigError
-from grpo_core.plugin_host import PluginHost
+from grpo_core.contract.context import RunContext
+from grpo_core.contract.errors import ConfigError
+from grpo_core.host.plugin_host import PluginHost
 from grpo_plugins import is_correction as isc
 from trl_source import trl_block
 

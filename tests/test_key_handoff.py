@@ -151,7 +151,7 @@ def test_the_engine_adopts_a_server_with_the_key_left_for_its_address(smollm2_di
     """What `grpo run` does with no key configured: it reads the left key and
     the server proves it holds it, so no server is started."""
     from grpo_core.config.loader import validate
-    from grpo_core.context import RunContext
+    from grpo_core.contract.context import RunContext
     from grpo_plugins.vllm.engine import VLLMServerEngine
 
     stand_in = _StandIn("left-key")

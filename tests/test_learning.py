@@ -75,7 +75,7 @@ def log_p_even_first_token(model_dir: str | Path, cfg) -> float:
     even): the trained policy's log-probability of the rewarded answer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_core.data import load_prompts
+    from grpo_core.training.data import load_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -240,8 +240,8 @@ def test_replay_recompute_logps_gives_replayed_rows_no_is_weight(tmp_path: Path)
     sampler's stale log-probs neither weight nor mask it; without, the
     IS correction (token_mask, cap 3) masks its far-off tokens. The real
     is_correction implementation, loaded through the plugin host."""
-    from grpo_core.context import RunContext
-    from grpo_core.plugin_host import PluginHost
+    from grpo_core.contract.context import RunContext
+    from grpo_core.host.plugin_host import PluginHost
     from grpo_core.training.batch import Sample, collate
     from grpo_core.training.trainer import GRPOTrainer
 

@@ -1,5 +1,5 @@
 """``trl.use_liger_loss``: Liger-Kernel's fused GRPO loss (plugins/liger_loss.py)
-against grpo's own loss (grpo_core/loss.py), on the same inputs.
+against grpo's own loss (grpo_core/training/loss.py), on the same inputs.
 
 Liger's GRPO loss is plain PyTorch (chunked; torch.compile only on CUDA
 here), so the parity tests run on CPU wherever the package is installed;
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core.loss import LossSettings
-from grpo_core.types import PolicyLossInputs
+from grpo_core.training.loss import LossSettings
+from grpo_core.contract.types import PolicyLossInputs
 
 B, C, H, V = 4, 6, 16, 50
 
@@ -114,7 +114,7 @@ def _cfg(tmp_path: Path, **trl):
 
 
 def test_config_check_refuses_liger_without_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_core.errors import ConfigError
+    from grpo_core.contract.errors import ConfigError
     from grpo_core.training.config_check import check_run_config
 
     # Faked absence: importing liger_kernel raises ImportError whatever is installed.
@@ -127,7 +127,7 @@ def test_config_check_refuses_liger_without_the_package(tmp_path: Path, monkeypa
 
 def test_config_check_refuses_options_liger_does_not_have(tmp_path: Path) -> None:
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
-    from grpo_core.errors import ConfigError
+    from grpo_core.contract.errors import ConfigError
     from grpo_core.training.config_check import check_run_config
 
     with pytest.raises(ConfigError, match="top_entropy_quantile.*use_liger_loss = false"):
@@ -156,7 +156,7 @@ def test_liger_is_accepted_without_cuda(tmp_path: Path, monkeypatch: pytest.Monk
     """Liger's GRPO loss needs no GPU: with CUDA faked absent the check passes
     and the built-in is not chosen instead."""
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
-    from grpo_core.extension_points import chosen_implementations
+    from grpo_core.contract.extension_points import chosen_implementations
     from grpo_core.training.config_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

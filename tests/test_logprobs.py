@@ -8,8 +8,8 @@ import copy
 import pytest
 import torch
 
-from grpo_core.errors import GrpoError
-from grpo_core.logprobs import token_logprobs
+from grpo_core.contract.errors import GrpoError
+from grpo_core.training.logprobs import token_logprobs
 
 TEMPERATURE = 0.7
 
@@ -132,7 +132,7 @@ def test_gradients_match_naive_plain_model(model, batch, checkpoint_above):
 def test_head_is_recomputed_in_backward_only_above_the_threshold(lora_model, batch):
     """Below ``checkpoint_above`` backward reuses the head's chunks (one
     head call per chunk); above it each chunk runs again in backward."""
-    from grpo_core.logprobs import decoder_and_head
+    from grpo_core.modeling.structure import decoder_and_head
 
     ids, mask, cmask, c = batch
     head = decoder_and_head(lora_model)[1]
@@ -251,7 +251,7 @@ def grouped_batch(smollm2_tokenizer):
 
 def _tokens_through(model, fn) -> int:
     """Token positions the decoder's embedding layer processed while ``fn`` ran."""
-    from grpo_core.logprobs import decoder_and_head
+    from grpo_core.modeling.structure import decoder_and_head
 
     seen = []
     handle = decoder_and_head(model)[0].embed_tokens.register_forward_hook(lambda _m, args, _out: seen.append(args[0].numel()))

@@ -27,11 +27,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core.errors import GrpoError
-from grpo_core.logprobs import token_logprobs
-from grpo_core.loss import LossSettings
+from grpo_core.contract.errors import GrpoError
+from grpo_core.training.logprobs import token_logprobs
+from grpo_core.training.loss import LossSettings
 from grpo_core.training.batch import MicroBatch, collate, completion_tokens, flatten, with_signal_first
-from grpo_core.types import Completion, PolicyLossInputs, Prompt, RolloutGroup, ScoredGroup
+from grpo_core.contract.types import Completion, PolicyLossInputs, Prompt, RolloutGroup, ScoredGroup
 from grpo_plugins import is_correction as isc
 from grpo_plugins.policy_loss import GRPOPolicyLoss
 from tiny_model import build_tiny_model
@@ -526,8 +526,8 @@ def test_replayed_episodes_keep_their_loss_mask_and_record() -> None:
     """The replay buffer's plain-data state (checkpoints) keeps a remembered
     episode's loss mask and EpisodeStats, and never holds its live environment."""
     from grpo_core.config.loader import validate
-    from grpo_core.context import RunContext
-    from grpo_core.types import EpisodeStats, TrainingProgress
+    from grpo_core.contract.context import RunContext
+    from grpo_core.contract.types import EpisodeStats, TrainingProgress
     from grpo_plugins.replay import SignalReplay
 
     cfg = validate({"base_model": "unused", "trl": {"replay_buffer_size": 2}})
@@ -578,8 +578,8 @@ def test_rollout_func_episode_length_counts_environment_tokens(rundir, smollm2_t
     """``truncated`` compares the whole episode (environment tokens included)
     with max_completion_length; env_mask becomes the loss mask and no column."""
     from grpo_core.config.loader import validate
-    from grpo_core.context import RunContext
-    from grpo_core.types import SamplingSettings
+    from grpo_core.contract.context import RunContext
+    from grpo_core.contract.types import SamplingSettings
     from grpo_plugins.rollout_function import FunctionRollout
 
     monkeypatch.syspath_prepend(str(rundir[0]))

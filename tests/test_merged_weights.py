@@ -9,7 +9,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_plugins.vllm.engine import PACKED_GROUPS
-from grpo_core.engine_weights import merged_weights
+from grpo_core.modeling.engine_weights import merged_weights
 
 
 def tiny_llama() -> LlamaForCausalLM:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from grpo_core.config.loader import validate
-from grpo_core.errors import ConfigError, NotImplementedYet
-from grpo_core.models import (
+from grpo_core.contract.errors import ConfigError, NotImplementedYet
+from grpo_core.modeling.models import (
     DisabledAdapterReference,
     FrozenCopyReference,
     load_policy,
@@ -168,7 +168,7 @@ def test_bf16_and_resized_embeddings(smollm2_dir):
     cfg = cfg_for(smollm2_dir, bf16=True, special_tokens={"pad_token": "<|mypad|>"})
     tokenizer = load_tokenizer(cfg, smollm2_dir)
     policy = load_policy(cfg, smollm2_dir, tokenizer)
-    # bf16 is compute (autocast); a full fine-tune keeps float32 master weights (grpo_core/precision.py)
+    # bf16 is compute (autocast); a full fine-tune keeps float32 master weights (grpo_core/modeling/precision.py)
     assert {p.dtype for p in policy.parameters()} == {torch.float32}
     assert policy.get_input_embeddings().num_embeddings == len(tokenizer) == 49153
     assert policy.config.pad_token_id == tokenizer.pad_token_id == 49152

@@ -79,7 +79,7 @@ def accelerate(rank: int, run: str) -> list[str]:
 
 
 def launch_two_hosts(hosts: Hosts, folders: list[Path], config_name: str, launcher=torchrun) -> list[str]:
-    """``<launcher line> -m grpo_core.cli run CONFIG`` on both hosts at once, each in its own
+    """``<launcher line> -m grpo_core.interface.cli run CONFIG`` on both hosts at once, each in its own
     folder; returns each host's output (both must exit 0)."""
     import os
 
@@ -87,7 +87,7 @@ def launch_two_hosts(hosts: Hosts, folders: list[Path], config_name: str, launch
     for rank, folder in enumerate(folders):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(TESTS), str(ROOT)]), "OMP_NUM_THREADS": "1",
                "GLOO_SOCKET_IFNAME": hosts.interface(rank)}  # fmt: skip
-        cmd = [*launcher(rank, config_name), "-m", "grpo_core.cli", "run", str(folder / f"{config_name}.toml")]
+        cmd = [*launcher(rank, config_name), "-m", "grpo_core.interface.cli", "run", str(folder / f"{config_name}.toml")]
         log = open(folder / f"{config_name}.log", "w")
         procs.append((hosts.start(rank, cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     deadline = time.monotonic() + TIMEOUT

@@ -58,7 +58,7 @@ def run_grpo(tmp: Path, args: list[str], launcher: list[str] | None = None, shar
     if shares is not None:
         shares.mkdir(exist_ok=True)
         env["GRPO_TEST_SHARES"] = str(shares)
-    entry = ["-m", "multiproc_entry"] if shares is not None else ["-m", "grpo_core.cli"]
+    entry = ["-m", "multiproc_entry"] if shares is not None else ["-m", "grpo_core.interface.cli"]
     cmd = [*(launcher or [sys.executable]), *entry, *args]
     done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
@@ -341,7 +341,7 @@ def test_fsdp_with_async_prefetch_does_not_deadlock_and_matches_one_process(work
 
 
 def test_config_check_prints_per_process_and_global_batches(tmp_path: Path, capsys) -> None:
-    from grpo_core.cli import main
+    from grpo_core.interface.cli import main
 
     path = tmp_path / "c.toml"
     path.write_text(to_toml_text({"base_model": "some/model", "micro_batch_size": 2, "gradient_accumulation_steps": 2,
@@ -358,11 +358,11 @@ def test_config_check_prints_per_process_and_global_batches(tmp_path: Path, caps
 
 
 def test_num_processes_runs_accelerate_launch_on_the_same_command() -> None:
-    from grpo_core.launch import launcher_command
+    from grpo_core.interface.launch import launcher_command
 
     cmd = launcher_command(2, ["run", "c.toml", "--set", "max_steps=3"], cuda=False)
-    assert cmd[1:3] == ["-m", "grpo_core.launch"] and cmd[cmd.index("--num_processes") + 1] == "2"
-    assert cmd[-6:] == ["-m", "grpo_core.cli", "run", "c.toml", "--set", "max_steps=3"]
+    assert cmd[1:3] == ["-m", "grpo_core.interface.launch"] and cmd[cmd.index("--num_processes") + 1] == "2"
+    assert cmd[-6:] == ["-m", "grpo_core.interface.cli", "run", "c.toml", "--set", "max_steps=3"]
 
 
 def grpo_launch(tmp: Path, args: list[str]) -> tuple[subprocess.CompletedProcess[str], int]:
@@ -421,18 +421,18 @@ def test_a_child_killed_by_a_signal_gets_one_line_and_a_shell_exit_code(capsys: 
     """Real elastic failure records; a child killed by SIGKILL printed nothing itself."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from grpo_core.launch import failure_exit_code
+    from grpo_core.interface.launch import failure_exit_code
 
-    own = ChildFailedError("grpo_core.cli", {0: ProcessFailure(0, 11, -15, "<N/A>"), 1: ProcessFailure(1, 12, 3, "<N/A>")})
+    own = ChildFailedError("grpo_core.interface.cli", {0: ProcessFailure(0, 11, -15, "<N/A>"), 1: ProcessFailure(1, 12, 3, "<N/A>")})
     assert failure_exit_code(own) == 3 and capsys.readouterr().err == ""
-    killed = ChildFailedError("grpo_core.cli", {1: ProcessFailure(1, 12, -9, "<N/A>")})
+    killed = ChildFailedError("grpo_core.interface.cli", {1: ProcessFailure(1, 12, -9, "<N/A>")})
     assert failure_exit_code(killed) == 137
     assert capsys.readouterr().err == "error: training process 1 was killed by signal SIGKILL\n"
 
 
 REFUSING_SYNC = """
 from grpo_core import hookimpl
-from grpo_core.errors import WeightSyncUnverified
+from grpo_core.contract.errors import WeightSyncUnverified
 from grpo_plugins.weight_sync_in_process import InProcessSync
 
 
@@ -474,7 +474,7 @@ def test_optimizer_state_is_rekeyed_between_sharded_and_unsharded_runs() -> None
     parameter name (torch's distributed state dict): each is rekeyed for the
     other kind of run, matched by name (DDP's ``module.`` prefix dropped),
     and a state from another model is refused by name, not mis-assigned."""
-    from grpo_core.errors import GrpoError
+    from grpo_core.contract.errors import GrpoError
     from grpo_core.training.sharding import optimizer_state_by_index, optimizer_state_by_name
 
     class Wrapper(torch.nn.Module):  # the policy inside a DDP-like wrapper: names start with "module."

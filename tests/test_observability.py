@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from grpo_core.cli import main
+from grpo_core.interface.cli import main
 
 REWARDS = '''
 import re
@@ -105,7 +105,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: str):
     (root / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     config = write_config(root, smollm2_dir)
     proc = subprocess.run(  # noqa: S603 - our own console script
-        [sys.executable, "-m", "grpo_core.cli", "run", str(config)],
+        [sys.executable, "-m", "grpo_core.interface.cli", "run", str(config)],
         cwd=root, env=env_for(root), capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

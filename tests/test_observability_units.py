@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from grpo_core.alerts import HealthMonitor
+from grpo_core.observability.alerts import HealthMonitor
 from grpo_core.config.loader import validate
 from grpo_core.config.schema import AlertSettings
-from grpo_core.context import RunContext
-from grpo_core.errors import ConfigError, DataError
-from grpo_core.evaluation import split_validation
-from grpo_core.plugin_host import PluginHost
-from grpo_core.tracking import TrackerSet, requested_trackers
+from grpo_core.contract.context import RunContext
+from grpo_core.contract.errors import ConfigError, DataError
+from grpo_core.training.evaluation import split_validation
+from grpo_core.host.plugin_host import PluginHost
+from grpo_core.observability.tracking import TrackerSet, requested_trackers
 from grpo_core.training.config_check import check_run_config
-from grpo_core.types import Prompt, Tracker
+from grpo_core.contract.types import Prompt, Tracker
 
 
 def minimal(**top: Any) -> dict[str, Any]:
@@ -219,7 +219,7 @@ def test_validation_split_is_seeded_disjoint_and_sized() -> None:
 
 
 def test_report_summary_lists_first_last_best_and_alerts(tmp_path: Path) -> None:
-    from grpo_core.report import build_report
+    from grpo_core.observability.report import build_report
 
     rows = [{"step": s, "reward": r, "reward_std": 0.2, "entropy": 0.4, "grad_norm": 0.1, "rewards/acc/mean": r,
              "eval/reward": e} for s, r, e in ((1, 0.1, 0.2), (2, 0.6, 0.5), (3, 0.4, 0.3))]  # fmt: skip
@@ -262,7 +262,7 @@ class LinesTracker:
 
 
 def test_a_third_party_tracker_package_is_chosen_by_its_entry_point_name(tmp_path: Path, monkeypatch) -> None:
-    from grpo_core import plugin_host
+    from grpo_core.host import plugin_host
 
     site = tmp_path / "site"
     site.mkdir()
@@ -283,7 +283,7 @@ def test_a_third_party_tracker_package_is_chosen_by_its_entry_point_name(tmp_pat
         lines = [json.loads(line) for line in (tmp_path / "out" / "lines.jsonl").read_text().splitlines()]
         assert lines == [{"step": 3, "reward": 0.25}, {"table": "completions", "rows": 1, "step": 3}, {"closed": True}]
         # the plugin allowlist applies to trackers as to every other plugin
-        from grpo_core.errors import PluginError
+        from grpo_core.contract.errors import PluginError
 
         with pytest.raises(PluginError, match="not allowed"):
             TrackerSet.build(cfg, PluginHost(allow={"someone-else"}), ctx)
@@ -294,7 +294,7 @@ def test_a_third_party_tracker_package_is_chosen_by_its_entry_point_name(tmp_pat
 
 
 def test_metrics_logger_writes_forced_steps_between_logging_steps(tmp_path: Path) -> None:
-    from grpo_core.training.logging import MetricsLogger
+    from grpo_core.observability.logging import MetricsLogger
 
     logger = MetricsLogger(tmp_path, max_steps=6, initial_step=0, logging_steps=3)
     for step in range(1, 7):

@@ -4,7 +4,7 @@ Its names resolve to the objects their home modules define (so isinstance
 checks and constants agree), the built-in plugins and the example package
 import grpo_core through it alone, its type-checking imports list the same
 names, and importing it pulls in no heavy library. The old import paths a
-plugin written before it used (``grpo_core.types``, ``grpo_core import
+plugin written before it used (``grpo_core.contract.types``, ``grpo_core import
 hookimpl``, ...) keep working: tests/plugin_packages/grpo-env-faults uses
 them on purpose, and its runs are in the suite.
 """
@@ -49,11 +49,11 @@ def test_plugins_import_grpo_core_only_through_the_plugin_api(root: Path) -> Non
 
 def test_the_scan_sees_each_kind_of_import(tmp_path: Path) -> None:
     (tmp_path / "p.py").write_text(
-        "import grpo_core.types\nfrom grpo_core import hookimpl\nfrom grpo_core.plugin_api import Prompt\n"
-        "def f():\n    from grpo_core.errors import ConfigError\n"
+        "import grpo_core.contract.types\nfrom grpo_core import hookimpl\nfrom grpo_core.plugin_api import Prompt\n"
+        "def f():\n    from grpo_core.contract.errors import ConfigError\n"
     )
     found = [line.split(" ", 1)[1] for line in _grpo_core_imports(tmp_path, base=tmp_path)]
-    assert sorted(found) == ["grpo_core", "grpo_core.errors", "grpo_core.types"]
+    assert sorted(found) == ["grpo_core", "grpo_core.contract.errors", "grpo_core.contract.types"]
 
 
 @pytest.mark.parametrize("name", plugin_api.__all__)

@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 import torch
 
-from grpo_core import plugin_host
+from grpo_core.host import plugin_host
 from grpo_core.config.loader import validate
-from grpo_core.context import RunContext
-from grpo_core.errors import ConfigError, PluginError
-from grpo_core.plugin_host import ALLOW_ENV, PluginHost
+from grpo_core.contract.context import RunContext
+from grpo_core.contract.errors import ConfigError, PluginError
+from grpo_core.host.plugin_host import ALLOW_ENV, PluginHost
 from grpo_core.training.config_check import check_run_config
 from pip_target import install_into_target
 from plugin_set import SITES_ENV, only_plugins_from, subprocess_command
@@ -154,7 +154,7 @@ class HelloCommand:
         @app.command("fail")
         def fail() -> None:
             """Fail the way a lost engine does."""
-            from grpo_core.errors import EngineUnavailable
+            from grpo_core.contract.errors import EngineUnavailable
             raise EngineUnavailable("vLLM server at http://127.0.0.1:9 did not answer: start it first")
 
 
@@ -531,7 +531,7 @@ def test_a_qualified_name_reads_its_qualified_settings_table(example_site: Path,
 def test_a_settings_rule_over_the_whole_table_names_the_table() -> None:
     from pydantic import BaseModel, model_validator
 
-    from grpo_core.plugin_host import validate_settings
+    from grpo_core.host.plugin_host import validate_settings
 
     class Settings(BaseModel):
         low: int = 0
@@ -668,9 +668,9 @@ def test_the_import_scan_catches_each_form() -> None:
 
 
 def test_the_wrapper_example_in_hookspecs_runs_as_published(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The ``wrapper=True`` example of ``grpo_core.hookspecs``' module doc,
+    """The ``wrapper=True`` example of ``grpo_core.contract.hookspecs``' module doc,
     published as a real always-on plugin, wraps the chosen weight sync."""
-    from grpo_core import hookspecs
+    from grpo_core.contract import hookspecs
 
     doc = hookspecs.__doc__ or ""
     start = doc.index("      import time\n")

@@ -10,8 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_core.config.loader import validate
-from grpo_core.logprobs import token_logprobs
-from grpo_core.precision import native_bf16, resolve_precision
+from grpo_core.training.logprobs import token_logprobs
+from grpo_core.modeling.precision import native_bf16, resolve_precision
 
 AVX2 = {"avx", "avx2", "fma"}
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl"}
@@ -50,7 +50,7 @@ def tiny_llama(vocab_size: int = 64) -> LlamaForCausalLM:
 
 
 def test_lora_in_bf16_loads_a_bf16_base_with_float32_adapters(tmp_path: Path, smollm2_tokenizer) -> None:
-    from grpo_core.models import load_policy
+    from grpo_core.modeling.models import load_policy
 
     tiny_llama(len(smollm2_tokenizer)).save_pretrained(tmp_path)
     cfg = config(bf16=True, adapter="lora", lora_r=4)
@@ -81,7 +81,7 @@ def test_full_fine_tune_in_bf16_keeps_float32_master_weights_and_optimizer_state
 
 
 def test_cpu_flag_summary_names_the_flags_that_decide_speed():
-    from grpo_core.precision import cpu_flag_summary
+    from grpo_core.modeling.precision import cpu_flag_summary
 
     assert cpu_flag_summary({"fpu", "avx2", "sse4_2"}) == "avx2"
     assert cpu_flag_summary({"avx512_bf16", "avx2", "avx512f", "amx_tile", "amx_bf16"}) == "avx2 avx512f avx512_bf16 amx_bf16 amx_tile"

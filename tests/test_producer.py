@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_core.training.producer import PrefetchingProducer, PromptStream, ScoredBatch
-from grpo_core.types import Prompt, TrainingProgress
+from grpo_core.contract.types import Prompt, TrainingProgress
 
 
 class VersionStampingProducer:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import grpo
-from grpo_core.errors import ConfigError
+from grpo_core.contract.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,7 @@ def test_train_refuses_what_grpo_run_refuses_before_loading_anything(tmp_path: P
 
 
 def test_overrides_merge_into_tables_and_dotted_keys_work() -> None:
-    from grpo_core.api import _merge
+    from grpo_core.interface.api import _merge
 
     raw = {"trl": {"num_generations": 4, "beta": 0.0}}
     _merge(raw, "trl", {"beta": 0.04})
@@ -73,7 +73,7 @@ def test_overrides_merge_into_tables_and_dotted_keys_work() -> None:
 
 
 def test_importable_functions_are_passed_by_import_path_others_in_memory() -> None:
-    from grpo_core.api import _reward_specs
+    from grpo_core.interface.api import _reward_specs
     from grpo_plugins.rewards.builtin import last_number_match
 
     class Scorer:
@@ -177,9 +177,9 @@ def test_trl_style_script_trains_end_to_end(tmp_path: Path, smollm2_dir: str) ->
 
 
 def test_code_objects_without_an_import_path_are_held_and_loaded_like_any_user_code() -> None:
-    from grpo_core.api import _code_spec
-    from grpo_core.data import import_from_cwd
-    from grpo_core.errors import ConfigError
+    from grpo_core.interface.api import _code_spec
+    from grpo_core.training.data import import_from_cwd
+    from grpo_core.contract.errors import ConfigError
     from grpo_core.training.rollout_function import import_rollout_func
     from grpo_plugins.rewards.builtin import last_number_match
 
@@ -191,7 +191,7 @@ def test_code_objects_without_an_import_path_are_held_and_loaded_like_any_user_c
 
     other.__name__ = "rollout"  # same name, another object: held under a name of its own
     first, second = _code_spec(rollout, "rollout_func"), _code_spec(other, "rollout_func")
-    assert first.startswith("grpo_core.script_objects.rollout") and first != second
+    assert first.startswith("grpo_core.host.script_objects.rollout") and first != second
     assert import_rollout_func(first) is rollout and import_from_cwd(second) is other
     assert _code_spec(rollout, "rollout_func") == first  # the same object again: the same path
     assert _code_spec(last_number_match, "tools") == "grpo_plugins.rewards.builtin.last_number_match"
@@ -269,7 +269,7 @@ def test_a_script_passes_its_own_environment_class_and_tools_as_objects(tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["status"] == "completed"
-    assert report["factory"] == "grpo_core.script_objects.Counter"
-    assert report["tools"] == ["grpo_core.script_objects.shout"]
+    assert report["factory"] == "grpo_core.host.script_objects.Counter"
+    assert report["tools"] == ["grpo_core.host.script_objects.shout"]
     row = report["metrics"][-1]
     assert row["step"] == 1 and "episodes/turns_mean" in row  # the tools environment ran the episodes

@@ -259,8 +259,8 @@ def test_a_run_stopped_by_a_failure_under_async_prefetch_keeps_the_batch_made_ah
     weights as a run that never failed."""
     import importlib
 
-    from grpo_core import plugin_host
-    from grpo_core.errors import PluginError
+    from grpo_core.host import plugin_host
+    from grpo_core.contract.errors import PluginError
     from grpo_core.training.safe_load import safe_load
     from plugin_set import failing_sync_source, write_distribution
     from transformers import AutoModelForCausalLM

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config.loader import validate
-from grpo_core.context import RunContext
-from grpo_core.errors import ConfigError, DataError, PluginError, RewardError
-from grpo_core.plugin_host import PluginHost
-from grpo_core.rewards import RewardScorer
-from grpo_core.types import Completion, Prompt, RolloutGroup
+from grpo_core.contract.context import RunContext
+from grpo_core.contract.errors import ConfigError, DataError, PluginError, RewardError
+from grpo_core.host.plugin_host import PluginHost
+from grpo_core.scoring.rewards import RewardScorer
+from grpo_core.contract.types import Completion, Prompt, RolloutGroup
 from grpo_plugins.rewards.builtin import last_number_match, think_answer_format
 
 REWARD_MODULE = '''

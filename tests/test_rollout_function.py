@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config.loader import validate
-from grpo_core.errors import GrpoError
+from grpo_core.contract.errors import GrpoError
 from grpo_core.training.run import run_training
 
 ENV = '''

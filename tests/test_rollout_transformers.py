@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from grpo_core.config.loader import validate
-from grpo_core.context import RunContext
-from grpo_core.errors import ConfigError, GrpoError
-from grpo_core.plugin_host import PluginHost
-from grpo_core.types import Prompt, SamplingSettings
+from grpo_core.contract.context import RunContext
+from grpo_core.contract.errors import ConfigError, GrpoError
+from grpo_core.host.plugin_host import PluginHost
+from grpo_core.contract.types import Prompt, SamplingSettings
 from grpo_plugins.rollout_transformers import TransformersRollout
 
 QUESTIONS = ["What is 2 + 3?", "Name a colour of the sky."]

@@ -1,4 +1,4 @@
-"""Scratch directories (``grpo_core.scratch``) do not outlive their process:
+"""Scratch directories (``grpo_core.runtime.scratch``) do not outlive their process:
 a real child process makes one and is SIGKILLed, and the next directory
 made under the same prefix removes the leftover, never a live owner's."""
 
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.scratch import LOCK_NAME, make_scratch_dir, remove_scratch_dir, sweep_abandoned
+from grpo_core.runtime.scratch import LOCK_NAME, make_scratch_dir, remove_scratch_dir, sweep_abandoned
 
 OWNER = textwrap.dedent(
     """
     import sys, time
-    from grpo_core.scratch import make_scratch_dir
+    from grpo_core.runtime.scratch import make_scratch_dir
     path = make_scratch_dir(sys.argv[1], sys.argv[2])
     (path / "weights.bin").write_bytes(b"x" * 4096)
     print(path, flush=True)
@@ -86,7 +86,7 @@ def test_a_lock_file_nobody_holds_means_a_dead_owner(tmp_path: Path) -> None:
 def test_the_merged_weight_syncs_directory_is_a_scratch_directory(tmp_path: Path) -> None:
     """What the weight syncs hand a local engine lives in such a directory,
     removed at the end of training."""
-    from grpo_core.context import RunContext
+    from grpo_core.contract.context import RunContext
     from grpo_plugins.weight_sync_files import FullFilesystemSync
 
     class LocalEngine:

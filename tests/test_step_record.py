@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core import plugin_host
+from grpo_core.host import plugin_host
 from grpo_core.config.loader import validate
-from grpo_core.errors import PluginError
+from grpo_core.contract.errors import PluginError
 from grpo_core.training.run import run_training
 from tiny_model import build_tiny_model
 from plugin_set import failing_sync_source, write_distribution

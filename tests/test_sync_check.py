@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from grpo_core.errors import EngineUnavailable, GrpoError, WeightSyncUnverified
-from grpo_core.precision import Precision
+from grpo_core.contract.errors import EngineUnavailable, GrpoError, WeightSyncUnverified
+from grpo_core.modeling.precision import Precision
 from grpo_core.training.sync_check import (
     FLOAT32,
     HALF,
@@ -23,7 +23,7 @@ from grpo_core.training.sync_check import (
     noise_class,
     trainer_dtype_name,
 )
-from grpo_core.types import SCORES_TOKENS, EngineScore
+from grpo_core.contract.types import SCORES_TOKENS, EngineScore
 from plugin_set import write_distribution
 
 FP32 = Precision(torch.float32, None, "float32")
@@ -195,7 +195,7 @@ def test_without_the_capability_nothing_is_checked_and_one_line_says_so() -> Non
 
 ROLLOUT_MODULE = '''
 from grpo_core import hookimpl
-from grpo_core.types import WEIGHTS_FROM_PATH
+from grpo_core.contract.types import WEIGHTS_FROM_PATH
 
 
 class PathOnlyRollout:
@@ -214,7 +214,7 @@ class PathOnlyRollout:
 
 @pytest.fixture
 def path_only_rollout(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    from grpo_core import plugin_host
+    from grpo_core.host import plugin_host
 
     site = write_distribution(tmp_path / "site", "grpo_path_only", ROLLOUT_MODULE, "grpo-path-only",
                               "[grpo.rollout]\npath_only = grpo_path_only:PathOnlyRollout\n")  # fmt: skip

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config.loader import validate
-from grpo_core.context import RunContext
+from grpo_core.contract.context import RunContext
 
 
 def _sync(tmp_path: Path, **trl: object):

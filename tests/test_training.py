@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo_core.config.loader import validate
-from grpo_core.errors import RewardError
+from grpo_core.contract.errors import RewardError
 from grpo_core.training.run import run_training
 
 REWARDS = '''

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config.loader import validate
-from grpo_core.context import RunContext
-from grpo_core.errors import ConfigError, GrpoError
+from grpo_core.contract.context import RunContext
+from grpo_core.contract.errors import ConfigError, GrpoError
 
 FILES = ("configuration", "modeling", "tokenization")
 
@@ -44,7 +44,7 @@ def config(model: Path, tmp_path: Path, **extra: object):
 
 
 def test_base_model_and_tokenizer_with_their_own_code_are_refused(tmp_path: Path) -> None:
-    from grpo_core.models import _load_causal_lm, load_tokenizer
+    from grpo_core.modeling.models import _load_causal_lm, load_tokenizer
 
     model, markers = shipped_code_model(tmp_path)
     cfg = config(model, tmp_path)
@@ -73,7 +73,7 @@ def test_a_reward_model_with_its_own_code_is_refused(tmp_path: Path) -> None:
 
 
 def test_trust_remote_code_reaches_vllm_and_the_config_summary(tmp_path: Path, smollm2_dir: str) -> None:
-    from grpo_core.cli import summary
+    from grpo_core.interface.cli import summary
     from grpo_plugins.vllm.command_line import server_spec
 
     cfg = validate({"base_model": smollm2_dir, "output_dir": str(tmp_path / "out"), "trl": {"use_vllm": True}})

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from grpo_core.config.loader import validate
-from grpo_core.context import RunContext
-from grpo_core.plugin_host import PluginHost
-from grpo_core.types import SyncResult
+from grpo_core.contract.context import RunContext
+from grpo_core.host.plugin_host import PluginHost
+from grpo_core.contract.types import SyncResult
 from grpo_plugins.weight_sync_in_process import InProcessSync
 
 

@@ -25,7 +25,7 @@ from typing import Any, get_args
 
 from grpo_core.config.compat import COMPATIBILITY_ONLY
 from grpo_core.config.schema import DatasetSpec, GRPOConfig, TrlSettings, VllmSettings
-from grpo_core.errors import ConfigError
+from grpo_core.contract.errors import ConfigError
 
 # ----------------------------------------------------------------- reasons
 

@@ -10,7 +10,7 @@ x N`` completions across N processes; ``trl.generation_batch_size`` is global.
 from __future__ import annotations
 
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.processes import world_size
+from grpo_core.runtime.processes import world_size
 
 
 def generation_batch_size(cfg: GRPOConfig, world: int | None = None) -> int:

@@ -18,20 +18,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from grpo_core.alerts import ALERT_NAMES
-from grpo_core.compile import compile_problem
-from grpo_core.config.batch_shape import generation_batch_size, global_step_batch, steps_per_generation
+from grpo_core.config.batch_shape import (
+    generation_batch_size,
+    global_step_batch,
+    steps_per_generation,
+)
 from grpo_core.config.compat import compat_warnings
 from grpo_core.config.eval_schedule import eval_enabled
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.errors import ConfigError, NotImplementedYet, PluginError
-from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, chosen_implementations, declared, source_key
-from grpo_core.fp8 import fp8_problem
-from grpo_core.plugin_host import PluginHost, own_checks, settings_key, split_qualified, table_ref, validate_settings
-from grpo_core.processes import world_size
-from grpo_core.quantization import bitsandbytes_problem
-from grpo_core.tracking import check_report_to
-from grpo_core.types import SAMPLES_TRAINER_MODEL, SCORES_TOKENS, WEIGHTS_IN_MEMORY
+from grpo_core.contract.errors import ConfigError, NotImplementedYet, PluginError
+from grpo_core.contract.extension_points import (
+    BY_NAME,
+    EXTENSION_POINTS,
+    REWARD_GROUP,
+    chosen_implementations,
+    declared,
+    source_key,
+)
+from grpo_core.contract.types import (
+    SAMPLES_TRAINER_MODEL,
+    SCORES_TOKENS,
+    WEIGHTS_IN_MEMORY,
+)
+from grpo_core.host.plugin_host import (
+    PluginHost,
+    own_checks,
+    settings_key,
+    split_qualified,
+    table_ref,
+    validate_settings,
+)
+from grpo_core.modeling.compile import compile_problem
+from grpo_core.modeling.fp8 import fp8_problem
+from grpo_core.modeling.quantization import bitsandbytes_problem
+from grpo_core.observability.alerts import ALERT_NAMES
+from grpo_core.observability.tracking import check_report_to
+from grpo_core.runtime.processes import world_size
 
 
 @dataclass(frozen=True)
@@ -429,7 +451,7 @@ def _speed_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> No
 
 
 def _observability_checks(cfg: GRPOConfig, host: PluginHost | None, errors: list[str], warnings: list[str]) -> None:
-    """Evaluation data, alert names and trackers (see grpo_core.evaluation / alerts / tracking)."""
+    """Evaluation data, alert names and trackers (see grpo_core.training.evaluation / alerts / tracking)."""
     try:
         eval_enabled(cfg)
     except ConfigError as exc:

@@ -1,10 +1,10 @@
 """When evaluation runs, as the config says: a rule the config check and
-the run's observer both read (:mod:`grpo_core.evaluation` does the work)."""
+the run's observer both read (:mod:`grpo_core.training.evaluation` does the work)."""
 
 from __future__ import annotations
 
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.errors import ConfigError
+from grpo_core.contract.errors import ConfigError
 
 
 def eval_enabled(cfg: GRPOConfig) -> bool:

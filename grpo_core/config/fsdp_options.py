@@ -10,7 +10,6 @@ from typing import Any
 
 from grpo_core.config.schema import GRPOConfig
 
-
 FSDP_OPTIONS = {"full_shard", "shard_grad_op", "auto_wrap", "offload"}
 FSDP_REFUSED = {
     "hybrid_shard": "hybrid sharding needs a 2-D device mesh (shard within a node, replicate across nodes), which is not wired",

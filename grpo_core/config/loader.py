@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from grpo_core.config.axolotl import adapt
 from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig
-from grpo_core.errors import ConfigError
+from grpo_core.contract.errors import ConfigError
 
 
 class _Yaml12Floats(yaml.SafeLoader):

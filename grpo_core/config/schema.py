@@ -18,9 +18,17 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
-from grpo_core.extension_points import EXTENSION_POINTS
+from grpo_core.contract.extension_points import EXTENSION_POINTS
 
 
 class _Table(BaseModel):
@@ -139,7 +147,7 @@ ScaleRewards = Literal["group", "batch", "none"]
 
 class AlertSettings(_Table):
     """``[alerts]``: live health checks printed once when they fire
-    (:mod:`grpo_core.alerts`). Thresholds follow the reference guide's quick
+    (:mod:`grpo_core.observability.alerts`). Thresholds follow the reference guide's quick
     health checks; ``silence`` lists alert names not to print."""
 
     enabled: bool = True

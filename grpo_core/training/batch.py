@@ -20,9 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_core.config.batch_shape import generation_batch_size, global_step_batch, steps_per_batch, steps_per_generation
-from grpo_core.errors import GrpoError
-from grpo_core.types import ScoredGroup
+from grpo_core.config.batch_shape import (
+    generation_batch_size,
+    global_step_batch,
+    steps_per_batch,
+    steps_per_generation,
+)
+from grpo_core.contract.errors import GrpoError
+from grpo_core.contract.types import ScoredGroup
 
 __all__ = [
     "MicroBatch", "Sample", "collate", "completion_tokens", "flatten", "generation_batch_size", "global_step_batch",

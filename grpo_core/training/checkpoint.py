@@ -9,7 +9,7 @@ Such leftovers are removed when the next run starts
 (:func:`recover_interrupted_saves`).
 
 A write that fails (disk full, quota, file-size limit) is reported as a
-:class:`~grpo_core.errors.StorageError` naming ``output_dir`` and the last
+:class:`~grpo_core.contract.errors.StorageError` naming ``output_dir`` and the last
 complete checkpoint, which the failed write never touches.
 
 Loading never runs code from the checkpoint: weights are safetensors, the
@@ -24,18 +24,18 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 import random
 import shutil
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from grpo_core.errors import ConfigError, GrpoError, StorageError
+from grpo_core.contract.errors import ConfigError, GrpoError, StorageError
 from grpo_core.training.safe_load import numpy_array_types, safe_load, unloadable_reason
 
 PREFIX = "checkpoint-"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from grpo_core.config.checks import check_config
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.plugin_host import PluginHost
+from grpo_core.host.plugin_host import PluginHost
 from grpo_core.training.backends import config_problems
 
 __all__ = ["check_run_config"]
@@ -19,6 +19,6 @@ __all__ = ["check_run_config"]
 
 def check_run_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes: int | None = None) -> list[str]:
     """:func:`~grpo_core.config.checks.check_config` with every training
-    backend's rules: the warnings, or a :class:`~grpo_core.errors.ConfigError`
+    backend's rules: the warnings, or a :class:`~grpo_core.contract.errors.ConfigError`
     listing every problem."""
     return check_config(cfg, host, num_processes, backend_rules=config_problems)

@@ -34,8 +34,8 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_core.processes import launched_by_launcher, process_rank, world_size
-from grpo_core.types import ScoredGroup
+from grpo_core.contract.types import ScoredGroup
+from grpo_core.runtime.processes import launched_by_launcher, process_rank, world_size
 
 __all__ = ["Distributed", "launched_by_launcher", "process_rank", "shares", "world_size"]
 

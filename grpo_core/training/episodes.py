@@ -1,7 +1,7 @@
 """Multi-turn episodes, driven through the run's rollout one turn at a time.
 
 For each prompt, ``num_generations`` independent episodes: the environment
-implementation makes each one (:func:`~grpo_core.hookspecs.grpo_environment_episode`)
+implementation makes each one (:func:`~grpo_core.contract.hookspecs.grpo_environment_episode`)
 and may restate its prompt (``reset``). Then, turn after turn, every episode
 still running gets one model turn and one environment step:
 
@@ -9,7 +9,7 @@ still running gets one model turn and one environment step:
   together (``n`` = how many), and all distinct contexts of a turn go out
   at once (in parallel threads when the rollout declares
   ``concurrent_generate``), so the engine batches them. Each request is a
-  plain :func:`~grpo_core.hookspecs.grpo_rollout_generate` call on the
+  plain :func:`~grpo_core.contract.hookspecs.grpo_rollout_generate` call on the
   exact ids of the episode so far: any engine runs episodes unchanged.
 * **environment step**: ``episode.step(text)`` for every episode at once
   (threads, ``[episodes] max_concurrent_steps``), each cut at
@@ -18,11 +18,11 @@ still running gets one model turn and one environment step:
   no environment reward (``None``), and is logged; the rest of its group
   trains as usual. With the environment as the only reward it therefore
   contributes advantage 0. The one exception: an
-  :class:`~grpo_core.errors.EnvironmentLost` raised while episodes are made
+  :class:`~grpo_core.contract.errors.EnvironmentLost` raised while episodes are made
   or reset (an environment that can serve none, e.g. a server that keeps
   dying) ends the run with its message.
 
-An episode becomes one :class:`~grpo_core.types.Completion`: the model's
+An episode becomes one :class:`~grpo_core.contract.types.Completion`: the model's
 ids (loss mask 1, the sampler's log-probs) and the environment's (mask 0,
 log-prob 0.0) in order. ``trl.max_completion_length`` bounds the whole
 episode: a model turn may sample at most what is left (``[episodes]
@@ -41,9 +41,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
-from grpo_core.errors import EnvironmentLost, GrpoError
+from grpo_core.contract.errors import EnvironmentLost, GrpoError
+from grpo_core.contract.types import (
+    Completion,
+    EnvironmentReply,
+    EpisodeStats,
+    Messages,
+    Prompt,
+    RolloutGroup,
+    SamplingSettings,
+)
 from grpo_core.training.turn_tokens import TemplateError, TurnTokens
-from grpo_core.types import Completion, EnvironmentReply, EpisodeStats, Messages, Prompt, RolloutGroup, SamplingSettings
 
 GenerateTurn = Callable[[list[Prompt], int, SamplingSettings], list[RolloutGroup]]
 """``generate(prompts, n, sampling)``: one rollout call (the run's engine)."""

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.errors import ConfigError
+from grpo_core.contract.errors import ConfigError
 
 
 def _adam_args(cfg: GRPOConfig) -> dict[str, Any]:

@@ -23,11 +23,22 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.errors import EngineUnavailable, PluginError, RewardError
+from grpo_core.contract.errors import EngineUnavailable, PluginError, RewardError
+from grpo_core.contract.types import (
+    Prompt,
+    RolloutGroup,
+    SamplingSettings,
+    ScoredGroup,
+    TrainingProgress,
+)
 from grpo_core.training.batch import steps_per_batch
 from grpo_core.training.distributed import shares
-from grpo_core.training.episodes import RolloutDriver, episode_metrics, release, sample_groups
-from grpo_core.types import Prompt, RolloutGroup, SamplingSettings, ScoredGroup, TrainingProgress
+from grpo_core.training.episodes import (
+    RolloutDriver,
+    episode_metrics,
+    release,
+    sample_groups,
+)
 
 
 @dataclass

@@ -6,7 +6,7 @@ duplication) and returns a dict with ``prompt_ids``, ``completion_ids`` and
 entries per prompt. An optional ``env_mask`` (TRL 1.16's multi-turn
 convention) gives, per completion, one 0/1 entry per completion token: 1
 where the model sampled the token, 0 where the environment inserted it. It
-becomes :attr:`~grpo_core.types.Completion.loss_mask` (no gradient, no
+becomes :attr:`~grpo_core.contract.types.Completion.loss_mask` (no gradient, no
 count), not a reward column. Any other key is a per-completion list handed
 to reward functions as a keyword argument. ``truncated`` counts the whole
 completion, environment tokens included.
@@ -28,8 +28,8 @@ import importlib
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from grpo_core.errors import ConfigError, GrpoError
-from grpo_core.types import Completion, Prompt, RolloutGroup, SamplingSettings
+from grpo_core.contract.errors import ConfigError, GrpoError
+from grpo_core.contract.types import Completion, Prompt, RolloutGroup, SamplingSettings
 
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
 ENV_MASK = "env_mask"  # TRL's key: 1 = model token, 0 = environment token; not a reward column

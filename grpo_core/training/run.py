@@ -21,24 +21,37 @@ import torch
 
 from grpo_core.config.checks import environment_is_episodic
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.context import RunContext
-from grpo_core.cpu_affinity import format_cpu_list, keep_off_engine_cores
-from grpo_core.data import common_columns, load_prompts
-from grpo_core.errors import PluginError, StorageError, TrainingInterrupted
-from grpo_core.evaluation import load_eval_prompts
-from grpo_core.extension_points import BY_NAME, EXTENSION_POINTS, chosen_implementations, declared
-from grpo_core.fp8 import accelerator_kwargs
-from grpo_core.model_files import resolve_model_dir
-from grpo_core.models import load_policy, load_tokenizer, reference_model
-from grpo_core.observe import RunObserver
-from grpo_core.plugin_host import ERROR_LOG, PluginHost
-from grpo_core.rewards import RewardScorer
+from grpo_core.contract.context import RunContext
+from grpo_core.contract.errors import PluginError, StorageError, TrainingInterrupted
+from grpo_core.contract.extension_points import (
+    BY_NAME,
+    EXTENSION_POINTS,
+    chosen_implementations,
+    declared,
+)
+from grpo_core.contract.types import (
+    SAMPLES_TRAINER_MODEL,
+    Checkpointable,
+    InferenceEngine,
+    Prompt,
+    TrainingProgress,
+    engine_cpu_cores,
+)
+from grpo_core.host.plugin_host import ERROR_LOG, PluginHost
+from grpo_core.modeling.fp8 import accelerator_kwargs
+from grpo_core.modeling.model_files import resolve_model_dir
+from grpo_core.modeling.models import load_policy, load_tokenizer, reference_model
+from grpo_core.runtime.cpu_affinity import format_cpu_list, keep_off_engine_cores
+from grpo_core.scoring.rewards import RewardScorer
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.backends import TrainingBackend, backend_for
 from grpo_core.training.batch import generation_batch_size, steps_per_batch
 from grpo_core.training.config_check import check_run_config
+from grpo_core.training.data import common_columns, load_prompts
 from grpo_core.training.distributed import Distributed, process_rank, world_size
 from grpo_core.training.episodes import EpisodeDriver, RolloutDriver
+from grpo_core.training.evaluation import load_eval_prompts
+from grpo_core.training.observe import RunObserver
 from grpo_core.training.optim import build_optimizer, build_scheduler
 from grpo_core.training.policy_forward import inner_policy
 from grpo_core.training.producer import (
@@ -50,7 +63,6 @@ from grpo_core.training.producer import (
 )
 from grpo_core.training.rollout_function import RolloutFunctionDriver
 from grpo_core.training.trainer import GRPOTrainer, TrainerParts
-from grpo_core.types import SAMPLES_TRAINER_MODEL, Checkpointable, InferenceEngine, Prompt, TrainingProgress, engine_cpu_cores
 
 
 def seed_everything(seed: int) -> None:
@@ -152,7 +164,7 @@ def build_implementations(host: PluginHost, cfg: GRPOConfig, context: RunContext
     if engine is not None and not isinstance(engine, InferenceEngine):
         raise PluginError(
             f"rollout '{chosen['rollout']}' returned {type(engine).__name__} from grpo_inference_engine, which is not "
-            "an InferenceEngine (grpo_core.types)"
+            "an InferenceEngine (grpo_core.contract.types)"
         )
     return Implementations(objects, engine)
 
@@ -237,7 +249,7 @@ class ModelParts:
     forward: Any  # the prepared log-prob module the loop calls (grpo_core.training.policy_forward)
     optimizer: Any
     scheduler: Any
-    reference: Any  # grpo_core.models reference handle when beta > 0, else None
+    reference: Any  # grpo_core.modeling.models reference handle when beta > 0, else None
 
 
 def _load_model_parts(cfg: GRPOConfig, context: RunContext, model_dir: str) -> ModelParts:

@@ -26,8 +26,9 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from grpo_core import types as contract_types
-from grpo_core.errors import GrpoError
+from grpo_core.contract import types as contract_types
+from grpo_core.contract.errors import GrpoError
+from grpo_core.moved import MOVED_MODULES
 from grpo_core.training.producer import ScoredBatch
 
 
@@ -40,12 +41,20 @@ def grpo_types() -> list[type]:
     """grpo's own plain dataclasses that checkpoints may hold (the pending
     batch of a run with ``num_iterations > 1``, the batches ``async_prefetch``
     generated ahead of training): every dataclass in
-    :mod:`grpo_core.types` and the producer's :class:`ScoredBatch`."""
+    :mod:`grpo_core.contract.types` and the producer's :class:`ScoredBatch`."""
     found: list[type] = [ScoredBatch]
     for value in vars(contract_types).values():
         if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == contract_types.__name__:
             found.append(value)
     return found
+
+
+def names_before_the_move() -> list[tuple[type, str]]:
+    """grpo's types under the module paths they had before grpo_core's
+    modules moved into layer folders (:mod:`grpo_core.moved`): a checkpoint
+    written then names ``grpo_core.types.Completion``, and still loads."""
+    old_of = {new: old for old, new in MOVED_MODULES.items()}
+    return [(kind, f"{old_of[kind.__module__]}.{kind.__qualname__}") for kind in grpo_types() if kind.__module__ in old_of]
 
 
 def numpy_array_types() -> list[Any]:
@@ -71,7 +80,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def _load(source: str | Path | BinaryIO, allow: Iterable[Any]) -> Any:
-    with torch.serialization.safe_globals([*grpo_types(), *allow]):
+    with torch.serialization.safe_globals([*grpo_types(), *names_before_the_move(), *allow]):
         return torch.load(source, map_location="cpu", weights_only=True)
 
 

@@ -27,9 +27,10 @@ from __future__ import annotations
 import copy
 from typing import Any, Protocol
 
-from grpo_core.config.schema import GRPOConfig
 from grpo_core.config.fsdp_options import fsdp_problems, fsdp_value
-from grpo_core.errors import ConfigError, GrpoError
+from grpo_core.config.schema import GRPOConfig
+from grpo_core.contract.errors import ConfigError, GrpoError
+
 
 def fsdp_plugin(cfg: GRPOConfig) -> Any:
     """accelerate's FSDP plugin for ``cfg.fsdp`` / ``cfg.fsdp_config``."""
@@ -104,7 +105,10 @@ class FullWeights:
         if version == self.version:
             return self.copy
         # heavy (torch): loaded on first use, not with this module
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
 
         # a collective: full tensors on rank 0 (what accelerate's get_state_dict does for FSDP2)
         state = get_model_state_dict(forward, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -138,7 +142,10 @@ def full_optimizer_state(forward: Any, optimizer: Any) -> dict[str, Any]:
     onto any process count: into another FSDP run as they are, into an
     unsharded one (one process, DDP) through :func:`optimizer_state_by_index`."""
     # heavy (torch): loaded on first use, not with this module
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_optimizer_state_dict(forward, getattr(optimizer, "optimizer", optimizer), options=options)
@@ -146,7 +153,10 @@ def full_optimizer_state(forward: Any, optimizer: Any) -> dict[str, Any]:
 
 def load_full_optimizer_state(forward: Any, optimizer: Any, state: dict[str, Any]) -> None:
     # heavy (torch): loaded on first use, not with this module
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
 
     options = StateDictOptions(full_state_dict=True)
     set_optimizer_state_dict(forward, getattr(optimizer, "optimizer", optimizer), optim_state_dict=state, options=options)
@@ -219,7 +229,10 @@ def load_full_model_state(forward: Any, state: dict[str, Any] | None) -> None:
     """Rank 0's full weights (as the policy names them; None on the other
     ranks) into the shards of every rank."""
     # heavy (torch): loaded on first use, not with this module
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
 
     full = {f"policy.{k}": v for k, v in (state or {}).items()}
     options = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=True)

@@ -7,7 +7,7 @@ behind) looks like ordinary staleness for weeks. So after each sync
 (``verify_weight_sync``), rank 0 scores a fixed probe of
 :data:`PROBE_TOKENS` token ids twice: with the trainer's model (no grad,
 eval mode, the run's autocast) and with every server of the engine
-(:meth:`~grpo_core.types.InferenceEngine.score_tokens`). The gap of a server
+(:meth:`~grpo_core.contract.types.InferenceEngine.score_tokens`). The gap of a server
 is the mean absolute difference of the per-token log-probs (robust: one
 token's rounding cannot fail a check; its maximum is logged beside it).
 
@@ -22,7 +22,7 @@ external server) is put in a class by its measured floor, never by this
 machine's CPU flags.
 
 A sync that fails the check is run once more and checked again; then the
-run stops (:class:`~grpo_core.errors.WeightSyncUnverified`, caught by the
+run stops (:class:`~grpo_core.contract.errors.WeightSyncUnverified`, caught by the
 training loop, which saves a checkpoint first).
 """
 
@@ -36,9 +36,14 @@ from typing import Any
 
 import torch
 
-from grpo_core.errors import EngineUnavailable, GrpoError, WeightSyncUnverified
-from grpo_core.logprobs import token_logprobs
-from grpo_core.types import WEIGHTS_IN_MEMORY, EngineScore, engine_cpu_cores, token_scorer
+from grpo_core.contract.errors import EngineUnavailable, GrpoError, WeightSyncUnverified
+from grpo_core.contract.types import (
+    WEIGHTS_IN_MEMORY,
+    EngineScore,
+    engine_cpu_cores,
+    token_scorer,
+)
+from grpo_core.training.logprobs import token_logprobs
 
 PROBE_TEXT = (
     "The quick brown fox jumps over the lazy dog. 17 + 25 = 42, and the capital of France is Paris. "
@@ -89,7 +94,7 @@ def noise_class(trainer_dtype: str, engine_dtype: str | None, floor: float | Non
 
 def trainer_dtype_name(precision: Any) -> str:
     """``"float32"`` when the trainer computes and keeps its weights in
-    float32, else the 16-bit dtype it uses (``grpo_core.precision.Precision``)."""
+    float32, else the 16-bit dtype it uses (``grpo_core.modeling.precision.Precision``)."""
     for dtype in (precision.compute_dtype, precision.load_dtype):
         if dtype is not None and dtype != torch.float32:
             return str(dtype).removeprefix("torch.")

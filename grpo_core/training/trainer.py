@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpo_core.compile import compile_policy
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.context import RunContext
-from grpo_core.errors import (
+from grpo_core.contract.context import RunContext
+from grpo_core.contract.errors import (
     EngineUnavailable,
     EnvironmentLost,
     GrpoError,
@@ -31,11 +30,16 @@ from grpo_core.errors import (
     WeightSyncUnverified,
     shareable_error,
 )
-from grpo_core.logprobs import decoder_and_head, head_is_plain, token_logprobs
-from grpo_core.loss import LossSettings, zero_advantage_rows_are_inert
-from grpo_core.models import save_final
-from grpo_core.observe import RunObserver
-from grpo_core.precision import resolve_precision
+from grpo_core.contract.types import (
+    Checkpointable,
+    InferenceEngine,
+    PolicyLossInputs,
+    TrainingProgress,
+)
+from grpo_core.modeling.compile import compile_policy
+from grpo_core.modeling.models import save_final
+from grpo_core.modeling.precision import resolve_precision
+from grpo_core.modeling.structure import decoder_and_head
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.backends import TrainingBackend
 from grpo_core.training.batch import (
@@ -51,19 +55,21 @@ from grpo_core.training.batch import (
     with_signal_first,
 )
 from grpo_core.training.distributed import Distributed, shares
+from grpo_core.training.logprobs import head_is_plain, token_logprobs
+from grpo_core.training.loss import LossSettings, zero_advantage_rows_are_inert
+from grpo_core.training.observe import RunObserver
 from grpo_core.training.optim import advance_schedule
 from grpo_core.training.producer import Producer, PromptStream, ScoredBatch
 from grpo_core.training.sync_check import SyncVerifier
 from grpo_core.training.timing import StepClock, dominant_phases
-from grpo_core.types import Checkpointable, InferenceEngine, PolicyLossInputs, TrainingProgress
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
     from pluggy import HookRelay
     from transformers import PreTrainedTokenizerBase
 
-    from grpo_core.models import ReferenceModel
-    from grpo_core.rewards import RewardScorer
+    from grpo_core.modeling.models import ReferenceModel
+    from grpo_core.scoring.rewards import RewardScorer
     from grpo_core.training.policy_forward import PolicyLogprobs
 
 
@@ -378,7 +384,7 @@ class GRPOTrainer:
 
     def _rows_to_train(self, parts: list[list[Sample]]) -> list[list[Sample]]:
         """Each step's samples minus its zero-advantage ones, where they are
-        inert (:func:`grpo_core.loss.zero_advantage_rows_are_inert`). A rank
+        inert (:func:`grpo_core.training.loss.zero_advantage_rows_are_inert`). A rank
         that would then run fewer micro-batches than the busiest one keeps
         just enough of its zero-advantage rows to run as many (each backward
         pass is a collective)."""

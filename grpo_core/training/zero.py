@@ -44,8 +44,11 @@ from typing import Any
 import torch
 
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.config.zero_stage import zero_stage as zero_stage  # re-exported: read in the config layer, below the checks
-from grpo_core.config.deepspeed_file import (
+from grpo_core.config.zero_stage import (
+    zero_stage as zero_stage,  # re-exported: read in the config layer, below the checks
+)
+from grpo_core.contract.errors import ConfigError, GrpoError
+from grpo_core.training.deepspeed_file import (
     HIDDEN_SIZE_AUTOS,
     KEY,
     autos,
@@ -54,8 +57,8 @@ from grpo_core.config.deepspeed_file import (
     precision_flags,
     read_config,
 )
-from grpo_core.errors import ConfigError, GrpoError
 from grpo_core.training.safe_load import safe_load
+
 
 def engine_config(cfg: GRPOConfig, world: int) -> dict[str, Any]:
     """The JSON with every grpo-owned value filled (see the module docstring)."""

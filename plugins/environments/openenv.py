@@ -44,11 +44,26 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import httpx
+from grpo_plugins.environments.openenv_server import ManagedEnvServer
+from grpo_plugins.environments.openenv_session import (
+    OpenEnvError,
+    OpenEnvSession,
+    OpenEnvUnavailable,
+    StepResult,
+    http_url,
+)
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from grpo_core.plugin_api import ConfigError, EnvironmentLost, EnvironmentReply, Messages, Prompt, RunContext, hookimpl, import_from_cwd
-from grpo_plugins.environments.openenv_server import ManagedEnvServer
-from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvSession, OpenEnvUnavailable, StepResult, http_url
+from grpo_core.plugin_api import (
+    ConfigError,
+    EnvironmentLost,
+    EnvironmentReply,
+    Messages,
+    Prompt,
+    RunContext,
+    hookimpl,
+    import_from_cwd,
+)
 
 ActionFunction = Callable[[str], dict[str, Any]]
 

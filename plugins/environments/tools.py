@@ -27,10 +27,23 @@ import inspect
 import json
 from typing import Any, Callable, Literal
 
+from grpo_plugins.environments.tool_calls import (
+    ToolCall,
+    example_arguments,
+    instructions,
+    parse_calls,
+)
 from pydantic import BaseModel, Field
 
-from grpo_core.plugin_api import ConfigError, EnvironmentReply, Messages, Prompt, RunContext, hookimpl, import_from_cwd
-from grpo_plugins.environments.tool_calls import ToolCall, example_arguments, instructions, parse_calls
+from grpo_core.plugin_api import (
+    ConfigError,
+    EnvironmentReply,
+    Messages,
+    Prompt,
+    RunContext,
+    hookimpl,
+    import_from_cwd,
+)
 
 
 class ToolSettings(BaseModel):

@@ -68,7 +68,7 @@ def configured_api_key(cfg: GRPOConfig) -> str | None:
 def private_socket_dir() -> Path:
     """A fresh directory only this user can open (``mkdtemp`` makes it 0700),
     short enough for a socket path; removed by :meth:`ManagedServer.close`,
-    or by a later run if this process is killed (:mod:`grpo_core.scratch`)."""
+    or by a later run if this process is killed (:mod:`grpo_core.runtime.scratch`)."""
     return make_scratch_dir(SOCKET_DIR_PREFIX)
 
 

@@ -8,7 +8,7 @@ reaches a server on a Unix domain socket as well as over TCP: a base URL
 :mod:`grpo_plugins.vllm.addresses`) or ``http(s)://host:port``. Transient failures
 (connection refused, 5xx, a garbled answer) are retried with exponential
 backoff until ``timeout`` seconds have passed in total, then become
-:class:`~grpo_core.errors.EngineUnavailable` naming the URL and what to check.
+:class:`~grpo_core.contract.errors.EngineUnavailable` naming the URL and what to check.
 A 4xx answer is the caller's fault and is never retried.
 """
 

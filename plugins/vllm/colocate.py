@@ -28,12 +28,34 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from grpo_core.plugin_api import SCORES_TOKENS, WEIGHTS_IN_MEMORY, Completion, ConfigError, ControlEndpoint, EngineScore, EngineUnavailable, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, SyncResult, hookimpl, merged_weights, resolve_model_dir
 from grpo_plugins.vllm.engine import PACKED_GROUPS
+from grpo_plugins.vllm.engine_settings import (
+    cpu_kvcache_gib,
+    enforce_eager,
+    max_model_len,
+    resolve_dtype,
+)
+from grpo_plugins.vllm.machine import cuda_available
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 from grpo_plugins.vllm.worker_ext import retie_output_embeddings
-from grpo_plugins.vllm.engine_settings import cpu_kvcache_gib, enforce_eager, max_model_len, resolve_dtype
-from grpo_plugins.vllm.machine import cuda_available
+
+from grpo_core.plugin_api import (
+    SCORES_TOKENS,
+    WEIGHTS_IN_MEMORY,
+    Completion,
+    ConfigError,
+    ControlEndpoint,
+    EngineScore,
+    EngineUnavailable,
+    InferenceEngine,
+    Prompt,
+    RolloutGroup,
+    SamplingSettings,
+    SyncResult,
+    hookimpl,
+    merged_weights,
+    resolve_model_dir,
+)
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig, RunContext

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo_core.plugin_api import ADAPTER_FROM_URL, ADAPTER_LOADS, WEIGHTS_OVER_NCCL, ConfigError, format_cpu_list, process_cpus, remove_scratch_dir, resolve_model_dir
 from grpo_plugins.vllm import machine
 from grpo_plugins.vllm.addresses import (
     SOCKET_DIR_PREFIX,
@@ -27,9 +26,26 @@ from grpo_plugins.vllm.addresses import (
     unix_sockets_available,
 )
 from grpo_plugins.vllm.cpus import plan_cpu_split
-from grpo_plugins.vllm.engine_settings import cpu_kvcache_gib, cpu_whole_prefill_args, enforce_eager, max_model_len, resolve_dtype
+from grpo_plugins.vllm.engine_settings import (
+    cpu_kvcache_gib,
+    cpu_whole_prefill_args,
+    enforce_eager,
+    max_model_len,
+    resolve_dtype,
+)
 from grpo_plugins.vllm.idle_spin import CPU_IDLE_SPIN_S, IDLE_SPIN_ENV
 from grpo_plugins.vllm.placement import server_devices
+
+from grpo_core.plugin_api import (
+    ADAPTER_FROM_URL,
+    ADAPTER_LOADS,
+    WEIGHTS_OVER_NCCL,
+    ConfigError,
+    format_cpu_list,
+    process_cpus,
+    remove_scratch_dir,
+    resolve_model_dir,
+)
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig

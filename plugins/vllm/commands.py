@@ -25,12 +25,12 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
     import threading
 
     import typer
-
-    from grpo_core.plugin_api import EngineUnavailable, PluginHost, load_config
-    from grpo_plugins.vllm.key_handoff import leave_key, withdraw_key
     from grpo_plugins.vllm.addresses import check_socket_path
     from grpo_plugins.vllm.command_line import engine_flags, server_spec
+    from grpo_plugins.vllm.key_handoff import leave_key, withdraw_key
     from grpo_plugins.vllm.server import ManagedServer
+
+    from grpo_core.plugin_api import EngineUnavailable, PluginHost, load_config
 
     cfg = load_config(config, overrides)
     # LoRA layers only when the config's weight sync loads adapters (they slow CPU generation).

@@ -1,4 +1,4 @@
-"""The vLLM server as an :class:`~grpo_core.types.InferenceEngine`.
+"""The vLLM server as an :class:`~grpo_core.contract.types.InferenceEngine`.
 
 :class:`VLLMServerEngine` is what the ``vllm`` rollout owns and what any
 weight sync for it receives: the HTTP client, the managed server process (if
@@ -12,20 +12,50 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from urllib.parse import urlparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+from urllib.parse import urlparse
 
-from grpo_core.plugin_api import ADAPTER_FROM_PATH, ADAPTER_FROM_URL, ADAPTER_LOADS, CONTROL_ENDPOINTS, SCORES_TOKENS, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, ConfigError, ControlEndpoint, EngineScore, EngineUnavailable
-from grpo_plugins.vllm.client import NOTHING_ANSWERS, EndpointMissing, EngineRequestError, VLLMClient, adoption_refusal
-from grpo_plugins.vllm.probe_gate import ProbeGate
-from grpo_plugins.vllm.external import OLD_TRL_PROTOCOL, ServerFacts, logprobs_problem, old_trl_protocol, read_facts
-from grpo_plugins.vllm.key_handoff import handed_key
-from grpo_plugins.vllm.worker_ext import RETIE_METHOD
 from grpo_plugins.vllm.addresses import configured_api_key, is_loopback
-from grpo_plugins.vllm.command_line import SERVED_MODEL_NAME, WORKER_EXTENSION, managed_spec
+from grpo_plugins.vllm.client import (
+    NOTHING_ANSWERS,
+    EndpointMissing,
+    EngineRequestError,
+    VLLMClient,
+    adoption_refusal,
+)
+from grpo_plugins.vllm.command_line import (
+    SERVED_MODEL_NAME,
+    WORKER_EXTENSION,
+    managed_spec,
+)
 from grpo_plugins.vllm.engine_settings import resolve_dtype
+from grpo_plugins.vllm.external import (
+    OLD_TRL_PROTOCOL,
+    ServerFacts,
+    logprobs_problem,
+    old_trl_protocol,
+    read_facts,
+)
+from grpo_plugins.vllm.key_handoff import handed_key
+from grpo_plugins.vllm.probe_gate import ProbeGate
 from grpo_plugins.vllm.server import LOG_NAME, ManagedServer
+from grpo_plugins.vllm.worker_ext import RETIE_METHOD
+
+from grpo_core.plugin_api import (
+    ADAPTER_FROM_PATH,
+    ADAPTER_FROM_URL,
+    ADAPTER_LOADS,
+    CONTROL_ENDPOINTS,
+    SCORES_TOKENS,
+    WEIGHTS_FROM_PATH,
+    WEIGHTS_FROM_URL,
+    WEIGHTS_OVER_NCCL,
+    ConfigError,
+    ControlEndpoint,
+    EngineScore,
+    EngineUnavailable,
+)
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import RunContext
@@ -69,7 +99,7 @@ def prompt_logprobs(data: Mapping[str, Any], ids: list[int], where: str) -> list
 
 
 class ServerControl:
-    """A :class:`~grpo_core.types.ControlEndpoint` over one server's client:
+    """A :class:`~grpo_core.contract.types.ControlEndpoint` over one server's client:
     its API key and socket, no retries (a control request may not be
     idempotent)."""
 

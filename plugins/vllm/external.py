@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from grpo_plugins.vllm.client import VLLMClient
 
 from grpo_core.plugin_api import GrpoError
-from grpo_plugins.vllm.client import VLLMClient
 
 MATCHING_LOGPROBS_MODE = "processed_logprobs"
 """The mode whose sampled log-probs the trainer reproduces: vLLM's log-probs

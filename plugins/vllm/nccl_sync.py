@@ -21,7 +21,7 @@ vLLM (>= 0.32) ships both halves: the server's RL routes
   broadcast), then finishes the update.
 
 The control-plane requests go through the engine's
-:meth:`~grpo_core.types.InferenceEngine.control_endpoints` (the contract's
+:meth:`~grpo_core.contract.types.InferenceEngine.control_endpoints` (the contract's
 way to reach each server with its API key and socket) rather than vLLM's
 bare ``HTTPVLLMWeightSyncClient``. With several servers (a pool:
 ``trl.vllm_server_base_urls`` or managed ``[vllm] data_parallel_size`` > 1)
@@ -47,11 +47,26 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from grpo_plugins.vllm.client import DEV_MODE_HINT, EndpointMissing
+from grpo_plugins.vllm.nccl_watchdog import (
+    ProtocolSteps,
+    SyncStepTimeout,
+    run_with_deadlines,
+)
 from pydantic import BaseModel, Field
 
-from grpo_core.plugin_api import CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL, ConfigError, ControlEndpoint, EngineUnavailable, GrpoError, InferenceEngine, SyncResult, hookimpl, merged_weights
-from grpo_plugins.vllm.client import DEV_MODE_HINT, EndpointMissing
-from grpo_plugins.vllm.nccl_watchdog import ProtocolSteps, SyncStepTimeout, run_with_deadlines
+from grpo_core.plugin_api import (
+    CONTROL_ENDPOINTS,
+    WEIGHTS_OVER_NCCL,
+    ConfigError,
+    ControlEndpoint,
+    EngineUnavailable,
+    GrpoError,
+    InferenceEngine,
+    SyncResult,
+    hookimpl,
+    merged_weights,
+)
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig, RunContext
@@ -87,7 +102,9 @@ def nccl_problem(cuda: bool | None = None) -> str | None:
             "server), 'lora_filesystem' (trl.vllm_lora_sync = true) or 'vllm_in_memory' (trl.vllm_mode = 'colocate')."
         )
     try:
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine  # noqa: F401
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerWeightTransferEngine,  # noqa: F401
+        )
     except ImportError as exc:
         return f"weight sync 'nccl' needs vLLM >= 0.32's weight-transfer API on the trainer (pip install 'grpo[vllm]'): {exc}"
     return None
@@ -178,7 +195,9 @@ def _timed_transfer_class() -> type:
     global _TIMED_TRANSFER
     if _TIMED_TRANSFER is None:
         # vLLM is optional and slow to import: only when this engine runs
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerWeightTransferEngine,
+        )
 
         class TimedTransfer(NCCLTrainerWeightTransferEngine):
             steps: ProtocolSteps | None = None

@@ -1,4 +1,4 @@
-"""Several vLLM servers as one :class:`~grpo_core.types.InferenceEngine`.
+"""Several vLLM servers as one :class:`~grpo_core.contract.types.InferenceEngine`.
 
 Why a pool behind the same protocol, not a protocol that knows about
 several engines: the weight syncs (ours and third-party ones) stay
@@ -32,9 +32,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from grpo_core.plugin_api import ConfigError, ControlEndpoint, EngineScore, EngineUnavailable
 from grpo_plugins.vllm.engine import VLLMServerEngine
 from grpo_plugins.vllm.placement import narrow_trainer_devices, placement_problems
+
+from grpo_core.plugin_api import (
+    ConfigError,
+    ControlEndpoint,
+    EngineScore,
+    EngineUnavailable,
+)
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import RunContext

@@ -23,12 +23,29 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from grpo_core.plugin_api import ADAPTER_FROM_PATH, ADAPTER_FROM_URL, CONTROL_ENDPOINTS, SCORES_TOKENS, WEIGHTS_FROM_PATH, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, Completion, ConfigError, EngineUnavailable, InferenceEngine, Prompt, RolloutGroup, SamplingSettings, hookimpl
 from grpo_plugins.vllm.client import ModelNotLoaded
 from grpo_plugins.vllm.engine import VLLMServerEngine
-from grpo_plugins.vllm.pool import VLLMEnginePool
 from grpo_plugins.vllm.placement import placement_problems
+from grpo_plugins.vllm.pool import VLLMEnginePool
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
+
+from grpo_core.plugin_api import (
+    ADAPTER_FROM_PATH,
+    ADAPTER_FROM_URL,
+    CONTROL_ENDPOINTS,
+    SCORES_TOKENS,
+    WEIGHTS_FROM_PATH,
+    WEIGHTS_FROM_URL,
+    WEIGHTS_OVER_NCCL,
+    Completion,
+    ConfigError,
+    EngineUnavailable,
+    InferenceEngine,
+    Prompt,
+    RolloutGroup,
+    SamplingSettings,
+    hookimpl,
+)
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig, RunContext

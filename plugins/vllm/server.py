@@ -22,11 +22,22 @@ import weakref
 from pathlib import Path
 from typing import IO, Callable
 
-from grpo_core.plugin_api import EngineUnavailable, in_lifelong_thread, make_scratch_dir, remove_scratch_dir, set_parent_death_signal
 from grpo_plugins.vllm.addresses import check_socket_path
 from grpo_plugins.vllm.client import VLLMClient
 from grpo_plugins.vllm.command_line import ServerSpec
-from grpo_plugins.vllm.server_temp import SERVER_TMP_PREFIX, server_temp_env, server_temp_parent
+from grpo_plugins.vllm.server_temp import (
+    SERVER_TMP_PREFIX,
+    server_temp_env,
+    server_temp_parent,
+)
+
+from grpo_core.plugin_api import (
+    EngineUnavailable,
+    in_lifelong_thread,
+    make_scratch_dir,
+    remove_scratch_dir,
+    set_parent_death_signal,
+)
 
 LOG_NAME = "vllm-server.log"
 

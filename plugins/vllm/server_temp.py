@@ -9,8 +9,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from grpo_core.plugin_api import ConfigError
 from grpo_plugins.vllm.addresses import MAX_SOCKET_PATH
+
+from grpo_core.plugin_api import ConfigError
 
 SERVER_TMP_PREFIX = "grpo-vllmtmp-"
 

@@ -2,7 +2,7 @@
 ``grpo run`` processes.
 
 Every test here starts the installed ``grpo`` console script (or a small
-driver around :func:`grpo_core.cli.main`) as a subprocess on the real
+driver around :func:`grpo_core.interface.cli.main`) as a subprocess on the real
 SmolLM2-135M-Instruct with tiny settings (2 short prompts x 2 completions of
 8 tokens, LoRA r=4, a few steps, about 2.5 s a step on one core), injects one fault (a bad file, a failing
 reward function, a signal, ``kill -9``, a file-size limit, a broken server)

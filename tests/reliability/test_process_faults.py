@@ -152,7 +152,7 @@ def flush_then_hang(path):
 
 
 checkpoint._fsync_tree = flush_then_hang
-from grpo_core.cli import main
+from grpo_core.interface.cli import main
 sys.exit(main(["run", config]))
 """
 

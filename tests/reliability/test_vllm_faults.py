@@ -102,7 +102,7 @@ def kill_server_then_sync(self):
 
 
 trainer.GRPOTrainer.sync_weights = kill_server_then_sync
-from grpo_core.cli import main
+from grpo_core.interface.cli import main
 
 sys.exit(main(["run", sys.argv[1]]))
 """

@@ -22,9 +22,9 @@ def main(model_dir: str, output_dir: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo_core.config.loader import validate
-    from grpo_core.context import RunContext
-    from grpo_core.plugin_host import PluginHost
-    from grpo_core.types import Prompt, SamplingSettings
+    from grpo_core.contract.context import RunContext
+    from grpo_core.host.plugin_host import PluginHost
+    from grpo_core.contract.types import Prompt, SamplingSettings
 
     cfg = validate({
         "base_model": model_dir, "adapter": "lora", "output_dir": output_dir, "sequence_len": 256,

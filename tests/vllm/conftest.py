@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.context import RunContext
+from grpo_core.contract.context import RunContext
 from vllm_session import API_KEY, LORA_R, make_config
 
 __all__ = ["API_KEY", "LORA_R", "make_config"]

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from grpo_core.errors import ConfigError
+from grpo_core.contract.errors import ConfigError
 from grpo_plugins.vllm.cpus import parse_cpu_list, plan_cpu_split
 from grpo_plugins.vllm.command_line import managed_spec
 
@@ -86,7 +86,7 @@ def test_trainer_threads_leave_the_engine_cores() -> None:
     torch's pool is sized to them."""
     code = textwrap.dedent("""
         import json, os, threading, torch
-        from grpo_core.cpu_affinity import keep_off_engine_cores
+        from grpo_core.runtime.cpu_affinity import keep_off_engine_cores
         usable = sorted(os.sched_getaffinity(0))
         engine = frozenset(usable[:1])
         stop = threading.Event()

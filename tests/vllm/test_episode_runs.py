@@ -19,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from grpo_core import plugin_host
+from grpo_core.host import plugin_host
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
 
@@ -286,7 +286,7 @@ def test_rollout_func_generates_through_the_engine(vllm_server, smollm2_dir: str
         smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
         trl={"rollout_func": "two_turns.episodes", "reward_funcs": ["two_turns.length_reward"], "vllm_lora_sync": True},
     ))  # fmt: skip
-    from grpo_core.extension_points import chosen_implementations
+    from grpo_core.contract.extension_points import chosen_implementations
 
     chosen = chosen_implementations(cfg)
     assert (chosen["rollout"], chosen["weight_sync"]) == ("vllm", "lora_filesystem")  # the engine's, synced as usual

@@ -13,10 +13,10 @@ import pytest
 
 from dataclasses import replace
 
-from grpo_core.data import tokenize_prompt
+from grpo_core.training.data import tokenize_prompt
 from grpo_core.training.batch import collate, flatten
 from grpo_core.training.episodes import EpisodeDriver
-from grpo_core.types import EnvironmentReply, Prompt, SamplingSettings, ScoredGroup
+from grpo_core.contract.types import EnvironmentReply, Prompt, SamplingSettings, ScoredGroup
 from grpo_plugins.vllm.rollout import VLLMRollout
 
 pytestmark = pytest.mark.vllm

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from pip_target import install_into_target
 
-from grpo_core import plugin_host
-from grpo_core.plugin_host import PluginHost
-from grpo_core.types import SamplingSettings
+from grpo_core.host import plugin_host
+from grpo_core.host.plugin_host import PluginHost
+from grpo_core.contract.types import SamplingSettings
 from grpo_plugins.vllm.rollout import VLLMRollout
 from test_vllm_server import chat_prompts, mean_abs_diff
 

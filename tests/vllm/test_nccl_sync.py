@@ -11,7 +11,7 @@ the bytes each broadcast must carry are worked out by hand from the model
 What this does not prove: that a real CUDA vLLM server receives the bytes
 (``benchmarks/gpu_check.sh`` does that, on a GPU; not yet run). The
 engine is a stand-in holding only what the contract
-(``grpo_core.types.InferenceEngine``) lists, so a sync that reaches past it
+(``grpo_core.contract.types.InferenceEngine``) lists, so a sync that reaches past it
 fails here; the real engines' ``control_endpoints`` are tested against real
 vLLM servers in test_vllm_multiserver.py.
 """
@@ -27,13 +27,13 @@ import torch
 pytest.importorskip("vllm.distributed.weight_transfer.nccl_engine", reason="needs vLLM >= 0.32 (weight-transfer API)")
 
 from grpo_core.config.loader import validate  # noqa: E402
-from grpo_core.context import RunContext  # noqa: E402
-from grpo_core.types import CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL  # noqa: E402
+from grpo_core.contract.context import RunContext  # noqa: E402
+from grpo_core.contract.types import CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL  # noqa: E402
 
 
 class RecordingEndpoint:
     """One vLLM server as the contract hands it to a sync
-    (``grpo_core.types.ControlEndpoint``): records each request."""
+    (``grpo_core.contract.types.ControlEndpoint``): records each request."""
 
     def __init__(self, calls: list, url: str = "http://127.0.0.1:8000") -> None:
         self.calls, self.description = calls, f"vLLM server at {url}"
@@ -197,7 +197,7 @@ def test_nccl_sync_runs_vllms_protocol_in_order(tmp_path: Path, mocked_nccl: lis
 
 
 def test_nccl_sync_is_refused_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_core.errors import ConfigError
+    from grpo_core.contract.errors import ConfigError
     from grpo_core.training.config_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # faked: whatever this machine has
@@ -210,7 +210,7 @@ def test_nccl_sync_is_refused_without_cuda(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_nccl_sync_needs_master_address_for_a_remote_server(tmp_path: Path, mocked_nccl: list) -> None:
-    from grpo_core.errors import ConfigError
+    from grpo_core.contract.errors import ConfigError
 
     engine = FakeEngine(mocked_nccl)
     engine.same_host = False
@@ -238,14 +238,14 @@ def test_nccl_sync_brings_every_server_of_a_pool_into_one_group(tmp_path: Path, 
 
 
 def test_nccl_sync_refuses_an_uneven_world_size(tmp_path: Path, mocked_nccl: list) -> None:
-    from grpo_core.errors import ConfigError
+    from grpo_core.contract.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"inference_world_size = 3 does not split evenly over the 2 vLLM servers"):
         _sync(tmp_path, inference_world_size=3).grpo_sync_weights(model=_tiny_llama(False), version=1, engine=FakeEngine(mocked_nccl, servers=2))
 
 
 def test_nccl_sync_refuses_an_engine_without_control_endpoints(tmp_path: Path, mocked_nccl: list) -> None:
-    from grpo_core.errors import ConfigError
+    from grpo_core.contract.errors import ConfigError
 
     engine = FakeEngine(mocked_nccl)
     engine.capabilities = frozenset({WEIGHTS_OVER_NCCL})
@@ -256,7 +256,7 @@ def test_nccl_sync_refuses_an_engine_without_control_endpoints(tmp_path: Path, m
 
 
 def test_the_colocated_engine_refuses_control_requests(tmp_path: Path) -> None:
-    from grpo_core.types import InferenceEngine
+    from grpo_core.contract.types import InferenceEngine
     from grpo_plugins.vllm.colocate import ColocatedEngine
 
     cfg = validate({"base_model": str(tmp_path), "datasets": [{"path": "x.jsonl"}], "micro_batch_size": 4,
@@ -316,7 +316,7 @@ def _timed_out(sync: Any, model: Any, engine: Any, step: str) -> float:
     import re
     import time
 
-    from grpo_core.errors import EngineUnavailable, GrpoError
+    from grpo_core.contract.errors import EngineUnavailable, GrpoError
     from grpo_plugins.vllm.nccl_watchdog import SyncStepTimeout
 
     started = time.monotonic()
@@ -471,7 +471,7 @@ def test_a_sync_longer_than_the_timeout_whose_every_step_is_shorter_succeeds(tmp
 
 
 def test_a_step_that_fails_is_named(tmp_path: Path, mocked_nccl: list) -> None:
-    from grpo_core.errors import EngineUnavailable
+    from grpo_core.contract.errors import EngineUnavailable
 
     class Refusing(RecordingEndpoint):
         def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> None:

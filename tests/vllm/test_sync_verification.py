@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core import plugin_host
+from grpo_core.host import plugin_host
 from grpo_core.config.loader import validate
-from grpo_core.errors import WeightSyncUnverified
+from grpo_core.contract.errors import WeightSyncUnverified
 from grpo_core.training.run import run_training
 from grpo_core.training.sync_check import FLOAT32
 from plugin_set import write_distribution

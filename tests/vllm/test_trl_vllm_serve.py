@@ -42,9 +42,9 @@ import pytest
 import torch
 
 from grpo_core.config.loader import validate
-from grpo_core.context import RunContext
+from grpo_core.contract.context import RunContext
 from grpo_core.training.run import run_training
-from grpo_core.types import ADAPTER_FROM_PATH, CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL
+from grpo_core.contract.types import ADAPTER_FROM_PATH, CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL
 
 pytestmark = pytest.mark.vllm
 
@@ -175,7 +175,7 @@ def _context(smollm2_dir: str, tmp_path: Path, base_url: str, requirements: froz
 
 @pytest.mark.extended  # needs the module's `trl vllm-serve` server (~35 s to start)
 def test_engine_reads_what_trl_vllm_serve_is(trl_server: TrlServer, smollm2_dir: str, tmp_path: Path, monkeypatch) -> None:
-    from grpo_core.types import Prompt, SamplingSettings
+    from grpo_core.contract.types import Prompt, SamplingSettings
     from grpo_plugins.vllm.rollout import VLLMRollout
 
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
@@ -194,7 +194,7 @@ def test_engine_reads_what_trl_vllm_serve_is(trl_server: TrlServer, smollm2_dir:
 def test_lora_adapter_sync_needs_enable_lora_and_says_so(trl_server: TrlServer, smollm2_dir: str, tmp_path: Path) -> None:
     """``trl vllm-serve`` passes no ``--enable-lora``: the adapter sync is
     refused before training, naming the flags (the merged sync above works)."""
-    from grpo_core.errors import ConfigError
+    from grpo_core.contract.errors import ConfigError
     from grpo_plugins.vllm.rollout import VLLMRollout
 
     ctx = _context(smollm2_dir, tmp_path, trl_server.base_url, frozenset({ADAPTER_FROM_PATH}))

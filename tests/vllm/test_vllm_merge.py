@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from conftest import API_KEY, make_config
-from grpo_core.cli import main
+from grpo_core.interface.cli import main
 
 pytestmark = pytest.mark.vllm
 

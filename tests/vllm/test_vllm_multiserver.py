@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from grpo_core.types import RolloutGroup, SamplingSettings
+from grpo_core.contract.types import RolloutGroup, SamplingSettings
 from grpo_plugins.vllm.client import EngineRequestError, VLLMClient
 from grpo_plugins.vllm.engine import ServerControl
 from grpo_plugins.weight_sync_http import FullHttpSync
@@ -153,7 +153,7 @@ def test_episodes_run_through_a_pool_of_two_servers(make_context, vllm_server, s
     # Before the test that kills server B. The episode driver asks the pool turn by turn: every distinct context goes out at once,
     # the pool spreads them, and both servers answer turns.
     from grpo_core.training.episodes import EpisodeDriver
-    from grpo_core.types import EnvironmentReply
+    from grpo_core.contract.types import EnvironmentReply
 
     class Twice:
         def __init__(self) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config.loader import validate
-from grpo_core.context import RunContext
-from grpo_core.errors import ConfigError
+from grpo_core.contract.context import RunContext
+from grpo_core.contract.errors import ConfigError
 from grpo_plugins.vllm import command_line, placement
 from grpo_plugins.vllm.pool import VLLMEnginePool
 from grpo_plugins.vllm.rollout import VLLMRollout
@@ -67,7 +67,7 @@ def test_placement_refuses_overlaps_that_would_run_out_of_memory(model_dir, tmp_
 
 
 def test_config_check_refuses_a_bad_placement_with_the_keys(model_dir, tmp_path) -> None:
-    from grpo_core.plugin_host import PluginHost
+    from grpo_core.host.plugin_host import PluginHost
     from grpo_core.training.config_check import check_run_config
 
     host = PluginHost()
@@ -163,8 +163,8 @@ def test_when_every_server_is_gone_the_last_error_is_reported(model_dir, tmp_pat
     """Two external servers, nothing listening at either (real sockets, no
     vLLM): the first to fail is dropped with a warning, the last one's
     EngineUnavailable (after trl.vllm_server_timeout) is what the run reports."""
-    from grpo_core.errors import EngineUnavailable
-    from grpo_core.types import Prompt, SamplingSettings
+    from grpo_core.contract.errors import EngineUnavailable
+    from grpo_core.contract.types import Prompt, SamplingSettings
     from grpo_plugins.vllm.addresses import free_port
 
     urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
@@ -184,7 +184,7 @@ def test_when_every_server_is_gone_the_last_error_is_reported(model_dir, tmp_pat
 def test_full_http_is_a_weight_sync_the_server_rollout_accepts(model_dir, tmp_path) -> None:
     """Chosen by name through the entry points, with its settings table
     validated; refused with colocated vLLM (no server to pull anything)."""
-    from grpo_core.plugin_host import PluginHost
+    from grpo_core.host.plugin_host import PluginHost
     from grpo_core.training.config_check import check_run_config
 
     host = PluginHost()

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.errors import ConfigError
-from grpo_core.context import RunContext
+from grpo_core.contract.errors import ConfigError
+from grpo_core.contract.context import RunContext
 from grpo_plugins.vllm.command_line import server_spec
 from grpo_plugins.vllm.engine_settings import resolve_dtype
 from grpo_plugins.vllm.machine import cpu_has_fast_bf16, cuda_available
@@ -97,8 +97,8 @@ def test_cpu_core_defaults(smollm2_dir, tmp_path, config_for):
 def test_merged_weight_runs_serve_without_lora_layers(smollm2_dir, tmp_path, config_for):
     """The managed server gets LoRA layers only when the chosen weight sync
     declares it loads adapters."""
-    from grpo_core.plugin_host import PluginHost
-    from grpo_core.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
+    from grpo_core.host.plugin_host import PluginHost
+    from grpo_core.contract.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
 
     merged = config_for(smollm2_dir, tmp_path, vllm_lora_sync=False)
     adapter = config_for(smollm2_dir, tmp_path, vllm_lora_sync=True)
@@ -111,7 +111,7 @@ def test_merged_weight_runs_serve_without_lora_layers(smollm2_dir, tmp_path, con
 def test_the_server_opens_what_the_chosen_sync_declares_it_needs(smollm2_dir, tmp_path, config_for):
     """LoRA layers and vLLM's NCCL weight-transfer engine follow the sync's
     declared ``required_capabilities``, not its name."""
-    from grpo_core.plugin_host import PluginHost
+    from grpo_core.host.plugin_host import PluginHost
     from grpo_plugins.vllm.command_line import managed_spec
 
     nccl = config_for(smollm2_dir, tmp_path, vllm_lora_sync=False)
@@ -190,8 +190,8 @@ def test_commands_module_does_not_import_vllm():
 
 
 def test_colocate_mode_picks_the_in_process_engine(smollm2_dir, tmp_path, config_for):
-    from grpo_core.extension_points import chosen_implementations
-    from grpo_core.plugin_host import PluginHost
+    from grpo_core.contract.extension_points import chosen_implementations
+    from grpo_core.host.plugin_host import PluginHost
 
     cfg = config_for(smollm2_dir, tmp_path, vllm_mode="colocate")
     chosen = chosen_implementations(cfg)
@@ -207,7 +207,7 @@ def test_colocate_mode_picks_the_in_process_engine(smollm2_dir, tmp_path, config
 def test_nccl_sync_is_refused_without_cuda_with_the_alternatives(smollm2_dir, tmp_path, config_for, monkeypatch):
     import torch
 
-    from grpo_core.plugin_host import PluginHost
+    from grpo_core.host.plugin_host import PluginHost
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # faked, whatever this machine has
     cfg = config_for(smollm2_dir, tmp_path, vllm_lora_sync=False)
@@ -304,7 +304,7 @@ def test_fetched_adapter_folders_outlive_the_load_after_them():
     import torch
     from safetensors.torch import save
 
-    from grpo_core.engine_weights import ADAPTER_CONFIG_KEY
+    from grpo_core.modeling.engine_weights import ADAPTER_CONFIG_KEY
     from grpo_plugins.vllm.worker_ext import write_adapter
 
     body = save({"w": torch.zeros(2)}, metadata={"format": "pt", ADAPTER_CONFIG_KEY: '{"r": 4}'})

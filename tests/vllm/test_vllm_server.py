@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from grpo_core.errors import ConfigError, EngineUnavailable
-from grpo_core.scratch import LOCK_NAME
-from grpo_core.types import Prompt, SamplingSettings
+from grpo_core.contract.errors import ConfigError, EngineUnavailable
+from grpo_core.runtime.scratch import LOCK_NAME
+from grpo_core.contract.types import Prompt, SamplingSettings
 from grpo_plugins.vllm.client import EngineRequestError, VLLMClient
 from grpo_plugins.vllm.rollout import VLLMRollout
 from grpo_plugins.weight_sync_files import FullFilesystemSync, LoraFilesystemSync
@@ -272,7 +272,7 @@ def test_a_managed_server_killed_under_the_sync_check_is_restarted_and_checked_a
     import signal
 
     from grpo_core.training.sync_check import probe_ids
-    from grpo_core.types import ADAPTER_FROM_PATH
+    from grpo_core.contract.types import ADAPTER_FROM_PATH
 
     ctx = make_context(vllm_managed=True, vllm_server_base_url=None, vllm_server_timeout=300)
     ctx.engine_requirements = frozenset({ADAPTER_FROM_PATH})  # what `grpo run` reads from the LoRA sync

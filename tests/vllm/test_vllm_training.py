@@ -219,7 +219,7 @@ def test_merged_weight_sync_run_and_server_reuse(vllm_server, smollm2_dir: str, 
 
 
 def test_engine_down_stops_with_checkpoint(smollm2_dir: str, tmp_path: Path) -> None:
-    from grpo_core.errors import EngineUnavailable
+    from grpo_core.contract.errors import EngineUnavailable
     from grpo_plugins.vllm.addresses import free_port
 
     port = free_port()

@@ -18,7 +18,7 @@ import torch
 
 from grpo_core.config.checks import ChosenTraits
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.errors import GrpoError
+from grpo_core.contract.errors import GrpoError
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.policy_forward import PolicyLogprobs
 

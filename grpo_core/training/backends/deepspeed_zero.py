@@ -19,12 +19,17 @@ from typing import Any, ClassVar
 import torch
 
 from grpo_core.config.checks import ChosenTraits
-from grpo_core.config.deepspeed_file import config_problems, read_config
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.errors import ConfigError, GrpoError
+from grpo_core.contract.errors import ConfigError, GrpoError
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training import zero
-from grpo_core.training.backends.base import PARTITIONED_KEY, CheckpointParts, StateOf, prepare_with_accelerate
+from grpo_core.training.backends.base import (
+    PARTITIONED_KEY,
+    CheckpointParts,
+    StateOf,
+    prepare_with_accelerate,
+)
+from grpo_core.training.deepspeed_file import config_problems, read_config
 from grpo_core.training.policy_forward import inner_policy
 from grpo_core.training.sharding import sampling_copy
 

@@ -21,7 +21,12 @@ from grpo_core.config.checks import ChosenTraits
 from grpo_core.config.fsdp_options import fsdp_problems
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.training import checkpoint as ckpt
-from grpo_core.training.backends.base import CheckpointParts, StateOf, gloo_on_cpu, refuse_partitioned
+from grpo_core.training.backends.base import (
+    CheckpointParts,
+    StateOf,
+    gloo_on_cpu,
+    refuse_partitioned,
+)
 from grpo_core.training.backends.replicated import ReplicatedBackend
 from grpo_core.training.sharding import (
     FullWeights,

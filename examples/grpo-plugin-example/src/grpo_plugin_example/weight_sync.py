@@ -15,7 +15,7 @@ four things a weight sync has to get right:
   safetensors refuses shared storage, and the engine ties them itself, so
   the tensor is written once, under the embedding's name.
 * **Files.** One folder per policy version (``v000003/model.safetensors``)
-  in a :func:`grpo_core.scratch.make_scratch_dir` folder; the previous
+  in a :func:`grpo_core.runtime.scratch.make_scratch_dir` folder; the previous
   version's folder is deleted only after the engine has loaded the new one
   (an engine that restarts reloads the last path it was given), and the
   whole folder goes at ``grpo_train_end``.

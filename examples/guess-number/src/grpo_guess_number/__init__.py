@@ -14,7 +14,7 @@ import re
 from pydantic import BaseModel, Field
 
 from grpo_core import hookimpl
-from grpo_core.types import EnvironmentReply, Prompt
+from grpo_core.contract.types import EnvironmentReply, Prompt
 
 NUMBER = re.compile(r"-?\d+")
 

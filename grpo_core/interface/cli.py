@@ -1,0 +1,444 @@
+"""The ``grpo`` command line.
+
+Commands: ``run`` (train), ``plugins`` (what is installed), ``config check |
+schema | convert``. Always-on plugins may add commands through
+:func:`~grpo_core.contract.hookspecs.grpo_register_commands` (the vLLM plugin adds
+``vllm-serve``); a plugin that fails to load or to add its commands is
+reported on stderr and skipped, never fatal to the other commands.
+
+Every :class:`~grpo_core.contract.errors.GrpoError` ends the program with its message
+on stderr and its ``exit_code``, without a traceback; Ctrl-C exits with 130.
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+
+from grpo_core import __version__
+from grpo_core.contract.errors import ConfigError, GrpoError
+from grpo_core.interface.cli_common import (
+    config_argument,
+    host_for,
+    import_from_cwd,
+    load_always_on,
+    load_and_check,
+    set_option,
+    stderr,
+    warn,
+)
+from grpo_core.interface.cli_tools import register_tools
+
+if TYPE_CHECKING:
+    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.host.plugin_host import PluginHost
+
+HELP = """GRPO training for language models, with a plugin for every step.
+
+A run is described by one config file (TOML, or the reference guide's YAML
+layout): `grpo config check CONFIG` validates it, `grpo run CONFIG` trains.
+"""
+
+_CORE_DIR = Path(__file__).resolve().parent
+_library_formatwarning = warnings.formatwarning  # Python's, as imported
+
+
+def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+    """grpo's own run-time warnings (a dropped prompt, a reward scored None)
+    read like its start-up ones: ``warning: ...``, without a file name and a
+    source line the user did not write. Other libraries' keep their format."""
+    try:
+        ours = Path(filename).resolve().is_relative_to(_CORE_DIR)
+    except (OSError, ValueError):
+        ours = False
+    if ours:
+        return f"warning: {message}\n"
+    return _library_formatwarning(message, category, filename, lineno, line)
+
+
+# ---------------------------------------------------------------------- app
+
+
+def build_app(host: PluginHost | None = None) -> typer.Typer:
+    """The Typer app with the core commands and every plugin's commands.
+
+    ``host`` holds the always-on plugins whose commands are added; it is
+    built with the allowlist of the config named on the command line, so a
+    distribution outside that list is never imported."""
+    app = typer.Typer(
+        name="grpo",
+        help=HELP,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    config_app = typer.Typer(
+        help="Validate a config, print its JSON schema, or convert the reference's YAML to TOML.",
+        no_args_is_help=True,
+    )
+    app.add_typer(config_app, name="config")
+    _add_root_options(app)
+    _add_run_command(app)
+    _add_plugins_command(app)
+    _add_config_commands(config_app)
+    register_tools(app)  # report, rewards test, eval, merge
+    _add_plugin_commands(app, host)
+    return app
+
+
+def _add_root_options(app: typer.Typer) -> None:
+    def _print_version(value: bool) -> None:
+        if value:
+            typer.echo(f"grpo {__version__}")
+            raise typer.Exit(0)
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(
+            False, "--version", help="Print grpo's version and exit.", is_eager=True, callback=_print_version
+        ),
+    ) -> None:
+        """GRPO training for language models."""
+
+
+def _add_run_command(app: typer.Typer) -> None:
+    @app.command("run")
+    def run_cmd(
+        config: Path = config_argument(),
+        set_: Optional[list[str]] = set_option(),
+        num_processes: int = typer.Option(
+            1, "--num-processes", min=1, help="Training processes (one per GPU; on CPU they share the cores), started "
+            "with accelerate's launcher. Several machines: see the README's \"Scaling out\".",
+        ),
+    ) -> None:
+        """Train: load and check CONFIG, then run GRPO for max_steps optimizer steps.
+
+        Checkpoints go to output_dir (every save_steps, at the end, and when
+        interrupted: Ctrl-C saves and exits with code 130).
+        """
+        # imported when the command runs, so `grpo --help` stays fast
+        from grpo_core.config.loader import load_config
+        from grpo_core.interface.launch import CHECKED_ENV
+        from grpo_core.runtime.processes import launched_by_launcher
+
+        if num_processes > 1:
+            # imported when the command runs, so `grpo --help` stays fast
+            from grpo_core.interface.launch import launch
+
+            if not launched_by_launcher():  # check once, here, before any process starts
+                for note in load_and_check(config, set_, num_processes)[2]:
+                    warn(note)
+            code = launch(num_processes, ["run", str(config), *[a for o in set_ or [] for a in ("--set", o)]])
+            if code >= 0:  # the launched processes trained; else this is one of them
+                raise typer.Exit(code)
+        note = warn if os.environ.get(CHECKED_ENV) != "1" else (lambda _note: None)  # the parent printed them
+        import_from_cwd()
+        cfg = load_config(config, set_ or [])
+        host = host_for(cfg)
+        for message in load_always_on(host):
+            note(message)
+        from grpo_core.training.run import run_training  # heavy: torch, transformers
+
+        run_training(cfg, host, warn=note)  # the same checks as `grpo config check`
+
+
+def _add_plugins_command(app: typer.Typer) -> None:
+    @app.command("plugins")
+    def plugins_cmd(
+        as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table."),
+    ) -> None:
+        """List every installed implementation of every extension point.
+
+        Shows each implementation's name, entry point target and the
+        distribution that publishes it; one that cannot load, breaks the hook
+        contract, is ambiguous (published by two distributions) or is not in
+        the allowlist (GRPO_PLUGINS_ALLOW) is listed with the reason instead
+        of failing the command.
+        """
+        # imported when the command runs, so `grpo --help` stays fast
+        from grpo_core.host.plugin_host import AMBIGUOUS
+
+        listing = list_plugins()
+        if as_json:
+            typer.echo(json.dumps(listing, indent=2))
+            return
+        for point, entry in listing.items():
+            typer.echo(f"{point} ({entry['group']})")
+            if not entry["implementations"]:
+                typer.echo("  (none installed)")
+            for impl in entry["implementations"]:
+                detail = str(impl["error"] or "").removeprefix(AMBIGUOUS).strip()
+                status = f"  {impl['status']}: {detail}" if impl["error"] else ""
+                typer.echo(f"  {impl['name']:<24} {impl['distribution']:<24} {impl['target']}{status}")
+
+
+def _add_config_commands(config_app: typer.Typer) -> None:
+    @config_app.command("check")
+    def check_cmd(
+        config: Path = config_argument(),
+        set_: Optional[list[str]] = set_option(),
+        full: bool = typer.Option(False, "--full", help="Print the whole effective config (TOML) instead of a summary."),
+        num_processes: Optional[int] = typer.Option(
+            None, "--num-processes", min=1, help="Check for this many training processes (default: the launcher's, else 1)."
+        ),
+    ) -> None:
+        """Validate CONFIG and print the effective settings and any warnings.
+
+        Each chosen implementation is imported and checked against the plugin
+        contract, its settings and the other choices, so OK means `grpo run`
+        gets past wiring. The summary lists every module the config names by
+        import path (reward functions, rollout_func, environment_factory,
+        tools, dataset transforms) with its file, found without running it:
+        read them before `grpo run` runs them. Exit code 0 when the config
+        can run (warnings included), 2 when it cannot; the message names each
+        offending key and the fix.
+        """
+        cfg, host, notes = load_and_check(config, set_, num_processes)
+        if full:
+            # imported when the command runs, so `grpo --help` stays fast
+            from grpo_core.config.convert import to_toml_text
+
+            typer.echo(to_toml_text(cfg.model_dump(mode="json")), nl=False)
+        else:
+            # imported when the command runs, so `grpo --help` stays fast
+            from grpo_core.contract.extension_points import REWARD_GROUP
+            from grpo_core.host.user_code import user_code, user_code_text
+
+            typer.echo(summary(cfg, num_processes))
+            typer.echo(user_code_text(user_code(cfg, host.published(REWARD_GROUP))))
+        for note in notes:
+            warn(note)
+        typer.echo(f"{config}: OK" + (f" ({len(notes)} warning(s))" if notes else ""))
+
+    @config_app.command("schema")
+    def schema_cmd() -> None:
+        """Print the JSON schema of the config (every key, type and default)."""
+        # imported when the command runs, so `grpo --help` stays fast
+        from grpo_core.config.schema import GRPOConfig
+
+        typer.echo(json.dumps(GRPOConfig.model_json_schema(), indent=2))
+
+    @config_app.command("convert")
+    def convert_cmd(
+        config: Path = typer.Argument(..., help="A config in the reference's YAML layout.", show_default=False),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the TOML here instead of printing it."),
+    ) -> None:
+        """Convert a YAML config (the reference layout) to grpo's TOML.
+
+        Keys map one to one: `trl:` becomes [trl], `vllm:` [vllm], the
+        `datasets:` list [[datasets]]. null values are left out (TOML has no
+        null; they mean the default) and listed in a comment. Keys of
+        Axolotl's layout get a comment saying what grpo does with them;
+        refused ones are written commented out, with the reason.
+        """
+        # imported when the command runs, so `grpo --help` stays fast
+        from grpo_core.config.convert import to_toml_text
+        from grpo_core.config.loader import read_raw, validate
+
+        if config.suffix not in {".yaml", ".yml"}:
+            raise ConfigError(f"{config}: expected a .yaml or .yml file to convert (grpo configs are TOML already).")
+        data = read_raw(config)
+        text = to_toml_text(data, explain=True)
+        try:
+            validate(json.loads(json.dumps(data, default=str)), str(config))
+        except ConfigError as exc:
+            warn(f"converted, but the config does not validate yet:\n{exc}")
+        if output is None:
+            typer.echo(text, nl=False)
+        else:
+            output.write_text(text, encoding="utf-8")
+            stderr(f"wrote {output}")
+
+
+def _add_plugin_commands(app: typer.Typer, host: PluginHost | None) -> None:
+    """Let always-on plugins add commands; any failure only warns."""
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.host.plugin_host import PluginHost
+
+    try:
+        host = host or PluginHost()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            host.load_always_on(strict=False)
+    except GrpoError as exc:  # e.g. a malformed allowlist: commands still work
+        warn(f"plugins not loaded: {exc}")
+        return
+    for w in caught:
+        warn(str(w.message))
+    for impl in host.pm.hook.grpo_register_commands.get_hookimpls():
+        try:
+            impl.function(*[{"app": app}[name] for name in impl.argnames])
+        except Exception as exc:  # a plugin bug must not break `grpo --help`
+            warn(f"plugin '{impl.plugin_name}' could not add its commands: {type(exc).__name__}: {exc}")
+
+
+def allowlist_of_command_line(argv: list[str]) -> set[str] | None:
+    """``plugins.allow`` of the config file a command names, read before any
+    plugin loads (so the allowlist also covers the plugins' commands).
+    ``--set plugins.allow=[...]`` wins over the file."""
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.config.loader import parse_override, read_raw
+
+    allow: Any = None
+    for i, arg in enumerate(argv):
+        if arg in ("--set", "-s") and i + 1 < len(argv):
+            keys, value = parse_override(argv[i + 1])
+            if keys == ["plugins", "allow"]:
+                return set(value) if isinstance(value, list) else None
+        elif allow is None and Path(arg).suffix in {".toml", ".yaml", ".yml"} and Path(arg).is_file():
+            try:
+                plugins = read_raw(arg).get("plugins")
+            except GrpoError:
+                continue
+            if isinstance(plugins, dict) and isinstance(plugins.get("allow"), list):
+                allow = set(plugins["allow"])
+    return allow
+
+
+# ---------------------------------------------------------------------- views
+
+
+def list_plugins() -> dict[str, dict[str, Any]]:
+    """Extension point (and the reward and always-on groups) -> its entry
+    point group and implementations."""
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.contract.extension_points import (
+        ALWAYS_ON_GROUP,
+        EXTENSION_POINTS,
+        REWARD_GROUP,
+    )
+    from grpo_core.host.plugin_host import PluginHost
+
+    host = PluginHost()
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.observability.tracking import TRACKER_GROUP
+
+    groups = {point.name: point.group for point in EXTENSION_POINTS} | {"reward": REWARD_GROUP, "plugins": ALWAYS_ON_GROUP, "tracker": TRACKER_GROUP}
+    out: dict[str, dict[str, Any]] = {}
+    for point, group in groups.items():
+        impls = [
+            {"name": i.name, "target": i.target, "distribution": i.distribution, "error": i.error, "status": i.status}
+            for i in host.list_group(group)
+        ]
+        out[point] = {"group": group, "implementations": impls}
+    return out
+
+
+def summary(cfg: GRPOConfig, num_processes: int | None = None) -> str:
+    """The settings that decide what a run does, after defaults."""
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.runtime.processes import world_size
+
+    world = num_processes or world_size()
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.config.checks import implementation_names
+    from grpo_core.modeling.precision import resolve_precision
+
+    trl = cfg.trl
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.config.batch_shape import generation_batch_size, steps_per_generation
+
+    batch = generation_batch_size(cfg, world)
+    per_generation = steps_per_generation(cfg, world)
+    funcs = trl.reward_funcs or []
+    weights = trl.reward_weights or [1.0] * len(funcs)
+    lines = [
+        f"model:        {cfg.base_model}" + (f" + LoRA r={cfg.lora_r} alpha={cfg.lora_alpha}" if cfg.adapter else " (full fine-tune)"),
+        "datasets:     " + (", ".join(f"{d.path}[{d.split}]" for d in cfg.datasets) or "none"),
+        ("steps:        " + (f"num_epochs {cfg.num_epochs:g} (max_steps counted from the dataset at start)"
+                             if cfg.num_epochs is not None and "max_steps" not in cfg.model_fields_set else str(cfg.max_steps)))
+        + f" x {batch} completions "
+        f"({batch // max(1, int(trl.num_generations or 1))} prompts x {trl.num_generations} generations), "
+        f"micro_batch_size {cfg.micro_batch_size}, gradient_accumulation_steps {cfg.gradient_accumulation_steps}"
+        + (f", {per_generation} optimizer steps per generation" if per_generation > 1 else ""),
+        _processes_line(cfg, world, batch),
+        f"optimizer:    {cfg.optimizer}, lr {cfg.learning_rate:g}, {cfg.lr_scheduler}, warmup {cfg.warmup_steps}",
+        f"generation:   max_completion_length {trl.max_completion_length}, max_prompt_length {trl.max_prompt_length}, "
+        f"temperature {trl.temperature}, top_p {trl.top_p}",
+        f"loss:         {cfg.rl}: {trl.loss_type}, beta {trl.beta}, epsilon {trl.epsilon}/{trl.epsilon_high}, "
+        f"num_iterations {trl.num_iterations}, scale_rewards {trl.scale_rewards}",
+        "rewards:      " + (", ".join(f"{f} x{w:g}" for f, w in zip(funcs, weights)) or "none"),
+        f"async:        async_prefetch {trl.async_prefetch}, sync every {trl.vllm_sync_interval} step(s)",
+        f"precision:    {resolve_precision(cfg).reason}",
+        "plugins:      " + ", ".join(f"{p}={n}" for p, n in implementation_names(cfg).items()),
+        f"output_dir:   {cfg.output_dir}",
+        _observe_summary(cfg),
+    ]
+    if cfg.trust_remote_code:
+        lines.append("trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward models runs")
+    return "\n".join(lines)
+
+
+def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
+    """Per-process and global batch shapes (TRL's definitions: micro_batch_size is per process)."""
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.config.batch_shape import global_step_batch
+    from grpo_core.training.backends import backend_for
+
+    n = max(1, int(cfg.trl.num_generations or 1))
+    per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
+    return (
+        f"processes:    {world} ({backend_for(cfg, world).describe(cfg, world)}); per process: {cfg.micro_batch_size} x "
+        f"{cfg.gradient_accumulation_steps} = {per_step} completions per optimizer step, {batch // world} "
+        f"({batch // world // n} groups) per generation; global: {global_step_batch(cfg, world)} per optimizer step, "
+        f"{batch} ({batch // n} prompts) per generation"
+    )
+
+
+def _observe_summary(cfg: GRPOConfig) -> str:
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.config.eval_schedule import eval_every
+    from grpo_core.observability.tracking import requested_trackers
+
+    trackers = ", ".join(["metrics.jsonl", *requested_trackers(cfg, ["all installed"])])
+    data = "test_datasets" if cfg.test_datasets else (f"val_set_size {cfg.val_set_size:g}" if cfg.val_set_size > 0 else "")
+    evaluation = f"every {eval_every(cfg)} step(s) on {data}" if data and cfg.eval_strategy != "no" else "off"
+    alerts = "on" if cfg.alerts.enabled else "off"
+    return f"reporting:    {trackers}; eval {evaluation}; alerts {alerts}" + (", log_completions" if cfg.trl.log_completions else "")
+
+
+# ---------------------------------------------------------------------- entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point (``sys.exit(main())``): run the CLI and
+    turn user errors into a message and an exit code."""
+    library_format, warnings.formatwarning = warnings.formatwarning, _format_warning
+    try:
+        return _main(argv)
+    finally:
+        warnings.formatwarning = library_format
+
+
+def _main(argv: list[str] | None) -> int:
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.host.plugin_host import PluginHost
+
+    try:
+        allow = allowlist_of_command_line(list(sys.argv[1:] if argv is None else argv))
+        command = typer.main.get_command(build_app(PluginHost(allow=allow)))
+        command.main(args=argv, prog_name="grpo", standalone_mode=True)
+    except GrpoError as exc:
+        stderr(f"error: {exc}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        stderr("interrupted")
+        return 130
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        stderr(str(exc.code))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,4 @@
+"""Process-level utilities every layer may use: atomic directories, private
+scratch directories, which training process this is, CPU placement, and the
+one long-lived thread that starts child servers.
+"""
