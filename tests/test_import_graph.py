@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from import_graph import Edge, all_edges, cycles, edges_between, graph, own, source_files, unexplained_lazy_imports
+from import_graph import REPO, Edge, all_edges, cycles, edges_between, graph, own, source_files, unexplained_lazy_imports
 
 ENGINES = {"grpo_plugins", "plugins", "vllm", "deepspeed", "liger_kernel"}
 
@@ -283,4 +283,23 @@ def test_no_module_imports_another_modules_private_names() -> None:
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in {"grpo_core", "grpo_plugins", "grpo"}:
                 offenders += [f"{name}:{node.lineno} imports {node.module}.{a.name}" for a in node.names
                               if a.name.startswith("_") and not a.name.startswith("__")]  # fmt: skip
+    assert offenders == []
+
+
+def test_no_core_rule_compares_against_a_built_in_implementations_name() -> None:
+    """A rule in grpo_core about what an implementation does reads the
+    capability it declares, never its name: a third-party rollout or sync
+    that does the same gets the same rules. The names are the built-ins'
+    entry points (those that are not also a config table or a generic word)."""
+    import ast
+    import tomllib
+
+    groups = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["entry-points"]
+    names = {name for group in ("grpo.rollout", "grpo.weight_sync", "grpo.policy_loss", "grpo.environment")
+             for name in groups[group]} - {"vllm", "function", "grpo", "none"}  # fmt: skip
+    assert {"transformers", "vllm_colocate", "vllm_in_memory", "nccl", "liger", "tools"} <= names
+    offenders = [f"{module}:{node.lineno} compares against '{const.value}'"
+                 for module, path in source_files().items() if module.startswith("grpo_core")
+                 for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(node, ast.Compare)
+                 for const in ast.walk(node) if isinstance(const, ast.Constant) and const.value in names]  # fmt: skip
     assert offenders == []
