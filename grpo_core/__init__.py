@@ -4,10 +4,9 @@ Plugin authors import from :mod:`grpo_core.plugin_api` (the one public
 surface: :data:`hookimpl`, the types, the context, the errors and named
 helpers); the contract itself is :mod:`grpo_core.contract.hookspecs`. The
 folders are the layers, lowest first, each importing only itself and those
-before it: ``contract``, ``runtime``, ``config`` (its data; its checks rank
-above ``host``, ``modeling`` and ``observability``, whose rules they ask),
-``host``, ``modeling``, ``observability``, ``scoring``, ``training``,
-``interface``. Modules that once sat at this top level keep their old import
+before it: ``contract``, ``runtime``, ``config``, ``host``, ``modeling``,
+``observability``, ``validation`` (the config's checks, which ask the rules
+of the layers below), ``scoring``, ``training``, ``interface``. Modules that once sat at this top level keep their old import
 paths (:mod:`grpo_core.moved`).
 """
 

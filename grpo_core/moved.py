@@ -1,8 +1,9 @@
 """Old import paths of modules that moved into layer folders, kept working.
 
 grpo_core's modules once sat side by side at its top level; they now live in
-folders by layer (``contract``, ``host``, ``modeling``, ``scoring``,
-``training``, ``observability``, ``interface``, ``runtime``). Third-party
+folders by layer (``contract``, ``runtime``, ``config``, ``host``,
+``modeling``, ``observability``, ``validation``, ``scoring``, ``training``,
+``interface``). Third-party
 plugins and scripts written against the old paths (``import
 grpo_core.hookspecs``, ``from grpo_core.types import Prompt``,
 ``mock.patch("grpo_core.models.load_policy")``) keep working: the old name is
@@ -35,6 +36,7 @@ MOVED_MODULES: dict[str, str] = {
 } | {
     "grpo_core.config.deepspeed_file": "grpo_core.training.deepspeed_file",  # the DeepSpeed backend's file
     "grpo_core.training.logging": "grpo_core.observability.logging",  # the metrics log
+    "grpo_core.config.checks": "grpo_core.validation.checks",  # above the layers whose rules it asks
 }
 """Old dotted name -> where the module lives now."""
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.config.checks import implementation_names
+from grpo_core.validation.checks import implementation_names
 from grpo_core.config.loader import load_config, validate
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -89,7 +89,7 @@ def test_a_new_backends_config_rules_reach_the_check_with_no_change_elsewhere(tm
     """``grpo run`` and ``grpo config check`` (check_run_config) ask every
     backend in the table, each with the chosen implementations' traits; the
     config layer's check_config knows no backend and asks none unless told."""
-    from grpo_core.config.checks import check_config
+    from grpo_core.validation.checks import check_config
     from grpo_core.contract.errors import ConfigError
     from grpo_core.training.config_check import check_run_config
 
@@ -106,7 +106,7 @@ def test_a_new_backends_config_rules_reach_the_check_with_no_change_elsewhere(tm
 def test_the_built_in_backends_answer_only_for_their_own_keys(tmp_path: Path) -> None:
     """Each rule moved out of the config layer with its backend, and runs
     whatever the process count (``grpo config check`` starts no process)."""
-    from grpo_core.config.checks import chosen_traits
+    from grpo_core.validation.checks import chosen_traits
 
     traits = chosen_traits({"policy_loss": "grpo"}, {})
     (tmp_path / "backend_rewards.py").write_text(REWARD)

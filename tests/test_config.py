@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from grpo_core.config.checks import implementation_names
+from grpo_core.validation.checks import implementation_names
 from grpo_core.config.convert import to_toml_text
 from grpo_core.config.loader import apply_overrides, load_config, parse_override, read_raw, validate
 from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig, TrlSettings
@@ -502,7 +502,7 @@ def test_sequence_level_is_with_liger_warns(monkeypatch: pytest.MonkeyPatch) -> 
 @pytest.fixture
 def an_unimplemented_option(monkeypatch) -> str:
     """NOT_IMPLEMENTED is empty now (DeepSpeed, its last entry, landed): a stand-in entry keeps the mechanism tested."""
-    import grpo_core.config.checks as checks
+    import grpo_core.validation.checks as checks
 
     entry = checks._Unimplemented("tf32", lambda c: c.tf32 is not None, "a stand-in for a missing feature")
     monkeypatch.setattr(checks, "NOT_IMPLEMENTED", (entry,))

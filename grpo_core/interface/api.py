@@ -4,7 +4,7 @@ For people who write a training script, as TRL users do, instead of a config
 file and a command. It takes what a TRL script has at hand (reward functions
 as callables, a ``datasets.Dataset``) and runs the very path ``grpo run``
 runs: the same loader (TOML, YAML, Axolotl keys), the same
-:func:`~grpo_core.config.checks.check_config` (inside
+:func:`~grpo_core.validation.checks.check_config` (inside
 :func:`~grpo_core.training.run.run_training`), the same trainer.
 
 Callables reach the run through an in-memory plugin that answers

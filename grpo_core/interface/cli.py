@@ -339,8 +339,8 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None) -> str:
 
     world = num_processes or world_size()
     # imported when the command runs, so `grpo --help` stays fast
-    from grpo_core.config.checks import implementation_names
     from grpo_core.modeling.precision import resolve_precision
+    from grpo_core.validation.checks import implementation_names
 
     trl = cfg.trl
     # imported when the command runs, so `grpo --help` stays fast

@@ -19,7 +19,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from grpo_core.config.checks import environment_is_episodic
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import PluginError, StorageError, TrainingInterrupted
@@ -63,6 +62,7 @@ from grpo_core.training.producer import (
 )
 from grpo_core.training.rollout_function import RolloutFunctionDriver
 from grpo_core.training.trainer import GRPOTrainer, TrainerParts
+from grpo_core.validation.checks import environment_is_episodic
 
 
 def seed_everything(seed: int) -> None:

@@ -10,12 +10,12 @@ hybrid-sharded FSDP over a 2-D mesh) is a new module here and its entry.
 
 from __future__ import annotations
 
-from grpo_core.config.checks import ChosenTraits
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.training.backends.base import CheckpointParts, TrainingBackend
 from grpo_core.training.backends.deepspeed_zero import DeepSpeedBackend
 from grpo_core.training.backends.fsdp import FsdpBackend
 from grpo_core.training.backends.replicated import ReplicatedBackend
+from grpo_core.validation.checks import ChosenTraits
 
 __all__ = ["BACKENDS", "CheckpointParts", "TrainingBackend", "backend_for", "config_problems"]
 
@@ -31,5 +31,5 @@ def backend_for(cfg: GRPOConfig, world: int) -> type[TrainingBackend]:
 def config_problems(cfg: GRPOConfig, traits: ChosenTraits) -> list[str]:
     """Every backend's problems with ``cfg`` (each answers only for the keys
     that choose it): the ``backend_rules`` of
-    :func:`~grpo_core.config.checks.check_config`."""
+    :func:`~grpo_core.validation.checks.check_config`."""
     return [problem for backend in BACKENDS for problem in backend.config_problems(cfg, traits)]

@@ -16,11 +16,11 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from grpo_core.config.checks import ChosenTraits
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import GrpoError
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.policy_forward import PolicyLogprobs
+from grpo_core.validation.checks import ChosenTraits
 
 PARTITIONED_KEY = "deepspeed_world_size"
 """The checkpoint ``extra`` key under which a backend whose weights and

@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from grpo_core.config.checks import ChosenTraits
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import ConfigError, GrpoError
 from grpo_core.training import checkpoint as ckpt
@@ -32,6 +31,7 @@ from grpo_core.training.backends.base import (
 from grpo_core.training.deepspeed_file import config_problems, read_config
 from grpo_core.training.policy_forward import inner_policy
 from grpo_core.training.sharding import sampling_copy
+from grpo_core.validation.checks import ChosenTraits
 
 
 class DeepSpeedBackend:

@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from grpo_core.config.checks import ChosenTraits
 from grpo_core.config.fsdp_options import fsdp_problems
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.training import checkpoint as ckpt
@@ -38,6 +37,7 @@ from grpo_core.training.sharding import (
     optimizer_state_by_name,
     sampling_copy,
 )
+from grpo_core.validation.checks import ChosenTraits
 
 
 class FsdpBackend(ReplicatedBackend):

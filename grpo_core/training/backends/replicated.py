@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from grpo_core.config.checks import ChosenTraits
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.backends.base import (
@@ -25,6 +24,7 @@ from grpo_core.training.backends.base import (
 )
 from grpo_core.training.policy_forward import inner_policy
 from grpo_core.training.sharding import optimizer_state_by_index
+from grpo_core.validation.checks import ChosenTraits
 
 
 class ReplicatedBackend:
