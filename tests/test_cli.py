@@ -179,3 +179,18 @@ def test_plugins_table_output() -> None:
     for point in (*POINTS, "reward"):
         assert f"{point} (grpo.{point})" in result.stdout
     assert "sum_then_normalize" in result.stdout
+
+
+def test_run_time_warnings_from_every_core_folder_read_as_grpo_warnings() -> None:
+    """A warning raised anywhere under grpo_core/ (the reward scorer in
+    scoring/, the data loader in training/) prints as ``warning: ...``; a
+    library's keeps Python's format. The check must follow the package, not
+    the folder cli.py happens to sit in (it broke when cli.py moved)."""
+    import grpo_core
+    from grpo_core.interface.cli import _format_warning
+
+    core = Path(grpo_core.__file__).resolve().parent
+    for inside in (core / "scoring" / "rewards.py", core / "training" / "run.py", core / "interface" / "cli.py"):
+        assert _format_warning("scored None", UserWarning, str(inside), 1) == "warning: scored None\n"
+    library = _format_warning("deprecated", FutureWarning, str(Path(pytest.__file__)), 3)
+    assert library.startswith(str(Path(pytest.__file__))) and "FutureWarning: deprecated" in library

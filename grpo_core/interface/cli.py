@@ -46,7 +46,7 @@ A run is described by one config file (TOML, or the reference guide's YAML
 layout): `grpo config check CONFIG` validates it, `grpo run CONFIG` trains.
 """
 
-_CORE_DIR = Path(__file__).resolve().parent
+_CORE_DIR = Path(__file__).resolve().parents[1]  # grpo_core/, above interface/
 _library_formatwarning = warnings.formatwarning  # Python's, as imported
 
 
