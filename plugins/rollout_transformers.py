@@ -200,6 +200,9 @@ class TransformersRollout:
     """
 
     engine_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
+    # With several training processes each samples its share of a call with the model
+    # context.get_model() returns then (its policy, made whole for the call); rows seeded by place.
+    generates_on_every_rank = True
 
     def __init__(self, context: RunContext, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
         if chunk_size < 1:

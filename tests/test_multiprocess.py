@@ -305,6 +305,9 @@ def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_proce
     run_grpo(tmp, ["run", str(single)])
     a, c = metrics(tmp / sharding), metrics(tmp / "single")
     assert [r["world_size"] for r in a] == [2.0] * 3
+    for ra in a:  # each step's 2 prompts x 2 generations: one prompt's group sampled on each process
+        assert (ra["completions/sampled_on_rank_0"], ra["completions/sampled_on_rank_1"]) == (2.0, 2.0), ra
+    assert not any(key.startswith("completions/sampled_on_rank") for key in c[0]), "one process spreads nothing"
     for ra, rc in zip(a, c, strict=True):
         assert ra["reward"] == rc["reward"] and ra["num_tokens"] == rc["num_tokens"], "the same samples"
         assert ra["grad_norm"] == pytest.approx(rc["grad_norm"], rel=1e-4, abs=1e-7)

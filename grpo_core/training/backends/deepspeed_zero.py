@@ -13,6 +13,7 @@ records.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -114,6 +115,14 @@ class DeepSpeedBackend:
 
     def sampling_model(self, device: Any) -> Any:
         return self.policy if self.full is None else sampling_copy(self.full, device)
+
+    @classmethod
+    def gathers_for_generation(cls, cfg: GRPOConfig) -> bool:
+        return zero.zero_stage(cfg) != 3  # ZeRO-2: every rank holds the parameters whole; ZeRO-3: rank 0's copy samples
+
+    def generation_model(self) -> contextlib.AbstractContextManager[Any]:
+        assert not self.stage3, "ZeRO-3 does not gather the parameters for generation (gathers_for_generation)"
+        return contextlib.nullcontext(self.policy)
 
     def checkpoint_parts(self, staging: Path, version: int) -> CheckpointParts:
         """Every rank writes its partition under ``staging`` (moved into the
