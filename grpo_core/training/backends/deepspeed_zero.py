@@ -4,7 +4,10 @@ never accumulates or schedules on its own).
 
 The engine owns backward, clipping and the step. ZeRO-3 partitions the
 parameters, so rank 0 keeps a full copy (:class:`~grpo_core.training.zero.Zero3FullWeights`)
-for syncs, saves and sampling; under ZeRO-2 every rank holds them whole. A
+for syncs, saves and sampling on rank 0 alone (evaluation); a rollout that
+generates on every rank samples with the parameters gathered for the call
+(:func:`~grpo_core.training.zero.gathered_for_generation`). Under ZeRO-2
+every rank holds them whole. A
 checkpoint holds DeepSpeed's own per-rank partitions (weights, fp32 masters,
 optimizer state) beside grpo's full ``model/``: it resumes onto the same
 process count only, which :data:`~grpo_core.training.backends.base.PARTITIONED_KEY`
@@ -118,11 +121,13 @@ class DeepSpeedBackend:
 
     @classmethod
     def gathers_for_generation(cls, cfg: GRPOConfig) -> bool:
-        return zero.zero_stage(cfg) != 3  # ZeRO-2: every rank holds the parameters whole; ZeRO-3: rank 0's copy samples
+        return True
 
     def generation_model(self) -> contextlib.AbstractContextManager[Any]:
-        assert not self.stage3, "ZeRO-3 does not gather the parameters for generation (gathers_for_generation)"
-        return contextlib.nullcontext(self.policy)
+        """ZeRO-2: every rank holds the parameters whole; ZeRO-3: gathered for the block."""
+        if not self.stage3:
+            return contextlib.nullcontext(self.policy)
+        return zero.gathered_for_generation(self._engine.engine, self.policy)
 
     def checkpoint_parts(self, staging: Path, version: int) -> CheckpointParts:
         """Every rank writes its partition under ``staging`` (moved into the
