@@ -354,6 +354,9 @@ def test_config_check_prints_per_process_and_global_batches(tmp_path: Path, caps
     out = capsys.readouterr().out
     assert ("processes:    2 (DDP: a full replica per process); per process: 2 x 2 = 4 completions per optimizer "
             "step, 4 (2 groups) per generation; global: 8 per optimizer step, 8 (4 prompts) per generation") in out
+    assert "generates on: every process, each its share of each call's prompts" in out  # the transformers rollout
+    assert main(["config", "check", str(path), "--num-processes", "2", "--set", "trl.use_vllm=true"]) == 0
+    assert "generates on: rank 0 alone (the rollout samples for every process)" in capsys.readouterr().out
     # 8 completions over 4 processes: 2 each, not a whole group of 4
     assert main(["config", "check", str(path), "--num-processes", "4", "--set", "trl.generation_batch_size=8",
                  "--set", "trl.num_generations=4", "--set", "gradient_accumulation_steps=1"]) == 2  # fmt: skip

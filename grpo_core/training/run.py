@@ -49,6 +49,7 @@ from grpo_core.training.producer import (
     sampling_from_config,
 )
 from grpo_core.training.rollout_function import RolloutFunctionDriver
+from grpo_core.training.generation_placement import generation_spreads
 from grpo_core.training.spread_generation import SampledModel, SpreadGeneration
 from grpo_core.training.trainer import GRPOTrainer, TrainerParts
 from grpo_core.types import SAMPLES_TRAINER_MODEL, Checkpointable, InferenceEngine, Prompt, TrainingProgress, engine_cpu_cores
@@ -159,22 +160,6 @@ def build_implementations(
             "an InferenceEngine (grpo_core.types)"
         )
     return Implementations(objects, engine)
-
-
-def generation_spreads(cfg: GRPOConfig, host: PluginHost, world: int) -> bool:
-    """Whether every training process generates a share of each call
-    (:mod:`grpo_core.training.spread_generation`): several processes, a
-    rollout that samples the trainer's model and declares
-    ``generates_on_every_rank``, a backend that can make the policy whole on
-    every rank for a call, and no ``async_prefetch`` (its producer thread
-    must issue no collective: rank 0 then generates alone, as before)."""
-    if world < 2 or cfg.trl.async_prefetch or not backend_for(cfg, world).gathers_for_generation(cfg):
-        return False
-    _, rollout = host.implementation_class("rollout", chosen_implementations(cfg)["rollout"])
-    point = BY_NAME["rollout"]
-    return SAMPLES_TRAINER_MODEL in declared(rollout, point, "engine_capabilities") and bool(
-        declared(rollout, point, "generates_on_every_rank")
-    )
 
 
 def _rollout_driver(cfg: GRPOConfig, host: PluginHost, context: RunContext, impls: Implementations) -> RolloutDriver | None:
