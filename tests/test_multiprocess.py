@@ -2,8 +2,8 @@
 
 Real processes, real launchers, the tiny model (tests/tiny_model.py: the
 properties here are the loop's arithmetic and its collectives, not the
-model's size) and the transformers rollout (rank 0 samples with its own
-replica). NCCL and GPUs cannot run here; gloo runs the same collectives.
+model's size) and the transformers rollout (every rank samples its share of
+each generation call). NCCL and GPUs cannot run here; gloo runs the same collectives.
 
 * 2 processes x (micro_batch_size 2, gradient_accumulation_steps 1) train
   on the same global batch as 1 process x (2, 2): the losses, gradient
@@ -93,7 +93,7 @@ def test_two_processes_match_one_on_the_same_global_batch(workdir: tuple[Path, s
     assert [r["step"] for r in b] == [1, 2], "rank 0 alone writes metrics.jsonl: one line per step"
     assert [r["world_size"] for r in a] == [1, 1] and [r["world_size"] for r in b] == [2, 2]
     for ra, rb in zip(a, b, strict=True):
-        assert rb["reward"] == ra["reward"], "rank 0 samples and scores the same batch"
+        assert rb["reward"] == ra["reward"], "the ranks sample, and rank 0 scores, the same batch"
         assert rb["num_tokens"] == ra["num_tokens"], "tokens summed over ranks"
         assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-4, abs=1e-6)
         assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-4)
@@ -286,11 +286,12 @@ ZERO3_JSON = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu
 
 @pytest.mark.parametrize("sharding", ["fsdp", pytest.param("zero3", marks=pytest.mark.extended)])  # ZeRO-3 runs in test_deepspeed too
 def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_process(workdir: tuple[Path, str], sharding: str) -> None:
-    """FSDP and ZeRO-3 shard the weights, so no rank can generate alone: rank 0 samples with its
-    full copy of the policy, which every weight sync refreshes. The 2-process run samples, scores
-    and trains the same batches as 1 process (the transformers rollout, seeded), and on every step
-    the sampler's log-probs equal the trainer's: a copy left at the start's weights would sample
-    steps 2-3 from a stale policy (a log-prob gap, and other samples)."""
+    """FSDP and ZeRO-3 shard the weights: every rank samples its share of each generation call
+    with the policy made whole for the call (unsharded / gathered), and both ranks sample (the
+    per-rank counts). The 2-process run samples, scores and trains the same batches as 1 process
+    (the transformers rollout, seeded per completion by its place in the call, so the split
+    changes no sample), and on every step the sampler's log-probs equal the trainer's: a policy
+    left at the start's weights would sample steps 2-3 from a stale policy (a log-prob gap)."""
     tmp, model = workdir
     if sharding == "zero3":
         if importlib.util.find_spec("deepspeed") is None:
