@@ -39,6 +39,7 @@ from grpo_core.training.batch import generation_batch_size, steps_per_batch
 from grpo_core.training.config_check import check_run_config
 from grpo_core.training.distributed import Distributed, process_rank, world_size
 from grpo_core.training.episodes import EpisodeDriver, RolloutDriver
+from grpo_core.training.generation_placement import generation_spreads
 from grpo_core.training.optim import build_optimizer, build_scheduler
 from grpo_core.training.policy_forward import inner_policy
 from grpo_core.training.producer import (
@@ -49,7 +50,6 @@ from grpo_core.training.producer import (
     sampling_from_config,
 )
 from grpo_core.training.rollout_function import RolloutFunctionDriver
-from grpo_core.training.generation_placement import generation_spreads
 from grpo_core.training.spread_generation import SampledModel, SpreadGeneration
 from grpo_core.training.trainer import GRPOTrainer, TrainerParts
 from grpo_core.types import SAMPLES_TRAINER_MODEL, Checkpointable, InferenceEngine, Prompt, TrainingProgress, engine_cpu_cores
@@ -426,6 +426,8 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
         loaded = _load_model_parts(cfg, context, model_dir)
         dist = _joined_processes(cfg, context, loaded)
         sampled.alone = _alone_sampler(loaded, impls)
+        if not spread:
+            sampled()  # rank 0 samples alone throughout: place its model now, on this (the main) thread
         trainer = GRPOTrainer(_trainer_parts(cfg, host, context, loaded, impls, dist, scorer, observer, prompts,
                                              _spread_generation(spread, host, context, loaded, dist, sampled)))  # fmt: skip
         if resume is not None:
