@@ -293,7 +293,11 @@ def grpo_rollout_generate(
     prompts of one call never share a seed (an engine that seeds whole
     requests, as vLLM does, needs one request or one seed per prompt). The
     episode driver sends each episode's next turn as a prompt of its own;
-    shared streams would make the episodes of a group near copies.
+    shared streams would make the episodes of a group near copies. A rollout
+    that ``generates_on_every_rank`` gets a share of a larger call:
+    ``sampling.prompt_offset`` is where its first prompt stands in it, and
+    seeding each completion from (seed, offset + prompt index, generation
+    index) makes the split sample what one process would.
 
     May be called from a background thread when ``async_prefetch`` is on; it
     must not touch the trainer's model then (use the inference engine).
