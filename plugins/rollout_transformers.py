@@ -13,11 +13,19 @@ recorded step by step from the model's raw logits by a forward hook, so
 memory stays at one ``[batch, vocab]`` tensor instead of the
 ``[steps, batch, vocab]`` that ``output_logits=True`` would keep. With
 temperature 0 (greedy) the log-probs are those of ``log_softmax(logits)``.
+
+With ``sampling.seed`` set, every completion draws its tokens from a random
+stream of its own, seeded from (seed, its position in the whole request:
+``sampling.prompt_offset`` plus its prompt's index, and its generation's
+index), never from the global RNG: a completion is the same whether its
+prompt was generated in one call, in another chunk, or on another training
+process with a share of the prompts (:class:`_RowSampler`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -125,6 +133,71 @@ def _seeded(seed: int | None) -> Iterator[None]:
         yield
 
 
+def row_seed(seed: int, row: int) -> int:
+    """The seed of the random stream of completion ``row`` (its position in
+    the whole request) of a request seeded ``seed``: a hash, so nearby seeds
+    and rows give unrelated streams."""
+    digest = hashlib.blake2b(f"{seed}:{row}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def _warpers(config: Any) -> list[Any]:
+    """The sampling warpers transformers builds from ``config`` when it
+    samples, in its order (``GenerationMixin._get_logits_processor``, 5.x):
+    :class:`_RowSampler` draws from the distribution they leave."""
+    # heavy (transformers): loaded on first use, not with this module
+    from transformers import generation as gen
+
+    out: list[Any] = []
+    if config.temperature is not None and config.temperature != 1.0:
+        out.append(gen.TemperatureLogitsWarper(config.temperature))
+    if getattr(config, "top_h", None) is not None and hasattr(gen, "TopHLogitsWarper"):
+        out.append(gen.TopHLogitsWarper(top_h=config.top_h))
+    if config.top_k is not None and config.top_k != 0:
+        out.append(gen.TopKLogitsWarper(top_k=config.top_k, min_tokens_to_keep=1))
+    if config.top_p is not None and config.top_p < 1.0:
+        out.append(gen.TopPLogitsWarper(top_p=config.top_p, min_tokens_to_keep=1))
+    if config.min_p is not None:
+        out.append(gen.MinPLogitsWarper(min_p=config.min_p, min_tokens_to_keep=1))
+    if config.typical_p is not None and config.typical_p < 1.0:
+        out.append(gen.TypicalLogitsWarper(mass=config.typical_p, min_tokens_to_keep=1))
+    if config.epsilon_cutoff is not None and 0.0 < config.epsilon_cutoff < 1.0:
+        out.append(gen.EpsilonLogitsWarper(epsilon=config.epsilon_cutoff, min_tokens_to_keep=1))
+    if config.eta_cutoff is not None and 0.0 < config.eta_cutoff < 1.0:
+        out.append(gen.EtaLogitsWarper(epsilon=config.eta_cutoff, min_tokens_to_keep=1))
+    return out
+
+
+class _RowSampler:
+    """A logits processor that draws each row's next token with that row's
+    own ``torch.Generator`` and leaves only that token finite.
+
+    transformers applies custom processors before its sampling warpers and
+    then draws every row from the global RNG, so a row's sample would depend
+    on the rows beside it. This processor applies the warpers itself (the
+    same ones, :func:`_warpers`), draws per row, and hands transformers a
+    distribution with one token of probability 1: its warpers keep that
+    token and its draw picks it. The logits the model returned, which the
+    sampler's log-probs are read from, are untouched."""
+
+    def __init__(self, warpers: list[Any], seeds: list[int]) -> None:
+        self.warpers = warpers
+        self.seeds = seeds
+        self.generators: list[torch.Generator] | None = None  # made on the logits' device at the first step
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.generators is None:
+            self.generators = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
+        warped = scores.clone()
+        for warper in self.warpers:
+            warped = warper(input_ids, warped)
+        probs = torch.softmax(warped.float(), dim=-1)
+        tokens = torch.cat([torch.multinomial(probs[row], 1, generator=g) for row, g in enumerate(self.generators)])
+        chosen = torch.full_like(scores, float("-inf"))
+        chosen.scatter_(1, tokens[:, None], 0.0)
+        return chosen
+
+
 def _hook_target(model: torch.nn.Module) -> torch.nn.Module:
     """The module whose forward ``generate`` calls (PEFT's wrapped model)."""
     get_base = getattr(model, "get_base_model", None)
@@ -139,6 +212,9 @@ class TransformersRollout:
     """
 
     engine_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
+    # With several training processes each samples its share of a call with the model
+    # context.get_model() returns then (its policy, made whole for the call); rows seeded by place.
+    generates_on_every_rank = True
 
     def __init__(self, context: RunContext, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
         if chunk_size < 1:
@@ -184,13 +260,16 @@ class TransformersRollout:
         # One row per completion (prompt-major). Rows are expanded here rather
         # than with num_return_sequences, which greedy decoding refuses.
         rows = [prompt for prompt in prompts for _ in range(num_generations)]
+        # Each row's place in the whole request (this call may be one process's share of it).
+        first_row = sampling.prompt_offset * num_generations
         completions: list[Completion] = []
         device_type = next(model.parameters()).device.type
         # The same precision the trainer computes in, so its log-probs and ours agree.
         with _generation_mode(model), _seeded(sampling.seed), resolve_precision(self.context.config, device_type).autocast(device_type):
             for start in range(0, len(rows), self.chunk_size):
                 chunk = rows[start : start + self.chunk_size]
-                completions.extend(self._generate(model, tokenizer, chunk, config, sampling, stop_ids))
+                seeds = None if sampling.seed is None else [row_seed(sampling.seed, first_row + start + k) for k in range(len(chunk))]
+                completions.extend(self._generate(model, tokenizer, chunk, config, sampling, stop_ids, seeds))
 
         return [
             RolloutGroup(
@@ -268,8 +347,10 @@ class TransformersRollout:
         config: Any,
         sampling: SamplingSettings,
         stop_ids: list[int],
+        seeds: list[int] | None = None,
     ) -> list[Completion]:
-        """One completion per row of ``prompts``, from one ``generate`` call."""
+        """One completion per row of ``prompts``, from one ``generate`` call;
+        with ``seeds`` (one per row) each row samples from its own stream."""
         device = next(model.parameters()).device
         pad_id = config.pad_token_id
         width = max(len(p.prompt_ids) for p in prompts)
@@ -283,12 +364,17 @@ class TransformersRollout:
             attention_mask[row, width - length :] = 1
 
         recorder = _SampledLogprobs(sampling.temperature)
+        processors = [_RowSampler(_warpers(config), seeds)] if seeds is not None and config.do_sample else []
         handle = _hook_target(model).register_forward_hook(recorder, with_kwargs=True)
         try:
             sequences = model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
                 generation_config=config,
+                logits_processor=processors or None,
+                # every process generates its own rows, as many steps as they need: never in lock-step
+                # with the others (the core made the whole weights available for the call)
+                synced_gpus=False,
             )
         finally:
             handle.remove()

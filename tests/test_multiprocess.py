@@ -2,8 +2,8 @@
 
 Real processes, real launchers, the tiny model (tests/tiny_model.py: the
 properties here are the loop's arithmetic and its collectives, not the
-model's size) and the transformers rollout (rank 0 samples with its own
-replica). NCCL and GPUs cannot run here; gloo runs the same collectives.
+model's size) and the transformers rollout (every rank samples its share of
+each generation call). NCCL and GPUs cannot run here; gloo runs the same collectives.
 
 * 2 processes x (micro_batch_size 2, gradient_accumulation_steps 1) train
   on the same global batch as 1 process x (2, 2): the losses, gradient
@@ -93,7 +93,7 @@ def test_two_processes_match_one_on_the_same_global_batch(workdir: tuple[Path, s
     assert [r["step"] for r in b] == [1, 2], "rank 0 alone writes metrics.jsonl: one line per step"
     assert [r["world_size"] for r in a] == [1, 1] and [r["world_size"] for r in b] == [2, 2]
     for ra, rb in zip(a, b, strict=True):
-        assert rb["reward"] == ra["reward"], "rank 0 samples and scores the same batch"
+        assert rb["reward"] == ra["reward"], "the ranks sample, and rank 0 scores, the same batch"
         assert rb["num_tokens"] == ra["num_tokens"], "tokens summed over ranks"
         assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-4, abs=1e-6)
         assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-4)
@@ -286,11 +286,12 @@ ZERO3_JSON = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu
 
 @pytest.mark.parametrize("sharding", ["fsdp", pytest.param("zero3", marks=pytest.mark.extended)])  # ZeRO-3 runs in test_deepspeed too
 def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_process(workdir: tuple[Path, str], sharding: str) -> None:
-    """FSDP and ZeRO-3 shard the weights, so no rank can generate alone: rank 0 samples with its
-    full copy of the policy, which every weight sync refreshes. The 2-process run samples, scores
-    and trains the same batches as 1 process (the transformers rollout, seeded), and on every step
-    the sampler's log-probs equal the trainer's: a copy left at the start's weights would sample
-    steps 2-3 from a stale policy (a log-prob gap, and other samples)."""
+    """FSDP and ZeRO-3 shard the weights: every rank samples its share of each generation call
+    with the policy made whole for the call (unsharded / gathered), and both ranks sample (the
+    per-rank counts). The 2-process run samples, scores and trains the same batches as 1 process
+    (the transformers rollout, seeded per completion by its place in the call, so the split
+    changes no sample), and on every step the sampler's log-probs equal the trainer's: a policy
+    left at the start's weights would sample steps 2-3 from a stale policy (a log-prob gap)."""
     tmp, model = workdir
     if sharding == "zero3":
         if importlib.util.find_spec("deepspeed") is None:
@@ -305,6 +306,9 @@ def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_proce
     run_grpo(tmp, ["run", str(single)])
     a, c = metrics(tmp / sharding), metrics(tmp / "single")
     assert [r["world_size"] for r in a] == [2.0] * 3
+    for ra in a:  # each step's 2 prompts x 2 generations: one prompt's group sampled on each process
+        assert (ra["completions/sampled_on_rank_0"], ra["completions/sampled_on_rank_1"]) == (2.0, 2.0), ra
+    assert not any(key.startswith("completions/sampled_on_rank") for key in c[0]), "one process spreads nothing"
     for ra, rc in zip(a, c, strict=True):
         assert ra["reward"] == rc["reward"] and ra["num_tokens"] == rc["num_tokens"], "the same samples"
         assert ra["grad_norm"] == pytest.approx(rc["grad_norm"], rel=1e-4, abs=1e-7)
@@ -351,6 +355,9 @@ def test_config_check_prints_per_process_and_global_batches(tmp_path: Path, caps
     out = capsys.readouterr().out
     assert ("processes:    2 (DDP: a full replica per process); per process: 2 x 2 = 4 completions per optimizer "
             "step, 4 (2 groups) per generation; global: 8 per optimizer step, 8 (4 prompts) per generation") in out
+    assert "generates on: every process, each its share of each call's prompts" in out  # the transformers rollout
+    assert main(["config", "check", str(path), "--num-processes", "2", "--set", "trl.use_vllm=true"]) == 0
+    assert "generates on: rank 0 alone (the rollout samples for every process)" in capsys.readouterr().out
     # 8 completions over 4 processes: 2 each, not a whole group of 4
     assert main(["config", "check", str(path), "--num-processes", "4", "--set", "trl.generation_batch_size=8",
                  "--set", "trl.num_generations=4", "--set", "gradient_accumulation_steps=1"]) == 2  # fmt: skip

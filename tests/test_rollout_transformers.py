@@ -115,6 +115,30 @@ def test_chunking_gives_the_same_completions(tmp_path, model, smollm2_tokenizer,
         torch.testing.assert_close(torch.tensor(ga.completions[0].logprobs), expected, atol=1e-4, rtol=0)
 
 
+def test_a_seeded_row_samples_alike_in_one_call_or_split_over_two(tmp_path, model, smollm2_tokenizer, prompts):
+    """What a completion samples depends on (seed, its place in the whole request) only: the
+    request generated in one call, or in two halves with ``prompt_offset`` saying where the second
+    starts (as two training processes do), gives the same tokens and log-probs; so does a call
+    whose chunks cut a prompt's generations apart. top_k and top_p shape the draw."""
+    whole = TransformersRollout(make_context(tmp_path, model, smollm2_tokenizer), chunk_size=64)
+    tiny = TransformersRollout(make_context(tmp_path, model, smollm2_tokenizer), chunk_size=3)
+    sampling = SamplingSettings(max_tokens=8, temperature=1.0, top_k=50, top_p=0.95, seed=11)
+
+    def tokens(groups):
+        return [c.token_ids for g in groups for c in g.completions]
+
+    one = whole.grpo_rollout_generate(prompts=prompts, num_generations=3, sampling=sampling, policy_version=0)
+    first = whole.grpo_rollout_generate(prompts=prompts[:1], num_generations=3, sampling=sampling, policy_version=0)
+    second = whole.grpo_rollout_generate(prompts=prompts[1:], num_generations=3, policy_version=0,
+                                         sampling=SamplingSettings(**{**sampling.__dict__, "prompt_offset": 1}))  # fmt: skip
+    chunked = tiny.grpo_rollout_generate(prompts=prompts, num_generations=3, sampling=sampling, policy_version=0)
+    assert tokens(first) + tokens(second) == tokens(one) == tokens(chunked)
+    assert len({tuple(t) for t in tokens(one)}) > 2, "the rows did not draw from streams of their own"
+    for ga, gb in zip(one, first + second, strict=True):
+        for ca, cb in zip(ga.completions, gb.completions, strict=True):
+            torch.testing.assert_close(torch.tensor(ca.logprobs), torch.tensor(cb.logprobs), atol=1e-4, rtol=0)
+
+
 def test_stop_tokens_and_sampling_options_are_honoured(tmp_path, model, smollm2_tokenizer, prompts):
     rollout = TransformersRollout(make_context(tmp_path, model, smollm2_tokenizer))
     greedy = rollout.grpo_rollout_generate(

@@ -40,7 +40,9 @@ class RunContext:
     get_model: Callable[[], Any] = _no_model
     """Returns the trainer's current (unwrapped) model, ``None`` until it is
     loaded: implementations are built before the model so that an engine
-    (a vLLM server) can start while the model loads."""
+    (a vLLM server) can start while the model loads. Inside the call of a
+    rollout that ``generates_on_every_rank`` (several processes), the policy
+    made whole on the calling process for that call (``grpo_core.contract.hookspecs``)."""
     log: Callable[[str], None] = print
     """Print a line on the run's console."""
     engine_requirements: frozenset[str] = field(default_factory=frozenset)

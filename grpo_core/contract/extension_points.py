@@ -98,7 +98,8 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
         default=_default_rollout,
         decided_by="trl.use_vllm / trl.vllm_mode / trl.rollout_func",
         summary="prompts -> completions",
-        attributes={"engine_capabilities": frozenset(), "concurrent_generate": False, "runs_rollout_func": False},
+        attributes={"engine_capabilities": frozenset(), "concurrent_generate": False, "runs_rollout_func": False,
+                    "generates_on_every_rank": False},
     ),
     ExtensionPoint(
         "environment",

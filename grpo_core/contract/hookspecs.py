@@ -99,7 +99,9 @@ read-only:
     The trainer's current (unwrapped) model; ``None`` until it is loaded
     (implementations are built first, so an engine can start meanwhile).
     Under FSDP/ZeRO-3, for a rollout that samples the trainer's model: rank
-    0's full copy, holding the weights of the last sync.
+    0's full copy, holding the weights of the last sync; inside a call of a
+    rollout that ``generates_on_every_rank``, the policy made whole on the
+    calling process.
 ``log(line: str)``
     Print a line on the run's console.
 ``engine_requirements: frozenset[str]``
@@ -158,9 +160,25 @@ optional (defaults in the extension-point table):
     (:data:`~grpo_core.contract.types.ENGINE_CAPABILITIES`); a rollout that samples the
     trainer's live model declares ``SAMPLES_TRAINER_MODEL`` (under FSDP and
     ZeRO-3, where no process holds the whole model, ``context.get_model()``
-    is then rank 0's full copy, refreshed by every weight sync), one whose
+    on rank 0 alone is then rank 0's full copy, refreshed by every weight
+    sync; see ``generates_on_every_rank`` for the other way), one whose
     engine lives in the trainer's process ``WEIGHTS_IN_MEMORY``. The checks
     read these, never the implementation's name.
+``generates_on_every_rank: bool`` (rollout)
+    ``True`` when a rollout that declares ``SAMPLES_TRAINER_MODEL`` may be
+    built and called on every training process: with several processes (and
+    no ``async_prefetch``) each generation call of rank 0 is then cut into
+    contiguous shares of whole prompts, every process calls its own instance
+    with its share (``sampling.prompt_offset`` says where the share starts
+    in the whole call) and rank 0 gets the groups back in order. During the
+    call ``context.get_model()`` is the trainer's policy made whole on that
+    process (FSDP2 unsharded, ZeRO-3 gathered, a DDP replica as it is), so
+    no process needs a full copy and none idles; the call must need no
+    collective of its own and, seeded, must draw each completion's
+    randomness from its place in the whole call only
+    (:attr:`~grpo_core.contract.types.SamplingSettings.prompt_offset`), so a split
+    call samples what one process would. Evaluation still samples on rank 0
+    alone. ``False`` (the default): rank 0 alone generates.
 ``required_capabilities: frozenset[str]`` (weight_sync)
     What the sync needs from the rollout's engine. ``grpo config check``
     refuses a sync whose needs the chosen rollout does not declare.
@@ -275,7 +293,11 @@ def grpo_rollout_generate(
     prompts of one call never share a seed (an engine that seeds whole
     requests, as vLLM does, needs one request or one seed per prompt). The
     episode driver sends each episode's next turn as a prompt of its own;
-    shared streams would make the episodes of a group near copies.
+    shared streams would make the episodes of a group near copies. A rollout
+    that ``generates_on_every_rank`` gets a share of a larger call:
+    ``sampling.prompt_offset`` is where its first prompt stands in it, and
+    seeding each completion from (seed, offset + prompt index, generation
+    index) makes the split sample what one process would.
 
     May be called from a background thread when ``async_prefetch`` is on; it
     must not touch the trainer's model then (use the inference engine).

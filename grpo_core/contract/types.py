@@ -56,6 +56,15 @@ class SamplingSettings:
     # one call never share one): an episode's later turns are prompts of
     # their own, and shared streams would make a group's episodes alike.
     seed: int | None = None
+    # Where this call's first prompt stands in the whole request it is a
+    # share of: with several training processes the core may split one
+    # request's prompts over them (a rollout declaring
+    # ``generates_on_every_rank``), each process's call getting a contiguous
+    # share and this offset; 0 otherwise. A seeded rollout derives each
+    # completion's random stream from (seed, prompt_offset + its prompt's
+    # index in the call, its generation's index), so the samples do not
+    # depend on how the request was split.
+    prompt_offset: int = 0
 
 
 @dataclass

@@ -212,7 +212,7 @@ def _add_config_commands(config_app: typer.Typer) -> None:
             from grpo_core.contract.extension_points import REWARD_GROUP
             from grpo_core.host.user_code import user_code, user_code_text
 
-            typer.echo(summary(cfg, num_processes))
+            typer.echo(summary(cfg, num_processes, host))
             typer.echo(user_code_text(user_code(cfg, host.published(REWARD_GROUP))))
         for note in notes:
             warn(note)
@@ -332,8 +332,9 @@ def list_plugins() -> dict[str, dict[str, Any]]:
     return out
 
 
-def summary(cfg: GRPOConfig, num_processes: int | None = None) -> str:
-    """The settings that decide what a run does, after defaults."""
+def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None) -> str:
+    """The settings that decide what a run does, after defaults (with the
+    checked config's plugin ``host``, also where generation runs)."""
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.runtime.processes import world_size
 
@@ -360,6 +361,7 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None) -> str:
         f"micro_batch_size {cfg.micro_batch_size}, gradient_accumulation_steps {cfg.gradient_accumulation_steps}"
         + (f", {per_generation} optimizer steps per generation" if per_generation > 1 else ""),
         _processes_line(cfg, world, batch),
+        *([_generation_line(cfg, host, world)] if host is not None and world > 1 else []),
         f"optimizer:    {cfg.optimizer}, lr {cfg.learning_rate:g}, {cfg.lr_scheduler}, warmup {cfg.warmup_steps}",
         f"generation:   max_completion_length {trl.max_completion_length}, max_prompt_length {trl.max_prompt_length}, "
         f"temperature {trl.temperature}, top_p {trl.top_p}",
@@ -391,6 +393,14 @@ def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
         f"({batch // world // n} groups) per generation; global: {global_step_batch(cfg, world)} per optimizer step, "
         f"{batch} ({batch // n} prompts) per generation"
     )
+
+
+def _generation_line(cfg: GRPOConfig, host: Any, world: int) -> str:
+    """Which processes generate (several processes only)."""
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.training.generation_placement import where_generation_runs
+
+    return f"generates on: {where_generation_runs(cfg, host, world)}"
 
 
 def _observe_summary(cfg: GRPOConfig) -> str:

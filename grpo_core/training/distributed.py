@@ -7,9 +7,11 @@ launcher) start N copies of ``grpo run``, and accelerate's
 This module holds the few collectives the loop needs on top of the
 gradient all-reduce that DDP/FSDP/DeepSpeed already do:
 
-* :meth:`Distributed.scatter_groups`: rank 0 alone talks to the inference
-  engine and the reward functions; it cuts each scored batch into N shares
-  of *whole* groups (advantages are per group) and sends each rank its own.
+* :meth:`Distributed.scatter`: rank 0 alone talks to the inference engine
+  and the reward functions; it cuts each scored batch into N shares of
+  *whole* groups (advantages are per group) and sends each rank its own
+  (and, for a rollout that samples the trainer's model, each generation
+  call's share of prompts first: :mod:`grpo_core.training.spread_generation`).
 * :meth:`Distributed.sum` / :meth:`Distributed.any`: the global token count
   of token-normalised losses, and the per-micro-batch "does any rank have a
   learning signal" decision, so every rank runs the same backward passes

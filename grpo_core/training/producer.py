@@ -39,6 +39,7 @@ from grpo_core.training.episodes import (
     release,
     sample_groups,
 )
+from grpo_core.training.spread_generation import GenerateShare, SpreadGeneration
 
 
 @dataclass
@@ -432,17 +433,26 @@ class ScatteringProducer:
 
     An error producing on rank 0 reaches every rank as the same error type,
     so all of them stop (and checkpoint) together instead of waiting on a
-    scatter that never comes. ``inner`` is None on the other ranks."""
+    scatter that never comes. ``inner`` is None on the other ranks.
 
-    def __init__(self, inner: Any, dist: Any) -> None:
+    With ``spread`` (:mod:`~grpo_core.training.spread_generation`) rank 0's
+    generation calls are spread over every rank: while the other ranks wait
+    for their share they may receive a :class:`GenerateShare` instead, which
+    they sample and go on waiting; the batch's metrics then say how many
+    completions each rank sampled."""
+
+    def __init__(self, inner: Any, dist: Any, spread: SpreadGeneration | None = None) -> None:
         self.inner = inner
         self.dist = dist
+        self.spread = spread
 
     def produce(self, progress: TrainingProgress) -> ScoredBatch:
         per_rank: list[Any] | None = None
         if self.dist.is_main:
             try:
                 batch = self.inner.produce(progress)
+                if self.spread is not None:
+                    batch.metrics.update(self.spread.take_metrics())
                 per_rank = [
                     ScoredBatch(groups=part, policy_version=batch.policy_version, metrics=batch.metrics,
                                 stream_state=batch.stream_state)
@@ -453,6 +463,10 @@ class ScatteringProducer:
                 self.dist.scatter(per_rank)
                 raise
         mine = self.dist.scatter(per_rank)
+        while isinstance(mine, GenerateShare):  # rank 0 is generating: sample this rank's share, then wait again
+            assert self.spread is not None, "rank 0 spread a generation call, but this rank has no rollout"
+            self.spread.serve(mine)
+            mine = self.dist.scatter(None)
         if isinstance(mine, _Failure):
             raise mine.error()
         return mine

@@ -50,6 +50,7 @@ from grpo_core.training.data import common_columns, load_prompts
 from grpo_core.training.distributed import Distributed, process_rank, world_size
 from grpo_core.training.episodes import EpisodeDriver, RolloutDriver
 from grpo_core.training.evaluation import load_eval_prompts
+from grpo_core.training.generation_placement import generation_spreads
 from grpo_core.training.observe import RunObserver
 from grpo_core.training.optim import build_optimizer, build_scheduler
 from grpo_core.training.policy_forward import inner_policy
@@ -61,6 +62,7 @@ from grpo_core.training.producer import (
     sampling_from_config,
 )
 from grpo_core.training.rollout_function import RolloutFunctionDriver
+from grpo_core.training.spread_generation import SampledModel, SpreadGeneration
 from grpo_core.training.trainer import GRPOTrainer, TrainerParts
 from grpo_core.validation.checks import environment_is_episodic
 
@@ -146,17 +148,20 @@ TRAINER_SIDE_POINTS = frozenset({"is_correction", "policy_loss"})
 others (rollout, weight sync, advantages, replay) run on rank 0 only."""
 
 
-def build_implementations(host: PluginHost, cfg: GRPOConfig, context: RunContext, main: bool = True) -> Implementations:
+def build_implementations(
+    host: PluginHost, cfg: GRPOConfig, context: RunContext, main: bool = True, spread: bool = False
+) -> Implementations:
     """Build each extension point's implementation in the table's order (the
     rollout first, so a managed engine starts before the model loads), then
     take the rollout's engine handle for the weight sync. On ranks other
-    than 0 (``main`` false) only the trainer-side points are built: no
-    engine starts there."""
+    than 0 (``main`` false) only the trainer-side points are built, and the
+    rollout when generation is ``spread`` over every rank (it then samples
+    the trainer's model: no engine starts there)."""
     chosen = chosen_implementations(cfg)
     objects = {
         point.name: host.load_implementation(point.name, chosen[point.name], context)
         for point in EXTENSION_POINTS
-        if main or point.name in TRAINER_SIDE_POINTS
+        if main or point.name in TRAINER_SIDE_POINTS or (spread and point.name == "rollout")
     }
     if not main:
         return Implementations(objects, None)
@@ -197,15 +202,17 @@ def _make_producer(
     impls: Implementations,
     dist: Distributed,
     episodes: RolloutDriver | None = None,
+    spread: SpreadGeneration | None = None,
 ) -> Any:
     """Rank 0's producer (prefetching in a thread with ``async_prefetch``);
-    with several processes wrapped so the main thread scatters its batches."""
+    with several processes wrapped so the main thread scatters its batches
+    (and, with ``spread``, spreads its generation calls over every rank)."""
     if not dist.is_main:
-        return ScatteringProducer(None, dist)
+        return ScatteringProducer(None, dist, spread)
     stop_ids = _stop_ids(tokenizer)
     producer: Any = RolloutProducer(
         cfg,
-        host.hook,
+        spread if spread is not None else host.hook,
         scorer,
         stream,
         prompts_per_batch(cfg),
@@ -220,7 +227,7 @@ def _make_producer(
             # batch k is consumed at optimizer step k * steps_per_batch
             progress_of=lambda k: TrainingProgress(step=k * steps_per_batch(cfg), max_steps=cfg.max_steps),
         )
-    return ScatteringProducer(producer, dist) if dist.active else producer
+    return ScatteringProducer(producer, dist, spread) if dist.active else producer
 
 
 def make_accelerator(cfg: GRPOConfig, backend: type[TrainingBackend] | None = None) -> Any:
@@ -350,9 +357,11 @@ def _trainer_parts(
     scorer: RewardScorer | None,
     observer: RunObserver | None,
     prompts: list[Prompt],
+    spread: SpreadGeneration | None = None,
 ) -> TrainerParts:
     """Everything the trainer drives, wired: the prompt stream, the producer
-    (with the episode driver, if the run has episodes) and the loaded model."""
+    (with the episode driver, if the run has episodes, and generation spread
+    over the ranks, if it is) and the loaded model."""
     stream = PromptStream(prompts, cfg.seed, cfg.shuffle_dataset)
     episodes = _rollout_driver(cfg, host, context, impls) if dist.is_main else None
     if observer is not None:
@@ -366,7 +375,7 @@ def _trainer_parts(
         tokenizer=context.tokenizer,
         optimizer=loaded.optimizer,
         scheduler=loaded.scheduler,
-        producer=_make_producer(cfg, host, scorer, stream, context.tokenizer, impls, dist, episodes),
+        producer=_make_producer(cfg, host, scorer, stream, context.tokenizer, impls, dist, episodes, spread),
         scorer=scorer,
         stream=stream,
         reference=loaded.reference,
@@ -377,6 +386,29 @@ def _trainer_parts(
         dist=dist,
         backend=loaded.backend,
     )
+
+
+def _alone_sampler(loaded: ModelParts, impls: Implementations) -> Callable[[], Any]:
+    """What rank 0 samples with when it generates alone (evaluation, and every
+    call when generation is not spread): for a rollout that samples the
+    trainer's model under FSDP/ZeRO-3, where no rank holds it whole, the
+    backend's full copy that every weight sync refreshes (placed on the
+    device only once something asks for it); else the policy."""
+    if impls.samples_trainer_model:
+        return lambda: loaded.backend.sampling_model(loaded.accelerator.device)
+    return lambda: loaded.model
+
+
+def _spread_generation(spread: bool, host: PluginHost, context: RunContext, loaded: ModelParts, dist: Distributed,
+                       sampled: SampledModel) -> SpreadGeneration | None:  # fmt: skip
+    """Generation calls spread over every rank, each sampling its share with
+    the policy the backend makes whole for the call (when :func:`generation_spreads`)."""
+    if not spread:
+        return None
+    if dist.is_main:
+        context.log(f"generation: every process samples its share of each call's prompts ({dist.world} processes, "
+                    "the policy made whole on each for the call); evaluation samples on rank 0")  # fmt: skip
+    return SpreadGeneration(host.hook, dist, loaded.backend.generation_model, sampled, context.log)
 
 
 def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable[[str], None] | None = None) -> str:
@@ -390,24 +422,26 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     resume, resume_state = _resume_point(cfg, context)
     model_dir = resolve_model_dir(cfg.base_model)
     context.tokenizer = load_tokenizer(cfg, model_dir)
-    main = process_rank() == 0  # rank 0 alone samples, scores, logs and saves
+    main = process_rank() == 0  # rank 0 alone drives the producer: prompts, rewards, logs and saves
+    spread = generation_spreads(cfg, host, world_size())  # every rank generates a share of each call
     scorer = RewardScorer(cfg, host, context) if main else None
     prompts, eval_prompts = _prompts(cfg, host, context, scorer)
-    sampled: dict[str, Any] = {}  # the model a rollout samples, once it has loaded
-    context.get_model = lambda: sampled.get("model")
+    sampled = SampledModel()  # the model a rollout samples, once it has loaded
+    context.get_model = sampled
     status = "failed"
     observer: RunObserver | None = None
     try:
         # trackers: before the model loads; rank 0 alone logs
         observer = RunObserver.build(cfg, host, context, eval_prompts, _stop_ids(context.tokenizer)) if main else None
-        impls = build_implementations(host, cfg, context, main=main)  # a managed engine starts here
+        impls = build_implementations(host, cfg, context, main=main, spread=spread)  # a managed engine starts here
         _keep_trainer_off_engine_cores(context, impls)
         loaded = _load_model_parts(cfg, context, model_dir)
         dist = _joined_processes(cfg, context, loaded)
-        # A rollout that samples the trainer's model: under FSDP/ZeRO-3 no rank holds it whole, so rank 0
-        # samples with the backend's full copy, which every weight sync refreshes.
-        sampled["model"] = loaded.backend.sampling_model(loaded.accelerator.device) if impls.samples_trainer_model else loaded.model
-        trainer = GRPOTrainer(_trainer_parts(cfg, host, context, loaded, impls, dist, scorer, observer, prompts))
+        sampled.alone = _alone_sampler(loaded, impls)
+        if not spread:
+            sampled()  # rank 0 samples alone throughout: place its model now, on this (the main) thread
+        trainer = GRPOTrainer(_trainer_parts(cfg, host, context, loaded, impls, dist, scorer, observer, prompts,
+                                             _spread_generation(spread, host, context, loaded, dist, sampled)))  # fmt: skip
         if resume is not None:
             trainer.resume(resume, resume_state)
             context.log(f"resumed from {resume} at step {trainer.step}")

@@ -24,8 +24,9 @@ runs there too (torch's ``fully_shard`` supports gloo): that is how the
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from grpo_core.config.fsdp_options import fsdp_problems, fsdp_value
 from grpo_core.config.schema import GRPOConfig
@@ -131,6 +132,48 @@ def sampling_copy(full: FullCopy, device: Any) -> Any:
     if full.copy is not None:
         full.copy.to(device)
     return full.copy
+
+
+@contextlib.contextmanager
+def unsharded(forward: Any, policy: Any) -> Iterator[Any]:
+    """*Collective.* Every FSDP2 unit of ``forward`` unsharded for the block,
+    yielding ``policy`` (whose weights are then whole on this rank).
+
+    Each unit is all-gathered once on entry (every rank, in the same module
+    order) and kept whole through any number of forwards: FSDP2 otherwise
+    reshards a unit after its forward and all-gathers it again at the next,
+    which would hold every rank in lock-step for every generated token (and
+    hang when ranks generate different numbers of steps). ``generate`` runs
+    the policy, not the root module, so the root's own parameters (embedding,
+    final norm) are unsharded here too. Resharding on exit is local. The
+    "no reshard after forward" switch is set on FSDP2's parameter groups and
+    put back as it was (``post_forward_mesh_info``: torch's internal; the
+    public ``set_reshard_after_forward`` cannot restore the root's default),
+    and the root is marked as such first (``_lazy_init``, also internal)."""
+    # heavy (torch.distributed.fsdp): loaded on first use, not with this module
+    from torch.distributed.fsdp import FSDPModule
+
+    units, seen = [], set()
+    for module in forward.modules():
+        if isinstance(module, FSDPModule) and id(state := module._get_fsdp_state()) not in seen:
+            seen.add(id(state))
+            units.append((module, list(state._fsdp_param_groups)))
+    saved = [(group, group.post_forward_mesh_info) for _, groups in units for group in groups]
+    # Before any training forward, FSDP2 has not yet marked its root: a unit's own forward would then
+    # take itself for the root and break the next real one. The root's lazy init (idempotent) marks it.
+    if units:
+        units[0][0]._get_fsdp_state()._lazy_init()
+    try:
+        for module, _ in units:
+            module.unshard()
+        for group, _ in saved:
+            group.post_forward_mesh_info = None
+        yield policy
+    finally:
+        for group, info in saved:
+            group.post_forward_mesh_info = info
+        for module, _ in units:
+            module.reshard()
 
 
 # ----------------------------------------------------------------------------- sharded checkpoints

@@ -34,12 +34,13 @@ only the trainable adapter is gathered, the frozen base never changes).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -205,6 +206,40 @@ def deepspeed_record_types() -> list[Any]:
         if obj is not None:
             found.append(obj)
     return found
+
+
+@contextlib.contextmanager
+def gathered_for_generation(engine: Any, policy: Any) -> Iterator[Any]:
+    """*Collective.* Every ZeRO-3 parameter of ``engine`` gathered whole on
+    this rank for the block, yielding ``policy``: what TRL's
+    ``unwrap_model_for_generation`` does with DeepSpeed's ``GatheredParameters``.
+
+    The engine's own fetch/release hooks are taken off meanwhile (each
+    module's forward would otherwise release its parameters after it ran
+    and all-gather them at the next, holding every rank in lock-step per
+    generated token), then put back, and the parameters partitioned again.
+    grpo_core never imports deepspeed, so this calls the objects' own
+    methods (``param.all_gather``/``partition``, the parameter offload's
+    hook registration), as DeepSpeed's context and TRL's
+    ``remove_hooks``/``add_hooks`` do."""
+    params = sorted({id(p): p for p in engine.module.parameters() if hasattr(p, "ds_id")}.values(), key=lambda p: p.ds_id)
+    offload = getattr(engine.optimizer, "parameter_offload", engine.optimizer)
+    if params:
+        params[0].all_gather(param_list=params)  # the same order on every rank: by ds_id
+    for param in params:
+        param.ds_active_sub_modules.clear()
+    for hook in [*offload.forward_hooks, *offload.backward_hooks]:
+        hook.remove()
+    offload.forward_hooks, offload.backward_hooks = [], []
+    try:
+        yield policy
+    finally:
+        coordinator = getattr(offload, "param_coordinator", None)
+        if coordinator is not None and not coordinator.is_invalid_trace():
+            coordinator._invalidate_trace()  # the generation's module order is not training's
+        offload._register_deepspeed_module(offload.module)
+        if params:
+            params[0].partition(param_list=params, has_been_updated=False)
 
 
 class Zero3FullWeights:

@@ -10,6 +10,7 @@ runs: it calls these methods, and each backend module
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -109,9 +110,26 @@ class TrainingBackend(Protocol):
 
     def sampling_model(self, device: Any) -> Any:
         """The model a rollout that samples the trainer's model generates with
-        (``SAMPLES_TRAINER_MODEL``) on rank 0: the policy itself, or where no
+        (``SAMPLES_TRAINER_MODEL``) on rank 0 alone (evaluation, ``async_prefetch``,
+        a rollout that does not generate on every rank): the policy itself, or where no
         rank holds it whole, a full copy on ``device`` that :meth:`full_model`
         keeps current. ``None`` on ranks that never sample."""
+        ...
+
+    @classmethod
+    def gathers_for_generation(cls, cfg: GRPOConfig) -> bool:
+        """Every rank can hold the whole policy for a generation call
+        (:meth:`generation_model`): a rollout that samples the trainer's model
+        and declares ``generates_on_every_rank`` then samples a share of each
+        call on every rank (:mod:`grpo_core.training.spread_generation`)
+        instead of on rank 0 alone with :meth:`sampling_model`."""
+        ...
+
+    def generation_model(self) -> contextlib.AbstractContextManager[Any]:
+        """*Collective.* The policy, usable whole on this rank for the block
+        (FSDP2: unsharded, ZeRO-3: parameters gathered, a replica: as it is)
+        and needing no collective inside it, so each rank generates its own
+        prompts for as many steps as they take; sharded again after."""
         ...
 
     def checkpoint_parts(self, staging: Path, version: int) -> CheckpointParts:

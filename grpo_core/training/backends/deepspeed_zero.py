@@ -4,7 +4,10 @@ never accumulates or schedules on its own).
 
 The engine owns backward, clipping and the step. ZeRO-3 partitions the
 parameters, so rank 0 keeps a full copy (:class:`~grpo_core.training.zero.Zero3FullWeights`)
-for syncs, saves and sampling; under ZeRO-2 every rank holds them whole. A
+for syncs, saves and sampling on rank 0 alone (evaluation); a rollout that
+generates on every rank samples with the parameters gathered for the call
+(:func:`~grpo_core.training.zero.gathered_for_generation`). Under ZeRO-2
+every rank holds them whole. A
 checkpoint holds DeepSpeed's own per-rank partitions (weights, fp32 masters,
 optimizer state) beside grpo's full ``model/``: it resumes onto the same
 process count only, which :data:`~grpo_core.training.backends.base.PARTITIONED_KEY`
@@ -13,6 +16,7 @@ records.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -119,6 +123,16 @@ class DeepSpeedBackend:
 
     def sampling_model(self, device: Any) -> Any:
         return self.policy if self.full is None else sampling_copy(self.full, device)
+
+    @classmethod
+    def gathers_for_generation(cls, cfg: GRPOConfig) -> bool:
+        return True
+
+    def generation_model(self) -> contextlib.AbstractContextManager[Any]:
+        """ZeRO-2: every rank holds the parameters whole; ZeRO-3: gathered for the block."""
+        if not self.stage3:
+            return contextlib.nullcontext(self.policy)
+        return zero.gathered_for_generation(self._engine.engine, self.policy)
 
     def checkpoint_parts(self, staging: Path, version: int) -> CheckpointParts:
         """Every rank writes its partition under ``staging`` (moved into the

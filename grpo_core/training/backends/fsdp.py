@@ -4,20 +4,24 @@ the options are :mod:`grpo_core.training.sharding`'s).
 
 No rank holds the policy whole, so rank 0 keeps an unsharded copy made before
 sharding (:class:`~grpo_core.training.sharding.FullWeights`), refreshed from the
-shards once per policy version: what syncs, checkpoints, the final save and a
-rollout that samples the trainer's model read. Checkpoints hold full tensors
+shards once per policy version: what syncs, checkpoints and the final save
+read, and what a rollout that samples the trainer's model generates with on
+rank 0 alone (evaluation). A rollout that generates on every rank samples
+with the sharded policy itself, every FSDP2 unit unsharded for the call
+(:func:`~grpo_core.training.sharding.unsharded`). Checkpoints hold full tensors
 (the optimizer state keyed by parameter name), so they load onto any process
 count, sharded or not.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from grpo_core.config.fsdp_options import fsdp_problems
+from grpo_core.config.fsdp_options import fsdp_problems, fsdp_value
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.backends.base import (
@@ -36,6 +40,7 @@ from grpo_core.training.sharding import (
     load_full_optimizer_state,
     optimizer_state_by_name,
     sampling_copy,
+    unsharded,
 )
 from grpo_core.validation.checks import ChosenTraits
 
@@ -87,6 +92,13 @@ class FsdpBackend(ReplicatedBackend):
     def sampling_model(self, device: Any) -> Any:
         assert self.full is not None, "prepare() first"
         return sampling_copy(self.full, device)
+
+    @classmethod
+    def gathers_for_generation(cls, cfg: GRPOConfig) -> bool:
+        return int(fsdp_value(cfg, "version", 2) or 2) == 2  # FSDP1 (fsdp_version = 1): rank 0 samples with its copy
+
+    def generation_model(self) -> contextlib.AbstractContextManager[Any]:
+        return unsharded(self.forward, self.policy)
 
     def checkpoint_parts(self, staging: Path, version: int) -> CheckpointParts:
         model = self.full_model(version)

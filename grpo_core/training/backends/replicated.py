@@ -8,6 +8,7 @@ checkpoint is the model and ``optimizer.pt`` as one process writes them
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -72,6 +73,13 @@ class ReplicatedBackend:
 
     def sampling_model(self, device: Any) -> Any:
         return self.policy
+
+    @classmethod
+    def gathers_for_generation(cls, cfg: GRPOConfig) -> bool:
+        return True  # every rank holds the whole policy
+
+    def generation_model(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext(self.policy)
 
     def checkpoint_parts(self, staging: Path, version: int) -> CheckpointParts:
         return CheckpointParts(model=self.policy, optimizer=self.optimizer)
