@@ -198,5 +198,12 @@ def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(smollm2_dir: str,
     ours, liger = run("grpo", False), run("liger", True)
     for a, b in zip(ours, liger, strict=True):
         for key in ("loss", "grad_norm", "kl"):
+            if key == "loss" and a["step"] == 1:
+                # the step's first iteration: ratios 1 and the policy still the reference, so the
+                # loss is -mean(advantages) = 0 up to float32 rounding in both (which samples
+                # decide); the step's signal is in its grad norm, compared below
+                assert abs(a[key]) < 1e-6 and abs(b[key]) < 1e-6, (a[key], b[key])
+                continue
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (key, a["step"])
+    assert ours[0]["grad_norm"] > 1e-3
     assert abs(liger[1]["loss"]) > 1e-4 and "entropy" not in liger[1]

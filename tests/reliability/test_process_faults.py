@@ -30,6 +30,10 @@ from grpo_core.training.checkpoint import list_checkpoints, recover_interrupted_
 
 MAX_STEPS = 4
 TIMINGS = {"step_time", "time/generation", "time/scoring", "time/weight_sync"}
+ROUNDING_GAPS = {"is/sampling_logp_difference/max", "is/sampling_logp_difference/mean"}
+"""Gaps between the sampler's and the trainer's log-probs of the same tokens: float32 rounding
+(~1e-5) whose last digits differed between an uninterrupted and a resumed run with every other
+metric equal (seen once in a full suite: 9.1e-6 against 1.05e-5): compared at their scale."""
 
 
 def _run_settings() -> dict[str, Any]:
@@ -56,7 +60,8 @@ def assert_same_result(out: Path, reference: tuple[dict[int, dict], dict], from_
     for step in range(from_step + 1, MAX_STEPS + 1):
         assert resumed[step].keys() == records[step].keys()
         for key in resumed[step].keys() - TIMINGS - {k for k in resumed[step] if k.startswith("time/")}:
-            assert resumed[step][key] == pytest.approx(records[step][key], rel=1e-4, abs=1e-6), (step, key)
+            tolerance = {"abs": 1e-5} if key in ROUNDING_GAPS else {"rel": 1e-4, "abs": 1e-6}
+            assert resumed[step][key] == pytest.approx(records[step][key], **tolerance), (step, key)
     assert any(records[step].get("grad_norm") for step in records)  # the weights moved, so comparing them means something
     final = load_file(str(out / "adapter_model.safetensors"))
     assert final.keys() == weights.keys()
