@@ -4,6 +4,7 @@ this CPU's ceilings, all measured in one run (issue #27).
     nice -n 10 .venv/bin/python benchmarks/bench_ceiling.py --repeats 5
     nice -n 10 .venv/bin/python benchmarks/bench_ceiling.py --vllm            # + a float32 vLLM server of its own
     .venv/bin/python benchmarks/bench_ceiling.py --base-url http://127.0.0.1:PORT --api-key KEY  # reuse one
+    nice -n 10 .venv/bin/python benchmarks/bench_ceiling.py --precision bf16  # the trainer as bf16 runs it
 
 Prints, in order:
 
@@ -37,6 +38,11 @@ the LM head (tied embeddings, frozen) 4 x positions x hidden x vocab, on the
 completion positions for grpo and on every position for the plain loop.
 Elementwise work (norms, activations, softmax, LoRA's scaling) is not counted.
 
+``--precision bf16`` runs the trainer's ways as grpo's ``bf16`` does (the
+frozen base loaded in bf16, the adapters float32, forward under bf16
+autocast; what ``bf16 = "auto"`` picks on a CPU with AVX512-BF16 or AMX) and
+rates them against the bf16 ``mm`` ceilings.
+
 The CPU flags, torch version, threads and the load average at start and end
 are printed with the numbers; on a loaded machine read them as such.
 Writes benchmarks/results/ceiling.json.
@@ -45,6 +51,7 @@ Writes benchmarks/results/ceiling.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -189,27 +196,36 @@ def ceiling_seconds(flops: dict[str, float], rates: dict[str, float]) -> float:
 # ---------------------------------------------------------------- the trainer's forward/backward
 
 
-def grpo_pass(model, ids: torch.Tensor, completion: int, share: bool) -> torch.Tensor:
+def compute_context(precision: str) -> Callable[[], contextlib.AbstractContextManager]:
+    """The forward's context: none in float32, bf16 autocast as the trainer enters it for bf16."""
+    if precision == "bf16":
+        return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def grpo_pass(model, ids: torch.Tensor, completion: int, share: bool, compute=contextlib.nullcontext) -> torch.Tensor:
     """grpo's log-prob path as the trainer calls it (entropy on), then backward."""
     from grpo_core.training.logprobs import token_logprobs
 
-    logps, _ = token_logprobs(model, ids, torch.ones_like(ids), completion, with_entropy=True, share_prompts=share)
+    with compute():
+        logps, _ = token_logprobs(model, ids, torch.ones_like(ids), completion, with_entropy=True, share_prompts=share)
     logps.mean().backward()
     return logps.detach()
 
 
-def plain_pass(model, ids: torch.Tensor, completion: int) -> torch.Tensor:
+def plain_pass(model, ids: torch.Tensor, completion: int, compute=contextlib.nullcontext) -> torch.Tensor:
     """A plain transformers + peft loop: logits at every position, log-softmax over the vocabulary, backward."""
-    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[:, :-1]
-    logps = F.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)[:, -completion:]
+    with compute():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[:, :-1]
+        logps = F.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)[:, -completion:]
     logps.mean().backward()
     return logps.detach()
 
 
-def trainer_ways(model, ids: torch.Tensor, completion: int) -> dict[str, Callable[[], torch.Tensor]]:
-    return {"shared": lambda: grpo_pass(model, ids, completion, share=True),
-            "whole": lambda: grpo_pass(model, ids, completion, share=False),
-            "plain": lambda: plain_pass(model, ids, completion)}  # fmt: skip
+def trainer_ways(model, ids: torch.Tensor, completion: int, compute=contextlib.nullcontext) -> dict[str, Callable[[], torch.Tensor]]:
+    return {"shared": lambda: grpo_pass(model, ids, completion, share=True, compute=compute),
+            "whole": lambda: grpo_pass(model, ids, completion, share=False, compute=compute),
+            "plain": lambda: plain_pass(model, ids, completion, compute=compute)}  # fmt: skip
 
 
 def time_interleaved(model, ways: dict[str, Callable[[], torch.Tensor]], repeats: int):
@@ -312,8 +328,8 @@ def print_ceilings(rates: dict[str, dict[str, float]], bandwidth: dict[str, floa
     print("memory bandwidth: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bandwidth.items()))
 
 
-def print_trainer(rows: list[dict]) -> None:
-    print("\n== the trainer's forward+backward, float32, interleaved, median ==")
+def print_trainer(rows: list[dict], precision: str) -> None:
+    print(f"\n== the trainer's forward+backward, {precision}, interleaved, median ==")
     print(f"{'way':<48}{'s':>7}{'GFLOP':>8}{'GFLOP/s':>9}{'% ceiling':>11}")
     for r in rows:
         print(f"{r['label']:<48}{r['seconds']:>7.2f}{r['gflop']:>8.0f}{r['gflops']:>9.0f}{r['ceiling_share'] * 100:>10.0f}%")
@@ -333,6 +349,8 @@ def main() -> None:
     parser.add_argument("--base-url", help="time a generation on this running vLLM server instead")
     parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
     parser.add_argument("--served-model", default="base")
+    parser.add_argument("--precision", choices=["float32", "bf16"], default="float32",
+                        help="the trainer's compute: bf16 as grpo's `bf16 = true` runs it (module docstring)")
     args = parser.parse_args()
 
     from bench_shared_prompts import lora_model, micro_batch
@@ -340,19 +358,22 @@ def main() -> None:
     from grpo_core.modeling.precision import cpu_flag_summary, native_bf16
 
     out: dict = {"cpu_flags": cpu_flag_summary(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                 "load_average_start": load_average()}  # fmt: skip
+                 "load_average_start": load_average(), "precision": args.precision}  # fmt: skip
+    if args.precision == "bf16" and not native_bf16("cpu"):
+        raise SystemExit("--precision bf16: this CPU has no native bf16 (AVX512-BF16 or AMX); grpo stays float32 here")
     print(f"CPU flags: {out['cpu_flags']}; torch {out['torch']}; {out['threads']} threads; "
           f"load average (1, 5, 15 min) at start: {out['load_average_start']}", flush=True)
     out["mm_gflops"] = ceilings(args.repeats, native_bf16("cpu"))
     out["bandwidth_gbs"] = bandwidth_gbs(args.repeats)
     print_ceilings(out["mm_gflops"], out["bandwidth_gbs"])
     fp32 = out["mm_gflops"]["float32"]
+    trainer_rates = out["mm_gflops"]["bf16 (native)" if args.precision == "bf16" else "float32"]
 
     torch.manual_seed(0)
-    model = lora_model()
+    model = lora_model(torch.bfloat16 if args.precision == "bf16" else torch.float32)
     dims = Dims.of(model.config, lora_r=16)
     ids = micro_batch(torch.Generator().manual_seed(0), PROMPTS, ROWS, PROMPT_TOKENS, COMPLETION_TOKENS)
-    ways = trainer_ways(model, ids, COMPLETION_TOKENS)
+    ways = trainer_ways(model, ids, COMPLETION_TOKENS, compute_context(args.precision))
     samples, logps = time_interleaved(model, ways, args.repeats)
     seconds = {name: statistics.median(t) for name, t in samples.items()}
     labels = {"shared": "grpo, shared prompts (default)", "whole": "grpo, every row whole",
@@ -362,10 +383,10 @@ def main() -> None:
         flops = micro_batch_flops(dims, name, PROMPTS, ROWS, PROMPT_TOKENS, COMPLETION_TOKENS)
         out["trainer"].append({"way": name, "label": labels[name], "seconds": s, "samples_s": samples[name],
                                "gflop": sum(flops.values()) / 1e9, "gflops": sum(flops.values()) / s / 1e9,
-                               "ceiling_share": ceiling_seconds(flops, fp32) / s,
+                               "ceiling_share": ceiling_seconds(flops, trainer_rates) / s,
                                "flops_by_class_G": {k: v / 1e9 for k, v in flops.items()}})  # fmt: skip
     out["max_abs_logp_difference_vs_plain"] = {n: float((logps[n] - logps["plain"]).abs().max()) for n in ("shared", "whole")}
-    print_trainer(out["trainer"])
+    print_trainer(out["trainer"], args.precision)
     gflop = {r["way"]: r["gflop"] for r in out["trainer"]}
     for name in ("shared", "whole"):  # the same round's ratio: the machine's load changes less within a round
         per_round = [gflop[name] / samples[name][i] / (gflop["plain"] / samples["plain"][i]) for i in range(args.repeats)]
@@ -405,7 +426,8 @@ def main() -> None:
     out["load_average_end"] = load_average()
     print(f"\nload average (1, 5, 15 min) at end: {out['load_average_end']}")
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "ceiling.json").write_text(json.dumps(out, indent=2))
+    name = "ceiling.json" if args.precision == "float32" else f"ceiling_{args.precision}.json"
+    (HERE / "results" / name).write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

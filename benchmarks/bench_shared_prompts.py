@@ -27,6 +27,12 @@ The candidate (:func:`fused_lora_forward`) adds ``scaling * h @ B^T`` into the
 base output in place (``addmm_``), so the BLAS call does both and backward
 scales only the thin ``[tokens, r]`` gradient; it covers only the plain case
 this benchmark runs (one adapter, no dropout, not merged, one dtype).
+
+``--compare head-selection`` times the LM head's log-softmax, target
+selection and entropy as autograd composes them (``log_softmax``, ``gather``,
+``-(p * log p).sum()``: grpo's path before #27) against
+:class:`grpo_core.training.logprobs.SelectedLogSoftmax` (grpo's default),
+prompts shared in both.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,14 +58,22 @@ def fused_lora_forward(layer, x: torch.Tensor) -> torch.Tensor:
     return result.view(*x.shape[:-1], result.shape[-1])
 
 
-def lora_model() -> torch.nn.Module:
-    """SmolLM2-135M-Instruct in float32 with a fresh LoRA r16 on all linear layers, in training mode."""
+def composed_selection(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+    """``--compare head-selection``'s baseline: the head's selection as autograd composes it."""
+    logps_all = F.log_softmax(logits, dim=-1)
+    selected = logps_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return selected, (-(logps_all.exp() * logps_all).sum(-1)).detach() if with_entropy else None
+
+
+def lora_model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """SmolLM2-135M-Instruct with a fresh LoRA r16 on all linear layers, in training mode: the
+    frozen base in ``dtype`` (bf16 as grpo loads it for bf16 compute), the adapters float32."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(DEFAULT_MODEL), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(DEFAULT_MODEL), dtype=dtype)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
     model.train()
     return model
@@ -79,20 +94,24 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=34)
     parser.add_argument("--completion-tokens", type=int, nargs="+", default=[48, 12])
-    parser.add_argument("--compare", choices=["shared-prompts", "head-checkpoint", "lora-forward"],
+    parser.add_argument("--compare", choices=["shared-prompts", "head-checkpoint", "lora-forward", "head-selection"],
                         default="shared-prompts")  # fmt: skip
     args = parser.parse_args()
-    # (label, token_logprobs keyword arguments, LoRA layers' forward or None for peft's) of the two ways timed
-    ways = {"shared-prompts": (("whole", {"share_prompts": False}, None), ("shared", {"share_prompts": True}, None)),
-            "head-checkpoint": (("recomputed", {"share_prompts": True, "checkpoint_above": 0}, None),
-                                ("kept", {"share_prompts": True}, None)),
-            "lora-forward": (("peft", {"share_prompts": True}, None),
-                             ("fused", {"share_prompts": True}, fused_lora_forward))}[args.compare]  # fmt: skip
+    # (label, token_logprobs keyword arguments, LoRA layers' forward or None for peft's,
+    # the head's selection or None for grpo's) of the two ways timed
+    ways = {"shared-prompts": (("whole", {"share_prompts": False}, None, None), ("shared", {"share_prompts": True}, None, None)),
+            "head-checkpoint": (("recomputed", {"share_prompts": True, "checkpoint_above": 0}, None, None),
+                                ("kept", {"share_prompts": True}, None, None)),
+            "lora-forward": (("peft", {"share_prompts": True}, None, None),
+                             ("fused", {"share_prompts": True}, fused_lora_forward, None)),
+            "head-selection": (("composed", {"share_prompts": True}, None, composed_selection),
+                               ("fused", {"share_prompts": True}, None, None))}[args.compare]  # fmt: skip
 
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    from grpo_core.training.logprobs import token_logprobs
     from grpo_core.modeling.precision import cpu_flag_summary
+    from grpo_core.training import logprobs
+    from grpo_core.training.logprobs import token_logprobs
 
     torch.manual_seed(0)
     model = lora_model()
@@ -102,17 +121,19 @@ def main() -> None:
                 if "lora_B" in name:
                     param.normal_(std=0.02)
     peft_forward = LoraLinear.forward
+    grpo_selection = logprobs.SelectedLogSoftmax.apply
     generator = torch.Generator().manual_seed(0)
     results = []
     for completion in args.completion_tokens:
         ids = micro_batch(generator, args.prompts, args.rows, args.prompt_tokens, completion)
         mask = torch.ones_like(ids)
-        times: dict[str, list[float]] = {label: [] for label, _, _ in ways}
+        times: dict[str, list[float]] = {label: [] for label, *_ in ways}
         logps: dict[str, torch.Tensor] = {}
         grads: dict[str, list[torch.Tensor]] = {}
         for _ in range(args.repeats + 1):
-            for label, kwargs, lora_forward in ways:
+            for label, kwargs, lora_forward, selection in ways:
                 LoraLinear.forward = lora_forward or peft_forward
+                logprobs.SelectedLogSoftmax.apply = selection or grpo_selection
                 model.zero_grad(set_to_none=True)
                 began = time.perf_counter()
                 lp, _ = token_logprobs(model, ids, mask, completion, with_entropy=True, **kwargs)
@@ -121,11 +142,12 @@ def main() -> None:
                 logps[label] = lp.detach()
                 grads[label] = [p.grad for p in model.parameters() if p.requires_grad]
         LoraLinear.forward = peft_forward
-        (a, _, _), (b, _, _) = ways
+        logprobs.SelectedLogSoftmax.apply = grpo_selection
+        (a, *_), (b, *_) = ways
         row = {"completion_tokens": completion, "max_abs_logp_difference": float((logps[a] - logps[b]).abs().max()),
                "max_relative_grad_difference": max(float((x - y).abs().max() / y.abs().max().clamp_min(1e-30))
                                                    for x, y in zip(grads[a], grads[b])),
-               **{f"{label}_seconds": statistics.median(times[label][1:]) for label, _, _ in ways}}  # the first pass is warm-up
+               **{f"{label}_seconds": statistics.median(times[label][1:]) for label, *_ in ways}}  # the first pass is warm-up
         row["speedup"] = row[f"{a}_seconds"] / row[f"{b}_seconds"]
         if args.compare == "shared-prompts":
             row["tokens"] = f"{args.rows * (args.prompt_tokens + completion)} -> {args.prompts * args.prompt_tokens + args.rows * completion}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpo_core.contract.errors import GrpoError
-from grpo_core.training.logprobs import token_logprobs
+from grpo_core.training.logprobs import SelectedLogSoftmax, token_logprobs
 
 TEMPERATURE = 0.7
 
@@ -66,9 +66,11 @@ def naive(model, input_ids, attention_mask, c, temperature):
 
 
 def _objective(logps, entropy, cmask):
-    # A loss that weights positions differently so a misaligned gradient shows.
+    # A loss that weights positions differently so a misaligned gradient shows. The entropy
+    # is not in it: token_logprobs returns it detached (a metric and a mask, never trained
+    # on, as in TRL), which test_entropy_is_returned_detached checks.
     w = torch.linspace(-1.0, 2.0, logps.numel()).view_as(logps)
-    return (logps * w * cmask).sum() + 0.3 * (entropy * cmask).sum()
+    return (logps * w * cmask).sum()
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +218,51 @@ def test_keeps_no_vocab_sized_tensors_for_backward(model, batch):
     # The naive path keeps at least the [B, C, V] log-softmax; ours keeps none of it.
     assert naive_bytes - ours_bytes > logits_bytes
     print(f"saved-for-backward: naive {naive_bytes / 2**20:.1f} MiB, token_logprobs {ours_bytes / 2**20:.1f} MiB")
+
+
+def test_entropy_is_returned_detached(model, batch):
+    ids, mask, cmask, c = batch
+    lp, ent = token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, chunk_size=16)
+    assert lp.requires_grad and not ent.requires_grad
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_selected_log_softmax_matches_float64(temperature):
+    """The fused selection against log_softmax + gather in float64: values,
+    entropy and the input gradient, on logits as spread as a trained head's."""
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(64, 49152, generator=generator) * 4).requires_grad_()
+    targets = torch.randint(0, 49152, (64,), generator=generator)
+    weights = torch.randn(64, generator=generator)
+    tempered = logits / temperature
+    selected, entropy = SelectedLogSoftmax.apply(tempered, targets, True)
+    (grad,) = torch.autograd.grad((selected * weights).sum(), logits)
+
+    exact = logits.detach().double().requires_grad_()
+    exact_all = (exact / temperature).log_softmax(-1)
+    exact_selected = exact_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    (exact_grad,) = torch.autograd.grad((exact_selected * weights.double()).sum(), exact)
+    exact_entropy = -(exact_all.exp() * exact_all).sum(-1)
+    # float32 rounding at the logits' scale (~20 before the log-normaliser), as the plain path
+    torch.testing.assert_close(selected.double(), exact_selected.detach(), atol=2e-5, rtol=0)
+    torch.testing.assert_close(entropy.double(), exact_entropy.detach(), atol=5e-5, rtol=0)
+    torch.testing.assert_close(grad.double(), exact_grad, atol=1e-7, rtol=1e-4)
+    plain_entropy = -(tempered.detach().log_softmax(-1).exp() * tempered.detach().log_softmax(-1)).sum(-1)
+    assert (entropy - exact_entropy).abs().max() <= 2 * (plain_entropy - exact_entropy).abs().max() + 1e-6
+    _, no_entropy = SelectedLogSoftmax.apply(tempered, targets, False)
+    assert no_entropy is None
+
+
+def test_the_kept_head_saves_one_logits_sized_tensor(model, batch):
+    """Below checkpoint_above, backward keeps each chunk's softmax and no
+    second logits-sized tensor (log-softmax output and its exp, before)."""
+    ids, mask, cmask, c = batch
+    vocab = model.config.vocab_size
+    kept = _saved_bytes(model, lambda: token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True))
+    checkpointed = _saved_bytes(model, lambda: token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True,
+                                                              checkpoint_above=0))  # fmt: skip
+    logits_bytes = ids.size(0) * c * vocab * 4
+    assert logits_bytes * 0.99 <= kept - checkpointed <= logits_bytes * 1.1, (kept - checkpointed) / logits_bytes
 
 
 def test_rejects_bad_arguments(model, batch):

@@ -37,11 +37,12 @@ DEFAULT_CHUNK_SIZE = 256
 
 DEFAULT_CHECKPOINT_ABOVE = 128 * 2**20
 """Logit elements (positions x vocabulary) of one call above which the head
-chunks are checkpointed. Without it backward keeps two or three
-logits-sized float32 tensors (the log-softmax output, and its exp for the
-entropy), so 128 Mi elements hold at most 1.5 GiB: 16 completions of 48
-tokens over a 49k vocabulary (36 Mi) or 16 x 48 over a 152k one (111 Mi)
-are kept, 16 x 512 over 152k (1.2 Gi, 14 GiB kept) is checkpointed."""
+chunks are checkpointed. Without it backward keeps one logits-sized float32
+tensor per chunk (the softmax probabilities, :class:`SelectedLogSoftmax`; a
+second with a soft cap or a bf16 head), so 128 Mi elements hold 0.5-1 GiB:
+16 completions of 48 tokens over a 49k vocabulary (36 Mi) or 16 x 48 over a
+152k one (111 Mi) are kept, 16 x 512 over 152k (1.2 Gi, 5-10 GiB kept) is
+checkpointed."""
 
 
 def head_is_plain(model: Any) -> bool:
@@ -66,13 +67,48 @@ def _chunk_logps(
         logits = torch.tanh(logits / softcap) * softcap
     if temperature != 1.0:
         logits = logits / temperature
-    logps_all = F.log_softmax(logits, dim=-1)
-    logps = logps_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if with_entropy:
-        entropy = -(logps_all.exp() * logps_all).sum(-1)
-    else:
-        entropy = logps.new_zeros(())
-    return logps, entropy
+    logps, entropy = SelectedLogSoftmax.apply(logits, targets, with_entropy)
+    return logps, entropy if with_entropy else logps.new_zeros(())
+
+
+class SelectedLogSoftmax(torch.autograd.Function):
+    """``log_softmax(logits)[row, target]`` per row, and optionally the
+    entropy (never differentiated: a metric and a mask), in fewer passes over
+    the ``[rows, vocabulary]`` logits than ``log_softmax`` + ``gather`` +
+    ``-(p * log p).sum()``.
+
+    Autograd's way keeps the log-softmax output, allocates the entropy's
+    ``exp`` and products, and in backward fills a zero tensor for ``gather``
+    before the log-softmax's own backward pass. Here the softmax
+    probabilities overwrite the log-softmax output in place and are what
+    backward keeps, and the input gradient is one pass:
+    ``-grad * p``, plus ``grad`` at each target. The arithmetic micro-batch's
+    forward+backward: 1.05-1.07x (benchmarks/RESULTS.md, "The LM head's
+    selection"); log-probs equal, gradients and entropy to float32 rounding
+    (tests/test_logprobs.py)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logps_all = F.log_softmax(logits, dim=-1)
+        selected = logps_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        entropy = None
+        if with_entropy:
+            log_normalizer = logits[..., 0] - logps_all[..., 0]
+        probs = logps_all.exp_()
+        if with_entropy:
+            # H = sum p (lse - z), with sum p kept rather than taken as 1: the probabilities'
+            # float32 rounding then cancels as it does in -(p * log p).sum()
+            entropy = log_normalizer * probs.sum(-1) - (probs * logits).sum(-1)
+            ctx.mark_non_differentiable(entropy)
+        ctx.save_for_backward(probs, targets)
+        return selected, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_selected: torch.Tensor, grad_entropy: torch.Tensor | None) -> tuple[torch.Tensor, None, None]:
+        probs, targets = ctx.saved_tensors
+        grad = probs * grad_selected.neg().unsqueeze(-1)
+        grad.scatter_add_(-1, targets.unsqueeze(-1), grad_selected.unsqueeze(-1))
+        return grad, None, None
 
 
 def _shares_exactly(body: Any) -> bool:
