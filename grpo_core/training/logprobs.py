@@ -73,7 +73,8 @@ def _chunk_logps(
 
 class SelectedLogSoftmax(torch.autograd.Function):
     """``log_softmax(logits)[row, target]`` per row, and optionally the
-    entropy (never differentiated: a metric and a mask), in fewer passes over
+    entropy (never differentiated: a metric and a mask; an entropy bonus,
+    which grpo does not offer, would need its gradient), in fewer passes over
     the ``[rows, vocabulary]`` logits than ``log_softmax`` + ``gather`` +
     ``-(p * log p).sum()``.
 
