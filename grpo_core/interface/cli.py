@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+import grpo_core
 from grpo_core import __version__
 from grpo_core.contract.errors import ConfigError, GrpoError
 from grpo_core.interface.cli_common import (
@@ -46,7 +47,7 @@ A run is described by one config file (TOML, or the reference guide's YAML
 layout): `grpo config check CONFIG` validates it, `grpo run CONFIG` trains.
 """
 
-_CORE_DIR = Path(__file__).resolve().parents[1]  # grpo_core/, above interface/
+_CORE_DIR = Path(grpo_core.__file__).resolve().parent  # the package, wherever this module sits in it
 _library_formatwarning = warnings.formatwarning  # Python's, as imported
 
 
