@@ -65,15 +65,17 @@ def composed_selection(logits: torch.Tensor, targets: torch.Tensor, with_entropy
     return selected, (-(logps_all.exp() * logps_all).sum(-1)).detach() if with_entropy else None
 
 
-def lora_model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def lora_model(dtype: torch.dtype = torch.float32, attn_implementation: str | None = None) -> torch.nn.Module:
     """SmolLM2-135M-Instruct with a fresh LoRA r16 on all linear layers, in training mode: the
-    frozen base in ``dtype`` (bf16 as grpo loads it for bf16 compute), the adapters float32."""
+    frozen base in ``dtype`` (bf16 as grpo loads it for bf16 compute), the adapters float32;
+    ``attn_implementation`` as transformers takes it (None: its default, sdpa)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(DEFAULT_MODEL), dtype=dtype)
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(DEFAULT_MODEL), dtype=dtype, **extra)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
     model.train()
     return model
