@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 PROMPTS, SAMPLES, TOKENS = 4, 8, 48
 
 
-def serve(model_dir: str, port: int, dtype: str, all_cores: bool, lora: bool) -> subprocess.Popen:
+def serve(model_dir: str, port: int, dtype: str, all_cores: bool, lora: bool, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if all_cores:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
@@ -42,6 +42,7 @@ def serve(model_dir: str, port: int, dtype: str, all_cores: bool, lora: bool) ->
             "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     if lora:
         argv += ["--enable-lora", "--max-lora-rank", "16"]
+    argv += list(extra)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     for _ in range(600):
         try:

@@ -40,6 +40,7 @@ def seconds(url: str, prompts: list[list[int]], samples: int, tokens: int, logpr
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--block-size", type=int, default=None, help="vLLM's KV block size (its CPU default: 128)")
     args = parser.parse_args()
 
     from bench_ceiling import arithmetic_prompts
@@ -54,7 +55,8 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = serve(model_dir, port, "float32", all_cores=True, lora=False)
+    extra = ("--block-size", str(args.block_size)) if args.block_size else ()
+    server = serve(model_dir, port, "float32", all_cores=True, lora=False, extra=extra)
     url = f"http://127.0.0.1:{port}/v1/completions"
     cases = {  # label: (prompts, samples, tokens, logprobs)
         "1 prompt x 1, 1 token": (prompts[:1], 1, 1, 0),

@@ -57,6 +57,13 @@ class VllmSettings(_Table):
         description="GPU indices the trainer keeps (its CUDA_VISIBLE_DEVICES is narrowed to them before CUDA starts). Unset: the trainer uses its default device (index 0).",
     )
     enable_prefix_caching: bool | None = None
+    block_size: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens per KV cache block: prefix caching shares whole blocks only, so a group's samples share their "
+        "prompt's prefill only up to its last full block. Default: 32 on CPU (the smallest vLLM's CPU attention takes; "
+        "its own default, 128, shares nothing of a prompt under 128 tokens), vLLM's own on GPU.",
+    )
     enforce_eager: bool | None = Field(
         None, description="Skip vLLM's graph compilation: much faster engine start, slightly slower generation. Default: true on CPU, vLLM's own on GPU."
     )

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_plugins.vllm.engine import PACKED_GROUPS
 from grpo_plugins.vllm.engine_settings import (
+    block_size,
     cpu_kvcache_gib,
     enforce_eager,
     max_model_len,
@@ -171,6 +172,9 @@ class ColocatedEngine:
             }
             if v.enable_prefix_caching is not None:
                 kwargs["enable_prefix_caching"] = v.enable_prefix_caching
+            blocks = block_size(cfg)
+            if blocks is not None:
+                kwargs["block_size"] = blocks
             started = time.perf_counter()
             self.log("vLLM: starting the colocated engine in this process")
             try:

@@ -27,6 +27,7 @@ from grpo_plugins.vllm.addresses import (
 )
 from grpo_plugins.vllm.cpus import plan_cpu_split
 from grpo_plugins.vllm.engine_settings import (
+    block_size,
     cpu_kvcache_gib,
     cpu_whole_prefill_args,
     enforce_eager,
@@ -153,6 +154,9 @@ def server_spec(
         argv.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
     if enforce_eager(cfg):
         argv.append("--enforce-eager")
+    blocks = block_size(cfg)
+    if blocks is not None:
+        argv += ["--block-size", str(blocks)]
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if not machine.cuda_available():
         argv += cpu_whole_prefill_args(max_len)

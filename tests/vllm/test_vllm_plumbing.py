@@ -52,6 +52,21 @@ def test_enforce_eager_defaults_to_cpu_only(smollm2_dir, tmp_path, config_for):
     assert "--enforce-eager" in server_spec(cfg).argv
 
 
+def test_kv_block_size_is_32_on_cpu_and_vllms_own_on_a_gpu(smollm2_dir, tmp_path, config_for, monkeypatch):
+    """vLLM's CPU default of 128-token blocks shares no prefill between the
+    samples of a prompt shorter than 128 tokens (prefix caching shares whole
+    blocks); 32 is the smallest its CPU attention takes."""
+    from grpo_plugins.vllm import machine
+
+    cfg = config_for(smollm2_dir, tmp_path)
+    monkeypatch.setattr(machine, "cuda_available", lambda: False)
+    assert _arg(server_spec(cfg).argv, "--block-size") == "32"
+    monkeypatch.setattr(machine, "cuda_available", lambda: True)  # faked: no GPU here
+    assert "--block-size" not in server_spec(cfg).argv
+    cfg.vllm.block_size = 64
+    assert _arg(server_spec(cfg).argv, "--block-size") == "64"
+
+
 # /proc/cpuinfo flag lines of each x86-64 CPU class a user may have (trimmed).
 CPU_CLASSES = {
     "avx2": ("flags : fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi2", "float32"),
