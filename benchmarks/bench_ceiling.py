@@ -55,7 +55,6 @@ import contextlib
 import json
 import math
 import os
-import socket
 import statistics
 import sys
 import time
@@ -301,16 +300,16 @@ def decode_bounds(model, read_gbs: float, decode_gflops: float, sequences: int) 
             "flops_per_step_G": flops / 1e9, "flop_bound_ms": flops / (decode_gflops * 1e9) * 1e3}  # fmt: skip
 
 
-def start_server():
-    """A float32 vLLM server on all cores without LoRA layers (grpo's managed default on CPU), via bench_vllm_cpu."""
+def start_server(extra: tuple[str, ...] = ()):
+    """A float32 vLLM server on all cores without LoRA layers (grpo's managed default on CPU), via
+    bench_vllm_cpu; ``extra`` goes on its command line."""
     from bench_vllm_cpu import serve
 
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_plugins.vllm.addresses import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return serve(resolve_model_dir(DEFAULT_MODEL), port, "float32", all_cores=True, lora=False), f"http://127.0.0.1:{port}"
+    port = free_port()
+    return serve(resolve_model_dir(DEFAULT_MODEL), port, "float32", all_cores=True, lora=False, extra=extra), f"http://127.0.0.1:{port}"
 
 
 # ---------------------------------------------------------------- report

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -43,21 +42,15 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=None, help="vLLM's KV block size (its CPU default: 128)")
     args = parser.parse_args()
 
-    from bench_ceiling import arithmetic_prompts
-    from bench_vllm_cpu import serve
+    from bench_ceiling import arithmetic_prompts, start_server
     from transformers import AutoTokenizer
 
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_core.modeling.precision import cpu_flag_summary
 
-    model_dir = resolve_model_dir(DEFAULT_MODEL)
-    prompts = arithmetic_prompts(AutoTokenizer.from_pretrained(model_dir), 4)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    extra = ("--block-size", str(args.block_size)) if args.block_size else ()
-    server = serve(model_dir, port, "float32", all_cores=True, lora=False, extra=extra)
-    url = f"http://127.0.0.1:{port}/v1/completions"
+    prompts = arithmetic_prompts(AutoTokenizer.from_pretrained(resolve_model_dir(DEFAULT_MODEL)), 4)
+    server, base_url = start_server(("--block-size", str(args.block_size)) if args.block_size else ())
+    url = base_url + "/v1/completions"
     cases = {  # label: (prompts, samples, tokens, logprobs)
         "1 prompt x 1, 1 token": (prompts[:1], 1, 1, 0),
         "4 prompts x 8, 1 token": (prompts, 8, 1, 0),

@@ -151,11 +151,10 @@ def test_prompts_of_one_seeded_call_never_share_a_random_stream(make_context, pr
     assert len(set(samples)) == 4, samples  # four streams: 2 prompts x 2 samples
 
 
-def prefix_cache_hits(vllm_server) -> float:
+def prefix_cache_hits(client: VLLMClient) -> float:
     """Prompt tokens the server has found in its prefix cache so far (/metrics)."""
-    metrics = requests.get(vllm_server.base_url + "/metrics", headers={"Authorization": f"Bearer {vllm_server.spec.api_key}"}, timeout=30)
-    metrics.raise_for_status()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.text.splitlines() if line.startswith("vllm:prefix_cache_hits_total"))
+    metrics = client.request("GET", "/metrics", parse=lambda response: response.text)
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:prefix_cache_hits_total"))
 
 
 def test_the_samples_of_a_group_share_their_prompts_prefill(make_context, smollm2_tokenizer, vllm_server):
@@ -168,11 +167,11 @@ def test_the_samples_of_a_group_share_their_prompts_prefill(make_context, smollm
     prompt = chat_prompts(smollm2_tokenizer, [question])[0]
     shared = (len(prompt.prompt_ids) - 1) // 32 * 32  # the full blocks before the token each sample computes itself
     assert shared >= 64 and len(prompt.prompt_ids) < 128, len(prompt.prompt_ids)
-    reset = requests.post(vllm_server.base_url + "/reset_prefix_cache", headers={"Authorization": f"Bearer {vllm_server.spec.api_key}"}, timeout=30)
-    assert reset.status_code == 200  # nothing of this prompt is cached before the request
-    before = prefix_cache_hits(vllm_server)
+    client = VLLMClient(vllm_server.base_url, api_key=vllm_server.spec.api_key)
+    assert client.reset_prefix_cache()  # nothing of this prompt is cached before the request
+    before = prefix_cache_hits(client)
     VLLMRollout(make_context()).grpo_rollout_generate([prompt], 8, SamplingSettings(max_tokens=2, seed=1), 0)
-    assert prefix_cache_hits(vllm_server) - before >= 7 * shared
+    assert prefix_cache_hits(client) - before >= 7 * shared
 
 
 def test_server_found_by_host_and_port(make_context, prompts, vllm_server):
