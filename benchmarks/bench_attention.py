@@ -1,13 +1,14 @@
 """transformers' attention implementations in the trainer's forward+backward:
 ``sdpa`` (its default, PyTorch's CPU flash attention) against ``eager``
-(matmuls and a softmax), interleaved, on the arithmetic micro-batch with
+(matmuls and a softmax) and grpo's ``sdpa_float32`` (the flash kernel on
+float32 q/k/v inside a bf16 pass, grpo_core/modeling/attention.py), interleaved, on the arithmetic micro-batch with
 shared prompts (RESULTS.md, "Rates against this CPU's ceilings").
 
     .venv/bin/python benchmarks/bench_attention.py --precision bf16 --completion-tokens 48 --rounds 3
     .venv/bin/python benchmarks/bench_attention.py --precision bf16 --completion-tokens 400 --rounds 2
 
 One model per implementation (the same seed, so the same LoRA), one
-untimed warm-up round, then ``--rounds`` timed rounds, the two alternating;
+untimed warm-up round, then ``--rounds`` timed rounds, alternating;
 prints each pass and the medians. bf16 runs as grpo's ``bf16`` does
 (:func:`bench_ceiling.compute_context`).
 """
@@ -31,6 +32,8 @@ def main() -> None:
     parser.add_argument("--precision", choices=["float32", "bf16"], default="bf16")
     parser.add_argument("--completion-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds, after one warm-up")
+    parser.add_argument("--implementations", default="sdpa,eager,sdpa_float32",
+                        help="attn_implementation values to compare (sdpa_float32: grpo's float32 attention in a bf16 pass)")
     args = parser.parse_args()
 
     from bench_ceiling import PROMPT_TOKENS, PROMPTS, ROWS, compute_context, grpo_pass
@@ -40,8 +43,11 @@ def main() -> None:
 
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     ids = micro_batch(torch.Generator().manual_seed(0), PROMPTS, ROWS, PROMPT_TOKENS, args.completion_tokens)
+    from grpo_core.modeling.attention import register_sdpa_float32
+
+    register_sdpa_float32()
     models = {}
-    for implementation in ("sdpa", "eager"):
+    for implementation in args.implementations.split(","):
         torch.manual_seed(0)
         models[implementation] = lora_model(dtype, implementation)
     compute = compute_context(args.precision)

@@ -40,8 +40,9 @@ Elementwise work (norms, activations, softmax, LoRA's scaling) is not counted.
 
 ``--precision bf16`` runs the trainer's ways as grpo's ``bf16`` does (the
 frozen base loaded in bf16, the adapters float32, forward under bf16
-autocast; what ``bf16 = "auto"`` picks on a CPU with AVX512-BF16 or AMX) and
-rates them against the bf16 ``mm`` ceilings.
+autocast, attention in float32 by ``sdpa_float32``; what ``bf16 = "auto"``
+picks on a CPU with AVX512-BF16 or AMX) and rates them against the bf16
+``mm`` ceilings.
 
 The CPU flags, torch version, threads and the load average at start and end
 are printed with the numbers; on a loaded machine read them as such.
@@ -369,7 +370,12 @@ def main() -> None:
     trainer_rates = out["mm_gflops"]["bf16 (native)" if args.precision == "bf16" else "float32"]
 
     torch.manual_seed(0)
-    model = lora_model(torch.bfloat16 if args.precision == "bf16" else torch.float32)
+    if args.precision == "bf16":  # as grpo loads the policy for a bf16 pass on a CPU (grpo_core/modeling/attention.py)
+        from grpo_core.modeling.attention import register_sdpa_float32
+
+        model = lora_model(torch.bfloat16, register_sdpa_float32())
+    else:
+        model = lora_model(torch.float32)
     dims = Dims.of(model.config, lora_r=16)
     ids = micro_batch(torch.Generator().manual_seed(0), PROMPTS, ROWS, PROMPT_TOKENS, COMPLETION_TOKENS)
     ways = trainer_ways(model, ids, COMPLETION_TOKENS, compute_context(args.precision))

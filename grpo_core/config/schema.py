@@ -360,7 +360,7 @@ class GRPOConfig(_Table):
     flash_attention: bool = False
     sdp_attention: bool | None = None
     attn_implementation: str | None = Field(
-        None, description="transformers' attn_implementation (eager, sdpa, flash_attention_2, ...); flash kernels fall back to sdpa without CUDA."
+        None, description="transformers' attn_implementation (eager, sdpa, flash_attention_2, ...) or grpo's sdpa_float32 (sdpa on float32 q/k/v inside a bf16 pass); flash kernels fall back to sdpa without CUDA. Unset: sdpa_float32 for bf16 compute on a CPU, transformers' default (sdpa) elsewhere."
     )
     gradient_checkpointing: bool = False
     gradient_checkpointing_kwargs: dict[str, Any] | None = None

@@ -30,6 +30,7 @@ from torch import nn
 
 from grpo_core.config.zero_stage import zero_stage
 from grpo_core.contract.errors import ConfigError, NotImplementedYet
+from grpo_core.modeling.attention import SDPA_FLOAT32, register_sdpa_float32
 from grpo_core.modeling.precision import resolve_precision
 from grpo_core.modeling.quantization import quantization_config
 
@@ -160,13 +161,18 @@ def _flash_or_sdpa(kernel: str, key: str) -> str:
     return "sdpa"
 
 
-def resolve_attn_implementation(cfg: GRPOConfig) -> str | None:
+def resolve_attn_implementation(cfg: GRPOConfig, device_type: str | None = None, flags: set[str] | None = None) -> str | None:
     """``attn_implementation`` (Axolotl's and transformers' key) or the older
     ``flash_attention`` / ``sdp_attention`` flags -> what from_pretrained gets.
-    Flash kernels need CUDA: elsewhere say what runs instead rather than fail."""
+    Flash kernels need CUDA: elsewhere say what runs instead rather than fail.
+    Unset, a bf16 pass on a CPU gets ``sdpa_float32`` (grpo_core/modeling/attention.py:
+    PyTorch's CPU flash-attention backward is several times slower in bf16);
+    ``device_type`` and ``flags`` default to this machine's, tests pass others."""
     if cfg.attn_implementation is not None:
         if cfg.attn_implementation in _FLASH_AVAILABLE:
             return _flash_or_sdpa(cfg.attn_implementation, f"attn_implementation = '{cfg.attn_implementation}'")
+        if cfg.attn_implementation == SDPA_FLOAT32:
+            return register_sdpa_float32()
         return cfg.attn_implementation
     if cfg.flash_attention:
         return _flash_or_sdpa("flash_attention_2", "flash_attention")
@@ -174,6 +180,9 @@ def resolve_attn_implementation(cfg: GRPOConfig) -> str | None:
         return "sdpa"
     if cfg.sdp_attention is False:
         return "eager"
+    device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device_type == "cpu" and resolve_precision(cfg, device_type, flags).compute_dtype == torch.bfloat16:
+        return register_sdpa_float32()
     return None  # transformers' default
 
 

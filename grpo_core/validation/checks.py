@@ -398,7 +398,9 @@ def _training_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) ->
         warnings.append("gradient_checkpointing_kwargs is set but gradient_checkpointing is false.")
 
 
-ATTN_IMPLEMENTATIONS = {"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "paged_attention"}
+ATTN_IMPLEMENTATIONS = {"eager", "sdpa", "sdpa_float32", "flash_attention_2", "flash_attention_3", "flex_attention",
+                        "paged_attention"}
+"""transformers' names, and grpo's ``sdpa_float32`` (grpo_core/modeling/attention.py)."""
 
 
 def _model_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warnings: list[str]) -> None:
