@@ -47,7 +47,7 @@ HOMES: dict[str, tuple[str, ...]] = {
     "grpo_core.runtime.atomic": ("atomic_directory",),
     "grpo_core.training.data": ("import_from_cwd",),
     # helpers for an inference engine: what a weight sync sends, its process's life and cores
-    "grpo_core.modeling.engine_weights": ("merged_weights", "save_adapter", "adapter_body"),
+    "grpo_core.modeling.engine_weights": ("merged_weights", "in_dtype", "save_adapter", "adapter_body"),
     "grpo_core.runtime.lifelong_thread": ("in_lifelong_thread", "set_parent_death_signal"),
     "grpo_core.runtime.cpu_affinity": ("process_cpus", "format_cpu_list"),
     "grpo_core.modeling.model_files": ("resolve_model_dir", "cache_root"),
@@ -131,6 +131,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; tests/test_plugin_ap
     from grpo_core.host.plugin_host import PluginHost
     from grpo_core.modeling.engine_weights import (
         adapter_body,
+        in_dtype,
         merged_weights,
         save_adapter,
     )

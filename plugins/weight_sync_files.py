@@ -35,6 +35,7 @@ from grpo_core.plugin_api import (
     SyncResult,
     atomic_directory,
     hookimpl,
+    in_dtype,
     make_scratch_dir,
     merged_weights,
     remove_scratch_dir,
@@ -165,17 +166,8 @@ class FullFilesystemSync(_FilesystemSync):
     required_capabilities = frozenset({WEIGHTS_FROM_PATH})
 
     def _save(self, model: Any, out: Path, engine: InferenceEngine) -> None:
-        weights = merged_weights(model, engine.fused_modules())
-        if engine.weight_dtype is not None:  # what the engine keeps anyway: fewer bytes to write and read
-            # heavy (torch): loaded on first use, not with this module
-            import torch
-
-            dtype = getattr(torch, engine.weight_dtype)
-            cast: dict[int, Any] = {}  # by storage, so tied weights stay one tensor
-            for key, value in weights.items():
-                if value.data_ptr() not in cast:
-                    cast[value.data_ptr()] = value.to(dtype) if value.is_floating_point() else value
-                weights[key] = cast[value.data_ptr()]
+        # in the engine's dtype: what it keeps anyway, fewer bytes to write and read
+        weights = in_dtype(merged_weights(model, engine.fused_modules()), engine.weight_dtype)
         save_safetensors(weights, out / "model.safetensors")
 
     def _apply(self, engine: InferenceEngine, path: Path) -> None:

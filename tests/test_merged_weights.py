@@ -9,7 +9,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_plugins.vllm.engine import PACKED_GROUPS
-from grpo_core.modeling.engine_weights import merged_weights
+from grpo_core.modeling.engine_weights import in_dtype, merged_weights
 
 
 def tiny_llama() -> LlamaForCausalLM:
@@ -73,3 +73,37 @@ def test_a_zero_adapter_sends_the_base_weights(targets) -> None:
     model = get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=targets))  # B = 0 at init
     base = tiny_llama().state_dict()
     assert all(torch.equal(t, base[k]) for k, t in merged_weights(model, PACKED_GROUPS).items())
+
+
+def test_weights_go_in_the_engines_dtype_tied_ones_cast_once() -> None:
+    """What a bf16 engine keeps: the sync casts (vLLM would cast too, warning once per tensor)."""
+    state = merged_weights(tiny_llama(), PACKED_GROUPS)
+    state["step"] = torch.tensor(3)  # a non-floating tensor passes unchanged
+    assert in_dtype(state, None) is state
+    cast = in_dtype(state, "bfloat16")
+    assert cast.keys() == state.keys()
+    assert {t.dtype for k, t in cast.items() if k != "step"} == {torch.bfloat16} and cast["step"].dtype == torch.int64
+    assert torch.equal(cast["model.norm.weight"], state["model.norm.weight"].to(torch.bfloat16))
+    # tied embeddings: one storage under two names, cast once and still one
+    assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
+    assert cast["lm_head.weight"].data_ptr() == cast["model.embed_tokens.weight"].data_ptr()
+
+
+def test_the_colocated_engine_names_its_dtype_so_the_in_memory_sync_casts() -> None:
+    from grpo_core.config.loader import validate
+    from grpo_plugins.vllm.colocate import ColocatedEngine, InMemorySync
+
+    class Recorded(ColocatedEngine):
+        """The real engine's dtype rule; load_weights records what arrives (no vLLM started)."""
+
+        def fused_modules(self):
+            return PACKED_GROUPS
+
+        def load_weights(self, weights):
+            self.loaded = weights
+
+    for dtype in ("bfloat16", "float32"):
+        engine = Recorded(validate({"base_model": "m", "vllm": {"dtype": dtype}}))
+        assert engine.weight_dtype == dtype
+        InMemorySync(context=None).grpo_sync_weights(model=lora_model("all-linear"), version=1, engine=engine)
+        assert {t.dtype for t in engine.loaded.values()} == {getattr(torch, dtype)}

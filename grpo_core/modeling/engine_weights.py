@@ -83,6 +83,27 @@ def merged_weights(model: Any, packed_groups: tuple[tuple[str, ...], ...]) -> di
     return state
 
 
+def in_dtype(weights: dict[str, Any], dtype: str | None) -> dict[str, Any]:
+    """``weights`` with every floating tensor cast to ``dtype`` (a torch dtype
+    name, an engine's ``weight_dtype``; ``None``: as they are). The engine keeps
+    that dtype anyway, so a sync sends no more bytes than it stores and the
+    engine casts nothing (vLLM warns once per tensor when it narrows one).
+    Tied tensors (one storage under two names) are cast once and stay shared."""
+    if dtype is None:
+        return weights
+    # heavy (torch): loaded on first use, not with this module
+    import torch
+
+    target = getattr(torch, dtype)
+    cast: dict[int, Any] = {}
+    out: dict[str, Any] = {}
+    for key, value in weights.items():
+        if value.data_ptr() not in cast:
+            cast[value.data_ptr()] = value.to(target) if value.is_floating_point() else value
+        out[key] = cast[value.data_ptr()]
+    return out
+
+
 def save_adapter(model: Any, out: Path, sync: str) -> None:
     """Write ``model``'s active PEFT adapter into ``out`` as an engine loads
     one (``adapter_model.safetensors``, ``adapter_config.json``, directly in

@@ -54,6 +54,7 @@ from grpo_core.plugin_api import (
     SamplingSettings,
     SyncResult,
     hookimpl,
+    in_dtype,
     merged_weights,
     resolve_model_dir,
 )
@@ -78,7 +79,6 @@ class ColocatedEngine:
     capabilities = frozenset({WEIGHTS_IN_MEMORY, SCORES_TOKENS})
     served_model = "base"
     same_host = True
-    weight_dtype = None  # tensors are handed over as they are; vLLM casts on load
 
     def __init__(self, cfg: GRPOConfig, log: Any = print) -> None:
         self.cfg = cfg
@@ -97,6 +97,17 @@ class ColocatedEngine:
     @property
     def weight_label(self) -> str | None:
         return f"grpo-memory-{self._loads}" if self._loads else None
+
+    @property
+    def weight_dtype(self) -> str | None:
+        """The dtype the engine holds its weights in: the running engine's
+        own (so a GPU's ``auto`` is known too), else the one it starts with."""
+        if self.llm is not None:
+            dtype = getattr(getattr(self.llm.llm_engine, "model_config", None), "dtype", None)
+            if dtype is not None:
+                return str(dtype).removeprefix("torch.")
+        dtype = resolve_dtype(self.cfg.vllm.dtype)
+        return None if dtype == "auto" else dtype
 
     def ensure_ready(self) -> None:
         self.start()
@@ -360,7 +371,7 @@ class InMemorySync:
                 "set trl.use_vllm = true and trl.vllm_mode = 'colocate' (or plugins.rollout = 'vllm_colocate')."
             )
         start = time.perf_counter()
-        weights = merged_weights(model, engine.fused_modules())
+        weights = in_dtype(merged_weights(model, engine.fused_modules()), engine.weight_dtype)
         engine.load_weights(weights)
         seconds = time.perf_counter() - start
         return SyncResult(version, seconds, f"vllm_in_memory: {len(weights)} tensors in {seconds:.2f}s")
