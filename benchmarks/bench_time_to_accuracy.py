@@ -11,7 +11,10 @@ steps, rewards ``correct_answer`` (1.0) + ``short_answer`` (0.2), seed 42.
 Each runner trains in its own process:
 
 - ``trl``: TRL's GRPOTrainer with its own defaults for everything not listed
-  above (transformers generation: TRL 1.16 refuses this vLLM).
+  above (transformers generation: TRL 1.16 refuses this vLLM), in the
+  precision grpo's ``bf16 = "auto"`` picks on this CPU (bf16 autocast where
+  the CPU computes bf16 natively, float32 elsewhere), so both runners do
+  their arithmetic alike; ``trl-bf16`` / ``trl-fp32`` force one.
 - ``grpo``: grpo's best setup for a CPU: vLLM colocated in the trainer's
   process (``vllm_mode = "colocate"``, in-memory sync), ``bf16 = "auto"`` and
   ``[vllm] dtype = "auto"`` (bf16 where the CPU computes it natively, float32
@@ -27,6 +30,10 @@ examples/arithmetic/data/test.jsonl (no (a, b) pair of them is in training),
 greedy decoding with transformers, the ``correct_answer`` reward. Evaluation
 time is therefore excluded from both runners, and both are judged by the same
 code. A threshold counts as reached at the first evaluation at or above it.
+
+Where the CPU computes bf16 natively, run TRL both ways (``--runners
+grpo,trl-fp32,trl``): each threshold's ratio is taken against the TRL run that
+reached it first, so grpo is compared with TRL's faster precision there.
 
 Step time on identical work: the mean over steps (warm-up step excluded) in
 which grpo trained every completion, against TRL's mean step; grpo's steps
@@ -74,11 +81,14 @@ class Clock:
         return time.perf_counter() - self.start - self.excluded
 
 
-def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock) -> dict:
+def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock, bf16: bool | None = None) -> dict:
+    """TRL's run; ``bf16=None``: as grpo's ``bf16 = "auto"`` decides on this CPU."""
     from datasets import load_dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_core.modeling.precision import native_bf16
 
     sys.path.insert(0, str(EXAMPLE))
     from rewards import correct_answer, short_answer  # noqa: E402
@@ -98,7 +108,7 @@ def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock
         logging_steps=1,
         report_to="none",
         use_cpu=True,
-        bf16=False,
+        bf16=native_bf16("cpu") if bf16 is None else bf16,
         save_strategy="no",
         temperature=1.0,
         seed=42,
@@ -132,7 +142,8 @@ def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock
         callbacks=[Timer()],
     )
     trainer.train()
-    return {"step_end_seconds": step_ends, "step_seconds": step_seconds, "skipped_micro_batches": [0] * len(step_ends),
+    return {"bf16": bool(args.bf16), "step_end_seconds": step_ends, "step_seconds": step_seconds,
+            "skipped_micro_batches": [0] * len(step_ends),
             "load_average": load, "adapters": saved}
 
 
@@ -202,7 +213,9 @@ def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Cloc
         path = output_dir / f"checkpoint-{step}" / "model"
         adapters[step] = str(path if path.is_dir() else output_dir)  # the last step's model is the final save
     adapters[steps] = str(output_dir)
-    return {"step_end_seconds": step_ends,
+    from grpo_core.modeling.precision import native_bf16
+
+    return {"bf16": native_bf16("cpu") if bf16 == "auto" else bool(bf16), "step_end_seconds": step_ends,
             "step_seconds": [r["step_time"] - r.get("time/checkpoint", 0.0) for r in records],
             "skipped_micro_batches": per_step("skipped_zero_adv_batches"),
             "skipped_samples": per_step("skipped_zero_adv_samples"), "load_average": load, "adapters": adapters}
@@ -210,6 +223,8 @@ def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Cloc
 
 RUNNERS = {
     "trl": lambda m, s, e, d, c: run_trl(m, s, e, d, c),
+    "trl-bf16": lambda m, s, e, d, c: run_trl(m, s, e, d, c, bf16=True),
+    "trl-fp32": lambda m, s, e, d, c: run_trl(m, s, e, d, c, bf16=False),
     "grpo": lambda m, s, e, d, c: run_grpo(m, s, e, d, c, bf16="auto"),
     "grpo-bf16": lambda m, s, e, d, c: run_grpo(m, s, e, d, c, bf16=True),
     "grpo-fp32": lambda m, s, e, d, c: run_grpo(m, s, e, d, c, bf16=False),
@@ -254,7 +269,7 @@ def report(name: str, run: dict, accuracy: dict[int, float]) -> dict:
     return {"runner": name, "reached": reached, "accuracy": {str(k): v for k, v in sorted(accuracy.items())},
             "trained_step_seconds": mean(trained), "trained_steps": len(trained),
             "skipped_step_seconds": mean(skipped), "skipped_steps": len(skipped),
-            "median_step_seconds": median, "startup_seconds": startup,
+            "median_step_seconds": median, "startup_seconds": startup, "bf16": run.get("bf16"),
             "load_average": {"mean": statistics.mean(load), "max": max(load)} if load else None}
 
 
@@ -263,34 +278,36 @@ def summarize(raw: dict, out: Path | None = None) -> None:
     base = raw["base_accuracy"]
     rows = [report(name, run, {0: base} | {int(k): v for k, v in raw["accuracy"][name].items()})
             for name, run in raw["runs"].items()]
-    peer = next((r for r in rows if r["runner"] == "trl"), None)
+    peers = [r for r in rows if r["runner"].startswith("trl")]  # TRL in each precision run
     print(f"\nCPU flags: {raw['cpu_flags']}; {raw.get('cores', '?')} cores; started {raw['started']}")
     print(f"base model held-out accuracy: {base:.1%}")
-    for key, title in (("seconds", "wall seconds to each held-out accuracy (eval and saving excluded)"),):
-        print(f"\n{title}")
-        print(f"{'runner':<12}" + "".join(f"{'to ' + t:>20}" for t in ("50%", "70%", "85%")))
-        for row in rows:
-            cells = ""
-            for threshold in ("50%", "70%", "85%"):
-                hit, peer_hit = row["reached"][threshold], peer["reached"][threshold] if peer else None
-                if hit[key] is None:
-                    cells += f"{'not reached':>20}"
-                    continue
-                ratio = f" {peer_hit[key] / hit[key]:.1f}x" if peer_hit and peer_hit[key] and row is not peer else ""
-                cell = f"{hit[key]:.0f}s (step {hit['step']}){ratio}"
-                cells += f"{cell:>20}"
-            print(f"{row['runner']:<12}{cells}")
+    print("\nwall seconds to each held-out accuracy (eval and saving excluded); a ratio is against the TRL run "
+          "that got there first")
+    print(f"{'runner':<12}" + "".join(f"{'to ' + t:>20}" for t in ("50%", "70%", "85%")))
+    for row in rows:
+        cells = ""
+        for threshold in ("50%", "70%", "85%"):
+            hit = row["reached"][threshold]
+            if hit["seconds"] is None:
+                cells += f"{'not reached':>20}"
+                continue
+            peer_times = [p["reached"][threshold]["seconds"] for p in peers if p["reached"][threshold]["seconds"]]
+            ratio = f" {min(peer_times) / hit['seconds']:.1f}x" if peer_times and row not in peers else ""
+            cell = f"{hit['seconds']:.0f}s (step {hit['step']}){ratio}"
+            cells += f"{cell:>20}"
+        print(f"{row['runner']:<12}{cells}")
     print(f"\n{'runner':<12}{'best acc':>10}{'trained s/step':>18}{'skipped s/step':>16}{'median s/step':>15}{'start-up s':>12}{'load avg':>14}")
     for row in rows:
         skipped = f"{row['skipped_step_seconds']:.2f} ({row['skipped_steps']})" if row["skipped_steps"] else "-"
         load = f"{row['load_average']['mean']:.1f} / {row['load_average']['max']:.1f}" if row["load_average"] else "-"
         print(f"{row['runner']:<12}{max(row['accuracy'].values()):>10.1%}{row['trained_step_seconds']:>12.2f} ({row['trained_steps']})"
               f"{skipped:>16}{row['median_step_seconds']:>15.2f}{row['startup_seconds']:>12.0f}{load:>14}")
+        print(f"    precision: {'bf16 autocast' if row['bf16'] else 'float32' if row['bf16'] is False else 'not recorded'}")
         print("    accuracy by step: " + ", ".join(f"{k}: {v:.0%}" for k, v in row["accuracy"].items()))
-    if peer:
+    for peer in peers:
         for row in rows:
-            if row is not peer and row["trained_step_seconds"]:
-                print(f"step time on identical work, {row['runner']} vs TRL: "
+            if row not in peers and row["trained_step_seconds"]:
+                print(f"step time on identical work, {row['runner']} vs {peer['runner']}: "
                       f"{peer['trained_step_seconds'] / row['trained_step_seconds']:.2f}x "
                       f"({row['trained_steps']} steps that trained every micro-batch)")
     if out is None:
