@@ -45,6 +45,7 @@ from grpo_core.plugin_api import (
     SyncResult,
     adapter_body,
     hookimpl,
+    in_dtype,
     make_scratch_dir,
     merged_weights,
     remove_scratch_dir,
@@ -60,19 +61,15 @@ PATH_PREFIX = "/grpo-weights/v"
 def safetensors_bytes(state: dict[str, Any], dtype: str | None) -> bytes:
     """``state`` as one safetensors body, cast to ``dtype`` (when given)
     with tied weights (lm_head = embed_tokens) stored once."""
-    # heavy (safetensors, torch): loaded on first use, not with this module
-    import torch
+    # heavy (safetensors): loaded on first use, not with this module
     from safetensors.torch import save
 
-    cast = getattr(torch, dtype) if dtype else None
     seen: set[int] = set()
     unique: dict[str, Any] = {}
-    for key, tensor in state.items():
+    for key, tensor in in_dtype(state, dtype).items():  # tied tensors stay one storage through the cast
         if tensor.data_ptr() in seen:
             continue
         seen.add(tensor.data_ptr())
-        if cast is not None and tensor.is_floating_point():
-            tensor = tensor.to(cast)
         unique[key] = tensor.contiguous()
     return save(unique, metadata={"format": "pt"})
 

@@ -33,6 +33,7 @@ from grpo_plugins.vllm.engine_settings import (
     block_size,
     cpu_kvcache_gib,
     enforce_eager,
+    known_dtype,
     max_model_len,
     resolve_dtype,
 )
@@ -106,8 +107,7 @@ class ColocatedEngine:
             dtype = getattr(getattr(self.llm.llm_engine, "model_config", None), "dtype", None)
             if dtype is not None:
                 return str(dtype).removeprefix("torch.")
-        dtype = resolve_dtype(self.cfg.vllm.dtype)
-        return None if dtype == "auto" else dtype
+        return known_dtype(self.cfg)
 
     def ensure_ready(self) -> None:
         self.start()

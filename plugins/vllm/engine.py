@@ -29,7 +29,7 @@ from grpo_plugins.vllm.command_line import (
     WORKER_EXTENSION,
     managed_spec,
 )
-from grpo_plugins.vllm.engine_settings import resolve_dtype
+from grpo_plugins.vllm.engine_settings import known_dtype
 from grpo_plugins.vllm.external import (
     OLD_TRL_PROTOCOL,
     ServerFacts,
@@ -218,8 +218,7 @@ class VLLMServerEngine:
         server may have been started with any dtype."""
         if self.server is None:
             return self.facts.dtype
-        dtype = resolve_dtype(self.context.config.vllm.dtype)
-        return None if dtype == "auto" else dtype
+        return known_dtype(self.context.config)
 
     @property
     def cpu_cores(self) -> frozenset[int] | None:

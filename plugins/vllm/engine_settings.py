@@ -37,6 +37,13 @@ def resolve_dtype(dtype: str, flags: str | None = None, cuda: bool | None = None
     return "bfloat16" if machine.cpu_has_fast_bf16(flags) else "float32"
 
 
+def known_dtype(cfg: GRPOConfig) -> str | None:
+    """The dtype an engine grpo starts from ``cfg`` keeps its weights in, where
+    :func:`resolve_dtype` decides it; ``None`` where ``auto`` is left to vLLM (a GPU)."""
+    dtype = resolve_dtype(cfg.vllm.dtype)
+    return None if dtype == "auto" else dtype
+
+
 def max_model_len(cfg: GRPOConfig) -> int:
     """The engine's context length: ``[vllm] max_model_len``, else room for
     the longest prompt plus completion the config allows."""

@@ -65,6 +65,7 @@ from grpo_core.plugin_api import (
     InferenceEngine,
     SyncResult,
     hookimpl,
+    in_dtype,
     merged_weights,
 )
 
@@ -383,9 +384,6 @@ class NcclSync:
 
     @hookimpl
     def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
-        # heavy (torch): loaded on first use, not with this module
-        import torch
-
         if engine is None:
             raise ConfigError("weight sync 'nccl' sends weights to a vLLM server, but the rollout has none: set trl.use_vllm = true.")
         with self._lock:
@@ -399,12 +397,8 @@ class NcclSync:
                 except Exception as exc:
                     raise self._failure(version, exc) from exc
             opened = time.perf_counter()
-            dtype = getattr(torch, engine.weight_dtype) if engine.weight_dtype else None
-            state: dict[str, Any] = {}
-            for name, value in merged_weights(model, engine.fused_modules()).items():
-                if dtype is not None and value.is_floating_point():
-                    value = value.to(dtype)
-                state[name] = value.to(TRANSFER_DEVICE).contiguous()
+            weights = in_dtype(merged_weights(model, engine.fused_modules()), engine.weight_dtype)
+            state = {name: value.to(TRANSFER_DEVICE).contiguous() for name, value in weights.items()}
             self._source.state = state
             group = self._transfer.model_update_group
             group.rounds, group.expected = 0, None if self.settings.packed else len(state)
