@@ -38,6 +38,7 @@ prompts shared in both.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -96,7 +97,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=34)
     parser.add_argument("--completion-tokens", type=int, nargs="+", default=[48, 12])
-    parser.add_argument("--compare", choices=["shared-prompts", "head-checkpoint", "lora-forward", "head-selection"],
+    parser.add_argument("--precision", choices=["float32", "bf16"], default="float32",
+                        help="bf16: as grpo's bf16 = 'auto' computes on a native-bf16 CPU (module docstring)")
+    parser.add_argument("--compare", choices=["shared-prompts", "head-checkpoint", "lora-forward", "head-selection", "adapter-casts"],
                         default="shared-prompts")  # fmt: skip
     args = parser.parse_args()
     # (label, token_logprobs keyword arguments, LoRA layers' forward or None for peft's,
@@ -107,17 +110,29 @@ def main() -> None:
             "lora-forward": (("peft", {"share_prompts": True}, None, None),
                              ("fused", {"share_prompts": True}, fused_lora_forward, None)),
             "head-selection": (("composed", {"share_prompts": True}, None, composed_selection),
-                               ("fused", {"share_prompts": True}, None, None))}[args.compare]  # fmt: skip
+                               ("fused", {"share_prompts": True}, None, None)),
+            "adapter-casts": (("cast", {"share_prompts": True, "uncast": False}, None, None),
+                              ("uncast", {"share_prompts": True, "uncast": True}, None, None))}[args.compare]  # fmt: skip
+    if args.compare == "adapter-casts":
+        args.precision = "bf16"
 
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    from grpo_core.modeling.precision import cpu_flag_summary
+    from grpo_core.modeling.adapter_casts import adapter_inputs_uncast
+    from grpo_core.modeling.attention import register_sdpa_float32
+    from grpo_core.modeling.precision import cpu_flag_summary, native_bf16
     from grpo_core.training import logprobs
     from grpo_core.training.logprobs import token_logprobs
 
     torch.manual_seed(0)
-    model = lora_model()
-    if args.compare == "lora-forward":  # a fresh adapter is a no-op (B = 0): give it an effect, as after a few steps
+    if args.precision == "bf16":
+        if not native_bf16("cpu"):
+            raise SystemExit("--precision bf16: this CPU has no native bf16 (AVX512-BF16 or AMX)")
+        model = lora_model(torch.bfloat16, register_sdpa_float32())
+    else:
+        model = lora_model()
+    compute = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.precision == "bf16" else contextlib.nullcontext
+    if args.compare in ("lora-forward", "adapter-casts"):  # a fresh adapter is a no-op (B = 0): give it an effect, as after a few steps
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "lora_B" in name:
@@ -137,9 +152,12 @@ def main() -> None:
                 LoraLinear.forward = lora_forward or peft_forward
                 logprobs.SelectedLogSoftmax.apply = selection or grpo_selection
                 model.zero_grad(set_to_none=True)
+                kwargs = dict(kwargs)
+                uncast = adapter_inputs_uncast(model) if kwargs.pop("uncast", False) else contextlib.nullcontext()
                 began = time.perf_counter()
-                lp, _ = token_logprobs(model, ids, mask, completion, with_entropy=True, **kwargs)
-                lp.mean().backward()
+                with compute(), uncast:
+                    lp, _ = token_logprobs(model, ids, mask, completion, with_entropy=True, **kwargs)
+                lp.float().mean().backward()
                 times[label].append(time.perf_counter() - began)
                 logps[label] = lp.detach()
                 grads[label] = [p.grad for p in model.parameters() if p.requires_grad]
@@ -155,7 +173,7 @@ def main() -> None:
             row["tokens"] = f"{args.rows * (args.prompt_tokens + completion)} -> {args.prompts * args.prompt_tokens + args.rows * completion}"
         results.append(row)
     flags = cpu_flag_summary()
-    print(f"CPU flags: {flags}; {torch.get_num_threads()} threads; LoRA r16 forward+backward of {args.rows} rows, "
+    print(f"CPU flags: {flags}; {torch.get_num_threads()} threads; {args.precision}; LoRA r16 forward+backward of {args.rows} rows, "
           f"{args.prompts} distinct prompts of {args.prompt_tokens} tokens, median of {args.repeats}")
     print(f"{'completion tokens':>18}{a + ' s':>14}{b + ' s':>14}{'speed-up':>10}{'tokens':>16}{'max |dlogp|':>13}"
           f"{'max rel dgrad':>15}")
@@ -164,7 +182,8 @@ def main() -> None:
               f"{r.get('tokens', '-'):>16}{r['max_abs_logp_difference']:>13.1e}{r['max_relative_grad_difference']:>15.1e}")
     (HERE / "results").mkdir(exist_ok=True)
     name = args.compare.replace("-", "_")
-    (HERE / "results" / f"{name}.json").write_text(json.dumps({"cpu_flags": flags, "compare": args.compare, "rows": results}, indent=2))
+    (HERE / "results" / f"{name}.json").write_text(json.dumps({"cpu_flags": flags, "compare": args.compare, "precision": args.precision,
+                                                               "rows": results}, indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":

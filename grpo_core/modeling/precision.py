@@ -14,11 +14,14 @@ AVX512 without BF16) it is slower than float32, so ``auto`` stays float32.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from grpo_core.modeling.adapter_casts import adapter_inputs_uncast
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -66,11 +69,19 @@ class Precision:
     """Autocast dtype of forward passes; ``None``: float32 throughout."""
     reason: str
 
-    def autocast(self, device_type: str) -> Any:
-        """The context to run forward passes in."""
+    def autocast(self, device_type: str, model: torch.nn.Module | None = None) -> Any:
+        """The context to run forward passes of ``model`` in: autocast to the
+        compute dtype, with the LoRA layers' redundant input casts off
+        (:mod:`grpo_core.modeling.adapter_casts`)."""
         if self.compute_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=device_type, dtype=self.compute_dtype)
+        return _compute_region(device_type, self.compute_dtype, model)
+
+
+@contextlib.contextmanager
+def _compute_region(device_type: str, dtype: torch.dtype, model: torch.nn.Module | None) -> Iterator[None]:
+    with torch.autocast(device_type=device_type, dtype=dtype), adapter_inputs_uncast(model):
+        yield
 
 
 def resolve_precision(cfg: GRPOConfig, device_type: str | None = None, flags: set[str] | None = None) -> Precision:

@@ -188,7 +188,7 @@ def trainer_logprobs(model: Any, ids: Sequence[int], precision: Any) -> list[flo
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), precision.autocast(device.type):
+        with torch.no_grad(), precision.autocast(device.type, model):
             logps, _ = token_logprobs(model, input_ids, torch.ones_like(input_ids), len(ids) - 1)
     finally:
         model.train(was_training)

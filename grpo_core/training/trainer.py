@@ -334,7 +334,7 @@ class GRPOTrainer:
         prepared module, whose forward DDP/FSDP/DeepSpeed wrap."""
         args = (mb.input_ids.to(self.device), mb.attention_mask.to(self.device), mb.num_completion_tokens)
         kwargs = {"temperature": float(self.trl.temperature or 1.0), "with_entropy": with_entropy, "share_prompts": self.share_prompts}
-        with self.precision.autocast(self.device.type):  # bf16/fp16 compute; log-probs come back in float32
+        with self.precision.autocast(self.device.type, model):  # bf16/fp16 compute; log-probs come back in float32
             # the policy's compiled body (torch_compile); the reference runs eager
             body = self.compiled_body if model is self.parts.model else None
             if model is self.parts.model and self.parts.forward is not None:
@@ -426,7 +426,7 @@ class GRPOTrainer:
             )
         body = self.compiled_body if self.compiled_body is not None else plain_body
         c = mb.num_completion_tokens
-        with self.precision.autocast(self.device.type):
+        with self.precision.autocast(self.device.type, self.parts.model):
             out = body(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device), use_cache=False)
         return out.last_hidden_state[:, -c - 1 : -1, :], head
 
