@@ -102,6 +102,8 @@ class WandbTracker:
         self.run.finish()
 
 
+_MLFLOW_EXPORTS = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_ALLOW_FILE_STORE")
+"""What mlflow (or this tracker) puts in os.environ; put back as found at close."""
 _MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. /:]")
 
 
@@ -113,7 +115,9 @@ class MlflowTracker:
 
     def __init__(self, context: RunContext) -> None:
         self.mlflow = _require("mlflow", "mlflow", "mlflow-skinny")
+        self.env_before = {key: os.environ.get(key) for key in _MLFLOW_EXPORTS}
         uri = os.environ.get("MLFLOW_TRACKING_URI")
+        self.own_store = not uri
         if not uri:
             uri = (Path(context.output_dir).resolve() / "mlruns").as_uri()
             # MLflow 3 refuses file stores unless asked; a local store is the
@@ -139,6 +143,16 @@ class MlflowTracker:
 
     def close(self) -> None:
         self.mlflow.end_run()
+        # mlflow exports the tracking URI and experiment to os.environ (for
+        # subprocesses): left there, the next run in this process would log
+        # into this run's output_dir instead of its own.
+        if self.own_store:
+            self.mlflow.set_tracking_uri(None)
+        for key, value in self.env_before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class TrackioTracker:

@@ -5,6 +5,7 @@ metric sequences, the validation split, and the report on written metrics."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,27 @@ def test_builtin_trackers_satisfy_the_protocol(tmp_path: Path, monkeypatch) -> N
         assert all(isinstance(t, Tracker) for t in trackers.trackers.values())
     finally:
         trackers.close()
+
+
+def test_a_second_mlflow_run_in_one_process_logs_to_its_own_output_dir(tmp_path: Path, monkeypatch) -> None:
+    """mlflow exports the tracking URI to os.environ; a run that chose its own
+    store takes it back when it closes (the Python API may train twice)."""
+    from mlflow.tracking import MlflowClient
+
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"):  # restored after the test, whatever mlflow set
+        monkeypatch.delenv(key, raising=False)
+    stores = []
+    for name in ("first", "second"):
+        cfg, ctx = _context(tmp_path / name, report_to=["mlflow"])
+        trackers = TrackerSet.build(cfg, PluginHost(), ctx)
+        trackers.trackers["mlflow"].log({"reward": 1.0}, step=1)
+        trackers.close()
+        assert not {"MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"} & set(os.environ)
+        stores.append(tmp_path / name / "out" / "mlruns")
+    for store in stores:
+        client = MlflowClient(store.resolve().as_uri())
+        (found,) = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
+        assert [m.value for m in client.get_metric_history(found.info.run_id, "reward")] == [1.0]
 
 
 class _Broken:
