@@ -5,7 +5,7 @@ before ``lora_A`` (bf16 activations to float32, since grpo keeps the
 adapters in float32), and autocast then casts that float32 input straight
 back to bf16 for the product. Under autocast the round trip is exact and
 pure cost: two copies of every adapted layer's input in forward, two of its
-gradient in backward (about 0.4 s of a 3.9 s bf16 forward+backward of the
+gradient in backward (0.2-0.4 s of a 4.2-4.8 s bf16 forward+backward of the
 arithmetic micro-batch on an AMX CPU, benchmarks/RESULTS.md). peft exposes
 the switch (``cast_input_dtype_enabled``, what ``peft.helpers.
 disable_input_dtype_casting`` sets); :func:`adapter_inputs_uncast` turns it off
