@@ -5,6 +5,7 @@ this CPU's ceilings, all measured in one run (issue #27).
     nice -n 10 .venv/bin/python benchmarks/bench_ceiling.py --vllm            # + a float32 vLLM server of its own
     .venv/bin/python benchmarks/bench_ceiling.py --base-url http://127.0.0.1:PORT --api-key KEY  # reuse one
     nice -n 10 .venv/bin/python benchmarks/bench_ceiling.py --precision bf16  # the trainer as bf16 runs it
+    .venv/bin/python benchmarks/bench_ceiling.py --precision bf16 --vllm --vllm-dtype bfloat16  # both as 'auto' runs them on AMX
 
 Prints, in order:
 
@@ -25,8 +26,9 @@ Prints, in order:
 4. With ``--vllm`` or ``--base-url``: one generation of the arithmetic batch
    (4 chat-templated prompts from examples/arithmetic x 8 samples x 48 tokens,
    ``ignore_eos``): ms per decode step, ``(t(48 tokens) - t(1 token)) / 47``,
-   against the bandwidth bound (float32 weight bytes / read bandwidth) and the
-   flop bound (2 x 32 x matmul weights / the decode-like ``mm`` rate).
+   against the bandwidth bound (weight bytes in the server's dtype, ``--vllm-dtype``,
+   / read bandwidth) and the flop bound (2 x 32 x matmul weights / the decode-like
+   ``mm`` rate in that dtype).
 
 Useful flops (:func:`micro_batch_flops`), a multiply-add counted as 2: every
 frozen linear layer's product forward and its input gradient backward (no
@@ -196,11 +198,18 @@ def ceiling_seconds(flops: dict[str, float], rates: dict[str, float]) -> float:
 # ---------------------------------------------------------------- the trainer's forward/backward
 
 
-def compute_context(precision: str) -> Callable[[], contextlib.AbstractContextManager]:
-    """The forward's context: none in float32, bf16 autocast as the trainer enters it for bf16."""
-    if precision == "bf16":
+def compute_context(precision: str, model=None) -> Callable[[], contextlib.AbstractContextManager]:
+    """The forward's context: none in float32; for bf16, grpo's compute region for ``model``
+    (autocast, the LoRA layers' inputs left in bf16) as the trainer enters it, or plain bf16
+    autocast without a model (what a plain peft loop runs)."""
+    if precision != "bf16":
+        return contextlib.nullcontext
+    if model is None:
         return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext
+    from grpo_core.modeling.precision import Precision
+
+    region = Precision(torch.bfloat16, torch.bfloat16, "bf16 compute")
+    return lambda: region.autocast("cpu", model)
 
 
 def grpo_pass(model, ids: torch.Tensor, completion: int, share: bool, compute=contextlib.nullcontext) -> torch.Tensor:
@@ -222,10 +231,11 @@ def plain_pass(model, ids: torch.Tensor, completion: int, compute=contextlib.nul
     return logps.detach()
 
 
-def trainer_ways(model, ids: torch.Tensor, completion: int, compute=contextlib.nullcontext) -> dict[str, Callable[[], torch.Tensor]]:
-    return {"shared": lambda: grpo_pass(model, ids, completion, share=True, compute=compute),
-            "whole": lambda: grpo_pass(model, ids, completion, share=False, compute=compute),
-            "plain": lambda: plain_pass(model, ids, completion, compute=compute)}  # fmt: skip
+def trainer_ways(model, ids: torch.Tensor, completion: int, precision: str = "float32") -> dict[str, Callable[[], torch.Tensor]]:
+    grpo_compute, plain_compute = compute_context(precision, model), compute_context(precision)
+    return {"shared": lambda: grpo_pass(model, ids, completion, share=True, compute=grpo_compute),
+            "whole": lambda: grpo_pass(model, ids, completion, share=False, compute=grpo_compute),
+            "plain": lambda: plain_pass(model, ids, completion, compute=plain_compute)}  # fmt: skip
 
 
 def time_interleaved(model, ways: dict[str, Callable[[], torch.Tensor]], repeats: int):
@@ -290,10 +300,11 @@ def decode_step_ms(base_url: str, api_key: str | None, model: str, prompts: list
     return {"request_1_token_s": t1, "request_48_tokens_s": t48, "ms_per_decode_step": (t48 - t1) / (COMPLETION_TOKENS - 1) * 1e3}
 
 
-def decode_bounds(model, read_gbs: float, decode_gflops: float, sequences: int) -> dict[str, float]:
-    """A decode step's lower bounds: reading every float32 weight once, and its matmul flops at the decode-like rate."""
+def decode_bounds(model, read_gbs: float, decode_gflops: float, sequences: int, bytes_per_weight: int = 4) -> dict[str, float]:
+    """A decode step's lower bounds: reading every weight once (``bytes_per_weight``: 4 for a float32
+    server, 2 for bf16), and its matmul flops at the decode-like rate of the server's dtype."""
     params = {n: p for n, p in model.named_parameters() if "lora_" not in n}  # the server runs merged weights, no LoRA
-    weight_bytes = sum(p.numel() * 4 for p in params.values())  # tied embeddings counted once
+    weight_bytes = sum(p.numel() * bytes_per_weight for p in params.values())  # tied embeddings counted once
     embedding = model.get_input_embeddings().weight.numel()
     matmul_weights = sum(p.numel() for n, p in params.items() if p.dim() == 2 and "embed" not in n) + embedding  # + the tied head
     flops = 2.0 * sequences * matmul_weights
@@ -301,16 +312,16 @@ def decode_bounds(model, read_gbs: float, decode_gflops: float, sequences: int) 
             "flops_per_step_G": flops / 1e9, "flop_bound_ms": flops / (decode_gflops * 1e9) * 1e3}  # fmt: skip
 
 
-def start_server(extra: tuple[str, ...] = ()):
-    """A float32 vLLM server on all cores without LoRA layers (grpo's managed default on CPU), via
-    bench_vllm_cpu; ``extra`` goes on its command line."""
+def start_server(extra: tuple[str, ...] = (), dtype: str = "float32"):
+    """A vLLM server in ``dtype`` on all cores without LoRA layers (grpo's managed default on CPU),
+    via bench_vllm_cpu; ``extra`` goes on its command line."""
     from bench_vllm_cpu import serve
 
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_plugins.vllm.addresses import free_port
 
     port = free_port()
-    return serve(resolve_model_dir(DEFAULT_MODEL), port, "float32", all_cores=True, lora=False, extra=extra), f"http://127.0.0.1:{port}"
+    return serve(resolve_model_dir(DEFAULT_MODEL), port, dtype, all_cores=True, lora=False, extra=extra), f"http://127.0.0.1:{port}"
 
 
 # ---------------------------------------------------------------- report
@@ -345,7 +356,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=12, help="ops shown per profile")
-    parser.add_argument("--vllm", action="store_true", help="start a float32 vLLM server (~60-100 s) and time a generation")
+    parser.add_argument("--vllm", action="store_true", help="start a vLLM server (~60-100 s) and time a generation")
+    parser.add_argument("--vllm-dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the server's dtype with --vllm (bfloat16: what [vllm] dtype = 'auto' serves on a native-bf16 CPU)")
     parser.add_argument("--base-url", help="time a generation on this running vLLM server instead")
     parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
     parser.add_argument("--served-model", default="base")
@@ -359,6 +372,8 @@ def main() -> None:
 
     out: dict = {"cpu_flags": cpu_flag_summary(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                  "load_average_start": load_average(), "precision": args.precision}  # fmt: skip
+    if args.vllm_dtype == "bfloat16" and not native_bf16("cpu"):
+        raise SystemExit("--vllm-dtype bfloat16: this CPU has no native bf16 (AVX512-BF16 or AMX); grpo serves float32 here")
     if args.precision == "bf16" and not native_bf16("cpu"):
         raise SystemExit("--precision bf16: this CPU has no native bf16 (AVX512-BF16 or AMX); grpo stays float32 here")
     print(f"CPU flags: {out['cpu_flags']}; torch {out['torch']}; {out['threads']} threads; "
@@ -378,7 +393,7 @@ def main() -> None:
         model = lora_model(torch.float32)
     dims = Dims.of(model.config, lora_r=16)
     ids = micro_batch(torch.Generator().manual_seed(0), PROMPTS, ROWS, PROMPT_TOKENS, COMPLETION_TOKENS)
-    ways = trainer_ways(model, ids, COMPLETION_TOKENS, compute_context(args.precision))
+    ways = trainer_ways(model, ids, COMPLETION_TOKENS, args.precision)
     samples, logps = time_interleaved(model, ways, args.repeats)
     seconds = {name: statistics.median(t) for name, t in samples.items()}
     labels = {"shared": "grpo, shared prompts (default)", "whole": "grpo, every row whole",
@@ -409,12 +424,14 @@ def main() -> None:
         from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
         prompts = arithmetic_prompts(AutoTokenizer.from_pretrained(resolve_model_dir(DEFAULT_MODEL)), PROMPTS)
-        bounds = decode_bounds(model, out["bandwidth_gbs"]["read (sum)"], fp32["decode-like [32x576]x[576x1536]"],
-                               PROMPTS * SAMPLES)  # fmt: skip
+        bf16_server = args.vllm and not args.base_url and args.vllm_dtype == "bfloat16"
+        decode_rate = out["mm_gflops"]["bf16 (native)" if bf16_server else "float32"]["decode-like [32x576]x[576x1536]"]
+        bounds = decode_bounds(model, out["bandwidth_gbs"]["read (sum)"], decode_rate, PROMPTS * SAMPLES,
+                               bytes_per_weight=2 if bf16_server else 4)  # fmt: skip
         del model, ways
-        proc, base_url = start_server() if args.vllm and not args.base_url else (None, args.base_url)
+        proc, base_url = start_server(dtype=args.vllm_dtype) if args.vllm and not args.base_url else (None, args.base_url)
         try:
-            out["generation"] = {"server": base_url if proc is None else "own: float32, all cores, no LoRA",
+            out["generation"] = {"server": base_url if proc is None else f"own: {args.vllm_dtype}, all cores, no LoRA",
                                  **decode_step_ms(base_url, args.api_key, args.served_model, prompts, max(2, args.repeats // 2))}  # fmt: skip
         finally:
             if proc is not None:
@@ -425,7 +442,7 @@ def main() -> None:
         print(f"\n== one generation: {PROMPTS} prompts x {SAMPLES} x {COMPLETION_TOKENS} tokens, vLLM ({g['server']}) ==")
         print(f"requests: 1 token {g['request_1_token_s']:.2f} s, {COMPLETION_TOKENS} tokens {g['request_48_tokens_s']:.2f} s; "
               f"{g['ms_per_decode_step']:.0f} ms per decode step of {PROMPTS * SAMPLES} sequences")
-        print(f"bounds: reading {g['weight_MB']:.0f} MB of float32 weights {g['bandwidth_bound_ms']:.0f} ms; "
+        print(f"bounds: reading {g['weight_MB']:.0f} MB of weights {g['bandwidth_bound_ms']:.0f} ms; "
               f"{g['flops_per_step_G']:.1f} GFLOP at the decode-like rate {g['flop_bound_ms']:.0f} ms")
 
     out["load_average_end"] = load_average()

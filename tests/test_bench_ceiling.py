@@ -14,6 +14,7 @@ from bench_ceiling import (  # noqa: E402
     causal_keys_shared,
     causal_keys_whole,
     ceiling_seconds,
+    decode_bounds,
     micro_batch_flops,
 )
 
@@ -58,3 +59,19 @@ def test_ceiling_seconds_sums_each_class_at_its_shapes_rate():
              "LM head [768x576]x[576x49152]": 50.0}  # fmt: skip
     flops = {"MLP": 100e9, "attention projections": 200e9, "LoRA": 0.0, "attention scores": 0.0, "LM head": 50e9}
     assert ceiling_seconds(flops, rates) == pytest.approx(3.0)
+
+
+def test_decode_bounds_read_each_weight_once_in_the_servers_dtype():
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, tie_word_embeddings=True)  # fmt: skip
+    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=2, target_modules="all-linear"))
+    frozen = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)  # the tied head counted once
+    matmul = 16 * 16 * 2 + 16 * 8 * 2 + 16 * 32 * 3 + 64 * 16  # q, o; k, v; the MLP; the tied head
+    f32 = decode_bounds(model, read_gbs=1.0, decode_gflops=1.0, sequences=4)
+    bf16 = decode_bounds(model, read_gbs=1.0, decode_gflops=1.0, sequences=4, bytes_per_weight=2)
+    assert f32["weight_MB"] == pytest.approx(frozen * 4 / 1e6)
+    assert bf16["bandwidth_bound_ms"] == pytest.approx(f32["bandwidth_bound_ms"] / 2)
+    assert f32["flops_per_step_G"] == bf16["flops_per_step_G"] == pytest.approx(2 * 4 * matmul / 1e9)
