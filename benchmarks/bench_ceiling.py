@@ -381,7 +381,6 @@ def main() -> None:
     out["mm_gflops"] = ceilings(args.repeats, native_bf16("cpu"))
     out["bandwidth_gbs"] = bandwidth_gbs(args.repeats)
     print_ceilings(out["mm_gflops"], out["bandwidth_gbs"])
-    fp32 = out["mm_gflops"]["float32"]
     trainer_rates = out["mm_gflops"]["bf16 (native)" if args.precision == "bf16" else "float32"]
 
     torch.manual_seed(0)
