@@ -33,12 +33,19 @@ selection and entropy as autograd composes them (``log_softmax``, ``gather``,
 ``-(p * log p).sum()``: grpo's path before #27) against
 :class:`grpo_core.training.logprobs.SelectedLogSoftmax` (grpo's default),
 prompts shared in both.
+
+``--precision bf16`` runs every way as grpo's ``bf16 = "auto"`` does on a CPU
+with native bf16: the frozen base in bf16, float32 adapters, attention by
+``sdpa_float32``, forward in grpo's compute region (bf16 autocast, the LoRA
+layers' inputs left in bf16: :mod:`grpo_core.modeling.adapter_casts`).
+``--compare adapter-casts`` (bf16 implied) times that region against plain
+bf16 autocast, where peft casts each adapted layer's bf16 input to float32
+and autocast casts it back.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import time
@@ -111,14 +118,14 @@ def main() -> None:
                              ("fused", {"share_prompts": True}, fused_lora_forward, None)),
             "head-selection": (("composed", {"share_prompts": True}, None, composed_selection),
                                ("fused", {"share_prompts": True}, None, None)),
-            "adapter-casts": (("cast", {"share_prompts": True, "uncast": False}, None, None),
-                              ("uncast", {"share_prompts": True, "uncast": True}, None, None))}[args.compare]  # fmt: skip
+            "adapter-casts": (("cast", {"share_prompts": True, "grpo_region": False}, None, None),
+                              ("uncast", {"share_prompts": True}, None, None))}[args.compare]  # fmt: skip
     if args.compare == "adapter-casts":
         args.precision = "bf16"
 
+    from bench_ceiling import compute_context
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    from grpo_core.modeling.adapter_casts import adapter_inputs_uncast
     from grpo_core.modeling.attention import register_sdpa_float32
     from grpo_core.modeling.precision import cpu_flag_summary, native_bf16
     from grpo_core.training import logprobs
@@ -131,7 +138,6 @@ def main() -> None:
         model = lora_model(torch.bfloat16, register_sdpa_float32())
     else:
         model = lora_model()
-    compute = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.precision == "bf16" else contextlib.nullcontext
     if args.compare in ("lora-forward", "adapter-casts"):  # a fresh adapter is a no-op (B = 0): give it an effect, as after a few steps
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -152,10 +158,10 @@ def main() -> None:
                 LoraLinear.forward = lora_forward or peft_forward
                 logprobs.SelectedLogSoftmax.apply = selection or grpo_selection
                 model.zero_grad(set_to_none=True)
-                kwargs = dict(kwargs)
-                uncast = adapter_inputs_uncast(model) if kwargs.pop("uncast", False) else contextlib.nullcontext()
+                kwargs = dict(kwargs)  # a way runs in grpo's compute region unless it says grpo_region = False
+                compute = compute_context(args.precision, model if kwargs.pop("grpo_region", True) else None)
                 began = time.perf_counter()
-                with compute(), uncast:
+                with compute():
                     lp, _ = token_logprobs(model, ids, mask, completion, with_entropy=True, **kwargs)
                 lp.float().mean().backward()
                 times[label].append(time.perf_counter() - began)
