@@ -116,8 +116,7 @@ class MlflowTracker:
     def __init__(self, context: RunContext) -> None:
         self.mlflow = _require("mlflow", "mlflow", "mlflow-skinny")
         self.env_before = {key: os.environ.get(key) for key in _MLFLOW_EXPORTS}
-        uri = os.environ.get("MLFLOW_TRACKING_URI")
-        self.own_store = not uri
+        uri = self.env_before["MLFLOW_TRACKING_URI"]
         if not uri:
             uri = (Path(context.output_dir).resolve() / "mlruns").as_uri()
             # MLflow 3 refuses file stores unless asked; a local store is the
@@ -146,7 +145,7 @@ class MlflowTracker:
         # mlflow exports the tracking URI and experiment to os.environ (for
         # subprocesses): left there, the next run in this process would log
         # into this run's output_dir instead of its own.
-        if self.own_store:
+        if not self.env_before["MLFLOW_TRACKING_URI"]:  # the store was this run's own
             self.mlflow.set_tracking_uri(None)
         for key, value in self.env_before.items():
             if value is None:
