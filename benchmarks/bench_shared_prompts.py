@@ -62,7 +62,9 @@ def fused_lora_forward(layer, x: torch.Tensor) -> torch.Tensor:
     name = layer.active_adapters[0]
     rows = x.reshape(-1, x.shape[-1])  # 2-D: the in-place add is then on a fresh tensor, not a view
     result = layer.base_layer(rows)  # nothing saves this output for backward, so it may be added to in place
-    result.addmm_(layer.lora_A[name](rows), layer.lora_B[name].weight.t(), alpha=layer.scaling[name])
+    down = layer.lora_A[name](rows)
+    # in-place ops are outside autocast: B comes to the output's dtype by hand (bf16 there)
+    result.addmm_(down.to(result.dtype), layer.lora_B[name].weight.t().to(result.dtype), alpha=layer.scaling[name])
     return result.view(*x.shape[:-1], result.shape[-1])
 
 

@@ -67,6 +67,12 @@ class VllmSettings(_Table):
     enforce_eager: bool | None = Field(
         None, description="Skip vLLM's graph compilation: much faster engine start, slightly slower generation. Default: true on CPU, vLLM's own on GPU."
     )
+    cpu_kernels: bool = Field(
+        True,
+        description="On a CPU, give the engines grpo starts (managed servers, colocated) a sampler that draws one number "
+        "per sequence instead of one per vocabulary entry (the same distribution) and, when eager, vLLM's own C++ RMSNorm "
+        "kernels in place of their PyTorch forms. Off: vLLM's CPU defaults. No effect on a GPU or an external server.",
+    )
     api_key: str | None = Field(
         None,
         description="Require this key on every request but /health (default: VLLM_API_KEY, else one made up per TCP server); the trainer sends it.",

@@ -28,11 +28,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from grpo_plugins.vllm.cpu_kernels import install as install_cpu_kernels
 from grpo_plugins.vllm.engine import PACKED_GROUPS
 from grpo_plugins.vllm.engine_settings import (
     block_size,
+    cpu_kernels,
     cpu_kvcache_gib,
     enforce_eager,
+    ir_op_priority,
     known_dtype,
     max_model_len,
     resolve_dtype,
@@ -183,6 +186,12 @@ class ColocatedEngine:
             }
             if v.enable_prefix_caching is not None:
                 kwargs["enable_prefix_caching"] = v.enable_prefix_caching
+            # grpo's CPU sampler and RMSNorm (cpu_kernels.py): the engine runs in this process, so installed here
+            if not cuda_available() and install_cpu_kernels(enabled=cpu_kernels(cfg)) and cpu_kernels(cfg):
+                self.log("vLLM: grpo's CPU sampler and RMSNorm kernels in the engine ([vllm] cpu_kernels)")
+                priority = ir_op_priority(cfg)
+                if priority is not None:
+                    kwargs["ir_op_priority"] = priority
             blocks = block_size(cfg)
             if blocks is not None:
                 kwargs["block_size"] = blocks

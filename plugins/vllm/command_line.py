@@ -8,6 +8,7 @@ here imports vLLM: the server runs in another interpreter.
 
 from __future__ import annotations
 
+import json
 import secrets
 import sys
 from dataclasses import dataclass, field
@@ -25,12 +26,15 @@ from grpo_plugins.vllm.addresses import (
     private_socket_dir,
     unix_sockets_available,
 )
+from grpo_plugins.vllm.cpu_kernels import CPU_KERNELS_ENV
 from grpo_plugins.vllm.cpus import plan_cpu_split
 from grpo_plugins.vllm.engine_settings import (
     block_size,
+    cpu_kernels,
     cpu_kvcache_gib,
     cpu_whole_prefill_args,
     enforce_eager,
+    ir_op_priority,
     max_model_len,
     resolve_dtype,
 )
@@ -158,6 +162,11 @@ def server_spec(
     if blocks is not None:
         argv += ["--block-size", str(blocks)]
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    if cpu_kernels(cfg):  # grpo's CPU sampler and RMSNorm, loaded by vLLM in its processes (cpu_kernels.py)
+        env[CPU_KERNELS_ENV] = "1"
+        priority = ir_op_priority(cfg)
+        if priority is not None:
+            argv += ["--ir-op-priority", json.dumps(priority)]
     if not machine.cuda_available():
         argv += cpu_whole_prefill_args(max_len)
         # The worker must not busy-wait a second after each request on cores the trainer shares (idle_spin.py)

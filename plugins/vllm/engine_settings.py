@@ -1,13 +1,17 @@
 """The engine settings grpo decides from the config and the machine, shared
 by a vLLM server's command line and the colocated engine: dtype, context
-length, eager mode, KV cache size and block size, whole-prompt prefill on CPU."""
+length, eager mode, KV cache size and block size, whole-prompt prefill and
+kernels on CPU."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo_plugins.vllm import machine
+from grpo_plugins.vllm.cpu_kernels import IR_OP_PRIORITY
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig
@@ -60,6 +64,28 @@ def enforce_eager(cfg: GRPOConfig) -> bool:
     if cfg.vllm.enforce_eager is not None:
         return cfg.vllm.enforce_eager
     return not machine.cuda_available()
+
+
+def cpu_kernels(cfg: GRPOConfig) -> bool:
+    """``[vllm] cpu_kernels`` on a CPU: grpo's sampler and vLLM's C++
+    RMSNorm in the engines grpo starts (:mod:`grpo_plugins.vllm.cpu_kernels`)."""
+    return cfg.vllm.cpu_kernels and not machine.cuda_available()
+
+
+def ir_op_priority(cfg: GRPOConfig) -> dict[str, list[str]] | None:
+    """vLLM's ``ir_op_priority`` for an engine grpo starts: the C++ RMSNorm
+    where :func:`cpu_kernels` and the engine runs eager (compiled, Inductor
+    fuses vLLM's native form itself); ``None``: vLLM's own."""
+    if not (cpu_kernels(cfg) and enforce_eager(cfg)) or not _vllm_has_ir_ops():
+        return None
+    return IR_OP_PRIORITY
+
+
+def _vllm_has_ir_ops() -> bool:
+    """Whether the installed vLLM dispatches ops by ``ir_op_priority`` (read from
+    its files: importing vLLM takes seconds, and a server runs it elsewhere)."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None and (Path(spec.origin).parent / "ir" / "ops").is_dir()
 
 
 CPU_BLOCK_SIZE = 32

@@ -98,6 +98,17 @@ def test_the_server_sleeps_once_a_request_is_answered(make_context, prompts, vll
     assert idle < 0.3, f"the server's processes used {idle:.2f} CPU seconds in the second after answering"  # ~1.0 when spinning
 
 
+def test_grpos_cpu_kernels_run_in_the_servers_it_starts(vllm_server):
+    """The session's server is started as ``grpo run`` starts one on a CPU:
+    vLLM loaded grpo's plugin in its processes and it installed the sampler
+    and RMSNorm kernels (cpu_kernels.py); the engine started with them."""
+    from grpo_plugins.vllm.cpu_kernels import INSTALLED
+
+    if vllm_server.process is None or vllm_server.log_path is None:
+        pytest.skip("the session's server was started by hand (GRPO_TEST_VLLM_PORT): its log is not ours")
+    assert INSTALLED in vllm_server.log_path.read_text(errors="replace")
+
+
 def test_sampling_settings_reach_the_server(make_context, prompts):
     def run(**kw):
         return VLLMRollout(make_context()).grpo_rollout_generate(prompts, 4, SamplingSettings(max_tokens=8, **kw), 0)

@@ -1,0 +1,123 @@
+"""The kernels of :mod:`grpo_plugins.vllm.cpu_kernels` (see there for why):
+vLLM's C++ RMSNorm registered as an IR op provider for the CPU, and an
+inverse-CDF sampler in place of ``TopKTopPSampler.forward_cpu``. Imported
+only inside a vLLM engine's process; free of grpo_core."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from grpo_plugins.vllm.cpu_kernels import PROVIDER
+
+_SAMPLER_ARGS = ["self", "logits", "generators", "k", "p"]
+"""``forward_cpu``'s parameters in the vLLM this replaces; another signature keeps vLLM's."""
+
+
+# ---------------------------------------------------------------- RMSNorm
+
+
+def register_norms() -> bool:
+    """Register :data:`PROVIDER` for ``rms_norm`` and ``fused_add_rms_norm``
+    (idempotent); False where this vLLM has no such IR ops."""
+    try:
+        from vllm import ir
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    ops = getattr(ir, "ops", None)
+    norm, fused = getattr(ops, "rms_norm", None), getattr(ops, "fused_add_rms_norm", None)
+    if norm is None or fused is None:
+        return False
+    if PROVIDER in norm.impls and PROVIDER in fused.impls:
+        return True
+    supported = current_platform.is_cpu() and hasattr(torch.ops._C, "rms_norm") and hasattr(torch.ops._C, "fused_add_rms_norm")
+
+    def takes(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None) -> bool:
+        return (
+            variance_size is None
+            and weight is not None
+            and weight.dtype == x.dtype
+            and x.dtype in (torch.float32, torch.bfloat16)
+            and x.is_contiguous()
+        )
+
+    def takes_fused(
+        x: torch.Tensor, x_residual: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> bool:
+        return takes(x, weight, epsilon, variance_size) and x_residual.dtype == x.dtype and x_residual.is_contiguous()
+
+    if PROVIDER not in norm.impls:
+
+        @norm.register_impl(PROVIDER, supported=supported, supports_args=takes)
+        def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None) -> torch.Tensor:
+            out = torch.empty_like(x)
+            torch.ops._C.rms_norm(out, x, weight, epsilon)
+            return out
+
+    if PROVIDER not in fused.impls:
+
+        @fused.register_impl(PROVIDER, supported=supported, supports_args=takes_fused, inplace=True)
+        def fused_add_rms_norm(
+            x: torch.Tensor, x_residual: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            torch.ops._C.fused_add_rms_norm(x, x_residual, weight, epsilon)
+            return x, x_residual
+
+    return True
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def sample_inverse_cdf(logprobs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """One token per row of ``logprobs`` ``[rows, vocabulary]`` (float32,
+    ``-inf`` where top-k/top-p removed a token), drawn from ``exp(logprobs)``:
+    one uniform number per row, from the row's generator where
+    ``generators`` has one (a request with its own seed), else from torch's
+    global generator, located in the row's cumulative sum (float64)."""
+    rows = logprobs.shape[0]
+    cumulative = logprobs.exp().to(torch.float64).cumsum_(-1)
+    total = cumulative[:, -1:]
+    uniform = torch.rand(rows, 1, dtype=torch.float64) if len(generators) != rows else torch.empty(rows, 1, dtype=torch.float64)
+    for row, generator in generators.items():
+        uniform[row] = torch.rand(1, generator=generator, dtype=torch.float64)
+    # strictly below the total, so the last token with any probability is the furthest one reachable
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    # the first token whose cumulative sum exceeds the target: zero-probability tokens have no interval
+    return torch.searchsorted(cumulative, target, right=True).squeeze(-1)
+
+
+def install_sampler(module: object) -> bool:
+    """Put :func:`sample_inverse_cdf` behind ``TopKTopPSampler.forward_cpu`` of
+    ``module`` (vLLM's sampler module) for the samplers built from now on."""
+    sampler = getattr(module, "TopKTopPSampler", None)
+    apply_top_k_top_p = getattr(module, "apply_top_k_top_p", None)
+    original = getattr(sampler, "forward_cpu", None)
+    if getattr(original, "_grpo_inverse_cdf", False):
+        return True
+    if original is None or apply_top_k_top_p is None or list(inspect.signature(original).parameters) != _SAMPLER_ARGS:
+        return False
+
+    def forward_cpu(self, logits, generators, k, p):  # type: ignore[no-untyped-def]
+        """grpo's CPU sampler (:func:`sample_inverse_cdf`); vLLM's where it asks for float64 Gumbel noise."""
+        if getattr(self, "use_fp64_gumbel", False):
+            return original(self, logits, generators, k, p)
+        logits = apply_top_k_top_p(logits, k, p)
+        logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)
+        mode = getattr(self, "logprobs_mode", None)
+        returned = logits if mode == "processed_logits" else logprobs if mode == "processed_logprobs" else None
+        return sample_inverse_cdf(logprobs, generators), returned
+
+    forward_cpu._grpo_inverse_cdf = True  # type: ignore[attr-defined]
+    forward_cpu._vllm_forward_cpu = original  # type: ignore[attr-defined]
+    sampler.forward_cpu = forward_cpu
+    return True
+
+
+def restore_sampler(module: object) -> None:
+    """vLLM's own ``forward_cpu`` again, for the samplers built from now on."""
+    sampler = getattr(module, "TopKTopPSampler", None)
+    original = getattr(getattr(sampler, "forward_cpu", None), "_vllm_forward_cpu", None)
+    if original is not None:
+        sampler.forward_cpu = original

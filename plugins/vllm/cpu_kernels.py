@@ -1,0 +1,80 @@
+"""Faster kernels for vLLM's eager CPU engine, as a vLLM general plugin
+(``vllm.general_plugins`` entry point) that grpo turns on for the engines it
+starts on a CPU.
+
+Two of the costs of a decode step that a profile of the colocated bf16
+engine shows (32 sequences of SmolLM2-135M, 115 ms a step; benchmarks/
+RESULTS.md, "vLLM's sampler and RMSNorm on a CPU"):
+
+- **Sampling, 15 ms a step.** vLLM's CPU sampler draws one Gumbel variate
+  per vocabulary entry (``fused_gumbel_argmax``: 1.6 M random numbers and
+  two logarithms each for 32 x 49k). :func:`~grpo_plugins.vllm.cpu_kernel_impls.sample_inverse_cdf` draws one
+  uniform number per sequence instead and finds it in the cumulative
+  distribution (float64, so a token's interval is its probability to 1e-16):
+  the same distribution, ~2 ms on top of the log-softmax the sampler
+  already computes for the log-probs grpo asks for.
+- **RMSNorm, ~6 ms a step.** On a CPU vLLM dispatches its ``rms_norm`` and
+  ``fused_add_rms_norm`` IR ops to their PyTorch ``native`` forms (eight
+  element-wise passes each, 61 calls a step) because its C++ kernels are
+  registered for GPUs only, although its CPU build ships them
+  (``torch.ops._C.rms_norm``). :data:`PROVIDER` registers those kernels for
+  the CPU through vLLM's IR op API, and the engine's ``ir_op_priority``
+  (:data:`IR_OP_PRIORITY`, which grpo passes to the engines it starts eager)
+  picks them. With graph compilation Inductor fuses the native forms
+  itself, so compiled engines keep vLLM's priority.
+
+vLLM loads every general plugin in each of its processes; this one does
+nothing unless :data:`CPU_KERNELS_ENV` is ``"1"``, which grpo sets only for
+the CPU engines it starts (``[vllm] cpu_kernels``, default on), so another
+vLLM in the same environment keeps vLLM's behaviour. The sampler is a
+patch of vLLM's ``TopKTopPSampler.forward_cpu``: where that method is not
+what this module expects (another vLLM version), vLLM's own is kept.
+This module must stay free of grpo_core: it runs inside vLLM's processes.
+It imports no torch, so that a server's command line can read its
+constants; the kernels are in :mod:`grpo_plugins.vllm.cpu_kernel_impls`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+CPU_KERNELS_ENV = "GRPO_VLLM_CPU_KERNELS"
+"""``"1"``: install this module's kernels in the vLLM process."""
+
+PROVIDER = "grpo_cpu"
+"""The IR op provider name of vLLM's C++ RMSNorm kernels on a CPU."""
+
+IR_OP_PRIORITY = {"rms_norm": [PROVIDER, "native"], "fused_add_rms_norm": [PROVIDER, "native"]}
+"""vLLM's ``ir_op_priority`` for an eager CPU engine with these kernels."""
+
+INSTALLED = "grpo: CPU sampler and RMSNorm kernels installed"
+"""What a vLLM process with these kernels prints (to its log)."""
+
+
+def register() -> None:
+    """vLLM's entry point: install the kernels if :data:`CPU_KERNELS_ENV` asks for them."""
+    if os.environ.get(CPU_KERNELS_ENV) != "1":
+        return
+    if install():
+        print(f"{INSTALLED} (process {os.getpid()})", file=sys.stderr, flush=True)
+    else:
+        print("grpo: this vLLM lacks the sampler or IR ops [vllm] cpu_kernels replaces; its own run", file=sys.stderr, flush=True)
+
+
+def install(enabled: bool = True) -> bool:
+    """Register the RMSNorm provider and put grpo's sampler in place of
+    vLLM's in this process (idempotent), or, ``enabled=False``, put vLLM's
+    sampler back (a colocated engine started in a process where an earlier
+    one had them). False where this vLLM lacks what they replace."""
+    try:
+        # vLLM is optional and slow to import: only inside an engine's process
+        import vllm._custom_ops  # noqa: F401  registers torch.ops._C
+        from grpo_plugins.vllm import cpu_kernel_impls
+        from vllm.v1.sample.ops import topk_topp_sampler
+    except ImportError:
+        return False
+    if not enabled:
+        cpu_kernel_impls.restore_sampler(topk_topp_sampler)
+        return True
+    return cpu_kernel_impls.register_norms() and cpu_kernel_impls.install_sampler(topk_topp_sampler)
