@@ -1,7 +1,8 @@
 """The kernels of :mod:`grpo_plugins.vllm.cpu_kernels` (see there for why):
-vLLM's C++ RMSNorm registered as an IR op provider for the CPU, and an
-inverse-CDF sampler in place of ``TopKTopPSampler.forward_cpu``. Imported
-only inside a vLLM engine's process; free of grpo_core."""
+vLLM's C++ RMSNorm registered as an IR op provider for the CPU, an
+inverse-CDF sampler in place of ``TopKTopPSampler.forward_cpu``, and an
+eager count for the log-probs' ranks. Imported only inside a vLLM engine's
+process; free of grpo_core."""
 
 from __future__ import annotations
 
@@ -121,3 +122,34 @@ def restore_sampler(module: object) -> None:
     original = getattr(getattr(sampler, "forward_cpu", None), "_vllm_forward_cpu", None)
     if original is not None:
         sampler.forward_cpu = original
+
+
+# ---------------------------------------------------------------- log-prob ranks
+
+
+def count_at_least(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Per row of ``x``, the entries at least that row's ``values`` (the rank
+    of a sampled or prompt token's log-prob): what vLLM's
+    ``batched_count_greater_than`` computes, without its ``torch.compile``
+    (2.8 s of Inductor compilation at an engine's first request with
+    log-probs, for one comparison and a sum)."""
+    return (x >= values).sum(-1)
+
+
+def install_rank_count(module: object) -> bool:
+    """Put :func:`count_at_least` in place of ``batched_count_greater_than`` in
+    ``module`` (vLLM's ``sampler`` module, which imported it by name)."""
+    current = getattr(module, "batched_count_greater_than", None)
+    if current is None:
+        return False
+    if current is not count_at_least:
+        module._vllm_batched_count_greater_than = current  # type: ignore[attr-defined]
+        module.batched_count_greater_than = count_at_least  # type: ignore[attr-defined]
+    return True
+
+
+def restore_rank_count(module: object) -> None:
+    """vLLM's compiled count again."""
+    original = getattr(module, "_vllm_batched_count_greater_than", None)
+    if original is not None:
+        module.batched_count_greater_than = original  # type: ignore[attr-defined]

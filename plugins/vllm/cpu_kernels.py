@@ -2,9 +2,9 @@
 (``vllm.general_plugins`` entry point) that grpo turns on for the engines it
 starts on a CPU.
 
-Two of the costs of a decode step that a profile of the colocated bf16
-engine shows (32 sequences of SmolLM2-135M, 115 ms a step; benchmarks/
-RESULTS.md, "vLLM's sampler and RMSNorm on a CPU"):
+Three costs that profiles of the colocated bf16 engine show (32 sequences of SmolLM2-135M, 115 ms a step; benchmarks/
+RESULTS.md, "vLLM's sampler and RMSNorm on a CPU"), two in every decode
+step and one at the start:
 
 - **Sampling, 15 ms a step.** vLLM's CPU sampler draws one Gumbel variate
   per vocabulary entry (``fused_gumbel_argmax``: 1.6 M random numbers and
@@ -23,12 +23,18 @@ RESULTS.md, "vLLM's sampler and RMSNorm on a CPU"):
   picks them. With graph compilation Inductor fuses the native forms
   itself, so compiled engines keep vLLM's priority.
 
+- **Log-prob ranks, 2.8 s once.** vLLM counts a token's rank among the
+  log-probs with a ``torch.compile``d comparison, compiled by Inductor at
+  the engine's first request with log-probs (the first weight-sync check
+  or generation of a run); an eager count takes a millisecond.
+
 vLLM loads every general plugin in each of its processes; this one does
 nothing unless :data:`CPU_KERNELS_ENV` is ``"1"``, which grpo sets only for
 the CPU engines it starts (``[vllm] cpu_kernels``, default on), so another
-vLLM in the same environment keeps vLLM's behaviour. The sampler is a
-patch of vLLM's ``TopKTopPSampler.forward_cpu``: where that method is not
-what this module expects (another vLLM version), vLLM's own is kept.
+vLLM in the same environment keeps vLLM's behaviour. The sampler and the
+rank count are patches of vLLM's ``TopKTopPSampler.forward_cpu`` and of
+the name ``batched_count_greater_than`` in its sampler module: where those
+are not what this module expects (another vLLM version), vLLM's are kept.
 This module must stay free of grpo_core: it runs inside vLLM's processes.
 It imports no torch, so that a server's command line can read its
 constants; the kernels are in :mod:`grpo_plugins.vllm.cpu_kernel_impls`.
@@ -48,7 +54,7 @@ PROVIDER = "grpo_cpu"
 IR_OP_PRIORITY = {"rms_norm": [PROVIDER, "native"], "fused_add_rms_norm": [PROVIDER, "native"]}
 """vLLM's ``ir_op_priority`` for an eager CPU engine with these kernels."""
 
-INSTALLED = "grpo: CPU sampler and RMSNorm kernels installed"
+INSTALLED = "grpo: CPU sampler, RMSNorm and rank kernels installed"
 """What a vLLM process with these kernels prints (to its log)."""
 
 
@@ -63,18 +69,21 @@ def register() -> None:
 
 
 def install(enabled: bool = True) -> bool:
-    """Register the RMSNorm provider and put grpo's sampler in place of
-    vLLM's in this process (idempotent), or, ``enabled=False``, put vLLM's
-    sampler back (a colocated engine started in a process where an earlier
-    one had them). False where this vLLM lacks what they replace."""
+    """Register the RMSNorm provider and put grpo's sampler and rank count in
+    place of vLLM's in this process (idempotent), or, ``enabled=False``, put
+    vLLM's back (a colocated engine started in a process where an earlier
+    one had them). False where this vLLM lacks something they replace."""
     try:
         # vLLM is optional and slow to import: only inside an engine's process
         import vllm._custom_ops  # noqa: F401  registers torch.ops._C
-        from grpo_plugins.vllm import cpu_kernel_impls
+        from grpo_plugins.vllm import cpu_kernel_impls as impls
+        from vllm.v1.sample import sampler
         from vllm.v1.sample.ops import topk_topp_sampler
     except ImportError:
         return False
     if not enabled:
-        cpu_kernel_impls.restore_sampler(topk_topp_sampler)
+        impls.restore_sampler(topk_topp_sampler)
+        impls.restore_rank_count(sampler)
         return True
-    return cpu_kernel_impls.register_norms() and cpu_kernel_impls.install_sampler(topk_topp_sampler)
+    installed = [impls.register_norms(), impls.install_sampler(topk_topp_sampler), impls.install_rank_count(sampler)]
+    return all(installed)

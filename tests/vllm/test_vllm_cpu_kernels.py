@@ -92,6 +92,26 @@ def test_installed_sampler_returns_vllms_log_probs_and_respects_top_k() -> None:
         cpu_kernels.install(enabled=False)
 
 
+def test_the_rank_count_is_eager_and_counts_what_vllms_does() -> None:
+    """vLLM's sampler ranks a token's log-prob among its row's with a
+    compiled count (2.8 s of compilation at an engine's first request);
+    grpo's counts the same entries eagerly."""
+    from vllm.v1.sample import sampler
+
+    try:
+        assert cpu_kernels.install()
+        assert sampler.batched_count_greater_than is cpu_kernel_impls.count_at_least
+        logprobs = torch.log_softmax(torch.randn(6, 300), -1)
+        tokens = torch.randint(0, 300, (6, 1))
+        ranks = sampler.batched_count_greater_than(logprobs, logprobs.gather(-1, tokens))
+        expected = [int((row > row[t]).sum()) + 1 for row, t in zip(logprobs, tokens[:, 0], strict=True)]  # 1 = the most likely
+        assert ranks.tolist() == expected
+        cpu_kernels.install(enabled=False)
+        assert sampler.batched_count_greater_than is not cpu_kernel_impls.count_at_least
+    finally:
+        cpu_kernels.install(enabled=False)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_cpp_rms_norm_provider_computes_vllms_native_forms(dtype: torch.dtype) -> None:
     from vllm import ir
