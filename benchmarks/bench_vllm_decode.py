@@ -93,7 +93,7 @@ def kernel_arguments(kernels: str) -> dict:
     from grpo_plugins.vllm import cpu_kernel_impls, cpu_kernels
 
     cpu_kernels.install(enabled=kernels in ("grpo", "sampler"))
-    cpu_kernel_impls.register_norms()
+    cpu_kernel_impls.register_norms(cpu_kernels.PROVIDER)
     return {"ir_op_priority": cpu_kernels.IR_OP_PRIORITY} if kernels in ("grpo", "norms") else {}
 
 

@@ -70,8 +70,9 @@ class VllmSettings(_Table):
     cpu_kernels: bool = Field(
         True,
         description="On a CPU, give the engines grpo starts (managed servers, colocated) a sampler that draws one number "
-        "per sequence instead of one per vocabulary entry (the same distribution) and, when eager, vLLM's own C++ RMSNorm "
-        "kernels in place of their PyTorch forms. Off: vLLM's CPU defaults. No effect on a GPU or an external server.",
+        "per sequence instead of one per vocabulary entry (the same distribution), log-prob ranks counted without a "
+        "3 s compilation and, when eager, vLLM's own C++ RMSNorm kernels in place of their PyTorch forms. Off: vLLM's "
+        "CPU defaults. No effect on a GPU or an external server.",
     )
     api_key: str | None = Field(
         None,

@@ -162,7 +162,7 @@ def server_spec(
     if blocks is not None:
         argv += ["--block-size", str(blocks)]
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-    if cpu_kernels(cfg):  # grpo's CPU sampler and RMSNorm, loaded by vLLM in its processes (cpu_kernels.py)
+    if cpu_kernels(cfg):  # grpo's CPU kernels, installed by vLLM's plugin loader in its processes (cpu_kernels.py)
         env[CPU_KERNELS_ENV] = "1"
         priority = ir_op_priority(cfg)
         if priority is not None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 
 import torch
-from grpo_plugins.vllm.cpu_kernels import PROVIDER
 
 _SAMPLER_ARGS = ["self", "logits", "generators", "k", "p"]
 """``forward_cpu``'s parameters in the vLLM this replaces; another signature keeps vLLM's."""
@@ -18,10 +17,11 @@ _SAMPLER_ARGS = ["self", "logits", "generators", "k", "p"]
 # ---------------------------------------------------------------- RMSNorm
 
 
-def register_norms() -> bool:
-    """Register :data:`PROVIDER` for ``rms_norm`` and ``fused_add_rms_norm``
-    (idempotent); False where this vLLM has no such IR ops."""
+def register_norms(provider: str) -> bool:
+    """Register vLLM's C++ kernels as IR op ``provider`` for ``rms_norm`` and
+    ``fused_add_rms_norm`` (idempotent); False where this vLLM has no such IR ops."""
     try:
+        # vLLM is optional and slow to import: only inside an engine's process
         from vllm import ir
         from vllm.platforms import current_platform
     except ImportError:
@@ -30,7 +30,7 @@ def register_norms() -> bool:
     norm, fused = getattr(ops, "rms_norm", None), getattr(ops, "fused_add_rms_norm", None)
     if norm is None or fused is None:
         return False
-    if PROVIDER in norm.impls and PROVIDER in fused.impls:
+    if provider in norm.impls and provider in fused.impls:
         return True
     supported = current_platform.is_cpu() and hasattr(torch.ops._C, "rms_norm") and hasattr(torch.ops._C, "fused_add_rms_norm")
 
@@ -48,17 +48,17 @@ def register_norms() -> bool:
     ) -> bool:
         return takes(x, weight, epsilon, variance_size) and x_residual.dtype == x.dtype and x_residual.is_contiguous()
 
-    if PROVIDER not in norm.impls:
+    if provider not in norm.impls:
 
-        @norm.register_impl(PROVIDER, supported=supported, supports_args=takes)
+        @norm.register_impl(provider, supported=supported, supports_args=takes)
         def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None) -> torch.Tensor:
             out = torch.empty_like(x)
             torch.ops._C.rms_norm(out, x, weight, epsilon)
             return out
 
-    if PROVIDER not in fused.impls:
+    if provider not in fused.impls:
 
-        @fused.register_impl(PROVIDER, supported=supported, supports_args=takes_fused, inplace=True)
+        @fused.register_impl(provider, supported=supported, supports_args=takes_fused, inplace=True)
         def fused_add_rms_norm(
             x: torch.Tensor, x_residual: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None
         ) -> tuple[torch.Tensor, torch.Tensor]:

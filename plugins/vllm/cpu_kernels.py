@@ -85,5 +85,5 @@ def install(enabled: bool = True) -> bool:
         impls.restore_sampler(topk_topp_sampler)
         impls.restore_rank_count(sampler)
         return True
-    installed = [impls.register_norms(), impls.install_sampler(topk_topp_sampler), impls.install_rank_count(sampler)]
+    installed = [impls.register_norms(PROVIDER), impls.install_sampler(topk_topp_sampler), impls.install_rank_count(sampler)]
     return all(installed)

@@ -67,8 +67,8 @@ def enforce_eager(cfg: GRPOConfig) -> bool:
 
 
 def cpu_kernels(cfg: GRPOConfig) -> bool:
-    """``[vllm] cpu_kernels`` on a CPU: grpo's sampler and vLLM's C++
-    RMSNorm in the engines grpo starts (:mod:`grpo_plugins.vllm.cpu_kernels`)."""
+    """``[vllm] cpu_kernels`` on a CPU: grpo's sampler, vLLM's C++ RMSNorm and
+    an eager rank count in the engines grpo starts (:mod:`grpo_plugins.vllm.cpu_kernels`)."""
     return cfg.vllm.cpu_kernels and not machine.cuda_available()
 
 
