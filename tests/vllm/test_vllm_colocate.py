@@ -42,8 +42,8 @@ def test_in_memory_sync_makes_the_engine_sample_from_the_policy(smollm2_dir: str
 def test_grpo_run_colocate_is_one_process(smollm2_dir: str, tmp_path: Path) -> None:
     import tomli_w
 
-    (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)  # varies within a group: every step trains
-    cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_mode="colocate", reward_funcs=["parity_rewards.parity_reward"],
+    (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)  # spread_reward varies within a group: every step trains
+    cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_mode="colocate", reward_funcs=["parity_rewards.spread_reward"],
                      vllm_importance_sampling_correction=True)  # fmt: skip
     cfg["max_steps"] = 2
     cfg["val_set_size"] = 2  # evaluation through the colocated engine, after the step's in-memory sync

@@ -67,6 +67,11 @@ PARITY_REWARD = """
 def parity_reward(completion_ids, **kwargs):
     return [float(sum(ids) % 2) for ids in completion_ids]
 
+def spread_reward(completion_ids, **kwargs):
+    # seven values: a group of 8 all alike is ~1e-6 (parity's odd sums are ~88% likely here,
+    # so its 16 completions of a step were all alike 12% of the time, and that step trained nothing)
+    return [float(sum(ids) % 7) / 6 for ids in completion_ids]
+
 def math_verified(completions, answer, **kwargs):
     # The reference's recommended reward (math-verify uses signal.alarm)
     from math_verify import parse, verify
@@ -177,7 +182,7 @@ def test_server_samples_the_policy_just_synced(vllm_server, smollm2_dir: str, tm
     ``full``: full fine-tuning (no adapter), every weight sent."""
     (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
-    settings = run_config(smollm2_dir, tmp_path / "run", vllm_server.base_url, reward_funcs=["parity_rewards.parity_reward"],
+    settings = run_config(smollm2_dir, tmp_path / "run", vllm_server.base_url, reward_funcs=["parity_rewards.spread_reward"],
                           vllm_lora_sync=sync == "lora", vllm_importance_sampling_correction=True, vllm_sync_interval=2)  # fmt: skip
     if sync == "full":
         settings.update(adapter=None, learning_rate=1e-5)
