@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="print the ops of one 48-token generation by self CPU time")
     parser.add_argument("--kernels", choices=KERNELS, default="vllm", help="whose CPU sampler and RMSNorm (module docstring)")
-    parser.add_argument("--compare-kernels", action="store_true", help="each --kernels choice in its own process, alternating")
+    parser.add_argument("--compare-kernels", action="store_true", help="one engine switched between the --kernels choices, alternating")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -52,28 +52,8 @@ def main() -> None:
         compare_kernels(args)
         return
 
-    from bench_ceiling import arithmetic_prompts
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.modeling.precision import cpu_flag_summary
-
-    model_dir = resolve_model_dir(DEFAULT_MODEL)
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in arithmetic_prompts(AutoTokenizer.from_pretrained(model_dir), 4)]
-    llm = LLM(model=model_dir, dtype=args.dtype, max_model_len=512, block_size=args.block_size, enforce_eager=args.eager, seed=0,
-              logprobs_mode="processed_logprobs", **kernel_arguments(args.kernels))  # fmt: skip
-
-    def seconds(tokens: int) -> float:
-        sampling = SamplingParams(n=8, max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=0)
-        began = time.perf_counter()
-        llm.generate(prompts, sampling, use_tqdm=False)
-        return time.perf_counter() - began
-
-    seconds(48)  # warm-up
-    print(f"CPU flags: {cpu_flag_summary()}; {args.dtype}, block size {args.block_size}, {'eager' if args.eager else 'compiled'}, "
-          f"{args.kernels} kernels")  # fmt: skip
+    _, seconds = warm_engine(args, args.kernels)
+    print(f"{args.kernels} kernels")
     for _ in range(args.rounds):
         prefill, whole = seconds(1), seconds(48)
         print(f"  1 token {prefill:.3f} s  48 tokens {whole:.3f} s  per decode step {(whole - prefill) / 47 * 1000:.0f} ms", flush=True)
@@ -86,6 +66,34 @@ def main() -> None:
 
 
 KERNELS = ("vllm", "grpo", "sampler", "norms")
+
+
+def warm_engine(args: argparse.Namespace, kernels: str):
+    """The in-process engine with ``kernels`` (after one warm-up generation,
+    its settings printed), and ``seconds(tokens)``: one generation of the
+    arithmetic batch of that many tokens, timed."""
+    from bench_ceiling import arithmetic_prompts
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.precision import cpu_flag_summary
+
+    model_dir = resolve_model_dir(DEFAULT_MODEL)
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in arithmetic_prompts(AutoTokenizer.from_pretrained(model_dir), 4)]
+    llm = LLM(model=model_dir, dtype=args.dtype, max_model_len=512, block_size=args.block_size, enforce_eager=args.eager, seed=0,
+              logprobs_mode="processed_logprobs", **kernel_arguments(kernels))  # fmt: skip
+
+    def seconds(tokens: int) -> float:
+        sampling = SamplingParams(n=8, max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=0)
+        began = time.perf_counter()
+        llm.generate(prompts, sampling, use_tqdm=False)
+        return time.perf_counter() - began
+
+    seconds(48)  # warm-up
+    print(f"CPU flags: {cpu_flag_summary()}; {args.dtype}, block size {args.block_size}, {'eager' if args.eager else 'compiled'}", end="; ")
+    return llm, seconds
 
 
 def kernel_arguments(kernels: str) -> dict:
@@ -117,27 +125,8 @@ def compare_kernels(args: argparse.Namespace) -> None:
     """One engine built with grpo's kernels, switched between the four choices
     (:func:`use_kernels`), alternating within each round: the machine's drift
     between rounds falls on every choice alike."""
-    from bench_ceiling import arithmetic_prompts
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.modeling.precision import cpu_flag_summary
-
-    model_dir = resolve_model_dir(DEFAULT_MODEL)
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in arithmetic_prompts(AutoTokenizer.from_pretrained(model_dir), 4)]
-    llm = LLM(model=model_dir, dtype=args.dtype, max_model_len=512, block_size=args.block_size, enforce_eager=args.eager, seed=0,
-              logprobs_mode="processed_logprobs", **kernel_arguments("grpo"))  # fmt: skip
-
-    def seconds(tokens: int) -> float:
-        sampling = SamplingParams(n=8, max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=0)
-        began = time.perf_counter()
-        llm.generate(prompts, sampling, use_tqdm=False)
-        return time.perf_counter() - began
-
-    seconds(48)
-    print(f"CPU flags: {cpu_flag_summary()}; {args.dtype}, block size {args.block_size}, {'eager' if args.eager else 'compiled'}")
+    llm, seconds = warm_engine(args, "grpo")
+    print("kernels switched per round")
     steps: dict[str, list[float]] = {k: [] for k in KERNELS}
     for round_ in range(args.rounds):
         for kernels in KERNELS:
@@ -148,6 +137,7 @@ def compare_kernels(args: argparse.Namespace) -> None:
     vllm = statistics.median(steps["vllm"])
     for kernels, ms in steps.items():
         print(f"{kernels:8s} median {statistics.median(ms):.0f} ms per decode step: {vllm / statistics.median(ms):.2f}x vLLM's")
+
 
 if __name__ == "__main__":
     main()

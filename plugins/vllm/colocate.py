@@ -186,8 +186,10 @@ class ColocatedEngine:
             }
             if v.enable_prefix_caching is not None:
                 kwargs["enable_prefix_caching"] = v.enable_prefix_caching
-            # grpo's CPU kernels (cpu_kernels.py): the engine runs in this process, so they are installed here
-            if not cuda_available() and install_cpu_kernels(enabled=cpu_kernels(cfg)) and cpu_kernels(cfg):
+            # grpo's CPU kernels (cpu_kernels.py): the engine runs in this process, so they are installed here,
+            # or vLLM's put back where an earlier engine in this process had grpo's
+            wanted = cpu_kernels(cfg)
+            if not cuda_available() and install_cpu_kernels(enabled=wanted) and wanted:
                 self.log("vLLM: grpo's CPU sampler, RMSNorm and rank kernels in the engine ([vllm] cpu_kernels)")
                 priority = ir_op_priority(cfg)
                 if priority is not None:
