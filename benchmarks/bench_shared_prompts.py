@@ -34,6 +34,12 @@ selection and entropy as autograd composes them (``log_softmax``, ``gather``,
 :class:`grpo_core.training.logprobs.SelectedLogSoftmax` (grpo's default),
 prompts shared in both.
 
+``--compare head-chunks`` times the LM head in chunks of 256 rows (grpo's
+chunk before #27's malloc finding) against grpo's default on a CPU,
+:func:`grpo_core.training.logprobs.head_chunk_rows` (128 rows for SmolLM2's
+49k vocabulary: 24 MiB of float32 logits, under glibc's mmap threshold),
+prompts shared in both.
+
 ``--precision bf16`` runs every way as grpo's ``bf16 = "auto"`` does on a CPU
 with native bf16: the frozen base in bf16, float32 adapters, attention by
 ``sdpa_float32``, forward in grpo's compute region (bf16 autocast, the LoRA
@@ -108,7 +114,8 @@ def main() -> None:
     parser.add_argument("--completion-tokens", type=int, nargs="+", default=[48, 12])
     parser.add_argument("--precision", choices=["float32", "bf16"], default="float32",
                         help="bf16: as grpo's bf16 = 'auto' computes on a native-bf16 CPU (module docstring)")
-    parser.add_argument("--compare", choices=["shared-prompts", "head-checkpoint", "lora-forward", "head-selection", "adapter-casts"],
+    parser.add_argument("--compare", choices=["shared-prompts", "head-checkpoint", "lora-forward", "head-selection", "adapter-casts",
+                                              "head-chunks"],
                         default="shared-prompts")  # fmt: skip
     args = parser.parse_args()
     # (label, token_logprobs keyword arguments, LoRA layers' forward or None for peft's,
@@ -121,7 +128,9 @@ def main() -> None:
             "head-selection": (("composed", {"share_prompts": True}, None, composed_selection),
                                ("fused", {"share_prompts": True}, None, None)),
             "adapter-casts": (("cast", {"share_prompts": True, "grpo_region": False}, None, None),
-                              ("uncast", {"share_prompts": True}, None, None))}[args.compare]  # fmt: skip
+                              ("uncast", {"share_prompts": True}, None, None)),
+            "head-chunks": (("256-row", {"share_prompts": True, "chunk_size": 256}, None, None),
+                            ("default", {"share_prompts": True}, None, None))}[args.compare]  # fmt: skip
     if args.compare == "adapter-casts":
         args.precision = "bf16"
 
