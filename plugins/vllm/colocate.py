@@ -70,6 +70,27 @@ if TYPE_CHECKING:
 # module it was not given (100+ lines per sync). That is intended here.
 _RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
 
+# vLLM's loader logs each tensor that it narrows to the engine's dtype.
+_WEIGHT_LOADER_LOGGER = "vllm.model_executor.models.utils"
+
+
+class NarrowedWeightFilter(logging.Filter):
+    """Drops vLLM's "Attempted to load weight ... with dtype ... into
+    parameter with dtype ..." warnings. A float32 checkpoint loaded into the
+    bf16 engine that ``[vllm] dtype`` chose gives one per tensor (122 for
+    SmolLM2) on the trainer's console at every start: the narrowing is the
+    configured dtype, not a fault. vLLM's other warnings pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Attempted to load weight %s with dtype")
+
+
+def quiet_narrowed_weight_warnings() -> None:
+    """Install :class:`NarrowedWeightFilter` on vLLM's weight-loading logger, once."""
+    logger = logging.getLogger(_WEIGHT_LOADER_LOGGER)
+    if not any(isinstance(f, NarrowedWeightFilter) for f in logger.filters):
+        logger.addFilter(NarrowedWeightFilter())
+
 
 class ColocatedEngine:
     """One in-process ``vllm.LLM``, started on first use.
@@ -197,6 +218,7 @@ class ColocatedEngine:
             blocks = block_size(cfg)
             if blocks is not None:
                 kwargs["block_size"] = blocks
+            quiet_narrowed_weight_warnings()
             started = time.perf_counter()
             self.log("vLLM: starting the colocated engine in this process")
             try:

@@ -124,3 +124,34 @@ def test_episodes_train_on_the_colocated_engine(smollm2_dir: str, tmp_path: Path
         assert "rewards/parity_reward/mean" in m and m["time/weight_sync"] > 0
     # in memory, each one loaded by the engine: the policy at start, then after each step
     assert probe["syncs"] == [[0, "grpo-memory-1"], [1, "grpo-memory-2"], [2, "grpo-memory-3"]]
+
+
+def test_narrowed_weight_warnings_are_dropped_and_other_warnings_pass() -> None:
+    """A float32 checkpoint into a bf16 colocated engine: vLLM's loader warns
+    once per tensor (122 lines on the trainer's console for SmolLM2); grpo's
+    filter drops exactly those, on vLLM's own logger."""
+    import inspect
+    import logging
+
+    import torch
+    from vllm.model_executor.models import utils as vllm_model_utils
+
+    from grpo_plugins.vllm.colocate import NarrowedWeightFilter, quiet_narrowed_weight_warnings
+
+    # the message the filter matches is the one vLLM logs (a rewording in vLLM would slip past it)
+    assert '"Attempted to load weight %s with dtype %s into "' in inspect.getsource(vllm_model_utils)
+    logger = logging.getLogger(vllm_model_utils.__name__)
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        quiet_narrowed_weight_warnings()
+        quiet_narrowed_weight_warnings()  # once only
+        assert sum(isinstance(f, NarrowedWeightFilter) for f in logger.filters) == 1
+        logger.warning("Attempted to load weight %s with dtype %s into parameter with dtype %s",
+                       "layers.0.mlp.down_proj.weight", torch.float32, torch.bfloat16)  # fmt: skip
+        logger.warning("Attempted to load nested weight %s", "x")  # another warning: kept
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["Attempted to load nested weight x"]
