@@ -70,15 +70,35 @@ REWARD_WEIGHTS = (1.0, 0.2)
 THRESHOLDS = (0.50, 0.70, 0.85)
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(stolen, all) CPU ticks of the whole machine so far (``/proc/stat``), or None off Linux."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
 class Clock:
-    """Seconds since the runner started, less the seconds set aside (saving)."""
+    """Seconds since the runner started, less the seconds set aside (saving);
+    and the share of the machine's CPU time the hypervisor stole meanwhile
+    (a virtual machine's neighbours: 35-41% stolen was seen on this project's
+    machines, with a bf16 matmul at 290 GFLOP/s instead of 630)."""
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.excluded = 0.0
+        self.ticks = cpu_ticks()
 
     def now(self) -> float:
         return time.perf_counter() - self.start - self.excluded
+
+    def steal_share(self) -> float | None:
+        """Stolen CPU time over all CPU time since the runner started."""
+        now = cpu_ticks()
+        if now is None or self.ticks is None or now[1] == self.ticks[1]:
+            return None
+        return (now[0] - self.ticks[0]) / (now[1] - self.ticks[1])
 
 
 def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock, bf16: bool | None = None) -> dict:
@@ -116,6 +136,7 @@ def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock
     step_ends: list[float] = []
     step_seconds: list[float] = []
     load: list[float] = []  # 1-minute load average at each step's end: was anything else running?
+    steal: list[float | None] = []  # the CPU share stolen since the start, at each step's end
     saved: dict[int, str] = {}
 
     class Timer(TrainerCallback):
@@ -126,6 +147,7 @@ def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock
             step_seconds.append(clock.now() - self.t0)
             step_ends.append(clock.now())
             load.append(os.getloadavg()[0])
+            steal.append(clock.steal_share())
             if state.global_step % every == 0 or state.global_step == steps:
                 began = time.perf_counter()
                 target = save_dir / f"trl-step-{state.global_step}"
@@ -144,7 +166,7 @@ def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock
     trainer.train()
     return {"bf16": bool(args.bf16), "step_end_seconds": step_ends, "step_seconds": step_seconds,
             "skipped_micro_batches": [0] * len(step_ends),
-            "load_average": load, "adapters": saved}
+            "load_average": load, "steal_share": steal, "adapters": saved}
 
 
 def grpo_config(model_dir: str, steps: int, every: int, output_dir: Path, bf16: bool | str) -> dict:
@@ -191,6 +213,7 @@ def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Cloc
     cfg = validate(grpo_config(model_dir, steps, every, output_dir, bf16))
     step_ends: list[float] = []
     load: list[float] = []
+    steal: list[float | None] = []
 
     class StepTimes:
         @hookimpl
@@ -199,6 +222,7 @@ def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Cloc
             clock.excluded += float(metrics.get("time/checkpoint", 0.0))
             step_ends.append(clock.now())
             load.append(os.getloadavg()[0])
+            steal.append(clock.steal_share())
 
     host = PluginHost()
     host.pm.register(StepTimes(), name="bench.step_times")
@@ -218,7 +242,8 @@ def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Cloc
     return {"bf16": native_bf16("cpu") if bf16 == "auto" else bool(bf16), "step_end_seconds": step_ends,
             "step_seconds": [r["step_time"] - r.get("time/checkpoint", 0.0) for r in records],
             "skipped_micro_batches": per_step("skipped_zero_adv_batches"),
-            "skipped_samples": per_step("skipped_zero_adv_samples"), "load_average": load, "adapters": adapters}
+            "skipped_samples": per_step("skipped_zero_adv_samples"), "load_average": load, "steal_share": steal,
+            "adapters": adapters}
 
 
 RUNNERS = {
@@ -266,11 +291,13 @@ def report(name: str, run: dict, accuracy: dict[int, float]) -> dict:
     skipped = [i for i in steady if left_out[i]]
     mean = lambda idx: statistics.mean(seconds[i] for i in idx) if idx else None  # noqa: E731
     load = run.get("load_average") or []
+    steal = [v for v in run.get("steal_share") or [] if v is not None]
     return {"runner": name, "reached": reached, "accuracy": {str(k): v for k, v in sorted(accuracy.items())},
             "trained_step_seconds": mean(trained), "trained_steps": len(trained),
             "skipped_step_seconds": mean(skipped), "skipped_steps": len(skipped),
             "median_step_seconds": median, "startup_seconds": startup, "bf16": run.get("bf16"),
-            "load_average": {"mean": statistics.mean(load), "max": max(load)} if load else None}
+            "load_average": {"mean": statistics.mean(load), "max": max(load)} if load else None,
+            "steal_share": steal[-1] if steal else None}  # over the whole run: each value is since the start
 
 
 def summarize(raw: dict, out: Path | None = None) -> None:
@@ -296,14 +323,20 @@ def summarize(raw: dict, out: Path | None = None) -> None:
             cell = f"{hit['seconds']:.0f}s (step {hit['step']}){ratio}"
             cells += f"{cell:>20}"
         print(f"{row['runner']:<12}{cells}")
-    print(f"\n{'runner':<12}{'best acc':>10}{'trained s/step':>18}{'skipped s/step':>16}{'median s/step':>15}{'start-up s':>12}{'load avg':>14}")
+    print(f"\n{'runner':<12}{'best acc':>10}{'trained s/step':>18}{'skipped s/step':>16}{'median s/step':>15}{'start-up s':>12}"
+          f"{'load avg':>14}{'CPU stolen':>12}")
     for row in rows:
         skipped = f"{row['skipped_step_seconds']:.2f} ({row['skipped_steps']})" if row["skipped_steps"] else "-"
         load = f"{row['load_average']['mean']:.1f} / {row['load_average']['max']:.1f}" if row["load_average"] else "-"
+        steal = f"{row['steal_share']:.1%}" if row.get("steal_share") is not None else "-"
         print(f"{row['runner']:<12}{max(row['accuracy'].values()):>10.1%}{row['trained_step_seconds']:>12.2f} ({row['trained_steps']})"
-              f"{skipped:>16}{row['median_step_seconds']:>15.2f}{row['startup_seconds']:>12.0f}{load:>14}")
+              f"{skipped:>16}{row['median_step_seconds']:>15.2f}{row['startup_seconds']:>12.0f}{load:>14}{steal:>12}")
         print(f"    precision: {'bf16 autocast' if row['bf16'] else 'float32' if row['bf16'] is False else 'not recorded'}")
         print("    accuracy by step: " + ", ".join(f"{k}: {v:.0%}" for k, v in row["accuracy"].items()))
+    stolen = [r["steal_share"] for r in rows if r.get("steal_share") is not None]
+    if len(stolen) > 1 and max(stolen) - min(stolen) > 0.05:
+        print(f"\nthe hypervisor stole {min(stolen):.0%}-{max(stolen):.0%} of the CPU time, differently per runner: "
+              "not a quiet machine, and the ratios above carry that difference")
     for peer in peers:
         for row in rows:
             if row not in peers and row["trained_step_seconds"]:
