@@ -35,6 +35,13 @@ Where the CPU computes bf16 natively, run TRL both ways (``--runners
 grpo,trl-fp32,trl``): each threshold's ratio is taken against the TRL run that
 reached it first, so grpo is compared with TRL's faster precision there.
 
+Is the machine quiet? Each runner records the share of CPU time the
+hypervisor stole while it ran (``/proc/stat``), and the parent times fixed
+work (a float32 ``mm``, a 256 MiB copy) before each runner and after the
+last: a ratio between runners that ran while the machine changed speed is
+flagged in the summary. Both were added after runs on the same machine gave
+3.3x and 4.0x, TRL's unchanged step taking 32 s in one and 43 s in the other.
+
 Step time on identical work: the mean over steps (warm-up step excluded) in
 which grpo trained every completion, against TRL's mean step; grpo's steps
 that left out zero-advantage completions are reported on their own line.
@@ -77,6 +84,31 @@ def cpu_ticks() -> tuple[int, int] | None:
     except (OSError, ValueError, IndexError):
         return None
     return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
+def machine_speed(seconds: float = 3.0) -> dict[str, float]:
+    """This machine's speed now, on fixed work: float32 ``mm`` GFLOP/s at
+    1024^3 and copy GB/s over 256 MiB, the median of repeats over about
+    ``seconds`` each. Taken before each runner and after the last, so a
+    machine that changed speed between the runners' halves shows as such
+    (TRL's unchanged float32 step took 32 s in one run and 43-45 s in others
+    with no CPU stolen: neighbours on the host's caches and memory bus)."""
+    import torch
+
+    def median_rate(fn, work: float) -> float:
+        fn()
+        samples, began = [], time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            t0 = time.perf_counter()
+            fn()
+            samples.append(work / (time.perf_counter() - t0))
+        return statistics.median(samples)
+
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    src = torch.empty(64 * 2**20)  # 256 MiB of float32
+    dst = torch.empty_like(src)
+    return {"mm_gflops": median_rate(lambda: a @ b, 2 * 1024**3 / 1e9),
+            "copy_gbs": median_rate(lambda: dst.copy_(src), 2 * src.numel() * 4 / 1e9)}
 
 
 class Clock:
@@ -333,6 +365,14 @@ def summarize(raw: dict, out: Path | None = None) -> None:
               f"{skipped:>16}{row['median_step_seconds']:>15.2f}{row['startup_seconds']:>12.0f}{load:>14}{steal:>12}")
         print(f"    precision: {'bf16 autocast' if row['bf16'] else 'float32' if row['bf16'] is False else 'not recorded'}")
         print("    accuracy by step: " + ", ".join(f"{k}: {v:.0%}" for k, v in row["accuracy"].items()))
+    speeds = raw.get("machine_speed") or []
+    if len(speeds) == len(rows) + 1:
+        print("\nmachine speed before each runner and after the last (float32 mm GFLOP/s, copy GB/s): "
+              + ", ".join(f"{name} {s['mm_gflops']:.0f} / {s['copy_gbs']:.1f}" for name, s in zip([r["runner"] for r in rows] + ["end"], speeds)))
+        rates = [s["mm_gflops"] for s in speeds]
+        if max(rates) > 1.1 * min(rates):
+            print(f"the machine's matmul rate moved {max(rates) / min(rates) - 1:.0%} during the run: not a steady machine, "
+                  "and the ratios above carry that change")
     stolen = [r["steal_share"] for r in rows if r.get("steal_share") is not None]
     if len(stolen) > 1 and max(stolen) - min(stolen) > 0.05:
         print(f"\nthe hypervisor stole {min(stolen):.0%}-{max(stolen):.0%} of the CPU time, differently per runner: "
@@ -381,19 +421,24 @@ def main() -> None:
     resolve_model_dir(DEFAULT_MODEL)  # convert the GGUF once, outside every runner's clock
     started = time.strftime("%Y-%m-%d %H:%M")
     runs: dict[str, dict] = {}
+    speeds: list[dict[str, float]] = []  # before each runner, and after the last
     with tempfile.TemporaryDirectory(prefix="grpo-tta-") as tmp:
         for name in args.runners.split(","):
             out, save_dir = Path(tmp) / f"{name}.json", Path(tmp) / name
             save_dir.mkdir()
-            print(f"--- {name}", flush=True)
+            speeds.append(machine_speed())
+            print(f"--- {name} (machine: {speeds[-1]['mm_gflops']:.0f} GFLOP/s float32 mm, "
+                  f"{speeds[-1]['copy_gbs']:.1f} GB/s copy)", flush=True)
             cmd = [sys.executable, __file__, "--runner", name, "--steps", str(args.steps), "--every", str(args.every),
                    "--save-dir", str(save_dir), "--out", str(out)]
             subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
             runs[name] = json.loads(out.read_text())
+        speeds.append(machine_speed())
         print("--- evaluating every saved adapter (one evaluator for all runners)", flush=True)
         order = [(None, None, 0)] + [(name, path, int(step)) for name, run in runs.items() for step, path in run["adapters"].items()]
         scores = evaluate_adapters([path for _, path, _ in order])
     raw = {"cpu_flags": cpu_flag_summary(), "cores": os.cpu_count(), "started": started, "base_accuracy": scores[0], "runs": runs,
+           "machine_speed": speeds,
            "accuracy": {name: {str(step): score for (who, _, step), score in zip(order, scores) if who == name} for name in runs}}
     Path(args.raw_out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.raw_out).write_text(json.dumps(raw, indent=2))
