@@ -35,10 +35,11 @@ selection and entropy as autograd composes them (``log_softmax``, ``gather``,
 prompts shared in both.
 
 ``--compare head-chunks`` times the LM head in chunks of 256 rows (grpo's
-chunk before #27's malloc finding) against grpo's default on a CPU,
-:func:`grpo_core.training.logprobs.head_chunk_rows` (128 rows for SmolLM2's
-49k vocabulary: 24 MiB of float32 logits, under glibc's mmap threshold),
-prompts shared in both.
+default) against 128: a 256-row float32 chunk of SmolLM2's 49k vocabulary is
+48 MiB, above glibc's largest mmap threshold (32 MiB), so every out-of-place
+pass over it faults in fresh pages; 128-row chunks (24 MiB) stay in the heap.
+Tried for #27 and not adopted (RESULTS.md, "LM-head chunks under malloc's
+mmap threshold").
 
 ``--precision bf16`` runs every way as grpo's ``bf16 = "auto"`` does on a CPU
 with native bf16: the frozen base in bf16, float32 adapters, attention by
@@ -130,7 +131,7 @@ def main() -> None:
             "adapter-casts": (("cast", {"share_prompts": True, "grpo_region": False}, None, None),
                               ("uncast", {"share_prompts": True}, None, None)),
             "head-chunks": (("256-row", {"share_prompts": True, "chunk_size": 256}, None, None),
-                            ("default", {"share_prompts": True}, None, None))}[args.compare]  # fmt: skip
+                            ("128-row", {"share_prompts": True, "chunk_size": 128}, None, None))}[args.compare]  # fmt: skip
     if args.compare == "adapter-casts":
         args.precision = "bf16"
 

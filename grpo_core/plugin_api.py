@@ -54,7 +54,7 @@ HOMES: dict[str, tuple[str, ...]] = {
     "grpo_core.modeling.precision": ("resolve_precision",),
     # helpers for a policy loss, a tracker and the function rollout
     "grpo_core.training.loss": ("policy_loss",),
-    "grpo_core.training.logprobs": ("DEFAULT_CHUNK_SIZE", "head_chunk_rows"),
+    "grpo_core.training.logprobs": ("DEFAULT_CHUNK_SIZE",),
     "grpo_core.observability.tracking": ("MissingTrackerLibrary",),
     "grpo_core.host.plugin_host": ("PluginHost",),
     "grpo_core.training.rollout_function": ("RolloutFuncTrainer", "groups_from_output", "import_rollout_func"),
@@ -146,7 +146,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; tests/test_plugin_ap
     )
     from grpo_core.runtime.scratch import make_scratch_dir, remove_scratch_dir
     from grpo_core.training.data import import_from_cwd
-    from grpo_core.training.logprobs import DEFAULT_CHUNK_SIZE, head_chunk_rows
+    from grpo_core.training.logprobs import DEFAULT_CHUNK_SIZE
     from grpo_core.training.loss import policy_loss
     from grpo_core.training.rollout_function import (
         RolloutFuncTrainer,

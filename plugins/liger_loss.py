@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpo_core.plugin_api import (
+    DEFAULT_CHUNK_SIZE,
     ConfigError,
     PolicyLossInputs,
-    head_chunk_rows,
     hookimpl,
 )
 
@@ -143,10 +143,9 @@ def _logps_no_grad(hidden: torch.Tensor, head: Any, targets: torch.Tensor, tempe
     batch, c, width = hidden.shape
     flat, flat_targets = hidden.detach().reshape(batch * c, width), targets.reshape(batch * c)
     parts = []
-    rows = head_chunk_rows(head.weight.shape[0], head.weight.device)
     with torch.no_grad():
-        for start in range(0, batch * c, rows):
-            logits = head(flat[start : start + rows]).float() / temperature
+        for start in range(0, batch * c, DEFAULT_CHUNK_SIZE):
+            logits = head(flat[start : start + DEFAULT_CHUNK_SIZE]).float() / temperature
             logps = torch.log_softmax(logits, dim=-1)
-            parts.append(logps.gather(-1, flat_targets[start : start + rows, None]).squeeze(-1))
+            parts.append(logps.gather(-1, flat_targets[start : start + DEFAULT_CHUNK_SIZE, None]).squeeze(-1))
     return torch.cat(parts).view(batch, c)

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from grpo_core.contract.errors import GrpoError
-from grpo_core.training import logprobs as logprobs_module
-from grpo_core.training.logprobs import SelectedLogSoftmax, head_chunk_rows, token_logprobs
+from grpo_core.training.logprobs import SelectedLogSoftmax, token_logprobs
 
 TEMPERATURE = 0.7
 
@@ -113,45 +112,6 @@ def test_values_match_naive_no_grad(model, batch, naive_no_grad, chunk_size):
             lp1, none = token_logprobs(model, ids, mask, c, temperature=1.0)
         assert none is None
         assert (lp1 - lp).abs().max() > 1e-2
-
-
-@pytest.mark.parametrize(
-    ("vocabulary", "device", "rows"),
-    [
-        (49152, "cpu", 128),  # SmolLM2: 24 MiB of float32 logits
-        (152064, "cpu", 40),  # Qwen2.5: 41 rows fit, rounded down to a multiple of 8
-        (32000, "cpu", 192),
-        (1000, "cpu", 256),  # a small vocabulary: the accelerator's chunk, no more
-        (10**8, "cpu", 8),  # never fewer than 8 rows
-        (152064, "cuda", 256),  # accelerators keep the default (no glibc malloc behind their tensors)
-        (152064, "meta", 256),
-    ],
-)
-def test_head_chunk_rows_keep_a_cpu_chunk_under_mallocs_mmap_threshold(vocabulary, device, rows):
-    assert head_chunk_rows(vocabulary, device) == rows
-    if device == "cpu" and rows > 8:
-        assert rows * vocabulary * 4 <= 24 * 2**20 < (rows + 8) * vocabulary * 4 or rows == 256
-
-
-def test_default_chunks_follow_head_chunk_rows_with_the_same_values(model, batch, naive_no_grad, monkeypatch):
-    """Without ``chunk_size`` the head sees chunks of :func:`head_chunk_rows`
-    rows (shrunk here to 8 through the byte budget), and the values are the
-    ones a single chunk gives."""
-    ids, mask, _, c = batch
-    vocabulary = model.lm_head.weight.shape[0]
-    monkeypatch.setattr(logprobs_module, "CPU_CHUNK_BYTES", 8 * 4 * vocabulary)
-    seen: list[int] = []
-    hook = model.lm_head.register_forward_hook(lambda _m, inputs, _out: seen.append(inputs[0].shape[0]))
-    try:
-        with torch.no_grad():
-            lp, ent = token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True)
-    finally:
-        hook.remove()
-    assert seen == [8] * (ids.size(0) * c // 8) + ([ids.size(0) * c % 8] if ids.size(0) * c % 8 else [])
-    with torch.no_grad():
-        whole_lp, whole_ent = token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, chunk_size=4096)
-    torch.testing.assert_close(lp, whole_lp, **FP32)
-    torch.testing.assert_close(ent, whole_ent, **FP32)
 
 
 @pytest.mark.parametrize("checkpoint_above", [0, None], ids=["head-checkpointed", "head-kept"])

@@ -33,18 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from grpo_core.modeling.structure import decoder_and_head, logit_transform, unwrap_peft
 
 DEFAULT_CHUNK_SIZE = 256
-"""Rows (positions) per LM-head chunk on an accelerator, and the most on a
-CPU: 256 x 49k vocab x fp32 = 48 MiB."""
-
-CPU_CHUNK_BYTES = 24 * 2**20
-"""The most bytes of float32 logits in one chunk on a CPU. glibc's malloc
-hands a block larger than its mmap threshold (which grows with the blocks
-freed, to at most 32 MiB on 64-bit Linux) straight to ``mmap`` and returns
-it to the OS when freed, so every out-of-place pass over a larger chunk
-(the float32 copy, the entropy's product, backward's gradient) faults in
-fresh pages: 25 ms a pass over 256 x 49k logits against 7 ms for the same
-rows as two 128-row chunks, whose blocks the heap keeps and reuses
-(benchmarks/RESULTS.md, "LM-head chunks under malloc's mmap threshold")."""
+"""Rows (positions) per LM-head chunk: 256 x 49k vocab x fp32 = 48 MiB."""
 
 DEFAULT_CHECKPOINT_ABOVE = 128 * 2**20
 """Logit elements (positions x vocabulary) of one call above which the head
@@ -60,18 +49,6 @@ def head_is_plain(model: Any) -> bool:
     """Whether the logits are the LM head's output as is (no scale, no soft
     cap): what a loss that fuses the head as a plain linear layer assumes."""
     return logit_transform(unwrap_peft(model)) == (1.0, None)
-
-
-def head_chunk_rows(vocabulary: int, device: torch.device | str) -> int:
-    """Rows per LM-head chunk: :data:`DEFAULT_CHUNK_SIZE` on an accelerator;
-    on a CPU as many as keep a chunk's float32 logits within
-    :data:`CPU_CHUNK_BYTES` (a multiple of 8 rows, 8 at least), at most
-    :data:`DEFAULT_CHUNK_SIZE`. Chunking only cuts where the head's matmul
-    and the softmax split the rows, so every choice gives the same values."""
-    if torch.device(device).type != "cpu":
-        return DEFAULT_CHUNK_SIZE
-    rows = CPU_CHUNK_BYTES // (4 * max(1, vocabulary))
-    return max(8, min(DEFAULT_CHUNK_SIZE, rows // 8 * 8))
 
 
 def _chunk_logps(
@@ -189,7 +166,7 @@ def token_logprobs(
     num_completion_tokens: int,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    chunk_size: int | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
     body: Any = None,
     share_prompts: bool = False,
     checkpoint_above: int = DEFAULT_CHECKPOINT_ABOVE,
@@ -207,12 +184,10 @@ def token_logprobs(
     cannot be exact (see :func:`_shared_prompt_hidden`). ``checkpoint_above``:
     the logit elements (``B x C x vocabulary``) above which the head chunks
     are recomputed in backward instead of kept (module docstring).
-    ``chunk_size``: rows per LM-head chunk; by default :func:`head_chunk_rows`
-    for the head's vocabulary and device.
     """
     if temperature <= 0:
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
-    if chunk_size is not None and chunk_size < 1:
+    if chunk_size < 1:
         raise ValueError(f"token_logprobs: chunk_size must be >= 1, got {chunk_size}")
     batch, length = input_ids.shape
     c = int(num_completion_tokens)
@@ -221,8 +196,6 @@ def token_logprobs(
 
     plain_body, head = decoder_and_head(model)
     body = plain_body if body is None else body
-    if chunk_size is None:
-        chunk_size = head_chunk_rows(head.weight.shape[0], head.weight.device)
     scale, softcap = logit_transform(unwrap_peft(model))
     hidden = _shared_prompt_hidden(plain_body, input_ids, attention_mask, c) if share_prompts and body is plain_body else None
     if hidden is None:
