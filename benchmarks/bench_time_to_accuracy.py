@@ -91,8 +91,8 @@ def machine_speed(seconds: float = 3.0) -> dict[str, float]:
     1024^3 and copy GB/s over 256 MiB, the median of repeats over about
     ``seconds`` each. Taken before each runner and after the last, so a
     machine that changed speed between the runners' halves shows as such
-    (TRL's unchanged float32 step took 32 s in one run and 43-45 s in others
-    with no CPU stolen: neighbours on the host's caches and memory bus)."""
+    (TRL's unchanged float32 mean step took 32-43 s across runs,
+    under 1% of the CPU stolen in the two runs that recorded it)."""
     import torch
 
     def median_rate(fn, work: float) -> float:
@@ -114,8 +114,8 @@ def machine_speed(seconds: float = 3.0) -> dict[str, float]:
 class Clock:
     """Seconds since the runner started, less the seconds set aside (saving);
     and the share of the machine's CPU time the hypervisor stole meanwhile
-    (a virtual machine's neighbours: 35-41% stolen was seen on this project's
-    machines, with a bf16 matmul at 290 GFLOP/s instead of 630)."""
+    (a virtual machine's neighbours: 35-51% stolen was seen on this project's
+    machines, with a bf16 matmul at 206-290 GFLOP/s instead of 530-630)."""
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
