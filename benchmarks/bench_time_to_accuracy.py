@@ -86,29 +86,20 @@ def cpu_ticks() -> tuple[int, int] | None:
     return (fields[7] if len(fields) > 7 else 0), sum(fields)
 
 
-def machine_speed(seconds: float = 3.0) -> dict[str, float]:
-    """This machine's speed now, on fixed work: float32 ``mm`` GFLOP/s at
-    1024^3 and copy GB/s over 256 MiB, the median of repeats over about
-    ``seconds`` each. Taken before each runner and after the last, so a
-    machine that changed speed between the runners' halves shows as such
-    (TRL's unchanged float32 mean step took 32-43 s across runs,
-    under 1% of the CPU stolen in the two runs that recorded it)."""
+def machine_speed(repeats: int = 100) -> dict[str, float]:
+    """This machine's speed now, on fixed work, measured as bench_ceiling.py
+    measures its ceilings: float32 ``mm`` GFLOP/s at 1024^3, and copy and
+    read GB/s over 256 MiB, each the median of ``repeats`` samples (about
+    10 s in all). Taken before each runner and after the last, so a machine that changed speed
+    between the runners' halves shows as such (TRL's unchanged float32 mean
+    step took 32-43 s across runs, under 1% of the CPU stolen in the two runs
+    that recorded it)."""
     import torch
+    from bench_ceiling import bandwidth_gbs, mm_gflops
 
-    def median_rate(fn, work: float) -> float:
-        fn()
-        samples, began = [], time.perf_counter()
-        while time.perf_counter() - began < seconds:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(work / (time.perf_counter() - t0))
-        return statistics.median(samples)
-
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    src = torch.empty(64 * 2**20)  # 256 MiB of float32
-    dst = torch.empty_like(src)
-    return {"mm_gflops": median_rate(lambda: a @ b, 2 * 1024**3 / 1e9),
-            "copy_gbs": median_rate(lambda: dst.copy_(src), 2 * src.numel() * 4 / 1e9)}
+    bandwidth = bandwidth_gbs(repeats, mib=256)
+    return {"mm_gflops": mm_gflops(1024, 1024, 1024, torch.float32, repeats),
+            "copy_gbs": bandwidth["copy (read + write)"], "read_gbs": bandwidth["read (sum)"]}
 
 
 class Clock:
