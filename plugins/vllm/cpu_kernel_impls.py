@@ -10,11 +10,24 @@ import inspect
 
 import torch
 
+from grpo_plugins.vllm import machine
+
 _SAMPLER_ARGS = ["self", "logits", "generators", "k", "p"]
 """``forward_cpu``'s parameters in the vLLM this replaces; another signature keeps vLLM's."""
 
 
 # ---------------------------------------------------------------- RMSNorm
+
+
+def cpp_norm_dtypes(flags: str) -> tuple[torch.dtype, ...]:
+    """The dtypes vLLM's C++ RMSNorm kernels compute as the native forms do on
+    a CPU with cpuinfo ``flags``: float32 always; bfloat16 only with
+    AVX512-BF16, whose conversion rounds to nearest. Without it vLLM's kernels
+    narrow float32 to bf16 by dropping the low 16 bits (round toward zero),
+    so the residual sum they write would be one bf16 step smaller in
+    magnitude than PyTorch's in about a quarter of its elements, and each
+    layer's error would add up along the residual stream."""
+    return (torch.float32, torch.bfloat16) if "avx512_bf16" in flags.split() else (torch.float32,)
 
 
 def register_norms(provider: str) -> bool:
@@ -33,13 +46,14 @@ def register_norms(provider: str) -> bool:
     if provider in norm.impls and provider in fused.impls:
         return True
     supported = current_platform.is_cpu() and hasattr(torch.ops._C, "rms_norm") and hasattr(torch.ops._C, "fused_add_rms_norm")
+    dtypes = cpp_norm_dtypes(machine.cpu_flags())
 
     def takes(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None) -> bool:
         return (
             variance_size is None
             and weight is not None
             and weight.dtype == x.dtype
-            and x.dtype in (torch.float32, torch.bfloat16)
+            and x.dtype in dtypes
             and x.is_contiguous()
         )
 

@@ -20,8 +20,10 @@ step and one at the start:
   (``torch.ops._C.rms_norm``). :data:`PROVIDER` registers those kernels for
   the CPU through vLLM's IR op API, and the engine's ``ir_op_priority``
   (:data:`IR_OP_PRIORITY`, which grpo passes to the engines it starts eager)
-  picks them. With graph compilation Inductor fuses the native forms
-  itself, so compiled engines keep vLLM's priority.
+  picks them (float32 always, bf16 only on a CPU with AVX512-BF16, where
+  their conversion rounds to nearest: ``cpp_norm_dtypes``). With graph
+  compilation Inductor fuses the native forms itself, so compiled engines
+  keep vLLM's priority.
 
 - **Log-prob ranks, 2.8 s once.** vLLM counts a token's rank among the
   log-probs with a ``torch.compile``d comparison, compiled by Inductor at

@@ -122,18 +122,36 @@ def test_the_cpp_rms_norm_provider_computes_vllms_native_forms(dtype: torch.dtyp
     assert norm.impls[cpu_kernels.PROVIDER].supported and fused.impls[cpu_kernels.PROVIDER].supported
     torch.manual_seed(2)
     x, residual, weight = torch.randn(32, 576, dtype=dtype), torch.randn(32, 576, dtype=dtype), torch.randn(576, dtype=dtype)
+    takes = norm.impls[cpu_kernels.PROVIDER].supports_args
+    takes_fused = fused.impls[cpu_kernels.PROVIDER].supports_args
+    out, summed = fused.impls[cpu_kernels.PROVIDER].impl_fn(x.clone(), residual.clone(), weight, 1e-5)
+    native_out, native_summed = fused.impls["native"].impl_fn(x, residual, weight, 1e-5)
+    if dtype not in cpu_kernel_impls.cpp_norm_dtypes(machine.cpu_flags()):
+        # this CPU lacks AVX512-BF16: vLLM's kernels truncate to bf16, so the provider
+        # leaves bf16 to the native forms (the priority's next provider)
+        assert not takes(x, weight, 1e-5) and not takes_fused(x, residual, weight, 1e-5)
+        wide = x.float() + residual.float()
+        assert torch.equal(summed, (wide.view(torch.int32) & ~0xFFFF).view(torch.float32).to(dtype))  # why
+        assert not torch.equal(summed, native_summed)
+        return
     # float32: the same arithmetic to rounding; bf16: the C++ kernel rounds once where the native form rounds twice
     tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.07, "rtol": 0.016}
     ours = norm.impls[cpu_kernels.PROVIDER].impl_fn(x, weight, 1e-5)
     torch.testing.assert_close(ours, norm.impls["native"].impl_fn(x, weight, 1e-5), **tolerance)
-    out, summed = fused.impls[cpu_kernels.PROVIDER].impl_fn(x.clone(), residual.clone(), weight, 1e-5)
-    native_out, native_summed = fused.impls["native"].impl_fn(x, residual, weight, 1e-5)
     torch.testing.assert_close(out, native_out, **tolerance)
     assert torch.equal(summed, native_summed)  # the residual sum: one rounding on both sides
     # what the kernels do not take falls through to the next provider in the priority (native)
-    takes = norm.impls[cpu_kernels.PROVIDER].supports_args
-    assert takes(x, weight, 1e-5) and not takes(x, weight, 1e-5, 288)
+    assert takes(x, weight, 1e-5) and takes_fused(x, residual, weight, 1e-5) and not takes(x, weight, 1e-5, 288)
     assert not takes(x.t().contiguous().t(), weight, 1e-5) and not takes(x, weight.float() if dtype != torch.float32 else weight.double(), 1e-5)
+
+
+@pytest.mark.parametrize(
+    ("flags", "bf16"),
+    [("fpu avx2 fma", False), ("avx2 avx512f avx512bw", False), ("avx2 avx512f avx512_bf16", True), ("avx512f avx512_bf16 amx_bf16 amx_tile", True)],
+)
+def test_the_cpp_norms_take_bf16_only_where_the_cpu_rounds_it_to_nearest(flags: str, bf16: bool) -> None:
+    dtypes = cpu_kernel_impls.cpp_norm_dtypes(flags)
+    assert torch.float32 in dtypes and (torch.bfloat16 in dtypes) is bf16
 
 
 def test_grpo_asks_for_the_kernels_only_for_its_eager_cpu_engines(smollm2_dir, tmp_path, config_for, monkeypatch) -> None:
