@@ -6,7 +6,10 @@ its completions are cut, in order, into that many equal slices, one per
 step, and each slice into ``gradient_accumulation_steps`` micro-batches of
 ``micro_batch_size``. Within a slice completions are sorted by length first,
 so each micro-batch pads to a similar length: on CPU the padding is pure
-wasted compute.
+wasted compute. Where the loss allows (token-sum losses), the cuts between
+micro-batches move to where they pad least, so a micro-batch may hold more
+or fewer than ``micro_batch_size`` rows, never more padded tokens than the
+equal split's largest.
 
 A completion's ``loss_mask`` (multi-turn episodes: 0 on the tokens the
 environment or the chat template inserted) becomes its row of
@@ -31,7 +34,7 @@ from grpo_core.contract.types import ScoredGroup
 
 __all__ = [
     "MicroBatch", "Sample", "collate", "completion_tokens", "flatten", "generation_batch_size", "global_step_batch",
-    "micro_batch_count", "micro_batches", "step_slices", "steps_per_batch", "steps_per_generation", "with_signal_first",
+    "least_padding_cuts", "micro_batch_count", "micro_batches", "step_slices", "steps_per_batch", "steps_per_generation", "with_signal_first",
 ]  # fmt: skip
 
 
@@ -174,13 +177,74 @@ def micro_batch_count(rows: int, micro_batch_size: int) -> int:
     return -(-rows // micro_batch_size)
 
 
-def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int, mask_truncated: bool) -> list[MicroBatch]:
-    """Split into micro-batches of similar total length (sorted, then chunked)."""
+def micro_batches(
+    samples: list[Sample], micro_batch_size: int, pad_id: int, mask_truncated: bool, balanced: bool = False
+) -> list[MicroBatch]:
+    """Split into micro-batches of similar total length (sorted, then chunked).
+
+    ``balanced``: as many micro-batches, cut where they pad least
+    (:func:`least_padding_cuts`) instead of every ``micro_batch_size`` rows.
+    Only for a loss that does not depend on which rows share a micro-batch
+    (a token-sum loss normalised over the whole batch): with a per-sequence or
+    per-micro-batch mean, unequal micro-batches would weigh rows differently."""
     ordered = sorted(samples, key=lambda s: s.length)
-    return [
-        collate(ordered[i : i + micro_batch_size], pad_id, mask_truncated)
-        for i in range(0, len(ordered), micro_batch_size)
-    ]
+    parts = micro_batch_count(len(ordered), micro_batch_size)
+    if balanced and parts > 1:
+        cuts = least_padding_cuts([s.length for s in ordered], micro_batch_size)
+    else:
+        cuts = list(range(0, len(ordered), micro_batch_size)) + [len(ordered)]
+    return [collate(ordered[a:b], pad_id, mask_truncated) for a, b in zip(cuts, cuts[1:])]
+
+
+LEAST_PADDING_MAX_ROWS = 512
+"""Above this many rows a step keeps equal micro-batches (the search's table grows as rows squared)."""
+
+LEAST_PADDING_MIN_SAVING = 0.10
+"""Unequal cuts are taken only where they pad at least this share less than
+equal ones: on a CPU a small saving was lost to the shapes' noise
+(benchmarks/RESULTS.md, "Micro-batches cut where they pad least")."""
+
+
+def least_padding_cuts(lengths: list[int], micro_batch_size: int) -> list[int]:
+    """Where to cut ``lengths`` (ascending) into ``ceil(rows / micro_batch_size)``
+    contiguous micro-batches so that the padded area, each micro-batch's rows
+    times its longest row, is least in total: ``[0, ..., rows]``.
+
+    Why: a step's completions are often bimodal (short answers beside ones
+    cut at ``max_completion_length``), and equal micro-batches of sorted rows
+    then pad many short rows to a long one. Each micro-batch's padded area
+    stays within the largest area of the equal split, so peak memory does not
+    grow; the micro-batch count stays, so ranks stay in step and the
+    accumulation is the same. Exact search (dynamic programming over the cut
+    points, one vectorised pass per micro-batch); ties keep earlier cuts.
+    Equal cuts stay where the best saves less than
+    :data:`LEAST_PADDING_MIN_SAVING` of their area."""
+    rows = len(lengths)
+    parts = micro_batch_count(rows, micro_batch_size)
+    equal = list(range(0, rows, micro_batch_size)) + [rows]
+    if parts <= 1 or rows > LEAST_PADDING_MAX_ROWS:
+        return equal
+    longest = torch.tensor(lengths, dtype=torch.float64)
+    budget = max((b - a) * float(longest[b - 1]) for a, b in zip(equal, equal[1:]))
+    starts = torch.arange(rows + 1, dtype=torch.float64)[:, None]
+    ends = torch.arange(rows + 1, dtype=torch.float64)[None, :]
+    # area[k, i]: rows k..i-1 in one micro-batch, padded to row i-1's length
+    area = (ends - starts) * torch.cat([longest.new_zeros(1), longest])[None, :]
+    area = torch.where((ends > starts) & (area <= budget), area, torch.inf)
+    best = torch.full((rows + 1,), torch.inf, dtype=torch.float64)
+    best[0] = 0.0
+    choices = []
+    for _ in range(parts):
+        total = best[:, None] + area
+        best, choice = total.min(dim=0)
+        choices.append(choice)
+    equal_area = sum((b - a) * float(longest[b - 1]) for a, b in zip(equal, equal[1:]))
+    if not float(best[rows]) <= (1.0 - LEAST_PADDING_MIN_SAVING) * equal_area:  # inf: cannot happen, the equal split is feasible
+        return equal
+    cuts = [rows]
+    for choice in reversed(choices):
+        cuts.append(int(choice[cuts[-1]]))
+    return cuts[::-1]
 
 
 def step_slices(samples: list[Sample], steps: int) -> list[list[Sample]]:

@@ -121,6 +121,20 @@ def zero_advantage_rows_are_inert(settings: LossSettings) -> bool:
     return settings.loss_type in TOKEN_SUM_TYPES and settings.beta == 0.0 and settings.top_entropy_quantile >= 1.0
 
 
+def micro_batch_split_is_free(settings: LossSettings) -> bool:
+    """Whether the loss and its gradient are the same however a step's rows
+    are split into micro-batches (to float rounding), so that micro-batches
+    may be cut unequally where they pad least.
+
+    True for the token-sum losses (``dapo``, ``cispo``): each token's term is
+    divided by ``num_items_in_batch``, the whole batch's count, and a KL term
+    is per token too. False for the per-sequence and per-micro-batch means
+    (``grpo``, ``bnpo``, ``dr_grpo``, ``sapo``), where a row's weight depends on
+    how many rows or tokens share its micro-batch, and for an entropy quantile,
+    taken over each micro-batch's tokens."""
+    return settings.loss_type in TOKEN_SUM_TYPES and settings.top_entropy_quantile >= 1.0
+
+
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
     """True for real tokens whose entropy is in the top ``quantile`` of this
     batch's real tokens ("Beyond the 80/20 rule")."""

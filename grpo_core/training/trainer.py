@@ -56,7 +56,11 @@ from grpo_core.training.batch import (
 )
 from grpo_core.training.distributed import Distributed, shares
 from grpo_core.training.logprobs import head_is_plain, token_logprobs
-from grpo_core.training.loss import LossSettings, zero_advantage_rows_are_inert
+from grpo_core.training.loss import (
+    LossSettings,
+    micro_batch_split_is_free,
+    zero_advantage_rows_are_inert,
+)
 from grpo_core.training.observe import RunObserver
 from grpo_core.training.optim import advance_schedule
 from grpo_core.training.producer import Producer, PromptStream, ScoredBatch
@@ -139,6 +143,8 @@ class GRPOTrainer:
         self.drops_zero_advantage_rows = (
             cfg.trl.skip_zero_advantage_batches and zero_advantage_rows_are_inert(self.loss_settings)
         )
+        # Where the loss does not depend on the split, micro-batches are cut where they pad least
+        self.balances_micro_batches = micro_batch_split_is_free(self.loss_settings)
         self._left_out: list[tuple[int, int]] = []  # per step of the batch: (micro-batches, samples) left out
         self._batch: ScoredBatch | None = None
         self._micro: list[MicroBatch] = []
@@ -356,7 +362,8 @@ class GRPOTrainer:
         trained_parts = self._rows_to_train(parts)
         mbs = self.cfg.micro_batch_size
         self._micro_per_step = [
-            micro_batches(part, mbs, self.pad_id, self.trl.mask_truncated_completions) for part in trained_parts
+            micro_batches(part, mbs, self.pad_id, self.trl.mask_truncated_completions, balanced=self.balances_micro_batches)
+            for part in trained_parts
         ]
         self._left_out = [
             (micro_batch_count(len(part), mbs) - len(micro), len(part) - len(trained))
