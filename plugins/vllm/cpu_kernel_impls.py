@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 
 import torch
-
 from grpo_plugins.vllm import machine
 
 _SAMPLER_ARGS = ["self", "logits", "generators", "k", "p"]
