@@ -9,10 +9,16 @@ arithmetic example's 4 prompts x 8 completions, prompts shared
   every prompt, and each prompt runs once per micro-batch);
 * ``grouped 2x16``: two whole groups per micro-batch (each prompt runs once
   per step, completions pad to the longest of two groups);
-* ``1x32``: ``micro_batch_size = 32``, ``gradient_accumulation_steps = 1``.
+* ``1x32``: ``micro_batch_size = 32``, ``gradient_accumulation_steps = 1``;
+* ``balanced 2``: sorted, two micro-batches cut where they pad least
+  (:func:`grpo_core.training.batch.least_padding_cuts`; grpo's layout for
+  the token-sum losses, ``dapo`` by default).
 
 Completion lengths are drawn uniformly from ``--lengths`` ranges (an early
-step's answers, then a trained policy's). The layouts alternate, median of
+step's answers, then a trained policy's); ``lo-hi+N`` adds N answers cut at
+``hi`` tokens to the 32 - N short ones (what a step looks like while a
+policy learns to answer briefly: most answers short, some running to the
+length limit). The layouts alternate, median of
 ``--repeats``. ``--compile`` also times the ``sorted 2x16`` step through a
 ``torch.compile``d decoder body (what ``torch_compile = true`` runs; prompts
 are then not shared), with the first call's seconds (compilation) apart.
@@ -38,7 +44,8 @@ PROMPTS, GENERATIONS, VOCAB = 4, 8, 49152
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--lengths", nargs="+", default=["15-48", "8-16"], help="completion length ranges, lo-hi")
+    parser.add_argument("--lengths", nargs="+", default=["15-48", "8-16", "6-14+6@48"],
+                        help="completion length ranges, lo-hi, or lo-hi+N@cap: N of the 32 at cap tokens")
     parser.add_argument("--compile", action="store_true", help="also time a torch.compile'd body (minutes to compile on 2 cores)")
     args = parser.parse_args()
 
@@ -69,15 +76,21 @@ def main() -> None:
 
     results = []
     for spec in args.lengths:
-        lo, hi = (int(x) for x in spec.split("-"))
+        span, _, capped = spec.partition("+")
+        lo, hi = (int(x) for x in span.split("-"))
+        long_count, _, cap = capped.partition("@")
+        lengths = [rng.randint(lo, hi) for _ in range(PROMPTS * GENERATIONS)]
+        for i in rng.sample(range(len(lengths)), int(long_count or 0)):
+            lengths[i] = int(cap)
         prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(33, 35))] for _ in range(PROMPTS)]
-        samples = [Sample(prompt_ids=p, completion_ids=[rng.randrange(VOCAB) for _ in range(rng.randint(lo, hi))],
-                          advantage=1.0) for p in prompts for _ in range(GENERATIONS)]  # fmt: skip
+        samples = [Sample(prompt_ids=prompts[i // GENERATIONS], completion_ids=[rng.randrange(VOCAB) for _ in range(n)],
+                          advantage=1.0) for i, n in enumerate(lengths)]  # fmt: skip
         half = len(samples) // 2
         layouts = {
             "sorted 2x16": micro_batches(samples, half, 0, False),
             "grouped 2x16": [collate(samples[:half], 0, False), collate(samples[half:], 0, False)],
             "1x32": [collate(samples, 0, False)],
+            "balanced 2": micro_batches(samples, half, 0, False, balanced=True),
         }
         times: dict[str, list[float]] = {name: [] for name in layouts}
         for _ in range(args.repeats + 1):  # the first round is warm-up
@@ -101,7 +114,7 @@ def main() -> None:
     for row in results:
         base = row["sorted 2x16 s"]
         print(f"completions {row['lengths']} tokens:")
-        for name in ("sorted 2x16", "grouped 2x16", "1x32"):
+        for name in ("sorted 2x16", "grouped 2x16", "1x32", "balanced 2"):
             print(f"  {name:<14}{row[name + ' s']:>7.2f} s  {base / row[name + ' s']:.2f}x  "
                   f"{row[name + ' tokens']} tokens through the decoder (padding included)")
         if "compiled sorted 2x16 s" in row:
