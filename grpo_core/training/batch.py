@@ -225,7 +225,8 @@ def least_padding_cuts(lengths: list[int], micro_batch_size: int) -> list[int]:
     if parts <= 1 or rows > LEAST_PADDING_MAX_ROWS:
         return equal
     longest = torch.tensor(lengths, dtype=torch.float64)
-    budget = max((b - a) * float(longest[b - 1]) for a, b in zip(equal, equal[1:]))
+    equal_areas = [(b - a) * float(longest[b - 1]) for a, b in zip(equal, equal[1:])]
+    budget = max(equal_areas)
     starts = torch.arange(rows + 1, dtype=torch.float64)[:, None]
     ends = torch.arange(rows + 1, dtype=torch.float64)[None, :]
     # area[k, i]: rows k..i-1 in one micro-batch, padded to row i-1's length
@@ -238,8 +239,7 @@ def least_padding_cuts(lengths: list[int], micro_batch_size: int) -> list[int]:
         total = best[:, None] + area
         best, choice = total.min(dim=0)
         choices.append(choice)
-    equal_area = sum((b - a) * float(longest[b - 1]) for a, b in zip(equal, equal[1:]))
-    if not float(best[rows]) <= (1.0 - LEAST_PADDING_MIN_SAVING) * equal_area:  # inf: cannot happen, the equal split is feasible
+    if not float(best[rows]) <= (1.0 - LEAST_PADDING_MIN_SAVING) * sum(equal_areas):  # inf: cannot happen, the equal split is feasible
         return equal
     cuts = [rows]
     for choice in reversed(choices):
