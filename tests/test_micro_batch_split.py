@@ -6,8 +6,8 @@ The split test reuses test_zero_advantage_inert's exact inputs (multiples of
 1/8 in float64, on-policy): each row's gradient summed over micro-batches of
 3 + 3 rows and of 2 + 4 rows must be equal bit for bit, and the step's loss
 to float64 rounding, where the function says the split is free, and must
-differ everywhere else,
-so adding a loss type to the free set (or taking one out) fails the test.
+differ everywhere else, so adding a loss type to the free set (or taking one
+out) fails the test.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import random
 
 import pytest
 import torch
-from test_zero_advantage_inert import VARIANTS, inputs
+from test_zero_advantage_inert import VARIANTS, inputs, settings_for
 
 from grpo_core.training.batch import LEAST_PADDING_MIN_SAVING, Sample, least_padding_cuts, micro_batches
 from grpo_core.training.loss import LOSS_TYPES, LossSettings, micro_batch_split_is_free, policy_loss
@@ -39,7 +39,7 @@ def step_loss_and_grad(settings: LossSettings, data: dict, split: list[list[int]
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_unequal_micro_batches_change_nothing_exactly_where_the_split_is_free(loss_type: str, variant: str) -> None:
-    settings = LossSettings(loss_type=loss_type, epsilon=0.2, epsilon_high=0.28 if loss_type != "cispo" else 5.0, **VARIANTS[variant])
+    settings = settings_for(loss_type, variant)
     free = micro_batch_split_is_free(settings)
     data = inputs(off_policy=False)
     data["advantages"] = torch.tensor([1.5, -0.75, 0.5, -0.5, 0.25, -1.0], dtype=torch.float64)

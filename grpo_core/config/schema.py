@@ -331,7 +331,7 @@ class GRPOConfig(_Table):
     sequence_len: int = Field(1024, ge=8)
     sample_packing: bool | None = Field(None, description="Axolotl's SFT packing: only false is accepted (completions are padded per micro-batch).")
     pad_to_sequence_len: bool | None = Field(None, description="Axolotl's padding choice: accepted, no effect (each micro-batch is padded to its longest sequence).")
-    micro_batch_size: int = Field(1, ge=1, description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo) a step's micro-batches are cut where they pad least: as many passes, each no larger in padded tokens than micro_batch_size rows of the longest completions.")
+    micro_batch_size: int = Field(1, ge=1, description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo) a step's micro-batches are cut where they pad least: as many passes, none larger in padded tokens than the largest of micro_batch_size rows each.")
     gradient_accumulation_steps: int = Field(1, ge=1)
     max_steps: int = Field(100, ge=1, description="Optimizer steps. Takes precedence over num_epochs when both are set (as in Axolotl).")
     num_epochs: float | None = Field(

@@ -188,12 +188,16 @@ def micro_batches(
     (a token-sum loss normalised over the whole batch): with a per-sequence or
     per-micro-batch mean, unequal micro-batches would weigh rows differently."""
     ordered = sorted(samples, key=lambda s: s.length)
-    parts = micro_batch_count(len(ordered), micro_batch_size)
-    if balanced and parts > 1:
+    if balanced:
         cuts = least_padding_cuts([s.length for s in ordered], micro_batch_size)
     else:
-        cuts = list(range(0, len(ordered), micro_batch_size)) + [len(ordered)]
+        cuts = _equal_cuts(len(ordered), micro_batch_size)
     return [collate(ordered[a:b], pad_id, mask_truncated) for a, b in zip(cuts, cuts[1:])]
+
+
+def _equal_cuts(rows: int, micro_batch_size: int) -> list[int]:
+    """``[0, micro_batch_size, 2 * micro_batch_size, ..., rows]``: full micro-batches, the last one partial."""
+    return list(range(0, rows, micro_batch_size)) + [rows]
 
 
 LEAST_PADDING_MAX_ROWS = 512
@@ -221,7 +225,7 @@ def least_padding_cuts(lengths: list[int], micro_batch_size: int) -> list[int]:
     :data:`LEAST_PADDING_MIN_SAVING` of their area."""
     rows = len(lengths)
     parts = micro_batch_count(rows, micro_batch_size)
-    equal = list(range(0, rows, micro_batch_size)) + [rows]
+    equal = _equal_cuts(rows, micro_batch_size)
     if parts <= 1 or rows > LEAST_PADDING_MAX_ROWS:
         return equal
     longest = torch.tensor(lengths, dtype=torch.float64)
