@@ -18,8 +18,8 @@ Completion lengths are drawn uniformly from ``--lengths`` ranges (an early
 step's answers, then a trained policy's); ``lo-hi+N`` adds N answers cut at
 ``hi`` tokens to the 32 - N short ones (what a step looks like while a
 policy learns to answer briefly: most answers short, some running to the
-length limit). The layouts alternate, median of
-``--repeats``. ``--compile`` also times the ``sorted 2x16`` step through a
+length limit). The layouts alternate, each round in an order rotated by one
+(so no layout is always timed last), median of ``--repeats``. ``--compile`` also times the ``sorted 2x16`` step through a
 ``torch.compile``d decoder body (what ``torch_compile = true`` runs; prompts
 are then not shared), with the first call's seconds (compilation) apart.
 
@@ -93,9 +93,12 @@ def main() -> None:
             "balanced 2": micro_batches(samples, half, 0, False, balanced=True),
         }
         times: dict[str, list[float]] = {name: [] for name in layouts}
-        for _ in range(args.repeats + 1):  # the first round is warm-up
-            for name, batches in layouts.items():
-                times[name].append(step(batches, share=True))
+        names = list(layouts)
+        for round_ in range(args.repeats + 1):  # the first round is warm-up
+            # Each round starts one layout later: the one timed last read slower in
+            # every round of a fixed order (the machine warming), which no layout should carry.
+            for name in names[round_ % len(names):] + names[: round_ % len(names)]:
+                times[name].append(step(layouts[name], share=True))
         row = {"lengths": spec, **{f"{name} s": statistics.median(t[1:]) for name, t in times.items()},
                **{f"{name} tokens": _tokens(batches) for name, batches in layouts.items()}}  # fmt: skip
         if args.compile:
