@@ -7,7 +7,8 @@ GRPOTrainer, in one invocation.
 The task is the arithmetic example (examples/arithmetic): SmolLM2-135M-Instruct
 + LoRA r=16 on all linear layers, 4 prompts x 8 completions per step (2
 micro-batches of 16), 48 completion tokens, lr 1e-4 constant after 2 warm-up
-steps, rewards ``correct_answer`` (1.0) + ``short_answer`` (0.2), seed 42.
+steps, rewards ``correct_answer`` (1.0) + ``short_answer`` (0.2), seed 42
+(``--seed``: the same seed for every runner).
 Each runner trains in its own process:
 
 - ``trl``: TRL's GRPOTrainer with its own defaults for everything not listed
@@ -124,7 +125,7 @@ class Clock:
         return (now[0] - self.ticks[0]) / (now[1] - self.ticks[1])
 
 
-def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock, bf16: bool | None = None) -> dict:
+def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock, seed: int, bf16: bool | None = None) -> dict:
     """TRL's run; ``bf16=None``: as grpo's ``bf16 = "auto"`` decides on this CPU."""
     from datasets import load_dataset
     from peft import LoraConfig
@@ -154,7 +155,7 @@ def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock
         bf16=native_bf16("cpu") if bf16 is None else bf16,
         save_strategy="no",
         temperature=1.0,
-        seed=42,
+        seed=seed,
     )
     step_ends: list[float] = []
     step_seconds: list[float] = []
@@ -192,7 +193,7 @@ def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock
             "load_average": load, "steal_share": steal, "adapters": saved}
 
 
-def grpo_config(model_dir: str, steps: int, every: int, output_dir: Path, bf16: bool | str) -> dict:
+def grpo_config(model_dir: str, steps: int, every: int, output_dir: Path, bf16: bool | str, seed: int = 42) -> dict:
     return {
         "base_model": model_dir,
         "adapter": "lora",
@@ -211,7 +212,7 @@ def grpo_config(model_dir: str, steps: int, every: int, output_dir: Path, bf16: 
         "output_dir": str(output_dir),
         "save_steps": every,
         "logging_steps": 1,
-        "seed": 42,
+        "seed": seed,
         "vllm": {"dtype": "auto", "max_model_len": 512, "cpu_kvcache_space": 2},
         "trl": {
             "use_vllm": True,
@@ -225,7 +226,7 @@ def grpo_config(model_dir: str, steps: int, every: int, output_dir: Path, bf16: 
     }
 
 
-def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock, bf16: bool | str) -> dict:
+def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock, seed: int, bf16: bool | str) -> dict:
     sys.path.insert(0, str(EXAMPLE))
     from grpo_core import hookimpl
     from grpo_core.config.loader import validate
@@ -233,7 +234,7 @@ def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Cloc
     from grpo_core.training.run import run_training
 
     output_dir = save_dir / "grpo-run"
-    cfg = validate(grpo_config(model_dir, steps, every, output_dir, bf16))
+    cfg = validate(grpo_config(model_dir, steps, every, output_dir, bf16, seed))
     step_ends: list[float] = []
     load: list[float] = []
     steal: list[float | None] = []
@@ -270,12 +271,12 @@ def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Cloc
 
 
 RUNNERS = {
-    "trl": lambda m, s, e, d, c: run_trl(m, s, e, d, c),
-    "trl-bf16": lambda m, s, e, d, c: run_trl(m, s, e, d, c, bf16=True),
-    "trl-fp32": lambda m, s, e, d, c: run_trl(m, s, e, d, c, bf16=False),
-    "grpo": lambda m, s, e, d, c: run_grpo(m, s, e, d, c, bf16="auto"),
-    "grpo-bf16": lambda m, s, e, d, c: run_grpo(m, s, e, d, c, bf16=True),
-    "grpo-fp32": lambda m, s, e, d, c: run_grpo(m, s, e, d, c, bf16=False),
+    "trl": lambda *run: run_trl(*run),
+    "trl-bf16": lambda *run: run_trl(*run, bf16=True),
+    "trl-fp32": lambda *run: run_trl(*run, bf16=False),
+    "grpo": lambda *run: run_grpo(*run, bf16="auto"),
+    "grpo-bf16": lambda *run: run_grpo(*run, bf16=True),
+    "grpo-fp32": lambda *run: run_grpo(*run, bf16=False),
 }
 
 
@@ -329,7 +330,7 @@ def summarize(raw: dict, out: Path | None = None) -> None:
     rows = [report(name, run, {0: base} | {int(k): v for k, v in raw["accuracy"][name].items()})
             for name, run in raw["runs"].items()]
     peers = [r for r in rows if r["runner"].startswith("trl")]  # TRL in each precision run
-    print(f"\nCPU flags: {raw['cpu_flags']}; {raw.get('cores', '?')} cores; started {raw['started']}")
+    print(f"\nCPU flags: {raw['cpu_flags']}; {raw.get('cores', '?')} cores; started {raw['started']}; seed {raw.get('seed', 42)}")
     print(f"base model held-out accuracy: {base:.1%}")
     print("\nwall seconds to each held-out accuracy (eval and saving excluded); a ratio is against the TRL run "
           "that got there first")
@@ -376,8 +377,8 @@ def summarize(raw: dict, out: Path | None = None) -> None:
                       f"({row['trained_steps']} steps that trained every micro-batch)")
     if out is None:
         return
-    out.write_text(json.dumps({**{k: raw[k] for k in ("cpu_flags", "started", "base_accuracy")},
-                                                                "runners": rows}, indent=2))
+    out.write_text(json.dumps({**{k: raw[k] for k in ("cpu_flags", "started", "base_accuracy")}, "seed": raw.get("seed", 42),
+                               "runners": rows}, indent=2))
 
 
 def main() -> None:
@@ -385,6 +386,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=5, help="save (and later evaluate) every this many steps")
     parser.add_argument("--runners", default="trl,grpo")
+    parser.add_argument("--seed", type=int, default=42, help="every runner's seed (sampling, data order, LoRA init): "
+                        "a threshold's step is one draw of a learning curve, so compare over several seeds")
     parser.add_argument("--raw-out", default=str(HERE / "results" / "time_to_accuracy_raw.json"),
                         help="where to keep this run's raw data (a runner-only run should not overwrite the main one)")
     parser.add_argument("--report", metavar="RAW_JSON", help="print the tables again from a run's raw data "
@@ -402,7 +405,7 @@ def main() -> None:
         from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
         model_dir = resolve_model_dir(DEFAULT_MODEL)
-        result = RUNNERS[args.runner](model_dir, args.steps, args.every, Path(args.save_dir), clock)
+        result = RUNNERS[args.runner](model_dir, args.steps, args.every, Path(args.save_dir), clock, args.seed)
         Path(args.out).write_text(json.dumps(result))
         return
 
@@ -421,14 +424,15 @@ def main() -> None:
             print(f"--- {name} (machine: {speeds[-1]['mm_gflops']:.0f} GFLOP/s float32 mm, "
                   f"{speeds[-1]['copy_gbs']:.1f} GB/s copy)", flush=True)
             cmd = [sys.executable, __file__, "--runner", name, "--steps", str(args.steps), "--every", str(args.every),
-                   "--save-dir", str(save_dir), "--out", str(out)]
+                   "--seed", str(args.seed), "--save-dir", str(save_dir), "--out", str(out)]
             subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
             runs[name] = json.loads(out.read_text())
         speeds.append(machine_speed())
         print("--- evaluating every saved adapter (one evaluator for all runners)", flush=True)
         order = [(None, None, 0)] + [(name, path, int(step)) for name, run in runs.items() for step, path in run["adapters"].items()]
         scores = evaluate_adapters([path for _, path, _ in order])
-    raw = {"cpu_flags": cpu_flag_summary(), "cores": os.cpu_count(), "started": started, "base_accuracy": scores[0], "runs": runs,
+    raw = {"cpu_flags": cpu_flag_summary(), "cores": os.cpu_count(), "started": started, "seed": args.seed,
+           "base_accuracy": scores[0], "runs": runs,
            "machine_speed": speeds,
            "accuracy": {name: {str(step): score for (who, _, step), score in zip(order, scores) if who == name} for name in runs}}
     Path(args.raw_out).parent.mkdir(parents=True, exist_ok=True)
