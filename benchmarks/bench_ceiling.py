@@ -48,7 +48,7 @@ picks on a CPU with AVX512-BF16 or AMX) and rates them against the bf16
 
 The CPU flags, torch version, threads and the load average at start and end
 are printed with the numbers; on a loaded machine read them as such.
-Writes benchmarks/results/ceiling.json.
+Writes benchmarks/results/ceiling.json (``ceiling_bf16.json`` with ``--precision bf16``).
 """
 
 from __future__ import annotations
