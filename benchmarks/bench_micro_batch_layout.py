@@ -19,9 +19,10 @@ step's answers, then a trained policy's); ``lo-hi+N`` adds N answers cut at
 ``hi`` tokens to the 32 - N short ones (what a step looks like while a
 policy learns to answer briefly: most answers short, some running to the
 length limit). The layouts alternate, each round in an order rotated by one
-(so no layout is always timed last), median of ``--repeats``. ``--compile`` also times the ``sorted 2x16`` step through a
-``torch.compile``d decoder body (what ``torch_compile = true`` runs; prompts
-are then not shared), with the first call's seconds (compilation) apart.
+(so no layout is always timed last), median of ``--repeats``. ``--compile``
+also times the ``sorted 2x16`` step through a ``torch.compile``d decoder body
+(what ``torch_compile = true`` runs; prompts are then not shared), with the
+first call's seconds (compilation) apart.
 
     .venv/bin/python benchmarks/bench_micro_batch_layout.py --repeats 3 [--compile]
 """
