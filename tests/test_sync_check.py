@@ -21,6 +21,7 @@ from grpo_core.training.sync_check import (
     SyncVerifier,
     compare,
     noise_class,
+    sampled_tokens_can_check,
     trainer_dtype_name,
 )
 from grpo_core.contract.types import SCORES_TOKENS, EngineScore
@@ -163,6 +164,141 @@ def test_modes_first_and_never(fake, monkeypatch: pytest.MonkeyPatch) -> None:
     verifier.checks = 0
     verifier.sync(lambda: None, model=None, version=2)
     assert engine.calls == 1
+
+
+@pytest.fixture
+def one_server(monkeypatch: pytest.MonkeyPatch):
+    """A verifier over one fake server that may check syncs on the sampled
+    tokens (``sampled=True``, as the trainer builds it for a plain run)."""
+    trainer = [-1.0, -2.0, -0.5, -3.0]
+    monkeypatch.setattr("grpo_core.training.sync_check.trainer_logprobs", lambda model, ids, precision: list(trainer))
+    engine = FakeEngine(["server"], trainer)
+    logs: list[str] = []
+    return SyncVerifier("every", engine, [1, 2, 3, 4, 5], FP32, logs.append, sampled=True), engine, logs
+
+
+def samples(gap: float, rows: int = 2, tokens: int = 6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(trainer, engine, mask) log-probs of sampled tokens ``gap`` apart; the
+    last token of each row is padding (masked, and far off: never counted)."""
+    trainer = -torch.rand(rows, tokens) * 0.01  # small: float32 keeps a 1e-6 gap to 0.1%
+    engine = trainer + gap
+    mask = torch.ones(rows, tokens)
+    mask[:, -1] = 0
+    engine[:, -1] = 50.0
+    return trainer, engine, mask
+
+
+def train_step(verifier: SyncVerifier, version: int, gap: float | None) -> None:
+    """What the trainer does in one step: the loss's micro-batches show their
+    sampled tokens of ``version`` (none when ``gap`` is None), then the check
+    settles before the optimizer step."""
+    if gap is not None:
+        for _ in range(2):
+            verifier.observe(version, *samples(gap))
+    verifier.settle(model=None)
+
+
+def test_after_calibration_syncs_are_checked_on_the_sampled_tokens_without_the_engine(one_server) -> None:
+    verifier, engine, logs = one_server
+    verifier.sync(lambda: None, model=None, version=0)  # the first sync: probed
+    assert engine.calls == 1 and not verifier.waiting
+    train_step(verifier, 0, gap=2e-6)  # its samples set the sampled floor (the probe verified version 0)
+    assert verifier.floors.floors["fake engine (sampled tokens)"] == pytest.approx(2e-6, rel=1e-2)
+    assert "checked on the sampled tokens" in logs[-1] and "20 tokens of policy version 0" in logs[-1]
+    verifier.take_metrics()
+    for version in (1, 2, 3):
+        verifier.sync(lambda: None, model=None, version=version)
+        assert verifier.waiting  # checked by the next step, not now
+        train_step(verifier, version, gap=3e-6)
+        metrics = verifier.take_metrics()
+        assert metrics["sync/verified"] == 1.0 and metrics["sync/sampled"] == 1.0
+        assert metrics["sync/logprob_gap"] == pytest.approx(3e-6, rel=1e-2)
+        assert metrics["sync/logprob_bound"] == pytest.approx(4 * 2e-6 + 5e-5, rel=1e-3)
+    assert engine.calls == 1  # no probe after the first sync
+
+
+def test_samples_of_an_older_version_fail_the_check_and_the_probe_decides(one_server) -> None:
+    verifier, engine, logs = one_server
+    verifier.sync(lambda: None, model=None, version=0)
+    train_step(verifier, 0, gap=2e-6)
+    syncs: list[int] = []
+    verifier.sync(lambda: syncs.append(1), model=None, version=1)
+    train_step(verifier, 1, gap=0.02)  # the engine sampled from other weights than version 1's; the second sync fixes it
+    assert syncs == [1, 1] and engine.calls == 2
+    assert any("do not match the trainer's log-probs" in line and "syncing again" in line for line in logs)
+    metrics = verifier.take_metrics()
+    assert metrics["sync/verified"] == 1.0 and metrics["sync/retries"] == 1.0 and metrics["sync/sampled"] == 0.0
+
+    verifier.sync(lambda: syncs.append(2), model=None, version=2)  # still checked on the samples after a retry
+    engine.offsets["server"] = 0.05  # and this time the engine never gets it
+    with pytest.raises(WeightSyncUnverified, match="policy version 2 did not reach the engine"):
+        train_step(verifier, 2, gap=0.05)
+    assert syncs == [1, 1, 2, 2]
+
+
+def test_without_sampled_tokens_of_the_synced_version_the_probe_runs_before_the_optimizer_step(one_server) -> None:
+    verifier, engine, _ = one_server
+    verifier.sync(lambda: None, model=None, version=0)
+    train_step(verifier, 0, gap=2e-6)
+    verifier.sync(lambda: None, model=None, version=1)
+    train_step(verifier, 0, gap=2e-6)  # a step on the previous version's batch (several steps per generation)
+    assert engine.calls == 2 and not verifier.waiting
+    assert verifier.take_metrics()["sync/sampled"] == 0.0
+    verifier.sync(lambda: None, model=None, version=2)
+    train_step(verifier, 2, gap=None)  # every micro-batch skipped, or a loss that never asked for IS weights
+    assert engine.calls == 3
+    verifier.sync(lambda: None, model=None, version=3)
+    verifier.flush(model=None)  # an evaluation, or the end of training
+    assert engine.calls == 4 and not verifier.waiting
+
+
+def test_sampled_log_probs_that_are_not_the_trainers_keep_the_probe(one_server) -> None:
+    verifier, engine, logs = one_server
+    verifier.sync(lambda: None, model=None, version=0)
+    train_step(verifier, 0, gap=0.4)  # e.g. an engine returning log-probs before temperature
+    assert not verifier.sampled and "every sync stays checked with the probe" in logs[-1]
+    verifier.sync(lambda: None, model=None, version=1)
+    assert engine.calls == 2 and not verifier.waiting
+
+
+def test_a_pool_and_the_probe_modes_are_never_checked_on_samples(fake, one_server) -> None:
+    pool, engine, _ = fake  # two servers: a sample cannot name the server that drew it
+    pool.sampled = True
+    pool.sync(lambda: None, model=None, version=0)
+    assert not pool.sampled
+    train_step(pool, 0, gap=2e-6)
+    pool.sync(lambda: None, model=None, version=1)
+    assert engine.calls == 2 and not pool.waiting
+    verifier, engine, _ = one_server
+    for mode in ("every_probe", "first"):
+        probe_only = SyncVerifier(mode, engine, [1, 2, 3], FP32, sampled=True)
+        assert not probe_only.sampled
+
+
+def test_which_runs_can_check_syncs_on_their_samples() -> None:
+    from grpo_core.config.loader import validate
+
+    base = {"base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
+            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]}}  # fmt: skip
+    plain = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0))
+    assert sampled_tokens_can_check(validate(base), plain, single_process=True) is None
+    assert sampled_tokens_can_check(validate(base), plain, single_process=False) == "several processes"
+    for key, value in [("top_p", 0.9), ("top_k", 20), ("min_p", 0.1), ("repetition_penalty", 1.1), ("async_prefetch", True)]:
+        cfg = validate({**base, "trl": {**base["trl"], key: value}})
+        assert key in sampled_tokens_can_check(cfg, plain, single_process=True)
+    dropout = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))
+    assert "dropout" in sampled_tokens_can_check(validate(base), dropout, single_process=True)
+
+
+def test_a_models_configured_attention_dropout_counts(smollm2_dir: str, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core.training.sync_check import dropout_active
+    from tiny_model import build_tiny_model
+
+    path = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    assert not dropout_active(AutoModelForCausalLM.from_pretrained(path))
+    assert dropout_active(AutoModelForCausalLM.from_pretrained(path, attention_dropout=0.1))
 
 
 def test_an_engine_that_cannot_serve_the_probe_is_a_failed_check_but_an_unreachable_one_is_not(fake) -> None:

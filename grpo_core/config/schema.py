@@ -378,12 +378,15 @@ class GRPOConfig(_Table):
         "rounding for fewer tokens. Not applied with gradient_checkpointing, torch_compile, active dropout, or models "
         "whose cache is not a plain per-layer key/value cache.",
     )
-    verify_weight_sync: Literal["every", "first", "never"] = Field(
+    verify_weight_sync: Literal["every", "every_probe", "first", "never"] = Field(
         "every",
         description="After a weight sync, check that the inference engine serves the weights just synced: each server "
         "scores a fixed 48-token probe and its log-probs must match the trainer's within what both precisions explain; "
-        "a sync that fails is repeated once, then the run stops with a checkpoint. 'every' sync (default), the 'first' "
-        "only, or 'never'. Engines that cannot score tokens are not checked (an error only when this key is set).",
+        "a sync that fails is repeated once, then the run stops with a checkpoint. 'every' sync (default: after the "
+        "first syncs, a single-process run with plain sampling compares the engine's log-probs of the tokens it sampled "
+        "with the next step's training forward instead, at no cost, before that step's optimizer step), 'every_probe' "
+        "(the probe right after every sync), the 'first' only, or 'never'. Engines that cannot score tokens are not "
+        "checked (an error only when this key is set).",
     )
     special_tokens: dict[str, str] | None = None
 

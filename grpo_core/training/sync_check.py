@@ -24,6 +24,22 @@ machine's CPU flags.
 A sync that fails the check is run once more and checked again; then the
 run stops (:class:`~grpo_core.contract.errors.WeightSyncUnverified`, caught by the
 training loop, which saves a checkpoint first).
+
+The sampled tokens stand in for the probe (``verify_weight_sync = "every"``,
+single process, plain sampling, no dropout): the engine returns the
+log-prob of every token it samples, and the next step's training forward
+computes the trainer's log-prob of the same tokens under the same weights
+(nothing has stepped since the sync). So after the first sync (probed) and
+one step that measures the sampled tokens' own noise floor, a sync is
+checked by comparing those two, during the next step and before its
+optimizer step, at no cost (the probe took ~4% of a CPU step). A sync that
+fails it is run again and then checked with the probe: the step's samples
+came from the engine's older weights, the one-step staleness async
+prefetch always has; a probe that fails stops the run before the optimizer
+steps. Where no sampled tokens of the synced version reach the loss (a
+policy loss that does not ask for IS weights, every micro-batch skipped,
+several steps per generation), the probe runs then, on the same weights.
+``"every_probe"`` probes right after every sync instead.
 """
 
 from __future__ import annotations
@@ -54,7 +70,9 @@ code, so the log-probs are neither all near 0 nor all tiny."""
 PROBE_TOKENS = 48
 """Token ids in the probe: one forward of 48 tokens on each side."""
 
-MODES = ("every", "first", "never")
+MODES = ("every", "every_probe", "first", "never")
+SAMPLED = " (sampled tokens)"
+"""Suffix of the floor key and description of an engine's sampled-token check."""
 
 
 @dataclass(frozen=True)
@@ -206,9 +224,60 @@ def overlaps(engine: Any) -> bool:
     return not getattr(engine, "same_host", True) or engine_cpu_cores(engine) is not None
 
 
+@dataclass
+class SampledGap:
+    """The running |trainer - engine| log-prob gap over one policy version's
+    sampled tokens, summed over the micro-batches of a step."""
+
+    version: int
+    total: float = 0.0
+    worst: float = 0.0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.tokens
+
+
+def sampled_tokens_can_check(cfg: Any, model: Any, single_process: bool) -> str | None:
+    """Why the training forward's log-probs of the sampled tokens cannot
+    stand in for the probe in this run, or None when they can: they must be
+    what the engine computed when it sampled (one process, whose batches are
+    all its own; sampling without filters or penalties, which the engine's
+    log-probs include and the trainer's do not; no dropout in the training
+    forward; batches sampled from the weights just synced, not prefetched)."""
+    trl = cfg.trl
+    if not single_process:
+        return "several processes"
+    if trl.async_prefetch:
+        return "trl.async_prefetch samples from the weights before the last sync"
+    filters = {"top_k": (trl.top_k or 0) > 0, "top_p": (trl.top_p or 1.0) < 1.0, "min_p": (trl.min_p or 0.0) > 0,
+               "repetition_penalty": (trl.repetition_penalty or 1.0) != 1.0, "generation_kwargs": bool(trl.generation_kwargs)}
+    named = [key for key, on in filters.items() if on]
+    if named:
+        return f"trl.{named[0]} changes the engine's log-probs"
+    if dropout_active(model):
+        return "dropout in the training forward"
+    return None
+
+
+def dropout_active(model: Any) -> bool:
+    """A dropout module or a ``*dropout*`` / ``*_pdrop`` rate above zero in
+    the model's config (attention dropout is applied inside the kernel)."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    items = config.to_dict().items() if hasattr(config, "to_dict") else ()
+    return any(("dropout" in key or key.endswith("_pdrop")) and isinstance(value, (int, float)) and value > 0
+               for key, value in items)  # fmt: skip
+
+
 class SyncVerifier:
     """Runs the run's weight syncs and checks each one (the trainer calls
-    :meth:`sync` on rank 0 instead of calling the hook itself)."""
+    :meth:`sync` on rank 0 instead of calling the hook itself; with
+    ``sampled`` it also calls :meth:`observe` with each micro-batch's
+    log-probs and :meth:`settle` before each optimizer step)."""
 
     def __init__(
         self,
@@ -217,6 +286,7 @@ class SyncVerifier:
         ids: list[int] | None,
         precision: Any,
         log: Callable[[str], None] = print,
+        sampled: bool = False,
     ) -> None:
         self.mode = mode
         self.engine = engine
@@ -229,6 +299,11 @@ class SyncVerifier:
         self.checks = 0  # syncs checked so far
         self._pending: list[Verification] = []
         self._retries = 0
+        # the sampled-token check: the trainer's samples can stand in for the probe (see the module's docstring)
+        self.sampled = sampled and mode == "every" and self.score is not None
+        self._probed: int | None = None  # the version the last passed probe verified (calibrates the sampled floor)
+        self._deferred: tuple[int, Callable[[], Any]] | None = None  # a synced version waiting for its sampled check
+        self._gap: SampledGap | None = None
         if mode != "never" and self.score is None:
             self.log(f"verify_weight_sync = '{mode}': " + (
                 "the rollout samples the trainer's own model, so there is no engine whose weights could be stale: "
@@ -237,17 +312,31 @@ class SyncVerifier:
                 "'scores_tokens' capability): weight syncs are not verified"))  # fmt: skip
 
     @classmethod
-    def build(cls, mode: str, engine: Any, tokenizer: Any, precision: Any, log: Callable[[str], None]) -> SyncVerifier:
+    def build(cls, mode: str, engine: Any, tokenizer: Any, precision: Any, log: Callable[[str], None],
+              sampled: bool = False) -> SyncVerifier:  # fmt: skip
         """``mode``: the config's ``verify_weight_sync``; the probe is tokenized here, once."""
         ids = probe_ids(tokenizer) if mode != "never" and token_scorer(engine) is not None else None
-        return cls(mode, engine, ids, precision, log)
+        return cls(mode, engine, ids, precision, log, sampled)
+
+    @property
+    def waiting(self) -> bool:
+        """A synced version waits for its (sampled-token) check."""
+        return self._deferred is not None
 
     @property
     def active(self) -> bool:
         return self.mode != "never" and self.score is not None and self.ids is not None
 
     def due(self) -> bool:
-        return self.active and (self.mode == "every" or self.checks == 0)
+        return self.active and (self.mode in ("every", "every_probe") or self.checks == 0)
+
+    @property
+    def _sampled_key(self) -> str:
+        return getattr(self.engine, "description", "the engine") + SAMPLED
+
+    def _may_defer(self) -> bool:
+        """The sampled tokens can check this sync: their floor is known."""
+        return self.sampled and self._sampled_key in self.floors.floors
 
     def check(self, model: Any, version: int) -> Verification:
         """Score the probe on both sides and judge every server."""
@@ -272,14 +361,25 @@ class SyncVerifier:
         return Verification(version, gaps, time.perf_counter() - start)
 
     def sync(self, run_sync: Callable[[], Any], model: Any, version: int) -> None:
-        """``run_sync()`` (the weight_sync hook), then the check when due;
-        on a failed check one more sync and check, then
-        :class:`WeightSyncUnverified`."""
+        """``run_sync()`` (the weight_sync hook), then the check when due:
+        the probe now, or the sampled tokens' check during the next step
+        (:meth:`settle`)."""
         run_sync()
         if not self.due():
             return
-        result = self.check(model, version)
-        self._pending.append(result)
+        if self._may_defer():
+            self._deferred = (version, run_sync)
+            return
+        self._probe(run_sync, model, version)
+
+    def _probe(self, run_sync: Callable[[], Any], model: Any, version: int, failed: Verification | None = None) -> None:
+        """The probe's check of ``version``; on a failed check (or after
+        ``failed``, a failed sampled check) one more sync and probe, then
+        :class:`WeightSyncUnverified`."""
+        result = failed
+        if result is None:
+            result = self.check(model, version)
+            self._pending.append(result)
         if not result.ok:
             self.log(f"weight sync of policy version {version} not verified ({result.failures()}); syncing again")
             self._retries += 1
@@ -293,11 +393,83 @@ class SyncVerifier:
                     "the weight sync plugin and the engine's log."
                 )
         self.floors.accept(result.gaps)
+        self._probed = version
+        if len(result.gaps) != 1:  # a pool: a sample cannot name the server that drew it
+            self.sampled = False
         first = self.checks == 0
         self.checks += 1
         if first:
             self.log("weight sync verified: " + "; ".join(g.describe() for g in result.gaps)
                      + f" ({result.seconds:.2f} s; later syncs must stay within the bound above the noise floor)")  # fmt: skip
+
+    def observe(self, version: int, trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor) -> None:
+        """One micro-batch's sampled tokens (``mask``: the rows and tokens the
+        engine sampled from ``version`` and the loss counts), with the
+        trainer's log-probs of them under the weights it synced as
+        ``version``. Kept only for the version a check waits for."""
+        wanted = self._deferred[0] if self._deferred is not None else self._probed
+        if not self.sampled or version != wanted:
+            return
+        start = time.perf_counter()
+        with torch.no_grad():
+            keep = mask.bool() & torch.isfinite(sampler_logps) & torch.isfinite(trainer_logps)
+            diffs = (trainer_logps.float() - sampler_logps.float()).abs()[keep]
+        if not diffs.numel():
+            return
+        if self._gap is None or self._gap.version != version:
+            self._gap = SampledGap(version)
+        gap = self._gap
+        gap.total += float(diffs.sum())
+        gap.worst = max(gap.worst, float(diffs.max()))
+        gap.tokens += int(diffs.numel())
+        gap.seconds += time.perf_counter() - start
+
+    def settle(self, model: Any) -> None:
+        """Before a step's optimizer step (the weights are still the synced
+        ones): judge the deferred sync on the tokens :meth:`observe` kept, or
+        probe it now if none came; calibrate the sampled floor on the tokens
+        of a probed version."""
+        gap, self._gap = self._gap, None
+        if self._deferred is None:
+            if gap is not None and self.sampled and gap.version == self._probed and self._sampled_key not in self.floors.floors:
+                self._calibrate(gap)
+            return
+        version, run_sync = self._deferred
+        self._deferred = None
+        if gap is None or gap.version != version:
+            self._probe(run_sync, model, version)
+            return
+        result = Verification(version, [self.floors.judge(self._sampled_key, gap.mean, gap.worst)], gap.seconds)
+        self._pending.append(result)
+        if result.ok:
+            self.checks += 1
+            return
+        self.log(f"the samples of policy version {version} do not match the trainer's log-probs "
+                 f"({result.failures()}); syncing again, then checking with the probe")  # fmt: skip
+        self._probe(run_sync, model, version, failed=result)
+
+    def _calibrate(self, gap: SampledGap) -> None:
+        """The sampled tokens' noise floor, from the tokens of a version the
+        probe verified; above the precision's ceiling (an engine whose
+        sampled log-probs are not the trainer's: another temperature, a
+        sampling filter), the probe keeps checking every sync."""
+        judged = self.floors.judge(self._sampled_key, gap.mean, gap.worst)
+        if not judged.ok:
+            self.sampled = False
+            self.log(f"the engine's sampled log-probs differ from the trainer's more than the precisions explain "
+                     f"({judged.describe()}): every sync stays checked with the probe")  # fmt: skip
+            return
+        self.floors.accept([judged])
+        self.log(f"weight syncs are checked on the sampled tokens from now on: {judged.describe()} over "
+                 f"{gap.tokens} tokens of policy version {gap.version} (the probe verified it)")  # fmt: skip
+
+    def flush(self, model: Any) -> None:
+        """Probe a sync still waiting for its sampled check, now: before an
+        evaluation samples from the engine, and at the end of training."""
+        if self._deferred is not None:
+            version, run_sync = self._deferred
+            self._deferred, self._gap = None, None
+            self._probe(run_sync, model, version)
 
     def take_metrics(self) -> dict[str, float]:
         """``sync/*`` for the checks since the last call: ``sync/verified``
@@ -305,7 +477,8 @@ class SyncVerifier:
         checked, or failed); ``sync/logprob_gap`` the largest server gap of
         the last check (and ``_max`` its largest token), ``sync/logprob_bound``
         its bound, ``sync/verify_seconds`` their total time, ``sync/retries``
-        the syncs repeated after a failed check."""
+        the syncs repeated after a failed check, ``sync/sampled`` 1.0 when
+        the last check compared the sampled tokens instead of the probe."""
         pending, self._pending = self._pending, []
         retries, self._retries = self._retries, 0
         out = {"sync/verified": 0.0, "sync/verify_seconds": sum(v.seconds for v in pending), "sync/retries": float(retries)}
@@ -313,6 +486,7 @@ class SyncVerifier:
             last = pending[-1]
             finite = [g for g in last.gaps if not g.error]
             out["sync/verified"] = 1.0 if last.ok else 0.0
+            out["sync/sampled"] = 1.0 if any(g.description.endswith(SAMPLED) for g in last.gaps) else 0.0
             if finite:
                 worst = max(finite, key=lambda g: g.mean)
                 out["sync/logprob_gap"] = worst.mean

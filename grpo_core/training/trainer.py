@@ -64,7 +64,7 @@ from grpo_core.training.loss import (
 from grpo_core.training.observe import RunObserver
 from grpo_core.training.optim import advance_schedule
 from grpo_core.training.producer import Producer, PromptStream, ScoredBatch
-from grpo_core.training.sync_check import SyncVerifier
+from grpo_core.training.sync_check import SyncVerifier, sampled_tokens_can_check
 from grpo_core.training.timing import StepClock, dominant_phases
 
 if TYPE_CHECKING:
@@ -164,7 +164,8 @@ class GRPOTrainer:
         self.share_prompts = bool(cfg.share_prompt_prefix)
         # rank 0 syncs, so rank 0 checks each sync (verify_weight_sync); the other ranks only wait
         mode = cfg.verify_weight_sync if self.dist.is_main else "never"
-        self.verifier = SyncVerifier.build(mode, parts.engine, parts.tokenizer, self.precision, parts.context.log)
+        sampled = mode == "every" and sampled_tokens_can_check(cfg, parts.model, not self.dist.active) is None
+        self.verifier = SyncVerifier.build(mode, parts.engine, parts.tokenizer, self.precision, parts.context.log, sampled)
         if self.compiled_body is not None:
             parts.context.log(f"torch_compile: the decoder body is compiled (backend "
                               f"{cfg.torch_compile_backend or 'inductor'}) at the first training forward")
@@ -408,6 +409,9 @@ class GRPOTrainer:
         mask = mb.completion_mask.to(self.device)
         if mb.sampler_logps is None:
             return None, mask
+        if self.verifier.sampled and self._batch is not None:  # the sync check on the sampled tokens (sync_check.py)
+            fresh_rows = ~mb.replayed.to(self.device)[:, None]  # a replayed row was sampled by an older policy
+            self.verifier.observe(self._batch.policy_version, trainer_at_sampling, mb.sampler_logps.to(self.device), mask.bool() & fresh_rows)
         weights, new_mask, m = self.parts.hook.grpo_is_correction(
             trainer_logps=trainer_at_sampling, sampler_logps=mb.sampler_logps.to(self.device), mask=mask
         )
@@ -476,6 +480,8 @@ class GRPOTrainer:
             loss_total += float(loss.detach())  # micro-batch losses are pre-scaled: their sum is the step's loss
             for key, value in m.items():
                 step_metrics.setdefault(key, []).append(float(value))
+        with clock.phase("weight_sync"):  # the last sync's check on this step's samples, before the weights move
+            self.verifier.settle(model)
         grad_norm = 0.0
         with clock.phase("optimizer"):
             if trained:
@@ -582,6 +588,13 @@ class GRPOTrainer:
         self.last_sync_version = self.policy_version
         self.parts.producer.weights_synced(self.policy_version)
 
+    def verify_engine_now(self) -> None:
+        """Check a sync still waiting for its sampled-token check with the
+        probe now (rank 0; one process): before the engine samples for
+        anything but training."""
+        if self.verifier.waiting:
+            self.verifier.flush(self.backend.full_model(self.policy_version))
+
     def save_final(self) -> Path:
         """The trained model in the standard format, written by rank 0."""
         out = self.output_dir
@@ -641,6 +654,10 @@ class GRPOTrainer:
                             f"stopped by signal {stop.signal or 'on another rank'} at step {self.step}; checkpoint saved to {path}. "
                             f"Resume with resume_from_checkpoint = \"{path}\"."
                         )
+            try:
+                self.verify_engine_now()  # the last sync: no step follows to check it on its samples
+            except WeightSyncUnverified as exc:  # training is complete: say so, and save the trained model
+                self.parts.context.log(f"warning: {exc}")
             self.save()
         finally:
             observer.close()

@@ -1,20 +1,22 @@
 """Every weight sync is verified in the run, against the real vLLM server.
 
-After each sync the server scores a fixed probe (``prompt_logprobs``) and the
-trainer compares with its own log-probs (grpo_core/training/sync_check.py).
-Here: syncs that work verify at float32 noise (LoRA adapter loads and merged
-full-weight loads); a sync that reports success without loading anything is
-caught at the first sync after training moved the weights, synced once more,
-and the run stops with a checkpoint and one error line naming the server, the
-version and the gap (through ``grpo run``, as a user sees it); a sync the
-second attempt fixes lets the run go on; one server of a pool that the sync
-never reached is named on its own. The faulty syncs are real plugin
+The first sync is checked by the server scoring a fixed probe
+(``prompt_logprobs``) against the trainer's own log-probs; later ones by the
+server's log-probs of the tokens it sampled against the next step's training
+forward (grpo_core/training/sync_check.py), or by the probe after every sync
+(``verify_weight_sync = "every_probe"``). Here: syncs that work verify at
+float32 noise (LoRA adapter loads and merged full-weight loads); a sync that
+reports success without loading anything is caught (by the samples: in the
+next step, before its optimizer step; by the probe: right after it), synced
+once more, and the run stops with a checkpoint and one error line naming the
+server, the version and the gap (through ``grpo run``, as a user sees it); a
+sync the second attempt fixes lets the run go on; one server of a pool that
+the sync never reached is named on its own. The faulty syncs are real plugin
 distributions found by entry point (as in tests/test_step_record.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -87,31 +89,41 @@ def parity_run(smollm2_dir: str, out: Path, base_url: str | None, **trl: object)
 def test_every_sync_is_verified_at_float32_noise(vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path, sync: str) -> None:
     """``lora``: the adapter is loaded and the probe is scored under its name;
     ``merged``: W + BA reloaded into the base. Each of the 3 steps trains,
-    syncs and is verified; the gap is float32 noise, held to the bound the
-    first sync's floor sets (far under the ceiling)."""
+    syncs and is verified; the gap is float32 noise. Step 1's record holds
+    the first sync's probe (held to the ceiling); steps 2 and 3 hold the
+    checks of the syncs before them, on the server's sampled tokens, held
+    to the bound the floor of step 1's samples sets (far under the ceiling)."""
     cfg = validate(parity_run(smollm2_dir, tmp_path / "run", vllm_server.base_url, vllm_lora_sync=sync == "lora"))
     assert cfg.verify_weight_sync == "every"  # the default
     assert run_training(cfg) == "completed"
     rows = metrics(tmp_path / "run")
     print(sync, [(r["sync/logprob_gap"], r["sync/logprob_gap_max"], r["sync/logprob_bound"], r["sync/verify_seconds"],
-                  r["time/weight_sync"]) for r in rows])  # fmt: skip
+                  r["time/weight_sync"], r["sync/sampled"]) for r in rows])  # fmt: skip
     assert all(r["grad_norm"] > 0 for r in rows)  # every step moved the weights the sync then delivered
     assert [r["sync/verified"] for r in rows] == [1.0, 1.0, 1.0]
+    assert [r["sync/sampled"] for r in rows] == [0.0, 1.0, 1.0]
     assert all(0 < r["sync/logprob_gap"] < 1e-4 and r["sync/logprob_gap_max"] < 1e-3 for r in rows)
-    assert all(r["sync/logprob_bound"] < FLOAT32.ceiling / 5 for r in rows)  # later syncs: the floor's bound
+    assert rows[0]["sync/logprob_bound"] == FLOAT32.ceiling  # the first check: the ceiling
+    assert all(r["sync/logprob_bound"] < FLOAT32.ceiling / 5 for r in rows[1:])  # later ones: the floor's bound
     assert all(r["sync/retries"] == 0.0 and r["sync/verify_seconds"] > 0 for r in rows)
+    assert rows[0]["sync/verify_seconds"] > 100 * max(r["sync/verify_seconds"] for r in rows[1:])  # the samples cost nothing
 
 
-def test_a_sync_that_never_loads_stops_the_run_with_a_checkpoint(vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path) -> None:
+@pytest.mark.parametrize("mode", ["every", pytest.param("every_probe", marks=pytest.mark.extended)])
+def test_a_sync_that_never_loads_stops_the_run_with_a_checkpoint(vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path,
+                                                                  mode: str) -> None:  # fmt: skip
     """Through ``grpo run``: version 0 loads (the engine starts from this
     run's weights), version 1 after step 1 is written but never loaded. The
-    check catches it at step 1, the sync runs once more (skipped again), and
+    check catches it (``every``: step 2's samples, drawn from version 0,
+    before step 2's optimizer step; ``every_probe``: the probe right after
+    the sync), the sync runs once more (skipped again), the probe fails, and
     the run stops: exit 3, one error line naming the server, the version and
-    the gap, a checkpoint of step 1, step 1's record with ``sync/verified``
-    0, and no traceback."""
+    the gap, a checkpoint of step 1, and no traceback."""
     out = tmp_path / "out"
-    cfg = parity_run(smollm2_dir, out, vllm_server.base_url)
+    # every micro-batch trains (none left out for zero advantage): step 2's forward sees its samples
+    cfg = parity_run(smollm2_dir, out, vllm_server.base_url, skip_zero_advantage_batches=False)
     cfg["plugins"] = {"weight_sync": "skips_loads"}
+    cfg["verify_weight_sync"] = mode
     import tomli_w
 
     config = tmp_path / "config.toml"
@@ -131,11 +143,15 @@ def test_a_sync_that_never_loads_stops_the_run_with_a_checkpoint(vllm_server, sm
     assert "policy version 1 did not reach the engine" in line and f"vLLM server at {vllm_server.base_url}" in line
     assert gap > 10 * bound and bound < FLOAT32.ceiling
     assert "syncing again" in output  # the retry was said
+    if mode == "every":
+        assert "the samples of policy version 1 do not match the trainer's log-probs" in output
     assert (out / "skipped.txt").read_text().split() == ["1", "1"]  # version 1 was synced twice, never loaded
     assert "Training stopped at step 1; checkpoint saved to" in output and (out / "checkpoint-1").is_dir()
-    [record] = metrics(out)
-    assert record["step"] == 1 and record["sync/verified"] == 0.0 and record["sync/retries"] == 1.0
-    assert record["sync/logprob_gap"] == pytest.approx(gap, rel=1e-2)
+    [record] = metrics(out)  # step 2 never finished: its optimizer step never ran on the stale samples
+    assert record["step"] == 1
+    if mode == "every_probe":  # the failed checks are step 1's own
+        assert record["sync/verified"] == 0.0 and record["sync/retries"] == 1.0
+        assert record["sync/logprob_gap"] == pytest.approx(gap, rel=1e-2)
 
 
 @pytest.mark.extended  # a third real run of this file (~22 s); the failing and passing checks run in the default tier
