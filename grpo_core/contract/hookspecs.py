@@ -135,8 +135,10 @@ One optimizer step, in order
 3. Every ``trl.vllm_sync_interval`` steps: :func:`grpo_sync_weights`, on
    rank 0, **before** :func:`grpo_step_end` of the same step (its time is
    that step's ``time/weight_sync``); the first sync runs once before the
-   first rollout. Right after it the core verifies the sync
-   (``verify_weight_sync``) when the engine declares ``SCORES_TOKENS``.
+   first rollout. The core verifies the sync (``verify_weight_sync``)
+   when the engine declares ``SCORES_TOKENS``: right after it with a probe,
+   or, where the engine's sampled log-probs can stand in for it, during the
+   next step's micro-batches, before its optimizer step.
 4. ``trl.sync_ref_model``'s reference update, then :func:`grpo_step_end`
    (rank 0 only) with the step's metrics, then logging, evaluation and the
    checkpoint of that step.
@@ -484,11 +486,13 @@ def grpo_sync_weights(model: Any, version: int, engine: InferenceEngine | None) 
 
     **Verified.** When the engine declares
     :data:`~grpo_core.contract.types.SCORES_TOKENS` (the built-in vLLM engines do),
-    the core checks after this returns that the engine serves ``model``'s
-    weights: each server scores a fixed probe of a few dozen token ids
+    the core checks that the engine serves ``model``'s weights: each
+    server scores a fixed probe of a few dozen token ids
     (:meth:`~grpo_core.contract.types.InferenceEngine.score_tokens`) and its
     log-probs must match the trainer's within what the two precisions
-    explain (:mod:`grpo_core.training.sync_check`; config
+    explain, right after this returns, or the engine's log-probs of the
+    tokens it then samples are compared with the next step's training
+    forward (:mod:`grpo_core.training.sync_check`; config
     ``verify_weight_sync``). A sync that returned without the engine
     serving the new weights is called once more with the same arguments
     (so it must be safe to repeat), checked again, and then the run stops
