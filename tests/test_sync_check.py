@@ -195,7 +195,7 @@ def train_step(verifier: SyncVerifier, version: int, gap: float | None) -> None:
     if gap is not None:
         for _ in range(2):
             verifier.observe(version, *samples(gap))
-    verifier.settle(model=None)
+    verifier.settle()
 
 
 def test_after_calibration_syncs_are_checked_on_the_sampled_tokens_without_the_engine(one_server) -> None:
@@ -248,7 +248,7 @@ def test_without_sampled_tokens_of_the_synced_version_the_probe_runs_before_the_
     train_step(verifier, 2, gap=None)  # every micro-batch skipped, or a loss that never asked for IS weights
     assert engine.calls == 3
     verifier.sync(lambda: None, model=None, version=3)
-    verifier.flush(model=None)  # an evaluation, or the end of training
+    verifier.flush()  # an evaluation, or the end of training
     assert engine.calls == 4 and not verifier.waiting
 
 

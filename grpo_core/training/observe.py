@@ -117,7 +117,6 @@ class RunObserver:
         self.phase("evaluating")
         if not self.cfg.trl.async_prefetch:
             trainer.sync_weights()  # no-op when the engine already holds this version
-            trainer.verify_engine_now()  # evaluation samples from it: its sync is checked now, not by the next step
         version = trainer.last_sync_version if trainer.last_sync_version >= 0 else trainer.policy_version
         result = evaluate(self.cfg, trainer.parts.hook, trainer.parts.scorer, self.eval_prompts, self.stop_ids, version, trainer.step,
                           episodes=self.episodes)

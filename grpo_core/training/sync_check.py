@@ -302,7 +302,7 @@ class SyncVerifier:
         # the sampled-token check: the trainer's samples can stand in for the probe (see the module's docstring)
         self.sampled = sampled and mode == "every" and self.score is not None
         self._probed: int | None = None  # the version the last passed probe verified (calibrates the sampled floor)
-        self._deferred: tuple[int, Callable[[], Any]] | None = None  # a synced version waiting for its sampled check
+        self._deferred: tuple[int, Callable[[], Any], Any] | None = None  # (version, its sync, model): waits for its check
         self._gap: SampledGap | None = None
         if mode != "never" and self.score is None:
             self.log(f"verify_weight_sync = '{mode}': " + (
@@ -368,7 +368,7 @@ class SyncVerifier:
         if not self.due():
             return
         if self._may_defer():
-            self._deferred = (version, run_sync)
+            self._deferred = (version, run_sync, model)
             return
         self._probe(run_sync, model, version)
 
@@ -424,7 +424,7 @@ class SyncVerifier:
         gap.tokens += int(diffs.numel())
         gap.seconds += time.perf_counter() - start
 
-    def settle(self, model: Any) -> None:
+    def settle(self) -> None:
         """Before a step's optimizer step (the weights are still the synced
         ones): judge the deferred sync on the tokens :meth:`observe` kept, or
         probe it now if none came; calibrate the sampled floor on the tokens
@@ -434,7 +434,7 @@ class SyncVerifier:
             if gap is not None and self.sampled and gap.version == self._probed and self._sampled_key not in self.floors.floors:
                 self._calibrate(gap)
             return
-        version, run_sync = self._deferred
+        version, run_sync, model = self._deferred
         self._deferred = None
         if gap is None or gap.version != version:
             self._probe(run_sync, model, version)
@@ -463,11 +463,11 @@ class SyncVerifier:
         self.log(f"weight syncs are checked on the sampled tokens from now on: {judged.describe()} over "
                  f"{gap.tokens} tokens of policy version {gap.version} (the probe verified it)")  # fmt: skip
 
-    def flush(self, model: Any) -> None:
+    def flush(self) -> None:
         """Probe a sync still waiting for its sampled check, now: before an
         evaluation samples from the engine, and at the end of training."""
         if self._deferred is not None:
-            version, run_sync = self._deferred
+            version, run_sync, model = self._deferred
             self._deferred, self._gap = None, None
             self._probe(run_sync, model, version)
 

@@ -481,7 +481,7 @@ class GRPOTrainer:
             for key, value in m.items():
                 step_metrics.setdefault(key, []).append(float(value))
         with clock.phase("weight_sync"):  # the last sync's check on this step's samples, before the weights move
-            self.verifier.settle(model)
+            self.verifier.settle()
         grad_norm = 0.0
         with clock.phase("optimizer"):
             if trained:
@@ -548,14 +548,21 @@ class GRPOTrainer:
         return metrics
 
     def _sync_after_step(self, metrics: dict[str, float], observer: Any) -> None:
-        """The step's weight sync (every ``vllm_sync_interval`` steps). The
-        optimizer step is done by now: if the sync raises, the step's record
-        is written first, so metrics.jsonl never loses a step that trained."""
-        if self.step % int(self.trl.vllm_sync_interval):
+        """The step's weight sync (every ``vllm_sync_interval`` steps), and
+        before an evaluation samples from the engine, the check of a sync
+        that would otherwise wait for the next step's samples. The optimizer
+        step is done by now: if either raises, the step's record is written
+        first, so metrics.jsonl never loses a step that trained."""
+        due = self.step % int(self.trl.vllm_sync_interval) == 0
+        evaluating = self.dist.is_main and observer.syncs_before_eval(self)
+        if not (due or evaluating):
             return
         try:
             with self.clock.phase("weight_sync"):
-                self.sync_weights()
+                if due:
+                    self.sync_weights()
+                if evaluating:
+                    self.verify_engine_now()
         except BaseException:
             try:
                 observer.record_only(self, {**metrics, **self.clock.metrics(), **self.verifier.take_metrics()})
@@ -592,8 +599,7 @@ class GRPOTrainer:
         """Check a sync still waiting for its sampled-token check with the
         probe now (rank 0; one process): before the engine samples for
         anything but training."""
-        if self.verifier.waiting:
-            self.verifier.flush(self.backend.full_model(self.policy_version))
+        self.verifier.flush()
 
     def save_final(self) -> Path:
         """The trained model in the standard format, written by rank 0."""
@@ -656,7 +662,7 @@ class GRPOTrainer:
                         )
             try:
                 self.verify_engine_now()  # the last sync: no step follows to check it on its samples
-            except WeightSyncUnverified as exc:  # training is complete: say so, and save the trained model
+            except (WeightSyncUnverified, EngineUnavailable) as exc:  # training is complete: say so, save the model
                 self.parts.context.log(f"warning: {exc}")
             self.save()
         finally:

@@ -59,13 +59,12 @@ def test_grpo_run_colocate_is_one_process(smollm2_dir: str, tmp_path: Path) -> N
     rows = metrics(tmp_path / "out")
     assert [row["step"] for row in rows] == [1, 2]
     assert all(row["time/weight_sync"] > 0 for row in rows)
-    # every in-memory sync was verified: the engine scored the probe as the trainer does (float32 both sides);
-    # step 1's record holds the first sync's check (held to the ceiling), step 2's the probe evaluation ran
-    # before sampling from the engine (its sync would otherwise be checked on step 2's samples)
+    # every in-memory sync was verified: the engine scored the probe as the trainer does (float32 both sides),
+    # each step's sync right away, because an evaluation samples from the engine after it (without one the
+    # sync would be checked on the next step's samples)
     assert "weight sync verified: vLLM engine in the trainer's process" in output
-    assert [row["sync/verified"] for row in rows] == [1.0, 1.0]
-    assert all(0 < row["sync/logprob_gap"] < 1e-4 for row in rows), rows
-    assert rows[0]["sync/logprob_bound"] == 1e-3 and rows[1]["sync/logprob_bound"] < 1e-3 / 5, rows
+    assert [row["sync/verified"] for row in rows] == [1.0, 1.0] and [row["sync/sampled"] for row in rows] == [0.0, 0.0]
+    assert all(0 < row["sync/logprob_gap"] < 1e-4 and row["sync/logprob_bound"] < 1e-3 / 5 for row in rows), rows
     # Synced every step, fp32 on both sides: the sampler's log-probs are the
     # trainer's, so the importance-sampling ratios stay at 1.
     for row in rows:
