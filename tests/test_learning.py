@@ -254,6 +254,7 @@ def test_replay_recompute_logps_gives_replayed_rows_no_is_weight(tmp_path: Path)
         host.load_implementation("is_correction", "token_mask", RunContext(config=cfg, output_dir=tmp_path))
         trainer = GRPOTrainer.__new__(GRPOTrainer)  # only _is_weights is exercised: no model needed
         trainer.parts, trainer.trl, trainer.device = SimpleNamespace(hook=host.hook), cfg.trl, torch.device("cpu")
+        trainer.verifier = SimpleNamespace(sampled=False)  # no engine whose syncs to check
         fresh = Sample([1], [2, 3], 1.0, sampler_logps=[-0.1, -0.2])
         stale = Sample([1], [4, 5], -1.0, sampler_logps=[-5.0, -6.0], replayed=True)
         mb = collate([fresh, stale], pad_id=0, mask_truncated=False)

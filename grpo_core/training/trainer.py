@@ -10,6 +10,7 @@ correction and the PPO-clip loss, accumulate gradients, step, and every
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import warnings
 from dataclasses import dataclass, field
@@ -164,8 +165,11 @@ class GRPOTrainer:
         self.share_prompts = bool(cfg.share_prompt_prefix)
         # rank 0 syncs, so rank 0 checks each sync (verify_weight_sync); the other ranks only wait
         mode = cfg.verify_weight_sync if self.dist.is_main else "never"
-        sampled = mode == "every" and sampled_tokens_can_check(cfg, parts.model, not self.dist.active) is None
-        self.verifier = SyncVerifier.build(mode, parts.engine, parts.tokenizer, self.precision, parts.context.log, sampled)
+        why_not = sampled_tokens_can_check(cfg, parts.model, not self.dist.active) if mode == "every" else None
+        self.verifier = SyncVerifier.build(mode, parts.engine, parts.tokenizer, self.precision, parts.context.log,
+                                           sampled=mode == "every" and why_not is None)  # fmt: skip
+        if why_not is not None and self.verifier.active:
+            parts.context.log(f"verify_weight_sync = 'every': the probe checks every sync (the sampled tokens cannot stand in for it: {why_not})")
         if self.compiled_body is not None:
             parts.context.log(f"torch_compile: the decoder body is compiled (backend "
                               f"{cfg.torch_compile_backend or 'inductor'}) at the first training forward")
@@ -409,9 +413,10 @@ class GRPOTrainer:
         mask = mb.completion_mask.to(self.device)
         if mb.sampler_logps is None:
             return None, mask
-        if self.verifier.sampled and self._batch is not None:  # the sync check on the sampled tokens (sync_check.py)
+        # the sync check on the sampled tokens (sync_check.py): a batch the engine sampled from the trainer's weights now
+        if self.verifier.sampled and (batch := self._batch) is not None and batch.policy_version == self.policy_version:
             fresh_rows = ~mb.replayed.to(self.device)[:, None]  # a replayed row was sampled by an older policy
-            self.verifier.observe(self._batch.policy_version, trainer_at_sampling, mb.sampler_logps.to(self.device), mask.bool() & fresh_rows)
+            self.verifier.observe(batch.policy_version, trainer_at_sampling, mb.sampler_logps.to(self.device), mask.bool() & fresh_rows)
         weights, new_mask, m = self.parts.hook.grpo_is_correction(
             trainer_logps=trainer_at_sampling, sampler_logps=mb.sampler_logps.to(self.device), mask=mask
         )
@@ -480,7 +485,8 @@ class GRPOTrainer:
             loss_total += float(loss.detach())  # micro-batch losses are pre-scaled: their sum is the step's loss
             for key, value in m.items():
                 step_metrics.setdefault(key, []).append(float(value))
-        with clock.phase("weight_sync"):  # the last sync's check on this step's samples, before the weights move
+        # the last sync's check on this step's samples, before the weights move (timed only when one waits)
+        with clock.phase("weight_sync") if self.verifier.waiting else contextlib.nullcontext():
             self.verifier.settle()
         grad_norm = 0.0
         with clock.phase("optimizer"):
