@@ -227,17 +227,27 @@ def overlaps(engine: Any) -> bool:
 @dataclass
 class SampledGap:
     """The running |trainer - engine| log-prob gap over one policy version's
-    sampled tokens, summed over the micro-batches of a step."""
+    sampled tokens, summed over the micro-batches of a step. Kept as tensors
+    on the batch's device, read once in :meth:`SyncVerifier.settle` (no
+    device sync per micro-batch)."""
 
     version: int
-    total: float = 0.0
-    worst: float = 0.0
-    tokens: int = 0
+    total: Any = 0.0
+    worst: Any = 0.0
+    tokens: Any = 0
     seconds: float = 0.0
 
-    @property
-    def mean(self) -> float:
-        return self.total / self.tokens
+    def add(self, trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor) -> None:
+        keep = mask.bool() & torch.isfinite(sampler_logps) & torch.isfinite(trainer_logps)
+        diffs = torch.where(keep, (trainer_logps.float() - sampler_logps.float()).abs(), 0.0)
+        self.total = self.total + diffs.sum()
+        self.worst = torch.clamp(diffs.max(), min=self.worst) if diffs.numel() else self.worst
+        self.tokens = self.tokens + keep.sum()
+
+    def read(self) -> tuple[float, float, int]:
+        """(mean, max, tokens); the mean is 0.0 when no token was kept."""
+        tokens = int(self.tokens)
+        return (float(self.total) / tokens if tokens else 0.0), float(self.worst), tokens
 
 
 def sampled_tokens_can_check(cfg: Any, model: Any, single_process: bool) -> str | None:
@@ -411,18 +421,11 @@ class SyncVerifier:
         if not self.sampled or version != wanted:
             return
         start = time.perf_counter()
-        with torch.no_grad():
-            keep = mask.bool() & torch.isfinite(sampler_logps) & torch.isfinite(trainer_logps)
-            diffs = (trainer_logps.float() - sampler_logps.float()).abs()[keep]
-        if not diffs.numel():
-            return
         if self._gap is None or self._gap.version != version:
             self._gap = SampledGap(version)
-        gap = self._gap
-        gap.total += float(diffs.sum())
-        gap.worst = max(gap.worst, float(diffs.max()))
-        gap.tokens += int(diffs.numel())
-        gap.seconds += time.perf_counter() - start
+        with torch.no_grad():
+            self._gap.add(trainer_logps, sampler_logps, mask)
+        self._gap.seconds += time.perf_counter() - start
 
     def settle(self) -> None:
         """Before a step's optimizer step (the weights are still the synced
@@ -430,16 +433,17 @@ class SyncVerifier:
         probe it now if none came; calibrate the sampled floor on the tokens
         of a probed version."""
         gap, self._gap = self._gap, None
+        mean, worst, tokens = gap.read() if gap is not None else (0.0, 0.0, 0)
         if self._deferred is None:
-            if gap is not None and self.sampled and gap.version == self._probed and self._sampled_key not in self.floors.floors:
-                self._calibrate(gap)
+            if tokens and self.sampled and gap.version == self._probed and self._sampled_key not in self.floors.floors:
+                self._calibrate(gap.version, mean, worst, tokens)
             return
         version, run_sync, model = self._deferred
         self._deferred = None
-        if gap is None or gap.version != version:
+        if not tokens or gap.version != version:
             self._probe(run_sync, model, version)
             return
-        result = Verification(version, [self.floors.judge(self._sampled_key, gap.mean, gap.worst)], gap.seconds)
+        result = Verification(version, [self.floors.judge(self._sampled_key, mean, worst)], gap.seconds)
         self._pending.append(result)
         if result.ok:
             self.checks += 1
@@ -448,12 +452,12 @@ class SyncVerifier:
                  f"({result.failures()}); syncing again, then checking with the probe")  # fmt: skip
         self._probe(run_sync, model, version, failed=result)
 
-    def _calibrate(self, gap: SampledGap) -> None:
+    def _calibrate(self, version: int, mean: float, worst: float, tokens: int) -> None:
         """The sampled tokens' noise floor, from the tokens of a version the
         probe verified; above the precision's ceiling (an engine whose
         sampled log-probs are not the trainer's: another temperature, a
         sampling filter), the probe keeps checking every sync."""
-        judged = self.floors.judge(self._sampled_key, gap.mean, gap.worst)
+        judged = self.floors.judge(self._sampled_key, mean, worst)
         if not judged.ok:
             self.sampled = False
             self.log(f"the engine's sampled log-probs differ from the trainer's more than the precisions explain "
@@ -461,7 +465,7 @@ class SyncVerifier:
             return
         self.floors.accept([judged])
         self.log(f"weight syncs are checked on the sampled tokens from now on: {judged.describe()} over "
-                 f"{gap.tokens} tokens of policy version {gap.version} (the probe verified it)")  # fmt: skip
+                 f"{tokens} tokens of policy version {version} (the probe verified it)")  # fmt: skip
 
     def flush(self) -> None:
         """Probe a sync still waiting for its sampled check, now: before an
