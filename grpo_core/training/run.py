@@ -40,6 +40,7 @@ from grpo_core.host.plugin_host import ERROR_LOG, PluginHost
 from grpo_core.modeling.fp8 import accelerator_kwargs
 from grpo_core.modeling.model_files import resolve_model_dir
 from grpo_core.modeling.models import load_policy, load_tokenizer, reference_model
+from grpo_core.runtime.collector import StartupCollector
 from grpo_core.runtime.cpu_affinity import format_cpu_list, keep_off_engine_cores
 from grpo_core.scoring.rewards import RewardScorer
 from grpo_core.training import checkpoint as ckpt
@@ -415,7 +416,14 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     """Check ``cfg`` exactly as ``grpo run`` does (warnings go to ``warn``),
     train, and return the final status (``completed``). Everything cheap that
     can fail (checks, plugins, data, reward columns) happens before a model
-    loads or a server starts."""
+    loads or a server starts. No automatic garbage collection while the run
+    starts (:mod:`grpo_core.runtime.collector`)."""
+    with StartupCollector() as collector:
+        return _run_training(cfg, host, warn, collector)
+
+
+def _run_training(cfg: GRPOConfig, host: PluginHost | None, warn: Callable[[str], None] | None,
+                  collector: StartupCollector) -> str:  # fmt: skip
     host = _checked_plugins(cfg, host, warn)
     output_dir = _prepared_output(cfg, host)
     context = RunContext(config=cfg, output_dir=output_dir, engine_requirements=host.engine_requirements(cfg))
@@ -445,7 +453,9 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
         if resume is not None:
             trainer.resume(resume, resume_state)
             context.log(f"resumed from {resume} at step {trainer.step}")
+        collector.settle()  # an engine's own collections while it starts scan only what it makes
         host.hook.grpo_train_start(context=context)
+        collector.started()
         status = trainer.train()
         trainer.save_final()
         if observer is not None:
