@@ -581,7 +581,12 @@ def grpo_validate_config(config: Any) -> list[str] | None:
 
 @hookspec
 def grpo_train_start(context: RunContext) -> None:
-    """The model, data and engines are ready; the first rollout is next."""
+    """The model, data and engines are ready; the first rollout is next. An
+    engine that starts lazily starts here. Python's automatic garbage
+    collection is still off and the heap frozen (start-up makes almost no
+    garbage, and each full collection would rescan every module and the
+    model: :mod:`grpo_core.runtime.collector`); what an implementation
+    creates here is frozen with the rest once every implementation returns."""
 
 
 @hookspec
