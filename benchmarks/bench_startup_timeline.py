@@ -1,6 +1,6 @@
 """Where the time-to-accuracy benchmark's grpo runner spends its start-up.
 
-    .venv/bin/python benchmarks/bench_startup_timeline.py --steps 4
+    .venv/bin/python benchmarks/bench_startup_timeline.py --steps 4 [--without-freezing]
 
 Runs the runner of ``bench_time_to_accuracy.py`` (colocated vLLM, ``bf16 =
 "auto"``, the arithmetic example) for a few steps in this process, with every
@@ -49,6 +49,34 @@ class Stamped:
         return getattr(self.inner, name)
 
 
+class _NoStartupCollector:
+    def __enter__(self) -> _NoStartupCollector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    def settle(self) -> None:
+        pass
+
+    def started(self) -> None:
+        pass
+
+
+def without_freezing() -> None:
+    """``--without-freezing``: the run's collector and the colocated engine's
+    freeze replaced by nothing, as before they existed (vLLM's own freeze
+    after its start stays, as it was)."""
+    import types
+
+    import grpo_plugins.vllm.colocate as colocate
+
+    import grpo_core.training.run as run
+
+    run.StartupCollector = _NoStartupCollector
+    colocate.gc = types.SimpleNamespace(freeze=lambda: None)
+
+
 def main() -> None:
     import argparse
     import tempfile
@@ -57,6 +85,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--without-freezing", action="store_true",
+                        help="as before grpo_core.runtime.collector: automatic collection on, nothing frozen by grpo")
     args = parser.parse_args()
     gc.callbacks.append(_time_collections)
     sys.stdout, sys.stderr = Stamped(sys.stdout), Stamped(sys.stderr)
@@ -71,12 +101,14 @@ def main() -> None:
     from grpo_core.training.run import run_training
 
     sys.path.insert(0, str(tta.EXAMPLE))
+    if args.without_freezing:
+        without_freezing()
     marks: dict[str, float] = {}
 
     class Marks:
         @hookimpl
         def grpo_train_start(self, context) -> None:
-            marks.setdefault("engine start", time.perf_counter() - STARTED)
+            marks.setdefault("engines ready", time.perf_counter() - STARTED)
 
         @hookimpl
         def grpo_step_end(self, progress, metrics) -> None:
