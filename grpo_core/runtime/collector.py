@@ -3,11 +3,13 @@
 A run's start-up creates millions of objects that live as long as the run:
 the modules of torch, transformers and an inference engine, the model, the
 engine. Python's automatic full collection rescans every one of them, and it
-comes more often as the heap grows: starting the time-to-accuracy benchmark's
-run (colocated vLLM) made 14 full collections costing 0.03-0.5 s each, 3.5 s
-of its 16 s, and vLLM's own explicit collections while it loads (7 of them)
-another 2.3 s. Start-up makes almost no cyclic garbage (those collections
-found 0-134 objects each), so the collector has nothing to do there.
+comes more often as the heap grows: the time-to-accuracy benchmark's run
+(colocated vLLM) made 14 full collections before its first step, 0.01-0.5 s
+each and 3.1-3.4 s in all, 7 of them vLLM's own ``gc.collect()`` calls while
+it loads (benchmarks/bench_startup_timeline.py). Start-up makes almost no
+cyclic garbage (those collections freed 0-134 objects each), so the
+collector has nothing to do there; with it off and the heap frozen, the
+first step began after 10.9-11.3 s instead of 13.3-15.2 s.
 
 :class:`StartupCollector` turns automatic collection off while the run
 starts, and freezes the heap (``gc.freeze``: out of every later scan) before
