@@ -32,8 +32,7 @@ class StartupCollector:
     :meth:`settle` before the engine starts and :meth:`started` once the run
     has started (the training loop follows)."""
 
-    def __init__(self) -> None:
-        self._was_enabled = gc.isenabled()
+    _was_enabled: bool  # the collector's state on entering, restored on leaving
 
     def __enter__(self) -> StartupCollector:
         self._was_enabled = gc.isenabled()
@@ -48,7 +47,7 @@ class StartupCollector:
     def started(self) -> None:
         """Start-up is over: freeze what it made, and collect automatically
         again (if the collector was on) for the training loop's garbage."""
-        gc.freeze()
+        self.settle()
         if self._was_enabled:
             gc.enable()
 
