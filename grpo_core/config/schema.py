@@ -388,6 +388,13 @@ class GRPOConfig(_Table):
         "(the probe right after every sync), the 'first' only, or 'never'. Engines that cannot score tokens are not "
         "checked (an error only when this key is set).",
     )
+    reuse_freed_memory: bool | Literal["auto"] = Field(
+        "auto",
+        description="Keep the memory a step frees for the next step instead of returning it to the operating system "
+        "(glibc's mmap and trim thresholds, raised for the run): a CPU step's large buffers then stop costing page "
+        "faults, at the price of the process keeping its peak heap. 'auto' (default): when the trainer runs on a CPU. "
+        "No effect where the C library is not glibc.",
+    )
     special_tokens: dict[str, str] | None = None
 
     fsdp: list[str] | None = None

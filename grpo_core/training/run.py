@@ -42,6 +42,7 @@ from grpo_core.modeling.model_files import resolve_model_dir
 from grpo_core.modeling.models import load_policy, load_tokenizer, reference_model
 from grpo_core.runtime.collector import StartupCollector
 from grpo_core.runtime.cpu_affinity import format_cpu_list, keep_off_engine_cores
+from grpo_core.runtime.heap import RetainedHeap
 from grpo_core.scoring.rewards import RewardScorer
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.backends import TrainingBackend, backend_for
@@ -417,9 +418,18 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     train, and return the final status (``completed``). Everything cheap that
     can fail (checks, plugins, data, reward columns) happens before a model
     loads or a server starts. No automatic garbage collection while the run
-    starts (:mod:`grpo_core.runtime.collector`)."""
-    with StartupCollector() as collector:
+    starts (:mod:`grpo_core.runtime.collector`); freed memory kept for reuse
+    (``reuse_freed_memory``, :mod:`grpo_core.runtime.heap`)."""
+    with RetainedHeap(retains_freed_memory(cfg)), StartupCollector() as collector:
         return _run_training(cfg, host, warn, collector)
+
+
+def retains_freed_memory(cfg: GRPOConfig) -> bool:
+    """``reuse_freed_memory``: 'auto' keeps freed memory where the trainer
+    computes on a CPU, the case measured (no CUDA device)."""
+    if cfg.reuse_freed_memory == "auto":
+        return not torch.cuda.is_available()
+    return cfg.reuse_freed_memory
 
 
 def _run_training(cfg: GRPOConfig, host: PluginHost | None, warn: Callable[[str], None] | None,
