@@ -34,8 +34,8 @@ from typing import Any
 # mallopt(3) parameters, from glibc's malloc.h
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-# Allocations below this come from the heap. glibc releases before 2.26ish refuse more than 32 MiB
-# (half its arena size), so that is tried next: it still covers a float32 logit chunk of 32k vocabularies.
+# Allocations below this come from the heap. Some glibc releases refuse more than half their arena size
+# (32 MiB; 2.36 takes 1 GiB), so that is tried next: it still covers a float32 logit chunk of 32k vocabularies.
 MMAP_THRESHOLDS = (1 << 30, 32 << 20)
 TRIM_NEVER = 2**31 - 1  # mallopt takes an int: the largest means "do not trim"
 TRIM_DEFAULT = 128 << 10  # glibc's default trim threshold
