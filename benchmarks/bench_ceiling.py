@@ -7,7 +7,8 @@ this CPU's ceilings, all measured in one run (issue #27).
     nice -n 10 .venv/bin/python benchmarks/bench_ceiling.py --precision bf16  # the trainer as bf16 runs it
     .venv/bin/python benchmarks/bench_ceiling.py --precision bf16 --vllm --vllm-dtype bfloat16  # both as 'auto' runs them on AMX
 
-Prints, in order:
+The process keeps freed memory for reuse, as a grpo run on a CPU does
+(``reuse_freed_memory``, :mod:`grpo_core.runtime.heap`). Prints, in order:
 
 1. The ceilings: float32 ``torch.mm`` GFLOP/s for the shapes of #27 (median of
    ``--repeats`` samples after warm-up, at torch's thread count, which is the
@@ -452,4 +453,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from grpo_core.runtime.heap import RetainedHeap
+
+    with RetainedHeap(not torch.cuda.is_available()):  # freed memory kept, as a grpo run on a CPU keeps it
+        main()

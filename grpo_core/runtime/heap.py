@@ -16,8 +16,9 @@ faults stop after the first steps (about 200 a step), and the process keeps
 its peak heap, as PyTorch's caching allocator keeps GPU memory (peak resident
 memory +1.5% in that run, +7% for the trainer alone). The trainer's
 forward+backward of a micro-batch was 1.03-1.20x faster in 4 of 4
-alternating pairs; whole steps 1.03x over 8 runs, within that machine's
-run-to-run noise (benchmarks/RESULTS.md, "Freed memory kept for reuse").
+alternating pairs, and a whole 30-step run 1.07x (the first 8 steps gain
+least, while the heap still grows; benchmarks/RESULTS.md, "Freed memory
+kept for reuse").
 On leaving, trimming comes back and what the run freed is handed back
 (``malloc_trim``); the mmap threshold stays raised, since glibc has no call
 to restore its dynamic one. Where the C library is not glibc (musl, macOS),
