@@ -367,7 +367,7 @@ def main() -> None:
                         help="the trainer's compute: bf16 as grpo's `bf16 = true` runs it (module docstring)")
     args = parser.parse_args()
 
-    from bench_shared_prompts import lora_model, micro_batch
+    from bench_shared_prompts import micro_batch, trainer_model
 
     from grpo_core.modeling.precision import cpu_flag_summary, native_bf16
 
@@ -385,12 +385,7 @@ def main() -> None:
     trainer_rates = out["mm_gflops"]["bf16 (native)" if args.precision == "bf16" else "float32"]
 
     torch.manual_seed(0)
-    if args.precision == "bf16":  # as grpo loads the policy for a bf16 pass on a CPU (grpo_core/modeling/attention.py)
-        from grpo_core.modeling.attention import register_sdpa_float32
-
-        model = lora_model(torch.bfloat16, register_sdpa_float32())
-    else:
-        model = lora_model(torch.float32)
+    model = trainer_model(args.precision)
     dims = Dims.of(model.config, lora_r=16)
     ids = micro_batch(torch.Generator().manual_seed(0), PROMPTS, ROWS, PROMPT_TOKENS, COMPLETION_TOKENS)
     ways = trainer_ways(model, ids, COMPLETION_TOKENS, args.precision)

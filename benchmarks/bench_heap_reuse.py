@@ -82,16 +82,15 @@ def micro_child(way: str, repeats: int) -> None:
 
     import torch
     from bench_ceiling import COMPLETION_TOKENS, PROMPT_TOKENS, PROMPTS, ROWS, trainer_ways
-    from bench_shared_prompts import lora_model, micro_batch
+    from bench_shared_prompts import micro_batch, trainer_model
 
-    from grpo_core.modeling.attention import register_sdpa_float32
     from grpo_core.modeling.precision import native_bf16
     from grpo_core.runtime.heap import RetainedHeap
 
     precision = "bf16" if native_bf16("cpu") else "float32"
     with RetainedHeap(WAYS[way]):
         torch.manual_seed(0)
-        model = lora_model(torch.bfloat16, register_sdpa_float32()) if precision == "bf16" else lora_model(torch.float32)
+        model = trainer_model(precision)
         ids = micro_batch(torch.Generator().manual_seed(0), PROMPTS, ROWS, PROMPT_TOKENS, COMPLETION_TOKENS)
         step = trainer_ways(model, ids, COMPLETION_TOKENS, precision)["shared"]
         seconds, faults = [], []

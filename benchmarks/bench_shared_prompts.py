@@ -98,6 +98,16 @@ def lora_model(dtype: torch.dtype = torch.float32, attn_implementation: str | No
     return model
 
 
+def trainer_model(precision: str) -> torch.nn.Module:
+    """:func:`lora_model` as grpo loads the policy for a pass in ``precision``: for "bf16", the frozen
+    base in bf16 with attention in float32 (``sdpa_float32``, grpo_core/modeling/attention.py)."""
+    if precision != "bf16":
+        return lora_model(torch.float32)
+    from grpo_core.modeling.attention import register_sdpa_float32
+
+    return lora_model(torch.bfloat16, register_sdpa_float32())
+
+
 def micro_batch(generator: torch.Generator, prompts: int, rows: int, prompt_tokens: int, completion: int) -> torch.Tensor:
     """``[rows, prompt_tokens + completion]`` random token ids: ``prompts`` distinct prompts, row i
     holding prompt i % prompts, each row its own completion (the arithmetic example's layout)."""
@@ -138,18 +148,14 @@ def main() -> None:
     from bench_ceiling import compute_context
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    from grpo_core.modeling.attention import register_sdpa_float32
     from grpo_core.modeling.precision import cpu_flag_summary, native_bf16
     from grpo_core.training import logprobs
     from grpo_core.training.logprobs import token_logprobs
 
     torch.manual_seed(0)
-    if args.precision == "bf16":
-        if not native_bf16("cpu"):
-            raise SystemExit("--precision bf16: this CPU has no native bf16 (AVX512-BF16 or AMX)")
-        model = lora_model(torch.bfloat16, register_sdpa_float32())
-    else:
-        model = lora_model()
+    if args.precision == "bf16" and not native_bf16("cpu"):
+        raise SystemExit("--precision bf16: this CPU has no native bf16 (AVX512-BF16 or AMX)")
+    model = trainer_model(args.precision)
     if args.compare in ("lora-forward", "adapter-casts"):  # a fresh adapter is a no-op (B = 0): give it an effect, as after a few steps
         with torch.no_grad():
             for name, param in model.named_parameters():

@@ -87,26 +87,31 @@ def test_a_bad_value_names_the_key() -> None:
         validate({"base_model": "m", "datasets": [{"path": "d.jsonl"}], "reuse_freed_memory": "sometimes"})
 
 
-CHURN = textwrap.dedent("""
-    import json, resource, sys
+def churn_faults(rounds: int = 24, elements: int = 10 << 20) -> list[int]:
+    """Minor page faults of each of ``rounds`` rounds that allocate a buffer (40 MiB of float32 by
+    default, as a step's large buffers), touch it and free it."""
+    import resource
+
     import torch
+
+    counts = []
+    for _ in range(rounds):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        buffer = torch.empty(elements)
+        buffer.fill_(1.0)
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        del buffer
+    return counts
+
+
+CHURN = textwrap.dedent(f"""
+    import json, sys
+    sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
     from grpo_core.runtime.heap import RetainedHeap
-
-    def faults():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-    def churn(rounds=24, elements=10 << 20):  # a 40 MiB float32 buffer, as a step allocates and frees
-        counts = []
-        for _ in range(rounds):
-            before = faults()
-            buffer = torch.empty(elements)
-            buffer.fill_(1.0)
-            counts.append(faults() - before)
-            del buffer
-        return counts
+    from test_heap import churn_faults
 
     with RetainedHeap(sys.argv[1] == "on") as retained:
-        print(json.dumps({"threshold": retained.mmap_threshold, "faults": churn()}))
+        print(json.dumps({{"threshold": retained.mmap_threshold, "faults": churn_faults()}}))
 """)
 
 
@@ -130,8 +135,6 @@ def test_page_faults_stop_once_freed_buffers_are_kept(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not ON_GLIBC, reason="glibc's malloc is what this changes")
 def test_a_real_run_keeps_freed_memory_while_it_trains(tmp_path: Path, smollm2_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import resource
-
     import test_training
     import torch
 
@@ -144,12 +147,7 @@ def test_a_real_run_keeps_freed_memory_while_it_trains(tmp_path: Path, smollm2_d
     class Churn:
         @hookimpl
         def grpo_step_end(self, progress, metrics) -> None:
-            for _ in range(24):  # what a step's large buffers do
-                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                buffer = torch.empty(10 << 20)
-                buffer.fill_(1.0)
-                seen.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-                del buffer
+            seen.extend(churn_faults())
 
     (tmp_path / "tiny_rewards.py").write_text(test_training.REWARDS)  # the same tiny run as test_training's
     rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {a + 1}?"}]} for a in range(1, 9)]

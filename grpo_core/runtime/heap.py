@@ -18,11 +18,10 @@ memory +1.5% in that run, +7% for the trainer alone). The trainer's
 forward+backward of a micro-batch was 1.03-1.20x faster in 4 of 4
 alternating pairs, and a whole 30-step run 1.07x (the first 8 steps gain
 least, while the heap still grows; benchmarks/RESULTS.md, "Freed memory
-kept for reuse").
-On leaving, trimming comes back and what the run freed is handed back
-(``malloc_trim``); the mmap threshold stays raised, since glibc has no call
-to restore its dynamic one. Where the C library is not glibc (musl, macOS),
-nothing changes.
+kept for reuse"). On leaving, trimming comes back and what the run freed is
+handed back (``malloc_trim``); the mmap threshold stays raised, since glibc
+has no call to restore its dynamic one. Where the C library is not glibc
+(musl, macOS), nothing changes.
 """
 
 from __future__ import annotations
