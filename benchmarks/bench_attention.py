@@ -32,8 +32,11 @@ def main() -> None:
     parser.add_argument("--precision", choices=["float32", "bf16"], default="bf16")
     parser.add_argument("--completion-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds, after one warm-up")
-    parser.add_argument("--implementations", default="sdpa,eager,sdpa_float32",
-                        help="attn_implementation values to compare (sdpa_float32: grpo's float32 attention in a bf16 pass)")
+    parser.add_argument(
+        "--implementations",
+        default="sdpa,eager,sdpa_float32",
+        help="attn_implementation values to compare (sdpa_float32: grpo's float32 attention in a bf16 pass)",
+    )
     args = parser.parse_args()
 
     from bench_ceiling import PROMPT_TOKENS, PROMPTS, ROWS, compute_context, grpo_pass
@@ -61,9 +64,11 @@ def main() -> None:
             if round_:
                 times[name].append(took)
             print(f"  round {round_} {name}: {took:.2f} s", flush=True)
-    print(f"CPU flags: {cpu_flag_summary()}; {torch.get_num_threads()} threads; {args.precision}; {ROWS} rows, "
-          f"{PROMPTS} prompts of {PROMPT_TOKENS} tokens, {args.completion_tokens} completion tokens; "
-          f"median of {args.rounds}: " + ", ".join(f"{n} {statistics.median(t):.2f} s" for n, t in times.items()))
+    print(
+        f"CPU flags: {cpu_flag_summary()}; {torch.get_num_threads()} threads; {args.precision}; {ROWS} rows, "
+        f"{PROMPTS} prompts of {PROMPT_TOKENS} tokens, {args.completion_tokens} completion tokens; "
+        f"median of {args.rounds}: " + ", ".join(f"{n} {statistics.median(t):.2f} s" for n, t in times.items())
+    )
 
 
 if __name__ == "__main__":

@@ -62,9 +62,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -118,14 +118,18 @@ def bandwidth_gbs(repeats: int, mib: int = 512) -> dict[str, float]:
     x = torch.rand(mib * 2**20 // 4)
     y = torch.empty_like(x)
     nbytes = x.numel() * 4
-    return {"read (sum)": nbytes / median_seconds(x.sum, repeats) / 1e9,
-            "copy (read + write)": 2 * nbytes / median_seconds(lambda: y.copy_(x), repeats) / 1e9}  # fmt: skip
+    return {
+        "read (sum)": nbytes / median_seconds(x.sum, repeats) / 1e9,
+        "copy (read + write)": 2 * nbytes / median_seconds(lambda: y.copy_(x), repeats) / 1e9,
+    }
 
 
 def ceilings(repeats: int, bf16: bool) -> dict[str, dict[str, float]]:
     rates = {"float32": {label: mm_gflops(*shape, torch.float32, repeats) for label, shape in MM_SHAPES.items()}}
     if bf16:
-        rates["bf16 (native)"] = {label: mm_gflops(*shape, torch.bfloat16, repeats) for label, shape in MM_SHAPES.items()}
+        rates["bf16 (native)"] = {
+            label: mm_gflops(*shape, torch.bfloat16, repeats) for label, shape in MM_SHAPES.items()
+        }
     return rates
 
 
@@ -146,14 +150,24 @@ class Dims:
     @classmethod
     def of(cls, config, lora_r: int) -> Dims:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return cls(config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.num_attention_heads,
-                   config.num_key_value_heads, head_dim, config.vocab_size, lora_r)  # fmt: skip
+        return cls(
+            config.hidden_size,
+            config.intermediate_size,
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            head_dim,
+            config.vocab_size,
+            lora_r,
+        )
 
     def linears(self) -> dict[str, list[tuple[int, int]]]:
         """(in, out) of one decoder layer's linear layers, by flop class."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {"attention projections": [(self.hidden, q), (self.hidden, kv), (self.hidden, kv), (q, self.hidden)],
-                "MLP": [(self.hidden, self.intermediate)] * 2 + [(self.intermediate, self.hidden)]}  # fmt: skip
+        return {
+            "attention projections": [(self.hidden, q), (self.hidden, kv), (self.hidden, kv), (q, self.hidden)],
+            "MLP": [(self.hidden, self.intermediate)] * 2 + [(self.intermediate, self.hidden)],
+        }
 
 
 def causal_keys_whole(rows: int, length: int) -> int:
@@ -176,14 +190,17 @@ def decoder_flops(d: Dims, tokens: int, key_pairs: int) -> dict[str, float]:
     return flops
 
 
-def micro_batch_flops(d: Dims, way: str, prompts: int, rows: int, prompt_tokens: int, completion: int) -> dict[str, float]:
+def micro_batch_flops(
+    d: Dims, way: str, prompts: int, rows: int, prompt_tokens: int, completion: int
+) -> dict[str, float]:
     """Useful flops by class of one forward+backward of the micro-batch: ``way`` is "shared"
     (each prompt once, head on the completions), "whole" (every row whole, head on the
     completions) or "plain" (every row whole, head on every position)."""
     length = prompt_tokens + completion
     if way == "shared":
-        flops = decoder_flops(d, prompts * prompt_tokens + rows * completion,
-                              causal_keys_shared(prompts, prompt_tokens, rows, completion))  # fmt: skip
+        flops = decoder_flops(
+            d, prompts * prompt_tokens + rows * completion, causal_keys_shared(prompts, prompt_tokens, rows, completion)
+        )
     else:
         flops = decoder_flops(d, rows * length, causal_keys_whole(rows, length))
     head_positions = rows * (length if way == "plain" else completion)
@@ -232,11 +249,15 @@ def plain_pass(model, ids: torch.Tensor, completion: int, compute=contextlib.nul
     return logps.detach()
 
 
-def trainer_ways(model, ids: torch.Tensor, completion: int, precision: str = "float32") -> dict[str, Callable[[], torch.Tensor]]:
+def trainer_ways(
+    model, ids: torch.Tensor, completion: int, precision: str = "float32"
+) -> dict[str, Callable[[], torch.Tensor]]:
     grpo_compute, plain_compute = compute_context(precision, model), compute_context(precision)
-    return {"shared": lambda: grpo_pass(model, ids, completion, share=True, compute=grpo_compute),
-            "whole": lambda: grpo_pass(model, ids, completion, share=False, compute=grpo_compute),
-            "plain": lambda: plain_pass(model, ids, completion, compute=plain_compute)}  # fmt: skip
+    return {
+        "shared": lambda: grpo_pass(model, ids, completion, share=True, compute=grpo_compute),
+        "whole": lambda: grpo_pass(model, ids, completion, share=False, compute=grpo_compute),
+        "plain": lambda: plain_pass(model, ids, completion, compute=plain_compute),
+    }
 
 
 def time_interleaved(model, ways: dict[str, Callable[[], torch.Tensor]], repeats: int):
@@ -264,8 +285,10 @@ def top_ops(fn: Callable[[], object], model, top: int) -> list[dict]:
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events)
     events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
-    return [{"op": e.key, "self_ms": e.self_cpu_time_total / 1e3, "share": e.self_cpu_time_total / total,
-             "calls": e.count} for e in events[:top]] + [{"op": "(all ops)", "self_ms": total / 1e3, "share": 1.0, "calls": 0}]  # fmt: skip
+    return [
+        {"op": e.key, "self_ms": e.self_cpu_time_total / 1e3, "share": e.self_cpu_time_total / total, "calls": e.count}
+        for e in events[:top]
+    ] + [{"op": "(all ops)", "self_ms": total / 1e3, "share": 1.0, "calls": 0}]
 
 
 # ---------------------------------------------------------------- generation
@@ -274,15 +297,30 @@ def top_ops(fn: Callable[[], object], model, top: int) -> list[dict]:
 def arithmetic_prompts(tokenizer, count: int) -> list[list[int]]:
     """The first ``count`` prompts of the arithmetic example, chat-templated, as token ids."""
     lines = (HERE.parent / "examples" / "arithmetic" / "data" / "train.jsonl").read_text().splitlines()[:count]
-    return [list(tokenizer.apply_chat_template(json.loads(line)["prompt"], add_generation_prompt=True, tokenize=True,
-                                               return_dict=False)) for line in lines]  # fmt: skip
+    return [
+        list(
+            tokenizer.apply_chat_template(
+                json.loads(line)["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+        for line in lines
+    ]
 
 
-def generation_seconds(base_url: str, api_key: str | None, model: str, prompts: list[list[int]], max_tokens: int) -> float:
+def generation_seconds(
+    base_url: str, api_key: str | None, model: str, prompts: list[list[int]], max_tokens: int
+) -> float:
     import requests
 
-    body = {"model": model, "prompt": prompts, "n": SAMPLES, "max_tokens": max_tokens, "temperature": 1.0,
-            "ignore_eos": True, "logprobs": 0}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": prompts,
+        "n": SAMPLES,
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "ignore_eos": True,
+        "logprobs": 0,
+    }
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     began = time.perf_counter()
     response = requests.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=900)
@@ -290,7 +328,9 @@ def generation_seconds(base_url: str, api_key: str | None, model: str, prompts: 
     return time.perf_counter() - began
 
 
-def decode_step_ms(base_url: str, api_key: str | None, model: str, prompts: list[list[int]], repeats: int) -> dict[str, float]:
+def decode_step_ms(
+    base_url: str, api_key: str | None, model: str, prompts: list[list[int]], repeats: int
+) -> dict[str, float]:
     """ms per decode step of ``len(prompts) x SAMPLES`` sequences: 48-token minus 1-token requests, alternating."""
     one, full = [], []
     generation_seconds(base_url, api_key, model, prompts, COMPLETION_TOKENS)  # warm-up
@@ -298,19 +338,31 @@ def decode_step_ms(base_url: str, api_key: str | None, model: str, prompts: list
         one.append(generation_seconds(base_url, api_key, model, prompts, 1))
         full.append(generation_seconds(base_url, api_key, model, prompts, COMPLETION_TOKENS))
     t1, t48 = statistics.median(one), statistics.median(full)
-    return {"request_1_token_s": t1, "request_48_tokens_s": t48, "ms_per_decode_step": (t48 - t1) / (COMPLETION_TOKENS - 1) * 1e3}
+    return {
+        "request_1_token_s": t1,
+        "request_48_tokens_s": t48,
+        "ms_per_decode_step": (t48 - t1) / (COMPLETION_TOKENS - 1) * 1e3,
+    }
 
 
-def decode_bounds(model, read_gbs: float, decode_gflops: float, sequences: int, bytes_per_weight: int = 4) -> dict[str, float]:
+def decode_bounds(
+    model, read_gbs: float, decode_gflops: float, sequences: int, bytes_per_weight: int = 4
+) -> dict[str, float]:
     """A decode step's lower bounds: reading every weight once (``bytes_per_weight``: 4 for a float32
     server, 2 for bf16), and its matmul flops at the decode-like rate of the server's dtype."""
     params = {n: p for n, p in model.named_parameters() if "lora_" not in n}  # the server runs merged weights, no LoRA
     weight_bytes = sum(p.numel() * bytes_per_weight for p in params.values())  # tied embeddings counted once
     embedding = model.get_input_embeddings().weight.numel()
-    matmul_weights = sum(p.numel() for n, p in params.items() if p.dim() == 2 and "embed" not in n) + embedding  # + the tied head
+    matmul_weights = (
+        sum(p.numel() for n, p in params.items() if p.dim() == 2 and "embed" not in n) + embedding
+    )  # + the tied head
     flops = 2.0 * sequences * matmul_weights
-    return {"weight_MB": weight_bytes / 1e6, "bandwidth_bound_ms": weight_bytes / (read_gbs * 1e9) * 1e3,
-            "flops_per_step_G": flops / 1e9, "flop_bound_ms": flops / (decode_gflops * 1e9) * 1e3}  # fmt: skip
+    return {
+        "weight_MB": weight_bytes / 1e6,
+        "bandwidth_bound_ms": weight_bytes / (read_gbs * 1e9) * 1e3,
+        "flops_per_step_G": flops / 1e9,
+        "flop_bound_ms": flops / (decode_gflops * 1e9) * 1e3,
+    }
 
 
 def start_server(extra: tuple[str, ...] = (), dtype: str = "float32"):
@@ -322,7 +374,9 @@ def start_server(extra: tuple[str, ...] = (), dtype: str = "float32"):
     from grpo_plugins.vllm.addresses import free_port
 
     port = free_port()
-    return serve(resolve_model_dir(DEFAULT_MODEL), port, dtype, all_cores=True, lora=False, extra=extra), f"http://127.0.0.1:{port}"
+    return serve(
+        resolve_model_dir(DEFAULT_MODEL), port, dtype, all_cores=True, lora=False, extra=extra
+    ), f"http://127.0.0.1:{port}"
 
 
 # ---------------------------------------------------------------- report
@@ -344,7 +398,9 @@ def print_trainer(rows: list[dict], precision: str) -> None:
     print(f"\n== the trainer's forward+backward, {precision}, interleaved, median ==")
     print(f"{'way':<48}{'s':>7}{'GFLOP':>8}{'GFLOP/s':>9}{'% ceiling':>11}")
     for r in rows:
-        print(f"{r['label']:<48}{r['seconds']:>7.2f}{r['gflop']:>8.0f}{r['gflops']:>9.0f}{r['ceiling_share'] * 100:>10.0f}%")
+        print(
+            f"{r['label']:<48}{r['seconds']:>7.2f}{r['gflop']:>8.0f}{r['gflops']:>9.0f}{r['ceiling_share'] * 100:>10.0f}%"
+        )
 
 
 def print_profile(name: str, ops: list[dict]) -> None:
@@ -358,27 +414,45 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=12, help="ops shown per profile")
     parser.add_argument("--vllm", action="store_true", help="start a vLLM server (~60-100 s) and time a generation")
-    parser.add_argument("--vllm-dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="the server's dtype with --vllm (bfloat16: what [vllm] dtype = 'auto' serves on a native-bf16 CPU)")
+    parser.add_argument(
+        "--vllm-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the server's dtype with --vllm (bfloat16: what [vllm] dtype = 'auto' serves on a native-bf16 CPU)",
+    )
     parser.add_argument("--base-url", help="time a generation on this running vLLM server instead")
     parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
     parser.add_argument("--served-model", default="base")
-    parser.add_argument("--precision", choices=["float32", "bf16"], default="float32",
-                        help="the trainer's compute: bf16 as grpo's `bf16 = true` runs it (module docstring)")
+    parser.add_argument(
+        "--precision",
+        choices=["float32", "bf16"],
+        default="float32",
+        help="the trainer's compute: bf16 as grpo's `bf16 = true` runs it (module docstring)",
+    )
     args = parser.parse_args()
 
     from bench_shared_prompts import micro_batch, trainer_model
 
     from grpo_core.modeling.precision import cpu_flag_summary, native_bf16
 
-    out: dict = {"cpu_flags": cpu_flag_summary(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                 "load_average_start": load_average(), "precision": args.precision}  # fmt: skip
+    out: dict = {
+        "cpu_flags": cpu_flag_summary(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "load_average_start": load_average(),
+        "precision": args.precision,
+    }
     if args.vllm_dtype == "bfloat16" and not native_bf16("cpu"):
-        raise SystemExit("--vllm-dtype bfloat16: this CPU has no native bf16 (AVX512-BF16 or AMX); grpo serves float32 here")
+        raise SystemExit(
+            "--vllm-dtype bfloat16: this CPU has no native bf16 (AVX512-BF16 or AMX); grpo serves float32 here"
+        )
     if args.precision == "bf16" and not native_bf16("cpu"):
         raise SystemExit("--precision bf16: this CPU has no native bf16 (AVX512-BF16 or AMX); grpo stays float32 here")
-    print(f"CPU flags: {out['cpu_flags']}; torch {out['torch']}; {out['threads']} threads; "
-          f"load average (1, 5, 15 min) at start: {out['load_average_start']}", flush=True)
+    print(
+        f"CPU flags: {out['cpu_flags']}; torch {out['torch']}; {out['threads']} threads; "
+        f"load average (1, 5, 15 min) at start: {out['load_average_start']}",
+        flush=True,
+    )
     out["mm_gflops"] = ceilings(args.repeats, native_bf16("cpu"))
     out["bandwidth_gbs"] = bandwidth_gbs(args.repeats)
     print_ceilings(out["mm_gflops"], out["bandwidth_gbs"])
@@ -391,22 +465,40 @@ def main() -> None:
     ways = trainer_ways(model, ids, COMPLETION_TOKENS, args.precision)
     samples, logps = time_interleaved(model, ways, args.repeats)
     seconds = {name: statistics.median(t) for name, t in samples.items()}
-    labels = {"shared": "grpo, shared prompts (default)", "whole": "grpo, every row whole",
-              "plain": "plain transformers + peft loop"}  # fmt: skip
+    labels = {
+        "shared": "grpo, shared prompts (default)",
+        "whole": "grpo, every row whole",
+        "plain": "plain transformers + peft loop",
+    }
     out["trainer"] = []
     for name, s in seconds.items():
         flops = micro_batch_flops(dims, name, PROMPTS, ROWS, PROMPT_TOKENS, COMPLETION_TOKENS)
-        out["trainer"].append({"way": name, "label": labels[name], "seconds": s, "samples_s": samples[name],
-                               "gflop": sum(flops.values()) / 1e9, "gflops": sum(flops.values()) / s / 1e9,
-                               "ceiling_share": ceiling_seconds(flops, trainer_rates) / s,
-                               "flops_by_class_G": {k: v / 1e9 for k, v in flops.items()}})  # fmt: skip
-    out["max_abs_logp_difference_vs_plain"] = {n: float((logps[n] - logps["plain"]).abs().max()) for n in ("shared", "whole")}
+        out["trainer"].append(
+            {
+                "way": name,
+                "label": labels[name],
+                "seconds": s,
+                "samples_s": samples[name],
+                "gflop": sum(flops.values()) / 1e9,
+                "gflops": sum(flops.values()) / s / 1e9,
+                "ceiling_share": ceiling_seconds(flops, trainer_rates) / s,
+                "flops_by_class_G": {k: v / 1e9 for k, v in flops.items()},
+            }
+        )
+    out["max_abs_logp_difference_vs_plain"] = {
+        n: float((logps[n] - logps["plain"]).abs().max()) for n in ("shared", "whole")
+    }
     print_trainer(out["trainer"], args.precision)
     gflop = {r["way"]: r["gflop"] for r in out["trainer"]}
     for name in ("shared", "whole"):  # the same round's ratio: the machine's load changes less within a round
-        per_round = [gflop[name] / samples[name][i] / (gflop["plain"] / samples["plain"][i]) for i in range(args.repeats)]
+        per_round = [
+            gflop[name] / samples[name][i] / (gflop["plain"] / samples["plain"][i]) for i in range(args.repeats)
+        ]
         print(f"GFLOP/s of {labels[name]} over the plain loop's, per round: {', '.join(f'{r:.2f}' for r in per_round)}")
-    print("useful GFLOP by class (shared): " + ", ".join(f"{k} {v:.1f}" for k, v in out["trainer"][0]["flops_by_class_G"].items()))
+    print(
+        "useful GFLOP by class (shared): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in out["trainer"][0]["flops_by_class_G"].items())
+    )
     print(f"max |log-prob difference| against the plain loop: {out['max_abs_logp_difference_vs_plain']}", flush=True)
 
     out["profile"] = {name: top_ops(ways[name], model, args.top) for name in ("shared", "plain")}
@@ -421,24 +513,39 @@ def main() -> None:
         prompts = arithmetic_prompts(AutoTokenizer.from_pretrained(resolve_model_dir(DEFAULT_MODEL)), PROMPTS)
         bf16_server = args.vllm and not args.base_url and args.vllm_dtype == "bfloat16"
         decode_rate = out["mm_gflops"]["bf16 (native)" if bf16_server else "float32"]["decode-like [32x576]x[576x1536]"]
-        bounds = decode_bounds(model, out["bandwidth_gbs"]["read (sum)"], decode_rate, PROMPTS * SAMPLES,
-                               bytes_per_weight=2 if bf16_server else 4)  # fmt: skip
+        bounds = decode_bounds(
+            model,
+            out["bandwidth_gbs"]["read (sum)"],
+            decode_rate,
+            PROMPTS * SAMPLES,
+            bytes_per_weight=2 if bf16_server else 4,
+        )
         del model, ways
-        proc, base_url = start_server(dtype=args.vllm_dtype) if args.vllm and not args.base_url else (None, args.base_url)
+        proc, base_url = (
+            start_server(dtype=args.vllm_dtype) if args.vllm and not args.base_url else (None, args.base_url)
+        )
         try:
-            out["generation"] = {"server": base_url if proc is None else f"own: {args.vllm_dtype}, all cores, no LoRA",
-                                 **decode_step_ms(base_url, args.api_key, args.served_model, prompts, max(2, args.repeats // 2))}  # fmt: skip
+            out["generation"] = {
+                "server": base_url if proc is None else f"own: {args.vllm_dtype}, all cores, no LoRA",
+                **decode_step_ms(base_url, args.api_key, args.served_model, prompts, max(2, args.repeats // 2)),
+            }
         finally:
             if proc is not None:
                 os.killpg(proc.pid, 15)
                 proc.wait(60)
         out["generation"].update(bounds)
         g = out["generation"]
-        print(f"\n== one generation: {PROMPTS} prompts x {SAMPLES} x {COMPLETION_TOKENS} tokens, vLLM ({g['server']}) ==")
-        print(f"requests: 1 token {g['request_1_token_s']:.2f} s, {COMPLETION_TOKENS} tokens {g['request_48_tokens_s']:.2f} s; "
-              f"{g['ms_per_decode_step']:.0f} ms per decode step of {PROMPTS * SAMPLES} sequences")
-        print(f"bounds: reading {g['weight_MB']:.0f} MB of weights {g['bandwidth_bound_ms']:.0f} ms; "
-              f"{g['flops_per_step_G']:.1f} GFLOP at the decode-like rate {g['flop_bound_ms']:.0f} ms")
+        print(
+            f"\n== one generation: {PROMPTS} prompts x {SAMPLES} x {COMPLETION_TOKENS} tokens, vLLM ({g['server']}) =="
+        )
+        print(
+            f"requests: 1 token {g['request_1_token_s']:.2f} s, {COMPLETION_TOKENS} tokens {g['request_48_tokens_s']:.2f} s; "
+            f"{g['ms_per_decode_step']:.0f} ms per decode step of {PROMPTS * SAMPLES} sequences"
+        )
+        print(
+            f"bounds: reading {g['weight_MB']:.0f} MB of weights {g['bandwidth_bound_ms']:.0f} ms; "
+            f"{g['flops_per_step_G']:.1f} GFLOP at the decode-like rate {g['flop_bound_ms']:.0f} ms"
+        )
 
     out["load_average_end"] = load_average()
     print(f"\nload average (1, 5, 15 min) at end: {out['load_average_end']}")

@@ -32,12 +32,22 @@ def _config(model_dir: str, out: Path, base_url: str | None, api_key: str | None
     table = {"use_vllm": True, "vllm_server_timeout": 900, "max_completion_length": 128, **trl}
     if base_url:
         table.update(vllm_managed=False, vllm_server_base_url=base_url)
-    return validate({
-        "base_model": model_dir, "output_dir": str(out), "sequence_len": 1024,
-        "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "float32", "max_model_len": 1024, "cpu_kvcache_space": 1,
-                 **({"api_key": api_key} if api_key else {})},
-        "trl": table,
-    })  # fmt: skip
+    return validate(
+        {
+            "base_model": model_dir,
+            "output_dir": str(out),
+            "sequence_len": 1024,
+            "vllm": {
+                "host": "127.0.0.1",
+                "port": 0,
+                "dtype": "float32",
+                "max_model_len": 1024,
+                "cpu_kvcache_space": 1,
+                **({"api_key": api_key} if api_key else {}),
+            },
+            "trl": table,
+        }
+    )
 
 
 def _rows(path: Path, count: int) -> list[dict]:
@@ -45,23 +55,26 @@ def _rows(path: Path, count: int) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    from grpo_core.contract.context import RunContext
-    from grpo_core.training.data import tokenize_prompt
-    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.modeling.precision import cpu_flag_summary
-    from grpo_core.training.episodes import EpisodeDriver
-    from grpo_core.contract.types import Prompt, SamplingSettings
     from grpo_guess_number import GuessNumber
-    from grpo_plugins.environments.tools import ToolEnvironment, ToolSettings
-    from grpo_plugins.vllm.rollout import VLLMRollout
     from rewards import final_answer_correct
     from transformers import AutoTokenizer
+
+    from grpo_core.contract.context import RunContext
+    from grpo_core.contract.types import Prompt, SamplingSettings
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.precision import cpu_flag_summary
+    from grpo_core.training.data import tokenize_prompt
+    from grpo_core.training.episodes import EpisodeDriver
+    from grpo_plugins.environments.tools import ToolEnvironment, ToolSettings
+    from grpo_plugins.vllm.rollout import VLLMRollout
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
     tok = AutoTokenizer.from_pretrained(model_dir)
     out = Path(args.out)
     print("CPU:", cpu_flag_summary())
-    cfg = _config(model_dir, out, args.base_url, args.api_key, tools=["calculator.calculate"], max_tool_calling_iterations=2)
+    cfg = _config(
+        model_dir, out, args.base_url, args.api_key, tools=["calculator.calculate"], max_tool_calling_iterations=2
+    )
     ctx = RunContext(config=cfg, output_dir=out, log=print)
     rollout = VLLMRollout(ctx)
     rollout.grpo_train_start()
@@ -83,7 +96,10 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             cfg.episodes = cfg.episodes.model_copy(update={"max_turns": 3, "max_tokens_per_turn": 40})
             env = ToolEnvironment(ctx, settings)
             driver = EpisodeDriver(lambda p, s: env.grpo_environment_episode(p, s), tok, cfg, "tools", print, True)
-            prompts = [Prompt(r["prompt"], tokenize_prompt(r["prompt"], tok), {"answer": r["answer"]}, i) for i, r in enumerate(calc_rows)]
+            prompts = [
+                Prompt(r["prompt"], tokenize_prompt(r["prompt"], tok), {"answer": r["answer"]}, i)
+                for i, r in enumerate(calc_rows)
+            ]
             started = time.perf_counter()
             groups = driver.run(prompts, args.samples, sampling, generate)
             seconds = time.perf_counter() - started
@@ -93,9 +109,13 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             results[f"calculator/{style}"] = {
                 "episodes": len(completions),
                 "called_tool": sum(c.episode.tool_calls > 0 for c in completions) / len(completions),
-                "tool_failures_per_call": sum(c.episode.tool_failures for c in completions) / max(1, sum(c.episode.tool_calls for c in completions)),
+                "tool_failures_per_call": sum(c.episode.tool_failures for c in completions)
+                / max(1, sum(c.episode.tool_calls for c in completions)),
                 "solved": sum(correct) / len(correct),
-                "groups_with_variance": sum(len(set(correct[i * args.samples : (i + 1) * args.samples])) > 1 for i in range(len(groups))) / len(groups),
+                "groups_with_variance": sum(
+                    len(set(correct[i * args.samples : (i + 1) * args.samples])) > 1 for i in range(len(groups))
+                )
+                / len(groups),
                 "turns_mean": sum(c.episode.turns for c in completions) / len(completions),
                 "seconds": seconds,
             }
@@ -103,7 +123,10 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         cfg.episodes = cfg.episodes.model_copy(update={"max_turns": 4, "max_tokens_per_turn": 12})
         driver = EpisodeDriver(lambda p, s: game.grpo_environment_episode(p, s), tok, cfg, "guess_number", print, True)
         rows = _rows(ROOT / "examples" / "guess-number" / "data" / "test.jsonl", args.prompts)
-        prompts = [Prompt(r["prompt"], tokenize_prompt(r["prompt"], tok), {"secret": r["secret"]}, i) for i, r in enumerate(rows)]
+        prompts = [
+            Prompt(r["prompt"], tokenize_prompt(r["prompt"], tok), {"secret": r["secret"]}, i)
+            for i, r in enumerate(rows)
+        ]
         started = time.perf_counter()
         groups = driver.run(prompts, args.samples, sampling, generate)
         seconds = time.perf_counter() - started
@@ -113,7 +136,10 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             "episodes": len(completions),
             "solved": sum(r > 0 for r in rewards) / len(rewards),
             "reward_mean": sum(rewards) / len(rewards),
-            "groups_with_variance": sum(len(set(rewards[i * args.samples : (i + 1) * args.samples])) > 1 for i in range(len(groups))) / len(groups),
+            "groups_with_variance": sum(
+                len(set(rewards[i * args.samples : (i + 1) * args.samples])) > 1 for i in range(len(groups))
+            )
+            / len(groups),
             "turns_mean": sum(c.episode.turns for c in completions) / len(completions),
             "seconds": seconds,
         }

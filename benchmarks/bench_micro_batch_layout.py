@@ -45,18 +45,24 @@ PROMPTS, GENERATIONS, VOCAB = 4, 8, 49152
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--lengths", nargs="+", default=["15-48", "8-16", "6-14+6@48"],
-                        help="completion length ranges, lo-hi, or lo-hi+N@cap: N of the 32 at cap tokens")
-    parser.add_argument("--compile", action="store_true", help="also time a torch.compile'd body (minutes to compile on 2 cores)")
+    parser.add_argument(
+        "--lengths",
+        nargs="+",
+        default=["15-48", "8-16", "6-14+6@48"],
+        help="completion length ranges, lo-hi, or lo-hi+N@cap: N of the 32 at cap tokens",
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="also time a torch.compile'd body (minutes to compile on 2 cores)"
+    )
     args = parser.parse_args()
 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.training.logprobs import token_logprobs
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_core.modeling.precision import cpu_flag_summary
     from grpo_core.training.batch import Sample, collate, micro_batches
+    from grpo_core.training.logprobs import token_logprobs
 
     torch.manual_seed(0)
     rng = random.Random(0)
@@ -70,8 +76,15 @@ def main() -> None:
         model.zero_grad(set_to_none=True)
         began = time.perf_counter()
         for mb in batches:
-            logps, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.num_completion_tokens,
-                                      with_entropy=True, share_prompts=share, body=body)  # fmt: skip
+            logps, _ = token_logprobs(
+                model,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.num_completion_tokens,
+                with_entropy=True,
+                share_prompts=share,
+                body=body,
+            )
             (logps * mb.completion_mask).sum().backward()
         return time.perf_counter() - began
 
@@ -84,8 +97,14 @@ def main() -> None:
         for i in rng.sample(range(len(lengths)), int(long_count or 0)):
             lengths[i] = int(cap)
         prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(33, 35))] for _ in range(PROMPTS)]
-        samples = [Sample(prompt_ids=prompts[i // GENERATIONS], completion_ids=[rng.randrange(VOCAB) for _ in range(n)],
-                          advantage=1.0) for i, n in enumerate(lengths)]  # fmt: skip
+        samples = [
+            Sample(
+                prompt_ids=prompts[i // GENERATIONS],
+                completion_ids=[rng.randrange(VOCAB) for _ in range(n)],
+                advantage=1.0,
+            )
+            for i, n in enumerate(lengths)
+        ]
         half = len(samples) // 2
         layouts = {
             "sorted 2x16": micro_batches(samples, half, 0, False),
@@ -98,10 +117,13 @@ def main() -> None:
         for round_ in range(args.repeats + 1):  # the first round is warm-up
             # Each round starts one layout later: the one timed last read slower in
             # every round of a fixed order (the machine warming), which no layout should carry.
-            for name in names[round_ % len(names):] + names[: round_ % len(names)]:
+            for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
                 times[name].append(step(layouts[name], share=True))
-        row = {"lengths": spec, **{f"{name} s": statistics.median(t[1:]) for name, t in times.items()},
-               **{f"{name} tokens": _tokens(batches) for name, batches in layouts.items()}}  # fmt: skip
+        row = {
+            "lengths": spec,
+            **{f"{name} s": statistics.median(t[1:]) for name, t in times.items()},
+            **{f"{name} tokens": _tokens(batches) for name, batches in layouts.items()},
+        }
         if args.compile:
             from grpo_core.modeling.compile import compiled_body
 
@@ -113,22 +135,29 @@ def main() -> None:
         results.append(row)
 
     flags = cpu_flag_summary()
-    print(f"CPU flags: {flags}; {torch.get_num_threads()} threads; one step's LoRA r16 forward+backward, "
-          f"{PROMPTS} prompts x {GENERATIONS}, median of {args.repeats}")
+    print(
+        f"CPU flags: {flags}; {torch.get_num_threads()} threads; one step's LoRA r16 forward+backward, "
+        f"{PROMPTS} prompts x {GENERATIONS}, median of {args.repeats}"
+    )
     for row in results:
         base = row["sorted 2x16 s"]
         print(f"completions {row['lengths']} tokens:")
         for name in ("sorted 2x16", "grouped 2x16", "1x32", "balanced 2"):
-            print(f"  {name:<14}{row[name + ' s']:>7.2f} s  {base / row[name + ' s']:.2f}x  "
-                  f"{row[name + ' tokens']} tokens through the decoder (padding included)")
+            print(
+                f"  {name:<14}{row[name + ' s']:>7.2f} s  {base / row[name + ' s']:.2f}x  "
+                f"{row[name + ' tokens']} tokens through the decoder (padding included)"
+            )
         if "compiled sorted 2x16 s" in row:
-            print(f"  compiled, sorted 2x16, prompts not shared: {row['compiled sorted 2x16 s']:.2f} s  "
-                  f"{base / row['compiled sorted 2x16 s']:.2f}x")
+            print(
+                f"  compiled, sorted 2x16, prompts not shared: {row['compiled sorted 2x16 s']:.2f} s  "
+                f"{base / row['compiled sorted 2x16 s']:.2f}x"
+            )
     if compile_seconds is not None:
         print(f"first compiled step (compilation included): {compile_seconds:.0f} s")
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "micro_batch_layout.json").write_text(json.dumps(
-        {"cpu_flags": flags, "first_compiled_step_seconds": compile_seconds, "rows": results}, indent=2))
+    (HERE / "results" / "micro_batch_layout.json").write_text(
+        json.dumps({"cpu_flags": flags, "first_compiled_step_seconds": compile_seconds, "rows": results}, indent=2)
+    )
 
 
 def _tokens(batches) -> int:

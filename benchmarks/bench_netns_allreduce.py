@@ -14,7 +14,6 @@ two-host numbers bound what loopback-like links give, not what a NIC gives.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-WORKER = r'''
+WORKER = r"""
 import json, os, statistics, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 for mib in (1, 16, 64):
@@ -37,12 +36,14 @@ for mib in (1, 16, 64):
         s = statistics.median(times)
         print(json.dumps({"setup": os.environ["SETUP"], "mib": mib, "seconds": round(s, 4), "mib_per_s": round(mib / s, 1)}), flush=True)
 dist.destroy_process_group()
-'''
+"""
 
 
 def run_two(argv_for_rank, env_for_rank) -> None:
     """Start both ranks at once (they rendezvous with each other) and print rank 0's lines."""
-    procs = [subprocess.Popen(argv_for_rank(r), env=env_for_rank(r), stdout=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(argv_for_rank(r), env=env_for_rank(r), stdout=subprocess.PIPE, text=True) for r in range(2)
+    ]
     out = [p.communicate(timeout=300)[0] for p in procs]
     print(out[0].strip(), flush=True)
 
@@ -58,17 +59,47 @@ def main() -> int:
         worker = Path(tmp) / "worker.py"
         worker.write_text(WORKER)
         base = {**os.environ, "OMP_NUM_THREADS": "1"}
-        one = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker)],
-                             env={**base, "SETUP": "one host, 2 processes"}, capture_output=True, text=True, timeout=300)  # fmt: skip
+        one = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker)],
+            env={**base, "SETUP": "one host, 2 processes"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         print(one.stdout.strip(), flush=True)
         with Hosts(count=2) as hosts:
+
             def argv(rank: int) -> list[str]:
-                return hosts.command(rank, [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
-                                            "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "host0:29500",
-                                            "--rdzv-id", "bench", "--local-addr", f"host{rank}", str(worker)])  # fmt: skip
+                return hosts.command(
+                    rank,
+                    [
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        "--nnodes",
+                        "2",
+                        "--node_rank",
+                        str(rank),
+                        "--nproc_per_node",
+                        "1",
+                        "--rdzv-backend",
+                        "c10d",
+                        "--rdzv-endpoint",
+                        "host0:29500",
+                        "--rdzv-id",
+                        "bench",
+                        "--local-addr",
+                        f"host{rank}",
+                        str(worker),
+                    ],
+                )
 
             def env(rank: int) -> dict[str, str]:
-                return {**base, "SETUP": "two hosts (veth), 1 process each", "GLOO_SOCKET_IFNAME": hosts.interface(rank)}
+                return {
+                    **base,
+                    "SETUP": "two hosts (veth), 1 process each",
+                    "GLOO_SOCKET_IFNAME": hosts.interface(rank),
+                }
 
             run_two(argv, env)
     return 0

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
-from grpo_core.host.plugin_host import PluginHost
 from grpo_core.contract.types import Prompt
+from grpo_core.host.plugin_host import PluginHost
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 
@@ -34,8 +34,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     serve = "{python} -m uvicorn openenv_guess_env:app --app-dir " + str(TESTS) + " --host {host} --port {port}"
-    cfg = validate({"base_model": "unused", "trl": {"reward_funcs": ["x.y"]},
-                    "plugins": {"environment": "openenv", "openenv": {"command": serve, "env": {"MAX_CONCURRENT_ENVS": "64"}}}})  # fmt: skip
+    cfg = validate(
+        {
+            "base_model": "unused",
+            "trl": {"reward_funcs": ["x.y"]},
+            "plugins": {"environment": "openenv", "openenv": {"command": serve, "env": {"MAX_CONCURRENT_ENVS": "64"}}},
+        }
+    )
     start = time.perf_counter()
     context = RunContext(config=cfg, output_dir=Path(tempfile.mkdtemp(prefix="bench-openenv-")), log=lambda m: None)
     environment = PluginHost().load_implementation("environment", "openenv", context)
@@ -45,7 +50,9 @@ def main() -> None:
 
     def play(i: int) -> None:
         episode = environment.grpo_environment_episode(Prompt("p", [1], index=i), 0)
-        for name, call in [("reset", episode.reset)] + [("step", lambda: episode.step("no number"))] * 5 + [("close", episode.close)]:
+        for name, call in (
+            [("reset", episode.reset)] + [("step", lambda: episode.step("no number"))] * 5 + [("close", episode.close)]
+        ):
             t = time.perf_counter()
             call()
             timings[name].append(time.perf_counter() - t)
@@ -59,7 +66,9 @@ def main() -> None:
         environment.close()
     for name, xs in timings.items():
         xs.sort()
-        print(f"{name:5s}: median {1000 * statistics.median(xs):.1f} ms, p90 {1000 * xs[int(0.9 * len(xs))]:.1f} ms ({len(xs)} calls)")
+        print(
+            f"{name:5s}: median {1000 * statistics.median(xs):.1f} ms, p90 {1000 * xs[int(0.9 * len(xs))]:.1f} ms ({len(xs)} calls)"
+        )
     print(f"{args.episodes} episodes, {args.threads} at a time: {wall:.2f} s wall")
 
 

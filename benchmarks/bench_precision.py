@@ -49,7 +49,9 @@ def build(model_dir: str, mode: str) -> torch.nn.Module:
 
 
 def token_logps(model: torch.nn.Module, ids: torch.Tensor, mode: str) -> torch.Tensor:
-    context = torch.autocast("cpu", dtype=torch.bfloat16) if mode in ("autocast", "bf16-base") else contextlib.nullcontext()
+    context = (
+        torch.autocast("cpu", dtype=torch.bfloat16) if mode in ("autocast", "bf16-base") else contextlib.nullcontext()
+    )
     with context:
         logits = model(input_ids=ids).logits[:, :-1].float()
     return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
@@ -81,11 +83,16 @@ def main() -> None:
         with torch.no_grad():
             logps = token_logps(model, ids, mode)
         reference = logps if reference is None else reference
-        rows[mode] = {"seconds": statistics.median(times[1:]), "logp_mad_vs_fp32": float((logps - reference).abs().mean())}
+        rows[mode] = {
+            "seconds": statistics.median(times[1:]),
+            "logp_mad_vs_fp32": float((logps - reference).abs().mean()),
+        }
         del model
     flags = cpu_flag_summary()
-    print(f"CPU flags: {flags}; native bf16: {native_bf16('cpu')}; {torch.get_num_threads()} threads; "
-          f"LoRA r16 forward+backward, {args.batch} x {args.tokens} tokens, median of {args.repeats}")
+    print(
+        f"CPU flags: {flags}; native bf16: {native_bf16('cpu')}; {torch.get_num_threads()} threads; "
+        f"LoRA r16 forward+backward, {args.batch} x {args.tokens} tokens, median of {args.repeats}"
+    )
     print(f"{'mode':<24}{'seconds':>10}{'vs float32':>12}{'|logp - fp32|':>16}")
     for mode, row in rows.items():
         row["speedup_vs_fp32"] = rows["float32"]["seconds"] / row["seconds"]

@@ -11,23 +11,44 @@ model's log-probs of the same ids in float32, under bf16 autocast, and with
 bf16 weights (mean and max |difference| per token). The text is the first
 sentences of the sync check's probe.
 """
-import sys, time, json
+
+import json
+import sys
+import time
 from pathlib import Path
-import httpx, torch
-from grpo_core.config.loader import validate
-from grpo_plugins.vllm.command_line import server_spec
-from grpo_plugins.vllm.server import ManagedServer
+
+import httpx
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpo_core.config.loader import validate
 from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+from grpo_plugins.vllm.command_line import server_spec
+from grpo_plugins.vllm.server import ManagedServer
 
 MODEL = resolve_model_dir(DEFAULT_MODEL)
 dtype = sys.argv[1]
 import tempfile
+
 out = Path(tempfile.mkdtemp(prefix=f"bench-probe-noise-{dtype}-"))
-cfg = validate({"base_model": MODEL, "adapter": "lora", "lora_r": 8, "sequence_len": 512, "output_dir": str(out),
-    "vllm": {"host": "127.0.0.1", "port": 0, "dtype": dtype, "max_model_len": 512, "cpu_kvcache_space": 1, "api_key": "k"},
-    "trl": {"use_vllm": True, "vllm_lora_sync": True}})
+cfg = validate(
+    {
+        "base_model": MODEL,
+        "adapter": "lora",
+        "lora_r": 8,
+        "sequence_len": 512,
+        "output_dir": str(out),
+        "vllm": {
+            "host": "127.0.0.1",
+            "port": 0,
+            "dtype": dtype,
+            "max_model_len": 512,
+            "cpu_kvcache_space": 1,
+            "api_key": "k",
+        },
+        "trl": {"use_vllm": True, "vllm_lora_sync": True},
+    }
+)
 spec = server_spec(cfg, lora=True)
 server = ManagedServer(spec, out / "server.log")
 server.start()
@@ -39,8 +60,10 @@ try:
     print("n ids", len(ids))
     c = httpx.Client(headers={"Authorization": "Bearer k"})
     body = {"model": "base", "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
-    for i in range(4):
-        t = time.perf_counter(); r = c.post(spec.base_url + "/v1/completions", json=body, timeout=60); dt = time.perf_counter() - t
+    for _i in range(4):
+        t = time.perf_counter()
+        r = c.post(spec.base_url + "/v1/completions", json=body, timeout=60)
+        dt = time.perf_counter() - t
         print("probe seconds", round(dt, 4), r.status_code)
     d = r.json()
     pl = d["choices"][0]["prompt_logprobs"]

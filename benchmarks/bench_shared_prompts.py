@@ -108,12 +108,16 @@ def trainer_model(precision: str) -> torch.nn.Module:
     return lora_model(torch.bfloat16, register_sdpa_float32())
 
 
-def micro_batch(generator: torch.Generator, prompts: int, rows: int, prompt_tokens: int, completion: int) -> torch.Tensor:
+def micro_batch(
+    generator: torch.Generator, prompts: int, rows: int, prompt_tokens: int, completion: int
+) -> torch.Tensor:
     """``[rows, prompt_tokens + completion]`` random token ids: ``prompts`` distinct prompts, row i
     holding prompt i % prompts, each row its own completion (the arithmetic example's layout)."""
     prompt_ids = torch.randint(0, 49152, (prompts, prompt_tokens), generator=generator)
-    return torch.cat([prompt_ids[torch.arange(rows) % prompts],
-                      torch.randint(0, 49152, (rows, completion), generator=generator)], dim=1)  # fmt: skip
+    return torch.cat(
+        [prompt_ids[torch.arange(rows) % prompts], torch.randint(0, 49152, (rows, completion), generator=generator)],
+        dim=1,
+    )
 
 
 def main() -> None:
@@ -123,25 +127,46 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=34)
     parser.add_argument("--completion-tokens", type=int, nargs="+", default=[48, 12])
-    parser.add_argument("--precision", choices=["float32", "bf16"], default="float32",
-                        help="bf16: as grpo's bf16 = 'auto' computes on a native-bf16 CPU (module docstring)")
-    parser.add_argument("--compare", choices=["shared-prompts", "head-checkpoint", "lora-forward", "head-selection", "adapter-casts",
-                                              "head-chunks"],
-                        default="shared-prompts")  # fmt: skip
+    parser.add_argument(
+        "--precision",
+        choices=["float32", "bf16"],
+        default="float32",
+        help="bf16: as grpo's bf16 = 'auto' computes on a native-bf16 CPU (module docstring)",
+    )
+    parser.add_argument(
+        "--compare",
+        choices=["shared-prompts", "head-checkpoint", "lora-forward", "head-selection", "adapter-casts", "head-chunks"],
+        default="shared-prompts",
+    )
     args = parser.parse_args()
     # (label, token_logprobs keyword arguments, LoRA layers' forward or None for peft's,
     # the head's selection or None for grpo's) of the two ways timed
-    ways = {"shared-prompts": (("whole", {"share_prompts": False}, None, None), ("shared", {"share_prompts": True}, None, None)),
-            "head-checkpoint": (("recomputed", {"share_prompts": True, "checkpoint_above": 0}, None, None),
-                                ("kept", {"share_prompts": True}, None, None)),
-            "lora-forward": (("peft", {"share_prompts": True}, None, None),
-                             ("fused", {"share_prompts": True}, fused_lora_forward, None)),
-            "head-selection": (("composed", {"share_prompts": True}, None, composed_selection),
-                               ("fused", {"share_prompts": True}, None, None)),
-            "adapter-casts": (("cast", {"share_prompts": True, "grpo_region": False}, None, None),
-                              ("uncast", {"share_prompts": True}, None, None)),
-            "head-chunks": (("256-row", {"share_prompts": True, "chunk_size": 256}, None, None),
-                            ("128-row", {"share_prompts": True, "chunk_size": 128}, None, None))}[args.compare]  # fmt: skip
+    ways = {
+        "shared-prompts": (
+            ("whole", {"share_prompts": False}, None, None),
+            ("shared", {"share_prompts": True}, None, None),
+        ),
+        "head-checkpoint": (
+            ("recomputed", {"share_prompts": True, "checkpoint_above": 0}, None, None),
+            ("kept", {"share_prompts": True}, None, None),
+        ),
+        "lora-forward": (
+            ("peft", {"share_prompts": True}, None, None),
+            ("fused", {"share_prompts": True}, fused_lora_forward, None),
+        ),
+        "head-selection": (
+            ("composed", {"share_prompts": True}, None, composed_selection),
+            ("fused", {"share_prompts": True}, None, None),
+        ),
+        "adapter-casts": (
+            ("cast", {"share_prompts": True, "grpo_region": False}, None, None),
+            ("uncast", {"share_prompts": True}, None, None),
+        ),
+        "head-chunks": (
+            ("256-row", {"share_prompts": True, "chunk_size": 256}, None, None),
+            ("128-row", {"share_prompts": True, "chunk_size": 128}, None, None),
+        ),
+    }[args.compare]
     if args.compare == "adapter-casts":
         args.precision = "bf16"
 
@@ -156,7 +181,10 @@ def main() -> None:
     if args.precision == "bf16" and not native_bf16("cpu"):
         raise SystemExit("--precision bf16: this CPU has no native bf16 (AVX512-BF16 or AMX)")
     model = trainer_model(args.precision)
-    if args.compare in ("lora-forward", "adapter-casts"):  # a fresh adapter is a no-op (B = 0): give it an effect, as after a few steps
+    if args.compare in (
+        "lora-forward",
+        "adapter-casts",
+    ):  # a fresh adapter is a no-op (B = 0): give it an effect, as after a few steps
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "lora_B" in name:
@@ -188,26 +216,41 @@ def main() -> None:
         LoraLinear.forward = peft_forward
         logprobs.SelectedLogSoftmax.apply = grpo_selection
         (a, *_), (b, *_) = ways
-        row = {"completion_tokens": completion, "max_abs_logp_difference": float((logps[a] - logps[b]).abs().max()),
-               "max_relative_grad_difference": max(float((x - y).abs().max() / y.abs().max().clamp_min(1e-30))
-                                                   for x, y in zip(grads[a], grads[b])),
-               **{f"{label}_seconds": statistics.median(times[label][1:]) for label, *_ in ways}}  # the first pass is warm-up
+        row = {
+            "completion_tokens": completion,
+            "max_abs_logp_difference": float((logps[a] - logps[b]).abs().max()),
+            "max_relative_grad_difference": max(
+                float((x - y).abs().max() / y.abs().max().clamp_min(1e-30)) for x, y in zip(grads[a], grads[b])
+            ),
+            **{f"{label}_seconds": statistics.median(times[label][1:]) for label, *_ in ways},
+        }  # the first pass is warm-up
         row["speedup"] = row[f"{a}_seconds"] / row[f"{b}_seconds"]
         if args.compare == "shared-prompts":
-            row["tokens"] = f"{args.rows * (args.prompt_tokens + completion)} -> {args.prompts * args.prompt_tokens + args.rows * completion}"
+            row["tokens"] = (
+                f"{args.rows * (args.prompt_tokens + completion)} -> {args.prompts * args.prompt_tokens + args.rows * completion}"
+            )
         results.append(row)
     flags = cpu_flag_summary()
-    print(f"CPU flags: {flags}; {torch.get_num_threads()} threads; {args.precision}; LoRA r16 forward+backward of {args.rows} rows, "
-          f"{args.prompts} distinct prompts of {args.prompt_tokens} tokens, median of {args.repeats}")
-    print(f"{'completion tokens':>18}{a + ' s':>14}{b + ' s':>14}{'speed-up':>10}{'tokens':>16}{'max |dlogp|':>13}"
-          f"{'max rel dgrad':>15}")
+    print(
+        f"CPU flags: {flags}; {torch.get_num_threads()} threads; {args.precision}; LoRA r16 forward+backward of {args.rows} rows, "
+        f"{args.prompts} distinct prompts of {args.prompt_tokens} tokens, median of {args.repeats}"
+    )
+    print(
+        f"{'completion tokens':>18}{a + ' s':>14}{b + ' s':>14}{'speed-up':>10}{'tokens':>16}{'max |dlogp|':>13}"
+        f"{'max rel dgrad':>15}"
+    )
     for r in results:
-        print(f"{r['completion_tokens']:>18}{r[a + '_seconds']:>14.2f}{r[b + '_seconds']:>14.2f}{r['speedup']:>9.2f}x"
-              f"{r.get('tokens', '-'):>16}{r['max_abs_logp_difference']:>13.1e}{r['max_relative_grad_difference']:>15.1e}")
+        print(
+            f"{r['completion_tokens']:>18}{r[a + '_seconds']:>14.2f}{r[b + '_seconds']:>14.2f}{r['speedup']:>9.2f}x"
+            f"{r.get('tokens', '-'):>16}{r['max_abs_logp_difference']:>13.1e}{r['max_relative_grad_difference']:>15.1e}"
+        )
     (HERE / "results").mkdir(exist_ok=True)
     name = args.compare.replace("-", "_")
-    (HERE / "results" / f"{name}.json").write_text(json.dumps({"cpu_flags": flags, "compare": args.compare, "precision": args.precision,
-                                                               "rows": results}, indent=2))  # fmt: skip
+    (HERE / "results" / f"{name}.json").write_text(
+        json.dumps(
+            {"cpu_flags": flags, "compare": args.compare, "precision": args.precision, "rows": results}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":

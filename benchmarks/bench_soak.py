@@ -119,16 +119,36 @@ def write_run(work: Path, model_dir: str, steps: int) -> Path:
     (work / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     (work / "soak_rewards.py").write_text(REWARDS)
     config = {
-        "base_model": model_dir, "adapter": "lora", "lora_r": 4, "lora_alpha": 8, "sequence_len": 256,
-        "datasets": [{"path": str(work / "train.jsonl")}], "micro_batch_size": 4, "gradient_accumulation_steps": 1,
-        "max_steps": steps, "learning_rate": 1e-4, "lr_scheduler": "constant", "output_dir": str(work / "out"),
-        "save_steps": 25, "save_total_limit": 2, "seed": 3,
+        "base_model": model_dir,
+        "adapter": "lora",
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "sequence_len": 256,
+        "datasets": [{"path": str(work / "train.jsonl")}],
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+        "max_steps": steps,
+        "learning_rate": 1e-4,
+        "lr_scheduler": "constant",
+        "output_dir": str(work / "out"),
+        "save_steps": 25,
+        "save_total_limit": 2,
+        "seed": 3,
         "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "float32", "max_model_len": 256, "cpu_kvcache_space": 1},
-        "trl": {"use_vllm": True, "vllm_lora_sync": True, "vllm_server_timeout": 120, "num_generations": 2,
-                "max_completion_length": 8, "reward_funcs": ["soak_rewards.varied"], "reward_num_workers": 2,
-                "reward_error_policy": "none", "async_prefetch": True, "streaming_partial_batch": True,
-                "replay_buffer_size": 8},
-    }  # fmt: skip
+        "trl": {
+            "use_vllm": True,
+            "vllm_lora_sync": True,
+            "vllm_server_timeout": 120,
+            "num_generations": 2,
+            "max_completion_length": 8,
+            "reward_funcs": ["soak_rewards.varied"],
+            "reward_num_workers": 2,
+            "reward_error_policy": "none",
+            "async_prefetch": True,
+            "streaming_partial_batch": True,
+            "replay_buffer_size": 8,
+        },
+    }
     path = work / "soak.toml"
     path.write_text(tomli_w.dumps(config))
     return path
@@ -156,13 +176,20 @@ def _reward_workers(trainer: psutil.Process) -> list[psutil.Process]:
     return found
 
 
-def soak(work: Path, steps: int, restart_every: int, worker_kill_every: int, sample_s: float = 2.0,
-         timeout_s: float = 7200.0, log=print) -> SoakResult:  # fmt: skip
+def soak(
+    work: Path,
+    steps: int,
+    restart_every: int,
+    worker_kill_every: int,
+    sample_s: float = 2.0,
+    timeout_s: float = 7200.0,
+    log=print,
+) -> SoakResult:
     """Run the soak under ``work`` (made fresh) and return what was sampled."""
-    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
-
     import shutil
     import tempfile
+
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
     work.mkdir(parents=True, exist_ok=True)
     # The run's TMPDIR: its scratch space is everything under it. Short, under the system's own
@@ -171,8 +198,12 @@ def soak(work: Path, steps: int, restart_every: int, worker_kill_every: int, sam
     config = write_run(work, resolve_model_dir(DEFAULT_MODEL), steps)
     out = work / "out"
     grpo = Path(sys.executable).with_name("grpo")
-    env = {**os.environ, "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(work), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
+    env = {
+        **os.environ,
+        "TMPDIR": str(scratch),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(work), os.environ.get("PYTHONPATH", "")) if p),
+    }
     log_file = work / "run.out"
     with open(log_file, "wb") as sink:
         run = subprocess.Popen([str(grpo), "run", str(config)], stdout=sink, stderr=subprocess.STDOUT, env=env)  # noqa: S603
@@ -187,10 +218,16 @@ def soak(work: Path, steps: int, restart_every: int, worker_kill_every: int, sam
             step = _steps_done(out)
             try:
                 with trainer.oneshot():
-                    sample = Sample(seconds=round(time.monotonic() - start, 1), step=step,
-                                    trainer_rss=trainer.memory_info().rss, fds=trainer.num_fds(),
-                                    threads=trainer.num_threads(), descendants=_live_descendants(trainer),
-                                    scratch_bytes=_tree_bytes(scratch), output_bytes=_tree_bytes(out))  # fmt: skip
+                    sample = Sample(
+                        seconds=round(time.monotonic() - start, 1),
+                        step=step,
+                        trainer_rss=trainer.memory_info().rss,
+                        fds=trainer.num_fds(),
+                        threads=trainer.num_threads(),
+                        descendants=_live_descendants(trainer),
+                        scratch_bytes=_tree_bytes(scratch),
+                        output_bytes=_tree_bytes(out),
+                    )
             except psutil.NoSuchProcess:
                 break
             result.samples.append(sample)
@@ -230,10 +267,15 @@ def soak(work: Path, steps: int, restart_every: int, worker_kill_every: int, sam
 
 def _table(result: SoakResult, rows: int = 12) -> str:
     picks = result.samples[:: max(1, len(result.samples) // rows)] + result.samples[-1:]
-    lines = ["| s | step | trainer RSS MiB | fds | threads | descendants | scratch MiB | output MiB |", "|" + "---|" * 8]
+    lines = [
+        "| s | step | trainer RSS MiB | fds | threads | descendants | scratch MiB | output MiB |",
+        "|" + "---|" * 8,
+    ]
     for s in picks:
-        lines.append(f"| {s.seconds:.0f} | {s.step} | {s.trainer_rss / MIB:.0f} | {s.fds} | {s.threads} | {s.descendants} | "
-                     f"{s.scratch_bytes / MIB:.1f} | {s.output_bytes / MIB:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {s.seconds:.0f} | {s.step} | {s.trainer_rss / MIB:.0f} | {s.fds} | {s.threads} | {s.descendants} | "
+            f"{s.scratch_bytes / MIB:.1f} | {s.output_bytes / MIB:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -256,8 +298,10 @@ def main() -> None:
     result = soak(work, args.steps, args.restart_every, args.worker_kill_every, args.sample_s)
     warmup = args.warmup_steps if args.warmup_steps is not None else max(5, args.steps // 10)
     print(f"CPU: {cpu_flag_summary()}; {os.cpu_count()} cores")
-    print(f"exit code {result.exit_code}; {result.steps} steps; server killed {result.server_kills}x "
-          f"({result.server_starts} starts); reward workers killed {result.worker_kills}x")  # fmt: skip
+    print(
+        f"exit code {result.exit_code}; {result.steps} steps; server killed {result.server_kills}x "
+        f"({result.server_starts} starts); reward workers killed {result.worker_kills}x"
+    )
     print(_table(result))
     growth = result.growth(warmup)
     for key, value in growth.items():
@@ -265,8 +309,17 @@ def main() -> None:
         bound = f"{BOUNDS[key] / MIB:.0f} MiB" if key.endswith(("rss", "bytes")) else str(BOUNDS[key])
         print(f"{key}: {shown} (bound {bound}) {'OK' if value <= BOUNDS[key] else 'OVER'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"cpu": cpu_flag_summary(), "args": {k: str(v) for k, v in vars(args).items()},
-                                    "result": asdict(result), "growth": growth}, indent=1))  # fmt: skip
+    args.out.write_text(
+        json.dumps(
+            {
+                "cpu": cpu_flag_summary(),
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "result": asdict(result),
+                "growth": growth,
+            },
+            indent=1,
+        )
+    )
     if result.exit_code != 0 or result.over_bounds(warmup):
         print(result.output_tail, file=sys.stderr)
         raise SystemExit(1)

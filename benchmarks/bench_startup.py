@@ -82,12 +82,22 @@ print("LOADED")
 def _grpo_run() -> dict[str, float]:
     """Seconds from spawn of ``grpo run`` to each event in :data:`EVENTS`."""
     with tempfile.TemporaryDirectory(prefix="grpo-startup-") as tmp:
-        argv = [PYTHON, "-m", "grpo_core.interface.cli", "run", str(CONFIG), "--set", "max_steps=1",
-                "--set", f'output_dir="{Path(tmp) / "out"}"']  # fmt: skip
+        argv = [
+            PYTHON,
+            "-m",
+            "grpo_core.interface.cli",
+            "run",
+            str(CONFIG),
+            "--set",
+            "max_steps=1",
+            "--set",
+            f'output_dir="{Path(tmp) / "out"}"',
+        ]
         started = time.monotonic()
         seen: dict[str, float] = {}
-        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"}) as proc:  # fmt: skip
+        with subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+        ) as proc:
             assert proc.stdout is not None
             buffer = ""
             while chunk := proc.stdout.read(1):  # the progress bar ends its lines with \r, not \n

@@ -69,9 +69,8 @@ def without_freezing() -> None:
     after its start stays, as it was)."""
     import types
 
-    import grpo_plugins.vllm.colocate as colocate
-
     import grpo_core.training.run as run
+    import grpo_plugins.vllm.colocate as colocate
 
     run.StartupCollector = _NoStartupCollector
     colocate.gc = types.SimpleNamespace(freeze=lambda: None)
@@ -85,8 +84,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--without-freezing", action="store_true",
-                        help="as before grpo_core.runtime.collector: automatic collection on, nothing frozen by grpo")
+    parser.add_argument(
+        "--without-freezing",
+        action="store_true",
+        help="as before grpo_core.runtime.collector: automatic collection on, nothing frozen by grpo",
+    )
     args = parser.parse_args()
     gc.callbacks.append(_time_collections)
     sys.stdout, sys.stderr = Stamped(sys.stdout), Stamped(sys.stderr)
@@ -117,8 +119,11 @@ def main() -> None:
             marks[f"step {progress.step} ends"] = now
 
     with tempfile.TemporaryDirectory(prefix="grpo-startup-") as tmp:
-        cfg = validate(tta.grpo_config(resolve_model_dir(DEFAULT_MODEL), args.steps, args.steps + 1, Path(tmp) / "run",
-                                       "auto", args.seed))  # fmt: skip
+        cfg = validate(
+            tta.grpo_config(
+                resolve_model_dir(DEFAULT_MODEL), args.steps, args.steps + 1, Path(tmp) / "run", "auto", args.seed
+            )
+        )
         host = PluginHost()
         host.pm.register(Marks(), name="bench.marks")
         run_training(cfg, host)
@@ -130,10 +135,14 @@ def main() -> None:
     print(f"\nCPU flags: {cpu_flag_summary()}")
     for name, at in marks.items():
         print(f"{name:>20}: {at:7.2f} s")
-    print(f"full collections before the first step: {len(before)}, {sum(c[1] for c in before):.2f} s "
-          f"({', '.join(f'{s:.2f}' for _, s, _ in before)}); objects freed: {[c[2] for c in before]}")
-    print(f"full collections during the steps: {len(during)}, {sum(c[1] for c in during):.2f} s; after the last "
-          f"step (final save, shutdown): {len(FULL_COLLECTIONS) - len(before) - len(during)}")
+    print(
+        f"full collections before the first step: {len(before)}, {sum(c[1] for c in before):.2f} s "
+        f"({', '.join(f'{s:.2f}' for _, s, _ in before)}); objects freed: {[c[2] for c in before]}"
+    )
+    print(
+        f"full collections during the steps: {len(during)}, {sum(c[1] for c in during):.2f} s; after the last "
+        f"step (final save, shutdown): {len(FULL_COLLECTIONS) - len(before) - len(during)}"
+    )
 
 
 if __name__ == "__main__":

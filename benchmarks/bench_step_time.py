@@ -97,8 +97,16 @@ def run_trl(model_dir: str, steps: int, workdir: Path) -> dict:
     return {"step_seconds": times, "generated_tokens": tokens}
 
 
-def grpo_config(model_dir: str, steps: int, workdir: Path, use_vllm: bool, lora_sync: bool = False, mode: str = "server",
-                async_prefetch: bool = False, engine_cpus: str | None = None) -> dict:
+def grpo_config(
+    model_dir: str,
+    steps: int,
+    workdir: Path,
+    use_vllm: bool,
+    lora_sync: bool = False,
+    mode: str = "server",
+    async_prefetch: bool = False,
+    engine_cpus: str | None = None,
+) -> dict:
     trl = {
         "num_generations": NUM_GENERATIONS,
         "max_completion_length": COMPLETION_TOKENS,
@@ -178,7 +186,11 @@ def summarise(result: dict) -> dict:
     steady = result["step_seconds"][1:] or result["step_seconds"]
     toks = result["generated_tokens"][1:] or result["generated_tokens"]
     mean = statistics.mean(steady)
-    row = {"sec_per_step": mean, "tokens_per_sec": statistics.mean(toks) / mean if toks else float("nan"), "steps": len(steady)}
+    row = {
+        "sec_per_step": mean,
+        "tokens_per_sec": statistics.mean(toks) / mean if toks else float("nan"),
+        "steps": len(steady),
+    }
     if "startup_seconds" in result:  # process start to the first step's start: model load, engine start
         row["startup_seconds"] = result["startup_seconds"]
     for key in ("generation_seconds", "sync_seconds"):
@@ -217,14 +229,21 @@ def main() -> None:
         os.unlink(out)
 
     base = summary.get("trl")
-    print(f"\n{'runner':<24}{'s/step':>10}{'gen tok/s':>12}{'speed-up vs TRL':>18}{'generate s':>12}{'sync s':>9}{'skipped rows':>13}{'start-up s':>12}")
+    print(
+        f"\n{'runner':<24}{'s/step':>10}{'gen tok/s':>12}{'speed-up vs TRL':>18}{'generate s':>12}{'sync s':>9}{'skipped rows':>13}{'start-up s':>12}"
+    )
     for name, row in summary.items():
         ratio = base["sec_per_step"] / row["sec_per_step"] if base else float("nan")
         row["speedup_vs_trl"] = ratio
-        phases = "".join(f"{row[k]:>{w}.2f}" if k in row else f"{'-':>{w}}" for k, w in (("generation_seconds", 12), ("sync_seconds", 9)))
+        phases = "".join(
+            f"{row[k]:>{w}.2f}" if k in row else f"{'-':>{w}}"
+            for k, w in (("generation_seconds", 12), ("sync_seconds", 9))
+        )
         skipped = f"{row['skipped_samples']:>13.0f}" if "skipped_samples" in row else f"{'-':>13}"
         startup = f"{row['startup_seconds']:>12.1f}" if "startup_seconds" in row else f"{'-':>12}"
-        print(f"{name:<24}{row['sec_per_step']:>10.2f}{row['tokens_per_sec']:>12.1f}{ratio:>17.2f}x{phases}{skipped}{startup}")
+        print(
+            f"{name:<24}{row['sec_per_step']:>10.2f}{row['tokens_per_sec']:>12.1f}{ratio:>17.2f}x{phases}{skipped}{startup}"
+        )
     results = HERE / "results"
     results.mkdir(exist_ok=True)
     (results / "step_time.json").write_text(json.dumps(summary, indent=2))

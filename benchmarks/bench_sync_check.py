@@ -43,23 +43,30 @@ def main() -> None:
     parser.add_argument("--step", type=float, default=0.002, help="std of the random step B takes between syncs")
     args = parser.parse_args()
 
+    from transformers import AutoTokenizer
+
     from grpo_core.config.loader import validate
     from grpo_core.contract.context import RunContext
+    from grpo_core.contract.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_core.modeling.precision import Precision, cpu_flag_summary
     from grpo_core.training.sync_check import SyncVerifier, compare, probe_ids, trainer_logprobs
-    from grpo_core.contract.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
     from grpo_plugins.vllm.engine import VLLMServerEngine
     from grpo_plugins.weight_sync_files import FullFilesystemSync, LoraFilesystemSync
-    from transformers import AutoTokenizer
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
     work = Path(tempfile.mkdtemp(prefix="bench-sync-check-"))
-    cfg = validate({
-        "base_model": model_dir, "adapter": "lora", "lora_r": 16, "output_dir": str(work), "sequence_len": 256,
-        "vllm": {"port": 0, "dtype": args.dtype, "max_model_len": 256, "cpu_kvcache_space": 1},
-        "trl": {"use_vllm": True, "vllm_managed": True},
-    })  # fmt: skip
+    cfg = validate(
+        {
+            "base_model": model_dir,
+            "adapter": "lora",
+            "lora_r": 16,
+            "output_dir": str(work),
+            "sequence_len": 256,
+            "vllm": {"port": 0, "dtype": args.dtype, "max_model_len": 256, "cpu_kvcache_space": 1},
+            "trl": {"use_vllm": True, "vllm_managed": True},
+        }
+    )
     needs = frozenset({ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH})
     context = RunContext(config=cfg, output_dir=work, engine_requirements=needs, log=lambda m: None)
     engine = VLLMServerEngine(context)
@@ -71,12 +78,17 @@ def main() -> None:
     results = {}
     generator = torch.Generator().manual_seed(1)
     try:
-        for kind, sync in (("lora_filesystem", LoraFilesystemSync(context)), ("full_filesystem", FullFilesystemSync(context))):
+        for kind, sync in (
+            ("lora_filesystem", LoraFilesystemSync(context)),
+            ("full_filesystem", FullFilesystemSync(context)),
+        ):
             verifier = SyncVerifier("every", engine, ids, precision, log=print)
             syncs, checks, gaps, worst, bounds, stale = [], [], [], [], [], []
             for version in range(1, args.syncs + 1):
                 timed: list[float] = []
-                verifier.sync(lambda v=version: timed.append(sync.grpo_sync_weights(model, v, engine).seconds), model, version)
+                verifier.sync(
+                    lambda v=version: timed.append(sync.grpo_sync_weights(model, v, engine).seconds), model, version
+                )
                 check = verifier.take_metrics()
                 syncs.append(timed[0])
                 checks.append(check["sync/verify_seconds"])
@@ -98,22 +110,37 @@ def main() -> None:
                 alone_engine.append(time.perf_counter() - began)
             sync.grpo_train_end()
             results[kind] = {
-                "trainer_probe_s": statistics.median(alone_trainer), "engine_probe_s": statistics.median(alone_engine),
-                "sync_s": statistics.median(syncs), "check_s": statistics.median(checks),
+                "trainer_probe_s": statistics.median(alone_trainer),
+                "engine_probe_s": statistics.median(alone_engine),
+                "sync_s": statistics.median(syncs),
+                "check_s": statistics.median(checks),
                 "check_over_sync": statistics.median(checks) / statistics.median(syncs),
-                "gap_mean": gaps, "gap_max": worst, "bound": bounds, "stale_gap_mean": stale,
-                "sync_runs_s": syncs, "check_runs_s": checks,
-            }  # fmt: skip
+                "gap_mean": gaps,
+                "gap_max": worst,
+                "bound": bounds,
+                "stale_gap_mean": stale,
+                "sync_runs_s": syncs,
+                "check_runs_s": checks,
+            }
     finally:
         engine.shutdown()
     trainer = "bf16 autocast" if args.trainer_bf16 else "float32"
     for kind, r in results.items():
-        print(f"{kind:<16} sync {r['sync_s']:.3f}s  check {r['check_s']:.3f}s  ({100 * r['check_over_sync']:.0f}% of the sync)  "
-              f"same-weight gap mean {max(r['gap_mean']):.2g} max {max(r['gap_max']):.2g} (bound {min(r['bound']):.2g})  "
-              f"stale gap mean {min(r['stale_gap_mean']):.2g}-{max(r['stale_gap_mean']):.2g}; alone: trainer probe "
-              f"{r['trainer_probe_s']:.3f}s, engine probe {r['engine_probe_s']:.3f}s")  # fmt: skip
-    print(f"server dtype {args.dtype}, trainer {trainer}, probe {len(ids)} tokens, step std {args.step}; cpu flags: {cpu_flag_summary()}")
-    print("RESULT " + json.dumps({"cpu_flags": cpu_flag_summary(), "dtype": args.dtype, "trainer": trainer, "syncs": args.syncs, **results}))
+        print(
+            f"{kind:<16} sync {r['sync_s']:.3f}s  check {r['check_s']:.3f}s  ({100 * r['check_over_sync']:.0f}% of the sync)  "
+            f"same-weight gap mean {max(r['gap_mean']):.2g} max {max(r['gap_max']):.2g} (bound {min(r['bound']):.2g})  "
+            f"stale gap mean {min(r['stale_gap_mean']):.2g}-{max(r['stale_gap_mean']):.2g}; alone: trainer probe "
+            f"{r['trainer_probe_s']:.3f}s, engine probe {r['engine_probe_s']:.3f}s"
+        )
+    print(
+        f"server dtype {args.dtype}, trainer {trainer}, probe {len(ids)} tokens, step std {args.step}; cpu flags: {cpu_flag_summary()}"
+    )
+    print(
+        "RESULT "
+        + json.dumps(
+            {"cpu_flags": cpu_flag_summary(), "dtype": args.dtype, "trainer": trainer, "syncs": args.syncs, **results}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -45,19 +45,26 @@ def main() -> None:
 
     from grpo_core.config.loader import validate
     from grpo_core.contract.context import RunContext
-    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_core.contract.types import WEIGHTS_FROM_PATH
+    from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_plugins.vllm.engine import VLLMServerEngine
     from grpo_plugins.weight_sync_files import FullFilesystemSync
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
     work = Path(tempfile.mkdtemp(prefix="bench-sync-"))
-    cfg = validate({
-        "base_model": model_dir, "adapter": "lora", "output_dir": str(work), "sequence_len": 256,
-        "vllm": {"port": 0, "dtype": "float32", "max_model_len": 256, "cpu_kvcache_space": 1},
-        "trl": {"use_vllm": True, "vllm_managed": True},
-    })  # fmt: skip
-    context = RunContext(config=cfg, output_dir=work, engine_requirements=frozenset({WEIGHTS_FROM_PATH}), log=lambda m: None)
+    cfg = validate(
+        {
+            "base_model": model_dir,
+            "adapter": "lora",
+            "output_dir": str(work),
+            "sequence_len": 256,
+            "vllm": {"port": 0, "dtype": "float32", "max_model_len": 256, "cpu_kvcache_space": 1},
+            "trl": {"use_vllm": True, "vllm_managed": True},
+        }
+    )
+    context = RunContext(
+        config=cfg, output_dir=work, engine_requirements=frozenset({WEIGHTS_FROM_PATH}), log=lambda m: None
+    )
     engine = VLLMServerEngine(context)
     model = lora_policy(model_dir)
     engine.ensure_ready()
@@ -86,8 +93,11 @@ def main() -> None:
                 totals.append(result.seconds)
                 sizes.append(sum(f.stat().st_size for f in (sync.root / f"v{version}").iterdir()))
             results[variant] = {
-                "root": str(sync.root.parent), "save_s": statistics.median(saves), "load_s": statistics.median(loads),
-                "total_s": statistics.median(totals), "bytes": sizes[-1],
+                "root": str(sync.root.parent),
+                "save_s": statistics.median(saves),
+                "load_s": statistics.median(loads),
+                "total_s": statistics.median(totals),
+                "bytes": sizes[-1],
             }
             sync.grpo_train_end()
     finally:
@@ -95,8 +105,10 @@ def main() -> None:
     base = results["output_dir"]["total_s"]
     for variant, r in results.items():
         r["speedup_vs_output_dir"] = base / r["total_s"]
-        print(f"{variant:<12} save {r['save_s']:.3f}s  load {r['load_s']:.3f}s  total {r['total_s']:.3f}s  "
-              f"{r['bytes'] / 2**20:.0f} MiB  {r['speedup_vs_output_dir']:.2f}x vs output_dir  ({r['root']})")
+        print(
+            f"{variant:<12} save {r['save_s']:.3f}s  load {r['load_s']:.3f}s  total {r['total_s']:.3f}s  "
+            f"{r['bytes'] / 2**20:.0f} MiB  {r['speedup_vs_output_dir']:.2f}x vs output_dir  ({r['root']})"
+        )
     from grpo_core.modeling.precision import cpu_flag_summary
 
     print("cpu flags:", cpu_flag_summary())
@@ -126,17 +138,21 @@ def colocated(syncs: int) -> None:
     import time
 
     from grpo_core.config.loader import validate
+    from grpo_core.modeling.engine_weights import merged_weights
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_core.modeling.precision import cpu_flag_summary
     from grpo_plugins.vllm.colocate import ColocatedEngine
-    from grpo_core.modeling.engine_weights import merged_weights
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
-    cfg = validate({
-        "base_model": model_dir, "adapter": "lora", "sequence_len": 256,
-        "vllm": {"dtype": "float32", "max_model_len": 256, "cpu_kvcache_space": 1},
-        "trl": {"use_vllm": True, "vllm_mode": "colocate"},
-    })  # fmt: skip
+    cfg = validate(
+        {
+            "base_model": model_dir,
+            "adapter": "lora",
+            "sequence_len": 256,
+            "vllm": {"dtype": "float32", "max_model_len": 256, "cpu_kvcache_space": 1},
+            "trl": {"use_vllm": True, "vllm_mode": "colocate"},
+        }
+    )
     model = lora_policy(model_dir)
     engine = ColocatedEngine(cfg, log=lambda m: None)
     engine.start()
@@ -151,11 +167,19 @@ def colocated(syncs: int) -> None:
             loads.append(time.perf_counter() - began)
     finally:
         engine.shutdown()
-    result = {"cpu_flags": cpu_flag_summary(), "syncs": syncs, "tensors": len(weights),
-              "merge_s": statistics.median(merges), "load_s": statistics.median(loads),
-              "merge_runs_s": merges, "load_runs_s": loads}  # fmt: skip
-    print(f"colocated in-memory sync of {len(weights)} tensors: merged weights {result['merge_s']:.3f}s, "
-          f"vLLM reload {result['load_s']:.3f}s (median of {syncs}); cpu flags: {result['cpu_flags']}")
+    result = {
+        "cpu_flags": cpu_flag_summary(),
+        "syncs": syncs,
+        "tensors": len(weights),
+        "merge_s": statistics.median(merges),
+        "load_s": statistics.median(loads),
+        "merge_runs_s": merges,
+        "load_runs_s": loads,
+    }
+    print(
+        f"colocated in-memory sync of {len(weights)} tensors: merged weights {result['merge_s']:.3f}s, "
+        f"vLLM reload {result['load_s']:.3f}s (median of {syncs}); cpu flags: {result['cpu_flags']}"
+    )
     print("RESULT " + json.dumps(result))
 
 

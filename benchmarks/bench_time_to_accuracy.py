@@ -99,8 +99,11 @@ def machine_speed(repeats: int = 100) -> dict[str, float]:
     from bench_ceiling import bandwidth_gbs, mm_gflops
 
     bandwidth = bandwidth_gbs(repeats, mib=256)
-    return {"mm_gflops": mm_gflops(1024, 1024, 1024, torch.float32, repeats),
-            "copy_gbs": bandwidth["copy (read + write)"], "read_gbs": bandwidth["read (sum)"]}
+    return {
+        "mm_gflops": mm_gflops(1024, 1024, 1024, torch.float32, repeats),
+        "copy_gbs": bandwidth["copy (read + write)"],
+        "read_gbs": bandwidth["read (sum)"],
+    }
 
 
 class Clock:
@@ -125,7 +128,9 @@ class Clock:
         return (now[0] - self.ticks[0]) / (now[1] - self.ticks[1])
 
 
-def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock, seed: int, bf16: bool | None = None) -> dict:
+def run_trl(
+    model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock, seed: int, bf16: bool | None = None
+) -> dict:
     """TRL's run; ``bf16=None``: as grpo's ``bf16 = "auto"`` decides on this CPU."""
     from datasets import load_dataset
     from peft import LoraConfig
@@ -188,9 +193,15 @@ def run_trl(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock
         callbacks=[Timer()],
     )
     trainer.train()
-    return {"bf16": bool(args.bf16), "step_end_seconds": step_ends, "step_seconds": step_seconds,
-            "skipped_micro_batches": [0] * len(step_ends),
-            "load_average": load, "steal_share": steal, "adapters": saved}
+    return {
+        "bf16": bool(args.bf16),
+        "step_end_seconds": step_ends,
+        "step_seconds": step_seconds,
+        "skipped_micro_batches": [0] * len(step_ends),
+        "load_average": load,
+        "steal_share": steal,
+        "adapters": saved,
+    }
 
 
 def grpo_config(model_dir: str, steps: int, every: int, output_dir: Path, bf16: bool | str, seed: int = 42) -> dict:
@@ -252,6 +263,7 @@ def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Cloc
     host.pm.register(StepTimes(), name="bench.step_times")
     run_training(cfg, host)
     records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
     def per_step(key: str) -> list[float]:  # the metrics are cumulative
         total = [r.get(key, 0.0) for r in records]
         return [s - (total[i - 1] if i else 0.0) for i, s in enumerate(total)]
@@ -263,11 +275,16 @@ def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Cloc
     adapters[steps] = str(output_dir)
     from grpo_core.modeling.precision import native_bf16
 
-    return {"bf16": native_bf16("cpu") if bf16 == "auto" else bool(bf16), "step_end_seconds": step_ends,
-            "step_seconds": [r["step_time"] - r.get("time/checkpoint", 0.0) for r in records],
-            "skipped_micro_batches": per_step("skipped_zero_adv_batches"),
-            "skipped_samples": per_step("skipped_zero_adv_samples"), "load_average": load, "steal_share": steal,
-            "adapters": adapters}
+    return {
+        "bf16": native_bf16("cpu") if bf16 == "auto" else bool(bf16),
+        "step_end_seconds": step_ends,
+        "step_seconds": [r["step_time"] - r.get("time/checkpoint", 0.0) for r in records],
+        "skipped_micro_batches": per_step("skipped_zero_adv_batches"),
+        "skipped_samples": per_step("skipped_zero_adv_samples"),
+        "load_average": load,
+        "steal_share": steal,
+        "adapters": adapters,
+    }
 
 
 RUNNERS = {
@@ -288,11 +305,16 @@ def evaluate_adapters(adapters: list[str | None]) -> list[float]:
     from grpo_core.host.plugin_host import PluginHost
     from grpo_core.interface.tools import run_eval
 
-    cfg = load_config(str(EXAMPLE / "config.toml"), overrides=[
-        f'test_datasets=[{{path = "{TEST.as_posix()}"}}]', "trl.use_vllm=false",
-        'trl.reward_funcs=["rewards.correct_answer"]', "trl.reward_weights=[1.0]",
-        f"trl.max_completion_length={COMPLETION_TOKENS}",
-    ])  # fmt: skip
+    cfg = load_config(
+        str(EXAMPLE / "config.toml"),
+        overrides=[
+            f'test_datasets=[{{path = "{TEST.as_posix()}"}}]',
+            "trl.use_vllm=false",
+            'trl.reward_funcs=["rewards.correct_answer"]',
+            "trl.reward_weights=[1.0]",
+            f"trl.max_completion_length={COMPLETION_TOKENS}",
+        ],
+    )
     # A fresh host per adapter: each evaluation loads its own rollout implementation.
     return [run_eval(cfg, PluginHost(), adapter)["eval/rewards/correct_answer/mean"] for adapter in adapters]
 
@@ -316,24 +338,38 @@ def report(name: str, run: dict, accuracy: dict[int, float]) -> dict:
     mean = lambda idx: statistics.mean(seconds[i] for i in idx) if idx else None  # noqa: E731
     load = run.get("load_average") or []
     steal = [v for v in run.get("steal_share") or [] if v is not None]
-    return {"runner": name, "reached": reached, "accuracy": {str(k): v for k, v in sorted(accuracy.items())},
-            "trained_step_seconds": mean(trained), "trained_steps": len(trained),
-            "skipped_step_seconds": mean(skipped), "skipped_steps": len(skipped),
-            "median_step_seconds": median, "startup_seconds": startup, "bf16": run.get("bf16"),
-            "load_average": {"mean": statistics.mean(load), "max": max(load)} if load else None,
-            "steal_share": steal[-1] if steal else None}  # over the whole run: each value is since the start
+    return {
+        "runner": name,
+        "reached": reached,
+        "accuracy": {str(k): v for k, v in sorted(accuracy.items())},
+        "trained_step_seconds": mean(trained),
+        "trained_steps": len(trained),
+        "skipped_step_seconds": mean(skipped),
+        "skipped_steps": len(skipped),
+        "median_step_seconds": median,
+        "startup_seconds": startup,
+        "bf16": run.get("bf16"),
+        "load_average": {"mean": statistics.mean(load), "max": max(load)} if load else None,
+        "steal_share": steal[-1] if steal else None,
+    }  # over the whole run: each value is since the start
 
 
 def summarize(raw: dict, out: Path | None = None) -> None:
     """Print the tables from one run's raw data and write the results file (``out``)."""
     base = raw["base_accuracy"]
-    rows = [report(name, run, {0: base} | {int(k): v for k, v in raw["accuracy"][name].items()})
-            for name, run in raw["runs"].items()]
+    rows = [
+        report(name, run, {0: base} | {int(k): v for k, v in raw["accuracy"][name].items()})
+        for name, run in raw["runs"].items()
+    ]
     peers = [r for r in rows if r["runner"].startswith("trl")]  # TRL in each precision run
-    print(f"\nCPU flags: {raw['cpu_flags']}; {raw.get('cores', '?')} cores; started {raw['started']}; seed {raw.get('seed', 42)}")
+    print(
+        f"\nCPU flags: {raw['cpu_flags']}; {raw.get('cores', '?')} cores; started {raw['started']}; seed {raw.get('seed', 42)}"
+    )
     print(f"base model held-out accuracy: {base:.1%}")
-    print("\nwall seconds to each held-out accuracy (eval and saving excluded); a ratio is against the TRL run "
-          "that got there first")
+    print(
+        "\nwall seconds to each held-out accuracy (eval and saving excluded); a ratio is against the TRL run "
+        "that got there first"
+    )
     print(f"{'runner':<12}" + "".join(f"{'to ' + t:>20}" for t in ("50%", "70%", "85%")))
     for row in rows:
         cells = ""
@@ -347,38 +383,63 @@ def summarize(raw: dict, out: Path | None = None) -> None:
             cell = f"{hit['seconds']:.0f}s (step {hit['step']}){ratio}"
             cells += f"{cell:>20}"
         print(f"{row['runner']:<12}{cells}")
-    print(f"\n{'runner':<12}{'best acc':>10}{'trained s/step':>18}{'skipped s/step':>16}{'median s/step':>15}{'start-up s':>12}"
-          f"{'load avg':>14}{'CPU stolen':>12}")
+    print(
+        f"\n{'runner':<12}{'best acc':>10}{'trained s/step':>18}{'skipped s/step':>16}{'median s/step':>15}{'start-up s':>12}"
+        f"{'load avg':>14}{'CPU stolen':>12}"
+    )
     for row in rows:
         skipped = f"{row['skipped_step_seconds']:.2f} ({row['skipped_steps']})" if row["skipped_steps"] else "-"
         load = f"{row['load_average']['mean']:.1f} / {row['load_average']['max']:.1f}" if row["load_average"] else "-"
         steal = f"{row['steal_share']:.1%}" if row.get("steal_share") is not None else "-"
-        print(f"{row['runner']:<12}{max(row['accuracy'].values()):>10.1%}{row['trained_step_seconds']:>12.2f} ({row['trained_steps']})"
-              f"{skipped:>16}{row['median_step_seconds']:>15.2f}{row['startup_seconds']:>12.0f}{load:>14}{steal:>12}")
-        print(f"    precision: {'bf16 autocast' if row['bf16'] else 'float32' if row['bf16'] is False else 'not recorded'}")
+        print(
+            f"{row['runner']:<12}{max(row['accuracy'].values()):>10.1%}{row['trained_step_seconds']:>12.2f} ({row['trained_steps']})"
+            f"{skipped:>16}{row['median_step_seconds']:>15.2f}{row['startup_seconds']:>12.0f}{load:>14}{steal:>12}"
+        )
+        print(
+            f"    precision: {'bf16 autocast' if row['bf16'] else 'float32' if row['bf16'] is False else 'not recorded'}"
+        )
         print("    accuracy by step: " + ", ".join(f"{k}: {v:.0%}" for k, v in row["accuracy"].items()))
     speeds = raw.get("machine_speed") or []
     if len(speeds) == len(rows) + 1:
-        print("\nmachine speed before each runner and after the last (float32 mm GFLOP/s, copy GB/s): "
-              + ", ".join(f"{name} {s['mm_gflops']:.0f} / {s['copy_gbs']:.1f}" for name, s in zip([r["runner"] for r in rows] + ["end"], speeds)))
+        print(
+            "\nmachine speed before each runner and after the last (float32 mm GFLOP/s, copy GB/s): "
+            + ", ".join(
+                f"{name} {s['mm_gflops']:.0f} / {s['copy_gbs']:.1f}"
+                for name, s in zip([r["runner"] for r in rows] + ["end"], speeds)
+            )
+        )
         rates = [s["mm_gflops"] for s in speeds]
         if max(rates) > 1.1 * min(rates):
-            print(f"the machine's matmul rate moved {max(rates) / min(rates) - 1:.0%} during the run: not a steady machine, "
-                  "and the ratios above carry that change")
+            print(
+                f"the machine's matmul rate moved {max(rates) / min(rates) - 1:.0%} during the run: not a steady machine, "
+                "and the ratios above carry that change"
+            )
     stolen = [r["steal_share"] for r in rows if r.get("steal_share") is not None]
     if len(stolen) > 1 and max(stolen) - min(stolen) > 0.05:
-        print(f"\nthe hypervisor stole {min(stolen):.0%}-{max(stolen):.0%} of the CPU time, differently per runner: "
-              "not a quiet machine, and the ratios above carry that difference")
+        print(
+            f"\nthe hypervisor stole {min(stolen):.0%}-{max(stolen):.0%} of the CPU time, differently per runner: "
+            "not a quiet machine, and the ratios above carry that difference"
+        )
     for peer in peers:
         for row in rows:
             if row not in peers and row["trained_step_seconds"]:
-                print(f"step time on identical work, {row['runner']} vs {peer['runner']}: "
-                      f"{peer['trained_step_seconds'] / row['trained_step_seconds']:.2f}x "
-                      f"({row['trained_steps']} steps that trained every micro-batch)")
+                print(
+                    f"step time on identical work, {row['runner']} vs {peer['runner']}: "
+                    f"{peer['trained_step_seconds'] / row['trained_step_seconds']:.2f}x "
+                    f"({row['trained_steps']} steps that trained every micro-batch)"
+                )
     if out is None:
         return
-    out.write_text(json.dumps({**{k: raw[k] for k in ("cpu_flags", "started", "base_accuracy")}, "seed": raw.get("seed", 42),
-                               "runners": rows}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                **{k: raw[k] for k in ("cpu_flags", "started", "base_accuracy")},
+                "seed": raw.get("seed", 42),
+                "runners": rows,
+            },
+            indent=2,
+        )
+    )
 
 
 def main() -> None:
@@ -386,12 +447,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=5, help="save (and later evaluate) every this many steps")
     parser.add_argument("--runners", default="trl,grpo")
-    parser.add_argument("--seed", type=int, default=42, help="every runner's seed (sampling, data order, LoRA init): "
-                        "a threshold's step is one draw of a learning curve, so compare over several seeds")
-    parser.add_argument("--raw-out", default=str(HERE / "results" / "time_to_accuracy_raw.json"),
-                        help="where to keep this run's raw data (a runner-only run should not overwrite the main one)")
-    parser.add_argument("--report", metavar="RAW_JSON", help="print the tables again from a run's raw data "
-                        "(benchmarks/results/time_to_accuracy_raw.json)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=42,
+        help="every runner's seed (sampling, data order, LoRA init): "
+        "a threshold's step is one draw of a learning curve, so compare over several seeds",
+    )
+    parser.add_argument(
+        "--raw-out",
+        default=str(HERE / "results" / "time_to_accuracy_raw.json"),
+        help="where to keep this run's raw data (a runner-only run should not overwrite the main one)",
+    )
+    parser.add_argument(
+        "--report",
+        metavar="RAW_JSON",
+        help="print the tables again from a run's raw data (benchmarks/results/time_to_accuracy_raw.json)",
+    )
     parser.add_argument("--runner", help=argparse.SUPPRESS)  # child-process mode
     parser.add_argument("--save-dir", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -421,20 +493,47 @@ def main() -> None:
             out, save_dir = Path(tmp) / f"{name}.json", Path(tmp) / name
             save_dir.mkdir()
             speeds.append(machine_speed())
-            print(f"--- {name} (machine: {speeds[-1]['mm_gflops']:.0f} GFLOP/s float32 mm, "
-                  f"{speeds[-1]['copy_gbs']:.1f} GB/s copy)", flush=True)
-            cmd = [sys.executable, __file__, "--runner", name, "--steps", str(args.steps), "--every", str(args.every),
-                   "--seed", str(args.seed), "--save-dir", str(save_dir), "--out", str(out)]
+            print(
+                f"--- {name} (machine: {speeds[-1]['mm_gflops']:.0f} GFLOP/s float32 mm, "
+                f"{speeds[-1]['copy_gbs']:.1f} GB/s copy)",
+                flush=True,
+            )
+            cmd = [
+                sys.executable,
+                __file__,
+                "--runner",
+                name,
+                "--steps",
+                str(args.steps),
+                "--every",
+                str(args.every),
+                "--seed",
+                str(args.seed),
+                "--save-dir",
+                str(save_dir),
+                "--out",
+                str(out),
+            ]
             subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
             runs[name] = json.loads(out.read_text())
         speeds.append(machine_speed())
         print("--- evaluating every saved adapter (one evaluator for all runners)", flush=True)
-        order = [(None, None, 0)] + [(name, path, int(step)) for name, run in runs.items() for step, path in run["adapters"].items()]
+        order = [(None, None, 0)] + [
+            (name, path, int(step)) for name, run in runs.items() for step, path in run["adapters"].items()
+        ]
         scores = evaluate_adapters([path for _, path, _ in order])
-    raw = {"cpu_flags": cpu_flag_summary(), "cores": os.cpu_count(), "started": started, "seed": args.seed,
-           "base_accuracy": scores[0], "runs": runs,
-           "machine_speed": speeds,
-           "accuracy": {name: {str(step): score for (who, _, step), score in zip(order, scores) if who == name} for name in runs}}
+    raw = {
+        "cpu_flags": cpu_flag_summary(),
+        "cores": os.cpu_count(),
+        "started": started,
+        "seed": args.seed,
+        "base_accuracy": scores[0],
+        "runs": runs,
+        "machine_speed": speeds,
+        "accuracy": {
+            name: {str(step): score for (who, _, step), score in zip(order, scores) if who == name} for name in runs
+        },
+    }
     Path(args.raw_out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.raw_out).write_text(json.dumps(raw, indent=2))
     raw_out = Path(args.raw_out)

@@ -33,13 +33,29 @@ HERE = Path(__file__).resolve().parent
 PROMPTS, SAMPLES, TOKENS = 4, 8, 48
 
 
-def serve(model_dir: str, port: int, dtype: str, all_cores: bool, lora: bool, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+def serve(
+    model_dir: str, port: int, dtype: str, all_cores: bool, lora: bool, extra: tuple[str, ...] = ()
+) -> subprocess.Popen:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if all_cores:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-            "--served-model-name", "base", "--dtype", dtype, "--max-model-len", "512",
-            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_dir,
+        "--served-model-name",
+        "base",
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        "512",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     if lora:
         argv += ["--enable-lora", "--max-lora-rank", "16"]
     argv += list(extra)
@@ -60,7 +76,9 @@ def make_adapter(model_dir: str, out: Path) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(r=16, target_modules="all-linear"))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(r=16, target_modules="all-linear")
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -70,8 +88,15 @@ def make_adapter(model_dir: str, out: Path) -> None:
 
 def tokens_per_second(port: int, model: str) -> float:
     prompt = list(range(100, 132))
-    body = {"model": model, "prompt": [prompt] * PROMPTS, "n": SAMPLES, "max_tokens": TOKENS,
-            "temperature": 1.0, "ignore_eos": True, "logprobs": 0}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": [prompt] * PROMPTS,
+        "n": SAMPLES,
+        "max_tokens": TOKENS,
+        "temperature": 1.0,
+        "ignore_eos": True,
+        "logprobs": 0,
+    }
     rate = 0.0
     for _ in range(2):
         t0 = time.perf_counter()
@@ -90,7 +115,9 @@ def transformers_rate(model_dir: str) -> float:
     rate = 0.0
     for _ in range(2):
         t0 = time.perf_counter()
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=TOKENS, min_new_tokens=TOKENS, do_sample=True)
+        model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=TOKENS, min_new_tokens=TOKENS, do_sample=True
+        )
         rate = PROMPTS * SAMPLES * TOKENS / (time.perf_counter() - t0)
     return rate
 
@@ -114,8 +141,11 @@ def main() -> None:
             try:
                 model = "base"
                 if lora:
-                    requests.post("http://127.0.0.1:8197/v1/load_lora_adapter",
-                                  json={"lora_name": "policy", "lora_path": str(adapter)}, timeout=60).raise_for_status()  # fmt: skip
+                    requests.post(
+                        "http://127.0.0.1:8197/v1/load_lora_adapter",
+                        json={"lora_name": "policy", "lora_path": str(adapter)},
+                        timeout=60,
+                    ).raise_for_status()
                     model = "policy"
                 results[name] = tokens_per_second(8197, model)
             finally:

@@ -38,12 +38,20 @@ sys.path.insert(0, str(HERE.parent))
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--block-size", type=int, default=32, help="KV block size (vLLM's CPU default: 128)")
-    parser.add_argument("--eager", action="store_true", help="enforce_eager (grpo's CPU default); else vLLM compiles the graph")
+    parser.add_argument(
+        "--eager", action="store_true", help="enforce_eager (grpo's CPU default); else vLLM compiles the graph"
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--profile", action="store_true", help="print the ops of one 48-token generation by self CPU time")
-    parser.add_argument("--kernels", choices=KERNELS, default="vllm", help="whose CPU sampler and RMSNorm (module docstring)")
-    parser.add_argument("--compare-kernels", action="store_true", help="one engine switched between the --kernels choices, alternating")
+    parser.add_argument(
+        "--profile", action="store_true", help="print the ops of one 48-token generation by self CPU time"
+    )
+    parser.add_argument(
+        "--kernels", choices=KERNELS, default="vllm", help="whose CPU sampler and RMSNorm (module docstring)"
+    )
+    parser.add_argument(
+        "--compare-kernels", action="store_true", help="one engine switched between the --kernels choices, alternating"
+    )
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -56,7 +64,10 @@ def main() -> None:
     print(f"{args.kernels} kernels")
     for _ in range(args.rounds):
         prefill, whole = seconds(1), seconds(48)
-        print(f"  1 token {prefill:.3f} s  48 tokens {whole:.3f} s  per decode step {(whole - prefill) / 47 * 1000:.0f} ms", flush=True)
+        print(
+            f"  1 token {prefill:.3f} s  48 tokens {whole:.3f} s  per decode step {(whole - prefill) / 47 * 1000:.0f} ms",
+            flush=True,
+        )
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -81,9 +92,19 @@ def warm_engine(args: argparse.Namespace, kernels: str):
     from grpo_core.modeling.precision import cpu_flag_summary
 
     model_dir = resolve_model_dir(DEFAULT_MODEL)
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in arithmetic_prompts(AutoTokenizer.from_pretrained(model_dir), 4)]
-    llm = LLM(model=model_dir, dtype=args.dtype, max_model_len=512, block_size=args.block_size, enforce_eager=args.eager, seed=0,
-              logprobs_mode="processed_logprobs", **kernel_arguments(kernels))  # fmt: skip
+    prompts = [
+        TokensPrompt(prompt_token_ids=p) for p in arithmetic_prompts(AutoTokenizer.from_pretrained(model_dir), 4)
+    ]
+    llm = LLM(
+        model=model_dir,
+        dtype=args.dtype,
+        max_model_len=512,
+        block_size=args.block_size,
+        enforce_eager=args.eager,
+        seed=0,
+        logprobs_mode="processed_logprobs",
+        **kernel_arguments(kernels),
+    )
 
     def seconds(tokens: int) -> float:
         sampling = SamplingParams(n=8, max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=0)
@@ -92,7 +113,10 @@ def warm_engine(args: argparse.Namespace, kernels: str):
         return time.perf_counter() - began
 
     seconds(48)  # warm-up
-    print(f"CPU flags: {cpu_flag_summary()}; {args.dtype}, block size {args.block_size}, {'eager' if args.eager else 'compiled'}", end="; ")
+    print(
+        f"CPU flags: {cpu_flag_summary()}; {args.dtype}, block size {args.block_size}, {'eager' if args.eager else 'compiled'}",
+        end="; ",
+    )
     return llm, seconds
 
 
@@ -136,7 +160,9 @@ def compare_kernels(args: argparse.Namespace) -> None:
         print(f"  round {round_}: " + "  ".join(f"{k} {v[-1]:.0f} ms" for k, v in steps.items()), flush=True)
     vllm = statistics.median(steps["vllm"])
     for kernels, ms in steps.items():
-        print(f"{kernels:8s} median {statistics.median(ms):.0f} ms per decode step: {vllm / statistics.median(ms):.2f}x vLLM's")
+        print(
+            f"{kernels:8s} median {statistics.median(ms):.0f} ms per decode step: {vllm / statistics.median(ms):.2f}x vLLM's"
+        )
 
 
 if __name__ == "__main__":

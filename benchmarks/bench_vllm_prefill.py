@@ -28,7 +28,14 @@ sys.path.insert(0, str(HERE))
 
 
 def seconds(url: str, prompts: list[list[int]], samples: int, tokens: int, logprobs: int | None = 0) -> float:
-    body = {"model": "base", "prompt": prompts, "n": samples, "max_tokens": tokens, "temperature": 1.0, "ignore_eos": True}
+    body = {
+        "model": "base",
+        "prompt": prompts,
+        "n": samples,
+        "max_tokens": tokens,
+        "temperature": 1.0,
+        "ignore_eos": True,
+    }
     if logprobs is not None:
         body["logprobs"] = logprobs
     began = time.perf_counter()

@@ -41,7 +41,9 @@ def measure(model_dir: str, eager: bool) -> dict[str, float]:
     from vllm import LLM, SamplingParams
 
     start = time.perf_counter()
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=512, logprobs_mode="processed_logprobs", enforce_eager=eager)
+    llm = LLM(
+        model=model_dir, dtype="float32", max_model_len=512, logprobs_mode="processed_logprobs", enforce_eager=eager
+    )
     startup = time.perf_counter() - start
     params = SamplingParams(n=8, max_tokens=48, temperature=1.0, logprobs=0, ignore_eos=True, seed=1)
     prompts = [{"prompt_token_ids": [1, 2, 3, 4, 5, 6]}] * 4
@@ -51,8 +53,13 @@ def measure(model_dir: str, eager: bool) -> dict[str, float]:
         outputs = llm.generate(prompts, params, use_tqdm=False)
         tokens = sum(len(o.token_ids) for out in outputs for o in out.outputs)
         rates.append(tokens / (time.perf_counter() - start))
-    return {"startup_s": startup, "cold_tok_s": rates[0], "warm_tok_s": rates[1],
-            "train_step_s_before": before, "train_step_s_after": train_step_seconds(model)}  # fmt: skip
+    return {
+        "startup_s": startup,
+        "cold_tok_s": rates[0],
+        "warm_tok_s": rates[1],
+        "train_step_s_before": before,
+        "train_step_s_after": train_step_seconds(model),
+    }
 
 
 def main() -> None:
@@ -68,10 +75,14 @@ def main() -> None:
         rows[mode] = json.loads(next(l for l in done.stdout.splitlines() if l.startswith("RESULT "))[7:])
     print(f"{'mode':<10}{'start s':>10}{'cold tok/s':>12}{'warm tok/s':>12}{'train step s before/after':>28}")
     for mode, r in rows.items():
-        print(f"{mode:<10}{r['startup_s']:>10.1f}{r['cold_tok_s']:>12.1f}{r['warm_tok_s']:>12.1f}"
-              f"{r['train_step_s_before']:>16.2f} / {r['train_step_s_after']:.2f}")  # fmt: skip
+        print(
+            f"{mode:<10}{r['startup_s']:>10.1f}{r['cold_tok_s']:>12.1f}{r['warm_tok_s']:>12.1f}"
+            f"{r['train_step_s_before']:>16.2f} / {r['train_step_s_after']:.2f}"
+        )
     e, c = rows["eager"], rows["compiled"]
-    print(f"eager vs compiled: start {c['startup_s'] / e['startup_s']:.1f}x faster, warm generation {e['warm_tok_s'] / c['warm_tok_s']:.2f}x")
+    print(
+        f"eager vs compiled: start {c['startup_s'] / e['startup_s']:.1f}x faster, warm generation {e['warm_tok_s'] / c['warm_tok_s']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

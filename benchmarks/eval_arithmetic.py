@@ -33,11 +33,19 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "eval.json"
         argv = [
-            "eval", str(EXAMPLE / "config.toml"), "--output", str(out),
-            "--set", f'test_datasets=[{{path = "{test_set}"}}]',
-            "--set", 'trl.reward_funcs=["rewards.correct_answer"]', "--set", "trl.reward_weights=[1.0]",
-            "--set", f"trl.max_completion_length={args.max_new_tokens}",
-        ]  # fmt: skip
+            "eval",
+            str(EXAMPLE / "config.toml"),
+            "--output",
+            str(out),
+            "--set",
+            f'test_datasets=[{{path = "{test_set}"}}]',
+            "--set",
+            'trl.reward_funcs=["rewards.correct_answer"]',
+            "--set",
+            "trl.reward_weights=[1.0]",
+            "--set",
+            f"trl.max_completion_length={args.max_new_tokens}",
+        ]
         if args.adapter:
             argv += ["--adapter", args.adapter]
         code = grpo(argv)

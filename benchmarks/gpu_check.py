@@ -43,8 +43,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -101,19 +102,38 @@ def prepare_model(tmp: Path, shape: Path) -> dict[str, str]:
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(shape).save_pretrained(out)
     params = sum(p.numel() for p in model.parameters())
-    return {"dir": str(out), "kind": f"random weights of SmolLM2-135M's shape ({params / 1e6:.1f}M parameters, seed 0, from {shape})"}
+    return {
+        "dir": str(out),
+        "kind": f"random weights of SmolLM2-135M's shape ({params / 1e6:.1f}M parameters, seed 0, from {shape})",
+    }
 
 
 def _raw(tmp: Path, out: str, **top: Any) -> dict[str, Any]:
     """A small GRPO config (8 completions of 64 tokens per prompt) as a plain dict."""
-    trl = {"num_generations": 8, "max_completion_length": 64, "reward_funcs": ["gpu_rewards.even_first"], "temperature": 1.0}
+    trl = {
+        "num_generations": 8,
+        "max_completion_length": 64,
+        "reward_funcs": ["gpu_rewards.even_first"],
+        "temperature": 1.0,
+    }
     trl.update(top.pop("trl", {}))
     return {
-        "base_model": MODEL["dir"], "adapter": "lora", "lora_r": 16, "lora_alpha": 32,
-        "datasets": [{"path": str(tmp / "train.jsonl")}], "sequence_len": 256, "micro_batch_size": 16,
-        "gradient_accumulation_steps": 1, "max_steps": 2, "learning_rate": 1e-5, "lr_scheduler": "constant",
-        "output_dir": str(tmp / out), "seed": 1, "trl": trl, **top,
-    }  # fmt: skip
+        "base_model": MODEL["dir"],
+        "adapter": "lora",
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "datasets": [{"path": str(tmp / "train.jsonl")}],
+        "sequence_len": 256,
+        "micro_batch_size": 16,
+        "gradient_accumulation_steps": 1,
+        "max_steps": 2,
+        "learning_rate": 1e-5,
+        "lr_scheduler": "constant",
+        "output_dir": str(tmp / out),
+        "seed": 1,
+        "trl": trl,
+        **top,
+    }
 
 
 def _config(tmp: Path, out: str, **top: Any) -> Any:
@@ -129,10 +149,10 @@ def _metrics(out: Path) -> list[dict]:
 def check_liger(tmp: Path) -> dict:
     import torch
 
+    from grpo_core.contract.types import PolicyLossInputs
     from grpo_core.training.loss import LossSettings
     from grpo_plugins.liger_loss import LigerPolicyLoss
     from grpo_plugins.policy_loss import GRPOPolicyLoss
-    from grpo_core.contract.types import PolicyLossInputs
 
     dev = torch.device("cuda")
     out: dict[str, Any] = {}
@@ -160,25 +180,37 @@ def check_liger(tmp: Path) -> dict:
             return all_logps.gather(-1, targets[..., None]).squeeze(-1), ent
 
         inputs = PolicyLossInputs(
-            settings=settings, targets=targets, mask=mask, advantages=adv, old_logps=old,
-            ref_logps=ref if settings.beta else None, num_items_in_batch=float(mask.sum()), accumulation_steps=1,
-            logprobs=logprobs, hidden_states=lambda: (hidden, head), is_weights=lambda _t: (None, mask),
-        )  # fmt: skip
+            settings=settings,
+            targets=targets,
+            mask=mask,
+            advantages=adv,
+            old_logps=old,
+            ref_logps=ref if settings.beta else None,
+            num_items_in_batch=float(mask.sum()),
+            accumulation_steps=1,
+            logprobs=logprobs,
+            hidden_states=lambda: (hidden, head),
+            is_weights=lambda _t: (None, mask),
+        )
         torch.cuda.reset_peak_memory_stats()
         loss, _ = impl.grpo_policy_loss(inputs=inputs)
         loss.backward()
         torch.cuda.synchronize()
         return float(loss), hidden.grad, head.weight.grad, torch.cuda.max_memory_allocated() / 2**20
 
-    for settings in (LossSettings(loss_type=t, beta=b) for t in ("dapo", "grpo", "bnpo", "cispo", "sapo") for b in (0.0, 0.04)):
+    for settings in (
+        LossSettings(loss_type=t, beta=b) for t in ("dapo", "grpo", "bnpo", "cispo", "sapo") for b in (0.0, 0.04)
+    ):
         ours, liger = run(GRPOPolicyLoss(), settings), run(LigerPolicyLoss(), settings)
         key = f"{settings.loss_type}/beta={settings.beta}"
         out[key] = {
-            "loss_ours": ours[0], "loss_liger": liger[0],
+            "loss_ours": ours[0],
+            "loss_liger": liger[0],
             "max_abs_grad_diff_hidden": float((ours[1] - liger[1]).abs().max()),
             "max_abs_grad_diff_weight": float((ours[2] - liger[2]).abs().max()),
-            "peak_mib_ours": ours[3], "peak_mib_liger": liger[3],
-        }  # fmt: skip
+            "peak_mib_ours": ours[3],
+            "peak_mib_liger": liger[3],
+        }
         assert abs(ours[0] - liger[0]) <= 1e-3 * max(1.0, abs(ours[0])), (key, ours[0], liger[0])
     return out
 
@@ -203,9 +235,14 @@ def check_nccl(tmp: Path) -> dict:
     if importlib.util.find_spec("vllm") is None:
         return {"skipped": "vLLM is not installed on this machine (the lent GPU machine has none)"}
 
-    cfg = _config(tmp, "nccl", learning_rate=5e-5, plugins={"weight_sync": "nccl"},
-                  trl={"use_vllm": True, "vllm_importance_sampling_correction": True},
-                  vllm={"gpu_memory_utilization": 0.3, "dtype": "bfloat16"})  # fmt: skip
+    cfg = _config(
+        tmp,
+        "nccl",
+        learning_rate=5e-5,
+        plugins={"weight_sync": "nccl"},
+        trl={"use_vllm": True, "vllm_importance_sampling_correction": True},
+        vllm={"gpu_memory_utilization": 0.3, "dtype": "bfloat16"},
+    )
     assert run_training(cfg) == "completed"
     rows = _metrics(tmp / "nccl")
     gaps = [r.get("is/sampling_logp_difference/mean") for r in rows]
@@ -228,7 +265,15 @@ def check_bf16(tmp: Path) -> dict:
     assert all(r["completions/mean_length"] > 0 for r in rows), "the rollout generated nothing"
     peak = torch.cuda.max_memory_allocated() / 2**20
     assert peak > 100, f"peak CUDA memory {peak:.0f} MiB: the model did not train or generate on the GPU"
-    keys = ("step", "loss", "grad_norm", "step_time", "time/generation", "time/forward_backward", "completions/mean_length")
+    keys = (
+        "step",
+        "loss",
+        "grad_norm",
+        "step_time",
+        "time/generation",
+        "time/forward_backward",
+        "completions/mean_length",
+    )
     return {"steps": [{k: r.get(k) for k in keys} for r in rows], "peak_cuda_mib": round(peak)}
 
 
@@ -237,11 +282,29 @@ def check_fsdp(tmp: Path) -> dict:
     model, not run it as one plain process."""
     import yaml
 
-    raw = _raw(tmp, "fsdp", adapter=None, bf16=True, trl={"rollout_func": "gpu_rewards.fixed_rollout"}, fsdp=["full_shard", "auto_wrap"],
-               fsdp_config={"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"})  # fmt: skip
+    raw = _raw(
+        tmp,
+        "fsdp",
+        adapter=None,
+        bf16=True,
+        trl={"rollout_func": "gpu_rewards.fixed_rollout"},
+        fsdp=["full_shard", "auto_wrap"],
+        fsdp_config={"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"},
+    )
     path = tmp / "fsdp.yaml"
     path.write_text(yaml.safe_dump(raw))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "grpo_core.interface.cli", "run", str(path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "1",
+        "-m",
+        "grpo_core.interface.cli",
+        "run",
+        str(path),
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=240)
     log = done.stdout + done.stderr
@@ -250,14 +313,21 @@ def check_fsdp(tmp: Path) -> dict:
     rows = _metrics(tmp / "fsdp")
     assert all(r["loss"] == r["loss"] and abs(r["loss"]) < 1e3 for r in rows), rows
     placed = [line for line in log.splitlines() if "process 0 of 1" in line]
-    return {"placement": placed[-1] if placed else None, "steps": [{k: r.get(k) for k in ("step", "loss", "step_time")} for r in rows]}
+    return {
+        "placement": placed[-1] if placed else None,
+        "steps": [{k: r.get(k) for k in ("step", "loss", "step_time")} for r in rows],
+    }
 
 
 def check_bf16_speed(tmp: Path) -> dict:
     from grpo_core.training.run import run_training
 
     out = {}
-    for name, top in (("float32", {}), ("bf16", {"bf16": True}), ("bf16_compile", {"bf16": True, "torch_compile": True})):
+    for name, top in (
+        ("float32", {}),
+        ("bf16", {"bf16": True}),
+        ("bf16_compile", {"bf16": True, "torch_compile": True}),
+    ):
         cfg = _config(tmp, f"speed-{name}", max_steps=4, **top)
         start = time.perf_counter()
         assert run_training(cfg) == "completed"
@@ -272,9 +342,13 @@ def check_bf16_speed(tmp: Path) -> dict:
 
 CHECKS: dict[str, Callable[[Path], dict]] = {
     # Cheapest and most asked-for first: a section past --budget-s is skipped, not run.
-    "bf16": check_bf16, "fp8": check_fp8, "liger": check_liger, "fsdp": check_fsdp, "speed": check_bf16_speed,
+    "bf16": check_bf16,
+    "fp8": check_fp8,
+    "liger": check_liger,
+    "fsdp": check_fsdp,
+    "speed": check_bf16_speed,
     "nccl": check_nccl,
-}  # fmt: skip
+}
 
 
 def _versions() -> dict[str, str | None]:
@@ -284,9 +358,18 @@ def _versions() -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
 
     out: dict[str, str | None] = {}
-    for name, module in (("torch", "torch"), ("transformers", "transformers"), ("peft", "peft"), ("accelerate", "accelerate"),
-                         ("trl", "trl"), ("liger-kernel", "liger_kernel"), ("torchao", "torchao"), ("datasets", "datasets"),
-                         ("pydantic", "pydantic"), ("vllm", "vllm")):  # fmt: skip
+    for name, module in (
+        ("torch", "torch"),
+        ("transformers", "transformers"),
+        ("peft", "peft"),
+        ("accelerate", "accelerate"),
+        ("trl", "trl"),
+        ("liger-kernel", "liger_kernel"),
+        ("torchao", "torchao"),
+        ("datasets", "datasets"),
+        ("pydantic", "pydantic"),
+        ("vllm", "vllm"),
+    ):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -306,8 +389,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"))
     parser.add_argument("--only", default=",".join(CHECKS))
-    parser.add_argument("--shape", default=str(ROOT / ".whl" / "smollm2-shape"), help="config + tokenizer of the random model")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="start no section after this many seconds (the lease is short)")
+    parser.add_argument(
+        "--shape", default=str(ROOT / ".whl" / "smollm2-shape"), help="config + tokenizer of the random model"
+    )
+    parser.add_argument(
+        "--budget-s", type=float, default=420.0, help="start no section after this many seconds (the lease is short)"
+    )
     args = parser.parse_args()
     unknown = [name for name in args.only.split(",") if name not in CHECKS]
     if unknown:
@@ -317,13 +404,17 @@ def main() -> int:
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "capability": list(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None,
-        "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }  # fmt: skip
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         reason = f"no CUDA device (torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
         Path(args.out).write_text(json.dumps({**results, "ok": False, "error": reason}, indent=2))
-        print(f"gpu_check: {reason}: nothing was checked. Run it on a CUDA machine (benchmarks/gpu_check.sh).", file=sys.stderr)
+        print(
+            f"gpu_check: {reason}: nothing was checked. Run it on a CUDA machine (benchmarks/gpu_check.sh).",
+            file=sys.stderr,
+        )
         return 2
     tmp = _workdir()
     MODEL.update(prepare_model(tmp, Path(args.shape)))
@@ -334,7 +425,10 @@ def main() -> int:
     for name in args.only.split(","):
         start = time.perf_counter()
         if start - began > args.budget_s:
-            results[name] = {"ok": False, "skipped": f"time budget: {start - began:.0f} s spent of --budget-s {args.budget_s:.0f}"}
+            results[name] = {
+                "ok": False,
+                "skipped": f"time budget: {start - began:.0f} s spent of --budget-s {args.budget_s:.0f}",
+            }
             failed += 1
             print(f"{name}: skipped (time budget)", flush=True)
             Path(args.out).write_text(json.dumps(results, indent=2))
@@ -343,7 +437,11 @@ def main() -> int:
             results[name] = {"ok": True, **CHECKS[name](tmp)}
         except Exception as exc:  # record it and carry on with the next section
             failed += 1
-            results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+            results[name] = {
+                "ok": False,
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc()[-4000:],
+            }
         results[name]["seconds"] = round(time.perf_counter() - start, 1)
         print(f"{name}: {'ok' if results[name]['ok'] else 'FAILED'} ({results[name]['seconds']} s)", flush=True)
         Path(args.out).write_text(json.dumps(results, indent=2))

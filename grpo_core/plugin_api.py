@@ -27,17 +27,50 @@ HOMES: dict[str, tuple[str, ...]] = {
     # the contract: hooks, the types they exchange, the run, the errors
     "grpo_core.contract.hookspecs": ("hookimpl",),
     "grpo_core.contract.types": (
-        "Prompt", "Messages", "SamplingSettings", "Completion", "EpisodeStats", "RolloutGroup", "ScoredGroup",
-        "TrainingProgress", "RewardFunction", "SyncResult", "PolicyLossInputs", "EnvironmentReply", "Episode",
-        "EngineScore", "ControlEndpoint", "InferenceEngine", "Checkpointable", "Tracker", "token_scorer",
-        "engine_cpu_cores", "ENGINE_CAPABILITIES", "WEIGHTS_FROM_PATH", "WEIGHTS_FROM_URL", "WEIGHTS_IN_MEMORY",
-        "WEIGHTS_OVER_NCCL", "ADAPTER_FROM_PATH", "ADAPTER_FROM_URL", "ADAPTER_LOADS", "CONTROL_ENDPOINTS",
-        "SCORES_TOKENS", "SAMPLES_TRAINER_MODEL",
+        "Prompt",
+        "Messages",
+        "SamplingSettings",
+        "Completion",
+        "EpisodeStats",
+        "RolloutGroup",
+        "ScoredGroup",
+        "TrainingProgress",
+        "RewardFunction",
+        "SyncResult",
+        "PolicyLossInputs",
+        "EnvironmentReply",
+        "Episode",
+        "EngineScore",
+        "ControlEndpoint",
+        "InferenceEngine",
+        "Checkpointable",
+        "Tracker",
+        "token_scorer",
+        "engine_cpu_cores",
+        "ENGINE_CAPABILITIES",
+        "WEIGHTS_FROM_PATH",
+        "WEIGHTS_FROM_URL",
+        "WEIGHTS_IN_MEMORY",
+        "WEIGHTS_OVER_NCCL",
+        "ADAPTER_FROM_PATH",
+        "ADAPTER_FROM_URL",
+        "ADAPTER_LOADS",
+        "CONTROL_ENDPOINTS",
+        "SCORES_TOKENS",
+        "SAMPLES_TRAINER_MODEL",
     ),
     "grpo_core.contract.context": ("RunContext",),
     "grpo_core.contract.errors": (
-        "GrpoError", "ConfigError", "PluginError", "RewardError", "DataError", "StorageError", "EngineUnavailable",
-        "WeightSyncUnverified", "EnvironmentLost", "NotImplementedYet",
+        "GrpoError",
+        "ConfigError",
+        "PluginError",
+        "RewardError",
+        "DataError",
+        "StorageError",
+        "EngineUnavailable",
+        "WeightSyncUnverified",
+        "EnvironmentLost",
+        "NotImplementedYet",
     ),
     # the config a plugin's grpo_validate_config judges
     "grpo_core.config.schema": ("GRPOConfig", "EFFECTIVE_DEFAULTS"),
@@ -58,7 +91,7 @@ HOMES: dict[str, tuple[str, ...]] = {
     "grpo_core.observability.tracking": ("MissingTrackerLibrary",),
     "grpo_core.host.plugin_host": ("PluginHost",),
     "grpo_core.training.rollout_function": ("RolloutFuncTrainer", "groups_from_output", "import_rollout_func"),
-}  # fmt: skip
+}
 """Each public name by the module it lives in (its home may change; the name stays)."""
 
 _HOME_OF = {name: module for module, names in HOMES.items() for name in names}
@@ -68,7 +101,9 @@ __all__ = sorted(_HOME_OF)
 def __getattr__(name: str) -> Any:
     module = _HOME_OF.get(name)
     if module is None:
-        raise AttributeError(f"grpo_core.plugin_api has no {name!r}: it is not part of the plugin surface (see its __all__)")
+        raise AttributeError(
+            f"grpo_core.plugin_api has no {name!r}: it is not part of the plugin surface (see its __all__)"
+        )
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # the next lookup is a plain attribute
     return value
@@ -93,7 +128,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; tests/test_plugin_ap
         RewardError,
         StorageError,
         WeightSyncUnverified,
-    )  # fmt: skip
+    )
     from grpo_core.contract.hookspecs import hookimpl
     from grpo_core.contract.types import (
         ADAPTER_FROM_PATH,
@@ -127,7 +162,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; tests/test_plugin_ap
         TrainingProgress,
         engine_cpu_cores,
         token_scorer,
-    )  # fmt: skip
+    )
     from grpo_core.host.plugin_host import PluginHost
     from grpo_core.modeling.engine_weights import (
         adapter_body,

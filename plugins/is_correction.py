@@ -33,7 +33,9 @@ MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 DEFAULT_CAP = float(EFFECTIVE_DEFAULTS["vllm_importance_sampling_cap"])
 
 
-def _difference_metrics(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def _difference_metrics(
+    trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
     """How far the two policies' log-probs are apart on real, scored tokens."""
     delta = (trainer_logps - sampler_logps).abs()
     delta = delta[mask.bool() & ~torch.isnan(delta)]
@@ -116,7 +118,9 @@ class ImportanceSamplingCorrection:
             )
         if outside is not None:
             dropped = outside.flatten() if self.sequence_level else outside[mask.bool()]
-            metrics["importance_sampling_ratio/masked_fraction"] = float(dropped.float().mean()) if dropped.numel() else 0.0
+            metrics["importance_sampling_ratio/masked_fraction"] = (
+                float(dropped.float().mean()) if dropped.numel() else 0.0
+            )
         return weights.expand_as(trainer_logps).detach().contiguous(), mask, metrics
 
 

@@ -81,7 +81,9 @@ class LigerPolicyLoss:
         if errors:
             raise ConfigError("; ".join(errors))
         if trl.importance_sampling_level == "sequence":
-            return ["trl.importance_sampling_level = 'sequence' is numerically fragile with the Liger loss; use 'token'."]
+            return [
+                "trl.importance_sampling_level = 'sequence' is numerically fragile with the Liger loss; use 'token'."
+            ]
         return []
 
     def _module(self, inputs: PolicyLossInputs, device: torch.device) -> Any:
@@ -113,7 +115,9 @@ class LigerPolicyLoss:
             # On-policy with an engine-sampled batch: the IS correction needs the
             # current log-probs, which liger computes only inside its loss.
             trainer_at_sampling = _logps_no_grad(hidden, head, inputs.targets, inputs.temperature)
-        is_weights, mask = inputs.is_weights(trainer_at_sampling) if trainer_at_sampling is not None else (None, inputs.mask)
+        is_weights, mask = (
+            inputs.is_weights(trainer_at_sampling) if trainer_at_sampling is not None else (None, inputs.mask)
+        )
         loss_fn = self._module(inputs, hidden.device)
         loss, metrics = loss_fn(
             hidden,

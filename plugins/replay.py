@@ -78,8 +78,14 @@ def _prompt_from(data: dict[str, Any]) -> Prompt:
 def _group_to_data(group: ScoredGroup) -> dict[str, Any]:
     """Plain data; a completion's live ``environment`` (only set while it is
     being scored) is never saved."""
-    data = dataclasses.asdict(dataclasses.replace(group, group=dataclasses.replace(
-        group.group, completions=[dataclasses.replace(c, environment=None) for c in group.group.completions])))
+    data = dataclasses.asdict(
+        dataclasses.replace(
+            group,
+            group=dataclasses.replace(
+                group.group, completions=[dataclasses.replace(c, environment=None) for c in group.group.completions]
+            ),
+        )
+    )
     for completion in data["group"]["completions"]:
         completion.pop("environment", None)
     return data

@@ -43,6 +43,10 @@ class FunctionRollout:
     def grpo_rollout_generate(
         self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, policy_version: int
     ) -> list[RolloutGroup]:
-        trainer = RolloutFuncTrainer(self.context.tokenizer, num_generations, self.context.config, sampling, self.context)
+        trainer = RolloutFuncTrainer(
+            self.context.tokenizer, num_generations, self.context.config, sampling, self.context
+        )
         output = self.func([p.prompt for p in prompts], trainer)
-        return groups_from_output(self.spec, output, prompts, num_generations, self.context.tokenizer, sampling.max_tokens, policy_version)
+        return groups_from_output(
+            self.spec, output, prompts, num_generations, self.context.tokenizer, sampling.max_tokens, policy_version
+        )

@@ -265,10 +265,18 @@ class TransformersRollout:
         completions: list[Completion] = []
         device_type = next(model.parameters()).device.type
         # The same precision the trainer computes in, so its log-probs and ours agree.
-        with _generation_mode(model), _seeded(sampling.seed), resolve_precision(self.context.config, device_type).autocast(device_type, model):
+        with (
+            _generation_mode(model),
+            _seeded(sampling.seed),
+            resolve_precision(self.context.config, device_type).autocast(device_type, model),
+        ):
             for start in range(0, len(rows), self.chunk_size):
                 chunk = rows[start : start + self.chunk_size]
-                seeds = None if sampling.seed is None else [row_seed(sampling.seed, first_row + start + k) for k in range(len(chunk))]
+                seeds = (
+                    None
+                    if sampling.seed is None
+                    else [row_seed(sampling.seed, first_row + start + k) for k in range(len(chunk))]
+                )
                 completions.extend(self._generate(model, tokenizer, chunk, config, sampling, stop_ids, seeds))
 
         return [

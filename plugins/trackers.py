@@ -161,8 +161,11 @@ class TrackioTracker:
 
     def __init__(self, context: RunContext) -> None:
         self.trackio = _require("trackio", "trackio", "trackio")
-        self.run = self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", "grpo"), name=_run_name(context),
-                                     config=context.config.model_dump(mode="json"))
+        self.run = self.trackio.init(
+            project=os.environ.get("TRACKIO_PROJECT", "grpo"),
+            name=_run_name(context),
+            config=context.config.model_dump(mode="json"),
+        )
         self.tables: dict[str, list[dict[str, Any]]] = {}
 
     def log(self, metrics: dict[str, float], step: int) -> None:

@@ -124,7 +124,9 @@ class _FilesystemSync:
             self._apply(engine, path.resolve())
             self._prune(path)
             end = time.perf_counter()
-        return SyncResult(version, end - start, f"{self.kind}: save {saved - start:.2f}s, load {end - saved:.2f}s ({path})")
+        return SyncResult(
+            version, end - start, f"{self.kind}: save {saved - start:.2f}s, load {end - saved:.2f}s ({path})"
+        )
 
     @hookimpl
     def grpo_train_end(self) -> None:

@@ -32,8 +32,9 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -98,7 +99,9 @@ class WeightServer:
                 if version is None or self.path != f"{PATH_PREFIX}{version}":
                     self.send_error(404, "not the newest weights")
                     return
-                with server._lock:  # counted before the body goes: the fetcher may answer its caller as soon as it has it
+                with (
+                    server._lock
+                ):  # counted before the body goes: the fetcher may answer its caller as soon as it has it
                     server.fetches += 1
                 self.send_response(200)
                 self.send_header("Content-Type", "application/octet-stream")
@@ -139,10 +142,13 @@ class _HttpSync:
         """``[plugins.full_http]`` / ``[plugins.lora_http]``."""
 
         model_config = ConfigDict(extra="forbid")
-        host: str = Field("127.0.0.1", description="Address the trainer's weight server binds (0.0.0.0: every interface).")
+        host: str = Field(
+            "127.0.0.1", description="Address the trainer's weight server binds (0.0.0.0: every interface)."
+        )
         port: int = Field(0, ge=0, le=65535, description="Its port; 0 picks a free one.")
         advertise_host: str | None = Field(
-            None, description="The address the vLLM servers use to reach the trainer. Default: host (this machine's name when host is 0.0.0.0)."
+            None,
+            description="The address the vLLM servers use to reach the trainer. Default: host (this machine's name when host is 0.0.0.0).",
         )
 
     def __init__(self, context: RunContext, settings: _HttpSync.Settings | None = None) -> None:
@@ -187,8 +193,12 @@ class _HttpSync:
             assert self.server is not None
             load(url, self.server.token)
             end = time.perf_counter()
-        return SyncResult(version, end - start, f"{self.kind}: pack {packed - start:.2f}s, load {end - packed:.2f}s "
-                                                f"({len(body) / 2**20:.1f} MiB from {url})")  # fmt: skip
+        return SyncResult(
+            version,
+            end - start,
+            f"{self.kind}: pack {packed - start:.2f}s, load {end - packed:.2f}s "
+            f"({len(body) / 2**20:.1f} MiB from {url})",
+        )
 
     @hookimpl
     def grpo_train_end(self) -> None:
@@ -212,8 +222,11 @@ class FullHttpSync(_HttpSync):
     @hookimpl
     def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
         engine = self._needs_engine(engine)
-        return self._send(version, lambda: safetensors_bytes(merged_weights(model, engine.fused_modules()), engine.weight_dtype),
-                          engine.load_weights_from_url)  # fmt: skip
+        return self._send(
+            version,
+            lambda: safetensors_bytes(merged_weights(model, engine.fused_modules()), engine.weight_dtype),
+            engine.load_weights_from_url,
+        )
 
 
 class LoraHttpSync(_HttpSync):

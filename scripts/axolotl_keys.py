@@ -76,7 +76,9 @@ def main(repo: str, commit: str = "HEAD") -> None:
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    print(f"{OUT}: {len(data['top_level'])} top-level, {len(data['trl'])} trl, {len(data['vllm'])} vllm, {len(data['datasets'])} datasets keys at {commit}")
+    print(
+        f"{OUT}: {len(data['top_level'])} top-level, {len(data['trl'])} trl, {len(data['vllm'])} vllm, {len(data['datasets'])} datasets keys at {commit}"
+    )
 
 
 if __name__ == "__main__":

@@ -20,15 +20,16 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 from vllm_session import vllm_server  # noqa: E402,F401 - the session's one vLLM server, for tests/vllm and tests/reliability
 
-
 EXTENDED_ENV = "GRPO_EXTENDED_TESTS"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--extended", action="store_true", default=False,
+        "--extended",
+        action="store_true",
+        default=False,
         help=f"also run the tests marked `extended` (or set {EXTENDED_ENV}=1): the long end-to-end scenarios CI leaves out",
-    )  # fmt: skip
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

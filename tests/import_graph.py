@@ -162,8 +162,13 @@ def unexplained_lazy_imports(source: str) -> list[int]:
     for func in ast.walk(ast.parse(source)):
         if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        bodies = [func.body] + [getattr(node, field) for node in ast.walk(func) if node is not func
-                                for field in ("body", "orelse", "finalbody") if isinstance(getattr(node, field, None), list)]  # fmt: skip
+        bodies = [func.body] + [
+            getattr(node, field)
+            for node in ast.walk(func)
+            if node is not func
+            for field in ("body", "orelse", "finalbody")
+            if isinstance(getattr(node, field, None), list)
+        ]
         for body in bodies:
             block: list[ast.stmt] = []
             for stmt in [*body, None]:

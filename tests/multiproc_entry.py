@@ -21,8 +21,12 @@ def main() -> int:
     real = trainer_module.GRPOTrainer._set_batch
 
     def set_batch(self, batch, old_logps=None):
-        record = {"rank": self.dist.rank, "world": self.dist.world, "step": self.step,
-                  "prompts": [g.group.prompt.prompt for g in batch.groups]}  # fmt: skip
+        record = {
+            "rank": self.dist.rank,
+            "world": self.dist.world,
+            "step": self.step,
+            "prompts": [g.group.prompt.prompt for g in batch.groups],
+        }
         with open(out / f"rank{self.dist.rank}.jsonl", "a") as handle:
             handle.write(json.dumps(record) + "\n")
         return real(self, batch, old_logps)

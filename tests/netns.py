@@ -88,7 +88,7 @@ class Hosts:
     def address(self, i: int) -> str:
         return f"{SUBNET}.{self.subnet}.{i + 1}"
 
-    def open(self) -> "Hosts":
+    def open(self) -> Hosts:
         """Create the namespaces, a veth pair from host 0 to each other host, the
         addresses and loopback; undo all of it on failure."""
         try:
@@ -107,7 +107,20 @@ class Hosts:
             for i in range(1, self.count):
                 near = self.ifnames[0] if i == 1 else f"{self.ifnames[0]}x{i}"[:15]
                 far = self.ifnames[i]
-                _ip("link", "add", near, "netns", self.names[0], "type", "veth", "peer", "name", far, "netns", self.names[i])
+                _ip(
+                    "link",
+                    "add",
+                    near,
+                    "netns",
+                    self.names[0],
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    far,
+                    "netns",
+                    self.names[i],
+                )
                 self.links.append(near)
                 if i == 1:
                     self.exec_checked(0, [IP, "addr", "add", f"{self.address(0)}/24", "dev", near])
@@ -170,12 +183,14 @@ class Hosts:
         left = [n for n in self.names if n in present]
         left += [f"/etc/netns/{n}" for n in self.names if os.path.exists(f"/etc/netns/{n}")]
         links = _ip("-o", "link", "show", check=False).stdout
-        left += [f"link {name}" for name in [*self.ifnames, *self.links] if f" {name}@" in links or f" {name}:" in links]
+        left += [
+            f"link {name}" for name in [*self.ifnames, *self.links] if f" {name}@" in links or f" {name}:" in links
+        ]
         left += [f"process {p.pid}" for p in self.procs if p.poll() is None]
         left += [f"process {pid}" for pid in _in_namespaces(self.inodes)]
         return left
 
-    def __enter__(self) -> "Hosts":
+    def __enter__(self) -> Hosts:
         return self.open()
 
     def __exit__(self, *exc) -> None:

@@ -20,4 +20,7 @@ if __name__ == "__main__":
         sys.exit(1)
     Path(marker).touch()
     here = str(Path(__file__).resolve().parent)
-    os.execv(sys.executable, [sys.executable, "-m", "uvicorn", "openenv_guess_env:app", "--app-dir", here, "--host", host, "--port", port])
+    os.execv(
+        sys.executable,
+        [sys.executable, "-m", "uvicorn", "openenv_guess_env:app", "--app-dir", here, "--host", host, "--port", port],
+    )

@@ -74,7 +74,9 @@ class GuessEnvironment(Environment):
         hint = kwargs.get("hint")
         text = "Guess my number between 1 and 20." + (f" Hint: {hint}" if hint else "")
         over = bool(kwargs.get("over"))  # a game that is over before it starts
-        return GuessObservation(text=text, instance=self.instance, episode_id=episode_id, reward=0.0, done=over, pid=os.getpid())
+        return GuessObservation(
+            text=text, instance=self.instance, episode_id=episode_id, reward=0.0, done=over, pid=os.getpid()
+        )
 
     def step(self, action: GuessAction, timeout_s: float | None = None, **kwargs: Any) -> GuessObservation:  # type: ignore[override]
         self._state.step_count += 1
@@ -83,8 +85,12 @@ class GuessEnvironment(Environment):
         if "SLEEP" in action.message:  # a step slower than the adapter's step_timeout
             time.sleep(3.0)
         numbers = re.findall(r"-?\d+", action.message)
-        common = {"guesses": self._state.step_count, "instance": self.instance, "episode_id": self._state.episode_id,
-                  "pid": os.getpid()}  # fmt: skip
+        common = {
+            "guesses": self._state.step_count,
+            "instance": self.instance,
+            "episode_id": self._state.episode_id,
+            "pid": os.getpid(),
+        }
         if numbers and int(numbers[-1]) == self.secret:
             return GuessObservation(text="correct", done=True, reward=1.0, **common)
         over = self._state.step_count >= MAX_GUESSES

@@ -54,7 +54,9 @@ def write_distribution(site: Path, module: str, source: str, dist: str, entry_po
     return site
 
 
-def filtered(real: Callable[..., Iterable[importlib.metadata.Distribution]], sites: Sequence[Path]) -> Callable[..., Iterator[importlib.metadata.Distribution]]:
+def filtered(
+    real: Callable[..., Iterable[importlib.metadata.Distribution]], sites: Sequence[Path]
+) -> Callable[..., Iterator[importlib.metadata.Distribution]]:
     """``importlib.metadata.distributions`` limited to grpo's own plugins and
     those installed in ``sites``."""
     resolved = [Path(s).resolve() for s in sites]

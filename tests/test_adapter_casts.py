@@ -21,8 +21,14 @@ BF16 = Precision(torch.bfloat16, torch.bfloat16, "test: bf16 compute")
 def lora_llama(use_dora: bool = False) -> torch.nn.Module:
     """A tiny Llama as grpo loads a LoRA policy for bf16 compute: frozen base in bf16, adapters float32."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", use_dora=use_dora))
     with torch.no_grad():  # a trained adapter (a fresh one has B = 0 and adds nothing)
@@ -48,8 +54,11 @@ def forward_backward(model: torch.nn.Module, with_model: bool):
 def test_under_autocast_the_adapters_see_the_compute_dtype_and_nothing_changes() -> None:
     model = lora_llama()
     seen: list[torch.dtype] = []
-    hooks = [m.lora_A["default"].register_forward_pre_hook(lambda _m, args: seen.append(args[0].dtype))
-             for m in model.modules() if isinstance(m, LoraLinear)]  # fmt: skip
+    hooks = [
+        m.lora_A["default"].register_forward_pre_hook(lambda _m, args: seen.append(args[0].dtype))
+        for m in model.modules()
+        if isinstance(m, LoraLinear)
+    ]
     peft_logps, peft_grads = forward_backward(model, with_model=False)
     assert set(seen) == {torch.float32}  # peft's own cast: bf16 activations to the adapters' float32
     seen.clear()

@@ -16,13 +16,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from trl_source import trl_block
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import GrpoError
 from grpo_core.host.plugin_host import PluginHost
 from grpo_plugins.advantages import NormalizeThenSum, SumThenNormalize
-from trl_source import trl_block
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # TRL warns about the vLLM version at import

@@ -51,7 +51,9 @@ def test_the_kernel_sees_float32_and_hands_back_the_input_dtype() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, _ = sdpa_float32_forward(module, q, k, v, None, scaling=0.25)
     # transformers hands sdpa [B, H, L, D] and gets [B, L, H, D] back
-    expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, scale=0.25)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), is_causal=True, scale=0.25
+    )
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, expected.transpose(1, 2).to(torch.bfloat16))
     out.float().sum().backward()
@@ -60,8 +62,15 @@ def test_the_kernel_sees_float32_and_hands_back_the_input_dtype() -> None:
 
 def tiny_llama(attn_implementation: str) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, attn_implementation=attn_implementation)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation=attn_implementation,
+    )
     return LlamaForCausalLM(config)
 
 

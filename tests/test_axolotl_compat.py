@@ -64,8 +64,19 @@ def test_key_list_records_its_axolotl_commit() -> None:
     assert re.fullmatch(r"[0-9a-f]{40}", KEYS["commit"])
     assert KEYS["source"] == "https://github.com/axolotl-ai-cloud/axolotl"
     # the keys the issue names are all in the list, so the list is the schema's
-    for key in ("attn_implementation", "rl", "num_epochs", "save_safetensors", "load_in_4bit", "sample_packing",
-                "pad_to_sequence_len", "model_type", "plugins", "trl", "vllm"):  # fmt: skip
+    for key in (
+        "attn_implementation",
+        "rl",
+        "num_epochs",
+        "save_safetensors",
+        "load_in_4bit",
+        "sample_packing",
+        "pad_to_sequence_len",
+        "model_type",
+        "plugins",
+        "trl",
+        "vllm",
+    ):
         assert key in KEYS["top_level"], key
     assert len(KEYS["top_level"]) > 300 and len(KEYS["trl"]) > 40
 
@@ -88,7 +99,11 @@ def test_every_top_level_axolotl_key_has_exactly_one_answer(key: str) -> None:
 
 @pytest.mark.parametrize(
     ("section", "model", "refused"),
-    [("trl", TrlSettings, {}), ("vllm", VllmSettings, axolotl.REFUSED_VLLM), ("datasets", DatasetSpec, axolotl.REFUSED_DATASET)],
+    [
+        ("trl", TrlSettings, {}),
+        ("vllm", VllmSettings, axolotl.REFUSED_VLLM),
+        ("datasets", DatasetSpec, axolotl.REFUSED_DATASET),
+    ],
 )
 def test_every_table_key_has_exactly_one_answer(section: str, model: Any, refused: dict[str, str]) -> None:
     for key in KEYS[section]:
@@ -159,7 +174,10 @@ def test_plugins_list_is_answered_with_how_grpo_plugins_work() -> None:
     assert "pip install" in text and "grpo plugins" in text and "[plugins] table" in text
     assert validate(base(plugins=[])).plugins.advantage_aggregation is None  # an empty list asks for nothing
     # grpo's own [plugins] table is untouched
-    assert validate(base(plugins={"advantage_aggregation": "normalize_then_sum"})).plugins.advantage_aggregation == "normalize_then_sum"
+    assert (
+        validate(base(plugins={"advantage_aggregation": "normalize_then_sum"})).plugins.advantage_aggregation
+        == "normalize_then_sum"
+    )
 
 
 def test_num_epochs_and_max_steps() -> None:
@@ -195,8 +213,17 @@ def test_optimizer_and_scheduler_keys_reach_torch_and_transformers() -> None:
     from grpo_core.training.optim import build_optimizer, build_scheduler
 
     model = torch.nn.Linear(4, 4)
-    cfg = validate(base(learning_rate=0.1, adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6, optim_args={"amsgrad": True},
-                        max_steps=10, cosine_min_lr_ratio=0.1))  # fmt: skip
+    cfg = validate(
+        base(
+            learning_rate=0.1,
+            adam_beta1=0.8,
+            adam_beta2=0.95,
+            adam_epsilon=1e-6,
+            optim_args={"amsgrad": True},
+            max_steps=10,
+            cosine_min_lr_ratio=0.1,
+        )
+    )
     optimizer = build_optimizer(cfg, model)
     group = optimizer.param_groups[0]
     assert group["betas"] == (0.8, 0.95) and group["eps"] == 1e-6 and group["amsgrad"] is True
@@ -205,7 +232,11 @@ def test_optimizer_and_scheduler_keys_reach_torch_and_transformers() -> None:
         optimizer.step()
         scheduler.step()
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01)  # decayed to 10% of 0.1, not to 0
-    cfg = validate(base(lr_scheduler="polynomial", lr_scheduler_kwargs={"power": 2.0, "lr_end": 0.0}, max_steps=4, learning_rate=1.0))
+    cfg = validate(
+        base(
+            lr_scheduler="polynomial", lr_scheduler_kwargs={"power": 2.0, "lr_end": 0.0}, max_steps=4, learning_rate=1.0
+        )
+    )
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer)
     optimizer.step()
@@ -222,8 +253,24 @@ def test_qlora_needs_load_in_4bit_and_kbit_needs_lora_and_adapter_sync() -> None
     with pytest.raises(ConfigError, match="needs a LoRA adapter"):
         check_run_config(validate(base(load_in_8bit=True)))
     with pytest.raises(ConfigError, match="set trl.vllm_lora_sync = true"):
-        check_run_config(validate(base(adapter="lora", load_in_4bit=True, trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": True})))
-    check_run_config(validate(base(adapter="lora", load_in_4bit=True, trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": True, "vllm_lora_sync": True})))  # fmt: skip
+        check_run_config(
+            validate(
+                base(
+                    adapter="lora",
+                    load_in_4bit=True,
+                    trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": True},
+                )
+            )
+        )
+    check_run_config(
+        validate(
+            base(
+                adapter="lora",
+                load_in_4bit=True,
+                trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": True, "vllm_lora_sync": True},
+            )
+        )
+    )
 
 
 def test_kbit_is_refused_naming_the_hardware_when_bitsandbytes_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -233,7 +280,9 @@ def test_kbit_is_refused_naming_the_hardware_when_bitsandbytes_is_missing(monkey
     from grpo_core.modeling import quantization
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a)
+    )
     quantization.bitsandbytes_problem.cache_clear()
     try:
         with pytest.raises(ConfigError) as info:
@@ -250,7 +299,13 @@ def test_chat_template_jinja_becomes_the_chat_template() -> None:
 
 
 def test_nulls_for_grpo_keys_mean_the_default() -> None:
-    cfg = validate(base(flash_attention=None, warmup_steps=None, trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": None}))
+    cfg = validate(
+        base(
+            flash_attention=None,
+            warmup_steps=None,
+            trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": None},
+        )
+    )
     assert cfg.warmup_steps == 0 and cfg.flash_attention is False and cfg.trl.use_vllm is False
 
 
@@ -286,8 +341,18 @@ def test_rlhf_gdpo_fragment_is_refused_as_trl_refuses_it(tmp_path: Path) -> None
     # (TRL's GRPOConfig raises for generation_batch_size 1 with num_generations 4 as well).
     result = grpo("config", "check", str(DATA / "rlhf-gdpo" / "config.yaml"), cwd=tmp_path)
     assert result.returncode == 2
-    assert "not divisible by trl.num_generations = 4" in result.stderr and "gradient_accumulation_steps = 4" in result.stderr
-    fixed = grpo("config", "check", str(DATA / "rlhf-gdpo" / "config.yaml"), "--set", "gradient_accumulation_steps=4", cwd=tmp_path)
+    assert (
+        "not divisible by trl.num_generations = 4" in result.stderr
+        and "gradient_accumulation_steps = 4" in result.stderr
+    )
+    fixed = grpo(
+        "config",
+        "check",
+        str(DATA / "rlhf-gdpo" / "config.yaml"),
+        "--set",
+        "gradient_accumulation_steps=4",
+        cwd=tmp_path,
+    )
     assert fixed.returncode == 0, fixed.stderr
     assert "advantage_aggregation=normalize_then_sum" in fixed.stdout
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.validation.checks import implementation_names
 from grpo_core.config.loader import load_config, validate
+from grpo_core.validation.checks import implementation_names
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data" / "axolotl"
@@ -35,15 +35,29 @@ def test_axolotl_gdpo_example_runs_with_a_local_model_and_dataset(tmp_path: Path
     out = tmp_path / "out"
     result = subprocess.run(
         [
-            GRPO, "run", str(DATA / "llama3-gdpo" / "qlora-1b-gdpo.yaml"),
-            "--set", f"base_model={json.dumps(smollm2_dir)}",
-            "--set", f"datasets[0].path={json.dumps(str(GSM8K_LOCAL))}",
+            GRPO,
+            "run",
+            str(DATA / "llama3-gdpo" / "qlora-1b-gdpo.yaml"),
+            "--set",
+            f"base_model={json.dumps(smollm2_dir)}",
+            "--set",
+            f"datasets[0].path={json.dumps(str(GSM8K_LOCAL))}",
             # tiny, for CI: one step of one prompt x 2 generations, 8 tokens
-            "--set", "max_steps=1", "--set", "gradient_accumulation_steps=2", "--set", "trl.max_completion_length=8",
-            "--set", f"output_dir={json.dumps(str(out))}",
+            "--set",
+            "max_steps=1",
+            "--set",
+            "gradient_accumulation_steps=2",
+            "--set",
+            "trl.max_completion_length=8",
+            "--set",
+            f"output_dir={json.dumps(str(out))}",
         ],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ},
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     # what the config asked for, said by name
     assert "attn_implementation = 'flash_attention_2': flash_attention_2 is unavailable" in result.stderr
@@ -86,7 +100,12 @@ def test_qlora_with_attn_implementation_and_bin_weights_trains(
             "learning_rate": 1e-4,
             "output_dir": str(tmp_path / "out"),
             "datasets": [{"path": str(data)}],
-            "trl": {"num_generations": 4, "max_completion_length": 8, "reward_funcs": ["qlora_rewards.length"], "temperature": 1.0},
+            "trl": {
+                "num_generations": 4,
+                "max_completion_length": 8,
+                "reward_funcs": ["qlora_rewards.length"],
+                "temperature": 1.0,
+            },
         }
     )
     model = load_policy(cfg, smollm2_dir, load_tokenizer(cfg, smollm2_dir))

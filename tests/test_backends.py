@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny_model import build_tiny_model
 
 from grpo_core.config.loader import validate
 from grpo_core.training import backends
@@ -18,24 +19,34 @@ from grpo_core.training.backends import BACKENDS, backend_for
 from grpo_core.training.backends.base import TrainingBackend
 from grpo_core.training.backends.replicated import ReplicatedBackend
 from grpo_core.training.run import run_training
-from tiny_model import build_tiny_model
 
-REWARD = '''
+REWARD = """
 def even(completion_ids, **kwargs):
     return [sum(t % 2 == 0 for t in ids) / max(1, len(ids)) for ids in completion_ids]
-'''
+"""
 
 
 def _config(tmp_path: Path, model_dir: str, name: str = "out", **top: object):
     rows = [{"prompt": f"Write token number {i}:"} for i in range(8)]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    return validate({
-        "base_model": model_dir, "adapter": "lora", "lora_r": 4, "datasets": [{"path": str(tmp_path / "train.jsonl")}],
-        "sequence_len": 64, "micro_batch_size": 8, "gradient_accumulation_steps": 2, "max_steps": 2,
-        "learning_rate": 1e-2, "lr_scheduler": "constant", "output_dir": str(tmp_path / name), "seed": 1,
-        "trl": {"num_generations": 8, "max_completion_length": 4, "reward_funcs": ["backend_rewards.even"]},
-        **top,
-    })  # fmt: skip
+    return validate(
+        {
+            "base_model": model_dir,
+            "adapter": "lora",
+            "lora_r": 4,
+            "datasets": [{"path": str(tmp_path / "train.jsonl")}],
+            "sequence_len": 64,
+            "micro_batch_size": 8,
+            "gradient_accumulation_steps": 2,
+            "max_steps": 2,
+            "learning_rate": 1e-2,
+            "lr_scheduler": "constant",
+            "output_dir": str(tmp_path / name),
+            "seed": 1,
+            "trl": {"num_generations": 8, "max_completion_length": 4, "reward_funcs": ["backend_rewards.even"]},
+            **top,
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -82,16 +93,20 @@ class RefusingBackend(ReplicatedBackend):
 
     @classmethod
     def config_problems(cls, cfg, traits):
-        return [f"backend 'refusing' cannot run seed = {cfg.seed} (policy '{traits.names['policy_loss']}'): change seed."] if cfg.seed == 13 else []
+        return (
+            [f"backend 'refusing' cannot run seed = {cfg.seed} (policy '{traits.names['policy_loss']}'): change seed."]
+            if cfg.seed == 13
+            else []
+        )
 
 
 def test_a_new_backends_config_rules_reach_the_check_with_no_change_elsewhere(tmp_path: Path, monkeypatch) -> None:
     """``grpo run`` and ``grpo config check`` (check_run_config) ask every
     backend in the table, each with the chosen implementations' traits; the
     config layer's check_config knows no backend and asks none unless told."""
-    from grpo_core.validation.checks import check_config
     from grpo_core.contract.errors import ConfigError
     from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.checks import check_config
 
     (tmp_path / "backend_rewards.py").write_text(REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -112,11 +127,18 @@ def test_the_built_in_backends_answer_only_for_their_own_keys(tmp_path: Path) ->
     (tmp_path / "backend_rewards.py").write_text(REWARD)
     zero3 = tmp_path / "zero3.json"
     zero3.write_text(json.dumps({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}))
-    deepspeed = _config(tmp_path, str(tmp_path), deepspeed=str(zero3), gradient_checkpointing=True,
-                        gradient_checkpointing_kwargs={"use_reentrant": False})  # fmt: skip
+    deepspeed = _config(
+        tmp_path,
+        str(tmp_path),
+        deepspeed=str(zero3),
+        gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+    )
     fsdp = _config(tmp_path, str(tmp_path), fsdp=["full_shard", "hybrid_shard"])
     by_backend = {b.name: (b.config_problems(deepspeed, traits), b.config_problems(fsdp, traits)) for b in BACKENDS}
-    assert [p.split(" fails")[0] for p in by_backend["deepspeed"][0]] == ["DeepSpeed ZeRO-3 with gradient_checkpointing_kwargs.use_reentrant = false"]
+    assert [p.split(" fails")[0] for p in by_backend["deepspeed"][0]] == [
+        "DeepSpeed ZeRO-3 with gradient_checkpointing_kwargs.use_reentrant = false"
+    ]
     assert by_backend["deepspeed"][1] == []
     assert by_backend["fsdp"][0] == [] and ["hybrid_shard" in p for p in by_backend["fsdp"][1]] == [True]
     assert by_backend["replicated"] == ([], [])

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_core.training.batch import Sample, collate, completion_tokens, flatten, micro_batches, with_signal_first
 from grpo_core.contract.types import Completion, Prompt, RolloutGroup, ScoredGroup
+from grpo_core.training.batch import Sample, collate, completion_tokens, flatten, micro_batches, with_signal_first
 
 PAD = 0
 
@@ -23,10 +23,14 @@ def _completion(ids: list[int], truncated: bool = False, logps: bool = True) -> 
 
 
 def groups() -> list[ScoredGroup]:
-    a = RolloutGroup(Prompt("a", [11, 12, 13]), [_completion([101, 102]), _completion([103, 104, 105, 106], truncated=True),
-                                                 _completion([107])])  # fmt: skip
+    a = RolloutGroup(
+        Prompt("a", [11, 12, 13]),
+        [_completion([101, 102]), _completion([103, 104, 105, 106], truncated=True), _completion([107])],
+    )
     b = RolloutGroup(Prompt("b", [21]), [_completion([201, 202, 203]), _completion([])], policy_version=3)
-    c = RolloutGroup(Prompt("c", [31, 32, 33, 34, 35]), [_completion([301]), _completion([302, 303, 304, 305, 306, 307])])
+    c = RolloutGroup(
+        Prompt("c", [31, 32, 33, 34, 35]), [_completion([301]), _completion([302, 303, 304, 305, 306, 307])]
+    )
     return [
         ScoredGroup(a, rewards=[[1.0], [0.0], [0.0]], advantages=[1.0, -0.5, -0.25]),
         ScoredGroup(b, rewards=[[0.0], [0.0]], advantages=[0.0, 0.0], replayed=True),
@@ -146,8 +150,11 @@ def _rows_to_train(other_rank_needs: list[int], parts: list[list[Sample]], micro
 
     from grpo_core.training.trainer import GRPOTrainer
 
-    trainer = SimpleNamespace(drops_zero_advantage_rows=True, cfg=SimpleNamespace(micro_batch_size=micro_batch_size),
-                              dist=_TwoRanks(other_rank_needs))  # fmt: skip
+    trainer = SimpleNamespace(
+        drops_zero_advantage_rows=True,
+        cfg=SimpleNamespace(micro_batch_size=micro_batch_size),
+        dist=_TwoRanks(other_rank_needs),
+    )
     return GRPOTrainer._rows_to_train(trainer, parts)
 
 

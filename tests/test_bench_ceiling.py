@@ -55,8 +55,11 @@ def test_plain_loop_runs_the_head_on_every_position_and_whole_rows_through_the_d
 
 
 def test_ceiling_seconds_sums_each_class_at_its_shapes_rate():
-    rates = {"MLP [1700x576]x[576x1536]": 100.0, "attention projection [1700x576]x[576x576]": 200.0,
-             "LM head [768x576]x[576x49152]": 50.0}  # fmt: skip
+    rates = {
+        "MLP [1700x576]x[576x1536]": 100.0,
+        "attention projection [1700x576]x[576x576]": 200.0,
+        "LM head [768x576]x[576x49152]": 50.0,
+    }
     flops = {"MLP": 100e9, "attention projections": 200e9, "LoRA": 0.0, "attention scores": 0.0, "LM head": 50e9}
     assert ceiling_seconds(flops, rates) == pytest.approx(3.0)
 
@@ -65,8 +68,15 @@ def test_decode_bounds_read_each_weight_once_in_the_servers_dtype():
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, tie_word_embeddings=True)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
     model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=2, target_modules="all-linear"))
     frozen = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)  # the tied head counted once
     matmul = 16 * 16 * 2 + 16 * 8 * 2 + 16 * 32 * 3 + 64 * 16  # q, o; k, v; the MLP; the tied head

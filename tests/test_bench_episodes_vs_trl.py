@@ -53,7 +53,10 @@ def test_summarise_keeps_steps_that_skipped_completions_out_of_the_mean():
 def test_rows_demonstrate_calls_in_the_template_form_and_suffix_only_the_system():
     rows = bench.game_rows(5, seed=1)
     assert rows == bench.game_rows(5, seed=1) and all(1 <= r["secret"] <= 16 for r in rows)
-    assert rows[0]["prompt"][2]["content"] == 'I guess 8.\n<tool_call>\n{"name": "guess", "arguments": {"number": 8}}\n</tool_call>'
+    assert (
+        rows[0]["prompt"][2]["content"]
+        == 'I guess 8.\n<tool_call>\n{"name": "guess", "arguments": {"number": 8}}\n</tool_call>'
+    )
     suffixed = bench.with_system_suffix(rows, "TOOLS")
     assert suffixed[0]["prompt"][0]["content"].endswith("\n\nTOOLS")
     assert suffixed[0]["prompt"][1:] == rows[0]["prompt"][1:]
@@ -78,7 +81,10 @@ def test_calculator_rows_demonstrate_other_operations_and_keep_the_answer():
     assert rows == bench.calculator_rows(4, seed=3) and len(rows) == 4
     prompt = rows[0]["prompt"]
     assert [m["role"] for m in prompt] == ["system"] + ["user", "assistant", "tool", "assistant"] * 2 + ["user"]
-    assert prompt[2]["content"] == '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 + 34"}}\n</tool_call>'
+    assert (
+        prompt[2]["content"]
+        == '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 + 34"}}\n</tool_call>'
+    )
     question = prompt[-1]["content"]
     a, b = (int(x) for x in question.split("What is ")[1].split("?")[0].split(" * "))
     assert int(rows[0]["answer"]) == a * b  # the training set's own row, answer kept for the reward
@@ -92,7 +98,9 @@ def _args(**kw):
 
 
 def test_trls_budget_is_a_multiple_of_grpos_time_to_the_threshold():
-    grpo = {"steps": [{"seconds": 10.0, "reward": 0.2}, {"seconds": 20.0, "reward": 0.9}, {"seconds": 30.0, "reward": 0.9}]}
+    grpo = {
+        "steps": [{"seconds": 10.0, "reward": 0.2}, {"seconds": 20.0, "reward": 0.9}, {"seconds": 30.0, "reward": 0.9}]
+    }
     assert bench.trl_budget(grpo, _args()) is None  # no factor: TRL runs --steps
     assert bench.trl_budget(grpo, _args(trl_budget_factor=3)) == pytest.approx(3 * 60.0)  # crossed at step 3 (window 2)
     never = {"steps": [{"seconds": 10.0, "reward": 0.1}, {"seconds": 20.0, "reward": 0.1}]}
@@ -111,7 +119,10 @@ def test_trl_stops_when_its_budget_is_spent_or_it_crossed():
 def test_the_threshold_ratio_is_a_bound_when_trl_never_got_there():
     grpo = {"threshold": (5, 100.0)}
     assert bench.threshold_ratio({"grpo": grpo, "trl": {"threshold": (4, 450.0), "raw": []}}) == [
-        "time to the threshold: TRL 450 s / grpo 100 s = 4.50x"]
-    bound = bench.threshold_ratio({"grpo": grpo, "trl": {"threshold": None, "raw": [{"seconds": 200.0}, {"seconds": 150.0}]}})
+        "time to the threshold: TRL 450 s / grpo 100 s = 4.50x"
+    ]
+    bound = bench.threshold_ratio(
+        {"grpo": grpo, "trl": {"threshold": None, "raw": [{"seconds": 200.0}, {"seconds": 150.0}]}}
+    )
     assert bound == ["time to the threshold: grpo 100 s; TRL not there after 350 s of steps, so at least 3.50x"]
     assert bench.threshold_ratio({"grpo": {"threshold": None}, "trl": {"threshold": (1, 9.0), "raw": []}}) == []

@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from grpo_core.contract.errors import GrpoError
+from grpo_core.contract.types import Completion, Prompt, RolloutGroup, ScoredGroup
 from grpo_core.training import checkpoint as ckpt
 from grpo_core.training.producer import ScoredBatch
 from grpo_core.training.safe_load import UnsafeCheckpoint, unloadable_reason
-from grpo_core.contract.types import Completion, Prompt, RolloutGroup, ScoredGroup
 
 STATE_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pt", "extra_state.pt")
 
@@ -51,8 +51,15 @@ def tiny_parts() -> tuple[Any, torch.optim.Optimizer, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM, get_scheduler
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     model = LlamaForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
@@ -63,15 +70,28 @@ def tiny_parts() -> tuple[Any, torch.optim.Optimizer, Any]:
 
 
 def a_batch(column: Any = "7") -> ScoredBatch:
-    prompt = Prompt(prompt=[{"role": "user", "content": "What is 3 + 4?"}], prompt_ids=[1, 2, 3], columns={"answer": column}, index=5)
+    prompt = Prompt(
+        prompt=[{"role": "user", "content": "What is 3 + 4?"}],
+        prompt_ids=[1, 2, 3],
+        columns={"answer": column},
+        index=5,
+    )
     group = RolloutGroup(prompt, [Completion([4, 5], "7", [-0.5, -0.25], False, {"tool": [1, 2]})], policy_version=3)
-    return ScoredBatch([ScoredGroup(group, [[1.0, None]], [0.5], replayed=True)], policy_version=3, metrics={"reward": 1.0},
-                       stream_state={"epoch": 1, "position": 2})  # fmt: skip
+    return ScoredBatch(
+        [ScoredGroup(group, [[1.0, None]], [0.5], replayed=True)],
+        policy_version=3,
+        metrics={"reward": 1.0},
+        stream_state={"epoch": 1, "position": 2},
+    )
 
 
 def save(tmp_path: Path, extra: dict[str, Any] | None = None) -> tuple[Path, torch.optim.Optimizer, Any]:
     model, optimizer, scheduler = tiny_parts()
-    extra = {"replay": {"version": 1, "buffer": [], "totals": {"replayed": 2}}, "pending_batch": a_batch()} if extra is None else extra
+    extra = (
+        {"replay": {"version": 1, "buffer": [], "totals": {"replayed": 2}}, "pending_batch": a_batch()}
+        if extra is None
+        else extra
+    )
     path = ckpt.save_checkpoint(tmp_path / "out", 1, model, None, optimizer, scheduler, {"policy_version": 1}, extra)
     return path, optimizer, scheduler
 
@@ -128,7 +148,12 @@ def test_a_checkpoint_from_before_safe_loading_still_loads(tmp_path: Path) -> No
     path, _, _ = save(tmp_path)
     random.seed(3)
     np.random.seed(3)
-    old_rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": None}
+    old_rng = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": None,
+    }
     torch.save(old_rng, path / "rng_state.pt")
     torch.save({"pending_batch": a_batch()}, path / "extra_state.pt")
     expected = (random.random(), float(np.random.rand()))
@@ -139,7 +164,9 @@ def test_a_checkpoint_from_before_safe_loading_still_loads(tmp_path: Path) -> No
     assert loaded.extra["pending_batch"] == a_batch()
 
 
-def test_a_checkpoint_from_before_the_modules_moved_still_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_from_before_the_modules_moved_still_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Checkpoints written before grpo_core's modules moved into layer folders
     name grpo's types by their old module (``grpo_core.types.Completion``): they
     load as the same classes, and nothing else is let through by the old name."""

@@ -25,7 +25,9 @@ QUICKSTART = REPO / "examples" / "quickstart"
 GRPO = shutil.which("grpo", path=str(Path(sys.executable).parent)) or "grpo"
 
 
-def grpo(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def grpo(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([GRPO, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
@@ -81,7 +83,10 @@ def test_config_check_full_prints_effective_toml() -> None:
     [
         (["--set", "trl.num_generatons=4"], ["'trl.num_generatons'", "'trl.num_generations'"]),
         (["--set", "trl.num_generations=3"], ["not divisible by trl.num_generations = 3"]),
-        (["--set", "torch_compile=true", "--set", "torch_compile_backend=nope"], ["torch_compile_backend = 'nope' is not a torch.compile backend"]),
+        (
+            ["--set", "torch_compile=true", "--set", "torch_compile_backend=nope"],
+            ["torch_compile_backend = 'nope' is not a torch.compile backend"],
+        ),
         (["--set", "plugins.rollout=warp_drive"], ["'warp_drive'", "grpo.rollout", "transformers"]),
         (["--set", "trl.num_generations"], ["--set expects KEY=VALUE"]),
     ],
@@ -158,10 +163,14 @@ def test_plugins_json_lists_every_point_and_the_builtins() -> None:
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
     assert set(listing) == {*POINTS, "reward", "plugins", "tracker"}
-    assert len(POINTS) == 7  # rollout, environment, weight_sync, advantage_aggregation, is_correction, policy_loss, replay
+    assert (
+        len(POINTS) == 7
+    )  # rollout, environment, weight_sync, advantage_aggregation, is_correction, policy_loss, replay
     from importlib.metadata import distribution
 
-    published = {(ep.group, ep.name, ep.value) for ep in distribution("grpo").entry_points if ep.group.startswith("grpo.")}
+    published = {
+        (ep.group, ep.name, ep.value) for ep in distribution("grpo").entry_points if ep.group.startswith("grpo.")
+    }
     listed = {
         (entry["group"], impl["name"], impl["target"])
         for entry in listing.values()

@@ -17,14 +17,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from grpo_core.validation.checks import implementation_names
 from grpo_core.config.convert import to_toml_text
 from grpo_core.config.loader import apply_overrides, load_config, parse_override, read_raw, validate
 from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig, TrlSettings
 from grpo_core.contract.errors import ConfigError, GrpoError, NotImplementedYet
+from grpo_core.contract.types import SAMPLES_TRAINER_MODEL
 from grpo_core.host.plugin_host import EntryPointInfo, PluginHost
 from grpo_core.training.config_check import check_run_config
-from grpo_core.contract.types import SAMPLES_TRAINER_MODEL
+from grpo_core.validation.checks import implementation_names
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart"
@@ -195,7 +195,11 @@ def test_set_null_is_none_and_a_quoted_null_is_the_string(tmp_path: Path) -> Non
     assert str(cfg.output_dir) == "null"
     assert parse_override("trl.top_k=null") == (["trl", "top_k"], None)
     # a key whose type has no None reads null as a YAML config does: unset, its default
-    assert load_config(path, ["micro_batch_size=null"]).micro_batch_size == validate(minimal(micro_batch_size=None)).micro_batch_size == 1
+    assert (
+        load_config(path, ["micro_batch_size=null"]).micro_batch_size
+        == validate(minimal(micro_batch_size=None)).micro_batch_size
+        == 1
+    )
 
 
 def test_set_override_errors_name_the_item() -> None:
@@ -245,8 +249,10 @@ def reference_options() -> list[tuple[str, str, str, str]]:
 
 
 def _doc_default(text: str) -> Any:
-    return {"null": None, "true": True, "false": False}.get(text, None) if text in {"null", "true", "false"} else (
-        text.strip('"') if text.startswith('"') else (float(text) if "." in text else int(text))
+    return (
+        {"null": None, "true": True, "false": False}.get(text, None)
+        if text in {"null", "true", "false"}
+        else (text.strip('"') if text.startswith('"') else (float(text) if "." in text else int(text)))
     )
 
 
@@ -256,16 +262,29 @@ def _sample_values(doc_type: str) -> list[Any]:
     quoted = re.findall(r'"([^"]+)"', doc_type)
     if quoted:
         return quoted
-    return {"bool": [True, False], "int": [1], "float": [0.5], "list[str]": [["a"]], "list[float]": [[1.0]], "dict": [{}]}.get(
-        doc_type, []
-    )
+    return {
+        "bool": [True, False],
+        "int": [1],
+        "float": [0.5],
+        "list[str]": [["a"]],
+        "list[float]": [[1.0]],
+        "dict": [{}],
+    }.get(doc_type, [])
 
 
 def test_reference_tables_parse() -> None:
     rows = reference_options()
     sections = {r[0] for r in rows}
-    assert {"Core GRPO", "Reward functions", "Generation parameters", "Async pipeline", "Importance sampling",
-            "Replay and re-roll", "Reference model", "Logging"} == sections
+    assert {
+        "Core GRPO",
+        "Reward functions",
+        "Generation parameters",
+        "Async pipeline",
+        "Importance sampling",
+        "Replay and re-roll",
+        "Reference model",
+        "Logging",
+    } == sections
     assert len(rows) >= 50
 
 
@@ -293,17 +312,27 @@ def test_minimal_config_passes_without_warnings() -> None:
         ({"trl": {"reward_funcs": []}}, ["trl.reward_funcs is empty"]),
         ({"trl": {"reward_weights": [1.0, 0.5]}}, ["2 weight(s)", "1 function(s)"]),
         ({"datasets": []}, ["datasets is empty"]),
-        ({"trl": {"num_generations": 3}}, ["micro_batch_size (4) x gradient_accumulation_steps (2) = 8",
-                                           "trl.num_generations = 3", "gradient_accumulation_steps = 3",
-                                           "divisor of 8 (2, 4, 8)"]),
-        ({"trl": {"generation_batch_size": 10}}, ["trl.generation_batch_size = 10", "trl.num_generations = 4",
-                                                  "trl.generation_batch_size = 8"]),
+        (
+            {"trl": {"num_generations": 3}},
+            [
+                "micro_batch_size (4) x gradient_accumulation_steps (2) = 8",
+                "trl.num_generations = 3",
+                "gradient_accumulation_steps = 3",
+                "divisor of 8 (2, 4, 8)",
+            ],
+        ),
+        (
+            {"trl": {"generation_batch_size": 10}},
+            ["trl.generation_batch_size = 10", "trl.num_generations = 4", "trl.generation_batch_size = 8"],
+        ),
         ({"trl": {"num_generations": 1}}, ["at least 2"]),
         ({"trl": {"temperature": 0.0}}, ["greedy"]),
         ({"trl": {"async_prefetch": True}}, ["background thread", "trl.use_vllm = true", "trl.async_prefetch = false"]),
         ({"trl": {"use_vllm": True, "vllm_lora_sync": True}}, ["no adapter", "adapter = 'lora'"]),
-        ({"trl": {"use_vllm": True, "vllm_mode": "colocate", "async_prefetch": True, "use_data_producer": True}},
-         ["take turns", "vllm_mode = 'server'"]),
+        (
+            {"trl": {"use_vllm": True, "vllm_mode": "colocate", "async_prefetch": True, "use_data_producer": True}},
+            ["take turns", "vllm_mode = 'server'"],
+        ),
         ({"bf16": True, "fp16": True}, ["bf16 and fp16"]),
     ],
 )
@@ -317,14 +346,23 @@ def test_impossible_configs_raise_with_the_fix(changes: dict[str, Any], fragment
 
 def test_deepspeed_zero3_with_non_reentrant_checkpointing_is_an_error(tmp_path: Path) -> None:
     ds = write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 3}}')
-    cfg = validate(minimal(deepspeed=str(ds), gradient_checkpointing=True, trl={"num_generations": 4, "use_vllm": True,
-                           "reward_funcs": ["last_number_match"]}, gradient_checkpointing_kwargs={"use_reentrant": False}))  # fmt: skip
+    cfg = validate(
+        minimal(
+            deepspeed=str(ds),
+            gradient_checkpointing=True,
+            trl={"num_generations": 4, "use_vllm": True, "reward_funcs": ["last_number_match"]},
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    )
     with pytest.raises(ConfigError) as info:
         check_run_config(cfg)
     assert "use_reentrant = true" in str(info.value)
     stage2 = write(tmp_path, "ds2.json", '{"zero_optimization": {"stage": 2}}')
-    cfg = validate(minimal(deepspeed=str(stage2), gradient_checkpointing=True,
-                           gradient_checkpointing_kwargs={"use_reentrant": False}))
+    cfg = validate(
+        minimal(
+            deepspeed=str(stage2), gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+    )
     check_run_config(cfg)  # ZeRO-2 takes non-reentrant checkpointing
 
 
@@ -335,7 +373,9 @@ def test_zero3_defaults_use_reentrant_to_true_and_fsdp_keeps_false(tmp_path: Pat
     zero2 = write(tmp_path, "z2.json", '{"zero_optimization": {"stage": 2}}')
     assert gradient_checkpointing_kwargs(validate(minimal(deepspeed=str(zero3)))) == {"use_reentrant": True}
     assert gradient_checkpointing_kwargs(validate(minimal(deepspeed=str(zero2)))) == {"use_reentrant": False}
-    assert gradient_checkpointing_kwargs(validate(minimal(fsdp=["full_shard", "auto_wrap"]))) == {"use_reentrant": False}
+    assert gradient_checkpointing_kwargs(validate(minimal(fsdp=["full_shard", "auto_wrap"]))) == {
+        "use_reentrant": False
+    }
     explicit = validate(minimal(deepspeed=str(zero3), gradient_checkpointing_kwargs={"use_reentrant": True, "x": 1}))
     assert gradient_checkpointing_kwargs(explicit) == {"use_reentrant": True, "x": 1}
 
@@ -346,16 +386,24 @@ def test_zero3_defaults_use_reentrant_to_true_and_fsdp_keeps_false(tmp_path: Pat
         ('{"zero_optimization": {"stage": 1}}', ["zero_optimization.stage is 1", "stage 2 or 3"]),
         ('{"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}}', ['remove its "optimizer" section']),
         ('{"zero_optimization": {"stage": 2}, "scheduler": {"type": "WarmupLR"}}', ['remove its "scheduler" section']),
-        ('{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8}', ["micro_batch_size = 4", '"auto"']),
+        (
+            '{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8}',
+            ["micro_batch_size = 4", '"auto"'],
+        ),
         ('{"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 4}', ["gradient_accumulation_steps = 4"]),
         ('{"zero_optimization": {"stage": 2}, "gradient_clipping": 0.3}', ["max_grad_norm"]),
         ('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}', ["offload_optimizer.device"]),
         ('{"zero_optimization": {"stage": 2}, "fp16": {"enabled": true}}', ["fp16.enabled = true", "float32"]),
         ('{"zero_optimization": ', ["not valid JSON"]),
-        ('{"zero_optimization": {"stage": 3, "sub_group_size": "auto"}}', ["zero_optimization.sub_group_size", "numbers"]),
+        (
+            '{"zero_optimization": {"stage": 3, "sub_group_size": "auto"}}',
+            ["zero_optimization.sub_group_size", "numbers"],
+        ),
     ],
 )
-def test_deepspeed_configs_grpo_cannot_run_name_the_key_and_fix(tmp_path: Path, json_text: str, fragments: list[str], monkeypatch) -> None:
+def test_deepspeed_configs_grpo_cannot_run_name_the_key_and_fix(
+    tmp_path: Path, json_text: str, fragments: list[str], monkeypatch
+) -> None:
     import grpo_core.modeling.precision as precision
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: set())  # bf16 = "auto" stays float32 whatever this CPU has
@@ -378,10 +426,14 @@ def test_deepspeed_autos_are_filled_from_grpo_config(tmp_path: Path, monkeypatch
     from grpo_core.training.zero import engine_config, fill_model_autos
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: set())
-    ds = write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", '
-                                    '"stage3_prefetch_bucket_size": "auto"}, "train_micro_batch_size_per_gpu": "auto", '
-                                    '"gradient_accumulation_steps": "auto", "gradient_clipping": "auto", '
-                                    '"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}')  # fmt: skip
+    ds = write(
+        tmp_path,
+        "ds.json",
+        '{"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", '
+        '"stage3_prefetch_bucket_size": "auto"}, "train_micro_batch_size_per_gpu": "auto", '
+        '"gradient_accumulation_steps": "auto", "gradient_clipping": "auto", '
+        '"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}',
+    )
     cfg = validate(minimal(deepspeed=str(ds), max_grad_norm=0.5, bf16="auto"))
     out = engine_config(cfg, world=2)
     # grpo drives accumulation: the engine never divides the loss by it nor steps on its own count
@@ -405,23 +457,41 @@ def test_deepspeed_autos_are_filled_from_grpo_config(tmp_path: Path, monkeypatch
 def test_zero3_refuses_a_reference_model_it_cannot_partition(tmp_path: Path) -> None:
     ds = write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 3}}')
     with pytest.raises(ConfigError) as info:
-        check_run_config(validate(minimal(deepspeed=str(ds), trl={"num_generations": 4, "beta": 0.1,
-                                                               "reward_funcs": ["last_number_match"]})))  # fmt: skip
+        check_run_config(
+            validate(
+                minimal(
+                    deepspeed=str(ds), trl={"num_generations": 4, "beta": 0.1, "reward_funcs": ["last_number_match"]}
+                )
+            )
+        )
     assert "trl.beta > 0" in str(info.value) and "rollout 'transformers'" not in str(info.value)
 
 
 @pytest.mark.parametrize(
     ("changes", "fragment"),
     [
-        ({"trl": {"use_vllm": True, "async_prefetch": True, "use_data_producer": True,
-                  "vllm_importance_sampling_correction": False}}, "vllm_importance_sampling_correction"),
-        ({"trl": {"use_vllm": True, "async_prefetch": True, "use_data_producer": True}},
-         "trl.use_data_producer is accepted for compatibility and has no effect"),
+        (
+            {
+                "trl": {
+                    "use_vllm": True,
+                    "async_prefetch": True,
+                    "use_data_producer": True,
+                    "vllm_importance_sampling_correction": False,
+                }
+            },
+            "vllm_importance_sampling_correction",
+        ),
+        (
+            {"trl": {"use_vllm": True, "async_prefetch": True, "use_data_producer": True}},
+            "trl.use_data_producer is accepted for compatibility and has no effect",
+        ),
         ({"skip_prepare_dataset": True}, "skip_prepare_dataset is accepted for compatibility"),
         ({"trl": {"replay_buffer_size": 10, "replay_recompute_logps": False}}, "stale log-probabilities"),
         ({"trl": {"use_vllm": False, "vllm_lora_sync": True}, "adapter": "lora"}, "no effect without trl.use_vllm"),
-        ({"trl": {"use_vllm": True, "vllm_mode": "colocate", "vllm_lora_sync": True}, "adapter": "lora"},
-         "weight sync 'vllm_in_memory' sends merged weights, not the adapter (the engine lives in the trainer's process)"),
+        (
+            {"trl": {"use_vllm": True, "vllm_mode": "colocate", "vllm_lora_sync": True}, "adapter": "lora"},
+            "weight sync 'vllm_in_memory' sends merged weights, not the adapter (the engine lives in the trainer's process)",
+        ),
         ({"datasets": [{"path": "./missing.jsonl"}]}, "does not exist"),
         ({"gradient_checkpointing_kwargs": {"use_reentrant": False}}, "gradient_checkpointing is false"),
     ],
@@ -433,7 +503,11 @@ def test_risky_configs_warn(changes: dict[str, Any], fragment: str) -> None:
 
 def test_fsdp_with_async_prefetch_needs_no_deadlock_warning() -> None:
     # The prefetch thread issues no collectives (only the trainer's thread scatters): nothing to warn about.
-    cfg = validate(minimal(fsdp=["full_shard", "auto_wrap"], trl={"use_vllm": True, "async_prefetch": True, "use_data_producer": True}))
+    cfg = validate(
+        minimal(
+            fsdp=["full_shard", "auto_wrap"], trl={"use_vllm": True, "async_prefetch": True, "use_data_producer": True}
+        )
+    )
     assert not any("deadlock" in w for w in check_run_config(cfg))
 
 
@@ -462,7 +536,9 @@ class _ThirdPartySampler:
 
     engine_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
 
-    def grpo_rollout_generate(self, prompts, num_generations, sampling, policy_version):  # pragma: no cover - never built
+    def grpo_rollout_generate(
+        self, prompts, num_generations, sampling, policy_version
+    ):  # pragma: no cover - never built
         raise AssertionError
 
 
@@ -524,21 +600,42 @@ def test_an_unimplemented_option_is_listed_with_the_other_problems(an_unimplemen
 
 def test_implementation_names_follow_the_reference_options() -> None:
     assert implementation_names(validate(minimal())) == {
-        "rollout": "transformers", "advantage_aggregation": "sum_then_normalize", "is_correction": "none",
-        "weight_sync": "in_process", "replay": "default", "policy_loss": "grpo", "environment": "none",
+        "rollout": "transformers",
+        "advantage_aggregation": "sum_then_normalize",
+        "is_correction": "none",
+        "weight_sync": "in_process",
+        "replay": "default",
+        "policy_loss": "grpo",
+        "environment": "none",
     }
     assert implementation_names(validate(minimal(trl={"tools": ["m.f"]})))["environment"] == "tools"
     assert implementation_names(validate(minimal(trl={"environment_factory": "m.C"})))["environment"] == "tools"
-    cfg = validate(minimal(adapter="lora", trl={"use_vllm": True, "vllm_lora_sync": True,
-                                                "multi_objective_aggregation": "normalize_then_sum",
-                                                "vllm_importance_sampling_mode": "sequence_mask"},
-                           plugins={"replay": "mine"}))
+    cfg = validate(
+        minimal(
+            adapter="lora",
+            trl={
+                "use_vllm": True,
+                "vllm_lora_sync": True,
+                "multi_objective_aggregation": "normalize_then_sum",
+                "vllm_importance_sampling_mode": "sequence_mask",
+            },
+            plugins={"replay": "mine"},
+        )
+    )
     assert implementation_names(cfg) == {
-        "rollout": "vllm", "advantage_aggregation": "normalize_then_sum", "is_correction": "sequence_mask",
-        "weight_sync": "lora_filesystem", "replay": "mine", "policy_loss": "grpo", "environment": "none",
+        "rollout": "vllm",
+        "advantage_aggregation": "normalize_then_sum",
+        "is_correction": "sequence_mask",
+        "weight_sync": "lora_filesystem",
+        "replay": "mine",
+        "policy_loss": "grpo",
+        "environment": "none",
     }
     cfg.trl.vllm_mode = "colocate"
-    assert (implementation_names(cfg)["rollout"], implementation_names(cfg)["weight_sync"]) == ("vllm_colocate", "vllm_in_memory")
+    assert (implementation_names(cfg)["rollout"], implementation_names(cfg)["weight_sync"]) == (
+        "vllm_colocate",
+        "vllm_in_memory",
+    )
 
 
 def test_unknown_implementation_names_are_errors_with_a_host() -> None:
@@ -555,7 +652,7 @@ def test_unknown_implementation_names_are_errors_with_a_host() -> None:
 # ------------------------------------------------------------------ fuzz
 
 _KNOWN_KEYS = sorted(GRPOConfig.model_fields) + [f"trl.{k}" for k in TrlSettings.model_fields][:40]
-_scalars = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True) | st.text(max_size=12)
+_scalars = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=True) | st.text(max_size=12)
 _values = st.recursive(
     _scalars,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
@@ -636,24 +733,44 @@ def test_top_level_key_written_after_a_table_header_says_move_it(tmp_path) -> No
     ("changes", "fragment"),
     [
         ({"trl": {"prefetch_depth": 2}}, "trl.prefetch_depth = 2 has no effect without trl.async_prefetch = true"),
-        ({"trl": {"streaming_min_groups": 2}},
-         "trl.streaming_min_groups = 2 has no effect without trl.streaming_partial_batch = true"),
-        ({"trl": {"vllm_importance_sampling_mode": "token_mask"}},
-         "trl.vllm_importance_sampling_mode has no effect: the importance-sampling correction is off "
-         "(trl.vllm_importance_sampling_correction = false, its default without trl.use_vllm)"),
-        ({"trl": {"use_vllm": True, "vllm_importance_sampling_correction": False, "vllm_importance_sampling_cap": 2.0}},
-         "trl.vllm_importance_sampling_cap has no effect: the importance-sampling correction is off "
-         "(trl.vllm_importance_sampling_correction = false)"),
+        (
+            {"trl": {"streaming_min_groups": 2}},
+            "trl.streaming_min_groups = 2 has no effect without trl.streaming_partial_batch = true",
+        ),
+        (
+            {"trl": {"vllm_importance_sampling_mode": "token_mask"}},
+            "trl.vllm_importance_sampling_mode has no effect: the importance-sampling correction is off "
+            "(trl.vllm_importance_sampling_correction = false, its default without trl.use_vllm)",
+        ),
+        (
+            {
+                "trl": {
+                    "use_vllm": True,
+                    "vllm_importance_sampling_correction": False,
+                    "vllm_importance_sampling_cap": 2.0,
+                }
+            },
+            "trl.vllm_importance_sampling_cap has no effect: the importance-sampling correction is off "
+            "(trl.vllm_importance_sampling_correction = false)",
+        ),
         ({"trl": {"use_bias_correction_kl": True}}, "trl.use_bias_correction_kl has no effect with trl.beta = 0"),
-        ({"trl": {"ref_model_mixup_alpha": 0.5, "ref_model_sync_steps": 8}},
-         "trl.ref_model_mixup_alpha and trl.ref_model_sync_steps have no effect without trl.sync_ref_model = true"),
-        ({"trl": {"vllm_server_port": 9000, "vllm_server_base_url": "http://h:1"}},
-         "trl.vllm_server_port, trl.vllm_server_base_url have no effect with trl.use_vllm = false"),
+        (
+            {"trl": {"ref_model_mixup_alpha": 0.5, "ref_model_sync_steps": 8}},
+            "trl.ref_model_mixup_alpha and trl.ref_model_sync_steps have no effect without trl.sync_ref_model = true",
+        ),
+        (
+            {"trl": {"vllm_server_port": 9000, "vllm_server_base_url": "http://h:1"}},
+            "trl.vllm_server_port, trl.vllm_server_base_url have no effect with trl.use_vllm = false",
+        ),
         ({"trl": {"vllm_sync_interval": 2}}, "trl.vllm_sync_interval = 2 has no effect with trl.use_vllm = false"),
-        ({"trl": {"skip_zero_advantage_batches": True, "beta": 0.1}},
-         "trl.skip_zero_advantage_batches has no effect with trl.beta = 0.1"),
-        ({"plugins": {"is_correction": "token_mask"}, "trl": {"vllm_importance_sampling_correction": False}},
-         "trl.vllm_importance_sampling_correction = false has no effect: plugins.is_correction = 'token_mask'"),
+        (
+            {"trl": {"skip_zero_advantage_batches": True, "beta": 0.1}},
+            "trl.skip_zero_advantage_batches has no effect with trl.beta = 0.1",
+        ),
+        (
+            {"plugins": {"is_correction": "token_mask"}, "trl": {"vllm_importance_sampling_correction": False}},
+            "trl.vllm_importance_sampling_correction = false has no effect: plugins.is_correction = 'token_mask'",
+        ),
     ],
 )
 def test_an_option_set_but_never_read_is_named(changes: dict[str, Any], fragment: str) -> None:
@@ -700,8 +817,11 @@ def test_a_config_dumped_with_only_what_was_set_derives_its_defaults_again() -> 
 def test_accumulation_with_a_generation_batch_says_how_many_steps_it_feeds() -> None:
     cfg = validate(minimal(micro_batch_size=2, gradient_accumulation_steps=4, trl={"generation_batch_size": 16}))
     warnings = check_run_config(cfg)
-    assert any("trl.generation_batch_size = 16 with gradient_accumulation_steps = 4: each generation feeds 2 "
-               "optimizer steps of 8 completions" in w for w in warnings), warnings  # fmt: skip
+    assert any(
+        "trl.generation_batch_size = 16 with gradient_accumulation_steps = 4: each generation feeds 2 "
+        "optimizer steps of 8 completions" in w
+        for w in warnings
+    ), warnings
     assert not any("has no effect" in w for w in warnings), warnings
     from grpo_core.interface.cli import summary
 
@@ -740,7 +860,9 @@ def test_lora_http_sends_the_adapter_and_asks_the_engine_for_adapters() -> None:
     with pytest.raises(ConfigError, match="no adapter is trained"):
         check_run_config(validate(minimal(trl={"use_vllm": True}, plugins=plugins)))
     with pytest.raises(ConfigError, match="lora_http.*colocate"):
-        check_run_config(validate(minimal(adapter="lora", trl={"use_vllm": True, "vllm_mode": "colocate"}, plugins=plugins)))
+        check_run_config(
+            validate(minimal(adapter="lora", trl={"use_vllm": True, "vllm_mode": "colocate"}, plugins=plugins))
+        )
     cfg = validate(minimal(adapter="lora", load_in_4bit=True, trl={"use_vllm": True}, plugins=plugins))
     try:
         check_run_config(cfg)
@@ -755,6 +877,12 @@ def test_lora_http_sends_the_adapter_and_asks_the_engine_for_adapters() -> None:
         server_spec(cfg, host="10.1.2.3", port=8000, **engine_flags(needs))
     cfg.vllm.expose_dev_endpoints = True
     assert server_spec(cfg, host="10.1.2.3", port=8000, **engine_flags(needs)).dev_mode
-    lora_files = PluginHost().engine_requirements(validate(minimal(adapter="lora", trl={"use_vllm": True, "vllm_lora_sync": True})))
-    assert not server_spec(cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"expose_dev_endpoints": False})}),
-                           host="10.1.2.3", port=8000, **engine_flags(lora_files)).dev_mode  # a path-loaded adapter needs none
+    lora_files = PluginHost().engine_requirements(
+        validate(minimal(adapter="lora", trl={"use_vllm": True, "vllm_lora_sync": True}))
+    )
+    assert not server_spec(
+        cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"expose_dev_endpoints": False})}),
+        host="10.1.2.3",
+        port=8000,
+        **engine_flags(lora_files),
+    ).dev_mode  # a path-loaded adapter needs none

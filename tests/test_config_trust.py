@@ -90,8 +90,11 @@ def test_a_config_cannot_widen_the_environments_allowlist(spy_site: Path, tmp_pa
     widening = tmp_path / "widening.toml"
     widening.write_text(plain.read_text(encoding="utf-8") + f'[plugins]\nallow = ["{SPY_DIST}"]\n', encoding="utf-8")
     admin = env | {ALLOW_ENV: "grpo-plugin-example"}
-    for args in (("config", "check", str(widening)), ("run", str(widening)),
-                 ("config", "check", str(plain), "--set", f'plugins.allow=["{SPY_DIST}"]')):  # fmt: skip
+    for args in (
+        ("config", "check", str(widening)),
+        ("run", str(widening)),
+        ("config", "check", str(plain), "--set", f'plugins.allow=["{SPY_DIST}"]'),
+    ):
         result = grpo(*args, cwd=tmp_path, env=admin)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
@@ -108,12 +111,19 @@ def test_a_config_cannot_widen_the_environments_allowlist(spy_site: Path, tmp_pa
 
 def user_tree(root: Path) -> None:
     """Modules for every key that names code, each marking its execution."""
-    (root / "myrewards.py").write_text(marking("myrewards") + "\n\ndef accuracy(completions, **kwargs):\n    return [0.0] * len(completions)\n\n\ndef transform(cfg):\n    return lambda row: row\n", encoding="utf-8")
+    (root / "myrewards.py").write_text(
+        marking("myrewards")
+        + "\n\ndef accuracy(completions, **kwargs):\n    return [0.0] * len(completions)\n\n\ndef transform(cfg):\n    return lambda row: row\n",
+        encoding="utf-8",
+    )
     pkg = root / "agentpkg"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text(marking("agentpkg"), encoding="utf-8")
     (pkg / "sub" / "__init__.py").write_text(marking("agentpkg.sub"), encoding="utf-8")
-    (pkg / "sub" / "envs.py").write_text(marking("envs") + "\nclass Game:\n    pass\n\n\ndef search(query: str) -> str:\n    return query\n", encoding="utf-8")
+    (pkg / "sub" / "envs.py").write_text(
+        marking("envs") + "\nclass Game:\n    pass\n\n\ndef search(query: str) -> str:\n    return query\n",
+        encoding="utf-8",
+    )
     (pkg / "rollout.py").write_text(marking("rollout") + "\nrollout = lambda prompts, trainer: {}\n", encoding="utf-8")
 
 
@@ -122,42 +132,70 @@ def test_config_check_lists_each_module_with_its_file_without_running_it(tmp_pat
     markers = tmp_path / "markers"
     markers.mkdir()
     path = tmp_path / "c.toml"
-    path.write_text(CONFIG.format(
-        datasets='type = "myrewards.transform"\n',
-        trl='reward_funcs = ["myrewards.accuracy", "last_number_match", "missing_mod.reward"]\nrollout_func = "agentpkg.rollout.rollout"',
-        extra="",
-    ), encoding="utf-8")  # fmt: skip
+    path.write_text(
+        CONFIG.format(
+            datasets='type = "myrewards.transform"\n',
+            trl='reward_funcs = ["myrewards.accuracy", "last_number_match", "missing_mod.reward"]\nrollout_func = "agentpkg.rollout.rollout"',
+            extra="",
+        ),
+        encoding="utf-8",
+    )
     result = grpo("config", "check", str(path), cwd=tmp_path, env={"MARKERS": str(markers)})
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in markers.iterdir()) == []  # nothing ran, parent packages included
     out = result.stdout
     assert f"trl.reward_funcs[0]: myrewards.accuracy -> {tmp_path / 'myrewards.py'}:5" in out
     assert f"datasets[0].type: myrewards.transform -> {tmp_path / 'myrewards.py'}:9" in out
-    assert (f"trl.rollout_func: agentpkg.rollout.rollout -> {tmp_path / 'agentpkg' / 'rollout.py'}:4; importing it runs "
-            f"{tmp_path / 'agentpkg' / '__init__.py'} first") in out  # fmt: skip
+    assert (
+        f"trl.rollout_func: agentpkg.rollout.rollout -> {tmp_path / 'agentpkg' / 'rollout.py'}:4; importing it runs "
+        f"{tmp_path / 'agentpkg' / '__init__.py'} first"
+    ) in out
     assert "trl.reward_funcs[2]: missing_mod.reward -> NOT FOUND (no module 'missing_mod'" in out
     assert "last_number_match ->" not in out  # a registered reward is a plugin, not an import path
 
 
-def test_tools_and_environment_factory_resolve_through_nested_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tools_and_environment_factory_resolve_through_nested_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """In process (their 'tools' environment may not be installed yet, so the
     CLI check could refuse the config before listing)."""
     user_tree(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("MARKERS", str(tmp_path))
-    cfg = validate({"base_model": "m", "datasets": [{"path": "org/data"}], "micro_batch_size": 4,
-                    "trl": {"num_generations": 4, "reward_funcs": ["r"], "tools": ["agentpkg.sub.envs.search"],
-                            "environment_factory": "agentpkg.sub.envs.Game"}})  # fmt: skip
-    assert named_user_code(cfg, {"r"}) == [("trl.environment_factory", "agentpkg.sub.envs.Game"), ("trl.tools[0]", "agentpkg.sub.envs.search")]
+    cfg = validate(
+        {
+            "base_model": "m",
+            "datasets": [{"path": "org/data"}],
+            "micro_batch_size": 4,
+            "trl": {
+                "num_generations": 4,
+                "reward_funcs": ["r"],
+                "tools": ["agentpkg.sub.envs.search"],
+                "environment_factory": "agentpkg.sub.envs.Game",
+            },
+        }
+    )
+    assert named_user_code(cfg, {"r"}) == [
+        ("trl.environment_factory", "agentpkg.sub.envs.Game"),
+        ("trl.tools[0]", "agentpkg.sub.envs.search"),
+    ]
     game, search = (locate(key, spec) for key, spec in named_user_code(cfg, {"r"}))
     envs = tmp_path / "agentpkg" / "sub" / "envs.py"
     assert (game.file, game.line, search.line) == (str(envs), 4, 8)
-    assert game.runs_first == (str(tmp_path / "agentpkg" / "__init__.py"), str(tmp_path / "agentpkg" / "sub" / "__init__.py"))
+    assert game.runs_first == (
+        str(tmp_path / "agentpkg" / "__init__.py"),
+        str(tmp_path / "agentpkg" / "sub" / "__init__.py"),
+    )
     assert "agentpkg" not in sys.modules and not list(tmp_path.glob("*.ran"))
     missing = locate("trl.tools[1]", "agentpkg.sub.nothere.f")
-    assert missing.file is None and "no module 'agentpkg.sub.nothere' in the folders of package 'agentpkg.sub'" in (missing.problem or "")
-    assert locate("k", "myrewards.accuracy.deeper").problem == "'myrewards' is a module, not a package, so it has no 'accuracy'"
+    assert missing.file is None and "no module 'agentpkg.sub.nothere' in the folders of package 'agentpkg.sub'" in (
+        missing.problem or ""
+    )
+    assert (
+        locate("k", "myrewards.accuracy.deeper").problem
+        == "'myrewards' is a module, not a package, so it has no 'accuracy'"
+    )
     assert not list(tmp_path.glob("*.ran"))
     assert locate("k", "sys.exit").describe() == "k: sys.exit -> <built-in: part of Python, no source file>"
     assert locate("k", "agentpkg.nothing").problem is None  # agentpkg/__init__.py resolves; it defines nothing

@@ -9,11 +9,14 @@ import textwrap
 import pytest
 
 from grpo_core.config.loader import validate
-from grpo_core.training.data import common_columns, load_prompts
 from grpo_core.contract.errors import DataError
 from grpo_core.modeling.models import load_tokenizer
+from grpo_core.training.data import common_columns, load_prompts
 
-ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 10), (11, 12)]]
+ROWS = [
+    {"prompt": f"What is {a} + {b}?", "answer": str(a + b)}
+    for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 10), (11, 12)]
+]
 
 GSM8K_ROWS = [
     {"question": "Tom has 3 apples and buys 4 more. How many apples?", "answer": "3 + 4 = 7\n#### 7"},
@@ -87,8 +90,11 @@ def test_conversational_prompts_get_the_chat_template(tmp_path, tokenizer):
 
 def test_chat_template_kwargs_reach_the_template(tmp_path, smollm2_dir):
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if shout %}!!{% endif %}"
-    cfg = cfg_with([{"path": str(write_jsonl(tmp_path / "c.jsonl", [{"prompt": [{"role": "user", "content": "hey"}]}]))}],
-                   chat_template=template, trl={"chat_template_kwargs": {"shout": True}})
+    cfg = cfg_with(
+        [{"path": str(write_jsonl(tmp_path / "c.jsonl", [{"prompt": [{"role": "user", "content": "hey"}]}]))}],
+        chat_template=template,
+        trl={"chat_template_kwargs": {"shout": True}},
+    )
     tok = load_tokenizer(cfg.model_copy(update={"base_model": smollm2_dir}), smollm2_dir)
     assert tok.decode(load_prompts(cfg, tok)[0].prompt_ids) == "hey!!"
 
@@ -114,7 +120,8 @@ def test_long_prompts_dropped_with_warning(tmp_path, tokenizer):
 
 def test_gsm8k_transform_from_the_reference(in_tmp, tokenizer):
     write_jsonl(in_tmp / "gsm8k.jsonl", GSM8K_ROWS)
-    (in_tmp / "gsm_rewards.py").write_text(textwrap.dedent('''
+    (in_tmp / "gsm_rewards.py").write_text(
+        textwrap.dedent("""
         def prompt_transform(cfg, *args, **kwargs):
             def transform_fn(example, tokenizer=None):
                 label = example["answer"].split("####")[-1].strip().replace(",", "")
@@ -127,10 +134,14 @@ def test_gsm8k_transform_from_the_reference(in_tmp, tokenizer):
                     "saw_tokenizer": tokenizer is not None,
                 }
             return transform_fn, {"remove_columns": ["question"]}
-    '''))
+    """)
+    )
     cfg = cfg_with([{"path": "gsm8k.jsonl", "type": "gsm_rewards.prompt_transform"}], shuffle_dataset=False)
     prompts = load_prompts(cfg, tokenizer)
-    assert [p.columns for p in prompts] == [{"answer": "7", "saw_tokenizer": True}, {"answer": "1000", "saw_tokenizer": True}]
+    assert [p.columns for p in prompts] == [
+        {"answer": "7", "saw_tokenizer": True},
+        {"answer": "1000", "saw_tokenizer": True},
+    ]
     assert prompts[0].prompt[1]["content"].startswith("Tom has 3 apples")
     text = tokenizer.decode(prompts[0].prompt_ids)
     assert text.startswith("<|im_start|>system\nSolve the math problem.") and text.endswith("<|im_start|>assistant\n")
@@ -141,13 +152,15 @@ def test_transform_in_nested_package_without_tuple(in_tmp, tokenizer):
     pkg.mkdir(parents=True)
     (in_tmp / "my_data" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "shaping.py").write_text(textwrap.dedent('''
+    (pkg / "shaping.py").write_text(
+        textwrap.dedent("""
         def to_prompt(cfg):
             seed = cfg.seed
             def fn(example):
                 return {"prompt": "Q: " + example["q"], "seed": seed}
             return fn
-    '''))
+    """)
+    )
     write_jsonl(in_tmp / "q.jsonl", [{"q": "one"}, {"q": "two"}])
     cfg = cfg_with([{"path": "q.jsonl", "type": "my_data.sub.shaping.to_prompt"}], shuffle_dataset=False, seed=7)
     prompts = load_prompts(cfg, tokenizer)
@@ -170,7 +183,9 @@ def test_transform_in_nested_package_without_tuple(in_tmp, tokenizer):
 def test_data_errors_name_entry_and_fix(in_tmp, tokenizer, setup, match):
     write_jsonl(in_tmp / "q.jsonl", [{"question": "x"}])
     (in_tmp / "empty.jsonl").write_text("")
-    (in_tmp / "remover.py").write_text("def t(cfg):\n    return (lambda ex: {'prompt': ex['question']}), {'remove_columns': ['nope']}\n")
+    (in_tmp / "remover.py").write_text(
+        "def t(cfg):\n    return (lambda ex: {'prompt': ex['question']}), {'remove_columns': ['nope']}\n"
+    )
     entries = {
         "missing_file": [{"path": "nope.jsonl"}],
         "empty": [{"path": "empty.jsonl"}],

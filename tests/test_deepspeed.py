@@ -42,7 +42,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_multiprocess import metrics, run_grpo, weights_of, write_config
 from tiny_model import build_tiny_model
 
@@ -51,7 +50,7 @@ needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is No
 
 SIGNAL = {0, 3, 4, 12, 13, 14}  # prompts whose group has a learning signal (see the module docstring)
 
-ENV = f'''
+ENV = f"""
 SIGNAL = {sorted(SIGNAL)!r}
 
 def rollout(prompts, trainer):
@@ -69,20 +68,45 @@ def rollout(prompts, trainer):
 def gated(completion_ids, prompts, **kwargs):
     # the two completions of a group differ in parity (17 x 3 apart): a signal exactly where SIGNAL says
     return [float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) in SIGNAL else 1.0 for ids, p in zip(completion_ids, prompts)]
-'''
+"""
 
-ZERO2 = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto",
-         "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"}}  # fmt: skip
-ZERO3 = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto",
-                               "stage3_prefetch_bucket_size": "auto", "reduce_bucket_size": "auto"},
-         "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}  # fmt: skip
+ZERO2 = {
+    "zero_optimization": {"stage": 2},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "bf16": {"enabled": "auto"},
+}
+ZERO3 = {
+    "zero_optimization": {
+        "stage": 3,
+        "stage3_param_persistence_threshold": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "reduce_bucket_size": "auto",
+    },
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+}
 
 
 def common(**extra) -> dict:
-    trl = {"rollout_func": "ds_env.rollout", "reward_funcs": ["ds_env.gated"], "skip_zero_advantage_batches": True,
-           "loss_type": "grpo", **extra.pop("trl", {})}  # fmt: skip
-    return {"max_steps": 4, "save_steps": 2, "gradient_accumulation_steps": 2, "shuffle_dataset": False,
-            "max_grad_norm": 0.5, **extra, "trl": trl}  # fmt: skip
+    trl = {
+        "rollout_func": "ds_env.rollout",
+        "reward_funcs": ["ds_env.gated"],
+        "skip_zero_advantage_batches": True,
+        "loss_type": "grpo",
+        **extra.pop("trl", {}),
+    }
+    return {
+        "max_steps": 4,
+        "save_steps": 2,
+        "gradient_accumulation_steps": 2,
+        "shuffle_dataset": False,
+        "max_grad_norm": 0.5,
+        **extra,
+        "trl": trl,
+    }
 
 
 @pytest.fixture
@@ -104,8 +128,9 @@ GRPO_LOSS_SKIPS = {"skipped_zero_adv_batches": [0, 1, 3, 3]}  # whole micro-batc
 DAPO_SKIPS = {"skipped_zero_adv_batches": [1, 2, 4, 4], "skipped_zero_adv_samples": [2, 4, 8, 8]}
 
 
-def assert_matches_one_process(tmp: Path, sharded: str, single: str, world: int = 2,
-                               skips: dict[str, list[int]] = GRPO_LOSS_SKIPS) -> list[dict]:  # fmt: skip
+def assert_matches_one_process(
+    tmp: Path, sharded: str, single: str, world: int = 2, skips: dict[str, list[int]] = GRPO_LOSS_SKIPS
+) -> list[dict]:
     a, c = metrics(tmp / sharded), metrics(tmp / single)
     assert [r["world_size"] for r in a] == [float(world)] * 4 and [r["world_size"] for r in c] == [1.0] * 4
     for ra, rc in zip(a, c, strict=True):
@@ -139,14 +164,25 @@ def test_zero2_and_zero3_full_finetune_match_one_process_and_resume_exactly(dsdi
     assert (tmp / "zero2" / "checkpoint-2" / "deepspeed").is_dir()
     # one process (the engine in a process group of one), ZeRO-3 full fine-tuning: the full weights gathered
     # for checkpoints and the final model are the trained ones
-    alone = write_config(tmp, "zero3_alone", model, **common(deepspeed=str(tmp / "zero3.json"), gradient_accumulation_steps=4))
+    alone = write_config(
+        tmp, "zero3_alone", model, **common(deepspeed=str(tmp / "zero3.json"), gradient_accumulation_steps=4)
+    )
     run_grpo(tmp, ["run", str(alone)])
     assert_matches_one_process(tmp, "zero3_alone", "single", world=1)
-    torch.testing.assert_close(weights_of(tmp / "zero3_alone" / "checkpoint-2" / "model"),
-                               weights_of(tmp / "single" / "checkpoint-2" / "model"), rtol=1e-4, atol=1e-6)  # fmt: skip
+    torch.testing.assert_close(
+        weights_of(tmp / "zero3_alone" / "checkpoint-2" / "model"),
+        weights_of(tmp / "single" / "checkpoint-2" / "model"),
+        rtol=1e-4,
+        atol=1e-6,
+    )
 
-    resumed = write_config(tmp, "zero2_resumed", model, **common(deepspeed=str(tmp / "zero2.json")),
-                           resume_from_checkpoint=str(tmp / "zero2" / "checkpoint-2"))  # fmt: skip
+    resumed = write_config(
+        tmp,
+        "zero2_resumed",
+        model,
+        **common(deepspeed=str(tmp / "zero2.json")),
+        resume_from_checkpoint=str(tmp / "zero2" / "checkpoint-2"),
+    )
     assert_resumes_exactly(tmp, resumed, "zero2", a)
 
 
@@ -170,15 +206,21 @@ def test_zero3_lora_with_async_prefetch_matches_one_process_and_resumes_exactly(
     # gradient checkpointing: reentrant under ZeRO-3 (grpo's default there), non-reentrant in the 1-process run
     lora = {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "learning_rate": 5e-2, "gradient_checkpointing": True}
     dapo = {"loss_type": "dapo"}  # zero-advantage completions left out (module docstring)
-    sharded = write_config(tmp, "zero3", model, **common(deepspeed=str(tmp / "zero3.json"), **lora,
-                                                          trl={"async_prefetch": True, **dapo}))  # fmt: skip
+    sharded = write_config(
+        tmp, "zero3", model, **common(deepspeed=str(tmp / "zero3.json"), **lora, trl={"async_prefetch": True, **dapo})
+    )
     single = write_config(tmp, "single", model, **common(gradient_accumulation_steps=4, **lora, trl=dapo))
     run_grpo(tmp, ["run", str(sharded), "--num-processes", "2"])
     run_grpo(tmp, ["run", str(single)])
     a = assert_matches_one_process(tmp, "zero3", "single", skips=DAPO_SKIPS)
 
-    resumed = write_config(tmp, "zero3_resumed", model, **common(deepspeed=str(tmp / "zero3.json"), **lora,
-                           trl={"async_prefetch": True, **dapo}), resume_from_checkpoint=str(tmp / "zero3" / "checkpoint-2"))  # fmt: skip
+    resumed = write_config(
+        tmp,
+        "zero3_resumed",
+        model,
+        **common(deepspeed=str(tmp / "zero3.json"), **lora, trl={"async_prefetch": True, **dapo}),
+        resume_from_checkpoint=str(tmp / "zero3" / "checkpoint-2"),
+    )
     assert_resumes_exactly(tmp, resumed, "zero3", a)
 
 

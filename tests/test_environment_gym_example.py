@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.host.plugin_host import contract_problem, validate_settings
 from grpo_core.contract.types import Episode, Prompt
+from grpo_core.host.plugin_host import contract_problem, validate_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "environments"))
 from gym_text import GymTextEnvironment  # noqa: E402

@@ -25,8 +25,8 @@ pytest.importorskip("openenv.core.env_server", reason="openenv-core is not insta
 from grpo_core.config.loader import validate  # noqa: E402
 from grpo_core.contract.context import RunContext  # noqa: E402
 from grpo_core.contract.errors import ConfigError, GrpoError  # noqa: E402
-from grpo_core.host.plugin_host import PluginHost  # noqa: E402
 from grpo_core.contract.types import EnvironmentReply, Episode, Prompt  # noqa: E402
+from grpo_core.host.plugin_host import PluginHost  # noqa: E402
 from grpo_plugins.environments.openenv import OpenEnvEnvironment, OpenEnvEpisode, observation_text  # noqa: E402
 from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvUnavailable  # noqa: E402
 
@@ -35,13 +35,20 @@ SERVE = "{python} -m uvicorn openenv_guess_env:app --app-dir " + str(TESTS) + " 
 
 
 def config(**settings):
-    return validate({"base_model": "unused/model", "trl": {"reward_funcs": ["x.y"]},
-                     "plugins": {"environment": "openenv", "openenv": settings}})  # fmt: skip
+    return validate(
+        {
+            "base_model": "unused/model",
+            "trl": {"reward_funcs": ["x.y"]},
+            "plugins": {"environment": "openenv", "openenv": settings},
+        }
+    )
 
 
 def load(tmp_path: Path, log: list[str] | None = None, **settings) -> OpenEnvEnvironment:
     """The adapter as a run builds it: through the plugin host, from a config."""
-    context = RunContext(config=config(**settings), output_dir=tmp_path, log=(lambda m: None) if log is None else log.append)
+    context = RunContext(
+        config=config(**settings), output_dir=tmp_path, log=(lambda m: None) if log is None else log.append
+    )
     return PluginHost().load_implementation("environment", "openenv", context)
 
 
@@ -75,7 +82,9 @@ def play_bisect(episode: Episode) -> tuple[list[str], float, int]:
 @pytest.fixture(scope="module")
 def managed(tmp_path_factory):
     """One managed server for the module's tests that do not kill it."""
-    environment = load(tmp_path_factory.mktemp("openenv"), command=SERVE, observation_field="text", env={"MAX_CONCURRENT_ENVS": "16"})
+    environment = load(
+        tmp_path_factory.mktemp("openenv"), command=SERVE, observation_field="text", env={"MAX_CONCURRENT_ENVS": "16"}
+    )
     yield environment
     environment.close()
     assert environment.server is not None and environment.server.process is None
@@ -148,8 +157,12 @@ def test_reset_columns_and_default_observation_text(managed, tmp_path):
         observation_text({"text": "hi"}, "board")
     with pytest.raises(ConfigError, match="reset_columns names \\['hint'\\]"):
         plain.grpo_environment_episode(prompt(1), 0)
-    with pytest.raises(OpenEnvError, match="prompt 1, sample 0, reset: the observation has no field 'board' .*observation_field"):
-        load(tmp_path, base_url=managed.base_url, observation_field="board").grpo_environment_episode(prompt(1), 0).reset()
+    with pytest.raises(
+        OpenEnvError, match="prompt 1, sample 0, reset: the observation has no field 'board' .*observation_field"
+    ):
+        load(tmp_path, base_url=managed.base_url, observation_field="board").grpo_environment_episode(
+            prompt(1), 0
+        ).reset()
 
 
 def test_observation_function_renders_messages(managed, tmp_path):
@@ -200,9 +213,16 @@ def test_action_field_from_the_schema_or_a_function(tmp_path):
     bet = SERVE.replace("openenv_guess_env:app", "openenv_guess_env:app_bet")
     ambiguous = load(tmp_path, command=bet, observation_field="text")
     try:
-        with pytest.raises(ConfigError, match=r"action class BetAction has fields \['message', 'stake'\] \(2 required\).*action_field"):
+        with pytest.raises(
+            ConfigError, match=r"action class BetAction has fields \['message', 'stake'\] \(2 required\).*action_field"
+        ):
             ambiguous.grpo_environment_episode(prompt(0), 0)
-        built = load(tmp_path, base_url=ambiguous.base_url, observation_field="text", action_function="openenv_guess_env.bet_action")
+        built = load(
+            tmp_path,
+            base_url=ambiguous.base_url,
+            observation_field="text",
+            action_function="openenv_guess_env.bet_action",
+        )
         seen, total, steps = play_bisect(built.grpo_environment_episode(prompt(0), 0))
         assert seen[-1] == "done" and total == pytest.approx(1.0 - 0.1 * (steps - 1))
     finally:
@@ -235,7 +255,9 @@ def test_capacity_is_explained_and_can_be_waited_for(tmp_path):
         first = one.grpo_environment_episode(prompt(0), 0)
         first.reset()
         second = one.grpo_environment_episode(prompt(0), 1)
-        with pytest.raises(OpenEnvError, match="refused a new session \\(1 of 1 in use\\).*max_concurrent_envs") as refused:
+        with pytest.raises(
+            OpenEnvError, match="refused a new session \\(1 of 1 in use\\).*max_concurrent_envs"
+        ) as refused:
             second.reset()
         assert refused.value.code == "CAPACITY_REACHED"
         second.close()
@@ -316,7 +338,9 @@ def test_a_server_that_stops_answering_is_restarted(tmp_path):
         fresh = frozen.grpo_environment_episode(prompt(3), 1)
         assert old.poll() is not None  # the frozen process group was killed, not left behind
         assert frozen.restarts == 1 and frozen.server.pid != old.pid
-        assert any(f"(pid {old.pid}) did not answer GET /health within 3 s" in line and "restarting it" in line for line in log)
+        assert any(
+            f"(pid {old.pid}) did not answer GET /health within 3 s" in line and "restarting it" in line for line in log
+        )
         assert play_bisect(fresh)[0][-1] == "done"
     finally:
         frozen.close()
@@ -332,8 +356,8 @@ def test_a_server_that_dies_at_every_restart_ends_the_run(tmp_path, smollm2_toke
     EnvironmentLost naming the command and its last log lines. The episode
     driver lets it end the run instead of failing one episode after another."""
     from grpo_core.contract.errors import EnvironmentLost
-    from grpo_core.training.episodes import EpisodeDriver
     from grpo_core.contract.types import SamplingSettings
+    from grpo_core.training.episodes import EpisodeDriver
     from grpo_plugins.environments.openenv import OpenEnvServerLost
 
     command = FLAKY.replace("MARKER", str(tmp_path / "started"))
@@ -358,7 +382,9 @@ def test_a_server_that_dies_at_every_restart_ends_the_run(tmp_path, smollm2_toke
 
         # The driver: the error ends the batch (and so the run), it is not one failed episode
         cfg = config(command=command)
-        driver = EpisodeDriver(flaky.grpo_environment_episode, smollm2_tokenizer, cfg, "openenv", log.append, concurrent_turns=False)
+        driver = EpisodeDriver(
+            flaky.grpo_environment_episode, smollm2_tokenizer, cfg, "openenv", log.append, concurrent_turns=False
+        )
         never = lambda *args: pytest.fail("no episode may reach the model")  # noqa: E731
         with pytest.raises(OpenEnvServerLost, match="so the run ends"):
             driver.run([prompt(i) for i in range(2)], 2, SamplingSettings(max_tokens=16), never)
@@ -372,7 +398,10 @@ def test_no_server_at_base_url(tmp_path):
     url = f"http://127.0.0.1:{free_loopback_port()}"
     nowhere = load(tmp_path, base_url=url, startup_timeout=1.5)
     start = time.monotonic()
-    with pytest.raises(OpenEnvUnavailable, match=r"did not answer http://127.0.0.1:\d+/health within 1.5 s \(ConnectError.*plugins.openenv.base_url"):
+    with pytest.raises(
+        OpenEnvUnavailable,
+        match=r"did not answer http://127.0.0.1:\d+/health within 1.5 s \(ConnectError.*plugins.openenv.base_url",
+    ):
         nowhere.grpo_environment_episode(prompt(0), 0)
     assert time.monotonic() - start >= 1.5  # it waited for a server that may still be starting
 
@@ -382,8 +411,13 @@ def test_a_base_url_server_that_goes_away(managed, tmp_path):
     sentence naming the call and the setting."""
     from grpo_plugins.environments.openenv_session import OpenEnvSession
 
-    session = OpenEnvSession(managed.base_url.rsplit(":", 1)[0] + ":1", where="prompt 0, sample 0", connect_timeout=2, message_timeout=2)
-    with pytest.raises(OpenEnvUnavailable, match="ws://127.0.0.1:1/ws, prompt 0, sample 0, reset: could not connect .*plugins.openenv.base_url"):
+    session = OpenEnvSession(
+        managed.base_url.rsplit(":", 1)[0] + ":1", where="prompt 0, sample 0", connect_timeout=2, message_timeout=2
+    )
+    with pytest.raises(
+        OpenEnvUnavailable,
+        match="ws://127.0.0.1:1/ws, prompt 0, sample 0, reset: could not connect .*plugins.openenv.base_url",
+    ):
         session.reset()
     session.close()
 
@@ -394,8 +428,13 @@ def test_a_server_that_cannot_start_shows_its_log(tmp_path):
     command would fail the same way, and every later episode says so at once."""
     from grpo_core.contract.errors import EnvironmentLost
 
-    broken = load(tmp_path, command="{python} -m uvicorn no_such_module:app --host {host} --port {port}", startup_timeout=60)
-    with pytest.raises(EnvironmentLost, match="(?s)failed to start: the managed server .* exited with code \\d+; last lines of .*no_such_module.*The run ends"):
+    broken = load(
+        tmp_path, command="{python} -m uvicorn no_such_module:app --host {host} --port {port}", startup_timeout=60
+    )
+    with pytest.raises(
+        EnvironmentLost,
+        match="(?s)failed to start: the managed server .* exited with code \\d+; last lines of .*no_such_module.*The run ends",
+    ):
         broken.grpo_environment_episode(prompt(0), 0)
     with pytest.raises(OpenEnvUnavailable, match="failed to start"):
         broken.grpo_environment_episode(prompt(0), 1)
@@ -404,7 +443,9 @@ def test_a_server_that_cannot_start_shows_its_log(tmp_path):
 
 
 def test_settings_errors_name_the_key(tmp_path):
-    with pytest.raises(ConfigError, match="plugins.openenv.command: Value error, set exactly one of base_url .* and command"):
+    with pytest.raises(
+        ConfigError, match="plugins.openenv.command: Value error, set exactly one of base_url .* and command"
+    ):
         load(tmp_path)
     with pytest.raises(ConfigError, match="plugins.openenv.command: .*exactly one of base_url"):
         load(tmp_path, base_url="http://127.0.0.1:1", command="x")
@@ -434,7 +475,9 @@ def test_smollm2_turns_drive_an_episode(managed, smollm2_dir):
     torch.set_num_threads(1)  # on a busy 2-core machine, 2 threads made generate() ~5x slower
     try:
         while turns < 3:
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+            ids = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+            )
             with torch.no_grad():
                 out = model.generate(**ids, max_new_tokens=12, do_sample=False)
             text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)

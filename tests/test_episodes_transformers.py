@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.host import plugin_host
 from grpo_core.config.loader import validate
+from grpo_core.host import plugin_host
 from grpo_core.training.run import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,15 +40,24 @@ def test_transformers_rollout_runs_episodes_and_a_rewriting_template_is_counted(
     smollm2_dir: str, tmp_path: Path, guess_site: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    cfg = validate({
-        "base_model": smollm2_dir, "adapter": "lora", "lora_r": 8, "sequence_len": 256,
-        "chat_template": FORGETFUL_TEMPLATE,
-        "datasets": [{"path": str(GUESS / "data" / "train.jsonl")}], "micro_batch_size": 4,
-        "max_steps": 1, "learning_rate": 1e-4, "output_dir": str(out), "seed": 2,
-        "plugins": {"environment": "guess_number"},
-        "episodes": {"max_turns": 2, "max_tokens_per_turn": 5},
-        "trl": {"num_generations": 4, "max_completion_length": 64},
-    })  # fmt: skip
+    cfg = validate(
+        {
+            "base_model": smollm2_dir,
+            "adapter": "lora",
+            "lora_r": 8,
+            "sequence_len": 256,
+            "chat_template": FORGETFUL_TEMPLATE,
+            "datasets": [{"path": str(GUESS / "data" / "train.jsonl")}],
+            "micro_batch_size": 4,
+            "max_steps": 1,
+            "learning_rate": 1e-4,
+            "output_dir": str(out),
+            "seed": 2,
+            "plugins": {"environment": "guess_number"},
+            "episodes": {"max_turns": 2, "max_tokens_per_turn": 5},
+            "trl": {"num_generations": 4, "max_completion_length": 64},
+        }
+    )
     sys.path.insert(0, str(guess_site))
     plugin_host.rescan()
     try:

@@ -24,9 +24,16 @@ def test_example_trains_one_step(name: str, smollm2_dir: str, tmp_path: Path, mo
     monkeypatch.delitem(sys.modules, "rewards", raising=False)
     cfg = load_config(
         EXAMPLES / name / "config.toml",
-        [f"base_model={json.dumps(smollm2_dir)}", "trl.use_vllm=false", "max_steps=1", "micro_batch_size=8",
-         "gradient_accumulation_steps=1", "trl.max_completion_length=8", f"output_dir={json.dumps(str(tmp_path / 'out'))}"],
-    )  # fmt: skip
+        [
+            f"base_model={json.dumps(smollm2_dir)}",
+            "trl.use_vllm=false",
+            "max_steps=1",
+            "micro_batch_size=8",
+            "gradient_accumulation_steps=1",
+            "trl.max_completion_length=8",
+            f"output_dir={json.dumps(str(tmp_path / 'out'))}",
+        ],
+    )
     assert run_training(cfg) == "completed"
     record = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     reward_keys = [k for k in record if k.startswith("rewards/") and k.endswith("/mean")]

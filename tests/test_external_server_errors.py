@@ -65,8 +65,12 @@ def serving(routes: dict[tuple[str, str], tuple[int, Any]]) -> Iterator[str]:
 
 
 # TRL < 1.x's FastAPI server: routes with a trailing slash (FastAPI redirects the bare path).
-OLD_TRL = {("GET", "/health/"): (200, {"status": "ok"}), ("GET", "/health"): (307, {}),
-           ("GET", "/get_world_size/"): (200, {"world_size": 1}), ("POST", "/generate/"): (200, {"completion_ids": []})}  # fmt: skip
+OLD_TRL = {
+    ("GET", "/health/"): (200, {"status": "ok"}),
+    ("GET", "/health"): (307, {}),
+    ("GET", "/get_world_size/"): (200, {"world_size": 1}),
+    ("POST", "/generate/"): (200, {"completion_ids": []}),
+}
 
 
 def stock_vllm(dev_mode: bool, logprobs_mode: str = "processed_logprobs") -> dict[tuple[str, str], tuple[int, Any]]:
@@ -76,18 +80,41 @@ def stock_vllm(dev_mode: bool, logprobs_mode: str = "processed_logprobs") -> dic
         ("GET", "/v1/models"): (200, {"data": [{"id": "/models/smol", "root": "/models/smol", "parent": None}]}),
     }
     if dev_mode:
-        config = {"model_config": {"logprobs_mode": logprobs_mode, "dtype": "torch.bfloat16"}, "lora_config": None,
-                  "weight_transfer_config": None}  # fmt: skip
-        routes.update({("GET", "/server_info"): (200, {"vllm_config": config}), ("POST", "/reset_prefix_cache"): (200, {}),
-                       ("GET", "/weight_info"): (200, {"weight_version": "default"}), ("GET", "/get_world_size"): (200, {"world_size": 1})})  # fmt: skip
+        config = {
+            "model_config": {"logprobs_mode": logprobs_mode, "dtype": "torch.bfloat16"},
+            "lora_config": None,
+            "weight_transfer_config": None,
+        }
+        routes.update(
+            {
+                ("GET", "/server_info"): (200, {"vllm_config": config}),
+                ("POST", "/reset_prefix_cache"): (200, {}),
+                ("GET", "/weight_info"): (200, {"weight_version": "default"}),
+                ("GET", "/get_world_size"): (200, {"world_size": 1}),
+            }
+        )
     return routes
 
 
 def context(tmp_path: Path, base_url: str, **trl: Any) -> RunContext:
     logs: list[str] = []
-    cfg = validate({"base_model": str(tmp_path), "datasets": [{"path": "x.jsonl"}], "micro_batch_size": 4, "output_dir": str(tmp_path),
-                    "trl": {"use_vllm": True, "vllm_managed": False, "vllm_server_base_url": base_url, "num_generations": 4,
-                            "reward_funcs": ["last_number_match"], "vllm_server_timeout": 3, **trl}})  # fmt: skip
+    cfg = validate(
+        {
+            "base_model": str(tmp_path),
+            "datasets": [{"path": "x.jsonl"}],
+            "micro_batch_size": 4,
+            "output_dir": str(tmp_path),
+            "trl": {
+                "use_vllm": True,
+                "vllm_managed": False,
+                "vllm_server_base_url": base_url,
+                "num_generations": 4,
+                "reward_funcs": ["last_number_match"],
+                "vllm_server_timeout": 3,
+                **trl,
+            },
+        }
+    )
     ctx = RunContext(config=cfg, output_dir=tmp_path, log=logs.append)
     ctx.logs = logs  # type: ignore[attr-defined]
     return ctx
@@ -98,13 +125,29 @@ def test_grpo_run_against_an_old_protocol_trl_server_says_so_in_one_line(tmp_pat
     one line naming the servers grpo does talk to, no traceback."""
     (tmp_path / "train.jsonl").write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n' * 8)
     with serving(OLD_TRL) as url:
-        (tmp_path / "config.yaml").write_text(json.dumps({  # JSON is YAML
-            "base_model": smollm2_dir, "datasets": [{"path": str(tmp_path / "train.jsonl")}], "micro_batch_size": 4,
-            "max_steps": 1, "output_dir": str(tmp_path / "out"),
-            "trl": {"use_vllm": True, "vllm_managed": False, "vllm_server_base_url": url, "num_generations": 4,
-                    "reward_funcs": ["last_number_match"], "vllm_server_timeout": 3}}))  # fmt: skip
+        (tmp_path / "config.yaml").write_text(
+            json.dumps(
+                {  # JSON is YAML
+                    "base_model": smollm2_dir,
+                    "datasets": [{"path": str(tmp_path / "train.jsonl")}],
+                    "micro_batch_size": 4,
+                    "max_steps": 1,
+                    "output_dir": str(tmp_path / "out"),
+                    "trl": {
+                        "use_vllm": True,
+                        "vllm_managed": False,
+                        "vllm_server_base_url": url,
+                        "num_generations": 4,
+                        "reward_funcs": ["last_number_match"],
+                        "vllm_server_timeout": 3,
+                    },
+                }
+            )
+        )
         grpo = Path(sys.executable).parent / "grpo"
-        done = subprocess.run([str(grpo), "run", str(tmp_path / "config.yaml")], capture_output=True, text=True, timeout=300)  # noqa: S603
+        done = subprocess.run(
+            [str(grpo), "run", str(tmp_path / "config.yaml")], capture_output=True, text=True, timeout=300
+        )  # noqa: S603
     output = done.stdout + done.stderr
     assert done.returncode != 0, output
     assert "Traceback" not in output, output
@@ -137,7 +180,9 @@ def test_a_server_without_dev_mode_generates_but_refuses_weight_syncs_naming_dev
         engine.ensure_ready()
         assert engine.served_model == "/models/smol"  # its own name for the model, not grpo's "base"
         assert any("dev mode off" in line for line in ctx.logs)  # type: ignore[attr-defined]
-        with pytest.raises(EngineRequestError, match=r"no /collective_rpc: start the server with VLLM_SERVER_DEV_MODE=1"):
+        with pytest.raises(
+            EngineRequestError, match=r"no /collective_rpc: start the server with VLLM_SERVER_DEV_MODE=1"
+        ):
             engine.load_weights_from_path(tmp_path)
         with pytest.raises(ConfigError, match=r"weight sync 'nccl'.*no weight-transfer routes.*VLLM_SERVER_DEV_MODE=1"):
             _reported_world_size(engine.control_endpoints()[0])
@@ -148,7 +193,9 @@ def test_a_server_in_another_logprobs_mode_is_refused_when_the_temperature_diffe
     from grpo_plugins.vllm.engine import VLLMServerEngine
 
     with serving(stock_vllm(dev_mode=True, logprobs_mode="raw_logprobs")) as url:
-        with pytest.raises(ConfigError, match=r"--logprobs-mode raw_logprobs.*temperature \(0.7\).*--logprobs-mode processed_logprobs"):
+        with pytest.raises(
+            ConfigError, match=r"--logprobs-mode raw_logprobs.*temperature \(0.7\).*--logprobs-mode processed_logprobs"
+        ):
             VLLMServerEngine(context(tmp_path, url, temperature=0.7)).ensure_ready()
         engine = VLLMServerEngine(context(tmp_path, url))  # temperature 1: raw log-probs are the trainer's
         engine.ensure_ready()

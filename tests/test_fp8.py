@@ -27,10 +27,16 @@ def _cfg(tmp_path: Path):
     from grpo_core.config.loader import validate
 
     (tmp_path / "train.jsonl").write_text('{"prompt": "hi"}\n')
-    return validate({
-        "base_model": str(tmp_path), "datasets": [{"path": str(tmp_path / "train.jsonl")}], "micro_batch_size": 4,
-        "fp8": True, "bf16": True, "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
-    })  # fmt: skip
+    return validate(
+        {
+            "base_model": str(tmp_path),
+            "datasets": [{"path": str(tmp_path / "train.jsonl")}],
+            "micro_batch_size": 4,
+            "fp8": True,
+            "bf16": True,
+            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
+        }
+    )
 
 
 def test_config_check_refuses_fp8_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

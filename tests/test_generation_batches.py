@@ -19,26 +19,45 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_model import build_tiny_model
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.errors import ConfigError
 from grpo_core.training.batch import generation_batch_size, steps_per_batch, steps_per_generation
 from grpo_core.training.config_check import check_run_config
 from grpo_core.training.run import run_training
-from tiny_model import build_tiny_model
 
 REWARDS = "def parity(completion_ids, **kwargs):\n    return [float(sum(ids) % 2) for ids in completion_ids]\n"
 
 
 def cfg_for(tmp: Path, model: str = "unused/model", **settings):
-    trl = {k: settings.pop(k) for k in ("generation_batch_size", "steps_per_generation", "num_iterations") if k in settings}
-    return validate({
-        "base_model": model, "adapter": None, "datasets": [{"path": str(tmp / "train.jsonl")}], "sequence_len": 64,
-        "micro_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 4, "learning_rate": 1e-3,
-        "lr_scheduler": "constant", "output_dir": str(tmp / "out"), "seed": 3, **settings,
-        "trl": {"num_generations": 4, "max_completion_length": 3, "reward_funcs": ["gb_rewards.parity"],
-                "temperature": 1.0, "skip_zero_advantage_batches": False, **trl},
-    })  # fmt: skip
+    trl = {
+        k: settings.pop(k) for k in ("generation_batch_size", "steps_per_generation", "num_iterations") if k in settings
+    }
+    return validate(
+        {
+            "base_model": model,
+            "adapter": None,
+            "datasets": [{"path": str(tmp / "train.jsonl")}],
+            "sequence_len": 64,
+            "micro_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "max_steps": 4,
+            "learning_rate": 1e-3,
+            "lr_scheduler": "constant",
+            "output_dir": str(tmp / "out"),
+            "seed": 3,
+            **settings,
+            "trl": {
+                "num_generations": 4,
+                "max_completion_length": 3,
+                "reward_funcs": ["gb_rewards.parity"],
+                "temperature": 1.0,
+                "skip_zero_advantage_batches": False,
+                **trl,
+            },
+        }
+    )
 
 
 # ----------------------------------------------------------------------------- config
@@ -60,14 +79,22 @@ def test_generation_batch_feeds_whole_optimizer_steps(tmp_path: Path, settings: 
 @pytest.mark.parametrize(
     ("settings", "fragments"),
     [
-        ({"generation_batch_size": 12}, ["trl.generation_batch_size = 12", "not a multiple of micro_batch_size x "
-                                         "gradient_accumulation_steps = 8", "trl.generation_batch_size = 8"]),
+        (
+            {"generation_batch_size": 12},
+            [
+                "trl.generation_batch_size = 12",
+                "not a multiple of micro_batch_size x gradient_accumulation_steps = 8",
+                "trl.generation_batch_size = 8",
+            ],
+        ),
         ({"generation_batch_size": 4}, ["trl.generation_batch_size = 4", "smaller than a step", "= 8"]),
         ({"steps_per_generation": 3}, ["trl.steps_per_generation (3)", "trl.steps_per_generation = 2"]),
         ({"generation_batch_size": 16, "steps_per_generation": 4}, ["both set", "set only one"]),
     ],
 )
-def test_unsupported_generation_batches_are_refused_by_name(tmp_path: Path, settings: dict, fragments: list[str]) -> None:
+def test_unsupported_generation_batches_are_refused_by_name(
+    tmp_path: Path, settings: dict, fragments: list[str]
+) -> None:
     with pytest.raises(ConfigError) as info:
         check_run_config(cfg_for(tmp_path, **settings))
     for fragment in fragments:
@@ -77,17 +104,33 @@ def test_unsupported_generation_batches_are_refused_by_name(tmp_path: Path, sett
 # ----------------------------------------------------------------------------- parity with TRL
 
 
-def trl_schedule(micro: int, ga: int, gbs: int, num_iterations: int, steps: int, tmp: Path) -> list[tuple[int, list[int], frozenset]]:
+def trl_schedule(
+    micro: int, ga: int, gbs: int, num_iterations: int, steps: int, tmp: Path
+) -> list[tuple[int, list[int], frozenset]]:
     """Per optimizer step: (generation number, micro-batch sizes, rows),
     from TRL's own ``_prepare_inputs`` driven as its Trainer drives it."""
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
-    args = TRLConfig(output_dir=str(tmp / "trl"), per_device_train_batch_size=micro, gradient_accumulation_steps=ga,
-                     generation_batch_size=gbs, num_generations=4, num_iterations=num_iterations, use_cpu=True,
-                     bf16=False, report_to=[])  # fmt: skip
-    state = SimpleNamespace(model=SimpleNamespace(training=True), args=args, num_iterations=num_iterations, _step=0,
-                            _buffered_inputs=None, generations=0)  # fmt: skip
+    args = TRLConfig(
+        output_dir=str(tmp / "trl"),
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=ga,
+        generation_batch_size=gbs,
+        num_generations=4,
+        num_iterations=num_iterations,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+    )
+    state = SimpleNamespace(
+        model=SimpleNamespace(training=True),
+        args=args,
+        num_iterations=num_iterations,
+        _step=0,
+        _buffered_inputs=None,
+        generations=0,
+    )
 
     def generate(_batch):  # a generation: numbered completions (TRL then shuffles and slices them)
         state.generations += 1
@@ -156,7 +199,9 @@ def _partition_checks(schedule, per_generation: int, num_iterations: int, batch:
 
 
 @pytest.mark.parametrize(("gbs", "num_iterations", "steps"), [(8, 1, 2), (16, 1, 4), (16, 2, 4), (24, 1, 3)])
-def test_each_step_sees_trls_batch_shapes(smollm2_dir: str, tmp_path: Path, monkeypatch, gbs: int, num_iterations: int, steps: int) -> None:
+def test_each_step_sees_trls_batch_shapes(
+    smollm2_dir: str, tmp_path: Path, monkeypatch, gbs: int, num_iterations: int, steps: int
+) -> None:
     (tmp_path / "gb_rewards.py").write_text(REWARDS)
     rows = [{"prompt": f"Count to {i}:"} for i in range(12)]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))

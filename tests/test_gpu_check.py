@@ -112,7 +112,9 @@ def test_the_import_scan_sees_what_grpo_imports() -> None:
 
 def test_every_package_grpo_imports_is_on_the_gpu_machine_or_in_the_wheel_list() -> None:
     have, carried = machine_packages(), wheel_specs()
-    missing = {dist: sorted(files)[:3] for dist, files in needed_on_gpu_machine().items() if dist not in have | set(carried)}
+    missing = {
+        dist: sorted(files)[:3] for dist, files in needed_on_gpu_machine().items() if dist not in have | set(carried)
+    }
     assert not missing, (
         f"imported by grpo, absent on the GPU machine ({MACHINE_LIST.name}) and not in GPU_WHEELS of "
         f"scripts/gpu_wheels.sh: {missing}. Add each as name==version there (or to NOT_CARRIED here, with why)."
@@ -183,7 +185,9 @@ def _pypi_reachable() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _pypi_reachable(), reason="scripts/gpu_wheels.sh downloads from PyPI, which is unreachable here")
+@pytest.mark.skipif(
+    not _pypi_reachable(), reason="scripts/gpu_wheels.sh downloads from PyPI, which is unreachable here"
+)
 def test_the_wheel_script_builds_the_folder_under_the_limit(smollm2_dir: str) -> None:
     """For real, into a cache folder kept between runs (a re-run downloads
     nothing): one wheel per pinned package, for Python 3.12 x86_64, the
@@ -191,8 +195,14 @@ def test_the_wheel_script_builds_the_folder_under_the_limit(smollm2_dir: str) ->
     from grpo_core.modeling.model_files import cache_root
 
     dest = cache_root() / "gpu-wheels"
-    done = subprocess.run(["bash", str(WHEEL_SCRIPT)], env={**os.environ, "GPU_WHEELS_DIR": str(dest), "PY": sys.executable},
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(WHEEL_SCRIPT)],
+        env={**os.environ, "GPU_WHEELS_DIR": str(dest), "PY": sys.executable},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert re.search(r"MiB in total \(limit 64 MiB\)", done.stdout), done.stdout
     wheels = sorted(dest.glob("*.whl"))
@@ -213,7 +223,9 @@ def test_the_wheel_script_builds_the_folder_under_the_limit(smollm2_dir: str) ->
     assert unmet_needs(dest) == ({}, [])
 
 
-@pytest.mark.skipif(not _pypi_reachable(), reason="scripts/gpu_wheels.sh downloads from PyPI, which is unreachable here")
+@pytest.mark.skipif(
+    not _pypi_reachable(), reason="scripts/gpu_wheels.sh downloads from PyPI, which is unreachable here"
+)
 def test_the_wheels_install_as_gpu_check_sh_installs_them_there(smollm2_dir: str, tmp_path: Path) -> None:
     """gpu_check.sh's two installs, as far as this machine can do them: the
     wheels into a target for CPython 3.12 on x86-64 Linux (pip checks each
@@ -223,22 +235,74 @@ def test_the_wheels_install_as_gpu_check_sh_installs_them_there(smollm2_dir: str
     from grpo_core.modeling.model_files import cache_root
 
     dest = cache_root() / "gpu-wheels"
-    built = subprocess.run(["bash", str(WHEEL_SCRIPT)], env={**os.environ, "GPU_WHEELS_DIR": str(dest), "PY": sys.executable},
-                           cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    built = subprocess.run(
+        ["bash", str(WHEEL_SCRIPT)],
+        env={**os.environ, "GPU_WHEELS_DIR": str(dest), "PY": sys.executable},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     site = tmp_path / "site"
-    tags = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--only-binary=:all:",
-            "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64"]  # fmt: skip
-    wheels = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                             "--target", str(site), *tags, *map(str, sorted(dest.glob("*.whl")))],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    tags = [
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp312",
+        "--only-binary=:all:",
+        "--platform",
+        "manylinux_2_28_x86_64",
+        "--platform",
+        "manylinux_2_17_x86_64",
+    ]
+    wheels = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--target",
+            str(site),
+            *tags,
+            *map(str, sorted(dest.glob("*.whl"))),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert wheels.returncode == 0, wheels.stderr[-3000:]
-    assert list(site.glob("pydantic_core/_pydantic_core.cpython-312-x86_64-linux-gnu*.so")), sorted(p.name for p in site.glob("pydantic_core/*"))
+    assert list(site.glob("pydantic_core/_pydantic_core.cpython-312-x86_64-linux-gnu*.so")), sorted(
+        p.name for p in site.glob("pydantic_core/*")
+    )
     assert (site / "liger_kernel").is_dir() and (site / "torchao").is_dir() and (site / "setuptools").is_dir()
     env = {**os.environ, "PYTHONPATH": str(site)}  # the carried setuptools builds grpo, as there
-    grpo = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                           "--no-build-isolation", "--target", str(tmp_path / "grpo"), str(ROOT)],
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    grpo = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-build-isolation",
+            "--target",
+            str(tmp_path / "grpo"),
+            str(ROOT),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert grpo.returncode == 0, grpo.stderr[-3000:]
     points = next((tmp_path / "grpo").glob("grpo-*.dist-info")) / "entry_points.txt"
     assert "grpo_plugins.liger_loss:LigerPolicyLoss" in points.read_text()
@@ -248,8 +312,13 @@ def test_gpu_check_without_cuda_says_so_and_writes_the_reason(tmp_path: Path) ->
     """No CUDA (hidden here with CUDA_VISIBLE_DEVICES='' so a GPU machine
     runs this test the same): exit 2, one sentence, the reason in the file."""
     out = tmp_path / "gpu_check.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(out)],
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(out)],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "gpu_check: no CUDA device" in done.stderr and "Run it on a CUDA machine" in done.stderr, done.stderr
@@ -258,8 +327,19 @@ def test_gpu_check_without_cuda_says_so_and_writes_the_reason(tmp_path: Path) ->
 
 
 def test_gpu_check_refuses_an_unknown_section(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path / "x.json"), "--only", "liger,nope"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_check.py"),
+            "--out",
+            str(tmp_path / "x.json"),
+            "--only",
+            "liger,nope",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "--only: no section nope; the sections are bf16, fp8, liger, fsdp, speed, nccl" in done.stderr, done.stderr
 
@@ -267,7 +347,12 @@ def test_gpu_check_refuses_an_unknown_section(tmp_path: Path) -> None:
 def test_gpu_check_sh_without_wheels_names_the_script_to_run(tmp_path: Path) -> None:
     empty = tmp_path / "wheels"
     empty.mkdir()
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "GPU_WHEELS_DIR": str(empty), "OUT": str(tmp_path / "out"), "PY": sys.executable})  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "GPU_WHEELS_DIR": str(empty), "OUT": str(tmp_path / "out"), "PY": sys.executable},
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"no wheels in {empty}: run scripts/gpu_wheels.sh" in done.stderr, done.stderr

@@ -68,11 +68,18 @@ def test_nothing_changes_when_refused_disabled_or_not_glibc(monkeypatch: pytest.
         assert retained.mmap_threshold is None
 
 
-@pytest.mark.parametrize(("setting", "cuda", "expected"), [
-    ("auto", False, True), ("auto", True, False), (True, True, True), (False, False, False),
-])  # fmt: skip
-def test_auto_keeps_freed_memory_where_the_trainer_computes_on_a_cpu(monkeypatch: pytest.MonkeyPatch, setting, cuda: bool,
-                                                                     expected: bool) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("setting", "cuda", "expected"),
+    [
+        ("auto", False, True),
+        ("auto", True, False),
+        (True, True, True),
+        (False, False, False),
+    ],
+)
+def test_auto_keeps_freed_memory_where_the_trainer_computes_on_a_cpu(
+    monkeypatch: pytest.MonkeyPatch, setting, cuda: bool, expected: bool
+) -> None:
     from grpo_core.training import run
 
     monkeypatch.setattr(run.torch.cuda, "is_available", lambda: cuda)  # no GPU here: the answer is faked
@@ -124,7 +131,9 @@ def test_page_faults_stop_once_freed_buffers_are_kept(tmp_path: Path) -> None:
     script.write_text(CHURN)
     results = {}
     for mode in ("off", "on"):
-        done = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=120, check=True)
+        done = subprocess.run(
+            [sys.executable, str(script), mode], capture_output=True, text=True, timeout=120, check=True
+        )
         results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
     pages = (40 << 20) // 4096
     assert results["off"]["threshold"] is None
@@ -134,7 +143,9 @@ def test_page_faults_stop_once_freed_buffers_are_kept(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not ON_GLIBC, reason="glibc's malloc is what this changes")
-def test_a_real_run_keeps_freed_memory_while_it_trains(tmp_path: Path, smollm2_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_real_run_keeps_freed_memory_while_it_trains(
+    tmp_path: Path, smollm2_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import test_training
     import torch
 

@@ -28,8 +28,17 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from import_graph import REPO, Edge, all_edges, cycles, edges_between, graph, own, source_files, unexplained_lazy_imports
+from import_graph import (
+    REPO,
+    Edge,
+    all_edges,
+    cycles,
+    edges_between,
+    graph,
+    own,
+    source_files,
+    unexplained_lazy_imports,
+)
 
 ENGINES = {"grpo_plugins", "plugins", "vllm", "deepspeed", "liger_kernel"}
 
@@ -46,13 +55,25 @@ FOUNDATION = {"grpo_core.contract.errors", "grpo_core.contract.types"}
 # its validation sits above the layers whose rules it asks (the plugin host's
 # settings, model options, trackers and alerts) and below the scoring and
 # training that read what it decides.
-LAYERS = ["contract", "runtime", "config", "host", "modeling", "observability", "validation", "scoring",
-          "training", "interface"]  # fmt: skip
+LAYERS = [
+    "contract",
+    "runtime",
+    "config",
+    "host",
+    "modeling",
+    "observability",
+    "validation",
+    "scoring",
+    "training",
+    "interface",
+]
 OWN_RANK = {
     "grpo_core": "contract",  # the package: it re-exports hookimpl and installs the old-path finder
     "grpo_core.moved": "contract",  # the old-path finder imports nothing of grpo_core
 }
-PLUGIN_SURFACE = "grpo_core.plugin_api"  # above every layer: it re-exports them for plugins, nothing in grpo_core imports it
+PLUGIN_SURFACE = (
+    "grpo_core.plugin_api"  # above every layer: it re-exports them for plugins, nothing in grpo_core imports it
+)
 
 # Imports that run from a lower layer to a higher one, each with why it is
 # still there (none today).
@@ -79,7 +100,9 @@ def known() -> set[str]:
 
 
 def _own_edges(edges: list[Edge], known: set[str], levels: set[str]) -> set[tuple[str, str]]:
-    return {(e.source, t) for e in edges if e.level in levels and (t := own(e.target, known)) is not None and t != e.source}
+    return {
+        (e.source, t) for e in edges if e.level in levels and (t := own(e.target, known)) is not None and t != e.source
+    }
 
 
 def _layer_breaks(edges: list[Edge], known: set[str]) -> set[tuple[str, str]]:
@@ -115,8 +138,12 @@ def _plugin_package(module: str) -> str:
 
 def _ties(found: list[list[str]], edges: list[Edge], known: set[str], levels: set[str]) -> str:
     """What ties each circle, for the failure message."""
-    return "\n".join(f"{e.source}:{e.line} -> {e.target} ({e.level})" for members in found
-                     for e in edges_between(edges, set(members), known) if e.level in levels)  # fmt: skip
+    return "\n".join(
+        f"{e.source}:{e.line} -> {e.target} ({e.level})"
+        for members in found
+        for e in edges_between(edges, set(members), known)
+        if e.level in levels
+    )
 
 
 # ---------------------------------------------------------------------------- the repository
@@ -141,14 +168,21 @@ def test_type_only_circles_are_the_listed_ones(edges: list[Edge], known: set[str
 def test_every_import_inside_a_function_says_why() -> None:
     """A lazy import is for a heavy or optional library, or for start-up
     time, and its comment says which; a light module is imported at the top."""
-    found = [f"{module}:{line}" for module, path in source_files().items() if module.split(".")[0] in ("grpo_core", "grpo_plugins")
-             for line in unexplained_lazy_imports(path.read_text(encoding="utf-8"))]  # fmt: skip
+    found = [
+        f"{module}:{line}"
+        for module, path in source_files().items()
+        if module.split(".")[0] in ("grpo_core", "grpo_plugins")
+        for line in unexplained_lazy_imports(path.read_text(encoding="utf-8"))
+    ]
     assert found == []
 
 
 def test_core_never_imports_plugins_or_engines(edges: list[Edge]) -> None:
-    offenders = [f"{e.source}:{e.line} imports {e.target} ({e.level})" for e in edges
-                 if e.source.startswith("grpo_core") and e.target.split(".")[0] in ENGINES]  # fmt: skip
+    offenders = [
+        f"{e.source}:{e.line} imports {e.target} ({e.level})"
+        for e in edges
+        if e.source.startswith("grpo_core") and e.target.split(".")[0] in ENGINES
+    ]
     assert offenders == []
 
 
@@ -163,16 +197,30 @@ def test_layers_read_one_way_except_the_listed_imports(edges: list[Edge], known:
     assert sorted(UPWARD.keys() - breaks) == [], "no longer imported: remove it from UPWARD"
 
 
-def test_errors_and_types_import_nothing_of_grpo_core_even_for_type_checking(edges: list[Edge], known: set[str]) -> None:
-    assert {(s, t) for s, t in _own_edges(edges, known, {"module", "function", "type_checking"}) if s in FOUNDATION} == set()
+def test_errors_and_types_import_nothing_of_grpo_core_even_for_type_checking(
+    edges: list[Edge], known: set[str]
+) -> None:
+    assert {
+        (s, t) for s, t in _own_edges(edges, known, {"module", "function", "type_checking"}) if s in FOUNDATION
+    } == set()
 
 
 def test_the_graph_covers_every_package(known: set[str]) -> None:
-    for package in ("grpo_core", "grpo_core.config", "grpo_core.training", "grpo_plugins", "grpo_plugins.vllm",
-                    "grpo_plugins.environments", "grpo_plugins.rewards", "grpo"):  # fmt: skip
+    for package in (
+        "grpo_core",
+        "grpo_core.config",
+        "grpo_core.training",
+        "grpo_plugins",
+        "grpo_plugins.vllm",
+        "grpo_plugins.environments",
+        "grpo_plugins.rewards",
+        "grpo",
+    ):
         assert package in known
     assert len(known) >= 90
-    assert set(OWN_RANK) | {PLUGIN_SURFACE} | {f"grpo_core.{layer}" for layer in LAYERS} <= known  # a renamed module must be renamed here too
+    assert (
+        set(OWN_RANK) | {PLUGIN_SURFACE} | {f"grpo_core.{layer}" for layer in LAYERS} <= known
+    )  # a renamed module must be renamed here too
 
 
 def test_every_grpo_core_module_sits_in_a_layer_folder(known: set[str]) -> None:
@@ -195,8 +243,10 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_scan_tells_module_function_and_type_checking_imports(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {
-        "grpo_core/a.py": """
+    root = _tree(
+        tmp_path,
+        {
+            "grpo_core/a.py": """
             from typing import TYPE_CHECKING
             from grpo_core import b
             from .c import thing
@@ -209,13 +259,28 @@ def test_the_scan_tells_module_function_and_type_checking_imports(tmp_path: Path
             class Holder:
                 from grpo_core import f
         """,
-        "grpo_core/b.py": "", "grpo_core/c.py": "", "grpo_core/d.py": "", "grpo_core/e.py": "", "grpo_core/f.py": "",
-    })  # fmt: skip
-    found = {(own(e.target, set(source_files(root))) or e.target, e.level) for e in all_edges(root) if e.source == "grpo_core.a"}
+            "grpo_core/b.py": "",
+            "grpo_core/c.py": "",
+            "grpo_core/d.py": "",
+            "grpo_core/e.py": "",
+            "grpo_core/f.py": "",
+        },
+    )
+    found = {
+        (own(e.target, set(source_files(root))) or e.target, e.level)
+        for e in all_edges(root)
+        if e.source == "grpo_core.a"
+    }
     assert found == {
-        ("typing", "module"), ("grpo_core.b", "module"), ("grpo_core.c", "module"), ("importlib", "module"),
-        ("grpo_core.d", "type_checking"), ("grpo_core.e", "function"), ("vllm", "function"), ("grpo_core.f", "module"),
-    }  # fmt: skip
+        ("typing", "module"),
+        ("grpo_core.b", "module"),
+        ("grpo_core.c", "module"),
+        ("importlib", "module"),
+        ("grpo_core.d", "type_checking"),
+        ("grpo_core.e", "function"),
+        ("vllm", "function"),
+        ("grpo_core.f", "module"),
+    }
 
 
 def test_the_lazy_import_rule_reads_blocks_and_comments() -> None:
@@ -243,13 +308,16 @@ def test_the_lazy_import_rule_reads_blocks_and_comments() -> None:
 
 
 def test_a_circle_is_found_and_a_lazy_one_too(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {
-        "grpo_core/a.py": "from grpo_core.b import x\n",
-        "grpo_core/b.py": "import grpo_core.c\nx = 1\n",
-        "grpo_core/c.py": "def f():\n    from grpo_core import a\n",
-        "grpo_core/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from grpo_core import a\n",
-        "grpo_core/e.py": "import grpo_core.d\n",
-    })  # fmt: skip
+    root = _tree(
+        tmp_path,
+        {
+            "grpo_core/a.py": "from grpo_core.b import x\n",
+            "grpo_core/b.py": "import grpo_core.c\nx = 1\n",
+            "grpo_core/c.py": "def f():\n    from grpo_core import a\n",
+            "grpo_core/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from grpo_core import a\n",
+            "grpo_core/e.py": "import grpo_core.d\n",
+        },
+    )
     edges, known = all_edges(root), set(source_files(root))
     assert cycles(graph(edges, known, {"module"})) == []
     assert cycles(graph(edges, known, {"module", "function"})) == [["grpo_core.a", "grpo_core.b", "grpo_core.c"]]
@@ -258,16 +326,26 @@ def test_a_circle_is_found_and_a_lazy_one_too(tmp_path: Path) -> None:
 
 
 def test_a_sibling_plugin_import_and_an_upward_import_are_caught(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {
-        "plugins/vllm/__init__.py": "", "plugins/vllm/pool.py": "from grpo_plugins.vllm.server import x\n",
-        "plugins/vllm/server.py": "x = 1\n", "plugins/replay.py": "",
-        "plugins/advantages.py": "def f():\n    from grpo_plugins.vllm import pool\n",
-        "grpo_core/contract/errors.py": "from grpo_core.contract.types import Prompt\n", "grpo_core/contract/types.py": "",
-        "grpo_core/interface/cli.py": "", "grpo_core/modeling/models.py": "def f():\n    import grpo_core.interface.cli\n",
-    })  # fmt: skip
+    root = _tree(
+        tmp_path,
+        {
+            "plugins/vllm/__init__.py": "",
+            "plugins/vllm/pool.py": "from grpo_plugins.vllm.server import x\n",
+            "plugins/vllm/server.py": "x = 1\n",
+            "plugins/replay.py": "",
+            "plugins/advantages.py": "def f():\n    from grpo_plugins.vllm import pool\n",
+            "grpo_core/contract/errors.py": "from grpo_core.contract.types import Prompt\n",
+            "grpo_core/contract/types.py": "",
+            "grpo_core/interface/cli.py": "",
+            "grpo_core/modeling/models.py": "def f():\n    import grpo_core.interface.cli\n",
+        },
+    )
     edges, known = all_edges(root), set(source_files(root))
     assert _sibling_imports(edges, known) == ["grpo_plugins.advantages:2 imports grpo_plugins.vllm.pool"]
-    assert _layer_breaks(edges, known) == {("grpo_core.contract.errors", "grpo_core.contract.types"), ("grpo_core.modeling.models", "grpo_core.interface.cli")}
+    assert _layer_breaks(edges, known) == {
+        ("grpo_core.contract.errors", "grpo_core.contract.types"),
+        ("grpo_core.modeling.models", "grpo_core.interface.cli"),
+    }
 
 
 def test_no_module_imports_another_modules_private_names() -> None:
@@ -279,9 +357,16 @@ def test_no_module_imports_another_modules_private_names() -> None:
     offenders = []
     for name, path in source_files().items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in {"grpo_core", "grpo_plugins", "grpo"}:
-                offenders += [f"{name}:{node.lineno} imports {node.module}.{a.name}" for a in node.names
-                              if a.name.startswith("_") and not a.name.startswith("__")]  # fmt: skip
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in {
+                "grpo_core",
+                "grpo_plugins",
+                "grpo",
+            }:
+                offenders += [
+                    f"{name}:{node.lineno} imports {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
     assert offenders == []
 
 
@@ -294,11 +379,19 @@ def test_no_core_rule_compares_against_a_built_in_implementations_name() -> None
     import tomllib
 
     groups = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["entry-points"]
-    names = {name for group in ("grpo.rollout", "grpo.weight_sync", "grpo.policy_loss", "grpo.environment")
-             for name in groups[group]} - {"vllm", "function", "grpo", "none"}  # fmt: skip
+    names = {
+        name
+        for group in ("grpo.rollout", "grpo.weight_sync", "grpo.policy_loss", "grpo.environment")
+        for name in groups[group]
+    } - {"vllm", "function", "grpo", "none"}
     assert {"transformers", "vllm_colocate", "vllm_in_memory", "nccl", "liger", "tools"} <= names
-    offenders = [f"{module}:{node.lineno} compares against '{const.value}'"
-                 for module, path in source_files().items() if module.startswith("grpo_core")
-                 for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(node, ast.Compare)
-                 for const in ast.walk(node) if isinstance(const, ast.Constant) and const.value in names]  # fmt: skip
+    offenders = [
+        f"{module}:{node.lineno} compares against '{const.value}'"
+        for module, path in source_files().items()
+        if module.startswith("grpo_core")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Compare)
+        for const in ast.walk(node)
+        if isinstance(const, ast.Constant) and const.value in names
+    ]
     assert offenders == []

@@ -18,13 +18,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from trl_source import trl_block
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import ConfigError
 from grpo_core.host.plugin_host import PluginHost
 from grpo_plugins import is_correction as isc
-from trl_source import trl_block
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # TRL warns about the vLLM version at import

@@ -48,7 +48,9 @@ def test_left_key_is_0600_in_a_0700_folder_and_read_back(runtime_dir: Path) -> N
     assert kh.handed_key("http://127.0.0.1:8124") is None  # another address, another file
 
 
-def test_without_a_runtime_dir_the_folder_is_under_the_grpo_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_runtime_dir_the_folder_is_under_the_grpo_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     monkeypatch.setenv("GRPO_CACHE_DIR", str(tmp_path / "cache"))
     path, _ = kh.leave_key(URL, "k")
@@ -91,7 +93,9 @@ def test_a_symlinked_key_file_is_ignored(runtime_dir: Path) -> None:
 
 
 def test_the_key_of_a_killed_server_is_dropped() -> None:
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout
     path, _ = kh.leave_key(URL, "stale", pid=int(gone))
     assert kh.handed_key(URL) is None
     assert not path.exists()
@@ -158,15 +162,23 @@ def test_the_engine_adopts_a_server_with_the_key_left_for_its_address(smollm2_di
     try:
         port = int(stand_in.url.rsplit(":", 1)[1])
         kh.leave_key(stand_in.url, "left-key")
-        cfg = validate({"base_model": smollm2_dir, "output_dir": str(tmp_path / "out"),
-                        "trl": {"use_vllm": True, "vllm_server_host": "127.0.0.1", "vllm_server_port": port}})  # fmt: skip
+        cfg = validate(
+            {
+                "base_model": smollm2_dir,
+                "output_dir": str(tmp_path / "out"),
+                "trl": {"use_vllm": True, "vllm_server_host": "127.0.0.1", "vllm_server_port": port},
+            }
+        )
         logs: list[str] = []
         engine = VLLMServerEngine(RunContext(config=cfg, output_dir=tmp_path / "out", log=logs.append))
         try:
             assert engine.server is None, logs  # adopted, nothing started
             assert engine.client.api_key == "left-key"
             assert f"vLLM: using the server already answering at {stand_in.url}" in logs
-            assert any(line.startswith(f"vLLM: found the API key this user's `grpo vllm-serve` left for {stand_in.url}") for line in logs)
+            assert any(
+                line.startswith(f"vLLM: found the API key this user's `grpo vllm-serve` left for {stand_in.url}")
+                for line in logs
+            )
         finally:
             if engine.server is not None:
                 engine.server.close()

@@ -20,10 +20,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_model import build_tiny_model
 
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
-from tiny_model import build_tiny_model
 
 REWARDS = '''
 def even(completion_ids, **kwargs):
@@ -55,15 +55,35 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def config(workdir: Path, model_dir: str, name: str, **trl: object):
-    top = {k: trl.pop(k) for k in list(trl) if k in ("max_steps", "learning_rate", "gradient_accumulation_steps", "shuffle_dataset", "micro_batch_size", "seed")}
-    return validate({
-        "base_model": model_dir, "adapter": None, "datasets": [{"path": str(workdir / "train.jsonl")}],
-        "sequence_len": 64, "micro_batch_size": 8, "gradient_accumulation_steps": 2, "max_steps": 6,
-        "learning_rate": 1e-2, "lr_scheduler": "constant", "output_dir": str(workdir / name), "seed": 1,
-        **top,
-        "trl": {"num_generations": 8, "max_completion_length": 4, "reward_funcs": ["learning_rewards.even"],
-                "temperature": 1.0, **trl},
-    })  # fmt: skip
+    top = {
+        k: trl.pop(k)
+        for k in list(trl)
+        if k
+        in ("max_steps", "learning_rate", "gradient_accumulation_steps", "shuffle_dataset", "micro_batch_size", "seed")
+    }
+    return validate(
+        {
+            "base_model": model_dir,
+            "adapter": None,
+            "datasets": [{"path": str(workdir / "train.jsonl")}],
+            "sequence_len": 64,
+            "micro_batch_size": 8,
+            "gradient_accumulation_steps": 2,
+            "max_steps": 6,
+            "learning_rate": 1e-2,
+            "lr_scheduler": "constant",
+            "output_dir": str(workdir / name),
+            "seed": 1,
+            **top,
+            "trl": {
+                "num_generations": 8,
+                "max_completion_length": 4,
+                "reward_funcs": ["learning_rewards.even"],
+                "temperature": 1.0,
+                **trl,
+            },
+        }
+    )
 
 
 def metrics(out: Path) -> list[dict]:
@@ -137,7 +157,14 @@ def test_skip_zero_advantage_batches_skips_counts_and_leaves_weights(workdir: Pa
     without torch's order warning reaching the user."""
     from safetensors.torch import load_file
 
-    cfg = config(workdir, tiny_dir, "skip", reward_funcs=["learning_rewards.constant"], skip_zero_advantage_batches=True, max_steps=2)
+    cfg = config(
+        workdir,
+        tiny_dir,
+        "skip",
+        reward_funcs=["learning_rewards.constant"],
+        skip_zero_advantage_batches=True,
+        max_steps=2,
+    )
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         assert run_training(cfg) == "completed"
@@ -145,17 +172,29 @@ def test_skip_zero_advantage_batches_skips_counts_and_leaves_weights(workdir: Pa
     rows = metrics(Path(cfg.output_dir))
     assert [r["skipped_zero_adv_batches"] for r in rows] == [2.0, 4.0]  # cumulative, 2 micro-batches a step
     assert all(r["grad_norm"] == 0.0 and r["num_tokens"] == 0 for r in rows)
-    start, end = load_file(str(Path(tiny_dir) / "model.safetensors")), load_file(str(Path(cfg.output_dir) / "model.safetensors"))
+    start, end = (
+        load_file(str(Path(tiny_dir) / "model.safetensors")),
+        load_file(str(Path(cfg.output_dir) / "model.safetensors")),
+    )
     for key in start:
         assert torch.equal(start[key], end[key]), key
 
-    kept = config(workdir, tiny_dir, "noskip", reward_funcs=["learning_rewards.constant"], skip_zero_advantage_batches=False, max_steps=1)
+    kept = config(
+        workdir,
+        tiny_dir,
+        "noskip",
+        reward_funcs=["learning_rewards.constant"],
+        skip_zero_advantage_batches=False,
+        max_steps=1,
+    )
     run_training(kept)
     row = metrics(Path(kept.output_dir))[0]
     assert row["skipped_zero_adv_batches"] == 0.0 and row["num_tokens"] > 0  # both micro-batches ran
 
 
-def test_zero_advantage_completions_are_left_out_with_the_same_loss_and_gradient(workdir: Path, tiny_dir: str, capsys) -> None:
+def test_zero_advantage_completions_are_left_out_with_the_same_loss_and_gradient(
+    workdir: Path, tiny_dir: str, capsys
+) -> None:
     """With the default token-sum loss (dapo), completions whose advantage is
     0 are left out of the micro-batches: a step whose 2 prompts are one with
     signal and one without runs 1 micro-batch instead of 2, and its loss and
@@ -165,12 +204,22 @@ def test_zero_advantage_completions_are_left_out_with_the_same_loss_and_gradient
     for name, skip in (("drop", True), ("all", False)):
         # seed 2: no completion of the odd prompt's group scores exactly its group's mean (advantage 0, which
         # dapo leaves out too): the 8 left out are the other group's
-        cfg = config(workdir, tiny_dir, name, reward_funcs=["learning_rewards.even_on_odd_prompts"],
-                     skip_zero_advantage_batches=skip, max_steps=1, shuffle_dataset=False, seed=2)  # fmt: skip
+        cfg = config(
+            workdir,
+            tiny_dir,
+            name,
+            reward_funcs=["learning_rewards.even_on_odd_prompts"],
+            skip_zero_advantage_batches=skip,
+            max_steps=1,
+            shuffle_dataset=False,
+            seed=2,
+        )
         assert run_training(cfg) == "completed"
         runs[name] = metrics(Path(cfg.output_dir))[0]
         said = capsys.readouterr()
-        assert ("zero advantage: 8 completions left out of training (1 micro-batch fewer)" in said.out + said.err) == skip
+        assert (
+            "zero advantage: 8 completions left out of training (1 micro-batch fewer)" in said.out + said.err
+        ) == skip
     dropped, full = runs["drop"], runs["all"]
     print({k: (dropped[k], full[k]) for k in ("loss", "grad_norm", "num_tokens", "frac_reward_zero_std")})
     assert full["frac_reward_zero_std"] == 0.5  # one group of the two has no signal
@@ -191,8 +240,18 @@ def test_zero_advantage_completions_stay_where_the_loss_counts_them(workdir: Pat
     independent check of the count that the rows left out keep in it."""
     rows = {}
     for loss_type in ("bnpo", "dapo"):
-        cfg = config(workdir, tiny_dir, loss_type, reward_funcs=["learning_rewards.even_on_odd_prompts"], loss_type=loss_type,
-                     max_steps=1, shuffle_dataset=False, micro_batch_size=16, gradient_accumulation_steps=1, seed=2)  # fmt: skip
+        cfg = config(
+            workdir,
+            tiny_dir,
+            loss_type,
+            reward_funcs=["learning_rewards.even_on_odd_prompts"],
+            loss_type=loss_type,
+            max_steps=1,
+            shuffle_dataset=False,
+            micro_batch_size=16,
+            gradient_accumulation_steps=1,
+            seed=2,
+        )
         assert run_training(cfg) == "completed"
         rows[loss_type] = metrics(Path(cfg.output_dir))[0]
     bnpo, dapo = rows["bnpo"], rows["dapo"]
@@ -228,11 +287,23 @@ def test_ref_model_sync_steps_moves_the_reference_to_the_policy(workdir: Path, t
     """sync_ref_model with alpha 1 every 2 steps: the reference becomes the
     policy after steps 2 and 4, so KL is ~0 again on steps 3 and 5 (first
     forward after the copy) and positive on the steps in between."""
-    cfg = config(workdir, tiny_dir, "refsync", beta=0.1, sync_ref_model=True, ref_model_mixup_alpha=1.0,
-                 ref_model_sync_steps=2, max_steps=5)  # fmt: skip
+    cfg = config(
+        workdir,
+        tiny_dir,
+        "refsync",
+        beta=0.1,
+        sync_ref_model=True,
+        ref_model_mixup_alpha=1.0,
+        ref_model_sync_steps=2,
+        max_steps=5,
+    )
     assert run_training(cfg) == "completed"
     kl = [r["kl"] for r in metrics(Path(cfg.output_dir))]
-    assert kl[0] == pytest.approx(0.0, abs=1e-7) and kl[2] == pytest.approx(0.0, abs=1e-7) and kl[4] == pytest.approx(0.0, abs=1e-7), kl
+    assert (
+        kl[0] == pytest.approx(0.0, abs=1e-7)
+        and kl[2] == pytest.approx(0.0, abs=1e-7)
+        and kl[4] == pytest.approx(0.0, abs=1e-7)
+    ), kl
     assert kl[1] > 1e-4 and kl[3] > 1e-4, kl
 
 
@@ -248,8 +319,17 @@ def test_replay_recompute_logps_gives_replayed_rows_no_is_weight(tmp_path: Path)
     from grpo_core.training.trainer import GRPOTrainer
 
     def weights(recompute: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = validate({"base_model": "unused/model", "trl": {"reward_funcs": ["x.y"], "vllm_importance_sampling_correction": True,
-                        "vllm_importance_sampling_mode": "token_mask", "replay_recompute_logps": recompute}})  # fmt: skip
+        cfg = validate(
+            {
+                "base_model": "unused/model",
+                "trl": {
+                    "reward_funcs": ["x.y"],
+                    "vllm_importance_sampling_correction": True,
+                    "vllm_importance_sampling_mode": "token_mask",
+                    "replay_recompute_logps": recompute,
+                },
+            }
+        )
         host = PluginHost()
         host.load_implementation("is_correction", "token_mask", RunContext(config=cfg, output_dir=tmp_path))
         trainer = GRPOTrainer.__new__(GRPOTrainer)  # only _is_weights is exercised: no model needed

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core.training.loss import LossSettings
 from grpo_core.contract.types import PolicyLossInputs
+from grpo_core.training.loss import LossSettings
 
 B, C, H, V = 4, 6, 16, 50
 
@@ -34,15 +34,20 @@ def _batch(seed: int = 0) -> dict:
     mask[3, 2:] = 0
     logps = torch.log_softmax(head(hidden) / 0.8, -1).gather(-1, targets[..., None]).squeeze(-1).detach()
     return {
-        "head": head, "hidden": hidden, "targets": targets, "mask": mask,
+        "head": head,
+        "hidden": hidden,
+        "targets": targets,
+        "mask": mask,
         "advantages": torch.tensor([1.0, -0.5, 0.3, -1.2]),
         "old_logps": logps + 0.3 * torch.randn(B, C, generator=g),  # ratios away from 1: clipping engages
         "ref_logps": logps + 0.2 * torch.randn(B, C, generator=g),
         "is_weights": torch.rand(B, C, generator=g) + 0.5,
-    }  # fmt: skip
+    }
 
 
-def _inputs(data: dict, settings: LossSettings, hidden: torch.Tensor, head: torch.nn.Module, accumulation: int) -> PolicyLossInputs:
+def _inputs(
+    data: dict, settings: LossSettings, hidden: torch.Tensor, head: torch.nn.Module, accumulation: int
+) -> PolicyLossInputs:
     def logprobs(with_entropy: bool):
         logits = head(hidden).float() / 0.8
         all_logps = torch.log_softmax(logits, -1)
@@ -50,12 +55,19 @@ def _inputs(data: dict, settings: LossSettings, hidden: torch.Tensor, head: torc
         return all_logps.gather(-1, data["targets"][..., None]).squeeze(-1), entropy
 
     return PolicyLossInputs(
-        settings=settings, targets=data["targets"], mask=data["mask"], advantages=data["advantages"],
-        old_logps=data["old_logps"], ref_logps=data["ref_logps"] if settings.beta else None,
-        temperature=0.8, num_items_in_batch=float(data["mask"].sum()) * accumulation, accumulation_steps=accumulation,
-        logprobs=logprobs, hidden_states=lambda: (hidden, head),
+        settings=settings,
+        targets=data["targets"],
+        mask=data["mask"],
+        advantages=data["advantages"],
+        old_logps=data["old_logps"],
+        ref_logps=data["ref_logps"] if settings.beta else None,
+        temperature=0.8,
+        num_items_in_batch=float(data["mask"].sum()) * accumulation,
+        accumulation_steps=accumulation,
+        logprobs=logprobs,
+        hidden_states=lambda: (hidden, head),
         is_weights=lambda _trainer: (data["is_weights"], data["mask"]),
-    )  # fmt: skip
+    )
 
 
 def _loss_and_grads(impl, data: dict, settings: LossSettings, accumulation: int):
@@ -79,7 +91,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("settings", CASES, ids=lambda s: f"{s.loss_type}-{s.importance_sampling_level}-b{s.beta}-d{s.delta}")
+@pytest.mark.parametrize(
+    "settings", CASES, ids=lambda s: f"{s.loss_type}-{s.importance_sampling_level}-b{s.beta}-d{s.delta}"
+)
 def test_liger_matches_builtin_loss_and_gradients(settings: LossSettings) -> None:
     pytest.importorskip(
         "liger_kernel.chunked_loss",
@@ -107,10 +121,14 @@ def _cfg(tmp_path: Path, **trl):
     from grpo_core.config.loader import validate
 
     (tmp_path / "train.jsonl").write_text('{"prompt": "hi"}\n')
-    return validate({
-        "base_model": str(tmp_path), "datasets": [{"path": str(tmp_path / "train.jsonl")}], "micro_batch_size": 4,
-        "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_liger_loss": True, **trl},
-    })  # fmt: skip
+    return validate(
+        {
+            "base_model": str(tmp_path),
+            "datasets": [{"path": str(tmp_path / "train.jsonl")}],
+            "micro_batch_size": 4,
+            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_liger_loss": True, **trl},
+        }
+    )
 
 
 def test_config_check_refuses_liger_without_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,7 +167,10 @@ def test_sequence_level_importance_sampling_warns_however_liger_was_chosen(tmp_p
     by_name = _cfg(tmp_path, importance_sampling_level="sequence", use_liger_loss=False).model_dump(exclude_unset=True)
     by_name["plugins"] = {"policy_loss": "liger"}
     assert any(fragile in w for w in check_run_config(validate(by_name)))
-    assert not any(fragile in w for w in check_run_config(_cfg(tmp_path, importance_sampling_level="sequence", use_liger_loss=False)))
+    assert not any(
+        fragile in w
+        for w in check_run_config(_cfg(tmp_path, importance_sampling_level="sequence", use_liger_loss=False))
+    )
 
 
 def test_liger_is_accepted_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,15 +188,18 @@ def test_liger_is_accepted_without_cuda(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 @pytest.mark.slow
-def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(
+    smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The trainer's wiring (hidden states, head, IS weights, old log-probs of
     num_iterations = 2): 2 steps on the tiny model, same losses and grad norms."""
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
     import json
 
+    from tiny_model import build_tiny_model
+
     from grpo_core.config.loader import validate
     from grpo_core.training.run import run_training
-    from tiny_model import build_tiny_model
 
     (tmp_path / "liger_rewards.py").write_text(
         "def even_first(completion_ids, **kwargs):\n    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
@@ -185,13 +209,29 @@ def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(smollm2_dir: str,
     model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
 
     def run(out: str, liger: bool) -> list[dict]:
-        cfg = validate({
-            "base_model": model, "adapter": None, "datasets": [{"path": str(tmp_path / "train.jsonl")}],
-            "sequence_len": 64, "micro_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 2,
-            "learning_rate": 5e-3, "lr_scheduler": "constant", "output_dir": str(tmp_path / out), "seed": 3,
-            "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["liger_rewards.even_first"],
-                    "num_iterations": 2, "beta": 0.04, "use_liger_loss": liger},
-        })  # fmt: skip
+        cfg = validate(
+            {
+                "base_model": model,
+                "adapter": None,
+                "datasets": [{"path": str(tmp_path / "train.jsonl")}],
+                "sequence_len": 64,
+                "micro_batch_size": 4,
+                "gradient_accumulation_steps": 2,
+                "max_steps": 2,
+                "learning_rate": 5e-3,
+                "lr_scheduler": "constant",
+                "output_dir": str(tmp_path / out),
+                "seed": 3,
+                "trl": {
+                    "num_generations": 4,
+                    "max_completion_length": 4,
+                    "reward_funcs": ["liger_rewards.even_first"],
+                    "num_iterations": 2,
+                    "beta": 0.04,
+                    "use_liger_loss": liger,
+                },
+            }
+        )
         assert run_training(cfg) == "completed"
         return [json.loads(line) for line in (tmp_path / out / "metrics.jsonl").read_text().splitlines()]
 

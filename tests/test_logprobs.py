@@ -95,6 +95,8 @@ def naive_no_grad(model, batch):
 # and gradients by tens of percent).
 FP32 = {"atol": 5e-5, "rtol": 0.0}
 GRAD = {"atol": 1e-4, "rtol": 1e-3}
+
+
 @pytest.mark.parametrize("chunk_size", [8, 16, 4096])
 def test_values_match_naive_no_grad(model, batch, naive_no_grad, chunk_size):
     ids, mask, cmask, c = batch
@@ -145,8 +147,16 @@ def test_head_is_recomputed_in_backward_only_above_the_threshold(lora_model, bat
         chunks = -(-ids.size(0) * c // 16)
         for threshold, expected in ((elements, chunks), (elements - 1, 2 * chunks)):
             calls.clear()
-            lp, ent = token_logprobs(lora_model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, chunk_size=16,
-                                     checkpoint_above=threshold)  # fmt: skip
+            lp, ent = token_logprobs(
+                lora_model,
+                ids,
+                mask,
+                c,
+                temperature=TEMPERATURE,
+                with_entropy=True,
+                chunk_size=16,
+                checkpoint_above=threshold,
+            )
             _objective(lp, ent, cmask).backward()
             assert len(calls) == expected, (threshold, len(calls))
     finally:
@@ -161,7 +171,9 @@ def test_lora_values_and_gradients_match_naive(lora_model, model, batch, checkpo
     assert lora_params and all("lora_" in n for n, p in lora_model.named_parameters() if p.requires_grad)
 
     kwargs = {} if checkpoint_above is None else {"checkpoint_above": checkpoint_above}
-    lp, ent = token_logprobs(lora_model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, chunk_size=16, **kwargs)
+    lp, ent = token_logprobs(
+        lora_model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, chunk_size=16, **kwargs
+    )
     ours = torch.autograd.grad(_objective(lp, ent, cmask), lora_params)
     ref_lp, ref_ent = naive(lora_model, ids, mask, c, TEMPERATURE)
     torch.testing.assert_close(lp.detach(), ref_lp.detach(), **FP32)
@@ -212,8 +224,10 @@ def test_keeps_no_vocab_sized_tensors_for_backward(model, batch):
     ids, mask, cmask, c = batch
     vocab = model.config.vocab_size
     naive_bytes = _saved_bytes(model, lambda: naive(model, ids, mask, c, TEMPERATURE))
-    ours_bytes = _saved_bytes(model, lambda: token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True,
-                                                            checkpoint_above=0))  # fmt: skip
+    ours_bytes = _saved_bytes(
+        model,
+        lambda: token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, checkpoint_above=0),
+    )
     logits_bytes = ids.size(0) * c * vocab * 4
     # The naive path keeps at least the [B, C, V] log-softmax; ours keeps none of it.
     assert naive_bytes - ours_bytes > logits_bytes
@@ -260,8 +274,10 @@ def test_the_kept_head_saves_one_logits_sized_tensor(model, batch):
     ids, mask, cmask, c = batch
     vocab = model.config.vocab_size
     kept = _saved_bytes(model, lambda: token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True))
-    checkpointed = _saved_bytes(model, lambda: token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True,
-                                                              checkpoint_above=0))  # fmt: skip
+    checkpointed = _saved_bytes(
+        model,
+        lambda: token_logprobs(model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, checkpoint_above=0),
+    )
     logits_bytes = ids.size(0) * c * vocab * 4
     assert logits_bytes * 0.99 <= kept - checkpointed <= logits_bytes * 1.1, (kept - checkpointed) / logits_bytes
 
@@ -286,9 +302,15 @@ def grouped_batch(smollm2_tokenizer):
     the length sort leaves them."""
     tok = smollm2_tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    prompts = [tok("What is 3 + 4?", add_special_tokens=False)["input_ids"], tok("Hi", add_special_tokens=False)["input_ids"]]
+    prompts = [
+        tok("What is 3 + 4?", add_special_tokens=False)["input_ids"],
+        tok("Hi", add_special_tokens=False)["input_ids"],
+    ]
     texts = [" It is 7.", " Seven", " 3 + 4 = 7, so seven", " Hello there", " Hi!", " Good morning to you"]
-    rows = [(prompts[i // 3], tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]) for i, t in enumerate(texts)]
+    rows = [
+        (prompts[i // 3], tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
+        for i, t in enumerate(texts)
+    ]
     rows = [rows[i] for i in (0, 3, 1, 4, 2, 5)]
     lp, lc = max(len(p) for p, _ in rows), max(len(c) for _, c in rows)
     ids = [[pad] * (lp - len(p)) + p + c + [pad] * (lc - len(c)) for p, c in rows]
@@ -302,7 +324,9 @@ def _tokens_through(model, fn) -> int:
     from grpo_core.modeling.structure import decoder_and_head
 
     seen = []
-    handle = decoder_and_head(model)[0].embed_tokens.register_forward_hook(lambda _m, args, _out: seen.append(args[0].numel()))
+    handle = decoder_and_head(model)[0].embed_tokens.register_forward_hook(
+        lambda _m, args, _out: seen.append(args[0].numel())
+    )
     try:
         fn()
     finally:
@@ -318,8 +342,22 @@ def test_shared_prompts_match_naive_values_and_lora_gradients(lora_model, groupe
     lora_model.train()  # the training path (no dropout in this adapter: sharing stays exact)
     try:
         out: dict[str, tuple] = {}
-        tokens = _tokens_through(lora_model, lambda: out.setdefault("shared", token_logprobs(
-            lora_model, ids, mask, c, temperature=TEMPERATURE, with_entropy=True, chunk_size=16, share_prompts=True)))
+        tokens = _tokens_through(
+            lora_model,
+            lambda: out.setdefault(
+                "shared",
+                token_logprobs(
+                    lora_model,
+                    ids,
+                    mask,
+                    c,
+                    temperature=TEMPERATURE,
+                    with_entropy=True,
+                    chunk_size=16,
+                    share_prompts=True,
+                ),
+            ),
+        )
         lp, ent = out["shared"]
         ours = torch.autograd.grad(_objective(lp, ent, cmask), params)
         ref_lp, ref_ent = naive(lora_model, ids, mask, c, TEMPERATURE)
@@ -350,14 +388,23 @@ def test_shared_prompts_fall_back_where_sharing_would_not_be_exact(model, lora_m
     g_ids, g_mask, _, g_c = grouped_batch
     dropout = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, target_modules=["q_proj"], lora_dropout=0.1))
     dropout.train()
-    assert _tokens_through(dropout, lambda: token_logprobs(dropout, g_ids, g_mask, g_c, share_prompts=True)) == g_ids.numel()
+    assert (
+        _tokens_through(dropout, lambda: token_logprobs(dropout, g_ids, g_mask, g_c, share_prompts=True))
+        == g_ids.numel()
+    )
     with torch.no_grad():  # evaluation (no dropout, no backward): shared again
         dropout.eval()
-        assert _tokens_through(dropout, lambda: token_logprobs(dropout, g_ids, g_mask, g_c, share_prompts=True)) < g_ids.numel()
+        assert (
+            _tokens_through(dropout, lambda: token_logprobs(dropout, g_ids, g_mask, g_c, share_prompts=True))
+            < g_ids.numel()
+        )
     checkpointed = copy.deepcopy(lora_model)
     checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     checkpointed.train()
-    assert _tokens_through(checkpointed, lambda: token_logprobs(checkpointed, g_ids, g_mask, g_c, share_prompts=True)) == g_ids.numel()
+    assert (
+        _tokens_through(checkpointed, lambda: token_logprobs(checkpointed, g_ids, g_mask, g_c, share_prompts=True))
+        == g_ids.numel()
+    )
 
 
 def test_shared_prompts_under_fsdp2_match_naive_values_and_gradients(model, grouped_batch, tmp_path):
@@ -384,8 +431,12 @@ def test_shared_prompts_under_fsdp2_match_naive_values_and_gradients(model, grou
             fully_shard(layer)
         root = fully_shard(PolicyLogprobs(sharded))  # the module grpo hands FSDP: its forward is token_logprobs
         out: dict[str, tuple] = {}
-        tokens = _tokens_through(sharded, lambda: out.setdefault("shared", root(
-            ids, mask, c, temperature=TEMPERATURE, with_entropy=True, share_prompts=True)))  # fmt: skip
+        tokens = _tokens_through(
+            sharded,
+            lambda: out.setdefault(
+                "shared", root(ids, mask, c, temperature=TEMPERATURE, with_entropy=True, share_prompts=True)
+            ),
+        )
         lp, ent = out["shared"]
         _objective(lp, ent, cmask).backward()
         grads = {name: p.grad.full_tensor() for name, p in sharded.named_parameters() if p.grad is not None}

@@ -26,15 +26,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_model import build_tiny_model
 
 from grpo_core.contract.errors import GrpoError
+from grpo_core.contract.types import Completion, PolicyLossInputs, Prompt, RolloutGroup, ScoredGroup
+from grpo_core.training.batch import MicroBatch, collate, completion_tokens, flatten, with_signal_first
 from grpo_core.training.logprobs import token_logprobs
 from grpo_core.training.loss import LossSettings
-from grpo_core.training.batch import MicroBatch, collate, completion_tokens, flatten, with_signal_first
-from grpo_core.contract.types import Completion, PolicyLossInputs, Prompt, RolloutGroup, ScoredGroup
 from grpo_plugins import is_correction as isc
 from grpo_plugins.policy_loss import GRPOPolicyLoss
-from tiny_model import build_tiny_model
 
 PAD = 0
 TEMPERATURE = 0.9
@@ -66,24 +66,50 @@ def _episode(segments: list[tuple[list[int], int]], truncated: bool = False, dro
         segments = [(ids, m) for ids, m in segments if m]
     ids = [t for seg, _ in segments for t in seg]
     mask = [m for seg, m in segments for _ in seg]
-    return Completion(token_ids=ids, text="", logprobs=_sampler(ids, mask), truncated=truncated,
-                      loss_mask=None if drop_env or all(mask) else mask)  # fmt: skip
+    return Completion(
+        token_ids=ids,
+        text="",
+        logprobs=_sampler(ids, mask),
+        truncated=truncated,
+        loss_mask=None if drop_env or all(mask) else mask,
+    )
 
 
 INTERIOR = [  # (prompt, [(segments, truncated)], advantages)
-    ([1, 9, 15, 27], [([([201, 202, 203], 1), ([901, 902], 0), ([204, 205, 2], 1)], False),
-                      ([([211], 1), ([911, 912, 913], 0), ([212, 213], 1)], False)], [1.0, -0.7]),
-    ([1, 33, 44], [([([221, 222, 223, 224], 1)], False),
-                   ([([231, 232], 1), ([931], 0), ([233], 1), ([932, 933], 0)], False),
-                   ([([241, 242], 1), ([941, 942], 0), ([243, 244], 1)], True)], [0.4, -1.1, 0.6]),
-]  # fmt: skip
+    (
+        [1, 9, 15, 27],
+        [
+            ([([201, 202, 203], 1), ([901, 902], 0), ([204, 205, 2], 1)], False),
+            ([([211], 1), ([911, 912, 913], 0), ([212, 213], 1)], False),
+        ],
+        [1.0, -0.7],
+    ),
+    (
+        [1, 33, 44],
+        [
+            ([([221, 222, 223, 224], 1)], False),
+            ([([231, 232], 1), ([931], 0), ([233], 1), ([932, 933], 0)], False),
+            ([([241, 242], 1), ([941, 942], 0), ([243, 244], 1)], True),
+        ],
+        [0.4, -1.1, 0.6],
+    ),
+]
 TRAILING = [
-    ([1, 9, 15, 27], [([([201, 202, 203, 204], 1), ([901, 902, 903], 0)], False),
-                      ([([211, 212], 1), ([911], 0)], False)], [1.0, -0.7]),
-    ([1, 33, 44], [([([221, 222, 223, 224, 225], 1)], False),
-                   ([([231, 232, 233], 1), ([932, 933, 934, 935], 0)], False),
-                   ([([241, 242], 1), ([941, 942], 0)], True)], [0.4, -1.1, 0.6]),
-]  # fmt: skip
+    (
+        [1, 9, 15, 27],
+        [([([201, 202, 203, 204], 1), ([901, 902, 903], 0)], False), ([([211, 212], 1), ([911], 0)], False)],
+        [1.0, -0.7],
+    ),
+    (
+        [1, 33, 44],
+        [
+            ([([221, 222, 223, 224, 225], 1)], False),
+            ([([231, 232, 233], 1), ([932, 933, 934, 935], 0)], False),
+            ([([241, 242], 1), ([941, 942], 0)], True),
+        ],
+        [0.4, -1.1, 0.6],
+    ),
+]
 
 
 def _groups(spec, drop_env: bool = False, advantages: list[list[float]] | None = None) -> list[ScoredGroup]:
@@ -107,8 +133,15 @@ def _is_plugin(mode: str | None):
     return None if mode is None else isc.ImportanceSamplingCorrection(mode, cap=1.5 if mode.endswith("mask") else 1.2)
 
 
-def _loss(model, mb: MicroBatch, settings: LossSettings, num_items: float, is_mode: str | None = None,
-          share_prompts: bool = False, impl=None):  # fmt: skip
+def _loss(
+    model,
+    mb: MicroBatch,
+    settings: LossSettings,
+    num_items: float,
+    is_mode: str | None = None,
+    share_prompts: bool = False,
+    impl=None,
+):
     """The policy-loss plugin's loss on ``mb``, as the trainer wires it; the
     log-probs tensor is returned too, with its gradient kept."""
     c = mb.num_completion_tokens
@@ -117,8 +150,15 @@ def _loss(model, mb: MicroBatch, settings: LossSettings, num_items: float, is_mo
     kept: dict[str, torch.Tensor] = {}
 
     def logprobs(with_entropy: bool):
-        logps, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask, c, temperature=TEMPERATURE,
-                                        with_entropy=with_entropy, share_prompts=share_prompts)  # fmt: skip
+        logps, entropy = token_logprobs(
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            c,
+            temperature=TEMPERATURE,
+            with_entropy=with_entropy,
+            share_prompts=share_prompts,
+        )
         logps.retain_grad()
         kept["logps"] = logps
         return logps, entropy
@@ -133,16 +173,26 @@ def _loss(model, mb: MicroBatch, settings: LossSettings, num_items: float, is_mo
     def is_weights(trainer_logps: torch.Tensor):
         if plugin is None:
             return None, mb.completion_mask
-        weights, mask, _ = plugin.grpo_is_correction(trainer_logps=trainer_logps, sampler_logps=mb.sampler_logps,
-                                                     mask=mb.completion_mask)  # fmt: skip
+        weights, mask, _ = plugin.grpo_is_correction(
+            trainer_logps=trainer_logps, sampler_logps=mb.sampler_logps, mask=mb.completion_mask
+        )
         return weights, mask
 
     inputs = PolicyLossInputs(
-        settings=settings, targets=targets, mask=mb.completion_mask, advantages=mb.advantages, old_logps=old,
-        ref_logps=ref if settings.beta else None, sampler_logps=mb.sampler_logps, temperature=TEMPERATURE,
-        num_items_in_batch=num_items, accumulation_steps=1, logprobs=logprobs, hidden_states=None,
+        settings=settings,
+        targets=targets,
+        mask=mb.completion_mask,
+        advantages=mb.advantages,
+        old_logps=old,
+        ref_logps=ref if settings.beta else None,
+        sampler_logps=mb.sampler_logps,
+        temperature=TEMPERATURE,
+        num_items_in_batch=num_items,
+        accumulation_steps=1,
+        logprobs=logprobs,
+        hidden_states=None,
         is_weights=is_weights,
-    )  # fmt: skip
+    )
     loss, metrics = (impl or GRPOPolicyLoss()).grpo_policy_loss(inputs=inputs)
     return loss, metrics, kept.get("logps")
 
@@ -198,7 +248,7 @@ def test_environment_tokens_get_no_gradient(tiny, case: str) -> None:
     reference and sampler log-probs are junk (ratios and KL terms of inf there, NaN and +-inf sampler values)."""
     settings, is_mode = CASES[case]
     mb, num_items = _one_batch(_groups(INTERIOR), tiny)
-    env = (mb.attention_mask[:, -mb.num_completion_tokens:].bool()) & ~mb.completion_mask.bool()
+    env = (mb.attention_mask[:, -mb.num_completion_tokens :].bool()) & ~mb.completion_mask.bool()
     env[4] = False  # the truncated completion: all of it masked, environment or not
     assert int(env.sum()) == 8, "the batch has its environment tokens where this test expects them"
     assert num_items == 3 + 3 + 1 + 2 + 4 + 2 + 1, "policy tokens of the untruncated completions"
@@ -269,15 +319,27 @@ def test_liger_loss_honours_the_mask(tiny) -> None:
         old = current + _keyed(targets, 0.3)
         ref = current + _keyed(targets, -0.2) + 0.05
         inputs = PolicyLossInputs(
-            settings=settings, targets=targets, mask=batch.completion_mask, advantages=batch.advantages,
-            old_logps=old, ref_logps=ref if settings.beta else None, sampler_logps=None, temperature=TEMPERATURE,
-            num_items_in_batch=num_items, accumulation_steps=1, logprobs=None, hidden_states=hidden_states,
+            settings=settings,
+            targets=targets,
+            mask=batch.completion_mask,
+            advantages=batch.advantages,
+            old_logps=old,
+            ref_logps=ref if settings.beta else None,
+            sampler_logps=None,
+            temperature=TEMPERATURE,
+            num_items_in_batch=num_items,
+            accumulation_steps=1,
+            logprobs=None,
+            hidden_states=hidden_states,
             is_weights=lambda _t: (None, batch.completion_mask),
-        )  # fmt: skip
+        )
         return LigerPolicyLoss().grpo_policy_loss(inputs=inputs)[0]
 
-    for settings in (LossSettings(loss_type="dapo", beta=0.04), LossSettings(loss_type="grpo"),
-                     LossSettings(loss_type="grpo", importance_sampling_level="sequence")):  # fmt: skip
+    for settings in (
+        LossSettings(loss_type="dapo", beta=0.04),
+        LossSettings(loss_type="grpo"),
+        LossSettings(loss_type="grpo", importance_sampling_level="sequence"),
+    ):
         loss_env, loss = liger_loss(mb, items, settings), liger_loss(without, items_plain, settings)
         torch.testing.assert_close(loss_env, loss, rtol=1e-5, atol=1e-7)
         (g_env,), (g,) = torch.autograd.grad(loss_env, [head.weight]), torch.autograd.grad(loss, [head.weight])
@@ -309,7 +371,7 @@ def test_shared_prompt_prefix_with_masked_completions_matches_the_plain_path(tin
         if g is not None:
             torch.testing.assert_close(g_shared, g, rtol=1e-4, atol=1e-7)
     shared.backward()
-    env = mb.attention_mask[:, -mb.num_completion_tokens:].bool() & ~mb.completion_mask.bool()
+    env = mb.attention_mask[:, -mb.num_completion_tokens :].bool() & ~mb.completion_mask.bool()
     assert env.any() and (shared_logps.grad[env] == 0).all()
     tiny.zero_grad(set_to_none=True)
 
@@ -372,7 +434,7 @@ def test_a_loss_mask_that_does_not_fit_is_refused_by_name() -> None:
 # Prompts "Item i"; sample k of prompt i is a model turn, an environment
 # reply (interior, mask 0), a second model turn, then (``tail``) a closing
 # environment message (trailing, mask 0) whose ids depend on ``tail``.
-ENV = '''
+ENV = """
 def _ids(seed, n, base):
     return [base + (seed * 7 + j * 13) % 800 for j in range(n)]
 
@@ -424,7 +486,7 @@ def bad_value(prompts, trainer):
 def env_reward(completions, env_score, **kwargs):
     assert "env_mask" not in kwargs, "env_mask is not a reward column"
     return list(env_score)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -442,13 +504,30 @@ def _run(rundir: tuple[Path, str], name: str, func: str, monkeypatch: pytest.Mon
     tmp, model = rundir
     monkeypatch.syspath_prepend(str(tmp))
     top = trl.pop("top", {})
-    cfg = validate({
-        "base_model": model, "adapter": None, "datasets": [{"path": str(tmp / "train.jsonl")}], "sequence_len": 64,
-        "micro_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 2, "learning_rate": 5e-3,
-        "lr_scheduler": "constant", "output_dir": str(tmp / name), "seed": 3, "save_steps": 100, **top,
-        "trl": {"num_generations": 4, "max_completion_length": 16, "rollout_func": f"mask_env.{func}",
-                "reward_funcs": ["mask_env.env_reward"], **trl},
-    })  # fmt: skip
+    cfg = validate(
+        {
+            "base_model": model,
+            "adapter": None,
+            "datasets": [{"path": str(tmp / "train.jsonl")}],
+            "sequence_len": 64,
+            "micro_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "max_steps": 2,
+            "learning_rate": 5e-3,
+            "lr_scheduler": "constant",
+            "output_dir": str(tmp / name),
+            "seed": 3,
+            "save_steps": 100,
+            **top,
+            "trl": {
+                "num_generations": 4,
+                "max_completion_length": 16,
+                "rollout_func": f"mask_env.{func}",
+                "reward_funcs": ["mask_env.env_reward"],
+                **trl,
+            },
+        }
+    )
     assert run_training(cfg) == "completed"
     return tmp / name
 
@@ -502,8 +581,9 @@ def test_zero_advantage_rows_and_shared_prompts_with_episodes_change_nothing(run
     out (dapo) and running each prompt once give the plain path's weights."""
 
     def run(name: str, drop: bool, share: bool) -> Path:
-        return _run(rundir, name, "episodes", monkeypatch, skip_zero_advantage_batches=drop,
-                    top={"share_prompt_prefix": share})  # fmt: skip
+        return _run(
+            rundir, name, "episodes", monkeypatch, skip_zero_advantage_batches=drop, top={"share_prompt_prefix": share}
+        )
 
     base, dropped, shared = run("ep_plain", False, False), run("ep_dropped", True, False), run("ep_shared", False, True)
     assert _metrics(dropped)[-1]["skipped_zero_adv_samples"] > 0, "rows were left out"
@@ -513,10 +593,13 @@ def test_zero_advantage_rows_and_shared_prompts_with_episodes_change_nothing(run
     _assert_same_weights(base, shared, start, **ACROSS_SHAPES)
 
 
-@pytest.mark.parametrize(("func", "message"), [
-    ("bad_length", r"trl.rollout_func 'mask_env.bad_length' entry 2: 6 env_mask values for 7 completion tokens"),
-    ("bad_value", r"trl.rollout_func 'mask_env.bad_value' entry 1: env_mask holds 2; its values must be 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("func", "message"),
+    [
+        ("bad_length", r"trl.rollout_func 'mask_env.bad_length' entry 2: 6 env_mask values for 7 completion tokens"),
+        ("bad_value", r"trl.rollout_func 'mask_env.bad_value' entry 1: env_mask holds 2; its values must be 1"),
+    ],
+)
 def test_rollout_func_bad_env_mask_is_named(rundir, monkeypatch: pytest.MonkeyPatch, func: str, message: str) -> None:
     with pytest.raises(GrpoError, match=message):
         _run(rundir, func, func, monkeypatch)
@@ -558,8 +641,12 @@ def test_two_processes_with_episodes_match_one(rundir) -> None:
     from test_multiprocess import metrics, run_grpo, write_config
 
     tmp, model = rundir
-    trl = {"rollout_func": "mask_env.episodes", "reward_funcs": ["mask_env.env_reward"], "max_completion_length": 16,
-           "beta": 0.04}  # fmt: skip
+    trl = {
+        "rollout_func": "mask_env.episodes",
+        "reward_funcs": ["mask_env.env_reward"],
+        "max_completion_length": 16,
+        "beta": 0.04,
+    }
     one = write_config(tmp, "ddp_one", model, gradient_accumulation_steps=2, trl=dict(trl))  # 1 x 2 x 2 completions
     two = write_config(tmp, "ddp_two", model, trl=dict(trl))  # 2 processes x 2 x 1
     run_grpo(tmp, ["run", str(one)])
@@ -588,8 +675,9 @@ def test_rollout_func_episode_length_counts_environment_tokens(rundir, smollm2_t
     prompt = Prompt("Item 1:", smollm2_tokenizer.encode("Item 1:", add_special_tokens=False))
     # "Item 1:" episodes: 3 model, 2 environment, 3 model (EOS last), 3 environment tokens: 11, 6 the model's
     for max_tokens in (11, 12):
-        groups = rollout.grpo_rollout_generate(prompts=[prompt], num_generations=4, policy_version=0,
-                                               sampling=SamplingSettings(max_tokens=max_tokens))  # fmt: skip
+        groups = rollout.grpo_rollout_generate(
+            prompts=[prompt], num_generations=4, policy_version=0, sampling=SamplingSettings(max_tokens=max_tokens)
+        )
         for c in groups[0].completions:
             assert c.loss_mask is not None and len(c.loss_mask) == len(c.token_ids)
             assert c.model_token_count == 3 + 3 and "env_mask" not in c.extra and "env_score" in c.extra

@@ -226,7 +226,14 @@ def test_matches_trl(loss_type, scenario):
     # The scenario must exercise something: a non-zero gradient on some token.
     assert grad.abs().max() > 1e-4
 
-    for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "cispo_clip_ratio", "kl", "entropy"):
+    for key in (
+        "clip_ratio/low_mean",
+        "clip_ratio/high_mean",
+        "clip_ratio/region_mean",
+        "cispo_clip_ratio",
+        "kl",
+        "entropy",
+    ):
         assert (key in metrics) == (key in trl_metrics), key
         if key in metrics:
             assert metrics[key] == pytest.approx(trl_metrics[key], abs=1e-6), key
@@ -236,7 +243,9 @@ def test_options_change_the_result():
     """Each option moves the loss or gradient (so the parity above is not
     parity of options that do nothing)."""
     d = make_data()
-    base = run_ours(base_settings("grpo"), d, on_policy=False, is_key=None, sampler=False, accumulation_steps=1, num_items=None)
+    base = run_ours(
+        base_settings("grpo"), d, on_policy=False, is_key=None, sampler=False, accumulation_steps=1, num_items=None
+    )
     for changes, options in (
         ({"delta": 1.2}, {}),
         ({"beta": 0.04}, {}),
@@ -255,7 +264,9 @@ def test_options_change_the_result():
 
 def test_clip_metrics_count_real_tokens():
     d = make_data()
-    _, _, m = run_ours(base_settings("dapo"), d, on_policy=False, is_key=None, sampler=False, accumulation_steps=1, num_items=None)
+    _, _, m = run_ours(
+        base_settings("dapo"), d, on_policy=False, is_key=None, sampler=False, accumulation_steps=1, num_items=None
+    )
     assert 0 < m["clip_ratio/region_mean"] <= 1
     assert m["clip_ratio/region_mean"] == pytest.approx(m["clip_ratio/low_mean"] + m["clip_ratio/high_mean"])
 

@@ -30,7 +30,9 @@ def step_loss_and_grad(settings: LossSettings, data: dict, split: list[list[int]
     total = torch.zeros((), dtype=torch.float64)
     for rows in split:
         pick = {k: (v[rows] if v is not None else None) for k, v in data.items() if k != "logps"}
-        loss, _ = policy_loss(settings, logps[rows], num_items_in_batch=full_tokens, accumulation_steps=len(split), **pick)
+        loss, _ = policy_loss(
+            settings, logps[rows], num_items_in_batch=full_tokens, accumulation_steps=len(split), **pick
+        )
         loss.backward()
         total = total + loss.detach()
     return total, logps.grad
@@ -50,7 +52,9 @@ def test_unequal_micro_batches_change_nothing_exactly_where_the_split_is_free(lo
     # loss sums the same terms in another grouping (the KL terms are not multiples of 1/8)
     close = abs(float(equal_loss) - float(unequal_loss)) <= 1e-12 * max(abs(float(equal_loss)), 1e-30)
     same = torch.equal(equal_grad, unequal_grad) and close
-    assert same == free, f"{loss_type}/{variant}: micro_batch_split_is_free says {free}, but the split {'changes nothing' if same else 'changes the step'}"
+    assert same == free, (
+        f"{loss_type}/{variant}: micro_batch_split_is_free says {free}, but the split {'changes nothing' if same else 'changes the step'}"
+    )
 
 
 def _padded(lengths: list[int], cuts: list[int]) -> list[int]:
@@ -68,7 +72,9 @@ def test_least_padding_cuts_match_an_exhaustive_search() -> None:
         feasible = [[0, *inner, rows] for inner in itertools.combinations(range(1, rows), parts - 1)]
         best = min(sum(_padded(lengths, c)) for c in feasible if max(_padded(lengths, c)) <= budget)
         cuts = least_padding_cuts(lengths, size)
-        assert len(cuts) == parts + 1 and cuts[0] == 0 and cuts[-1] == rows and all(b > a for a, b in zip(cuts, cuts[1:]))
+        assert (
+            len(cuts) == parts + 1 and cuts[0] == 0 and cuts[-1] == rows and all(b > a for a, b in zip(cuts, cuts[1:]))
+        )
         if best > (1 - LEAST_PADDING_MIN_SAVING) * sum(_padded(lengths, equal)):
             assert cuts == equal, (lengths, size, cuts)  # too small a saving: equal micro-batches
         else:
@@ -80,15 +86,19 @@ def test_a_late_step_puts_its_few_long_answers_apart() -> None:
     """26 short answers and 6 cut at the length limit after 34-token prompts,
     micro_batch_size 16: the equal split pads 10 short completions to 48
     tokens; the cut at 26 pads them to 14."""
-    completions = [6, 7, 7, 8, 8, 8, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 12, 12, 12, 12, 13, 13, 13, 14, 14, 14] + [48] * 6
+    completions = [6, 7, 7, 8, 8, 8, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 12, 12, 12, 12, 13, 13, 13, 14, 14, 14] + [
+        48
+    ] * 6
     assert least_padding_cuts([34 + n for n in completions], 16) == [0, 26, 32]
     assert sum(_padded(completions, [0, 26, 32])) < 0.7 * sum(_padded(completions, [0, 16, 32]))  # 652 against 944
 
 
 def test_balanced_micro_batches_hold_every_row_once_in_as_many_micro_batches() -> None:
     rng = random.Random(1)
-    samples = [Sample(prompt_ids=[1, 2, 3], completion_ids=list(range(100 * i, 100 * i + n)), advantage=1.0)
-               for i, n in enumerate([rng.choice([3, 4, 5, 40]) for _ in range(20)])]  # fmt: skip
+    samples = [
+        Sample(prompt_ids=[1, 2, 3], completion_ids=list(range(100 * i, 100 * i + n)), advantage=1.0)
+        for i, n in enumerate([rng.choice([3, 4, 5, 40]) for _ in range(20)])
+    ]
     equal = micro_batches(samples, 8, 0, False)
     balanced = micro_batches(samples, 8, 0, False, balanced=True)
     assert len(balanced) == len(equal) == 3
@@ -102,8 +112,14 @@ def test_balanced_micro_batches_hold_every_row_once_in_as_many_micro_batches() -
 def test_the_default_loss_cuts_where_padding_is_least_and_grpo_keeps_equal_micro_batches(tmp_path) -> None:
     from grpo_core.config.loader import validate
 
-    config = {"base_model": "m", "datasets": [{"path": "d.jsonl"}], "output_dir": str(tmp_path),
-              "micro_batch_size": 8, "gradient_accumulation_steps": 1, "trl": {"num_generations": 8, "reward_funcs": ["r.f"]}}  # fmt: skip
+    config = {
+        "base_model": "m",
+        "datasets": [{"path": "d.jsonl"}],
+        "output_dir": str(tmp_path),
+        "micro_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+        "trl": {"num_generations": 8, "reward_funcs": ["r.f"]},
+    }
     default = LossSettings.from_config(validate(config))
     assert default.loss_type == "dapo" and micro_batch_split_is_free(default)
     grpo = LossSettings.from_config(validate({**config, "trl": {**config["trl"], "loss_type": "grpo"}}))
@@ -111,5 +127,8 @@ def test_the_default_loss_cuts_where_padding_is_least_and_grpo_keeps_equal_micro
     # what the trainer passes as micro_batches' `balanced`: unequal cuts for a bimodal step under dapo only
     rows = [Sample(prompt_ids=[1], completion_ids=[5] * n, advantage=1.0) for n in [2] * 12 + [40] * 4]
     for settings, unequal in ((default, True), (grpo, False)):
-        sizes = [mb.input_ids.shape[0] for mb in micro_batches(rows, 8, 0, False, balanced=micro_batch_split_is_free(settings))]
+        sizes = [
+            mb.input_ids.shape[0]
+            for mb in micro_batches(rows, 8, 0, False, balanced=micro_batch_split_is_free(settings))
+        ]
         assert sizes == ([12, 4] if unequal else [8, 8]), sizes

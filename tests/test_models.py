@@ -74,7 +74,9 @@ def test_tokenizer_pads_left_and_has_pad(smollm2_dir):
 def test_special_tokens_existing_and_new(smollm2_dir):
     tok = load_tokenizer(cfg_for(smollm2_dir, special_tokens={"pad_token": "<|endoftext|>"}), smollm2_dir)
     assert tok.pad_token == "<|endoftext|>" and len(tok) == 49152  # already in the vocabulary
-    tok = load_tokenizer(cfg_for(smollm2_dir, special_tokens={"pad_token": "<|mypad|>", "extra": "<tool>"}), smollm2_dir)
+    tok = load_tokenizer(
+        cfg_for(smollm2_dir, special_tokens={"pad_token": "<|mypad|>", "extra": "<tool>"}), smollm2_dir
+    )
     assert tok.pad_token == "<|mypad|>"
     assert len(tok) == 49154
     assert tok.convert_tokens_to_ids("<tool>") == 49153
@@ -83,11 +85,16 @@ def test_special_tokens_existing_and_new(smollm2_dir):
 
 def test_chat_template_inline_named_and_unknown(smollm2_dir):
     messages = [{"role": "user", "content": "hi"}]
-    tok = load_tokenizer(cfg_for(smollm2_dir, chat_template="{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"), smollm2_dir)
+    tok = load_tokenizer(
+        cfg_for(smollm2_dir, chat_template="{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"),
+        smollm2_dir,
+    )
     assert tok.apply_chat_template(messages, tokenize=False) == "[user] hi"
     tok = load_tokenizer(cfg_for(smollm2_dir, chat_template="chatml"), smollm2_dir)
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"  # no default system prompt, unlike SmolLM2's own
+    assert (
+        text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )  # no default system prompt, unlike SmolLM2's own
     default = load_tokenizer(cfg_for(smollm2_dir), smollm2_dir)
     assert "SmolLM" in default.apply_chat_template(messages, tokenize=False)
     with pytest.raises(ConfigError, match="chat_template 'nosuch'"):
@@ -143,7 +150,15 @@ def test_save_and_reload_adapter(lora_setup, inputs, tmp_path, smollm2_dir):
     out = save_final(policy, tokenizer, tmp_path / "final")
     adapter_cfg = json.loads((out / "adapter_config.json").read_text())
     assert (out / "adapter_model.safetensors").is_file()
-    assert set(adapter_cfg["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert set(adapter_cfg["target_modules"]) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
     assert adapter_cfg["r"] == 8 and adapter_cfg["lora_alpha"] == 16
     assert (out / "tokenizer_config.json").is_file()
     base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
@@ -153,8 +168,14 @@ def test_save_and_reload_adapter(lora_setup, inputs, tmp_path, smollm2_dir):
 
 
 def test_gradient_checkpointing_with_lora_trains(smollm2_dir, inputs):
-    cfg = cfg_for(smollm2_dir, adapter="lora", lora_r=2, lora_target_modules=["q_proj"], gradient_checkpointing=True,
-                  gradient_checkpointing_kwargs={"use_reentrant": True})
+    cfg = cfg_for(
+        smollm2_dir,
+        adapter="lora",
+        lora_r=2,
+        lora_target_modules=["q_proj"],
+        gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={"use_reentrant": True},
+    )
     policy = load_policy(cfg, smollm2_dir, load_tokenizer(cfg, smollm2_dir))
     policy.train()
     assert policy.base_model.model.is_gradient_checkpointing

@@ -20,21 +20,22 @@ from grpo_core.moved import MOVED_MODULES
 def test_an_old_path_is_the_moved_module_itself(old: str) -> None:
     new = MOVED_MODULES[old]
     assert importlib.import_module(old) is importlib.import_module(new)
-    assert not Path(grpo_core.__path__[0], *old.split(".")[1:]).with_suffix(".py").exists(), "no file left at the old path"
+    assert not Path(grpo_core.__path__[0], *old.split(".")[1:]).with_suffix(".py").exists(), (
+        "no file left at the old path"
+    )
 
 
 def test_the_names_plugins_imported_from_old_paths_still_import() -> None:
     from grpo_core import hookimpl
     from grpo_core.context import RunContext
-    from grpo_core.errors import ConfigError
-    from grpo_core.hookspecs import hookimpl as spec_hookimpl
-    from grpo_core.scratch import make_scratch_dir
-    from grpo_core.types import Prompt
-
     from grpo_core.contract.context import RunContext as new_context
     from grpo_core.contract.errors import ConfigError as new_error
     from grpo_core.contract.types import Prompt as new_prompt
+    from grpo_core.errors import ConfigError
+    from grpo_core.hookspecs import hookimpl as spec_hookimpl
     from grpo_core.runtime.scratch import make_scratch_dir as new_scratch
+    from grpo_core.scratch import make_scratch_dir
+    from grpo_core.types import Prompt
 
     assert hookimpl is spec_hookimpl
     assert (RunContext, ConfigError, Prompt, make_scratch_dir) == (new_context, new_error, new_prompt, new_scratch)

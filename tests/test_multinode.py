@@ -38,7 +38,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from netns import Hosts, namespaces_refused, opened_hosts
 from test_multiprocess import ENV, REWARDS, ROOT, TESTS, metrics, run_grpo, weights, weights_of, write_config
 from tiny_model import build_tiny_model
@@ -65,17 +64,51 @@ def host_folder(root: Path, name: str, model_src: Path) -> Path:
 
 def torchrun(rank: int, run: str) -> list[str]:
     """Host ``rank``'s launcher line, as on a cluster node (docs/multi-node.md quotes it)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
-            "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"host0:{PORT}",
-            "--rdzv-id", run, "--local-addr", f"host{rank}"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--node_rank",
+        str(rank),
+        "--nproc_per_node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"host0:{PORT}",
+        "--rdzv-id",
+        run,
+        "--local-addr",
+        f"host{rank}",
+    ]
 
 
 def accelerate(rank: int, run: str) -> list[str]:
     """Host ``rank``'s ``accelerate launch`` line (2 machines x 1 process; static rendezvous at host0)."""
-    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
-            "--machine_rank", str(rank), "--main_process_ip", "host0", "--main_process_port", str(PORT),
-            "--num_processes", "2", "--num_cpu_threads_per_process", "1", "--mixed_precision", "no",
-            "--dynamo_backend", "no"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_machines",
+        "2",
+        "--machine_rank",
+        str(rank),
+        "--main_process_ip",
+        "host0",
+        "--main_process_port",
+        str(PORT),
+        "--num_processes",
+        "2",
+        "--num_cpu_threads_per_process",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
 
 
 def launch_two_hosts(hosts: Hosts, folders: list[Path], config_name: str, launcher=torchrun) -> list[str]:
@@ -85,9 +118,19 @@ def launch_two_hosts(hosts: Hosts, folders: list[Path], config_name: str, launch
 
     procs = []
     for rank, folder in enumerate(folders):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(TESTS), str(ROOT)]), "OMP_NUM_THREADS": "1",
-               "GLOO_SOCKET_IFNAME": hosts.interface(rank)}  # fmt: skip
-        cmd = [*launcher(rank, config_name), "-m", "grpo_core.interface.cli", "run", str(folder / f"{config_name}.toml")]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(folder), str(TESTS), str(ROOT)]),
+            "OMP_NUM_THREADS": "1",
+            "GLOO_SOCKET_IFNAME": hosts.interface(rank),
+        }
+        cmd = [
+            *launcher(rank, config_name),
+            "-m",
+            "grpo_core.interface.cli",
+            "run",
+            str(folder / f"{config_name}.toml"),
+        ]
         log = open(folder / f"{config_name}.log", "w")
         procs.append((hosts.start(rank, cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     deadline = time.monotonic() + TIMEOUT
@@ -97,11 +140,13 @@ def launch_two_hosts(hosts: Hosts, folders: list[Path], config_name: str, launch
         except subprocess.TimeoutExpired:
             pass
     outputs = []
-    for (proc, log), folder in zip(procs, folders, strict=True):
+    for (_proc, log), folder in zip(procs, folders, strict=True):
         log.close()
         outputs.append((folder / f"{config_name}.log").read_text())
     for rank, (proc, _) in enumerate(procs):
-        assert proc.returncode == 0, f"host{rank} exit {proc.returncode}:\n" + "\n---\n".join(o[-4000:] for o in outputs)
+        assert proc.returncode == 0, f"host{rank} exit {proc.returncode}:\n" + "\n---\n".join(
+            o[-4000:] for o in outputs
+        )
     return outputs
 
 
@@ -134,25 +179,39 @@ def test_two_hosts_torchrun_ddp_matches_two_processes_on_one_host_and_resumes_on
     # The reference: the same config as 2 processes on one host (torchrun --standalone), no namespace.
     local = host_folder(tmp_path, "local", model_src)
     write_config(local, "ddp", str(local / "tiny"), max_steps=4, save_steps=2)
-    run_grpo(local, ["run", str(local / "ddp.toml")],
-             launcher=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])  # fmt: skip
+    run_grpo(
+        local,
+        ["run", str(local / "ddp.toml")],
+        launcher=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+    )
 
     two_hosts, one_host = metrics(folders[0] / "ddp"), metrics(local / "ddp")
     assert [(r["step"], r["world_size"]) for r in two_hosts] == [(1, 2), (2, 2), (3, 2), (4, 2)]
     # the transformers rollout generates on both hosts, each its share of the prompts (and still matches)
-    assert all(r["completions/sampled_on_rank_0"] == r["completions/sampled_on_rank_1"] == 2.0 for r in two_hosts), two_hosts
+    assert all(r["completions/sampled_on_rank_0"] == r["completions/sampled_on_rank_1"] == 2.0 for r in two_hosts), (
+        two_hosts
+    )
     close_match(one_host, two_hosts)
     wa, wb = weights(local / "ddp"), weights(folders[0] / "ddp")
     assert wa.keys() == wb.keys()
     for key in wa:
         torch.testing.assert_close(wb[key], wa[key], rtol=1e-4, atol=1e-6)
     start = weights(model_src)
-    assert max(float((wb[k] - start[k]).abs().max()) for k in wb) > 1e-4, "the weights did not move: the match proves nothing"
+    assert max(float((wb[k] - start[k]).abs().max()) for k in wb) > 1e-4, (
+        "the weights did not move: the match proves nothing"
+    )
 
     # Resume on one host (the README's table: "DDP 2 -> 1 process, the same up to summation order"),
     # host 0's checkpoint-2, 1 process with gradient_accumulation_steps 2 (the same global batch of 4).
-    write_config(folders[0], "resumed", str(folders[0] / "tiny"), max_steps=4, save_steps=2,
-                 gradient_accumulation_steps=2, resume_from_checkpoint=str(folders[0] / "ddp" / "checkpoint-2"))  # fmt: skip
+    write_config(
+        folders[0],
+        "resumed",
+        str(folders[0] / "tiny"),
+        max_steps=4,
+        save_steps=2,
+        gradient_accumulation_steps=2,
+        resume_from_checkpoint=str(folders[0] / "ddp" / "checkpoint-2"),
+    )
     run_grpo(folders[0], ["run", str(folders[0] / "resumed.toml")])
     resumed = metrics(folders[0] / "resumed")
     assert [(r["step"], r["world_size"]) for r in resumed] == [(3, 1), (4, 1)]
@@ -169,11 +228,21 @@ def test_two_hosts_accelerate_fsdp_matches_fsdp_on_one_host(hosts: Hosts, smollm
     (accelerate, one host). The rollout is tests/test_multiprocess.py's deterministic one, so that
     both layouts train the same completions (sampling would differ with the process layout)."""
     model_src = Path(build_tiny_model(smollm2_dir, tmp_path / "tiny_src"))
-    fsdp = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+    fsdp = {
+        "fsdp": ["full_shard", "auto_wrap"],
+        "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"},
+    }
 
     def config(folder: Path) -> None:
-        write_config(folder, "fsdp", str(folder / "tiny"), max_steps=4, save_steps=2, **json.loads(json.dumps(fsdp)),
-                     trl={"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]})  # fmt: skip
+        write_config(
+            folder,
+            "fsdp",
+            str(folder / "tiny"),
+            max_steps=4,
+            save_steps=2,
+            **json.loads(json.dumps(fsdp)),
+            trl={"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]},
+        )
 
     folders = [host_folder(tmp_path, f"host{rank}", model_src) for rank in range(2)]
     for folder in folders:
@@ -201,8 +270,10 @@ def test_hosts_are_network_isolated_and_leave_nothing_behind() -> None:
     if refused:
         pytest.skip(refused)
     serve = "import socket,time;s=socket.socket();s.bind(('0.0.0.0',%d));s.listen();time.sleep(600)" % PORT
-    probe = ("import socket,sys\ntry:\n    socket.create_connection((sys.argv[1], %d), timeout=3)\n"
-             "    print('open')\nexcept OSError as e:\n    print(type(e).__name__)") % PORT  # fmt: skip
+    probe = (
+        "import socket,sys\ntry:\n    socket.create_connection((sys.argv[1], %d), timeout=3)\n"
+        "    print('open')\nexcept OSError as e:\n    print(type(e).__name__)"
+    ) % PORT
     with Hosts(count=2) as made:
         made.start(0, [sys.executable, "-c", serve])
         # a grandchild in its own session: not in the Popen's process group
@@ -210,7 +281,9 @@ def test_hosts_are_network_isolated_and_leave_nothing_behind() -> None:
         time.sleep(1.0)
 
         def reach(host: int, target: str) -> str:
-            done = subprocess.run(made.command(host, [sys.executable, "-c", probe, target]), capture_output=True, text=True, timeout=30)
+            done = subprocess.run(
+                made.command(host, [sys.executable, "-c", probe, target]), capture_output=True, text=True, timeout=30
+            )
             return done.stdout.strip()
 
         assert reach(1, "host0") == "open", "host1 reaches host0's port over the link"

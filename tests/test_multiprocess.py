@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_model import build_tiny_model
 
 from grpo_core.config.convert import to_toml_text
-from tiny_model import build_tiny_model
 
 REWARDS = "def parity(completion_ids, **kwargs):\n    return [float(sum(ids) % 2) for ids in completion_ids]\n"
 TESTS = Path(__file__).parent
@@ -41,11 +41,30 @@ TIMEOUT = 240
 
 
 def write_config(tmp: Path, name: str, model: str, **top) -> Path:
-    trl = {"num_generations": 2, "max_completion_length": 4, "reward_funcs": ["mp_rewards.parity"], "temperature": 1.0,
-           "skip_zero_advantage_batches": False, **top.pop("trl", {})}  # fmt: skip
-    raw = {"base_model": model, "adapter": None, "datasets": [{"path": str(tmp / "train.jsonl")}], "sequence_len": 64,
-           "micro_batch_size": 2, "gradient_accumulation_steps": 1, "max_steps": 2, "learning_rate": 5e-3,
-           "lr_scheduler": "constant", "output_dir": str(tmp / name), "seed": 7, "save_steps": 100, **top, "trl": trl}  # fmt: skip
+    trl = {
+        "num_generations": 2,
+        "max_completion_length": 4,
+        "reward_funcs": ["mp_rewards.parity"],
+        "temperature": 1.0,
+        "skip_zero_advantage_batches": False,
+        **top.pop("trl", {}),
+    }
+    raw = {
+        "base_model": model,
+        "adapter": None,
+        "datasets": [{"path": str(tmp / "train.jsonl")}],
+        "sequence_len": 64,
+        "micro_batch_size": 2,
+        "gradient_accumulation_steps": 1,
+        "max_steps": 2,
+        "learning_rate": 5e-3,
+        "lr_scheduler": "constant",
+        "output_dir": str(tmp / name),
+        "seed": 7,
+        "save_steps": 100,
+        **top,
+        "trl": trl,
+    }
     path = tmp / f"{name}.toml"
     path.write_text(to_toml_text(raw))
     return path
@@ -122,7 +141,7 @@ def weights_at_start(model: str) -> dict[str, torch.Tensor]:
 # constant reward (a group without learning signal), so ranks regularly
 # disagree on whether their micro-batch has signal: a rank that skipped its
 # backward alone would leave the other waiting in the all-reduce (a hang).
-ENV = '''
+ENV = """
 def rollout(prompts, trainer):
     tok = trainer.processing_class
     out = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
@@ -137,7 +156,7 @@ def rollout(prompts, trainer):
 
 def gated(completion_ids, prompts, **kwargs):
     return [float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) % 2 else 1.0 for ids, p in zip(completion_ids, prompts)]
-'''
+"""
 
 
 def shares_by_step(shares: Path) -> dict[int, dict[int, list[str]]]:
@@ -155,9 +174,19 @@ def test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly(work
     tmp, model = workdir
     (tmp / "mp_env.py").write_text(ENV)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    settings = {"adapter": "lora", "lora_r": 4, "lora_alpha": 8, "max_steps": 4, "save_steps": 2,
-                "trl": {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"], "async_prefetch": True,
-                        "skip_zero_advantage_batches": True}}  # fmt: skip
+    settings = {
+        "adapter": "lora",
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "max_steps": 4,
+        "save_steps": 2,
+        "trl": {
+            "rollout_func": "mp_env.rollout",
+            "reward_funcs": ["mp_env.gated"],
+            "async_prefetch": True,
+            "skip_zero_advantage_batches": True,
+        },
+    }
     straight = write_config(tmp, "straight", model, **json.loads(json.dumps(settings)))
     run_grpo(tmp, ["run", str(straight)], launcher=torchrun, shares=tmp / "shares")
 
@@ -177,8 +206,13 @@ def test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly(work
         return {k: v for k, v in record.items() if k != "step_time" and not k.startswith("time/")}
 
     # Same process count: exact.
-    resumed = write_config(tmp, "resumed", model, **json.loads(json.dumps(settings)),
-                           resume_from_checkpoint=str(tmp / "straight" / "checkpoint-2"))  # fmt: skip
+    resumed = write_config(
+        tmp,
+        "resumed",
+        model,
+        **json.loads(json.dumps(settings)),
+        resume_from_checkpoint=str(tmp / "straight" / "checkpoint-2"),
+    )
     run_grpo(tmp, ["run", str(resumed)], launcher=torchrun)
     b = metrics(tmp / "resumed")
     assert [r["step"] for r in b] == [3, 4]
@@ -191,8 +225,14 @@ def test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly(work
 
     # Onto 1 process (gradient_accumulation_steps 2 keeps the global batch): a checkpoint at a batch
     # boundary resumes onto another process count; the sums run in another order, hence a tolerance.
-    single = write_config(tmp, "single", model, **json.loads(json.dumps(settings)), gradient_accumulation_steps=2,
-                          resume_from_checkpoint=str(tmp / "straight" / "checkpoint-2"))  # fmt: skip
+    single = write_config(
+        tmp,
+        "single",
+        model,
+        **json.loads(json.dumps(settings)),
+        gradient_accumulation_steps=2,
+        resume_from_checkpoint=str(tmp / "straight" / "checkpoint-2"),
+    )
     run_grpo(tmp, ["run", str(single)])
     c = metrics(tmp / "single")
     assert [r["step"] for r in c] == [3, 4] and [r["world_size"] for r in c] == [1.0, 1.0]
@@ -224,8 +264,15 @@ def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(w
     # Both sides share prompts (the default; each FSDP unit then runs twice per forward, prompts and
     # completions). One side running every row whole moved the weights past the tolerance: float
     # rounding, which Adam magnifies on near-zero gradients.
-    common = {"max_steps": 4, "save_steps": 2, "trl": {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]}}
-    fsdp = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+    common = {
+        "max_steps": 4,
+        "save_steps": 2,
+        "trl": {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]},
+    }
+    fsdp = {
+        "fsdp": ["full_shard", "auto_wrap"],
+        "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"},
+    }
     sharded = write_config(tmp, "fsdp", model, **json.loads(json.dumps(common)), **fsdp)
     single = write_config(tmp, "single", model, **json.loads(json.dumps(common)), gradient_accumulation_steps=2)
     run_grpo(tmp, ["run", str(sharded), "--num-processes", "2"])
@@ -241,11 +288,18 @@ def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(w
     for key in wa:
         torch.testing.assert_close(wa[key], wc[key], rtol=1e-4, atol=1e-6)
 
-    resumed = write_config(tmp, "fsdp_resumed", model, **json.loads(json.dumps(common)), **fsdp,
-                           resume_from_checkpoint=str(tmp / "fsdp" / "checkpoint-2"))  # fmt: skip
+    resumed = write_config(
+        tmp,
+        "fsdp_resumed",
+        model,
+        **json.loads(json.dumps(common)),
+        **fsdp,
+        resume_from_checkpoint=str(tmp / "fsdp" / "checkpoint-2"),
+    )
     run_grpo(tmp, ["run", str(resumed), "--num-processes", "2"])
     b = metrics(tmp / "fsdp_resumed")
     assert [r["step"] for r in b] == [3, 4]
+
     def math(record: dict) -> dict:  # but timings, and alerts (a health alert fires once per run, resumed or not)
         return {k: v for k, v in record.items() if k != "step_time" and not k.startswith(("time/", "alerts/"))}
 
@@ -255,14 +309,15 @@ def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(w
     for key in wa:
         assert torch.equal(wa[key], wb[key]), key
 
-
     # Onto another process count, from the same checkpoints at a batch boundary (the global batch of 4
     # kept: 2 processes x 1 micro-batch, or 1 process x gradient_accumulation_steps 2), Adam state included:
     # FSDP 2 -> 1 process (the same config, fsdp still set: one process runs unsharded), 1 process -> FSDP 2
     # and 1 process -> DDP 2. Each repeats steps 3-4 up to summation order (the tolerances of FSDP vs one
     # process above); had the optimizer state not come across, step 3 would move every weight by about lr.
     def onto(name: str, checkpoint: Path, processes: int, **top) -> None:
-        path = write_config(tmp, name, model, **json.loads(json.dumps(common)), **top, resume_from_checkpoint=str(checkpoint))
+        path = write_config(
+            tmp, name, model, **json.loads(json.dumps(common)), **top, resume_from_checkpoint=str(checkpoint)
+        )
         run_grpo(tmp, ["run", str(path)] + (["--num-processes", str(processes)] if processes > 1 else []))
         resumed = metrics(tmp / name)
         assert [(r["step"], r["world_size"]) for r in resumed] == [(3, processes), (4, processes)], name
@@ -273,19 +328,29 @@ def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(w
         wn = weights_of(tmp / name)
         assert wn.keys() == wa.keys(), name
         for key in wa:
-            torch.testing.assert_close(wn[key], wa[key], rtol=1e-4, atol=1e-6, msg=lambda m, n=name, k=key: f"{n} {k}: {m}")
+            torch.testing.assert_close(
+                wn[key], wa[key], rtol=1e-4, atol=1e-6, msg=lambda m, n=name, k=key: f"{n} {k}: {m}"
+            )
 
     onto("fsdp_onto_one", tmp / "fsdp" / "checkpoint-2", 1, **fsdp, gradient_accumulation_steps=2)
     onto("single_onto_fsdp", tmp / "single" / "checkpoint-2", 2, **fsdp)
     onto("single_onto_ddp", tmp / "single" / "checkpoint-2", 2)
 
 
-ZERO3_JSON = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
-              "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}  # fmt: skip
+ZERO3_JSON = {
+    "zero_optimization": {"stage": 3},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+}
 
 
-@pytest.mark.parametrize("sharding", ["fsdp", pytest.param("zero3", marks=pytest.mark.extended)])  # ZeRO-3 runs in test_deepspeed too
-def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_process(workdir: tuple[Path, str], sharding: str) -> None:
+@pytest.mark.parametrize(
+    "sharding", ["fsdp", pytest.param("zero3", marks=pytest.mark.extended)]
+)  # ZeRO-3 runs in test_deepspeed too
+def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_process(
+    workdir: tuple[Path, str], sharding: str
+) -> None:
     """FSDP and ZeRO-3 shard the weights: every rank samples its share of each generation call
     with the policy made whole for the call (unsharded / gathered), and both ranks sample (the
     per-rank counts). The 2-process run samples, scores and trains the same batches as 1 process
@@ -299,7 +364,10 @@ def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_proce
         (tmp / "zero3.json").write_text(json.dumps(ZERO3_JSON))
         shard: dict = {"deepspeed": str(tmp / "zero3.json")}
     else:
-        shard = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+        shard = {
+            "fsdp": ["full_shard", "auto_wrap"],
+            "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"},
+        }
     sharded = write_config(tmp, sharding, model, max_steps=3, learning_rate=2e-2, **shard)
     single = write_config(tmp, "single", model, max_steps=3, learning_rate=2e-2, gradient_accumulation_steps=2)
     run_grpo(tmp, ["run", str(sharded), "--num-processes", "2"])
@@ -332,7 +400,10 @@ def test_fsdp_with_async_prefetch_does_not_deadlock_and_matches_one_process(work
     tmp, model = workdir
     (tmp / "mp_env.py").write_text(ENV)
     trl = {"rollout_func": "mp_env.rollout", "reward_funcs": ["mp_env.gated"]}
-    fsdp = {"fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+    fsdp = {
+        "fsdp": ["full_shard", "auto_wrap"],
+        "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"},
+    }
     sharded = write_config(tmp, "fsdp_async", model, max_steps=3, trl={**trl, "async_prefetch": True}, **fsdp)
     single = write_config(tmp, "single_sync", model, max_steps=3, trl=dict(trl), gradient_accumulation_steps=2)
     run_grpo(tmp, ["run", str(sharded), "--num-processes", "2"])
@@ -348,19 +419,45 @@ def test_config_check_prints_per_process_and_global_batches(tmp_path: Path, caps
     from grpo_core.interface.cli import main
 
     path = tmp_path / "c.toml"
-    path.write_text(to_toml_text({"base_model": "some/model", "micro_batch_size": 2, "gradient_accumulation_steps": 2,
-                                  "datasets": [{"path": "my-org/arith"}],
-                                  "trl": {"num_generations": 2, "reward_funcs": ["last_number_match"]}}))  # fmt: skip
+    path.write_text(
+        to_toml_text(
+            {
+                "base_model": "some/model",
+                "micro_batch_size": 2,
+                "gradient_accumulation_steps": 2,
+                "datasets": [{"path": "my-org/arith"}],
+                "trl": {"num_generations": 2, "reward_funcs": ["last_number_match"]},
+            }
+        )
+    )
     assert main(["config", "check", str(path), "--num-processes", "2"]) == 0
     out = capsys.readouterr().out
-    assert ("processes:    2 (DDP: a full replica per process); per process: 2 x 2 = 4 completions per optimizer "
-            "step, 4 (2 groups) per generation; global: 8 per optimizer step, 8 (4 prompts) per generation") in out
+    assert (
+        "processes:    2 (DDP: a full replica per process); per process: 2 x 2 = 4 completions per optimizer "
+        "step, 4 (2 groups) per generation; global: 8 per optimizer step, 8 (4 prompts) per generation"
+    ) in out
     assert "generates on: every process, each its share of each call's prompts" in out  # the transformers rollout
     assert main(["config", "check", str(path), "--num-processes", "2", "--set", "trl.use_vllm=true"]) == 0
     assert "generates on: rank 0 alone (the rollout samples for every process)" in capsys.readouterr().out
     # 8 completions over 4 processes: 2 each, not a whole group of 4
-    assert main(["config", "check", str(path), "--num-processes", "4", "--set", "trl.generation_batch_size=8",
-                 "--set", "trl.num_generations=4", "--set", "gradient_accumulation_steps=1"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "config",
+                "check",
+                str(path),
+                "--num-processes",
+                "4",
+                "--set",
+                "trl.generation_batch_size=8",
+                "--set",
+                "trl.num_generations=4",
+                "--set",
+                "gradient_accumulation_steps=1",
+            ]
+        )
+        == 2
+    )
     assert "groups stay whole on a process" in capsys.readouterr().err
 
 
@@ -377,8 +474,9 @@ def grpo_launch(tmp: Path, args: list[str]) -> tuple[subprocess.CompletedProcess
     also returns that process's pid."""
     grpo = Path(sys.executable).with_name("grpo")
     env = {**os.environ, "PYTHONPATH": str(tmp), "OMP_NUM_THREADS": "1"}
-    with subprocess.Popen([str(grpo), *args], cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as proc:  # fmt: skip
+    with subprocess.Popen(
+        [str(grpo), *args], cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
         try:
             out, err = proc.communicate(timeout=TIMEOUT)
         finally:
@@ -393,8 +491,9 @@ def assert_no_launcher_dump(stderr: str) -> None:
 def test_num_processes_checks_a_bad_config_once_before_starting_processes(tmp_path: Path) -> None:
     (tmp_path / "mp_rewards.py").write_text(REWARDS)
     # every Python process started from here records its pid (site imports sitecustomize from PYTHONPATH)
-    (tmp_path / "sitecustomize.py").write_text(f"import os\nwith open({str(tmp_path / 'pids')!r}, 'a') as f:\n"
-                                               f"    f.write(f'{{os.getpid()}}\\n')\n")  # fmt: skip
+    (tmp_path / "sitecustomize.py").write_text(
+        f"import os\nwith open({str(tmp_path / 'pids')!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\n"
+    )
     # 4 completions per generation over 2 processes: 2 each, half a group of 4; only a check for 2 processes sees it
     path = write_config(tmp_path, "bad", "some/model", trl={"num_generations": 4, "generation_batch_size": 4})
     done, parent = grpo_launch(tmp_path, ["run", str(path), "--num-processes", "2"])
@@ -430,7 +529,9 @@ def test_a_child_killed_by_a_signal_gets_one_line_and_a_shell_exit_code(capsys: 
 
     from grpo_core.interface.launch import failure_exit_code
 
-    own = ChildFailedError("grpo_core.interface.cli", {0: ProcessFailure(0, 11, -15, "<N/A>"), 1: ProcessFailure(1, 12, 3, "<N/A>")})
+    own = ChildFailedError(
+        "grpo_core.interface.cli", {0: ProcessFailure(0, 11, -15, "<N/A>"), 1: ProcessFailure(1, 12, 3, "<N/A>")}
+    )
     assert failure_exit_code(own) == 3 and capsys.readouterr().err == ""
     killed = ChildFailedError("grpo_core.interface.cli", {1: ProcessFailure(1, 12, -9, "<N/A>")})
     assert failure_exit_code(killed) == 137
@@ -462,8 +563,13 @@ def test_a_sync_that_fails_on_rank_0_stops_every_rank_with_one_checkpoint(workdi
     from plugin_set import write_distribution
 
     tmp, model = workdir
-    write_distribution(tmp, "grpo_refusing_sync", REFUSING_SYNC, "grpo-refusing-sync",
-                       "[grpo.weight_sync]\nrefuses_v2 = grpo_refusing_sync:RefusesVersion2\n")  # fmt: skip
+    write_distribution(
+        tmp,
+        "grpo_refusing_sync",
+        REFUSING_SYNC,
+        "grpo-refusing-sync",
+        "[grpo.weight_sync]\nrefuses_v2 = grpo_refusing_sync:RefusesVersion2\n",
+    )
     path = write_config(tmp, "out", model, max_steps=4, plugins={"weight_sync": "refuses_v2"})
     done, _ = grpo_launch(tmp, ["run", str(path), "--num-processes", "2"])  # a hang fails at TIMEOUT
     assert done.returncode == 3, done.stderr[-4000:]
@@ -497,7 +603,12 @@ def test_optimizer_state_is_rekeyed_between_sharded_and_unsharded_runs() -> None
     optimizer.step()
     by_index = optimizer.state_dict()
     by_name = optimizer_state_by_name(forward, optimizer, by_index)
-    assert by_name["param_groups"][0]["params"] == ["policy.0.weight", "policy.0.bias", "policy.1.weight", "policy.1.bias"]
+    assert by_name["param_groups"][0]["params"] == [
+        "policy.0.weight",
+        "policy.0.bias",
+        "policy.1.weight",
+        "policy.1.bias",
+    ]
     assert torch.equal(by_name["state"]["policy.1.weight"]["exp_avg"], by_index["state"][2]["exp_avg"])
     assert optimizer_state_by_name(forward, optimizer, by_name) is by_name  # already by name
 
@@ -509,7 +620,10 @@ def test_optimizer_state_is_rekeyed_between_sharded_and_unsharded_runs() -> None
     reordered.load_state_dict(back)
     assert torch.equal(reordered.state[forward.module.policy[1].weight]["exp_avg"], by_index["state"][2]["exp_avg"])
 
-    other = {"state": {}, "param_groups": [{**by_name["param_groups"][0], "params": ["policy.0.weight", "head.weight"]}]}
+    other = {
+        "state": {},
+        "param_groups": [{**by_name["param_groups"][0], "params": ["policy.0.weight", "head.weight"]}],
+    }
     with pytest.raises(GrpoError, match="another model or adapter"):
         optimizer_state_by_index(forward, optimizer, other)
     with pytest.raises(GrpoError, match=r"parameters per group: \[3\] saved, \[4\] here"):

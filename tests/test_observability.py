@@ -23,7 +23,7 @@ import tomli_w
 
 from grpo_core.interface.cli import main
 
-REWARDS = '''
+REWARDS = """
 import re
 
 def last_digit_even(completions, **kwargs):
@@ -38,7 +38,7 @@ def length_score(completion_ids, **kwargs):
 
 def broken(completions, **kwargs):
     raise ValueError("boom")
-'''
+"""
 
 STEPS = 2
 PROMPTS_PER_STEP = 2
@@ -65,8 +65,14 @@ def write_config(root: Path, model_dir: str, name: str = "config.toml", **top) -
         "seed": 8,  # step 1's batch has a learning signal: it trains (entropy, the alert, the adapter moves)
         "report_to": ["tensorboard", "wandb", "mlflow"],
         # thresholds that make alerts fire deterministically on 2 steps
-        "alerts": {"window": 1, "entropy_max": 1e-4, "grad_norm_max": 1e-9, "silence": ["grad_norm_high"],
-                   "reward_zero_steps": 1, "reward_zero_eps": 100.0},
+        "alerts": {
+            "window": 1,
+            "entropy_max": 1e-4,
+            "grad_norm_max": 1e-9,
+            "silence": ["grad_norm_high"],
+            "reward_zero_steps": 1,
+            "reward_zero_eps": 100.0,
+        },
         "trl": {
             "num_generations": GENERATIONS,
             "max_completion_length": 8,
@@ -101,15 +107,28 @@ def env_for(root: Path) -> dict[str, str]:
 def run(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: str):
     root = tmp_path_factory.mktemp("observe")
     (root / "tiny_rewards.py").write_text(REWARDS)
-    rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {a + 1}?"}], "answer": str(2 * a + 1)} for a in range(1, 11)]
+    rows = [
+        {"prompt": [{"role": "user", "content": f"What is {a} + {a + 1}?"}], "answer": str(2 * a + 1)}
+        for a in range(1, 11)
+    ]
     (root / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     config = write_config(root, smollm2_dir)
     proc = subprocess.run(  # noqa: S603 - our own console script
         [sys.executable, "-m", "grpo_core.interface.cli", "run", str(config)],
-        cwd=root, env=env_for(root), capture_output=True, text=True, timeout=900,
+        cwd=root,
+        env=env_for(root),
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return {"root": root, "out": root / "out", "config": config, "output": proc.stdout + proc.stderr, "model_dir": smollm2_dir}
+    return {
+        "root": root,
+        "out": root / "out",
+        "config": config,
+        "output": proc.stdout + proc.stderr,
+        "model_dir": smollm2_dir,
+    }
 
 
 def jsonl(path: Path) -> list[dict]:
@@ -123,8 +142,13 @@ def test_evaluation_logs_eval_metrics_every_eval_step(run) -> None:
     records = jsonl(run["out"] / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
-        for key in ("eval/reward", "eval/rewards/last_digit_even/mean", "eval/rewards/length_score/mean",
-                    "eval/completions/mean_length", "eval/policy_version"):
+        for key in (
+            "eval/reward",
+            "eval/rewards/last_digit_even/mean",
+            "eval/rewards/length_score/mean",
+            "eval/completions/mean_length",
+            "eval/policy_version",
+        ):
             assert record.get(key) is not None, (key, record)
         assert record["eval/num_samples"] == VAL  # one greedy completion per held-out prompt
         assert 0 < record["eval/completions/mean_length"] <= 8
@@ -249,7 +273,9 @@ def _wandb_history(out: Path) -> list[dict]:
 
 def _wandb_table_rows(out: Path, name: str) -> list[dict]:
     rows = []
-    for path in sorted(glob.glob(str(out / "wandb" / "offline-run-*" / "files" / "media" / "table" / f"{name}_*.table.json"))):
+    for path in sorted(
+        glob.glob(str(out / "wandb" / "offline-run-*" / "files" / "media" / "table" / f"{name}_*.table.json"))
+    ):
         table = json.loads(Path(path).read_text())
         rows += [dict(zip(table["columns"], row)) for row in table["data"]]
     return rows
@@ -292,8 +318,21 @@ def test_rewards_test_scores_a_column_and_reports_errors(run, capsys: pytest.Cap
     # every answer (2a + 1) is odd: the even-digit reward is 0 on all three
     assert "last_digit_even: 3 completions" in out and "values: 0 x3" in out
     assert "GRPO gets no learning signal" in out
-    code = main(["rewards", "test", str(run["config"]), "--samples", "2", "--from-column", "answer",
-                 "--set", 'trl.reward_funcs=["tiny_rewards.broken"]', "--set", "trl.reward_weights=[1.0]"])
+    code = main(
+        [
+            "rewards",
+            "test",
+            str(run["config"]),
+            "--samples",
+            "2",
+            "--from-column",
+            "answer",
+            "--set",
+            'trl.reward_funcs=["tiny_rewards.broken"]',
+            "--set",
+            "trl.reward_weights=[1.0]",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1 and "ERROR" in out and "boom" in out and "Sample 0" in out
     assert main(["rewards", "test", str(run["config"]), "--samples", "2", "--from-column", "nope"]) == 2
@@ -318,7 +357,9 @@ def test_merge_gives_a_plain_model_equal_to_base_plus_adapter(run) -> None:
     assert (merged_dir / "model.safetensors").is_file() and (merged_dir / "tokenizer.json").is_file()
     assert not (merged_dir / "adapter_config.json").exists()
     merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
-    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(run["model_dir"], dtype=torch.float32), str(run["out"]))
+    reference = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(run["model_dir"], dtype=torch.float32), str(run["out"])
+    )
     ids = torch.tensor([[1, 504, 3458, 314, 216, 30, 1241]])
     with torch.no_grad():
         torch.testing.assert_close(merged(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
@@ -326,7 +367,9 @@ def test_merge_gives_a_plain_model_equal_to_base_plus_adapter(run) -> None:
         assert not torch.allclose(merged(ids).logits, base(ids).logits, atol=1e-4)  # the adapter is in it
 
 
-def test_eval_command_matches_the_last_in_training_evaluation(run, capsys: pytest.CaptureFixture, monkeypatch, tmp_path) -> None:
+def test_eval_command_matches_the_last_in_training_evaluation(
+    run, capsys: pytest.CaptureFixture, monkeypatch, tmp_path
+) -> None:
     monkeypatch.chdir(run["root"])
     monkeypatch.syspath_prepend(str(run["root"]))
     out_file = tmp_path / "eval.json"

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from grpo_core.observability.alerts import HealthMonitor
 from grpo_core.config.loader import validate
 from grpo_core.config.schema import AlertSettings
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import ConfigError, DataError
-from grpo_core.training.evaluation import split_validation
+from grpo_core.contract.types import Prompt, Tracker
 from grpo_core.host.plugin_host import PluginHost
+from grpo_core.observability.alerts import HealthMonitor
 from grpo_core.observability.tracking import TrackerSet, requested_trackers
 from grpo_core.training.config_check import check_run_config
-from grpo_core.contract.types import Prompt, Tracker
+from grpo_core.training.evaluation import split_validation
 
 
 def minimal(**top: Any) -> dict[str, Any]:
@@ -49,11 +49,22 @@ def test_report_to_follows_the_hf_convention(value: Any, expected: list[str]) ->
 def test_use_wandb_adds_wandb_and_all_means_every_installed_tracker() -> None:
     assert requested_trackers(validate(minimal(use_wandb=True)), []) == ["wandb"]
     assert requested_trackers(validate(minimal(report_to=["jsonl", "wandb"], use_wandb=True)), []) == ["wandb"]
-    assert requested_trackers(validate(minimal(report_to="all")), ["mlflow", "tensorboard"]) == ["mlflow", "tensorboard"]
+    assert requested_trackers(validate(minimal(report_to="all")), ["mlflow", "tensorboard"]) == [
+        "mlflow",
+        "tensorboard",
+    ]
 
 
 def test_formerly_refused_options_now_pass_the_checks() -> None:
-    check_run_config(validate(minimal(use_wandb=True, val_set_size=0.1, trl={"num_generations": 4, "reward_funcs": ["x"], "log_completions": True})))
+    check_run_config(
+        validate(
+            minimal(
+                use_wandb=True,
+                val_set_size=0.1,
+                trl={"num_generations": 4, "reward_funcs": ["x"], "log_completions": True},
+            )
+        )
+    )
 
 
 def test_config_check_names_an_unknown_tracker_and_what_exists() -> None:
@@ -172,8 +183,15 @@ def feed(monitor: HealthMonitor, steps: list[dict[str, float]]) -> list[tuple[in
 
 
 def healthy(**changes: float) -> dict[str, float]:
-    return {"reward": 0.5, "reward_std": 0.3, "entropy": 0.3, "grad_norm": 0.2, "loss": 0.1,
-            "skipped_zero_adv_batches": 0.0, **changes}  # fmt: skip
+    return {
+        "reward": 0.5,
+        "reward_std": 0.3,
+        "entropy": 0.3,
+        "grad_norm": 0.2,
+        "loss": 0.1,
+        "skipped_zero_adv_batches": 0.0,
+        **changes,
+    }
 
 
 def test_healthy_run_fires_nothing(tmp_path: Path) -> None:
@@ -243,9 +261,19 @@ def test_validation_split_is_seeded_disjoint_and_sized() -> None:
 def test_report_summary_lists_first_last_best_and_alerts(tmp_path: Path) -> None:
     from grpo_core.observability.report import build_report
 
-    rows = [{"step": s, "reward": r, "reward_std": 0.2, "entropy": 0.4, "grad_norm": 0.1, "rewards/acc/mean": r,
-             "eval/reward": e} for s, r, e in ((1, 0.1, 0.2), (2, 0.6, 0.5), (3, 0.4, 0.3))]  # fmt: skip
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"step\": 4, \"rew")  # torn tail
+    rows = [
+        {
+            "step": s,
+            "reward": r,
+            "reward_std": 0.2,
+            "entropy": 0.4,
+            "grad_norm": 0.1,
+            "rewards/acc/mean": r,
+            "eval/reward": e,
+        }
+        for s, r, e in ((1, 0.1, 0.2), (2, 0.6, 0.5), (3, 0.4, 0.3))
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + '\n{"step": 4, "rew')  # torn tail
     (tmp_path / "alerts.jsonl").write_text(json.dumps({"step": 2, "name": "no_signal", "message": "m"}) + "\n")
     text, pngs = build_report(tmp_path)
     reward_line = next(line for line in text.splitlines() if line.startswith("reward "))
@@ -259,7 +287,7 @@ def test_report_summary_lists_first_last_best_and_alerts(tmp_path: Path) -> None
 # --------------------------------------------------------------------------- a third-party tracker
 
 
-THIRD_PARTY = '''
+THIRD_PARTY = """
 import json
 from pathlib import Path
 
@@ -280,7 +308,7 @@ class LinesTracker:
     def close(self):
         with open(self.path, "a") as f:
             f.write(json.dumps({"closed": True}) + "\\n")
-'''
+"""
 
 
 def test_a_third_party_tracker_package_is_chosen_by_its_entry_point_name(tmp_path: Path, monkeypatch) -> None:

@@ -22,7 +22,13 @@ from grpo_core.config.schema import DatasetSpec, GRPOConfig, PluginSettings, Trl
 
 REPO = Path(__file__).resolve().parent.parent
 NOT_READERS = {REPO / "grpo_core" / "config" / "schema.py", REPO / "grpo_core" / "config" / "compat.py"}
-TABLES: dict[str, type[BaseModel]] = {"": GRPOConfig, "vllm.": VllmSettings, "trl.": TrlSettings, "plugins.": PluginSettings, "datasets[].": DatasetSpec}
+TABLES: dict[str, type[BaseModel]] = {
+    "": GRPOConfig,
+    "vllm.": VllmSettings,
+    "trl.": TrlSettings,
+    "plugins.": PluginSettings,
+    "datasets[].": DatasetSpec,
+}
 
 
 def schema_keys() -> list[str]:

@@ -23,8 +23,11 @@ import grpo_core
 from grpo_core import plugin_api
 
 REPO = Path(__file__).resolve().parent.parent
-PLUGIN_SOURCES = [REPO / "plugins", REPO / "examples" / "grpo-plugin-example" / "src",
-                  REPO / "tests" / "plugin_packages" / "grpo-contract-test" / "src"]  # fmt: skip
+PLUGIN_SOURCES = [
+    REPO / "plugins",
+    REPO / "examples" / "grpo-plugin-example" / "src",
+    REPO / "tests" / "plugin_packages" / "grpo-contract-test" / "src",
+]
 
 
 def _grpo_core_imports(root: Path, base: Path = REPO) -> list[str]:
@@ -75,8 +78,12 @@ def test_a_name_outside_the_surface_says_so() -> None:
 
 def test_the_type_checking_imports_list_exactly_the_surface() -> None:
     tree = ast.parse(Path(plugin_api.__file__).read_text(encoding="utf-8"))
-    block = next(node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING")
-    typed = {(stmt.module, alias.name) for stmt in block.body if isinstance(stmt, ast.ImportFrom) for alias in stmt.names}
+    block = next(
+        node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    )
+    typed = {
+        (stmt.module, alias.name) for stmt in block.body if isinstance(stmt, ast.ImportFrom) for alias in stmt.names
+    }
     assert typed == {(module, name) for module, names in plugin_api.HOMES.items() for name in names}
 
 

@@ -26,15 +26,15 @@ from typing import Any
 
 import pytest
 import torch
+from pip_target import install_into_target
+from plugin_set import SITES_ENV, only_plugins_from, subprocess_command
 
-from grpo_core.host import plugin_host
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import ConfigError, PluginError
+from grpo_core.host import plugin_host
 from grpo_core.host.plugin_host import ALLOW_ENV, PluginHost
 from grpo_core.training.config_check import check_run_config
-from pip_target import install_into_target
-from plugin_set import SITES_ENV, only_plugins_from, subprocess_command
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "grpo-plugin-example"
@@ -43,8 +43,13 @@ EXAMPLE_DIST = "grpo-plugin-example"
 BROKEN_DIST = "grpo-broken-example"
 
 
-def grpo(*args: str, pythonpath: Path | None = None, env: dict[str, str] | None = None, cwd: Path | None = None,
-         plugins_from: tuple[Path, ...] | None = None) -> subprocess.CompletedProcess[str]:
+def grpo(
+    *args: str,
+    pythonpath: Path | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    plugins_from: tuple[Path, ...] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run the ``grpo`` command. With ``plugins_from``, it sees only grpo's own
     plugins and those installed in these sites, whatever else the venv holds
     (tests that count plugins; see ``plugin_set.py``)."""
@@ -74,12 +79,14 @@ def on_path(site: Path, *modules: str) -> Iterator[None]:
 
 
 def context(tmp_path: Path, **trl: Any) -> RunContext:
-    cfg = validate({
-        "base_model": "m",
-        "datasets": [{"path": "org/data"}],
-        "micro_batch_size": 4,
-        "trl": {"num_generations": 4, "reward_funcs": ["length_bonus"], **trl},
-    })
+    cfg = validate(
+        {
+            "base_model": "m",
+            "datasets": [{"path": "org/data"}],
+            "micro_batch_size": 4,
+            "trl": {"num_generations": 4, "reward_funcs": ["length_bonus"], **trl},
+        }
+    )
     return RunContext(config=cfg, output_dir=tmp_path)
 
 
@@ -164,7 +171,7 @@ class BoomCommand:
         raise RuntimeError("boom while adding commands")
 '''
 
-BROKEN_ENTRY_POINTS = '''
+BROKEN_ENTRY_POINTS = """
 [grpo.advantage_aggregation]
 missing_module = grpo_broken_nowhere.impl:Thing
 wrong_arg = grpo_broken_example.impls:WrongArg
@@ -176,7 +183,7 @@ crashing = grpo_broken_example.impls:crashing_factory
 bad_always_on = grpo_broken_example.impls:BadAlwaysOn
 hello_command = grpo_broken_example.impls:HelloCommand
 boom_command = grpo_broken_example.impls:BoomCommand
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -203,14 +210,20 @@ def test_cli_lists_the_example_plugin_with_its_distribution(example_site: Path) 
     reward = {i["name"]: i for i in listing["reward"]["implementations"]}
     advantages = {i["name"]: i for i in listing["advantage_aggregation"]["implementations"]}
     assert reward["length_bonus"] == {
-        "name": "length_bonus", "target": "grpo_plugin_example.rewards:length_bonus",
-        "distribution": EXAMPLE_DIST, "error": None, "status": "OK",
+        "name": "length_bonus",
+        "target": "grpo_plugin_example.rewards:length_bonus",
+        "distribution": EXAMPLE_DIST,
+        "error": None,
+        "status": "OK",
     }
     assert advantages["rank"]["distribution"] == EXAMPLE_DIST and advantages["rank"]["error"] is None
     assert advantages["rank"]["target"] == "grpo_plugin_example.ranking:RankAdvantages"
     # without the package's site, it is gone (whether or not someone pip-installed the example into the venv)
     plain = json.loads(grpo("plugins", "--json", plugins_from=()).stdout)
-    assert {i["name"] for i in plain["advantage_aggregation"]["implementations"]} == {"normalize_then_sum", "sum_then_normalize"}
+    assert {i["name"] for i in plain["advantage_aggregation"]["implementations"]} == {
+        "normalize_then_sum",
+        "sum_then_normalize",
+    }
     assert "length_bonus" not in {i["name"] for i in plain["reward"]["implementations"]}
 
 
@@ -219,16 +232,27 @@ def test_example_reward_and_aggregation_load_and_run(example_site: Path, tmp_pat
         host = PluginHost()
         ctx = context(tmp_path, multi_objective_aggregation="rank")
         reward = host.load_reward("length_bonus", ctx)
-        scores = reward(prompts=["p"] * 4, completions=["a", "b", "c", "d"],
-                        completion_ids=[[1] * 64, [1] * 32, [], [1] * 200])
+        scores = reward(
+            prompts=["p"] * 4, completions=["a", "b", "c", "d"], completion_ids=[[1] * 64, [1] * 32, [], [1] * 200]
+        )
         assert scores == [1.0, 0.5, 0.0, 0.0]
 
         obj = host.load_implementation("advantage_aggregation", "rank", ctx)
         assert type(obj).__module__ == "grpo_plugin_example.ranking" and obj.context is ctx
         assert host.chosen == {"advantage_aggregation": "rank"}
         nan = float("nan")
-        rewards = torch.tensor([[0.2, 1.0], [0.9, 0.0], [5.0, 1.0], [0.0, 0.0],   # group 1: distinct totals
-                                [1.0, 1.0], [1.0, 1.0], [nan, nan], [1.0, 1.0]])  # group 2: no signal
+        rewards = torch.tensor(
+            [
+                [0.2, 1.0],
+                [0.9, 0.0],
+                [5.0, 1.0],
+                [0.0, 0.0],  # group 1: distinct totals
+                [1.0, 1.0],
+                [1.0, 1.0],
+                [nan, nan],
+                [1.0, 1.0],
+            ]
+        )  # group 2: no signal
         advantages = host.hook.grpo_aggregate_advantages(
             rewards=rewards, weights=torch.tensor([1.0, 0.5]), group_size=4, scale_rewards="group"
         )
@@ -255,7 +279,9 @@ def test_config_check_accepts_the_plugin_by_name(example_site: Path, tmp_path: P
 # ---------------------------------------------------------------- allowlist
 
 
-def test_allowlist_env_blocks_a_distribution(example_site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_allowlist_env_blocks_a_distribution(
+    example_site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     result = grpo("plugins", "--json", pythonpath=example_site, env={ALLOW_ENV: "some-other-dist"})
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
@@ -278,11 +304,15 @@ def test_allowlist_env_blocks_a_distribution(example_site: Path, tmp_path: Path,
 
 def test_config_allowlist_blocks_a_chosen_implementation(example_site: Path, tmp_path: Path) -> None:
     with on_path(example_site, "grpo_plugin_example"):
-        blocked = validate({
-            "base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
-            "trl": {"num_generations": 4, "reward_funcs": ["x.y"], "multi_objective_aggregation": "rank"},
-            "plugins": {"allow": ["someone-else"]},
-        })
+        blocked = validate(
+            {
+                "base_model": "m",
+                "datasets": [{"path": "org/d"}],
+                "micro_batch_size": 4,
+                "trl": {"num_generations": 4, "reward_funcs": ["x.y"], "multi_objective_aggregation": "rank"},
+                "plugins": {"allow": ["someone-else"]},
+            }
+        )
         with pytest.raises(ConfigError, match="rank.*not allowed.*plugins.allow"):
             check_run_config(blocked, PluginHost(allow=set(blocked.plugins.allow or [])))
         check_run_config(blocked, PluginHost(allow={EXAMPLE_DIST}))
@@ -332,8 +362,14 @@ def test_grpo_errors_and_ctrl_c_map_to_exit_codes(broken_site: Path) -> None:
     # A disposition of "ignore" is inherited through exec, and Python then installs no KeyboardInterrupt
     # handler: the child starts with the default one, whatever this process has (a suite started as a
     # background job of a script has SIGINT ignored, and `grpo wait` then slept through the signal).
-    proc = subprocess.Popen([GRPO, "wait"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    proc = subprocess.Popen(
+        [GRPO, "wait"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "waiting"
         proc.send_signal(signal.SIGINT)
@@ -429,7 +465,9 @@ def twin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
-def test_a_name_published_twice_is_refused_naming_both_and_qualifies(example_site: Path, twin_site: Path, tmp_path: Path) -> None:
+def test_a_name_published_twice_is_refused_naming_both_and_qualifies(
+    example_site: Path, twin_site: Path, tmp_path: Path
+) -> None:
     with on_path(example_site, "grpo_plugin_example"), on_path(twin_site, "grpo_rank_twin"):
         host = PluginHost()
         with pytest.raises(PluginError) as info:
@@ -455,7 +493,9 @@ def test_cli_says_ambiguous_not_broken_for_a_name_published_twice(example_site: 
     assert not any("BROKEN" in line for line in rank)
     assert f"choose '{EXAMPLE_DIST}:rank'" in result.stdout and f"choose '{TWIN_DIST}:rank'" in result.stdout
     listing = json.loads(grpo("plugins", "--json", env=env, plugins_from=(example_site, twin_site)).stdout)
-    statuses = {(i["name"], i["distribution"]): i["status"] for i in listing["advantage_aggregation"]["implementations"]}
+    statuses = {
+        (i["name"], i["distribution"]): i["status"] for i in listing["advantage_aggregation"]["implementations"]
+    }
     assert statuses[("rank", EXAMPLE_DIST)] == statuses[("rank", TWIN_DIST)] == "AMBIGUOUS"
     assert statuses[("sum_then_normalize", "grpo")] == "OK"
 
@@ -490,8 +530,14 @@ def test_length_bonus_is_configured_from_a_toml_file(example_site: Path, tmp_pat
 @pytest.mark.parametrize(
     ("table", "fragment"),
     [
-        ("[plugins.length_bonus]\ntarget_token = 4\n", "plugins.length_bonus.target_token: Extra inputs are not permitted"),
-        ("[plugins.length_bonus]\ntarget_tokens = 0\n", "plugins.length_bonus.target_tokens: Input should be greater than or equal to 1"),
+        (
+            "[plugins.length_bonus]\ntarget_token = 4\n",
+            "plugins.length_bonus.target_token: Extra inputs are not permitted",
+        ),
+        (
+            "[plugins.length_bonus]\ntarget_tokens = 0\n",
+            "plugins.length_bonus.target_tokens: Input should be greater than or equal to 1",
+        ),
         ("[plugins.rank]\nstrength = 2\n", "[plugins.rank] sets ['strength'], but 'rank' declares no settings"),
     ],
 )
@@ -509,23 +555,38 @@ def test_a_qualified_name_reads_its_qualified_settings_table(example_site: Path,
     """``[plugins."dist:name"]`` configures the implementation chosen as ``"dist:name"``."""
     from grpo_core.config.loader import load_config
 
-    path = write_config(tmp_path, f'reward_funcs = [{QUALIFIED}]', f"[plugins.{QUALIFIED}]\ntarget_tokens = 4\n")
+    path = write_config(tmp_path, f"reward_funcs = [{QUALIFIED}]", f"[plugins.{QUALIFIED}]\ntarget_tokens = 4\n")
     with on_path(example_site, "grpo_plugin_example"):
         cfg = load_config(path)
         assert check_run_config(cfg, PluginHost()) == []  # read, so not "unused"
         reward = PluginHost().load_reward(f"{EXAMPLE_DIST}:length_bonus", RunContext(config=cfg, output_dir=tmp_path))
         assert reward(completions=["a", "b"], completion_ids=[[1] * 4, [1] * 8]) == [1.0, 0.0]  # target 4, not 64
-    typo = write_config(tmp_path, f'reward_funcs = [{QUALIFIED}]', f"[plugins.{QUALIFIED}]\ntarget_token = 4\n")
+    typo = write_config(tmp_path, f"reward_funcs = [{QUALIFIED}]", f"[plugins.{QUALIFIED}]\ntarget_token = 4\n")
     result = grpo("config", "check", str(typo), pythonpath=example_site)
-    assert result.returncode == 2 and f"plugins.{QUALIFIED}.target_token: Extra inputs are not permitted" in result.stderr
-    both = write_config(tmp_path, f'reward_funcs = [{QUALIFIED}]',
-                        f"[plugins.{QUALIFIED}]\ntarget_tokens = 4\n[plugins.length_bonus]\ntarget_tokens = 8\n")  # fmt: skip
+    assert (
+        result.returncode == 2 and f"plugins.{QUALIFIED}.target_token: Extra inputs are not permitted" in result.stderr
+    )
+    both = write_config(
+        tmp_path,
+        f"reward_funcs = [{QUALIFIED}]",
+        f"[plugins.{QUALIFIED}]\ntarget_tokens = 4\n[plugins.length_bonus]\ntarget_tokens = 8\n",
+    )
     result = grpo("config", "check", str(both), pythonpath=example_site)
-    assert result.returncode == 2 and "both configure 'length_bonus'" in result.stderr and "keep one table" in result.stderr
+    assert (
+        result.returncode == 2
+        and "both configure 'length_bonus'" in result.stderr
+        and "keep one table" in result.stderr
+    )
     other = write_config(tmp_path, 'reward_funcs = ["length_bonus"]', '[plugins."someone-else:length_bonus"]\nx = 1\n')
     result = grpo("config", "check", str(other), pythonpath=example_site)
-    assert result.returncode == 0 and ("[plugins.\"someone-else:length_bonus\"] configures 'someone-else:length_bonus', "
-                                       "which this run does not use") in result.stderr  # fmt: skip
+    assert (
+        result.returncode == 0
+        and (
+            "[plugins.\"someone-else:length_bonus\"] configures 'someone-else:length_bonus', "
+            "which this run does not use"
+        )
+        in result.stderr
+    )
 
 
 def test_a_settings_rule_over_the_whole_table_names_the_table() -> None:
@@ -538,7 +599,7 @@ def test_a_settings_rule_over_the_whole_table_names_the_table() -> None:
         high: int = 1
 
         @model_validator(mode="after")
-        def _ordered(self) -> "Settings":
+        def _ordered(self) -> Settings:
             if self.low > self.high:
                 raise ValueError("low must not exceed high")
             return self
@@ -557,7 +618,10 @@ def test_a_settings_rule_over_the_whole_table_names_the_table() -> None:
 def test_settings_for_an_unused_implementation_are_named(example_site: Path, tmp_path: Path) -> None:
     path = write_config(tmp_path, 'reward_funcs = ["last_number_match"]', "[plugins.length_bonus]\ntarget_tokens = 8\n")
     result = grpo("config", "check", str(path), pythonpath=example_site)
-    assert result.returncode == 0 and "[plugins.length_bonus] configures 'length_bonus', which this run does not use" in result.stderr
+    assert (
+        result.returncode == 0
+        and "[plugins.length_bonus] configures 'length_bonus', which this run does not use" in result.stderr
+    )
 
 
 # ---------------------------------------------------------------- config check loads what it reports
@@ -568,13 +632,19 @@ def test_settings_for_an_unused_implementation_are_named(example_site: Path, tmp
     [
         ({"plugins": {"advantage_aggregation": "wrong_arg"}}, "rewardz"),
         ({"plugins": {"advantage_aggregation": "missing_module"}}, "ModuleNotFoundError"),
-        ({"plugins": {"weight_sync": "full_filesystem"}},
-         "weight sync 'full_filesystem' (plugins.weight_sync) needs ['weights_from_path'] from the rollout's inference engine, "
-         "but rollout 'transformers'"),
-        ({"trl": {"use_vllm": True}, "plugins": {"weight_sync": "in_process"}},
-         "needs ['samples_trainer_model'] from the rollout's inference engine, but rollout 'vllm'"),
-        ({"trl": {"use_vllm": True}, "plugins": {"weight_sync": "nccl"}},
-         "weight sync 'nccl' broadcasts the weights from a CUDA GPU over NCCL, and this trainer has no CUDA device"),
+        (
+            {"plugins": {"weight_sync": "full_filesystem"}},
+            "weight sync 'full_filesystem' (plugins.weight_sync) needs ['weights_from_path'] from the rollout's inference engine, "
+            "but rollout 'transformers'",
+        ),
+        (
+            {"trl": {"use_vllm": True}, "plugins": {"weight_sync": "in_process"}},
+            "needs ['samples_trainer_model'] from the rollout's inference engine, but rollout 'vllm'",
+        ),
+        (
+            {"trl": {"use_vllm": True}, "plugins": {"weight_sync": "nccl"}},
+            "weight sync 'nccl' broadcasts the weights from a CUDA GPU over NCCL, and this trainer has no CUDA device",
+        ),
     ],
 )
 def test_config_check_imports_and_checks_each_chosen_implementation(
@@ -582,10 +652,16 @@ def test_config_check_imports_and_checks_each_chosen_implementation(
 ) -> None:
     import torch
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # faked: the nccl case is about a machine without CUDA
-    data = {"base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
-            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **changes.get("trl", {})},
-            "plugins": changes.get("plugins", {})}
+    monkeypatch.setattr(
+        torch.cuda, "is_available", lambda: False
+    )  # faked: the nccl case is about a machine without CUDA
+    data = {
+        "base_model": "m",
+        "datasets": [{"path": "org/d"}],
+        "micro_batch_size": 4,
+        "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **changes.get("trl", {})},
+        "plugins": changes.get("plugins", {}),
+    }
     with on_path(broken_site, "grpo_broken_example"):
         with pytest.raises(ConfigError) as info:
             check_run_config(validate(data))
@@ -604,8 +680,14 @@ def test_allowlist_in_a_config_keeps_other_distributions_unimported(twin_site: P
     marker.unlink()
 
     closed = tmp_path / "closed.toml"
-    closed.write_text(open_cfg.read_text(encoding="utf-8") + '[plugins]\nallow = ["grpo-plugin-example"]\n', encoding="utf-8")
-    for args in (("config", "check", str(closed)), ("run", str(closed)), ("config", "check", str(open_cfg), "--set", 'plugins.allow=["x"]')):
+    closed.write_text(
+        open_cfg.read_text(encoding="utf-8") + '[plugins]\nallow = ["grpo-plugin-example"]\n', encoding="utf-8"
+    )
+    for args in (
+        ("config", "check", str(closed)),
+        ("run", str(closed)),
+        ("config", "check", str(open_cfg), "--set", 'plugins.allow=["x"]'),
+    ):
         result = grpo(*args, pythonpath=twin_site, env=env)
         assert not marker.exists(), (args, result.stderr)
         assert "Traceback" not in result.stderr
@@ -615,13 +697,17 @@ def test_allowlist_in_a_config_keeps_other_distributions_unimported(twin_site: P
 # ---------------------------------------------------------------- a hook that raises
 
 
-def test_a_raising_hook_is_one_error_naming_hook_implementation_and_distribution(broken_site: Path, tmp_path: Path) -> None:
+def test_a_raising_hook_is_one_error_naming_hook_implementation_and_distribution(
+    broken_site: Path, tmp_path: Path
+) -> None:
     with on_path(broken_site, "grpo_broken_example"):
         host = PluginHost()
         host.error_log = tmp_path / "grpo-error.log"
         host.load_implementation("advantage_aggregation", "sum_then_normalize", context(tmp_path))
         with pytest.raises(PluginError) as info:
-            host.hook.grpo_aggregate_advantages(rewards="not a tensor", weights=torch.ones(1), group_size=2, scale_rewards="group")
+            host.hook.grpo_aggregate_advantages(
+                rewards="not a tensor", weights=torch.ones(1), group_size=2, scale_rewards="group"
+            )
     message = str(info.value)
     assert "hook grpo_aggregate_advantages of advantage_aggregation implementation 'sum_then_normalize'" in message
     assert "distribution 'grpo'" in message and str(host.error_log) in message
@@ -641,7 +727,9 @@ def _imported_modules(tree: ast.AST) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append(node.module)
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in {
-            "import_module", "__import__", "find_spec"
+            "import_module",
+            "__import__",
+            "find_spec",
         }:
             if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
                 found.append(node.args[0].value)
@@ -674,7 +762,7 @@ def test_the_wrapper_example_in_hookspecs_runs_as_published(tmp_path: Path, caps
 
     doc = hookspecs.__doc__ or ""
     start = doc.index("      import time\n")
-    code = textwrap.dedent(doc[start:doc.index("  (an always-on plugin is built", start)])
+    code = textwrap.dedent(doc[start : doc.index("  (an always-on plugin is built", start)])
     site = tmp_path / "site"
     (site / "grpo_sync_timer").mkdir(parents=True)
     (site / "grpo_sync_timer" / "__init__.py").write_text("", encoding="utf-8")
@@ -682,7 +770,9 @@ def test_the_wrapper_example_in_hookspecs_runs_as_published(tmp_path: Path, caps
     info = site / "grpo_sync_timer-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: grpo-sync-timer\nVersion: 0.1\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text("[grpo.plugins]\nsync_timer = grpo_sync_timer.timing:SyncTimer\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(
+        "[grpo.plugins]\nsync_timer = grpo_sync_timer.timing:SyncTimer\n", encoding="utf-8"
+    )
     with on_path(site, "grpo_sync_timer"), only_plugins_from(site):
         host = PluginHost()
         assert host.load_always_on(strict=True) == []
@@ -723,11 +813,19 @@ def test_example_weight_sync_sends_hf_named_merged_weights(example_site: Path, t
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=96, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
-    policy = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
-                                                                 init_lora_weights=False))  # fmt: skip  # a non-zero delta
+    policy = get_peft_model(
+        LlamaForCausalLM(config), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )  # a non-zero delta
     ids = torch.randint(0, 96, (2, 7))
     with on_path(example_site, "grpo_plugin_example"):
         host = PluginHost()
@@ -737,7 +835,9 @@ def test_example_weight_sync_sends_hf_named_merged_weights(example_site: Path, t
         assert result.version == 1 and result.detail.endswith("v000001/model.safetensors")
         assert engine.missing == {"lm_head.weight"}  # tied: written once, as the embedding
         with torch.no_grad():
-            assert torch.allclose(engine.model(ids).logits, policy(ids).logits, atol=1e-5)  # the engine samples the policy
+            assert torch.allclose(
+                engine.model(ids).logits, policy(ids).logits, atol=1e-5
+            )  # the engine samples the policy
             for name, param in policy.named_parameters():
                 if "lora_B" in name:
                     param.add_(0.5)  # a training step
@@ -745,7 +845,9 @@ def test_example_weight_sync_sends_hf_named_merged_weights(example_site: Path, t
         host.hook.grpo_sync_weights(model=policy, version=2, engine=engine)
         with torch.no_grad():
             assert torch.allclose(engine.model(ids).logits, policy(ids).logits, atol=1e-5)
-        assert not first.exists() and engine.loads[1].name == "v000002"  # the old version goes once the new one is loaded
+        assert (
+            not first.exists() and engine.loads[1].name == "v000002"
+        )  # the old version goes once the new one is loaded
         root = sync.root
         host.hook.grpo_train_end(context=context(tmp_path), status="completed")  # lifecycle hooks reach it
         assert root is not None and not root.exists()
@@ -755,9 +857,15 @@ def test_example_weight_sync_sends_hf_named_merged_weights(example_site: Path, t
 
 def test_example_weight_sync_needs_an_engine_that_loads_from_a_path(example_site: Path) -> None:
     def cfg(**trl: Any) -> Any:
-        return validate({"base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
-                         "plugins": {"weight_sync": "safetensors_dir"},
-                         "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **trl}})  # fmt: skip
+        return validate(
+            {
+                "base_model": "m",
+                "datasets": [{"path": "org/d"}],
+                "micro_batch_size": 4,
+                "plugins": {"weight_sync": "safetensors_dir"},
+                "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **trl},
+            }
+        )
 
     with on_path(example_site, "grpo_plugin_example"):
         check_run_config(cfg(use_vllm=True), PluginHost())  # the vllm rollout's engine declares weights_from_path

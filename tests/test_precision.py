@@ -10,8 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_core.config.loader import validate
-from grpo_core.training.logprobs import token_logprobs
 from grpo_core.modeling.precision import native_bf16, resolve_precision
+from grpo_core.training.logprobs import token_logprobs
 
 AVX2 = {"avx", "avx2", "fma"}
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl"}
@@ -23,14 +23,18 @@ def config(**top: object):
     return validate({"base_model": "m", **top})
 
 
-@pytest.mark.parametrize(("flags", "native"), [(AVX2, False), (AVX512, False), (AVX512_BF16, True), (AMX, True), (set(), False)])
+@pytest.mark.parametrize(
+    ("flags", "native"), [(AVX2, False), (AVX512, False), (AVX512_BF16, True), (AMX, True), (set(), False)]
+)
 def test_native_bf16_by_cpu_class(flags: set[str], native: bool) -> None:
     assert native_bf16("cpu", flags) is native
 
 
 @pytest.mark.parametrize(("flags", "auto_on"), [(AVX2, False), (AVX512, False), (AVX512_BF16, True), (AMX, True)])
 @pytest.mark.parametrize("adapter", ["lora", None])
-def test_bf16_auto_only_where_native_and_trained_weights_stay_float32(flags: set[str], auto_on: bool, adapter: str | None) -> None:
+def test_bf16_auto_only_where_native_and_trained_weights_stay_float32(
+    flags: set[str], auto_on: bool, adapter: str | None
+) -> None:
     auto = resolve_precision(config(bf16="auto", adapter=adapter), "cpu", flags)
     forced = resolve_precision(config(bf16=True, adapter=adapter), "cpu", flags)
     off = resolve_precision(config(bf16=False, adapter=adapter), "cpu", flags)
@@ -45,8 +49,16 @@ def test_bf16_auto_only_where_native_and_trained_weights_stay_float32(flags: set
 
 def tiny_llama(vocab_size: int = 64) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1))  # fmt: skip
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
 
 
 def test_lora_in_bf16_loads_a_bf16_base_with_float32_adapters(tmp_path: Path, smollm2_tokenizer) -> None:
@@ -84,5 +96,8 @@ def test_cpu_flag_summary_names_the_flags_that_decide_speed():
     from grpo_core.modeling.precision import cpu_flag_summary
 
     assert cpu_flag_summary({"fpu", "avx2", "sse4_2"}) == "avx2"
-    assert cpu_flag_summary({"avx512_bf16", "avx2", "avx512f", "amx_tile", "amx_bf16"}) == "avx2 avx512f avx512_bf16 amx_bf16 amx_tile"
+    assert (
+        cpu_flag_summary({"avx512_bf16", "avx2", "avx512f", "amx_tile", "amx_bf16"})
+        == "avx2 avx512f avx512_bf16 amx_bf16 amx_tile"
+    )
     assert cpu_flag_summary(set()) == "none of avx2/avx512/amx"

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_core.training.producer import PrefetchingProducer, PromptStream, ScoredBatch
 from grpo_core.contract.types import Prompt, TrainingProgress
+from grpo_core.training.producer import PrefetchingProducer, PromptStream, ScoredBatch
 
 
 class VersionStampingProducer:
@@ -18,8 +18,11 @@ class VersionStampingProducer:
     version current when generation *started* (as the real one does)."""
 
     def __init__(self, fail_at: int | None = None, seconds: float = 0.01) -> None:
-        self.cfg = SimpleNamespace(micro_batch_size=1, gradient_accumulation_steps=1,
-                                   trl=SimpleNamespace(num_iterations=1, generation_batch_size=None, steps_per_generation=None))
+        self.cfg = SimpleNamespace(
+            micro_batch_size=1,
+            gradient_accumulation_steps=1,
+            trl=SimpleNamespace(num_iterations=1, generation_batch_size=None, steps_per_generation=None),
+        )
         self.version = 0
         self.lock = threading.Lock()
         self.calls = 0
@@ -105,9 +108,26 @@ def test_sampling_options_reach_the_engine_fields() -> None:
     from grpo_core.training.producer import sampling_from_config
     from grpo_plugins.vllm.sampling import sampling_fields
 
-    cfg = validate({"base_model": "unused/model", "trl": {"reward_funcs": ["x.y"], "top_p": 0.9, "min_p": 0.05,
-                    "repetition_penalty": 1.3, "top_k": 20, "temperature": 0.7}})  # fmt: skip
+    cfg = validate(
+        {
+            "base_model": "unused/model",
+            "trl": {
+                "reward_funcs": ["x.y"],
+                "top_p": 0.9,
+                "min_p": 0.05,
+                "repetition_penalty": 1.3,
+                "top_k": 20,
+                "temperature": 0.7,
+            },
+        }
+    )
     fields = sampling_fields(sampling_from_config(cfg, [2]), n=4, call_index=0)
     assert {k: fields[k] for k in ("top_p", "min_p", "repetition_penalty", "top_k", "temperature", "n")} == {
-        "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.3, "top_k": 20, "temperature": 0.7, "n": 4}
+        "top_p": 0.9,
+        "min_p": 0.05,
+        "repetition_penalty": 1.3,
+        "top_k": 20,
+        "temperature": 0.7,
+        "n": 4,
+    }
     assert fields["stop_token_ids"] == [2]

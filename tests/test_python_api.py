@@ -55,9 +55,15 @@ def test_train_refuses_what_grpo_run_refuses_before_loading_anything(tmp_path: P
         grpo.train(small(xformers_attention=True), reward_funcs=[lambda completions, **kw: [0.0] * len(completions)])
     # a check_config error (run_training runs the checks grpo run runs): no model named "some/model" is fetched
     with pytest.raises(ConfigError, match="not divisible by trl.num_generations = 3"):
-        grpo.train(small(output_dir=str(tmp_path / "a")), reward_funcs=[len], train_dataset=prompts, trl={"num_generations": 3})
+        grpo.train(
+            small(output_dir=str(tmp_path / "a")), reward_funcs=[len], train_dataset=prompts, trl={"num_generations": 3}
+        )
     with pytest.raises(ConfigError, match="reward worker subprocesses"):
-        grpo.train(small(output_dir=str(tmp_path / "b")), reward_funcs=[lambda completions, **kw: [0.0]], trl={"reward_num_workers": 2})
+        grpo.train(
+            small(output_dir=str(tmp_path / "b")),
+            reward_funcs=[lambda completions, **kw: [0.0]],
+            trl={"reward_num_workers": 2},
+        )
     with pytest.raises(ConfigError, match="train_dataset must be a datasets.Dataset"):
         grpo.train(small(output_dir=str(tmp_path / "c")), reward_funcs=[len], train_dataset=[{"prompt": "x"}])
 
@@ -177,9 +183,9 @@ def test_trl_style_script_trains_end_to_end(tmp_path: Path, smollm2_dir: str) ->
 
 
 def test_code_objects_without_an_import_path_are_held_and_loaded_like_any_user_code() -> None:
+    from grpo_core.contract.errors import ConfigError
     from grpo_core.interface.api import _code_spec
     from grpo_core.training.data import import_from_cwd
-    from grpo_core.contract.errors import ConfigError
     from grpo_core.training.rollout_function import import_rollout_func
     from grpo_plugins.rewards.builtin import last_number_match
 
@@ -244,7 +250,8 @@ def test_a_script_passes_its_own_environment_class_and_tools_as_objects(tmp_path
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": f"What is {i} + {i}? Use the add tool."}) for i in range(2)))
     config = tmp_path / "config.toml"
-    config.write_text(textwrap.dedent(f"""
+    config.write_text(
+        textwrap.dedent(f"""
         base_model = {json.dumps(smollm2_dir)}
         adapter = "lora"
         lora_r = 4
@@ -262,7 +269,8 @@ def test_a_script_passes_its_own_environment_class_and_tools_as_objects(tmp_path
         num_generations = 4
         max_completion_length = 32
         reward_funcs = ["rewards.never_loaded"]
-        """))
+        """)
+    )
     script = tmp_path / "train_with_tools.py"
     script.write_text(TOOLS_SCRIPT, encoding="utf-8")
     result = run_script(script, tmp_path, str(config))

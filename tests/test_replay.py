@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import GrpoError
-from grpo_core.host.plugin_host import PluginHost
 from grpo_core.contract.types import Completion, Prompt, RolloutGroup, ScoredGroup, TrainingProgress
+from grpo_core.host.plugin_host import PluginHost
 from grpo_plugins.replay import SignalReplay, all_rewards_zero, prompt_key
 
 EARLY = TrainingProgress(step=1, max_steps=10)

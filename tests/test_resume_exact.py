@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_model import build_tiny_model
 
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
-from tiny_model import build_tiny_model
 
 # Rare reward: most groups are all-zero, so the replay buffer substitutes
 # groups and re-roll queues prompts at every step.
@@ -27,15 +27,36 @@ REWARDS = "def rare(completion_ids, **kwargs):\n    return [float(ids[0] % 5 == 
 
 
 def config(tmp: Path, model: str, out: str, **top):
-    return validate({
-        "base_model": model, "adapter": None, "datasets": [{"path": str(tmp / "train.jsonl")}], "sequence_len": 64,
-        "micro_batch_size": 8, "gradient_accumulation_steps": 2, "max_steps": 7, "learning_rate": 5e-3,
-        "lr_scheduler": "cosine", "warmup_steps": 2, "optimizer": "adamw_torch_fused", "weight_decay": 0.01,
-        "output_dir": str(tmp / out), "seed": 5, "save_steps": 3, **top,
-        "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["resume_rewards.rare"],
-                "temperature": 1.0, "num_iterations": 2, "replay_buffer_size": 4, "reroll_start_fraction": 0.0,
-                "reroll_max_groups": 1},
-    })  # fmt: skip
+    return validate(
+        {
+            "base_model": model,
+            "adapter": None,
+            "datasets": [{"path": str(tmp / "train.jsonl")}],
+            "sequence_len": 64,
+            "micro_batch_size": 8,
+            "gradient_accumulation_steps": 2,
+            "max_steps": 7,
+            "learning_rate": 5e-3,
+            "lr_scheduler": "cosine",
+            "warmup_steps": 2,
+            "optimizer": "adamw_torch_fused",
+            "weight_decay": 0.01,
+            "output_dir": str(tmp / out),
+            "seed": 5,
+            "save_steps": 3,
+            **top,
+            "trl": {
+                "num_generations": 4,
+                "max_completion_length": 4,
+                "reward_funcs": ["resume_rewards.rare"],
+                "temperature": 1.0,
+                "num_iterations": 2,
+                "replay_buffer_size": 4,
+                "reroll_start_fraction": 0.0,
+                "reroll_max_groups": 1,
+            },
+        }
+    )
 
 
 def metrics(out: Path) -> list[dict]:
@@ -56,6 +77,7 @@ def test_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, monkeyp
     straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
     assert [r["step"] for r in split] == [4, 5, 6, 7]
     assert any(r.get("replay/replayed_groups", 0) > 0 for r in straight), "replay never engaged: the test proves less"
+
     # Same process kind, same CPU kernels, same seeds: the math allows bit-exact, so that is what is asserted.
     def math(record: dict) -> dict:  # everything but wall-clock timings
         return {k: v for k, v in record.items() if k != "step_time" and not k.startswith("time/")}
@@ -73,6 +95,7 @@ def test_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, monkeyp
 
 # ---------------------------------------------------------------- the global RNG
 
+
 def test_resume_restores_the_global_rng_dropout_sees_it(smollm2_dir: str, tmp_path: Path, monkeypatch) -> None:
     """The run above draws nothing from the global RNG (rollouts are seeded
     per request), so it passes without the RNG restore. Here LoRA dropout
@@ -86,14 +109,31 @@ def test_resume_restores_the_global_rng_dropout_sees_it(smollm2_dir: str, tmp_pa
     model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
 
     def dropout_config(out: str, **top):
-        return validate({
-            "base_model": model, "adapter": "lora", "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.5,
-            "datasets": [{"path": str(tmp_path / "train.jsonl")}], "sequence_len": 64, "micro_batch_size": 8,
-            "max_steps": 4, "learning_rate": 5e-2, "optimizer": "adamw_torch", "output_dir": str(tmp_path / out),
-            "seed": 5, "save_steps": 2, **top,
-            "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["resume_rewards.rare"],
-                    "temperature": 1.0},
-        })  # fmt: skip
+        return validate(
+            {
+                "base_model": model,
+                "adapter": "lora",
+                "lora_r": 4,
+                "lora_alpha": 8,
+                "lora_dropout": 0.5,
+                "datasets": [{"path": str(tmp_path / "train.jsonl")}],
+                "sequence_len": 64,
+                "micro_batch_size": 8,
+                "max_steps": 4,
+                "learning_rate": 5e-2,
+                "optimizer": "adamw_torch",
+                "output_dir": str(tmp_path / out),
+                "seed": 5,
+                "save_steps": 2,
+                **top,
+                "trl": {
+                    "num_generations": 4,
+                    "max_completion_length": 4,
+                    "reward_funcs": ["resume_rewards.rare"],
+                    "temperature": 1.0,
+                },
+            }
+        )
 
     assert run_training(dropout_config("straight")) == "completed"
     resumed = dropout_config("resumed", resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2"))
@@ -119,7 +159,7 @@ def test_resume_restores_the_global_rng_dropout_sees_it(smollm2_dir: str, tmp_pa
 # completions in any run and in any thread, so the straight run is
 # deterministic although generation overlaps training. It logs every call
 # (seed, completion ids), which is how the test sees what was generated when.
-ASYNC_ENV = '''
+ASYNC_ENV = """
 import json
 import pytest
 import torch
@@ -155,18 +195,38 @@ def frozen(prompts, trainer):
 
 def even(completion_ids, **kwargs):
     return [sum(t % 2 == 0 for t in ids) / max(1, len(ids)) for ids in completion_ids]
-'''
+"""
 
 
 def async_config(tmp: Path, model: str, out: str, depth: int, iterations: int, **top):
-    return validate({
-        "base_model": model, "adapter": None, "datasets": [{"path": str(tmp / "train.jsonl")}], "sequence_len": 64,
-        "micro_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": 7, "learning_rate": 5e-3,
-        "optimizer": "adamw_torch", "output_dir": str(tmp / out), "seed": 5, "save_steps": 3, **top,
-        "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["async_env.even"],
-                "rollout_func": "async_env.frozen", "temperature": 1.0, "num_iterations": iterations,
-                "async_prefetch": True, "prefetch_depth": depth, "log_completions": True},
-    })  # fmt: skip
+    return validate(
+        {
+            "base_model": model,
+            "adapter": None,
+            "datasets": [{"path": str(tmp / "train.jsonl")}],
+            "sequence_len": 64,
+            "micro_batch_size": 8,
+            "gradient_accumulation_steps": 1,
+            "max_steps": 7,
+            "learning_rate": 5e-3,
+            "optimizer": "adamw_torch",
+            "output_dir": str(tmp / out),
+            "seed": 5,
+            "save_steps": 3,
+            **top,
+            "trl": {
+                "num_generations": 4,
+                "max_completion_length": 4,
+                "reward_funcs": ["async_env.even"],
+                "rollout_func": "async_env.frozen",
+                "temperature": 1.0,
+                "num_iterations": iterations,
+                "async_prefetch": True,
+                "prefetch_depth": depth,
+                "log_completions": True,
+            },
+        }
+    )
 
 
 def calls(log: Path) -> list[dict]:
@@ -189,8 +249,9 @@ def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, m
     of a batch: the pending and the prefetched batch are saved together."""
     import importlib
 
-    from grpo_core.training.safe_load import safe_load
     from transformers import AutoModelForCausalLM
+
+    from grpo_core.training.safe_load import safe_load
 
     (tmp_path / "async_env.py").write_text(ASYNC_ENV)
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(10)))
@@ -232,9 +293,13 @@ def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, m
     consumed = -(-3 // iterations)  # batches the trainer had taken by step 3
     straight_calls, resumed_calls = calls(tmp_path / "straight-calls.jsonl"), calls(tmp_path / "resumed-calls.jsonl")
     assert len(saved) == 1
-    assert [c.token_ids for g in saved[0].groups for c in g.group.completions] == straight_calls[consumed]["completion_ids"]
+    assert [c.token_ids for g in saved[0].groups for c in g.group.completions] == straight_calls[consumed][
+        "completion_ids"
+    ]
     # No generation for it after resume: the first call is the batch after it.
-    assert straight_calls[consumed]["seed"] not in {c["seed"] for c in resumed_calls}, "the saved batch was generated again"
+    assert straight_calls[consumed]["seed"] not in {c["seed"] for c in resumed_calls}, (
+        "the saved batch was generated again"
+    )
     assert resumed_calls[0] == straight_calls[consumed + 1]
 
     # The first batch trained after resume is the saved one: same completions, advantages, policy version.
@@ -247,8 +312,6 @@ def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, m
     assert fresh_rows[0]["policy_version"] == saved[0].policy_version
 
 
-
-
 def test_a_run_stopped_by_a_failure_under_async_prefetch_keeps_the_batch_made_ahead(
     smollm2_dir: str, tmp_path: Path, monkeypatch
 ) -> None:
@@ -259,14 +322,20 @@ def test_a_run_stopped_by_a_failure_under_async_prefetch_keeps_the_batch_made_ah
     weights as a run that never failed."""
     import importlib
 
-    from grpo_core.host import plugin_host
-    from grpo_core.contract.errors import PluginError
-    from grpo_core.training.safe_load import safe_load
     from plugin_set import failing_sync_source, write_distribution
     from transformers import AutoModelForCausalLM
 
-    site = write_distribution(tmp_path / "site", "grpo_fails_at_3", failing_sync_source(3), "grpo-fails-at-3",
-                              "[grpo.weight_sync]\nfails_at_3 = grpo_fails_at_3:FailsAt\n")  # fmt: skip
+    from grpo_core.contract.errors import PluginError
+    from grpo_core.host import plugin_host
+    from grpo_core.training.safe_load import safe_load
+
+    site = write_distribution(
+        tmp_path / "site",
+        "grpo_fails_at_3",
+        failing_sync_source(3),
+        "grpo-fails-at-3",
+        "[grpo.weight_sync]\nfails_at_3 = grpo_fails_at_3:FailsAt\n",
+    )
     (tmp_path / "async_env.py").write_text(ASYNC_ENV)
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(10)))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -285,7 +354,10 @@ def test_a_run_stopped_by_a_failure_under_async_prefetch_keeps_the_batch_made_ah
             run_training(failing)
         checkpoint = tmp_path / "failed" / "checkpoint-3"
         env.LOG = str(tmp_path / "resumed-calls.jsonl")
-        assert run_training(async_config(tmp_path, model, "resumed", 1, 1, resume_from_checkpoint=str(checkpoint))) == "completed"
+        assert (
+            run_training(async_config(tmp_path, model, "resumed", 1, 1, resume_from_checkpoint=str(checkpoint)))
+            == "completed"
+        )
     finally:
         plugin_host.rescan()
 

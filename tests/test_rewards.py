@@ -18,12 +18,12 @@ import pytest
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import ConfigError, DataError, PluginError, RewardError
+from grpo_core.contract.types import Completion, Prompt, RolloutGroup
 from grpo_core.host.plugin_host import PluginHost
 from grpo_core.scoring.rewards import RewardScorer
-from grpo_core.contract.types import Completion, Prompt, RolloutGroup
 from grpo_plugins.rewards.builtin import last_number_match, think_answer_format
 
-REWARD_MODULE = '''
+REWARD_MODULE = """
 import asyncio, math, os, signal, time
 
 RECORDED = []
@@ -89,7 +89,7 @@ def math_verified(completions, answer, **kwargs):
     return [1.0 if verify(parse(a), parse(t)) else 0.0 for t, a in zip(texts, answer)]
 
 NOT_CALLABLE = 3
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,12 @@ def test_builtin_last_number_match():
 
 
 def test_builtin_think_answer_format():
-    comps = ["<think>a</think><answer>1</answer>", "<think>a</think>", "<answer>1</answer><think>x", "<think>\nx\n</think> <answer>2</answer>"]
+    comps = [
+        "<think>a</think><answer>1</answer>",
+        "<think>a</think>",
+        "<answer>1</answer><think>x",
+        "<think>\nx\n</think> <answer>2</answer>",
+    ]
     assert think_answer_format(completions=comps) == [1.0, 0.0, 0.0, 1.0]
 
 
@@ -171,7 +176,9 @@ def test_unresolvable_specs(reward_dir, spec, match):
 def test_check_columns(reward_dir):
     scorer = scorer_for([M + "exact", M + "needs_reference", "last_number_match"])
     scorer.check_columns({"answer", "reference"})
-    with pytest.raises(DataError, match=r"'needs_reference' needs column\(s\) \['reference'\].*The dataset has: answer"):
+    with pytest.raises(
+        DataError, match=r"'needs_reference' needs column\(s\) \['reference'\].*The dataset has: answer"
+    ):
         scorer.check_columns({"answer"})
 
 
@@ -225,7 +232,10 @@ def test_async_functions_run_concurrently(reward_dir):
 )
 def test_bad_rewards_raise_naming_function_step_and_sample(reward_dir, name, problem):
     scorer = scorer_for([M + name])
-    with pytest.raises(RewardError, match=rf"reward function '{name}' {problem}[^.]* at step 3\. Sample 0: prompt 'question 0', completion 'first'"):
+    with pytest.raises(
+        RewardError,
+        match=rf"reward function '{name}' {problem}[^.]* at step 3\. Sample 0: prompt 'question 0', completion 'first'",
+    ):
         scorer.score(groups([["first", "second", "third"]]), step=3)
 
 
@@ -278,7 +288,6 @@ def test_async_prefetch_runs_math_verify_with_no_setting(reward_dir, tmp_path):
         box = []
         scoring = groups([["The answer is $\\frac{1}{2}$", "0.5", "2"], ["$4$", "five"]], answers=["1/2", "4"])
 
-
         def score() -> None:
             try:
                 box.append(scorer.score(scoring, step=0))
@@ -317,13 +326,18 @@ def test_timeout_kills_worker_and_names_function(reward_dir, tmp_path):
 def test_dead_worker_is_a_reward_error(reward_dir, tmp_path):
     with scorer_for([M + "dies"], tmp_path, reward_num_workers=2) as scorer:
         for step in (0, 1):  # and again: the dead workers were replaced
-            with pytest.raises(RewardError, match=rf"'dies' crashed: its reward worker process died \(exit code 7\) at step {step}"):
+            with pytest.raises(
+                RewardError, match=rf"'dies' crashed: its reward worker process died \(exit code 7\) at step {step}"
+            ):
                 scorer.score(groups([["a"], ["b"]]), step=step)
 
 
 def test_worker_validation_errors_come_back(reward_dir, tmp_path):
     with scorer_for([M + "wrong_len"], tmp_path, reward_num_workers=2) as scorer:
-        with pytest.raises(RewardError, match=r"'wrong_len' returned 1 values for 2 completions \(one per completion expected\) at step 9"):
+        with pytest.raises(
+            RewardError,
+            match=r"'wrong_len' returned 1 values for 2 completions \(one per completion expected\) at step 9",
+        ):
             scorer.score(groups([["a", "b"], ["c", "d"]]), step=9)
 
 
@@ -337,8 +351,14 @@ def tiny_reward_model(tmp_path_factory, smollm2_tokenizer):
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, num_labels=1, pad_token_id=smollm2_tokenizer.pad_token_id,
+        vocab_size=len(smollm2_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=smollm2_tokenizer.pad_token_id,
     )
     model = LlamaForSequenceClassification(config)
     out = tmp_path_factory.mktemp("rm") / "tiny-rm"

@@ -12,7 +12,7 @@ from grpo_core.config.loader import validate
 from grpo_core.contract.errors import GrpoError
 from grpo_core.training.run import run_training
 
-ENV = '''
+ENV = """
 def rollout(prompts, trainer):
     tok = trainer.processing_class
     out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_score": []}
@@ -31,7 +31,7 @@ def short(prompts, trainer):
 
 def env_reward(completions, env_score, **kwargs):
     return list(env_score)
-'''
+"""
 
 
 @pytest.fixture()
@@ -45,12 +45,21 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def config(workdir: Path, model: str, func: str) -> dict:
     return {
-        "base_model": model, "adapter": "lora", "lora_r": 4,
+        "base_model": model,
+        "adapter": "lora",
+        "lora_r": 4,
         "datasets": [{"path": str(workdir / "train.jsonl")}],
-        "micro_batch_size": 4, "max_steps": 1, "learning_rate": 1e-3, "output_dir": str(workdir / "out"),
-        "trl": {"num_generations": 4, "max_completion_length": 8, "rollout_func": func,
-                "reward_funcs": ["env_mod.env_reward"]},
-    }  # fmt: skip
+        "micro_batch_size": 4,
+        "max_steps": 1,
+        "learning_rate": 1e-3,
+        "output_dir": str(workdir / "out"),
+        "trl": {
+            "num_generations": 4,
+            "max_completion_length": 8,
+            "rollout_func": func,
+            "reward_funcs": ["env_mod.env_reward"],
+        },
+    }
 
 
 def test_rollout_func_drives_generation_and_feeds_rewards(workdir: Path, smollm2_dir: str) -> None:
@@ -62,5 +71,7 @@ def test_rollout_func_drives_generation_and_feeds_rewards(workdir: Path, smollm2
 
 
 def test_rollout_func_wrong_output_is_named(workdir: Path, smollm2_dir: str) -> None:
-    with pytest.raises(GrpoError, match=r"trl.rollout_func 'env_mod.short' returned 0 'prompt_ids' entries; expected 4"):
+    with pytest.raises(
+        GrpoError, match=r"trl.rollout_func 'env_mod.short' returned 0 'prompt_ids' entries; expected 4"
+    ):
         run_training(validate(config(workdir, smollm2_dir, "env_mod.short")))

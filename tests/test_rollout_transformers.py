@@ -13,8 +13,8 @@ import torch
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import ConfigError, GrpoError
-from grpo_core.host.plugin_host import PluginHost
 from grpo_core.contract.types import Prompt, SamplingSettings
+from grpo_core.host.plugin_host import PluginHost
 from grpo_plugins.rollout_transformers import TransformersRollout
 
 QUESTIONS = ["What is 2 + 3?", "Name a colour of the sky."]
@@ -129,8 +129,12 @@ def test_a_seeded_row_samples_alike_in_one_call_or_split_over_two(tmp_path, mode
 
     one = whole.grpo_rollout_generate(prompts=prompts, num_generations=3, sampling=sampling, policy_version=0)
     first = whole.grpo_rollout_generate(prompts=prompts[:1], num_generations=3, sampling=sampling, policy_version=0)
-    second = whole.grpo_rollout_generate(prompts=prompts[1:], num_generations=3, policy_version=0,
-                                         sampling=SamplingSettings(**{**sampling.__dict__, "prompt_offset": 1}))  # fmt: skip
+    second = whole.grpo_rollout_generate(
+        prompts=prompts[1:],
+        num_generations=3,
+        policy_version=0,
+        sampling=SamplingSettings(**{**sampling.__dict__, "prompt_offset": 1}),
+    )
     chunked = tiny.grpo_rollout_generate(prompts=prompts, num_generations=3, sampling=sampling, policy_version=0)
     assert tokens(first) + tokens(second) == tokens(one) == tokens(chunked)
     assert len({tuple(t) for t in tokens(one)}) > 2, "the rows did not draw from streams of their own"

@@ -45,8 +45,14 @@ class Rollout:
         if self.rank == self.fail_on:
             raise PluginError(f"test: rank {self.rank} cannot generate")
         return [
-            RolloutGroup(p, [Completion([self.rank, sampling.prompt_offset + i, g], "", None, False) for g in range(num_generations)],
-                         policy_version)  # fmt: skip
+            RolloutGroup(
+                p,
+                [
+                    Completion([self.rank, sampling.prompt_offset + i, g], "", None, False)
+                    for g in range(num_generations)
+                ],
+                policy_version,
+            )
             for i, p in enumerate(prompts)
         ]
 
@@ -59,14 +65,19 @@ class Producer:
         self.hook = hook
 
     def produce(self, progress: Any) -> Any:
-        from grpo_core.training.producer import ScoredBatch
         from grpo_core.contract.types import Prompt, SamplingSettings, ScoredGroup
+        from grpo_core.training.producer import ScoredBatch
 
         sampling = SamplingSettings(max_tokens=4, seed=1)
-        first = self.hook.grpo_rollout_generate(prompts=[Prompt(f"p{i}", [i], {}, i) for i in range(4)],
-                                                num_generations=2, sampling=sampling, policy_version=3)  # fmt: skip
-        second = self.hook.grpo_rollout_generate(prompts=[Prompt("q", [9], {}, 9)], num_generations=2,
-                                                 sampling=sampling, policy_version=3)  # fmt: skip
+        first = self.hook.grpo_rollout_generate(
+            prompts=[Prompt(f"p{i}", [i], {}, i) for i in range(4)],
+            num_generations=2,
+            sampling=sampling,
+            policy_version=3,
+        )
+        second = self.hook.grpo_rollout_generate(
+            prompts=[Prompt("q", [9], {}, 9)], num_generations=2, sampling=sampling, policy_version=3
+        )
         groups = [first[2], second[0]]  # 2 groups: one per rank
         return ScoredBatch([ScoredGroup(g, [[0.0], [1.0]], [0.0, 0.0]) for g in groups], 3, {"reward": 0.5})
 
@@ -74,10 +85,10 @@ class Producer:
 def _process(rank: int, rendezvous: str, fail_on: int | None, out: Any) -> None:
     import torch.distributed
 
+    from grpo_core.contract.types import TrainingProgress
     from grpo_core.training.distributed import Distributed
     from grpo_core.training.producer import ScatteringProducer
     from grpo_core.training.spread_generation import SampledModel, SpreadGeneration
-    from grpo_core.contract.types import TrainingProgress
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
     dist = Distributed(rank, 2)
@@ -99,8 +110,10 @@ def _process(rank: int, rendezvous: str, fail_on: int | None, out: Any) -> None:
     result: dict[str, Any] = {"rank": rank}
     try:
         batch = producer.produce(TrainingProgress(0, 1))
-        result["batch"] = {"tokens": [[c.token_ids for c in s.group.completions] for s in batch.groups],
-                           "metrics": batch.metrics}  # fmt: skip
+        result["batch"] = {
+            "tokens": [[c.token_ids for c in s.group.completions] for s in batch.groups],
+            "metrics": batch.metrics,
+        }
     except Exception as exc:
         result["error"] = (type(exc).__name__, str(exc))
     finally:
@@ -148,7 +161,9 @@ def test_each_process_samples_its_share_and_rank_0_gets_the_groups_in_order(tmp_
     metrics = r0["batch"]["metrics"]
     assert metrics["completions/sampled_on_rank_0"] == 6.0 and metrics["completions/sampled_on_rank_1"] == 4.0
     assert r1["batch"]["metrics"] == metrics, "every rank's share carries the whole batch's metrics"
-    assert r0["alone"] == "rank 0's copy (asked on rank 0)", "outside a spread call get_model() is the model for sampling alone"
+    assert r0["alone"] == "rank 0's copy (asked on rank 0)", (
+        "outside a spread call get_model() is the model for sampling alone"
+    )
 
 
 def test_a_process_that_fails_to_generate_stops_every_process_with_its_error(tmp_path: Path) -> None:

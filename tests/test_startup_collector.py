@@ -64,8 +64,9 @@ def test_cyclic_garbage_of_the_training_loop_is_still_collected() -> None:
         assert gc.collect() >= 1  # made after the freeze: collected as usual
 
 
-def test_a_real_run_starts_without_collections_and_trains_with_them(tmp_path: Path, smollm2_dir: str,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_real_run_starts_without_collections_and_trains_with_them(
+    tmp_path: Path, smollm2_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import test_training
 
     from grpo_core import hookimpl

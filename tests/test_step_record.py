@@ -13,40 +13,60 @@ import json
 from pathlib import Path
 
 import pytest
+from plugin_set import failing_sync_source, write_distribution
+from tiny_model import build_tiny_model
 
-from grpo_core.host import plugin_host
 from grpo_core.config.loader import validate
 from grpo_core.contract.errors import PluginError
+from grpo_core.host import plugin_host
 from grpo_core.training.run import run_training
-from tiny_model import build_tiny_model
-from plugin_set import failing_sync_source, write_distribution
-
 
 REWARDS = "def even(completion_ids, **kwargs):\n    return [sum(t % 2 == 0 for t in ids) / max(1, len(ids)) for ids in completion_ids]\n"
 
 
 @pytest.fixture
 def failing_sync_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    site = write_distribution(tmp_path / "site", "grpo_failing_sync", failing_sync_source(2), "grpo-failing-sync",
-                              "[grpo.weight_sync]\nfails_at_2 = grpo_failing_sync:FailsAt\n")  # fmt: skip
+    site = write_distribution(
+        tmp_path / "site",
+        "grpo_failing_sync",
+        failing_sync_source(2),
+        "grpo-failing-sync",
+        "[grpo.weight_sync]\nfails_at_2 = grpo_failing_sync:FailsAt\n",
+    )
     monkeypatch.syspath_prepend(str(site))
     plugin_host.rescan()
     yield site
     plugin_host.rescan()
 
 
-def test_a_failed_sync_after_step_2_keeps_step_2s_metrics(smollm2_dir: str, tmp_path: Path, monkeypatch, failing_sync_site: Path) -> None:
+def test_a_failed_sync_after_step_2_keeps_step_2s_metrics(
+    smollm2_dir: str, tmp_path: Path, monkeypatch, failing_sync_site: Path
+) -> None:
     (tmp_path / "record_rewards.py").write_text(REWARDS)
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(8)))
     monkeypatch.syspath_prepend(str(tmp_path))
     model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
     out = tmp_path / "out"
-    cfg = validate({
-        "base_model": model, "adapter": None, "datasets": [{"path": str(tmp_path / "train.jsonl")}], "sequence_len": 64,
-        "micro_batch_size": 8, "max_steps": 4, "learning_rate": 1e-3, "output_dir": str(out), "seed": 1,
-        "plugins": {"weight_sync": "fails_at_2"},
-        "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["record_rewards.even"], "temperature": 1.0},
-    })  # fmt: skip
+    cfg = validate(
+        {
+            "base_model": model,
+            "adapter": None,
+            "datasets": [{"path": str(tmp_path / "train.jsonl")}],
+            "sequence_len": 64,
+            "micro_batch_size": 8,
+            "max_steps": 4,
+            "learning_rate": 1e-3,
+            "output_dir": str(out),
+            "seed": 1,
+            "plugins": {"weight_sync": "fails_at_2"},
+            "trl": {
+                "num_generations": 4,
+                "max_completion_length": 4,
+                "reward_funcs": ["record_rewards.even"],
+                "temperature": 1.0,
+            },
+        }
+    )
 
     with pytest.raises(PluginError, match="(?s)version 2.*stopped at step 2; checkpoint saved") as info:
         run_training(cfg)
@@ -54,6 +74,8 @@ def test_a_failed_sync_after_step_2_keeps_step_2s_metrics(smollm2_dir: str, tmp_
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     step2 = records[1]
-    assert "loss" in step2 and "reward" in step2 and step2["policy_version"] == 1.0  # a full record, trained on version 1's batch
+    assert (
+        "loss" in step2 and "reward" in step2 and step2["policy_version"] == 1.0
+    )  # a full record, trained on version 1's batch
     assert step2["step_time"] >= step2["time/weight_sync"] >= 0.0  # the failed sync's time is in it too
     assert (out / "checkpoint-2").is_dir()

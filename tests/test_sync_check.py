@@ -11,8 +11,10 @@ import math
 
 import pytest
 import torch
+from plugin_set import write_distribution
 
 from grpo_core.contract.errors import EngineUnavailable, GrpoError, WeightSyncUnverified
+from grpo_core.contract.types import SCORES_TOKENS, EngineScore
 from grpo_core.modeling.precision import Precision
 from grpo_core.training.sync_check import (
     FLOAT32,
@@ -24,8 +26,6 @@ from grpo_core.training.sync_check import (
     sampled_tokens_can_check,
     trainer_dtype_name,
 )
-from grpo_core.contract.types import SCORES_TOKENS, EngineScore
-from plugin_set import write_distribution
 
 FP32 = Precision(torch.float32, None, "float32")
 BF16_LORA = Precision(torch.bfloat16, torch.bfloat16, "bf16")
@@ -122,7 +122,11 @@ def test_a_stale_server_is_retried_once_then_named(fake) -> None:
     assert syncs == [0] and verifier.floors.floors == {"server A": pytest.approx(1e-6), "server B": pytest.approx(1e-6)}
     assert "weight sync verified" in logs[-1]
     metrics = verifier.take_metrics()
-    assert metrics["sync/verified"] == 1.0 and metrics["sync/logprob_gap"] == pytest.approx(1e-6) and metrics["sync/retries"] == 0.0
+    assert (
+        metrics["sync/verified"] == 1.0
+        and metrics["sync/logprob_gap"] == pytest.approx(1e-6)
+        and metrics["sync/retries"] == 0.0
+    )
     assert verifier.take_metrics()["sync/verified"] == 0.0  # nothing checked since: "not checked"
 
     engine.offsets["server B"] = 0.05  # B never got version 1
@@ -134,7 +138,11 @@ def test_a_stale_server_is_retried_once_then_named(fake) -> None:
     assert "0.05" in message and "\n" not in message
     assert any("not verified" in line and "syncing again" in line for line in logs)
     metrics = verifier.take_metrics()
-    assert metrics["sync/verified"] == 0.0 and metrics["sync/logprob_gap"] == pytest.approx(0.05) and metrics["sync/retries"] == 1.0
+    assert (
+        metrics["sync/verified"] == 0.0
+        and metrics["sync/logprob_gap"] == pytest.approx(0.05)
+        and metrics["sync/retries"] == 1.0
+    )
 
 
 def test_a_sync_the_retry_fixes_goes_on(fake) -> None:
@@ -223,7 +231,9 @@ def test_samples_of_an_older_version_fail_the_check_and_the_probe_decides(one_se
     train_step(verifier, 0, gap=2e-6)
     syncs: list[int] = []
     verifier.sync(lambda: syncs.append(1), model=None, version=1)
-    train_step(verifier, 1, gap=0.02)  # the engine sampled from other weights than version 1's; the second sync fixes it
+    train_step(
+        verifier, 1, gap=0.02
+    )  # the engine sampled from other weights than version 1's; the second sync fixes it
     assert syncs == [1, 1] and engine.calls == 2
     assert any("do not match the trainer's log-probs" in line and "syncing again" in line for line in logs)
     metrics = verifier.take_metrics()
@@ -278,12 +288,22 @@ def test_a_pool_and_the_probe_modes_are_never_checked_on_samples(fake, one_serve
 def test_which_runs_can_check_syncs_on_their_samples() -> None:
     from grpo_core.config.loader import validate
 
-    base = {"base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
-            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]}}  # fmt: skip
+    base = {
+        "base_model": "m",
+        "datasets": [{"path": "org/d"}],
+        "micro_batch_size": 4,
+        "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
+    }
     plain = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0))
     assert sampled_tokens_can_check(validate(base), plain, single_process=True) is None
     assert sampled_tokens_can_check(validate(base), plain, single_process=False) == "several processes"
-    for key, value in [("top_p", 0.9), ("top_k", 20), ("min_p", 0.1), ("repetition_penalty", 1.1), ("async_prefetch", True)]:
+    for key, value in [
+        ("top_p", 0.9),
+        ("top_k", 20),
+        ("min_p", 0.1),
+        ("repetition_penalty", 1.1),
+        ("async_prefetch", True),
+    ]:
         cfg = validate({**base, "trl": {**base["trl"], key: value}})
         assert key in sampled_tokens_can_check(cfg, plain, single_process=True)
     dropout = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))
@@ -291,10 +311,10 @@ def test_which_runs_can_check_syncs_on_their_samples() -> None:
 
 
 def test_a_models_configured_attention_dropout_counts(smollm2_dir: str, tmp_path) -> None:
+    from tiny_model import build_tiny_model
     from transformers import AutoModelForCausalLM
 
     from grpo_core.training.sync_check import dropout_active
-    from tiny_model import build_tiny_model
 
     path = build_tiny_model(smollm2_dir, tmp_path / "tiny")
     assert not dropout_active(AutoModelForCausalLM.from_pretrained(path))
@@ -352,8 +372,13 @@ class PathOnlyRollout:
 def path_only_rollout(tmp_path, monkeypatch: pytest.MonkeyPatch):
     from grpo_core.host import plugin_host
 
-    site = write_distribution(tmp_path / "site", "grpo_path_only", ROLLOUT_MODULE, "grpo-path-only",
-                              "[grpo.rollout]\npath_only = grpo_path_only:PathOnlyRollout\n")  # fmt: skip
+    site = write_distribution(
+        tmp_path / "site",
+        "grpo_path_only",
+        ROLLOUT_MODULE,
+        "grpo-path-only",
+        "[grpo.rollout]\npath_only = grpo_path_only:PathOnlyRollout\n",
+    )
     monkeypatch.syspath_prepend(str(site))
     plugin_host.rescan()
     yield
@@ -361,13 +386,19 @@ def path_only_rollout(tmp_path, monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.mark.parametrize("setting", [None, "never", "first"])
-def test_config_check_refuses_an_explicit_check_the_rollouts_engine_cannot_run(path_only_rollout, setting: str | None) -> None:
+def test_config_check_refuses_an_explicit_check_the_rollouts_engine_cannot_run(
+    path_only_rollout, setting: str | None
+) -> None:
     from grpo_core.config.loader import validate
     from grpo_core.training.config_check import check_run_config
 
-    data = {"base_model": "m", "datasets": [{"path": "org/d"}], "micro_batch_size": 4,
-            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
-            "plugins": {"rollout": "path_only", "weight_sync": "full_filesystem"}}  # fmt: skip
+    data = {
+        "base_model": "m",
+        "datasets": [{"path": "org/d"}],
+        "micro_batch_size": 4,
+        "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
+        "plugins": {"rollout": "path_only", "weight_sync": "full_filesystem"},
+    }
     if setting is not None:
         data["verify_weight_sync"] = setting
     cfg = validate(data)
@@ -381,10 +412,10 @@ def test_config_check_refuses_an_explicit_check_the_rollouts_engine_cannot_run(p
 def test_the_trainers_side_is_the_eval_mode_forward_and_leaves_the_mode_alone(smollm2_dir: str, tmp_path) -> None:
     """The probe's log-probs are the model's own (no dropout: eval mode), of
     the tokenizer's ids of the fixed text, and training mode is restored."""
+    from tiny_model import build_tiny_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo_core.training.sync_check import PROBE_TOKENS, probe_ids, trainer_logprobs
-    from tiny_model import build_tiny_model
 
     path = build_tiny_model(smollm2_dir, tmp_path / "tiny")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attention_dropout=0.9)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_model import build_tiny_model
 
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
-from tiny_model import build_tiny_model
 
 REWARDS = "def even_first(completion_ids, **kwargs):\n    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
 
@@ -27,14 +27,32 @@ LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-5
 
 
 def config(tmp: Path, model: str, out: str, adapter: str | None, **top) -> object:
-    return validate({
-        "base_model": model, "adapter": adapter, "lora_r": 4, "lora_alpha": 8,
-        "datasets": [{"path": str(tmp / "train.jsonl")}], "sequence_len": 64,
-        "micro_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 2, "learning_rate": 5e-3,
-        "lr_scheduler": "constant", "output_dir": str(tmp / out), "seed": 3, "save_steps": 1, **top,
-        "trl": {"num_generations": 4, "max_completion_length": 4, "reward_funcs": ["compile_rewards.even_first"],
-                "temperature": 1.0, "num_iterations": 2},
-    })  # fmt: skip
+    return validate(
+        {
+            "base_model": model,
+            "adapter": adapter,
+            "lora_r": 4,
+            "lora_alpha": 8,
+            "datasets": [{"path": str(tmp / "train.jsonl")}],
+            "sequence_len": 64,
+            "micro_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "max_steps": 2,
+            "learning_rate": 5e-3,
+            "lr_scheduler": "constant",
+            "output_dir": str(tmp / out),
+            "seed": 3,
+            "save_steps": 1,
+            **top,
+            "trl": {
+                "num_generations": 4,
+                "max_completion_length": 4,
+                "reward_funcs": ["compile_rewards.even_first"],
+                "temperature": 1.0,
+                "num_iterations": 2,
+            },
+        }
+    )
 
 
 def metrics(out: Path) -> list[dict]:
@@ -51,7 +69,9 @@ def tiny(smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> s
 
 @pytest.mark.slow
 @pytest.mark.parametrize("adapter", ["lora", pytest.param(None, marks=pytest.mark.extended)], ids=["lora", "full"])
-def test_compiled_run_matches_eager_and_its_checkpoint_resumes_eager(tiny: str, tmp_path: Path, adapter: str | None) -> None:
+def test_compiled_run_matches_eager_and_its_checkpoint_resumes_eager(
+    tiny: str, tmp_path: Path, adapter: str | None
+) -> None:
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -66,7 +86,9 @@ def test_compiled_run_matches_eager_and_its_checkpoint_resumes_eager(tiny: str, 
     eager, compiled = metrics(tmp_path / "eager"), metrics(tmp_path / "compiled")
     assert [r["step"] for r in compiled] == [1, 2]
     for a, b in zip(eager, compiled, strict=True):
-        assert b.get("reward") == a.get("reward")  # step 1's rollout precedes any update; step 2 reuses it (num_iterations 2)
+        assert b.get("reward") == a.get(
+            "reward"
+        )  # step 1's rollout precedes any update; step 2 reuses it (num_iterations 2)
         for key in ("loss", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=LOSS_RTOL, abs=LOSS_ATOL), (key, a["step"])
     assert compiled[1]["grad_norm"] > 0 and abs(compiled[1]["loss"]) > 1e-3  # step 2 (ratio != 1) is a real comparison
@@ -78,7 +100,9 @@ def test_compiled_run_matches_eager_and_its_checkpoint_resumes_eager(tiny: str, 
     saved = load_file(str(tmp_path / "compiled" / "checkpoint-1" / "model" / name))
     assert not [k for k in saved if "_orig_mod" in k]
     assert saved.keys() == load_file(str(tmp_path / "eager" / "checkpoint-1" / "model" / name)).keys()
-    resumed = config(tmp_path, tiny, "resumed", adapter, resume_from_checkpoint=str(tmp_path / "compiled" / "checkpoint-1"))
+    resumed = config(
+        tmp_path, tiny, "resumed", adapter, resume_from_checkpoint=str(tmp_path / "compiled" / "checkpoint-1")
+    )
     assert run_training(resumed) == "completed"
     (step2,) = metrics(tmp_path / "resumed")
     assert step2["loss"] == pytest.approx(compiled[1]["loss"], rel=LOSS_RTOL, abs=LOSS_ATOL)

@@ -17,7 +17,7 @@ from grpo_core.config.loader import validate
 from grpo_core.contract.errors import RewardError
 from grpo_core.training.run import run_training
 
-REWARDS = '''
+REWARDS = """
 import re
 
 def last_digit_even(completions, **kwargs):
@@ -32,13 +32,16 @@ def length_score(completions, completion_ids, **kwargs):
 
 def broken(completions, **kwargs):
     raise ValueError("boom")
-'''
+"""
 
 
 @pytest.fixture()
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "tiny_rewards.py").write_text(REWARDS)
-    rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {a + 1}?"}], "answer": str(2 * a + 1)} for a in range(1, 9)]
+    rows = [
+        {"prompt": [{"role": "user", "content": f"What is {a} + {a + 1}?"}], "answer": str(2 * a + 1)}
+        for a in range(1, 9)
+    ]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -79,10 +82,22 @@ def read_metrics(output_dir: Path) -> list[dict]:
 
 
 REQUIRED_METRICS = {
-    "step", "loss", "grad_norm", "learning_rate", "reward", "reward_std",
-    "rewards/last_digit_even/mean", "rewards/last_digit_even/std", "rewards/length_score/mean",
-    "frac_reward_zero_std", "entropy", "clip_ratio/region_mean", "completions/mean_length",
-    "completions/clipped_ratio", "num_tokens", "step_time",
+    "step",
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "reward",
+    "reward_std",
+    "rewards/last_digit_even/mean",
+    "rewards/last_digit_even/std",
+    "rewards/length_score/mean",
+    "frac_reward_zero_std",
+    "entropy",
+    "clip_ratio/region_mean",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "num_tokens",
+    "step_time",
 }
 
 
@@ -126,8 +141,13 @@ def test_resume_continues_identically(workdir: Path, smollm2_dir: str) -> None:
     first = validate(tiny_config(workdir, smollm2_dir, max_steps=2, save_steps=1, output_dir=str(workdir / "split")))
     run_training(first)
     resumed = validate(
-        tiny_config(workdir, smollm2_dir, max_steps=3, output_dir=str(workdir / "split"),
-                    resume_from_checkpoint=str(workdir / "split" / "checkpoint-2"))
+        tiny_config(
+            workdir,
+            smollm2_dir,
+            max_steps=3,
+            output_dir=str(workdir / "split"),
+            resume_from_checkpoint=str(workdir / "split" / "checkpoint-2"),
+        )
     )
     run_training(resumed)
 
@@ -149,8 +169,13 @@ def test_failing_reward_names_function_and_keeps_checkpoint(workdir: Path, smoll
     ok = validate(tiny_config(workdir, smollm2_dir, max_steps=1))
     run_training(ok)
     broken = validate(
-        tiny_config(workdir, smollm2_dir, max_steps=2, resume_from_checkpoint="latest",
-                    trl={"reward_funcs": ["tiny_rewards.broken"], "reward_weights": [1.0]})
+        tiny_config(
+            workdir,
+            smollm2_dir,
+            max_steps=2,
+            resume_from_checkpoint="latest",
+            trl={"reward_funcs": ["tiny_rewards.broken"], "reward_weights": [1.0]},
+        )
     )
     with pytest.raises(RewardError) as info:
         run_training(broken)
@@ -160,9 +185,17 @@ def test_failing_reward_names_function_and_keeps_checkpoint(workdir: Path, smoll
     assert (workdir / "out" / "checkpoint-1" / "trainer_state.json").is_file()
 
 
-def test_num_iterations_and_beta_run_with_reference(workdir: Path, smollm2_dir: str, capsys: pytest.CaptureFixture) -> None:
-    cfg = validate(tiny_config(workdir, smollm2_dir, max_steps=2, trl={
-        "num_iterations": 2, "beta": 0.04, "loss_type": "grpo", "num_completions_to_print": 2}))
+def test_num_iterations_and_beta_run_with_reference(
+    workdir: Path, smollm2_dir: str, capsys: pytest.CaptureFixture
+) -> None:
+    cfg = validate(
+        tiny_config(
+            workdir,
+            smollm2_dir,
+            max_steps=2,
+            trl={"num_iterations": 2, "beta": 0.04, "loss_type": "grpo", "num_completions_to_print": 2},
+        )
+    )
     run_training(cfg)
     shown = capsys.readouterr().err
     assert "sample completions" in shown and "last_digit_even" in shown  # the completions table

@@ -27,13 +27,22 @@ def shipped_code_model(root: Path) -> tuple[Path, Path]:
     model.mkdir()
     markers = root / "markers"
     markers.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "model_type": "custom_remote",
-        "architectures": ["CustomForSequenceClassification"],
-        "auto_map": {"AutoConfig": "configuration_custom.CustomConfig", "AutoModelForCausalLM": "modeling_custom.CustomModel",
-                     "AutoModelForSequenceClassification": "modeling_custom.CustomModel"},
-    }))  # fmt: skip
-    (model / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["tokenization_custom.CustomTokenizer", None]}}))
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "custom_remote",
+                "architectures": ["CustomForSequenceClassification"],
+                "auto_map": {
+                    "AutoConfig": "configuration_custom.CustomConfig",
+                    "AutoModelForCausalLM": "modeling_custom.CustomModel",
+                    "AutoModelForSequenceClassification": "modeling_custom.CustomModel",
+                },
+            }
+        )
+    )
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": ["tokenization_custom.CustomTokenizer", None]}})
+    )
     for name in FILES:
         (model / f"{name}_custom.py").write_text(f"open({str(markers / name)!r}, 'w').write('ran')\n")
     return model, markers

@@ -6,8 +6,8 @@ import torch
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
-from grpo_core.host.plugin_host import PluginHost
 from grpo_core.contract.types import SyncResult
+from grpo_core.host.plugin_host import PluginHost
 from grpo_plugins.weight_sync_in_process import InProcessSync
 
 

@@ -42,12 +42,21 @@ def inputs(off_policy: bool) -> dict[str, torch.Tensor | None]:
     entropy[4:] += 2.0  # the zero-advantage rows hold the highest-entropy tokens: they move the quantile
     ref = logps + torch.rand(B, C, generator=g, dtype=torch.float64) - 0.5
     old = logps + (torch.rand(B, C, generator=g, dtype=torch.float64) - 0.5) if off_policy else None
-    return {"logps": logps, "advantages": advantages, "mask": mask, "entropy": entropy, "ref_logps": ref, "old_logps": old}
+    return {
+        "logps": logps,
+        "advantages": advantages,
+        "mask": mask,
+        "entropy": entropy,
+        "ref_logps": ref,
+        "old_logps": old,
+    }
 
 
 def settings_for(loss_type: str, variant: str) -> LossSettings:
     """``loss_type`` with ``VARIANTS[variant]``; cispo's upper bound wide, as its raw-ratio cap needs."""
-    return LossSettings(loss_type=loss_type, epsilon=0.2, epsilon_high=0.28 if loss_type != "cispo" else 5.0, **VARIANTS[variant])
+    return LossSettings(
+        loss_type=loss_type, epsilon=0.2, epsilon_high=0.28 if loss_type != "cispo" else 5.0, **VARIANTS[variant]
+    )
 
 
 def loss_and_grad(settings: LossSettings, data: dict, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +87,14 @@ def test_zero_advantage_rows_change_nothing_exactly_where_inert(loss_type: str, 
         assert torch.equal(grad_all[4:], torch.zeros_like(grad_all[4:]))  # the rows left out had no gradient either
 
 
-@pytest.mark.parametrize("loss_type", [t for t in LOSS_TYPES if zero_advantage_rows_are_inert(LossSettings(loss_type=t, epsilon_high=5.0 if t == "cispo" else 0.2))])
+@pytest.mark.parametrize(
+    "loss_type",
+    [
+        t
+        for t in LOSS_TYPES
+        if zero_advantage_rows_are_inert(LossSettings(loss_type=t, epsilon_high=5.0 if t == "cispo" else 0.2))
+    ],
+)
 def test_inert_off_policy_too(loss_type: str) -> None:
     """Ratios far from 1 (some clipped, for the PPO types): still inert."""
     settings = LossSettings(loss_type=loss_type, epsilon=0.2, epsilon_high=0.28 if loss_type != "cispo" else 1.2)

@@ -24,6 +24,7 @@ from grpo_core.config.loader import validate
 API_KEY = "test-key-123"
 LORA_R = 8
 
+
 def make_config(model_dir: str, output_dir: Path, **trl: object):
     """A validated GRPOConfig for a LoRA run against ``model_dir``."""
     return validate(
@@ -33,11 +34,17 @@ def make_config(model_dir: str, output_dir: Path, **trl: object):
             "lora_r": LORA_R,
             "sequence_len": 512,
             "output_dir": str(output_dir),
-            "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "float32", "max_model_len": 512,
-                     "cpu_kvcache_space": 1, "api_key": API_KEY},
+            "vllm": {
+                "host": "127.0.0.1",
+                "port": 0,
+                "dtype": "float32",
+                "max_model_len": 512,
+                "cpu_kvcache_space": 1,
+                "api_key": API_KEY,
+            },
             "trl": {"use_vllm": True, "vllm_lora_sync": True, "vllm_server_timeout": 30, **trl},
         }
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,7 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _THINK_THEN_ANSWER = re.compile(r"<think>.+?</think>\s*<answer>.+?</answer>", re.DOTALL)
 
 SYSTEM_PROMPT = (
-    "Solve the math problem. Reason inside <think></think>, then give only the final "
-    "number inside <answer></answer>."
+    "Solve the math problem. Reason inside <think></think>, then give only the final number inside <answer></answer>."
 )
 
 

@@ -160,7 +160,10 @@ _add(
     "tokenizer_save_jinja_files tokenizer_use_mistral_common low_cpu_mem_usage reinit_weights "
     "rope_scaling embeddings_skip_upcast bfloat16 float16 float32",
 )
-_add(_TOKENS, "added_tokens_overrides tokens fix_untrained_tokens eot_tokens resize_token_embeddings_to_32x mean_resizing_embeddings shrink_embeddings")
+_add(
+    _TOKENS,
+    "added_tokens_overrides tokens fix_untrained_tokens eot_tokens resize_token_embeddings_to_32x mean_resizing_embeddings shrink_embeddings",
+)
 _add(_MULTIMODAL, "image_resize_algorithm image_size processor_kwargs processor_type")
 _add(
     _DATA_PREP,
@@ -277,17 +280,23 @@ def _rewrite(data: dict[str, Any], errors: list[str], notes: list[str]) -> None:
         data["adapter"] = "lora"
         notes.append("adapter = 'qlora' is LoRA on a base loaded with load_in_4bit.")
         if data.get("load_in_4bit") is not True:
-            errors.append("'adapter: qlora' trains LoRA on a 4-bit base: set load_in_4bit: true (or use adapter: lora).")
+            errors.append(
+                "'adapter: qlora' trains LoRA on a 4-bit base: set load_in_4bit: true (or use adapter: lora)."
+            )
     max_prompt = data.pop("max_prompt_len", None)
     if max_prompt is not None:
         trl = data.setdefault("trl", {}) if isinstance(data.get("trl", {}), dict) else {}
         if trl.get("max_prompt_length") not in (None, max_prompt):
-            errors.append(f"max_prompt_len ({max_prompt}) and trl.max_prompt_length ({trl['max_prompt_length']}) differ: keep one.")
+            errors.append(
+                f"max_prompt_len ({max_prompt}) and trl.max_prompt_length ({trl['max_prompt_length']}) differ: keep one."
+            )
         trl["max_prompt_length"] = max_prompt
     jinja = data.pop("chat_template_jinja", None)
     if jinja:
         if data.get("chat_template") not in (None, "jinja"):
-            errors.append(f"chat_template_jinja is set and chat_template is '{data['chat_template']}': keep one of them.")
+            errors.append(
+                f"chat_template_jinja is set and chat_template is '{data['chat_template']}': keep one of them."
+            )
         else:
             data["chat_template"] = jinja
 
@@ -334,8 +343,11 @@ _NOTES_BY_KEY = {
     "rl": lambda v: "GRPO with trl.multi_objective_aggregation = 'normalize_then_sum'" if v == "gdpo" else None,
     "adapter": lambda v: "LoRA on a base loaded with load_in_4bit" if v == "qlora" else None,
     "num_epochs": lambda v: "used when max_steps is not set; max_steps wins when both are (as in Axolotl)",
-    "attn_implementation": lambda v: "flash kernels need CUDA and flash-attn; grpo uses sdpa (with a warning) elsewhere"
-    if str(v).startswith("flash") else None,
+    "attn_implementation": lambda v: (
+        "flash kernels need CUDA and flash-attn; grpo uses sdpa (with a warning) elsewhere"
+        if str(v).startswith("flash")
+        else None
+    ),
     "load_in_4bit": lambda v: "bitsandbytes NF4 base for LoRA (CUDA, or a CPU bitsandbytes supports)" if v else None,
     "load_in_8bit": lambda v: "bitsandbytes 8-bit base for LoRA (CUDA, or a CPU bitsandbytes supports)" if v else None,
     "chat_template_jinja": lambda v: "grpo reads it as chat_template (an inline Jinja template)",
@@ -353,7 +365,9 @@ def explain(path: str, value: Any) -> tuple[str | None, bool]:
     else:
         refused = {"": REFUSED, "vllm": REFUSED_VLLM}.get(table, {})
     if path == "plugins" and isinstance(value, list):
-        return ("Axolotl plugin classes: " + PLUGINS_HELP.split(". ", 1)[1].replace("Remove the `plugins:` list", "")).strip(), True
+        return (
+            "Axolotl plugin classes: " + PLUGINS_HELP.split(". ", 1)[1].replace("Remove the `plugins:` list", "")
+        ).strip(), True
     if key in refused:
         if _harmless(value):
             return f"no effect in grpo ({refused[key]})", False

@@ -12,8 +12,9 @@ Each entry: dotted key -> (when it counts as set, what the user should know).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -81,10 +82,13 @@ COMPATIBILITY_ONLY: tuple[CompatKey, ...] = (
 def compat_warnings(cfg: GRPOConfig) -> list[str]:
     """One warning per compatibility-only key the config sets, then what the
     loader adapted from another framework's layout (:mod:`grpo_core.config.axolotl`)."""
-    out = [f"{item.key} is accepted for compatibility and has no effect: {item.note}." for item in COMPATIBILITY_ONLY if item.is_set(cfg)]
+    out = [
+        f"{item.key} is accepted for compatibility and has no effect: {item.note}."
+        for item in COMPATIBILITY_ONLY
+        if item.is_set(cfg)
+    ]
     return out + list(cfg._notes)
 
 
 def compat_keys() -> set[str]:
     return {item.key for item in COMPATIBILITY_ONLY}
-

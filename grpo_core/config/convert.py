@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import tomli_w
 
@@ -59,10 +60,12 @@ def _drop_none(value: Any, path: str, dropped: list[str]) -> Any:
     return value
 
 
-Explain = Callable[[str, Any], tuple[Optional[str], bool]]
+Explain = Callable[[str, Any], tuple[str | None, bool]]
 
 
-def _render_table(data: dict[str, Any], prefix: list[str], out: list[str], explain: Explain | None = None, where: str = "") -> None:
+def _render_table(
+    data: dict[str, Any], prefix: list[str], out: list[str], explain: Explain | None = None, where: str = ""
+) -> None:
     tables, arrays = [], []
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)

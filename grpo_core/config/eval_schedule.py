@@ -13,8 +13,10 @@ def eval_enabled(cfg: GRPOConfig) -> bool:
     has_data = bool(cfg.test_datasets) or cfg.val_set_size > 0
     strategy = cfg.eval_strategy or ("steps" if has_data else "no")
     if strategy == "steps" and not has_data:
-        raise ConfigError("eval_strategy = 'steps' but there is nothing to evaluate on: set val_set_size (a fraction "
-                          "or a count of prompts) or add [[test_datasets]].")  # fmt: skip
+        raise ConfigError(
+            "eval_strategy = 'steps' but there is nothing to evaluate on: set val_set_size (a fraction "
+            "or a count of prompts) or add [[test_datasets]]."
+        )
     return strategy == "steps"
 
 

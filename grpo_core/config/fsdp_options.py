@@ -17,12 +17,27 @@ FSDP_REFUSED = {
     "no_shard": "FSDP without sharding is DDP: leave `fsdp` unset",
 }
 FSDP_CONFIG_KEYS = {
-    "fsdp_version", "version", "fsdp_transformer_layer_cls_to_wrap", "transformer_layer_cls_to_wrap", "fsdp_offload_params",
-    "offload_params", "fsdp_reshard_after_forward", "reshard_after_forward", "fsdp_activation_checkpointing",
-    "activation_checkpointing", "fsdp_cpu_ram_efficient_loading", "cpu_ram_efficient_loading", "fsdp_state_dict_type",
-    "state_dict_type", "fsdp_auto_wrap_policy", "auto_wrap_policy", "fsdp_sync_module_states", "sync_module_states",
-    "fsdp_use_orig_params", "use_orig_params",
-}  # fmt: skip
+    "fsdp_version",
+    "version",
+    "fsdp_transformer_layer_cls_to_wrap",
+    "transformer_layer_cls_to_wrap",
+    "fsdp_offload_params",
+    "offload_params",
+    "fsdp_reshard_after_forward",
+    "reshard_after_forward",
+    "fsdp_activation_checkpointing",
+    "activation_checkpointing",
+    "fsdp_cpu_ram_efficient_loading",
+    "cpu_ram_efficient_loading",
+    "fsdp_state_dict_type",
+    "state_dict_type",
+    "fsdp_auto_wrap_policy",
+    "auto_wrap_policy",
+    "fsdp_sync_module_states",
+    "sync_module_states",
+    "fsdp_use_orig_params",
+    "use_orig_params",
+}
 
 
 def fsdp_value(cfg: GRPOConfig, name: str, default: Any = None) -> Any:
@@ -41,9 +56,13 @@ def fsdp_problems(cfg: GRPOConfig) -> list[str]:
             problems.append(f"fsdp option '{option}' is unknown: use {', '.join(sorted(FSDP_OPTIONS))}.")
     unknown = sorted(set(cfg.fsdp_config or {}) - FSDP_CONFIG_KEYS)
     if unknown:
-        problems.append(f"fsdp_config keys {unknown} are not supported; known: {', '.join(sorted(k for k in FSDP_CONFIG_KEYS if k.startswith('fsdp_')))}.")
+        problems.append(
+            f"fsdp_config keys {unknown} are not supported; known: {', '.join(sorted(k for k in FSDP_CONFIG_KEYS if k.startswith('fsdp_')))}."
+        )
     if cfg.fsdp_config and not cfg.fsdp:
-        problems.append("fsdp_config is set but fsdp is not: set fsdp = [\"full_shard\", \"auto_wrap\"] to shard the model.")
+        problems.append(
+            'fsdp_config is set but fsdp is not: set fsdp = ["full_shard", "auto_wrap"] to shard the model.'
+        )
     version = int(fsdp_value(cfg, "version", 2) or 2)
     if version not in (1, 2):
         problems.append(f"fsdp_config.fsdp_version = {version}: use 2 (torch's fully_shard) or 1.")

@@ -130,7 +130,7 @@ def _key_path(loc: tuple[Any, ...]) -> str:
 
 def _where_else(key: str) -> str | None:
     """A key written in the wrong table: say which table has it."""
-    for table, model in (("trl", "TrlSettings"), ("vllm", "VllmSettings"), ("plugins", "PluginSettings")):
+    for table in ("trl", "vllm", "plugins"):
         cls = GRPOConfig.model_fields[table].annotation
         if key in cls.model_fields:  # type: ignore[union-attr]
             return table
@@ -185,7 +185,10 @@ def apply_effective_defaults(cfg: GRPOConfig) -> GRPOConfig:
     trl = cfg.trl
     written = set(trl.model_fields_set)
     if cfg.rl == "gdpo":
-        if "multi_objective_aggregation" in trl.model_fields_set and trl.multi_objective_aggregation != "normalize_then_sum":
+        if (
+            "multi_objective_aggregation" in trl.model_fields_set
+            and trl.multi_objective_aggregation != "normalize_then_sum"
+        ):
             raise ConfigError(
                 f"rl = 'gdpo' is GRPO with trl.multi_objective_aggregation = 'normalize_then_sum', but the config sets "
                 f"'{trl.multi_objective_aggregation}': drop one of the two (rl = 'grpo' keeps your aggregation)."

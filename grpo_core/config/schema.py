@@ -39,14 +39,18 @@ class _Table(BaseModel):
 class VllmSettings(_Table):
     """``[vllm]``: how ``grpo vllm-serve`` (or a managed server) starts vLLM."""
 
-    host: str = Field("127.0.0.1", description="Bind address. Loopback by default: the server loads adapters from its own filesystem.")
+    host: str = Field(
+        "127.0.0.1", description="Bind address. Loopback by default: the server loads adapters from its own filesystem."
+    )
     port: int = Field(8000, ge=0, le=65535, description="Port; 0 picks a free one (managed mode).")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     dtype: str = Field("auto", description="Model dtype in vLLM (auto, bfloat16, float16, float32).")
     max_model_len: int | None = Field(None, gt=0)
     tensor_parallel_size: int = Field(1, ge=1)
     data_parallel_size: int = Field(
-        1, ge=1, description="Managed mode: start this many separate vLLM servers (each its own process and socket); prompt groups are spread across them. `grpo vllm-serve` passes it to vLLM's own data parallelism."
+        1,
+        ge=1,
+        description="Managed mode: start this many separate vLLM servers (each its own process and socket); prompt groups are spread across them. `grpo vllm-serve` passes it to vLLM's own data parallelism.",
     )
     devices: list[int] | None = Field(
         None,
@@ -65,7 +69,8 @@ class VllmSettings(_Table):
         "its own default, 128, shares nothing of a prompt under 128 tokens), vLLM's own on GPU.",
     )
     enforce_eager: bool | None = Field(
-        None, description="Skip vLLM's graph compilation: much faster engine start, slightly slower generation. Default: true on CPU, vLLM's own on GPU."
+        None,
+        description="Skip vLLM's graph compilation: much faster engine start, slightly slower generation. Default: true on CPU, vLLM's own on GPU.",
     )
     cpu_kernels: bool = Field(
         True,
@@ -86,7 +91,11 @@ class VllmSettings(_Table):
         False,
         description="Serve vLLM's dev endpoints (/collective_rpc: load weights from any path) on a non-loopback host. Off: such a bind is refused for full-weight sync.",
     )
-    cpu_kvcache_space: int | None = Field(None, ge=1, description="GiB of KV cache on CPU (VLLM_CPU_KVCACHE_SPACE). Default 2: vLLM would otherwise take 85% of host memory.")
+    cpu_kvcache_space: int | None = Field(
+        None,
+        ge=1,
+        description="GiB of KV cache on CPU (VLLM_CPU_KVCACHE_SPACE). Default 2: vLLM would otherwise take 85% of host memory.",
+    )
     engine_cpus: str | None = Field(
         None,
         description="CPU cores a managed server computes on ('0-3', '0,2'); the trainer keeps the others. "
@@ -101,7 +110,9 @@ class DatasetSpec(_Table):
     path: str = Field(description="Hub id, local directory, or a .json/.jsonl/.csv/.parquet file.")
     name: str | None = Field(None, description="Dataset configuration name (e.g. 'main' for gsm8k).")
     split: str = "train"
-    type: str | None = Field(None, description="'module.function' transform: fn(cfg) -> map_fn or (map_fn, {'remove_columns': [...]}).")
+    type: str | None = Field(
+        None, description="'module.function' transform: fn(cfg) -> map_fn or (map_fn, {'remove_columns': [...]})."
+    )
     data_files: str | list[str] | None = None
 
 
@@ -119,7 +130,9 @@ class _PluginTable(BaseModel):
     # be a table here and validated by its implementation later.
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
-    allow: list[str] | None = Field(None, description="Only these plugin distributions may load (grpo itself always may).")
+    allow: list[str] | None = Field(
+        None, description="Only these plugin distributions may load (grpo itself always may)."
+    )
 
     @model_validator(mode="after")
     def _settings_are_tables(self) -> _PluginTable:
@@ -149,7 +162,10 @@ PluginSettings = create_model(
     **{
         point.name: (
             str | None,
-            Field(None, description=f"{point.summary}: the implementation's name (or 'distribution:name'). Unset: decided by {point.decided_by}."),
+            Field(
+                None,
+                description=f"{point.summary}: the implementation's name (or 'distribution:name'). Unset: decided by {point.decided_by}.",
+            ),
         )
         for point in EXTENSION_POINTS
     },
@@ -165,27 +181,50 @@ class AlertSettings(_Table):
     health checks; ``silence`` lists alert names not to print."""
 
     enabled: bool = True
-    silence: list[str] = Field(default_factory=list, description="Alert names never to print: reward_zero, no_signal, entropy_collapse, entropy_explosion, grad_norm_high, grad_norm_zero, is_ratio.")
+    silence: list[str] = Field(
+        default_factory=list,
+        description="Alert names never to print: reward_zero, no_signal, entropy_collapse, entropy_explosion, grad_norm_high, grad_norm_zero, is_ratio.",
+    )
     window: int = Field(10, ge=1, description="Steps the windowed checks average over.")
     reward_zero_steps: int = Field(20, ge=1, description="Steps after which a mean reward still ~0 fires reward_zero.")
     reward_zero_eps: float = Field(0.01, ge=0, description="|mean reward| at or below this counts as ~0.")
-    no_signal_fraction: float = Field(0.8, gt=0, le=1, description="Fire no_signal when reward_std is 0 on this fraction of the last `window` steps.")
+    no_signal_fraction: float = Field(
+        0.8, gt=0, le=1, description="Fire no_signal when reward_std is 0 on this fraction of the last `window` steps."
+    )
     entropy_min: float = Field(0.01, ge=0, description="Mean entropy below this: mode collapse.")
     entropy_max: float = Field(5.0, gt=0, description="Mean entropy above this: the policy is falling apart.")
     grad_norm_max: float = Field(10.0, gt=0, description="Mean grad norm above this: unstable updates.")
-    grad_norm_min: float = Field(1e-6, ge=0, description="Grad norm at or below this on steps that trained: no gradient flows.")
-    logp_gap_max: float = Field(0.7, gt=0, description="Mean |trainer - sampler| log-prob gap above this (IS ratio beyond ~2x): stale or broken weight sync.")
+    grad_norm_min: float = Field(
+        1e-6, ge=0, description="Grad norm at or below this on steps that trained: no gradient flows."
+    )
+    logp_gap_max: float = Field(
+        0.7,
+        gt=0,
+        description="Mean |trainer - sampler| log-prob gap above this (IS ratio beyond ~2x): stale or broken weight sync.",
+    )
 
 
 class EpisodeSettings(_Table):
     """``[episodes]``: how multi-turn episodes are driven (any environment)."""
 
-    max_turns: int = Field(8, ge=1, description="Model turns per episode at most; an episode still going then ends with ended_by = 'max_turns'.")
-    max_tokens_per_turn: int | None = Field(
-        None, ge=1, description="Tokens one model turn may sample. Unset: what is left of trl.max_completion_length, which bounds the whole episode."
+    max_turns: int = Field(
+        8,
+        ge=1,
+        description="Model turns per episode at most; an episode still going then ends with ended_by = 'max_turns'.",
     )
-    step_timeout: float = Field(60.0, gt=0, description="Seconds one environment step may take; a step still running then ends its episode (ended_by = 'timeout').")
-    max_concurrent_steps: int = Field(32, ge=1, description="Environment steps run at once (threads), across the episodes in flight.")
+    max_tokens_per_turn: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens one model turn may sample. Unset: what is left of trl.max_completion_length, which bounds the whole episode.",
+    )
+    step_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds one environment step may take; a step still running then ends its episode (ended_by = 'timeout').",
+    )
+    max_concurrent_steps: int = Field(
+        32, ge=1, description="Environment steps run at once (threads), across the episodes in flight."
+    )
 
 
 class TrlSettings(_Table):
@@ -200,24 +239,53 @@ class TrlSettings(_Table):
     vllm_mode: Literal["server", "colocate"] | None = None
     vllm_server_host: str = "0.0.0.0"
     vllm_server_port: int = 8000
-    vllm_server_timeout: int | None = Field(None, gt=0, description="Seconds to wait for a vLLM response (and for it to come up). Default 240.")
-    vllm_server_base_url: str | None = Field(None, description="Full base URL of an external server (http://host:port, or unix:/path/to/socket); overrides host/port.")
-    vllm_server_base_urls: list[str] | None = Field(
-        None, description="Several external servers (base URLs as in vllm_server_base_url): prompt groups are spread across them, weights are synced to all."
+    vllm_server_timeout: int | None = Field(
+        None, gt=0, description="Seconds to wait for a vLLM response (and for it to come up). Default 240."
     )
-    vllm_managed: bool | None = Field(None, description="Start and own the vLLM server as a subprocess. Default: true unless a server already answers at host:port.")
+    vllm_server_base_url: str | None = Field(
+        None,
+        description="Full base URL of an external server (http://host:port, or unix:/path/to/socket); overrides host/port.",
+    )
+    vllm_server_base_urls: list[str] | None = Field(
+        None,
+        description="Several external servers (base URLs as in vllm_server_base_url): prompt groups are spread across them, weights are synced to all.",
+    )
+    vllm_managed: bool | None = Field(
+        None,
+        description="Start and own the vLLM server as a subprocess. Default: true unless a server already answers at host:port.",
+    )
     num_generations: int | None = Field(None, ge=1, description="Completions per prompt. Default 8.")
-    generation_batch_size: int | None = Field(None, ge=1, description="Completions per generation (TRL's meaning): a multiple of micro_batch_size x gradient_accumulation_steps; each multiple is one optimizer step fed by the same generation. Default micro_batch_size x gradient_accumulation_steps.")
-    steps_per_generation: int | None = Field(None, ge=1, description="Micro-batches per generation (TRL's meaning; generation_batch_size = micro_batch_size x this). Exclusive with generation_batch_size. Default gradient_accumulation_steps.")
+    generation_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Completions per generation (TRL's meaning): a multiple of micro_batch_size x gradient_accumulation_steps; each multiple is one optimizer step fed by the same generation. Default micro_batch_size x gradient_accumulation_steps.",
+    )
+    steps_per_generation: int | None = Field(
+        None,
+        ge=1,
+        description="Micro-batches per generation (TRL's meaning; generation_batch_size = micro_batch_size x this). Exclusive with generation_batch_size. Default gradient_accumulation_steps.",
+    )
     max_completion_length: int | None = Field(None, ge=1, description="Default 256.")
-    max_prompt_length: int | None = Field(None, ge=1, description="Prompts longer than this (in tokens) are dropped with a warning. Default: sequence_len.")
-    beta: float | None = Field(None, ge=0, description="KL coefficient against the reference policy. Default 0.0 (no reference model).")
+    max_prompt_length: int | None = Field(
+        None,
+        ge=1,
+        description="Prompts longer than this (in tokens) are dropped with a warning. Default: sequence_len.",
+    )
+    beta: float | None = Field(
+        None, ge=0, description="KL coefficient against the reference policy. Default 0.0 (no reference model)."
+    )
     num_iterations: int | None = Field(None, ge=1, description="Updates per generated batch (mu). Default 1.")
     epsilon: float | None = Field(None, ge=0, description="Lower clip bound. Default 0.2.")
     epsilon_high: float | None = Field(None, ge=0, description="Upper clip bound. Default: epsilon.")
-    delta: float | None = Field(None, gt=0, description="Two-sided clipping of the ratio for negative advantages (INTELLECT-2).")
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] | None = Field(None, description="Default dapo.")
-    scale_rewards: ScaleRewards | bool = Field(True, validate_default=True, description="true/'group', 'batch', false/'none'.")
+    delta: float | None = Field(
+        None, gt=0, description="Two-sided clipping of the ratio for negative advantages (INTELLECT-2)."
+    )
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] | None = Field(
+        None, description="Default dapo."
+    )
+    scale_rewards: ScaleRewards | bool = Field(
+        True, validate_default=True, description="true/'group', 'batch', false/'none'."
+    )
     mask_truncated_completions: bool = False
     top_entropy_quantile: float = Field(1.0, gt=0, le=1)
     sapo_temperature_pos: float = Field(1.0, gt=0)
@@ -226,19 +294,32 @@ class TrlSettings(_Table):
     # --- rewards
     reward_funcs: list[str] | None = None
     reward_weights: list[float] | None = None
-    multi_objective_aggregation: str | None = Field(None, description="'sum_then_normalize' (default) or 'normalize_then_sum' (GDPO), or a plugin's name.")
-    rollout_func: str | None = Field(None, description="'module.function' custom rollout: f(prompts, trainer) -> dict with prompt_ids, completion_ids, logprobs.")
+    multi_objective_aggregation: str | None = Field(
+        None, description="'sum_then_normalize' (default) or 'normalize_then_sum' (GDPO), or a plugin's name."
+    )
+    rollout_func: str | None = Field(
+        None,
+        description="'module.function' custom rollout: f(prompts, trainer) -> dict with prompt_ids, completion_ids, logprobs.",
+    )
     tools: list[str] | None = Field(
-        None, description="'module.function' tools the model may call during an episode (TRL's tools): schemas from their signatures and docstrings."
+        None,
+        description="'module.function' tools the model may call during an episode (TRL's tools): schemas from their signatures and docstrings.",
     )
     environment_factory: str | None = Field(
-        None, description="'module.Class' environment (TRL's environment_factory): reset(**row) -> str | None, public methods are tools, optional get_reward()."
+        None,
+        description="'module.Class' environment (TRL's environment_factory): reset(**row) -> str | None, public methods are tools, optional get_reward().",
     )
     max_tool_calling_iterations: int | None = Field(
-        None, ge=0, description="Tool-calling rounds per episode (TRL's meaning). Unset: until the model answers without a call or [episodes] max_turns."
+        None,
+        ge=0,
+        description="Tool-calling rounds per episode (TRL's meaning). Unset: until the model answers without a call or [episodes] max_turns.",
     )
-    reward_timeout: float | None = Field(None, gt=0, description="Seconds a reward call may take before it counts as failed.")
-    reward_error_policy: Literal["raise", "none"] = Field("raise", description="On a failing reward call: stop the run ('raise') or score the batch None ('none').")
+    reward_timeout: float | None = Field(
+        None, gt=0, description="Seconds a reward call may take before it counts as failed."
+    )
+    reward_error_policy: Literal["raise", "none"] = Field(
+        "raise", description="On a failing reward call: stop the run ('raise') or score the batch None ('none')."
+    )
 
     # --- generation
     temperature: float | None = Field(None, ge=0, description="Default 1.0.")
@@ -265,7 +346,9 @@ class TrlSettings(_Table):
     # --- importance sampling
     vllm_importance_sampling_correction: bool | None = None
     importance_sampling_level: Literal["token", "sequence"] | None = None
-    vllm_importance_sampling_mode: Literal["token_mask", "token_truncate", "sequence_mask", "sequence_truncate"] | None = None
+    vllm_importance_sampling_mode: (
+        Literal["token_mask", "token_truncate", "sequence_mask", "sequence_truncate"] | None
+    ) = None
     vllm_importance_sampling_cap: float | None = Field(None, gt=0)
     off_policy_mask_threshold: float | None = Field(None, gt=0)
     use_bias_correction_kl: bool | None = None
@@ -301,11 +384,20 @@ class GRPOConfig(_Table):
         description="Run Python code shipped with the model, tokenizer or reward model (their own modelling files). Off: such models are refused.",
     )
     rl: Literal["grpo", "gdpo"] = Field(
-        "grpo", description="'gdpo' (Axolotl's name) is GRPO with trl.multi_objective_aggregation = 'normalize_then_sum'."
+        "grpo",
+        description="'gdpo' (Axolotl's name) is GRPO with trl.multi_objective_aggregation = 'normalize_then_sum'.",
     )
-    model_type: str | None = Field(None, description="Axolotl's model class (e.g. 'AutoModelForCausalLM'): every model loads as a causal LM here.")
-    tokenizer_type: str | None = Field(None, description="Axolotl's tokenizer class (e.g. 'AutoTokenizer'): the tokenizer always loads with AutoTokenizer.")
-    chat_template: str | None = Field("tokenizer_default", description="'tokenizer_default', a template name known to transformers, or an inline Jinja template.")
+    model_type: str | None = Field(
+        None, description="Axolotl's model class (e.g. 'AutoModelForCausalLM'): every model loads as a causal LM here."
+    )
+    tokenizer_type: str | None = Field(
+        None,
+        description="Axolotl's tokenizer class (e.g. 'AutoTokenizer'): the tokenizer always loads with AutoTokenizer.",
+    )
+    chat_template: str | None = Field(
+        "tokenizer_default",
+        description="'tokenizer_default', a template name known to transformers, or an inline Jinja template.",
+    )
     tokenizer_config: str | None = None
 
     adapter: Literal["lora"] | None = None
@@ -314,28 +406,60 @@ class GRPOConfig(_Table):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_target_linear: bool | None = None
     lora_target_modules: list[str] | None = None
-    load_in_8bit: bool = Field(False, description="Load the frozen base weights in 8 bits (bitsandbytes); needs adapter = 'lora'.")
-    load_in_4bit: bool = Field(False, description="Load the frozen base weights in 4 bits, NF4 (bitsandbytes): QLoRA; needs adapter = 'lora'.")
-    bnb_config_kwargs: dict[str, Any] | None = Field(None, description="Extra transformers BitsAndBytesConfig arguments (e.g. bnb_4bit_quant_type).")
+    load_in_8bit: bool = Field(
+        False, description="Load the frozen base weights in 8 bits (bitsandbytes); needs adapter = 'lora'."
+    )
+    load_in_4bit: bool = Field(
+        False, description="Load the frozen base weights in 4 bits, NF4 (bitsandbytes): QLoRA; needs adapter = 'lora'."
+    )
+    bnb_config_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra transformers BitsAndBytesConfig arguments (e.g. bnb_4bit_quant_type)."
+    )
 
     datasets: list[DatasetSpec] = Field(default_factory=list)
     skip_prepare_dataset: bool = False
-    dataset_prepared_path: str | None = Field(None, description="Axolotl's prepared-dataset cache: accepted, no effect (prompts are prepared at start).")
-    strict: bool | None = Field(None, description="Axolotl's strict mode: accepted, no effect (grpo's validation is always strict).")
-    hf_use_auth_token: bool | None = Field(None, description="Accepted, no effect: Hugging Face credentials are read the standard way (HF_TOKEN).")
-    val_set_size: float = Field(0.0, ge=0, description="Held-out prompts for evaluation during training: a fraction (< 1) or a count (>= 1) of the dataset, split off with `seed`.")
-    test_datasets: list[DatasetSpec] = Field(default_factory=list, description="A separate evaluation dataset (same entry format as [[datasets]]); used instead of val_set_size.")
+    dataset_prepared_path: str | None = Field(
+        None, description="Axolotl's prepared-dataset cache: accepted, no effect (prompts are prepared at start)."
+    )
+    strict: bool | None = Field(
+        None, description="Axolotl's strict mode: accepted, no effect (grpo's validation is always strict)."
+    )
+    hf_use_auth_token: bool | None = Field(
+        None, description="Accepted, no effect: Hugging Face credentials are read the standard way (HF_TOKEN)."
+    )
+    val_set_size: float = Field(
+        0.0,
+        ge=0,
+        description="Held-out prompts for evaluation during training: a fraction (< 1) or a count (>= 1) of the dataset, split off with `seed`.",
+    )
+    test_datasets: list[DatasetSpec] = Field(
+        default_factory=list,
+        description="A separate evaluation dataset (same entry format as [[datasets]]); used instead of val_set_size.",
+    )
     shuffle_dataset: bool = True
     dataset_num_proc: int | None = Field(None, ge=1)
 
     sequence_len: int = Field(1024, ge=8)
-    sample_packing: bool | None = Field(None, description="Axolotl's SFT packing: only false is accepted (completions are padded per micro-batch).")
-    pad_to_sequence_len: bool | None = Field(None, description="Axolotl's padding choice: accepted, no effect (each micro-batch is padded to its longest sequence).")
-    micro_batch_size: int = Field(1, ge=1, description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo) a step's micro-batches are cut where they pad least: as many passes, none larger in padded tokens than the largest of micro_batch_size rows each.")
+    sample_packing: bool | None = Field(
+        None, description="Axolotl's SFT packing: only false is accepted (completions are padded per micro-batch)."
+    )
+    pad_to_sequence_len: bool | None = Field(
+        None,
+        description="Axolotl's padding choice: accepted, no effect (each micro-batch is padded to its longest sequence).",
+    )
+    micro_batch_size: int = Field(
+        1,
+        ge=1,
+        description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo) a step's micro-batches are cut where they pad least: as many passes, none larger in padded tokens than the largest of micro_batch_size rows each.",
+    )
     gradient_accumulation_steps: int = Field(1, ge=1)
-    max_steps: int = Field(100, ge=1, description="Optimizer steps. Takes precedence over num_epochs when both are set (as in Axolotl).")
+    max_steps: int = Field(
+        100, ge=1, description="Optimizer steps. Takes precedence over num_epochs when both are set (as in Axolotl)."
+    )
     num_epochs: float | None = Field(
-        None, gt=0, description="Passes over the prompts; used when max_steps is not set: max_steps = ceil(num_epochs x prompts / prompts per step) x num_iterations."
+        None,
+        gt=0,
+        description="Passes over the prompts; used when max_steps is not set: max_steps = ceil(num_epochs x prompts / prompts per step) x num_iterations.",
     )
     learning_rate: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -344,13 +468,26 @@ class GRPOConfig(_Table):
     adam_beta1: float | None = Field(None, ge=0, lt=1, description="AdamW beta1 (default 0.9).")
     adam_beta2: float | None = Field(None, ge=0, lt=1, description="AdamW beta2 (default 0.999).")
     adam_epsilon: float | None = Field(None, gt=0, description="AdamW epsilon (default 1e-8).")
-    optim_args: dict[str, Any] | None = Field(None, description="Extra keyword arguments for the optimizer's constructor.")
+    optim_args: dict[str, Any] | None = Field(
+        None, description="Extra keyword arguments for the optimizer's constructor."
+    )
     lr_scheduler: Literal[
-        "cosine", "linear", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial", "inverse_sqrt",
-        "cosine_with_min_lr", "warmup_stable_decay",
+        "cosine",
+        "linear",
+        "constant",
+        "constant_with_warmup",
+        "cosine_with_restarts",
+        "polynomial",
+        "inverse_sqrt",
+        "cosine_with_min_lr",
+        "warmup_stable_decay",
     ] = "cosine"
-    lr_scheduler_kwargs: dict[str, Any] | None = Field(None, description="Extra arguments of the transformers schedule (e.g. num_cycles, power, min_lr_rate).")
-    cosine_min_lr_ratio: float | None = Field(None, ge=0, le=1, description="Cosine decays to this fraction of learning_rate instead of 0.")
+    lr_scheduler_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra arguments of the transformers schedule (e.g. num_cycles, power, min_lr_rate)."
+    )
+    cosine_min_lr_ratio: float | None = Field(
+        None, ge=0, le=1, description="Cosine decays to this fraction of learning_rate instead of 0."
+    )
     warmup_steps: int = Field(0, ge=0)
     warmup_ratio: float | None = Field(None, ge=0, lt=1)
     seed: int = 42
@@ -358,16 +495,25 @@ class GRPOConfig(_Table):
     bf16: bool | Literal["auto"] = False
     fp16: bool = False
     tf32: bool | None = None
-    fp8: bool = Field(False, description="FP8 matmuls (torchao through accelerate); needs a CUDA GPU of compute capability >= 8.9 and torchao, refused elsewhere.")
-    torch_compile: bool = Field(False, description="torch.compile the decoder body for the training forward/backward and log-prob passes (CPU and GPU; the model, its state-dict keys and checkpoints are unchanged).")
-    torch_compile_backend: str | None = Field(None, description="torch.compile backend (default inductor; e.g. aot_eager, cudagraphs).")
-    torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = Field(
-        None, description="torch.compile mode (default 'default')."
+    fp8: bool = Field(
+        False,
+        description="FP8 matmuls (torchao through accelerate); needs a CUDA GPU of compute capability >= 8.9 and torchao, refused elsewhere.",
+    )
+    torch_compile: bool = Field(
+        False,
+        description="torch.compile the decoder body for the training forward/backward and log-prob passes (CPU and GPU; the model, its state-dict keys and checkpoints are unchanged).",
+    )
+    torch_compile_backend: str | None = Field(
+        None, description="torch.compile backend (default inductor; e.g. aot_eager, cudagraphs)."
+    )
+    torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = (
+        Field(None, description="torch.compile mode (default 'default').")
     )
     flash_attention: bool = False
     sdp_attention: bool | None = None
     attn_implementation: str | None = Field(
-        None, description="transformers' attn_implementation (eager, sdpa, flash_attention_2, ...) or grpo's sdpa_float32 (sdpa on float32 q/k/v inside a bf16 pass); flash kernels fall back to sdpa without CUDA. Unset: sdpa_float32 for bf16 compute on a CPU, transformers' default (sdpa) elsewhere."
+        None,
+        description="transformers' attn_implementation (eager, sdpa, flash_attention_2, ...) or grpo's sdpa_float32 (sdpa on float32 q/k/v inside a bf16 pass); flash kernels fall back to sdpa without CUDA. Unset: sdpa_float32 for bf16 compute on a CPU, transformers' default (sdpa) elsewhere.",
     )
     gradient_checkpointing: bool = False
     gradient_checkpointing_kwargs: dict[str, Any] | None = None
@@ -399,17 +545,30 @@ class GRPOConfig(_Table):
 
     fsdp: list[str] | None = None
     fsdp_config: dict[str, Any] | None = None
-    deepspeed: str | None = Field(None, description="A DeepSpeed JSON, ZeRO stage 2 or 3; its 'auto' values come from this config (see Scaling out).")
+    deepspeed: str | None = Field(
+        None,
+        description="A DeepSpeed JSON, ZeRO stage 2 or 3; its 'auto' values come from this config (see Scaling out).",
+    )
 
     output_dir: Path = Path("./grpo-output")
     logging_steps: int = Field(1, ge=1)
-    save_steps: int | None = Field(None, ge=1, description="Checkpoint every N steps; also at the end and on interruption.")
+    save_steps: int | None = Field(
+        None, ge=1, description="Checkpoint every N steps; also at the end and on interruption."
+    )
     save_total_limit: int | None = Field(None, ge=1)
     save_safetensors: bool = Field(True, description="Save weights as safetensors (false: PyTorch .bin files).")
-    resume_from_checkpoint: str | None = Field(None, description="A checkpoint directory, or 'latest' for the newest in output_dir.")
+    resume_from_checkpoint: str | None = Field(
+        None, description="A checkpoint directory, or 'latest' for the newest in output_dir."
+    )
     use_wandb: bool = Field(False, description="Same as adding 'wandb' to report_to.")
-    report_to: list[str] | None = Field(None, description="Trackers besides output_dir/metrics.jsonl: a list of tensorboard, wandb, mlflow, trackio (or any grpo.tracker plugin), 'all' (every installed one) or 'none'.")
-    eval_strategy: Literal["no", "steps"] | None = Field(None, description="'steps': evaluate every eval_steps and at the end. Default: 'steps' when there is evaluation data, else 'no'.")
+    report_to: list[str] | None = Field(
+        None,
+        description="Trackers besides output_dir/metrics.jsonl: a list of tensorboard, wandb, mlflow, trackio (or any grpo.tracker plugin), 'all' (every installed one) or 'none'.",
+    )
+    eval_strategy: Literal["no", "steps"] | None = Field(
+        None,
+        description="'steps': evaluate every eval_steps and at the end. Default: 'steps' when there is evaluation data, else 'no'.",
+    )
     eval_steps: int | None = Field(None, ge=1, description="Evaluate every N optimizer steps. Default: logging_steps.")
     eval_temperature: float = Field(0.0, ge=0, description="Sampling temperature of evaluation; 0 is greedy.")
     alerts: AlertSettings = Field(default_factory=AlertSettings)

@@ -14,8 +14,9 @@ one chosen implementation (see :data:`REWARD_GROUP`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -98,8 +99,12 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
         default=_default_rollout,
         decided_by="trl.use_vllm / trl.vllm_mode / trl.rollout_func",
         summary="prompts -> completions",
-        attributes={"engine_capabilities": frozenset(), "concurrent_generate": False, "runs_rollout_func": False,
-                    "generates_on_every_rank": False},
+        attributes={
+            "engine_capabilities": frozenset(),
+            "concurrent_generate": False,
+            "runs_rollout_func": False,
+            "generates_on_every_rank": False,
+        },
     ),
     ExtensionPoint(
         "environment",
@@ -167,4 +172,3 @@ def chosen_implementations(cfg: GRPOConfig) -> dict[str, str]:
 def source_key(cfg: GRPOConfig, point: ExtensionPoint) -> str:
     """The config key that chose ``point``'s implementation, for messages."""
     return point.config_key if getattr(cfg.plugins, point.name) is not None else point.decided_by
-

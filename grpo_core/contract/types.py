@@ -196,8 +196,9 @@ class RewardFunction(Protocol):
 
     __name__: str
 
-    def __call__(self, *, prompts: list, completions: list, completion_ids: list[list[int]], **columns: Any) -> list[float | None]:
-        ...
+    def __call__(
+        self, *, prompts: list, completions: list, completion_ids: list[list[int]], **columns: Any
+    ) -> list[float | None]: ...
 
 
 @dataclass
@@ -348,8 +349,17 @@ SAMPLES_TRAINER_MODEL = "samples_trainer_model"
 so the weights are current the moment the optimizer steps."""
 
 ENGINE_CAPABILITIES: frozenset[str] = frozenset(
-    {WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, ADAPTER_FROM_URL, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS,
-     WEIGHTS_IN_MEMORY, SCORES_TOKENS, SAMPLES_TRAINER_MODEL}
+    {
+        WEIGHTS_FROM_PATH,
+        ADAPTER_FROM_PATH,
+        ADAPTER_FROM_URL,
+        WEIGHTS_FROM_URL,
+        WEIGHTS_OVER_NCCL,
+        CONTROL_ENDPOINTS,
+        WEIGHTS_IN_MEMORY,
+        SCORES_TOKENS,
+        SAMPLES_TRAINER_MODEL,
+    }
 )
 
 
@@ -380,7 +390,9 @@ class ControlEndpoint(Protocol):
     def description(self) -> str:
         """Which server, for messages (``"vLLM server at http://..."``)."""
 
-    def request(self, method: str, path: str, body: Mapping[str, Any] | None = None, *, timeout: float | None = None) -> Any:
+    def request(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, *, timeout: float | None = None
+    ) -> Any:
         """Send ``body`` as JSON to ``path``, authenticated, **once**: a
         control request need not be idempotent (joining a group twice is
         not), so nothing is retried. Returns the decoded JSON answer
@@ -541,11 +553,9 @@ class Checkpointable(Protocol):
     types: dicts, lists, strings, numbers, booleans, ``None``); it is saved
     with every checkpoint and handed back to ``load_state_dict`` on resume."""
 
-    def state_dict(self) -> dict[str, Any]:
-        ...
+    def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @runtime_checkable
@@ -561,11 +571,8 @@ class Tracker(Protocol):
     failure.
     """
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        ...
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
 
-    def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
-        ...
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...

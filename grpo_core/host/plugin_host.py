@@ -29,10 +29,11 @@ import inspect
 import os
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pluggy
 from pydantic import BaseModel, ValidationError
@@ -112,7 +113,9 @@ def published_entry_points() -> dict[str, dict[str, tuple[tuple[EntryPointInfo, 
             if not ep.group.startswith(GROUP_PREFIX):
                 continue
             info = EntryPointInfo(ep.group, ep.name, ep.value, dist_name)
-            index.setdefault(ep.group, {}).setdefault(ep.name, {}).setdefault((normalise(dist_name), ep.value), (info, ep))
+            index.setdefault(ep.group, {}).setdefault(ep.name, {}).setdefault(
+                (normalise(dist_name), ep.value), (info, ep)
+            )
     return {group: {name: tuple(found.values()) for name, found in names.items()} for group, names in index.items()}
 
 
@@ -237,9 +240,7 @@ def validate_settings(obj: Any, name: str, table: dict[str, Any] | None) -> Base
     ref = table_ref(name)
     if model is None:
         if table:
-            raise ConfigError(
-                f"[{ref}] sets {sorted(table)}, but '{name}' declares no settings: remove the table."
-            )
+            raise ConfigError(f"[{ref}] sets {sorted(table)}, but '{name}' declares no settings: remove the table.")
         return None
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         raise PluginError(f"'{name}' declares Settings = {model!r}, which is not a pydantic model")
@@ -285,7 +286,7 @@ def own_checks(cls: Any, cfg: Any) -> list[str]:
     raw = inspect.getattr_static(cls, "grpo_validate_config", None)
     if not isinstance(raw, (staticmethod, classmethod)):
         return []
-    result = getattr(cls, "grpo_validate_config")(config=cfg)
+    result = cls.grpo_validate_config(config=cfg)
     return [result] if isinstance(result, str) else [str(item) for item in result or []]
 
 
@@ -345,7 +346,9 @@ class PluginHost:
             for name, found in published_entry_points().get(group, {}).items()
         }
 
-    def resolve(self, group: str, spec: str, key: str | None = None) -> tuple[EntryPointInfo, importlib.metadata.EntryPoint]:
+    def resolve(
+        self, group: str, spec: str, key: str | None = None
+    ) -> tuple[EntryPointInfo, importlib.metadata.EntryPoint]:
         """The one publication ``spec`` (``name`` or ``distribution:name``)
         means in ``group``, or a :class:`PluginError` saying why there is none."""
         dist, name = split_qualified(spec)
@@ -356,7 +359,9 @@ class PluginHost:
         if not found:
             available = ", ".join(sorted(self.published(group))) or "none"
             owner = f" from distribution '{dist}'" if dist else ""
-            raise PluginError(f"{where}: no installed package publishes '{name}'{owner} under '{group}' (available: {available}).")
+            raise PluginError(
+                f"{where}: no installed package publishes '{name}'{owner} under '{group}' (available: {available})."
+            )
         usable = tuple(f for f in found if self.allowed(f[0].distribution))
         if not usable:
             info = found[0][0]
@@ -443,7 +448,7 @@ class PluginHost:
             return []
         self._always_on_loaded = True
         problems: list[str] = []
-        for name, publications in sorted(self.published(ALWAYS_ON_GROUP).items()):
+        for _name, publications in sorted(self.published(ALWAYS_ON_GROUP).items()):
             for info in publications:
                 if info.error is not None:  # not allowed: never imported, nothing to say
                     continue
@@ -480,7 +485,9 @@ class PluginHost:
         """What the config's weight sync needs from the rollout's engine (its
         declared ``required_capabilities``), so the engine starts accordingly."""
         point = BY_NAME["weight_sync"]
-        _, cls = self.implementation_class(point.name, chosen_implementations(cfg)[point.name], key=source_key(cfg, point))
+        _, cls = self.implementation_class(
+            point.name, chosen_implementations(cfg)[point.name], key=source_key(cfg, point)
+        )
         return frozenset(declared(cls, point, "required_capabilities"))
 
     def load_implementation(self, point: str, spec: str, context: Any) -> Any:
@@ -549,7 +556,11 @@ class PluginHost:
         """One error for a hook that raised: which hook, which plugin, where
         the traceback went."""
         info = self._culprit(hook_name, exc)
-        who = f"{info.group.removeprefix(GROUP_PREFIX)} implementation '{info.name}' ({info.describe()})" if info else "a plugin"
+        who = (
+            f"{info.group.removeprefix(GROUP_PREFIX)} implementation '{info.name}' ({info.describe()})"
+            if info
+            else "a plugin"
+        )
         where = ""
         if self.error_log is not None:
             try:

@@ -25,9 +25,10 @@ import importlib.machinery
 import importlib.util
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from grpo_core.host.plugin_host import split_qualified
 
@@ -137,9 +138,13 @@ def _module_spec(module: str) -> tuple[importlib.machinery.ModuleSpec | None, li
         name = ".".join(parts[: depth + 1])
         spec = _find_submodule(name, list(locations))
         if spec is None:
-            return None, [], (
-                f"no module '{name}' in the folders of package '{parent}' (found without importing it; a package "
-                "that extends its __path__ when imported is not followed)"
+            return (
+                None,
+                [],
+                (
+                    f"no module '{name}' in the folders of package '{parent}' (found without importing it; a package "
+                    "that extends its __path__ when imported is not followed)"
+                ),
             )
     return spec, runs_first, None
 
@@ -162,7 +167,9 @@ def _top_level_line(path: str, attr: str) -> int | None:
             targets = [node.target]
         if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
             return node.lineno
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name.split(".")[0]) == attr for a in node.names):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+            (a.asname or a.name.split(".")[0]) == attr for a in node.names
+        ):
             return node.lineno
     return None
 
@@ -180,7 +187,11 @@ def locate(key: str, spec: str) -> UserCode:
     origin = found.origin if found.has_location else None
     if origin is None:  # a namespace package: no file of its own holds the name
         locations = ", ".join(found.submodule_search_locations or [])
-        return UserCode(key, spec, problem=f"'{module}' is a namespace package (folders: {locations}) with no file to define '{attr}'")
+        return UserCode(
+            key,
+            spec,
+            problem=f"'{module}' is a namespace package (folders: {locations}) with no file to define '{attr}'",
+        )
     return UserCode(key, spec, file=origin, line=_top_level_line(origin, attr), runs_first=tuple(runs_first))
 
 
@@ -201,4 +212,3 @@ def user_code_text(items: list[UserCode]) -> str:
     ]
     lines += [f"  {item.describe()}" for item in items]
     return "\n".join(lines)
-

@@ -219,7 +219,10 @@ def train(
         host.pm.register(_CallableRewards(in_memory), name="grpo.api.reward_funcs")
     status = run_training(cfg, host)
     output_dir = Path(cfg.output_dir)
-    checkpoints = sorted(output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.rpartition("-")[2]) if p.name.rpartition("-")[2].isdigit() else -1)
+    checkpoints = sorted(
+        output_dir.glob("checkpoint-*"),
+        key=lambda p: int(p.name.rpartition("-")[2]) if p.name.rpartition("-")[2].isdigit() else -1,
+    )
     return TrainResult(
         status=status,
         output_dir=output_dir,

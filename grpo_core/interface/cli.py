@@ -18,7 +18,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -51,7 +51,9 @@ _CORE_DIR = Path(grpo_core.__file__).resolve().parent  # the package, wherever t
 _library_formatwarning = warnings.formatwarning  # Python's, as imported
 
 
-def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+def _format_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
     """grpo's own run-time warnings (a dropped prompt, a reward scored None)
     read like its start-up ones: ``warning: ...``, without a file name and a
     source line the user did not write. Other libraries' keep their format."""
@@ -114,9 +116,12 @@ def _add_run_command(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
         config: Path = config_argument(),
-        set_: Optional[list[str]] = set_option(),
+        set_: list[str] | None = set_option(),
         num_processes: int = typer.Option(
-            1, "--num-processes", min=1, help="Training processes (one per GPU; on CPU they share the cores), started "
+            1,
+            "--num-processes",
+            min=1,
+            help="Training processes (one per GPU; on CPU they share the cores), started "
             "with accelerate's launcher. Several machines: see the README's \"Scaling out\".",
         ),
     ) -> None:
@@ -185,10 +190,15 @@ def _add_config_commands(config_app: typer.Typer) -> None:
     @config_app.command("check")
     def check_cmd(
         config: Path = config_argument(),
-        set_: Optional[list[str]] = set_option(),
-        full: bool = typer.Option(False, "--full", help="Print the whole effective config (TOML) instead of a summary."),
-        num_processes: Optional[int] = typer.Option(
-            None, "--num-processes", min=1, help="Check for this many training processes (default: the launcher's, else 1)."
+        set_: list[str] | None = set_option(),
+        full: bool = typer.Option(
+            False, "--full", help="Print the whole effective config (TOML) instead of a summary."
+        ),
+        num_processes: int | None = typer.Option(
+            None,
+            "--num-processes",
+            min=1,
+            help="Check for this many training processes (default: the launcher's, else 1).",
         ),
     ) -> None:
         """Validate CONFIG and print the effective settings and any warnings.
@@ -230,7 +240,7 @@ def _add_config_commands(config_app: typer.Typer) -> None:
     @config_app.command("convert")
     def convert_cmd(
         config: Path = typer.Argument(..., help="A config in the reference's YAML layout.", show_default=False),
-        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the TOML here instead of printing it."),
+        output: Path | None = typer.Option(None, "--output", "-o", help="Write the TOML here instead of printing it."),
     ) -> None:
         """Convert a YAML config (the reference layout) to grpo's TOML.
 
@@ -322,7 +332,11 @@ def list_plugins() -> dict[str, dict[str, Any]]:
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.observability.tracking import TRACKER_GROUP
 
-    groups = {point.name: point.group for point in EXTENSION_POINTS} | {"reward": REWARD_GROUP, "plugins": ALWAYS_ON_GROUP, "tracker": TRACKER_GROUP}
+    groups = {point.name: point.group for point in EXTENSION_POINTS} | {
+        "reward": REWARD_GROUP,
+        "plugins": ALWAYS_ON_GROUP,
+        "tracker": TRACKER_GROUP,
+    }
     out: dict[str, dict[str, Any]] = {}
     for point, group in groups.items():
         impls = [
@@ -353,10 +367,17 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
     funcs = trl.reward_funcs or []
     weights = trl.reward_weights or [1.0] * len(funcs)
     lines = [
-        f"model:        {cfg.base_model}" + (f" + LoRA r={cfg.lora_r} alpha={cfg.lora_alpha}" if cfg.adapter else " (full fine-tune)"),
+        f"model:        {cfg.base_model}"
+        + (f" + LoRA r={cfg.lora_r} alpha={cfg.lora_alpha}" if cfg.adapter else " (full fine-tune)"),
         "datasets:     " + (", ".join(f"{d.path}[{d.split}]" for d in cfg.datasets) or "none"),
-        ("steps:        " + (f"num_epochs {cfg.num_epochs:g} (max_steps counted from the dataset at start)"
-                             if cfg.num_epochs is not None and "max_steps" not in cfg.model_fields_set else str(cfg.max_steps)))
+        (
+            "steps:        "
+            + (
+                f"num_epochs {cfg.num_epochs:g} (max_steps counted from the dataset at start)"
+                if cfg.num_epochs is not None and "max_steps" not in cfg.model_fields_set
+                else str(cfg.max_steps)
+            )
+        )
         + f" x {batch} completions "
         f"({batch // max(1, int(trl.num_generations or 1))} prompts x {trl.num_generations} generations), "
         f"micro_batch_size {cfg.micro_batch_size}, gradient_accumulation_steps {cfg.gradient_accumulation_steps}"
@@ -376,7 +397,9 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
         _observe_summary(cfg),
     ]
     if cfg.trust_remote_code:
-        lines.append("trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward models runs")
+        lines.append(
+            "trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward models runs"
+        )
     return "\n".join(lines)
 
 
@@ -410,10 +433,14 @@ def _observe_summary(cfg: GRPOConfig) -> str:
     from grpo_core.observability.tracking import requested_trackers
 
     trackers = ", ".join(["metrics.jsonl", *requested_trackers(cfg, ["all installed"])])
-    data = "test_datasets" if cfg.test_datasets else (f"val_set_size {cfg.val_set_size:g}" if cfg.val_set_size > 0 else "")
+    data = (
+        "test_datasets" if cfg.test_datasets else (f"val_set_size {cfg.val_set_size:g}" if cfg.val_set_size > 0 else "")
+    )
     evaluation = f"every {eval_every(cfg)} step(s) on {data}" if data and cfg.eval_strategy != "no" else "off"
     alerts = "on" if cfg.alerts.enabled else "off"
-    return f"reporting:    {trackers}; eval {evaluation}; alerts {alerts}" + (", log_completions" if cfg.trl.log_completions else "")
+    return f"reporting:    {trackers}; eval {evaluation}; alerts {alerts}" + (
+        ", log_completions" if cfg.trl.log_completions else ""
+    )
 
 
 # ---------------------------------------------------------------------- entry

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from grpo_core.host.plugin_host import PluginHost
 
 SET_HELP = (
-    "Override a config key, e.g. --set trl.num_generations=4 or --set 'trl.reward_funcs=[\"a\", \"b\"]'. "
+    'Override a config key, e.g. --set trl.num_generations=4 or --set \'trl.reward_funcs=["a", "b"]\'. '
     "VALUE is read as TOML (numbers, true/false, quoted strings, arrays, inline tables), else as a plain string. "
     "Repeatable."
 )
@@ -66,7 +66,9 @@ def host_for(cfg: GRPOConfig) -> PluginHost:
     return PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
 
 
-def load_and_check(config: Path, overrides: list[str] | None, num_processes: int | None = None) -> tuple[GRPOConfig, PluginHost, list[str]]:
+def load_and_check(
+    config: Path, overrides: list[str] | None, num_processes: int | None = None
+) -> tuple[GRPOConfig, PluginHost, list[str]]:
     """The config as ``grpo config check`` judges it: loaded, its always-on
     plugins registered, checked; the warnings come back as notes."""
     # imported when the command runs, so `grpo --help` stays fast

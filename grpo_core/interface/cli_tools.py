@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -31,7 +30,7 @@ def register_tools(app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(
         output_dir: Path = typer.Argument(..., help="A run's output_dir (it holds metrics.jsonl).", show_default=False),
-        out: Optional[Path] = typer.Option(None, "--out", help="Where to write the PNGs (default OUTPUT_DIR/report)."),
+        out: Path | None = typer.Option(None, "--out", help="Where to write the PNGs (default OUTPUT_DIR/report)."),
     ) -> None:
         """Plot a run (reward, per-function rewards, reward_std, entropy, KL,
         grad norm, completion length, staleness, IS ratios, eval) and print a
@@ -47,9 +46,15 @@ def register_tools(app: typer.Typer) -> None:
     def rewards_test_cmd(
         config: Path = config_argument(),
         samples: int = typer.Option(8, "--samples", "-n", min=1, help="Dataset rows to score."),
-        from_column: Optional[str] = typer.Option(None, "--from-column", help="Score this dataset column (e.g. the reference answer) instead of generated completions."),
-        generations: int = typer.Option(2, "--generations", min=1, help="Completions generated per row (without --from-column)."),
-        set_: Optional[list[str]] = set_option(),
+        from_column: str | None = typer.Option(
+            None,
+            "--from-column",
+            help="Score this dataset column (e.g. the reference answer) instead of generated completions.",
+        ),
+        generations: int = typer.Option(
+            2, "--generations", min=1, help="Completions generated per row (without --from-column)."
+        ),
+        set_: list[str] | None = set_option(),
     ) -> None:
         """Run each reward function standalone on N dataset rows (through the
         dataset transform) and print, per function, the distribution of its
@@ -77,9 +82,13 @@ def register_tools(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_cmd(
         config: Path = config_argument(),
-        adapter: Optional[Path] = typer.Option(None, "--adapter", help="A trained LoRA adapter (a run's output_dir or a checkpoint); omit for the base model."),
-        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the metrics here as JSON."),
-        set_: Optional[list[str]] = set_option(),
+        adapter: Path | None = typer.Option(
+            None,
+            "--adapter",
+            help="A trained LoRA adapter (a run's output_dir or a checkpoint); omit for the base model.",
+        ),
+        output: Path | None = typer.Option(None, "--output", "-o", help="Also write the metrics here as JSON."),
+        set_: list[str] | None = set_option(),
     ) -> None:
         """Evaluate the base model or an adapter on the config's evaluation
         data (test_datasets, or the val_set_size split), exactly as training
@@ -100,9 +109,15 @@ def register_tools(app: typer.Typer) -> None:
 
     @app.command("merge")
     def merge_cmd(
-        output_dir: Path = typer.Argument(..., help="A LoRA run's output_dir (or a checkpoint directory).", show_default=False),
-        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write the merged model (default OUTPUT_DIR/merged)."),
-        base: Optional[str] = typer.Option(None, "--base", help="The base model, when adapter_config.json does not name a reachable one."),
+        output_dir: Path = typer.Argument(
+            ..., help="A LoRA run's output_dir (or a checkpoint directory).", show_default=False
+        ),
+        output: Path | None = typer.Option(
+            None, "--output", "-o", help="Where to write the merged model (default OUTPUT_DIR/merged)."
+        ),
+        base: str | None = typer.Option(
+            None, "--base", help="The base model, when adapter_config.json does not name a reachable one."
+        ),
     ) -> None:
         """Merge a LoRA adapter into its base model: a plain Hugging Face model
         directory (safetensors + tokenizer) for transformers or `vllm serve`."""

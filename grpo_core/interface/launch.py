@@ -39,8 +39,22 @@ def launcher_command(num_processes: int, grpo_args: list[str], cuda: bool) -> li
     machine without GPUs the processes join over gloo (grpo asks accelerate
     for its CPU mode there). Port 0: a free port, so runs side by side do
     not collide."""
-    cmd = [sys.executable, "-m", "grpo_core.interface.launch", "--multi_gpu", "--num_processes", str(num_processes),
-           "--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpo_core.interface.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(num_processes),
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        "0",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
     if not cuda:
         cmd += ["--num_cpu_threads_per_process", str(max(1, (os.cpu_count() or 1) // num_processes))]
     return [*cmd, "-m", "grpo_core.interface.cli", *grpo_args]

@@ -67,7 +67,9 @@ class _Local:
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=resolve_dtype(self.cfg))
         if adapter:
             if not (Path(adapter) / "adapter_config.json").is_file():
-                raise ConfigError(f"--adapter {adapter}: no adapter_config.json there; give a run's output_dir or a checkpoint directory.")
+                raise ConfigError(
+                    f"--adapter {adapter}: no adapter_config.json there; give a run's output_dir or a checkpoint directory."
+                )
             # imported when the command runs (peft), so `grpo --help` stays fast
             from peft import PeftModel
 
@@ -97,8 +99,10 @@ class RewardReport:
         if self.error:
             lines.append(f"  ERROR: {self.error}")
         if numbers:
-            lines.append(f"  min {min(numbers):.4g}  mean {statistics.fmean(numbers):.4g}  max {max(numbers):.4g}  "
-                         f"std {statistics.pstdev(numbers):.4g}  zero {sum(v == 0 for v in numbers) / len(numbers):.0%}")
+            lines.append(
+                f"  min {min(numbers):.4g}  mean {statistics.fmean(numbers):.4g}  max {max(numbers):.4g}  "
+                f"std {statistics.pstdev(numbers):.4g}  zero {sum(v == 0 for v in numbers) / len(numbers):.0%}"
+            )
             common = Counter(round(v, 4) for v in numbers).most_common(5)
             lines.append("  values: " + ", ".join(f"{v:g} x{n}" for v, n in common))
         missing = len(self.values) - len(numbers)
@@ -112,7 +116,9 @@ class RewardReport:
 def _column_groups(prompts: list[Prompt], column: str, tokenizer: Any) -> list[RolloutGroup]:
     available = sorted(prompts[0].columns) if prompts else []
     if prompts and column not in prompts[0].columns:
-        raise DataError(f"--from-column {column}: the dataset has no such column (columns: {', '.join(available) or 'none'}).")
+        raise DataError(
+            f"--from-column {column}: the dataset has no such column (columns: {', '.join(available) or 'none'})."
+        )
     groups = []
     for prompt in prompts:
         text = str(prompt.columns.get(column))
@@ -121,7 +127,9 @@ def _column_groups(prompts: list[Prompt], column: str, tokenizer: Any) -> list[R
     return groups
 
 
-def rewards_test(cfg: GRPOConfig, host: PluginHost, samples: int, from_column: str | None, generations: int) -> tuple[list[RewardReport], list[RolloutGroup]]:
+def rewards_test(
+    cfg: GRPOConfig, host: PluginHost, samples: int, from_column: str | None, generations: int
+) -> tuple[list[RewardReport], list[RolloutGroup]]:
     """Score ``samples`` dataset rows with each reward function on its own."""
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.scoring.reward_calls import build_batch, function_name, run_functions
@@ -140,13 +148,17 @@ def rewards_test(cfg: GRPOConfig, host: PluginHost, samples: int, from_column: s
     else:
         local.load_model()
         sampling = sampling_from_config(local.cfg, local.stop_ids())
-        groups = host.hook.grpo_rollout_generate(prompts=prompts, num_generations=generations, sampling=sampling, policy_version=0)
+        groups = host.hook.grpo_rollout_generate(
+            prompts=prompts, num_generations=generations, sampling=sampling, policy_version=0
+        )
     batch = build_batch(groups, 0)
     reports = []
     for func, name in zip(funcs, names):
         started = time.perf_counter()
         outcome = run_functions([func], [name], batch)[0]
-        report = RewardReport(name, list(outcome.values or [None] * len(batch)), outcome.error, time.perf_counter() - started)
+        report = RewardReport(
+            name, list(outcome.values or [None] * len(batch)), outcome.error, time.perf_counter() - started
+        )
         reports.append(report)
     return reports, groups
 
@@ -163,8 +175,10 @@ def run_eval(cfg: GRPOConfig, host: PluginHost, adapter: str | None) -> dict[str
 
     local = _Local.open(cfg, host)
     if not cfg.test_datasets and cfg.val_set_size <= 0:
-        raise ConfigError("grpo eval needs evaluation data: add [[test_datasets]], or set val_set_size to score the "
-                          "prompts a run with this config holds out.")
+        raise ConfigError(
+            "grpo eval needs evaluation data: add [[test_datasets]], or set val_set_size to score the "
+            "prompts a run with this config holds out."
+        )
     train = [] if cfg.test_datasets else load_prompts(local.cfg, local.tokenizer)
     _, prompts = load_eval_prompts(local.cfg, local.tokenizer, train)
     scorer = RewardScorer(local.cfg, host, local.context)
@@ -190,8 +204,10 @@ def merge_adapter(adapter_dir: Path, output: Path | None = None, base: str | Non
     adapter_dir = Path(adapter_dir)
     config_file = adapter_dir / "adapter_config.json"
     if not config_file.is_file():
-        raise ConfigError(f"{adapter_dir}: no adapter_config.json. grpo merge takes a LoRA run's output_dir (or a "
-                          "checkpoint); a full fine-tune is already a plain model directory.")
+        raise ConfigError(
+            f"{adapter_dir}: no adapter_config.json. grpo merge takes a LoRA run's output_dir (or a "
+            "checkpoint); a full fine-tune is already a plain model directory."
+        )
     base = base or json.loads(config_file.read_text(encoding="utf-8")).get("base_model_name_or_path")
     if not base:
         raise ConfigError(f"{config_file} does not name its base model: pass --base MODEL_DIR.")

@@ -88,7 +88,9 @@ def resolve_model_dir(base_model: str) -> str:
         return str(out)
     if path.exists():
         if not (path / "config.json").is_file():
-            raise ConfigError(f"base_model: {path} has no config.json; expected a Hugging Face model directory or a .gguf file")
+            raise ConfigError(
+                f"base_model: {path} has no config.json; expected a Hugging Face model directory or a .gguf file"
+            )
         return str(path)
     if base_model.count("/") == 1 and not base_model.startswith((".", "/", "~")):
         return base_model  # a hub id; only resolvable where a hub is reachable

@@ -108,7 +108,9 @@ def load_tokenizer(cfg: GRPOConfig, model_dir: str) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise remote_code_error(key, source, exc) or ConfigError(f"{key}: cannot load a tokenizer from '{source}': {exc}") from exc
+        raise remote_code_error(key, source, exc) or ConfigError(
+            f"{key}: cannot load a tokenizer from '{source}': {exc}"
+        ) from exc
 
     template = _resolve_chat_template(tokenizer, cfg.chat_template)
     if template is not None:
@@ -161,7 +163,9 @@ def _flash_or_sdpa(kernel: str, key: str) -> str:
     return "sdpa"
 
 
-def resolve_attn_implementation(cfg: GRPOConfig, device_type: str | None = None, flags: set[str] | None = None) -> str | None:
+def resolve_attn_implementation(
+    cfg: GRPOConfig, device_type: str | None = None, flags: set[str] | None = None
+) -> str | None:
     """``attn_implementation`` (Axolotl's and transformers' key) or the older
     ``flash_attention`` / ``sdp_attention`` flags -> what from_pretrained gets.
     Flash kernels need CUDA: elsewhere say what runs instead rather than fail.
@@ -212,7 +216,9 @@ def linear_module_names(model: nn.Module) -> set[str]:
     """Leaf names of the model's linear layers, output head excluded (what
     peft's 'all-linear' targets)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, nn.Linear) and mod is not head}
+    return {
+        name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, nn.Linear) and mod is not head
+    }
 
 
 def _lora_targets(cfg: GRPOConfig, model: nn.Module) -> str | list[str]:
@@ -358,7 +364,11 @@ def reference_model(cfg: GRPOConfig, model_dir: str, policy: nn.Module) -> Refer
         with torch.no_grad():
             frozen.get_input_embeddings().weight[old:] = policy.get_input_embeddings().weight[old:]
             out_ref, out_pol = frozen.get_output_embeddings(), policy.get_output_embeddings()
-            if out_ref is not None and out_pol is not None and out_ref.weight is not frozen.get_input_embeddings().weight:
+            if (
+                out_ref is not None
+                and out_pol is not None
+                and out_ref.weight is not frozen.get_input_embeddings().weight
+            ):
                 out_ref.weight[old:] = out_pol.weight[old:]
     frozen.config.pad_token_id = policy.config.pad_token_id
     device = next(policy.parameters()).device
@@ -371,7 +381,9 @@ def reference_model(cfg: GRPOConfig, model_dir: str, policy: nn.Module) -> Refer
 def unwrap(model: Any) -> Any:
     """The plain model under torch.compile / DDP wrappers."""
     while True:
-        inner = getattr(model, "_orig_mod", None) or (getattr(model, "module", None) if hasattr(model, "no_sync") else None)
+        inner = getattr(model, "_orig_mod", None) or (
+            getattr(model, "module", None) if hasattr(model, "no_sync") else None
+        )
         if inner is None:
             return model
         model = inner

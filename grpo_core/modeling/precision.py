@@ -100,5 +100,7 @@ def resolve_precision(cfg: GRPOConfig, device_type: str | None = None, flags: se
         return Precision(torch.bfloat16 if lora else torch.float32, torch.bfloat16, f"{why}, {base}")
     if cfg.fp16:
         base = "frozen base in float16, adapters in float32" if lora else "float32 master weights and optimizer state"
-        return Precision(torch.float16 if lora else torch.float32, torch.float16, f"fp16 = true: float16 compute, {base}")
+        return Precision(
+            torch.float16 if lora else torch.float32, torch.float16, f"fp16 = true: float16 compute, {base}"
+        )
     return Precision(torch.float32, None, "float32")

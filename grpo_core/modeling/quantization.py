@@ -23,7 +23,9 @@ HARDWARE = "a CUDA GPU, or an x86-64 CPU that bitsandbytes' CPU backend supports
 def bitsandbytes_problem() -> str | None:
     """None when bitsandbytes can quantise on this machine, else why not."""
     if importlib.util.find_spec("bitsandbytes") is None:
-        return f"bitsandbytes is not installed: `pip install bitsandbytes` (or grpo's `qlora` extra); it needs {HARDWARE}."
+        return (
+            f"bitsandbytes is not installed: `pip install bitsandbytes` (or grpo's `qlora` extra); it needs {HARDWARE}."
+        )
     try:
         # bitsandbytes is optional: imported only where used, so grpo runs without it
         import bitsandbytes.functional as bnbf
@@ -44,10 +46,14 @@ def quantization_config(cfg: GRPOConfig, compute_dtype: Any) -> Any | None:
     # heavy (transformers): loaded on first use, not with this module
     from transformers import BitsAndBytesConfig
 
-    kwargs: dict[str, Any] = {"load_in_8bit": True} if cfg.load_in_8bit else {
-        "load_in_4bit": True,
-        "bnb_4bit_quant_type": "nf4",
-        "bnb_4bit_compute_dtype": compute_dtype,
-    }
+    kwargs: dict[str, Any] = (
+        {"load_in_8bit": True}
+        if cfg.load_in_8bit
+        else {
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_compute_dtype": compute_dtype,
+        }
+    )
     kwargs.update(cfg.bnb_config_kwargs or {})
     return BitsAndBytesConfig(**kwargs)

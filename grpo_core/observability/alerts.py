@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from grpo_core.contract.errors import ConfigError
 
@@ -59,7 +60,9 @@ def _find(metrics: dict[str, float], suffix: str) -> float | None:
 class HealthMonitor:
     """Feed it each step's metrics; it returns the alerts that fire now."""
 
-    def __init__(self, settings: AlertSettings, output_dir: Path | None = None, echo: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, settings: AlertSettings, output_dir: Path | None = None, echo: Callable[[str], None] | None = None
+    ) -> None:
         unknown = sorted(set(settings.silence) - set(ALERT_NAMES))
         if unknown:
             raise ConfigError(f"alerts.silence names unknown alert(s) {unknown}; known: {', '.join(ALERT_NAMES)}.")
@@ -79,40 +82,79 @@ class HealthMonitor:
     def _checks(self, step: int, m: dict[str, float]) -> list[tuple[str, str]]:
         s, out = self.s, []
         full = self.steps_seen >= s.window
-        if self.steps_seen >= s.reward_zero_steps and len(self.reward) and abs(_mean(list(self.reward)[-s.reward_zero_steps:])) <= s.reward_zero_eps:
-            out.append(("reward_zero", f"mean reward is still ~0 ({_mean(self.reward):.3g}) after {self.steps_seen} steps: "
-                        "run `grpo rewards test CONFIG` to check the reward functions on real completions."))
+        if (
+            self.steps_seen >= s.reward_zero_steps
+            and len(self.reward)
+            and abs(_mean(list(self.reward)[-s.reward_zero_steps :])) <= s.reward_zero_eps
+        ):
+            out.append(
+                (
+                    "reward_zero",
+                    f"mean reward is still ~0 ({_mean(self.reward):.3g}) after {self.steps_seen} steps: "
+                    "run `grpo rewards test CONFIG` to check the reward functions on real completions.",
+                )
+            )
         if full and self.reward_std:
             zero = sum(1 for v in self.reward_std if abs(v) < 1e-8) / len(self.reward_std)
             if zero >= s.no_signal_fraction:
-                out.append(("no_signal", f"reward_std is 0 on {zero:.0%} of the last {len(self.reward_std)} steps: every "
-                            "completion of a prompt scores the same, so there is no learning signal. Make the task "
-                            "easier or the rewards finer-grained, raise trl.num_generations or the temperature."))
+                out.append(
+                    (
+                        "no_signal",
+                        f"reward_std is 0 on {zero:.0%} of the last {len(self.reward_std)} steps: every "
+                        "completion of a prompt scores the same, so there is no learning signal. Make the task "
+                        "easier or the rewards finer-grained, raise trl.num_generations or the temperature.",
+                    )
+                )
         if full and self.entropy:
             ent = _mean(self.entropy)
             if ent < s.entropy_min:
-                out.append(("entropy_collapse", f"mean entropy {ent:.3g} < {s.entropy_min:g} over the last {len(self.entropy)} "
-                            "steps: the policy collapsed to near-deterministic outputs. Lower the learning rate or raise "
-                            "the temperature."))
+                out.append(
+                    (
+                        "entropy_collapse",
+                        f"mean entropy {ent:.3g} < {s.entropy_min:g} over the last {len(self.entropy)} "
+                        "steps: the policy collapsed to near-deterministic outputs. Lower the learning rate or raise "
+                        "the temperature.",
+                    )
+                )
             elif ent > s.entropy_max:
-                out.append(("entropy_explosion", f"mean entropy {ent:.3g} > {s.entropy_max:g} over the last {len(self.entropy)} "
-                            "steps: the policy is drifting towards random text. Lower the learning rate or add a KL "
-                            "penalty (trl.beta)."))
+                out.append(
+                    (
+                        "entropy_explosion",
+                        f"mean entropy {ent:.3g} > {s.entropy_max:g} over the last {len(self.entropy)} "
+                        "steps: the policy is drifting towards random text. Lower the learning rate or add a KL "
+                        "penalty (trl.beta).",
+                    )
+                )
         if full and self.grad_norm:
             g = _mean(self.grad_norm)
             if g > s.grad_norm_max:
-                out.append(("grad_norm_high", f"mean grad_norm {g:.3g} > {s.grad_norm_max:g} over the last "
-                            f"{len(self.grad_norm)} steps: updates are unstable. Lower the learning rate or max_grad_norm."))
+                out.append(
+                    (
+                        "grad_norm_high",
+                        f"mean grad_norm {g:.3g} > {s.grad_norm_max:g} over the last "
+                        f"{len(self.grad_norm)} steps: updates are unstable. Lower the learning rate or max_grad_norm.",
+                    )
+                )
         g_now, skipped = m.get("grad_norm"), m.get("skipped_zero_adv_batches", 0.0)
         if g_now is not None and g_now <= s.grad_norm_min and skipped == self._skipped and m.get("loss") is not None:
-            out.append(("grad_norm_zero", f"grad_norm {g_now:.3g} at step {step} on a step that trained: no gradient "
-                        "reaches the trainable weights (frozen adapter, or advantages all 0)."))
+            out.append(
+                (
+                    "grad_norm_zero",
+                    f"grad_norm {g_now:.3g} at step {step} on a step that trained: no gradient "
+                    "reaches the trainable weights (frozen adapter, or advantages all 0).",
+                )
+            )
         if full and self.logp_gap:
             gap = _mean(self.logp_gap)
             if gap > s.logp_gap_max:
-                out.append(("is_ratio", f"the sampler's and trainer's log-probs differ by {gap:.3g} per token on average "
-                            f"(IS ratio ~{2.718281828 ** gap:.2g}x) over the last {len(self.logp_gap)} steps: weight "
-                            "sync is stale or broken, or the engine samples at another precision."))
+                out.append(
+                    (
+                        "is_ratio",
+                        f"the sampler's and trainer's log-probs differ by {gap:.3g} per token on average "
+                        f"(IS ratio ~{2.718281828**gap:.2g}x) over the last {len(self.logp_gap)} steps: weight "
+                        "sync is stale or broken, or the engine samples at another precision.",
+                    )
+                )
         return out
 
     def update(self, step: int, metrics: dict[str, float]) -> list[Alert]:
@@ -121,7 +163,12 @@ class HealthMonitor:
         if not self.s.enabled:
             return []
         self.steps_seen += 1
-        for key, queue in (("reward", self.reward), ("reward_std", self.reward_std), ("entropy", self.entropy), ("grad_norm", self.grad_norm)):
+        for key, queue in (
+            ("reward", self.reward),
+            ("reward_std", self.reward_std),
+            ("entropy", self.entropy),
+            ("grad_norm", self.grad_norm),
+        ):
             if metrics.get(key) is not None:
                 queue.append(float(metrics[key]))
         gap = _find(metrics, LOGP_GAP_KEY)

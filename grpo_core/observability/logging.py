@@ -30,7 +30,9 @@ class MetricsLogger:
         self.path = output_dir / "metrics.jsonl"
         self.logging_steps = logging_steps
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
-        self.bar = tqdm(total=max_steps, initial=initial_step, desc="grpo", unit="step", dynamic_ncols=True, file=sys.stderr)
+        self.bar = tqdm(
+            total=max_steps, initial=initial_step, desc="grpo", unit="step", dynamic_ncols=True, file=sys.stderr
+        )
 
     def log(self, step: int, metrics: dict[str, float], force: bool = False) -> None:
         """Write ``metrics`` on logging steps, the last step, and when
@@ -62,7 +64,9 @@ class MetricsLogger:
             pass
 
 
-def print_completions(groups: list[ScoredGroup], tokenizer: Any, reward_names: list[str], limit: int, step: int) -> None:
+def print_completions(
+    groups: list[ScoredGroup], tokenizer: Any, reward_names: list[str], limit: int, step: int
+) -> None:
     """``num_completions_to_print``: a readable table of prompt / completion / rewards."""
     # rich's tables load only when completions are printed (trl.log_completions)
     from rich.console import Console

@@ -11,27 +11,41 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from grpo_core.contract.errors import ConfigError, DataError
 
 # panel file name -> (title, which metric keys it draws)
 PANELS: dict[str, tuple[str, Callable[[str], bool]]] = {
-    "reward": ("reward (total and per function)", lambda k: k == "reward" or (k.startswith("rewards/") and k.endswith("/mean"))),
+    "reward": (
+        "reward (total and per function)",
+        lambda k: k == "reward" or (k.startswith("rewards/") and k.endswith("/mean")),
+    ),
     "reward_std": ("reward_std and groups without signal", lambda k: k in ("reward_std", "frac_reward_zero_std")),
     "entropy": ("entropy", lambda k: k == "entropy"),
     "kl": ("KL to the reference", lambda k: k == "kl"),
     "grad_norm": ("grad norm", lambda k: k == "grad_norm"),
-    "completion_length": ("completion length (tokens)", lambda k: k in ("completions/mean_length", "completions/max_length")),
+    "completion_length": (
+        "completion length (tokens)",
+        lambda k: k in ("completions/mean_length", "completions/max_length"),
+    ),
     "staleness": ("staleness (policy versions)", lambda k: k == "staleness"),
     "is_ratio": ("sampler vs trainer (importance sampling)", lambda k: k.startswith("is/")),
     "eval": ("evaluation", lambda k: k.startswith("eval/") and k not in ("eval/num_samples", "eval/policy_version")),
 }
 # summary rows: key, whether higher is better (None: no "best")
 SUMMARY_KEYS: tuple[tuple[str, bool | None], ...] = (
-    ("reward", True), ("reward_std", None), ("eval/reward", True), ("entropy", None), ("kl", None),
-    ("grad_norm", None), ("completions/mean_length", None), ("loss", None), ("step_time", False),
+    ("reward", True),
+    ("reward_std", None),
+    ("eval/reward", True),
+    ("entropy", None),
+    ("kl", None),
+    ("grad_norm", None),
+    ("completions/mean_length", None),
+    ("loss", None),
+    ("step_time", False),
 )
 
 
@@ -51,8 +65,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def series(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
-    return [(int(r["step"]), float(r[key])) for r in records
-            if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) and math.isfinite(r[key])]
+    return [
+        (int(r["step"]), float(r[key]))
+        for r in records
+        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) and math.isfinite(r[key])
+    ]
 
 
 def plot(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:

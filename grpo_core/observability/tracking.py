@@ -85,7 +85,9 @@ class TrackerSet:
 
     @classmethod
     def build(cls, cfg: GRPOConfig, host: PluginHost, context: RunContext) -> TrackerSet:
-        available = [name for name, infos in host.published(TRACKER_GROUP).items() if any(i.error is None for i in infos)]
+        available = [
+            name for name, infos in host.published(TRACKER_GROUP).items() if any(i.error is None for i in infos)
+        ]
         names = requested_trackers(cfg, available)
         built: dict[str, Tracker] = {}
         try:
@@ -107,8 +109,11 @@ class TrackerSet:
             try:
                 call(tracker)
             except Exception as exc:
-                print(f"warning: tracker '{name}' failed to {action} ({type(exc).__name__}: {exc}); "
-                      "it is switched off for the rest of the run (metrics.jsonl has every number).", file=sys.stderr)
+                print(
+                    f"warning: tracker '{name}' failed to {action} ({type(exc).__name__}: {exc}); "
+                    "it is switched off for the rest of the run (metrics.jsonl has every number).",
+                    file=sys.stderr,
+                )
                 self.trackers.pop(name, None)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
@@ -137,8 +142,12 @@ def completion_rows(groups: list[ScoredGroup], reward_names: list[str], step: in
         prompt = scored.group.prompt.prompt
         prompt_text = prompt[-1]["content"] if isinstance(prompt, list) and prompt else str(prompt)
         for completion, rewards, advantage in zip(scored.group.completions, scored.rewards, scored.advantages):
-            row: dict[str, Any] = {"step": step, "prompt": prompt_text, "prompt_index": scored.group.prompt.index,
-                                   "completion": completion.text}  # fmt: skip
+            row: dict[str, Any] = {
+                "step": step,
+                "prompt": prompt_text,
+                "prompt_index": scored.group.prompt.index,
+                "completion": completion.text,
+            }
             for name, value in zip(reward_names, rewards):
                 row[f"reward/{name}"] = None if value is None or not math.isfinite(value) else float(value)
             row["advantage"] = float(advantage)

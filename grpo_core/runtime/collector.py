@@ -51,7 +51,9 @@ class StartupCollector:
         if self._was_enabled:
             gc.enable()
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         gc.unfreeze()
         if self._was_enabled:
             gc.enable()

@@ -83,7 +83,9 @@ class RetainedHeap:
             libc.mallopt(M_TRIM_THRESHOLD, TRIM_NEVER)
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         if self.mmap_threshold is None:
             return
         self._libc.mallopt(M_TRIM_THRESHOLD, TRIM_DEFAULT)

@@ -15,7 +15,8 @@ import ctypes
 import queue
 import signal
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _SPAWN_QUEUE: queue.SimpleQueue[tuple[Callable[[], object], list[tuple[bool, object]], threading.Event]] | None = None
 _SPAWN_LOCK = threading.Lock()
@@ -38,7 +39,9 @@ def in_lifelong_thread(job: Callable[[], object]) -> object:
     with _SPAWN_LOCK:
         if _SPAWN_QUEUE is None:
             _SPAWN_QUEUE = queue.SimpleQueue()
-            threading.Thread(target=_spawner_loop, args=(_SPAWN_QUEUE,), name="grpo-server-spawner", daemon=True).start()
+            threading.Thread(
+                target=_spawner_loop, args=(_SPAWN_QUEUE,), name="grpo-server-spawner", daemon=True
+            ).start()
         jobs = _SPAWN_QUEUE
     box: list[tuple[bool, object]] = []
     done = threading.Event()

@@ -15,8 +15,9 @@ import inspect
 import math
 import numbers
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from grpo_core.contract.types import RolloutGroup
 
@@ -63,7 +64,11 @@ def build_batch(groups: list[RolloutGroup], step: int, live_environments: bool =
         for completion in group.completions:
             prompts.append(group.prompt.prompt)
             if conversational:
-                completions.append(list(completion.messages) if completion.messages else [{"role": "assistant", "content": completion.text}])
+                completions.append(
+                    list(completion.messages)
+                    if completion.messages
+                    else [{"role": "assistant", "content": completion.text}]
+                )
             else:
                 completions.append(completion.text)
             ids.append(list(completion.token_ids))
@@ -123,7 +128,10 @@ def validate(name: str, raw: Any, batch: Batch) -> Outcome:
         return Outcome(None, describe_failure(name, f"returned {type(raw).__name__}, expected a list of floats", batch))
     if len(raw) != len(batch):
         return Outcome(
-            None, describe_failure(name, f"returned {len(raw)} values for {len(batch)} completions (one per completion expected)", batch)
+            None,
+            describe_failure(
+                name, f"returned {len(raw)} values for {len(batch)} completions (one per completion expected)", batch
+            ),
         )
     values: list[float | None] = []
     error = None
@@ -134,12 +142,16 @@ def validate(name: str, raw: Any, batch: Batch) -> Outcome:
             continue
         if not isinstance(item, numbers.Real):
             values.append(None)
-            error = error or describe_failure(name, f"returned a non-number ({type(item).__name__} {str(item)[:40]!r}) as value {i}", batch, i)
+            error = error or describe_failure(
+                name, f"returned a non-number ({type(item).__name__} {str(item)[:40]!r}) as value {i}", batch, i
+            )
             continue
         number = float(item)
         if not math.isfinite(number):
             values.append(None)
-            error = error or describe_failure(name, f"returned {number} as value {i} (rewards must be finite; use None to abstain)", batch, i)
+            error = error or describe_failure(
+                name, f"returned {number} as value {i} (rewards must be finite; use None to abstain)", batch, i
+            )
             continue
         values.append(number)
     return Outcome(values, error)
@@ -150,12 +162,17 @@ def _failure(name: str, exc: BaseException, batch: Batch) -> Outcome:
 
 
 def is_async(func: Callable[..., Any]) -> bool:
-    call = getattr(func, "__call__", None)
+    call = getattr(func, "__call__", None)  # noqa: B004 (the bound __call__ of a callable object, not a callability test)
     return inspect.iscoroutinefunction(func) or (call is not None and inspect.iscoroutinefunction(call))
 
 
 def _call_kwargs(batch: Batch) -> dict[str, Any]:
-    return {"prompts": batch.prompts, "completions": batch.completions, "completion_ids": batch.completion_ids, **batch.columns}
+    return {
+        "prompts": batch.prompts,
+        "completions": batch.completions,
+        "completion_ids": batch.completion_ids,
+        **batch.columns,
+    }
 
 
 def _run_coroutines(factories: list[Callable[[], Any]]) -> list[Any]:
@@ -228,7 +245,9 @@ def run_functions(
 
         results = _run_coroutines([factory(i) for i in pending_async])
         for i, raw in zip(pending_async, results):
-            finish(i, _failure(names[i], raw, batch) if isinstance(raw, BaseException) else validate(names[i], raw, batch))
+            finish(
+                i, _failure(names[i], raw, batch) if isinstance(raw, BaseException) else validate(names[i], raw, batch)
+            )
     return [o if o is not None else Outcome(None, "internal: no outcome") for o in outcomes]
 
 

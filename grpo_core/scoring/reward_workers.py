@@ -81,7 +81,9 @@ class _Worker:
     def wait_ready(self) -> None:
         if not self.conn.poll(START_TIMEOUT_S):
             self.kill()
-            raise RewardError(f"a reward worker did not start within {START_TIMEOUT_S:.0f}s (resolving trl.reward_funcs).")
+            raise RewardError(
+                f"a reward worker did not start within {START_TIMEOUT_S:.0f}s (resolving trl.reward_funcs)."
+            )
         try:
             message = self.conn.recv()
         except EOFError:
@@ -135,7 +137,15 @@ class _Job:
 class WorkerPool:
     """``size`` reward workers, started lazily and replaced when lost."""
 
-    def __init__(self, cfg: GRPOConfig, specs: list[str], names: list[str], allow: set[str] | None, size: int, timeout: float | None) -> None:
+    def __init__(
+        self,
+        cfg: GRPOConfig,
+        specs: list[str],
+        names: list[str],
+        allow: set[str] | None,
+        size: int,
+        timeout: float | None,
+    ) -> None:
         self.size = size
         self.names = names
         self.timeout = timeout

@@ -86,8 +86,10 @@ class RewardScorer:
         if uses_workers(cfg):
             self._pool = WorkerPool(cfg, specs, self.names, host.allow, max(1, self._num_workers), self.timeout)
             if cfg.trl.async_prefetch and self._num_workers <= 1 and self.timeout is None:
-                context.log("reward functions run in a worker process: async_prefetch scores in a background thread, "
-                            "where signal.alarm (e.g. math_verify) cannot work")
+                context.log(
+                    "reward functions run in a worker process: async_prefetch scores in a background thread, "
+                    "where signal.alarm (e.g. math_verify) cannot work"
+                )
 
     # ------------------------------------------------------------------ checks
 
@@ -102,7 +104,8 @@ class RewardScorer:
         if problems:
             have = ", ".join(sorted(available)) or "none besides 'prompt'"
             raise DataError(
-                "; ".join(problems) + f". The dataset has: {have}. Keep those columns in the dataset transform's output "
+                "; ".join(problems)
+                + f". The dataset has: {have}. Keep those columns in the dataset transform's output "
                 "(do not list them in remove_columns), or give the parameters a default."
             )
 
@@ -114,7 +117,10 @@ class RewardScorer:
         if self._pool is not None:
             shards = _shard(groups, self._pool.size)
             per_shard = self._pool.run([build_batch(shard, step, live_environments=False) for shard in shards], step)
-            matrices = [self._apply_policy(outcomes, batch_len=sum(len(g.completions) for g in shard)) for shard, outcomes in zip(shards, per_shard)]
+            matrices = [
+                self._apply_policy(outcomes, batch_len=sum(len(g.completions) for g in shard))
+                for shard, outcomes in zip(shards, per_shard)
+            ]
             rows = [row for matrix in matrices for row in matrix]
         else:
             batch = build_batch(groups, step)
@@ -131,7 +137,9 @@ class RewardScorer:
             if outcome.error is not None:
                 if self.policy == "raise":
                     raise RewardError(outcome.error)
-                warnings.warn(outcome.error.replace(FIX_HINT, "Scored None (trl.reward_error_policy = 'none')."), stacklevel=3)
+                warnings.warn(
+                    outcome.error.replace(FIX_HINT, "Scored None (trl.reward_error_policy = 'none')."), stacklevel=3
+                )
             values = outcome.values if outcome.values is not None else [None] * batch_len
             columns.append(values)
         return [list(row) for row in zip(*columns)] if columns else [[] for _ in range(batch_len)]

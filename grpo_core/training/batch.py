@@ -33,9 +33,21 @@ from grpo_core.contract.errors import GrpoError
 from grpo_core.contract.types import ScoredGroup
 
 __all__ = [
-    "MicroBatch", "Sample", "collate", "completion_tokens", "flatten", "generation_batch_size", "global_step_batch",
-    "least_padding_cuts", "micro_batch_count", "micro_batches", "step_slices", "steps_per_batch", "steps_per_generation", "with_signal_first",
-]  # fmt: skip
+    "MicroBatch",
+    "Sample",
+    "collate",
+    "completion_tokens",
+    "flatten",
+    "generation_batch_size",
+    "global_step_batch",
+    "least_padding_cuts",
+    "micro_batch_count",
+    "micro_batches",
+    "step_slices",
+    "steps_per_batch",
+    "steps_per_generation",
+    "with_signal_first",
+]
 
 
 @dataclass
@@ -112,8 +124,10 @@ def _checked_mask(mask: list[int] | None, length: int) -> list[int] | None:
     values = [int(m) for m in mask]
     if len(values) != length or any(m not in (0, 1) for m in values):
         bad = f"{len(values)} entries for {length} tokens" if len(values) != length else "values other than 0 and 1"
-        raise GrpoError(f"a completion's loss_mask has {bad}: the rollout (or episode driver) that made it must give "
-                        "one 0/1 entry per token of token_ids (1 = sampled by the policy).")  # fmt: skip
+        raise GrpoError(
+            f"a completion's loss_mask has {bad}: the rollout (or episode driver) that made it must give "
+            "one 0/1 entry per token of token_ids (1 = sampled by the policy)."
+        )
     return values
 
 
@@ -243,7 +257,9 @@ def least_padding_cuts(lengths: list[int], micro_batch_size: int) -> list[int]:
         total = best[:, None] + area
         best, choice = total.min(dim=0)
         choices.append(choice)
-    if not float(best[rows]) <= (1.0 - LEAST_PADDING_MIN_SAVING) * sum(equal_areas):  # inf: cannot happen, the equal split is feasible
+    if not float(best[rows]) <= (1.0 - LEAST_PADDING_MIN_SAVING) * sum(
+        equal_areas
+    ):  # inf: cannot happen, the equal split is feasible
         return equal
     cuts = [rows]
     for choice in reversed(choices):

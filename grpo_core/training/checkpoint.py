@@ -176,8 +176,7 @@ def _write_failure(final: Path, exc: Exception) -> str:
     previous = [p for p in list_checkpoints(output_dir) if p != final]
     if previous:
         kept = (
-            f"The previous checkpoint {previous[-1]} is intact: resume with "
-            f'resume_from_checkpoint = "{previous[-1]}".'
+            f'The previous checkpoint {previous[-1]} is intact: resume with resume_from_checkpoint = "{previous[-1]}".'
         )
     else:
         kept = "No earlier checkpoint exists in output_dir."
@@ -268,11 +267,15 @@ def read_checkpoint(path: Path) -> LoadedCheckpoint:
     except (OSError, ValueError) as exc:
         raise GrpoError(f"could not read {path / STATE_FILE}: {exc}. Resume from another checkpoint.") from None
     if not isinstance(trainer_state, dict) or not isinstance(trainer_state.get("step"), int):
-        raise GrpoError(f"{path / STATE_FILE} is not a grpo trainer state (no integer 'step'). Resume from another checkpoint.")
+        raise GrpoError(
+            f"{path / STATE_FILE} is not a grpo trainer state (no integer 'step'). Resume from another checkpoint."
+        )
     files = {name: path / f"{name}.pt" for name in ("optimizer", "scheduler", "rng_state", "extra_state")}
     missing = [str(f) for f in files.values() if not f.is_file()]
     if missing:
-        raise GrpoError(f"checkpoint {path} is incomplete: {', '.join(missing)} missing. Resume from another checkpoint.")
+        raise GrpoError(
+            f"checkpoint {path} is incomplete: {', '.join(missing)} missing. Resume from another checkpoint."
+        )
     return LoadedCheckpoint(
         path=path,
         trainer_state=trainer_state,
@@ -292,7 +295,9 @@ def restore_checkpoint(loaded: LoadedCheckpoint, optimizer: torch.optim.Optimize
     set_rng_state(loaded.rng)
 
 
-def load_checkpoint(path: Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def load_checkpoint(
+    path: Path, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Restore optimizer, scheduler and RNG; return (trainer_state, extra_state).
 
     Model weights are loaded by the caller (adapter vs full model differ)."""
@@ -323,4 +328,6 @@ def load_model_weights(model: Any, path: Path) -> None:
     missing, unexpected = model.load_state_dict(state, strict=False)
     real_missing = [k for k in missing if "lm_head" not in k]  # tied embeddings are not saved twice
     if real_missing or unexpected:
-        raise GrpoError(f"checkpoint {path} does not match the model: missing {real_missing[:3]}, unexpected {unexpected[:3]}")
+        raise GrpoError(
+            f"checkpoint {path} does not match the model: missing {real_missing[:3]}, unexpected {unexpected[:3]}"
+        )

@@ -16,8 +16,9 @@ import inspect
 import random
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from grpo_core.contract.errors import DataError
 from grpo_core.contract.types import Prompt
@@ -87,7 +88,9 @@ def load_raw(spec: DatasetSpec, index: int = 0) -> Any:
                 # datasets cannot build a split with no rows (a CSV with only a header, a JSON "[]")
                 # and says 'Instruction "train" corresponds to no data!', which reads like a bad `split`.
                 if "corresponds to no data" in str(exc):
-                    raise DataError(f"{label}: the dataset is empty (the file {path} has no rows). Fix `path`.") from exc
+                    raise DataError(
+                        f"{label}: the dataset is empty (the file {path} has no rows). Fix `path`."
+                    ) from exc
                 raise
         if path.is_dir():
             if _is_saved_dataset(path):
@@ -141,10 +144,14 @@ def _load_transform(cfg: GRPOConfig, spec: DatasetSpec, label: str) -> tuple[Cal
     map_kwargs: dict[str, Any] = {}
     if isinstance(made, tuple):
         if len(made) != 2 or not isinstance(made[1], dict):
-            raise DataError(f"{label}: transform '{spec.type}' must return map_fn or (map_fn, {{'remove_columns': [...]}}).")
+            raise DataError(
+                f"{label}: transform '{spec.type}' must return map_fn or (map_fn, {{'remove_columns': [...]}})."
+            )
         made, map_kwargs = made[0], dict(made[1])
     if not callable(made):
-        raise DataError(f"{label}: transform '{spec.type}' returned {type(made).__name__}, expected a function map_fn(example).")
+        raise DataError(
+            f"{label}: transform '{spec.type}' returned {type(made).__name__}, expected a function map_fn(example)."
+        )
     return made, map_kwargs
 
 
@@ -165,7 +172,9 @@ def apply_transform(cfg: GRPOConfig, dataset: Any, spec: DatasetSpec, tokenizer:
     if remove:
         missing = sorted(set([remove] if isinstance(remove, str) else remove) - set(dataset.column_names))
         if missing:
-            raise DataError(f"{label}: transform '{spec.type}' removes column(s) {missing} the dataset does not have ({dataset.column_names}).")
+            raise DataError(
+                f"{label}: transform '{spec.type}' removes column(s) {missing} the dataset does not have ({dataset.column_names})."
+            )
     if cfg.dataset_num_proc and "num_proc" not in map_kwargs:
         map_kwargs["num_proc"] = cfg.dataset_num_proc
     try:
@@ -185,7 +194,9 @@ def _check_messages(value: list[Any], label: str, row: int) -> None:
             )
 
 
-def tokenize_prompt(prompt: str | list[dict[str, Any]], tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
+def tokenize_prompt(
+    prompt: str | list[dict[str, Any]], tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None
+) -> list[int]:
     """Prompt ids exactly as the model sees them: chat template with a
     generation prompt for messages (continuing a final assistant message),
     the text as is otherwise (no extra special tokens either way)."""
@@ -210,7 +221,9 @@ def _to_prompts(dataset: Any, tokenizer: Any, cfg: GRPOConfig, label: str) -> li
             "'prompt', or set `type` to a transform that returns {'prompt': ...}."
         )
     if tokenizer.chat_template is None and dataset.num_rows and isinstance(dataset[0]["prompt"], list):
-        raise DataError(f"{label}: prompts are chat messages but the tokenizer has no chat template; set `chat_template`.")
+        raise DataError(
+            f"{label}: prompts are chat messages but the tokenizer has no chat template; set `chat_template`."
+        )
     kwargs = cfg.trl.chat_template_kwargs or {}
     out = []
     for row, example in enumerate(dataset):
@@ -218,7 +231,9 @@ def _to_prompts(dataset: Any, tokenizer: Any, cfg: GRPOConfig, label: str) -> li
         if isinstance(prompt, list):
             _check_messages(prompt, label, row)
         elif not isinstance(prompt, str):
-            raise DataError(f"{label}: row {row}: 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}.")
+            raise DataError(
+                f"{label}: row {row}: 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}."
+            )
         out.append(Prompt(prompt=prompt, prompt_ids=tokenize_prompt(prompt, tokenizer, kwargs), columns=example))
     return out
 
@@ -234,7 +249,9 @@ def load_prompts(cfg: GRPOConfig, tokenizer: Any) -> list[Prompt]:
         label = _label(index, spec)
         dataset = load_raw(spec, index)
         if dataset.num_rows == 0:
-            raise DataError(f"{label}: the dataset is empty (split '{spec.split}'). Check `path`, `split` and `data_files`.")
+            raise DataError(
+                f"{label}: the dataset is empty (split '{spec.split}'). Check `path`, `split` and `data_files`."
+            )
         if spec.type:
             dataset = apply_transform(cfg, dataset, spec, tokenizer, index)
         prompts.extend(_to_prompts(dataset, tokenizer, cfg, label))

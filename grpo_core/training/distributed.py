@@ -31,8 +31,9 @@ the N processes; ``trl.generation_batch_size`` is global (default
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

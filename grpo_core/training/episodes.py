@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from grpo_core.contract.errors import EnvironmentLost, GrpoError
 from grpo_core.contract.types import (
@@ -58,23 +59,35 @@ GenerateTurn = Callable[[list[Prompt], int, SamplingSettings], list[RolloutGroup
 
 
 def sample_groups(
-    hook: Any, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, policy_version: int,
-    driver: RolloutDriver | None, what: str = "rollout",
+    hook: Any,
+    prompts: list[Prompt],
+    num_generations: int,
+    sampling: SamplingSettings,
+    policy_version: int,
+    driver: RolloutDriver | None,
+    what: str = "rollout",
 ) -> list[RolloutGroup]:
     """One group per prompt: a single rollout call, or, when the run has a
     ``driver`` (episodes, ``rollout_func``), whatever rollout calls it makes,
     each stamped ``policy_version``. ``what`` names the caller in errors."""
     if driver is not None:
+
         def turn(requests: list[Prompt], n: int, turn_sampling: SamplingSettings) -> list[RolloutGroup]:
-            return hook.grpo_rollout_generate(prompts=requests, num_generations=n, sampling=turn_sampling, policy_version=policy_version)
+            return hook.grpo_rollout_generate(
+                prompts=requests, num_generations=n, sampling=turn_sampling, policy_version=policy_version
+            )
 
         groups = driver.run(prompts, num_generations, sampling, turn)
         for group in groups or []:
             group.policy_version = policy_version
     else:
-        groups = hook.grpo_rollout_generate(prompts=prompts, num_generations=num_generations, sampling=sampling, policy_version=policy_version)
+        groups = hook.grpo_rollout_generate(
+            prompts=prompts, num_generations=num_generations, sampling=sampling, policy_version=policy_version
+        )
     if groups is None or len(groups) != len(prompts):
-        raise RuntimeError(f"{what}: the rollout returned {0 if groups is None else len(groups)} groups for {len(prompts)} prompts")
+        raise RuntimeError(
+            f"{what}: the rollout returned {0 if groups is None else len(groups)} groups for {len(prompts)} prompts"
+        )
     return groups
 
 
@@ -83,8 +96,10 @@ class RolloutDriver(Protocol):
     than one rollout call: the episode driver below, or ``trl.rollout_func``
     over an engine (:mod:`grpo_core.training.rollout_function`)."""
 
-    def run(self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, generate: GenerateTurn) -> list[RolloutGroup]:
-        ...
+    def run(
+        self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, generate: GenerateTurn
+    ) -> list[RolloutGroup]: ...
+
 
 ENDINGS = ("environment", "max_turns", "length", "error", "timeout")
 MAX_LOGGED_FAILURES = 5  # per batch; the metrics count them all
@@ -142,6 +157,7 @@ def call_each(calls: list[Callable[[], Any]], timeout: float, limit: int) -> lis
         wave = list(range(start, min(len(calls), start + max(1, limit))))
         threads = []
         for i in wave:
+
             def work(i: int = i) -> None:
                 try:
                     results[i] = ("ok", calls[i]())
@@ -202,7 +218,10 @@ class EpisodeDriver:
             self._environment_turn([e for e in active if not e.done], turn)
             turn += 1
         self._final_rewards(live)
-        return [self._group(prompt, live[i * num_generations : (i + 1) * num_generations]) for i, prompt in enumerate(prompts)]
+        return [
+            self._group(prompt, live[i * num_generations : (i + 1) * num_generations])
+            for i, prompt in enumerate(prompts)
+        ]
 
     def _start_all(self, prompts: list[Prompt], num_generations: int, budget: int) -> list[_Live]:
         """Each episode made and reset; ``budget``: its tokens at most
@@ -215,7 +234,11 @@ class EpisodeDriver:
                 raise GrpoError(f"environment '{self.name}' returned no episode for prompt {prompt.index}")
             return episode, episode.reset()
 
-        outcomes = call_each([lambda p=p, s=s: begin(p, s) for p, s in starts], self.settings.step_timeout, self.settings.max_concurrent_steps)
+        outcomes = call_each(
+            [lambda p=p, s=s: begin(p, s) for p, s in starts],
+            self.settings.step_timeout,
+            self.settings.max_concurrent_steps,
+        )
         lost = next((value for kind, value in outcomes if kind == "error" and isinstance(value, EnvironmentLost)), None)
         if lost is not None:  # e.g. a server that keeps dying: no episode could be played, so the run ends
             raise lost
@@ -280,7 +303,9 @@ class EpisodeDriver:
             requests, count, turn_sampling, groups = call
             answered = generate(requests, count, turn_sampling)
             if answered is None or len(answered) != len(requests):
-                raise GrpoError(f"the rollout answered {0 if answered is None else len(answered)} groups for {len(requests)} episode turns")
+                raise GrpoError(
+                    f"the rollout answered {0 if answered is None else len(answered)} groups for {len(requests)} episode turns"
+                )
             return answered
 
         if self.concurrent_turns and len(calls) > 1:
@@ -301,7 +326,11 @@ class EpisodeDriver:
             e.logprobs += [float(x) for x in completion.logprobs[: len(ids)]]
         else:
             e.logprobs = None
-        text = completion.text if len(ids) == len(completion.token_ids) else self.tokenizer.decode(ids, skip_special_tokens=True)
+        text = (
+            completion.text
+            if len(ids) == len(completion.token_ids)
+            else self.tokenizer.decode(ids, skip_special_tokens=True)
+        )
         e.last_ids, e.last_text = ids, text
         e.messages.append({"role": "assistant", "content": text})
         e.stats.turns += 1
@@ -310,7 +339,11 @@ class EpisodeDriver:
     # ------------------------------------------------------------------ environment steps
 
     def _environment_turn(self, active: list[_Live], turn: int) -> None:
-        outcomes = call_each([lambda e=e: e.episode.step(e.last_text) for e in active], self.settings.step_timeout, self.settings.max_concurrent_steps)
+        outcomes = call_each(
+            [lambda e=e: e.episode.step(e.last_text) for e in active],
+            self.settings.step_timeout,
+            self.settings.max_concurrent_steps,
+        )
         for e, (kind, reply) in zip(active, outcomes):
             if kind == "ok" and not isinstance(reply, EnvironmentReply):
                 kind, reply = "error", TypeError(f"step() returned {type(reply).__name__}, not an EnvironmentReply")
@@ -357,7 +390,11 @@ class EpisodeDriver:
 
     def _final_rewards(self, live: list[_Live]) -> None:
         scored = [e for e in live if e.stats.error is None and callable(getattr(e.episode, "final_reward", None))]
-        outcomes = call_each([lambda e=e: e.episode.final_reward() for e in scored], self.settings.step_timeout, self.settings.max_concurrent_steps)
+        outcomes = call_each(
+            [lambda e=e: e.episode.final_reward() for e in scored],
+            self.settings.step_timeout,
+            self.settings.max_concurrent_steps,
+        )
         for e, (kind, value) in zip(scored, outcomes):
             if kind != "ok":
                 self._fail(e, kind, self._describe(kind, value, "final_reward"), e.stats.turns)
@@ -386,7 +423,9 @@ class EpisodeDriver:
         e.end(kind, problem)
         if e.failures.said < MAX_LOGGED_FAILURES:
             e.failures.said += 1
-            self.log(f"environment '{self.name}': episode {e.sample} of prompt {e.prompt.index} ended at turn {turn}: {problem}")
+            self.log(
+                f"environment '{self.name}': episode {e.sample} of prompt {e.prompt.index} ended at turn {turn}: {problem}"
+            )
 
     # ------------------------------------------------------------------ results
 
@@ -396,7 +435,9 @@ class EpisodeDriver:
         same_start = all(c == contexts[0] for c in contexts)
         group_prompt = prompt
         if shared != len(prompt.prompt_ids) or contexts[0][:shared] != list(prompt.prompt_ids):
-            restated: Any = episodes[0].conversation if same_start and episodes[0].conversation is not None else prompt.prompt
+            restated: Any = (
+                episodes[0].conversation if same_start and episodes[0].conversation is not None else prompt.prompt
+            )
             group_prompt = replace(prompt, prompt=restated, prompt_ids=contexts[0][:shared])
         return RolloutGroup(group_prompt, [self._completion(e, shared) for e in episodes])
 
@@ -453,4 +494,3 @@ def episode_metrics(groups: list[Any]) -> dict[str, float]:
     for reason in ENDINGS:
         metrics[f"episodes/ended_by_{reason}"] = sum(s.ended_by == reason for s in stats) / n
     return metrics
-

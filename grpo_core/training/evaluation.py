@@ -49,8 +49,9 @@ def split_validation(prompts: list[Prompt], size: float, seed: int) -> tuple[lis
         raise ConfigError(f"val_set_size = {size}: a count must be a whole number (or give a fraction below 1).")
     count = max(1, count)
     if count >= len(prompts):
-        raise DataError(f"val_set_size = {size:g} takes {count} of the {len(prompts)} prompts, leaving none to train on: "
-                        "lower it.")
+        raise DataError(
+            f"val_set_size = {size:g} takes {count} of the {len(prompts)} prompts, leaving none to train on: lower it."
+        )
     chosen = set(random.Random(seed).sample(range(len(prompts)), count))
     train = [p for i, p in enumerate(prompts) if i not in chosen]
     val = [p for i, p in enumerate(prompts) if i in chosen]
@@ -79,7 +80,13 @@ def _mean(values: list[float]) -> float:
 
 
 def evaluate(
-    cfg: GRPOConfig, hook: Any, scorer: Any, prompts: list[Prompt], stop_ids: list[int], policy_version: int, step: int,
+    cfg: GRPOConfig,
+    hook: Any,
+    scorer: Any,
+    prompts: list[Prompt],
+    stop_ids: list[int],
+    policy_version: int,
+    step: int,
     episodes: Any = None,
 ) -> EvalResult:
     """Generate one completion per prompt through the rollout hook (one

@@ -44,10 +44,15 @@ def where_generation_runs(cfg: GRPOConfig, host: PluginHost, world: int) -> str:
     if world < 2:
         return "the one process"
     if generation_spreads(cfg, host, world):
-        return ("every process, each its share of each call's prompts (the policy made whole on each for the call); "
-                "rank 0 scores and scatters, and samples evaluations alone")  # fmt: skip
+        return (
+            "every process, each its share of each call's prompts (the policy made whole on each for the call); "
+            "rank 0 scores and scatters, and samples evaluations alone"
+        )
     if _rollout_spreads(cfg, host):
-        why = ("trl.async_prefetch: its producer thread issues no collectives" if cfg.trl.async_prefetch
-               else f"{backend_for(cfg, world).describe(cfg, world)} cannot make the policy whole on every rank for a call")  # fmt: skip
+        why = (
+            "trl.async_prefetch: its producer thread issues no collectives"
+            if cfg.trl.async_prefetch
+            else f"{backend_for(cfg, world).describe(cfg, world)} cannot make the policy whole on every rank for a call"
+        )
         return f"rank 0 alone, with its full copy of the policy ({why})"
     return "rank 0 alone (the rollout samples for every process)"

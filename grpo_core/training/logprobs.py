@@ -89,7 +89,9 @@ class SelectedLogSoftmax(torch.autograd.Function):
     (tests/test_logprobs.py)."""
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        ctx: Any, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         logps_all = F.log_softmax(logits, dim=-1)
         selected = logps_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         entropy = None
@@ -105,7 +107,9 @@ class SelectedLogSoftmax(torch.autograd.Function):
         return selected, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_selected: torch.Tensor, grad_entropy: torch.Tensor | None) -> tuple[torch.Tensor, None, None]:
+    def backward(
+        ctx: Any, grad_selected: torch.Tensor, grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor, None, None]:
         probs, targets = ctx.saved_tensors
         grad = probs * grad_selected.neg().unsqueeze(-1)
         grad.scatter_add_(-1, targets.unsqueeze(-1), grad_selected.unsqueeze(-1))
@@ -136,7 +140,9 @@ def _is_plain_cache(cache: Any) -> bool:
     return type(cache) is DynamicCache and bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
-def _shared_prompt_hidden(body: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, c: int) -> torch.Tensor | None:
+def _shared_prompt_hidden(
+    body: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, c: int
+) -> torch.Tensor | None:
     """Hidden states ``[B, C, H]`` that predict the completion tokens, with
     each distinct (left-padded) prompt run once; ``None`` where nothing is
     shared or sharing would not be exact (the caller then runs every row)."""
@@ -197,7 +203,11 @@ def token_logprobs(
     plain_body, head = decoder_and_head(model)
     body = plain_body if body is None else body
     scale, softcap = logit_transform(unwrap_peft(model))
-    hidden = _shared_prompt_hidden(plain_body, input_ids, attention_mask, c) if share_prompts and body is plain_body else None
+    hidden = (
+        _shared_prompt_hidden(plain_body, input_ids, attention_mask, c)
+        if share_prompts and body is plain_body
+        else None
+    )
     if hidden is None:
         outputs = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         # Position t predicts token t+1: the C completion tokens come from the C

@@ -55,7 +55,9 @@ class RunObserver:
         self._last_batch: int | None = None
 
     @classmethod
-    def build(cls, cfg: GRPOConfig, host: PluginHost, context: RunContext, eval_prompts: list[Prompt], stop_ids: list[int]) -> RunObserver:
+    def build(
+        cls, cfg: GRPOConfig, host: PluginHost, context: RunContext, eval_prompts: list[Prompt], stop_ids: list[int]
+    ) -> RunObserver:
         """Trackers start here, before the model loads: a missing library costs seconds."""
         return cls(cfg, TrackerSet.build(cfg, host, context), eval_prompts, stop_ids)
 
@@ -118,8 +120,16 @@ class RunObserver:
         if not self.cfg.trl.async_prefetch:
             trainer.sync_weights()  # no-op when the engine already holds this version
         version = trainer.last_sync_version if trainer.last_sync_version >= 0 else trainer.policy_version
-        result = evaluate(self.cfg, trainer.parts.hook, trainer.parts.scorer, self.eval_prompts, self.stop_ids, version, trainer.step,
-                          episodes=self.episodes)
+        result = evaluate(
+            self.cfg,
+            trainer.parts.hook,
+            trainer.parts.scorer,
+            self.eval_prompts,
+            self.stop_ids,
+            version,
+            trainer.step,
+            episodes=self.episodes,
+        )
         metrics.update(result.metrics)
         score = result.metrics["eval/reward"]
         if self.best_eval is None or score > self.best_eval[0]:

@@ -16,7 +16,10 @@ def _adam_args(cfg: GRPOConfig) -> dict[str, Any]:
     """adam_beta1 / adam_beta2 / adam_epsilon (Axolotl's and HF's names); unset ones keep torch's defaults."""
     out: dict[str, Any] = {}
     if cfg.adam_beta1 is not None or cfg.adam_beta2 is not None:
-        out["betas"] = (0.9 if cfg.adam_beta1 is None else cfg.adam_beta1, 0.999 if cfg.adam_beta2 is None else cfg.adam_beta2)
+        out["betas"] = (
+            0.9 if cfg.adam_beta1 is None else cfg.adam_beta1,
+            0.999 if cfg.adam_beta2 is None else cfg.adam_beta2,
+        )
     if cfg.adam_epsilon is not None:
         out["eps"] = cfg.adam_epsilon
     return out
@@ -42,7 +45,12 @@ def _adafactor(params: Any, cfg: GRPOConfig, extra: dict[str, Any]) -> torch.opt
     # heavy (transformers): loaded on first use, not with this module
     from transformers.optimization import Adafactor
 
-    kwargs = {"lr": cfg.learning_rate, "weight_decay": cfg.weight_decay, "scale_parameter": False, "relative_step": False}
+    kwargs = {
+        "lr": cfg.learning_rate,
+        "weight_decay": cfg.weight_decay,
+        "scale_parameter": False,
+        "relative_step": False,
+    }
     return Adafactor(params, **{**kwargs, **extra})
 
 
@@ -77,7 +85,9 @@ def scheduler_choice(cfg: GRPOConfig) -> tuple[str, dict[str, Any]]:
     name, kwargs = cfg.lr_scheduler, dict(cfg.lr_scheduler_kwargs or {})
     if cfg.cosine_min_lr_ratio is not None:
         if name not in {"cosine", "cosine_with_min_lr"}:
-            raise ConfigError(f"cosine_min_lr_ratio applies to lr_scheduler = 'cosine', not '{name}': remove one of them.")
+            raise ConfigError(
+                f"cosine_min_lr_ratio applies to lr_scheduler = 'cosine', not '{name}': remove one of them."
+            )
         name = "cosine_with_min_lr"
         kwargs.setdefault("min_lr_rate", cfg.cosine_min_lr_ratio)
     return name, kwargs
@@ -91,11 +101,14 @@ def build_scheduler(cfg: GRPOConfig, optimizer: torch.optim.Optimizer) -> Any:
     name, kwargs = scheduler_choice(cfg)
     try:
         return get_scheduler(
-            name, optimizer, num_warmup_steps=warmup, num_training_steps=cfg.max_steps, scheduler_specific_kwargs=kwargs or None
+            name,
+            optimizer,
+            num_warmup_steps=warmup,
+            num_training_steps=cfg.max_steps,
+            scheduler_specific_kwargs=kwargs or None,
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"lr_scheduler '{name}' with lr_scheduler_kwargs {kwargs}: {exc}") from None
-
 
 
 STEP_ORDER_WARNING = re.escape("Detected call of `lr_scheduler.step()` before `optimizer.step()`")

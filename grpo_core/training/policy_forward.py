@@ -40,8 +40,14 @@ class PolicyLogprobs(torch.nn.Module):
         """``body``: the policy's compiled decoder body (``torch_compile``), if any;
         ``share_prompts``: run each distinct prompt once (:func:`token_logprobs`)."""
         return token_logprobs(
-            self.policy, input_ids, attention_mask, num_completion_tokens, temperature=temperature, with_entropy=with_entropy,
-            body=body, share_prompts=share_prompts,
+            self.policy,
+            input_ids,
+            attention_mask,
+            num_completion_tokens,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            body=body,
+            share_prompts=share_prompts,
         )
 
 

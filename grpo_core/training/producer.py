@@ -16,9 +16,10 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -132,7 +133,9 @@ def batch_metrics(groups: list[ScoredGroup], reward_names: list[str], weights: l
     lengths = [c.model_token_count for s in groups for c in s.group.completions]  # the policy's tokens, as TRL counts
     metrics["completions/mean_length"] = sum(lengths) / max(1, len(lengths))
     metrics["completions/max_length"] = float(max(lengths, default=0))
-    metrics["completions/clipped_ratio"] = sum(c.truncated for s in groups for c in s.group.completions) / max(1, len(lengths))
+    metrics["completions/clipped_ratio"] = sum(c.truncated for s in groups for c in s.group.completions) / max(
+        1, len(lengths)
+    )
     metrics["replayed_groups"] = float(sum(s.replayed for s in groups))
     return metrics
 
@@ -237,7 +240,9 @@ class RolloutProducer:
         finally:
             release(groups)  # episodes are closed once scored; only plain data is kept
 
-    def _stream_concurrently(self, chunks: list[list[Prompt]], version: int, base_seed: int, step: int) -> tuple[list[RolloutGroup], list[Any], float, float]:
+    def _stream_concurrently(
+        self, chunks: list[list[Prompt]], version: int, base_seed: int, step: int
+    ) -> tuple[list[RolloutGroup], list[Any], float, float]:
         """Every chunk in flight at once; each scored as soon as the scorer is
         free after it lands, so scoring overlaps the generation still running.
         Generation time is measured from the request to the last landing, in
@@ -263,7 +268,9 @@ class RolloutProducer:
         rewards = [r for i in sorted(landed) for r in landed[i][1]]
         return groups, rewards, max(landings) - started, score_seconds
 
-    def _one_after_another(self, chunks: list[list[Prompt]], version: int, base_seed: int, step: int) -> tuple[list[RolloutGroup], list[Any], float, float]:
+    def _one_after_another(
+        self, chunks: list[list[Prompt]], version: int, base_seed: int, step: int
+    ) -> tuple[list[RolloutGroup], list[Any], float, float]:
         groups: list[RolloutGroup] = []
         rewards: list[Any] = []
         gen_seconds = score_seconds = 0.0
@@ -307,7 +314,10 @@ class RolloutProducer:
         tensor = torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(self.scorer.names))
         weights = torch.tensor(self.scorer.weights, dtype=torch.float32)
         advantages = self.hook.grpo_aggregate_advantages(
-            rewards=tensor, weights=weights, group_size=self.num_generations, scale_rewards=str(self.cfg.trl.scale_rewards)
+            rewards=tensor,
+            weights=weights,
+            group_size=self.num_generations,
+            scale_rewards=str(self.cfg.trl.scale_rewards),
         )
         flat = advantages.tolist()
         scored, k = [], 0
@@ -383,7 +393,7 @@ class PrefetchingProducer:
                 break
             except queue.Empty:
                 if self._thread is not None and not self._thread.is_alive():
-                    raise RuntimeError("the prefetch thread stopped without producing a batch")
+                    raise RuntimeError("the prefetch thread stopped without producing a batch") from None
         self._slots.release()
         if isinstance(item, BaseException):
             raise item
@@ -454,10 +464,14 @@ class ScatteringProducer:
                 if self.spread is not None:
                     batch.metrics.update(self.spread.take_metrics())
                 per_rank = [
-                    ScoredBatch(groups=part, policy_version=batch.policy_version, metrics=batch.metrics,
-                                stream_state=batch.stream_state)
+                    ScoredBatch(
+                        groups=part,
+                        policy_version=batch.policy_version,
+                        metrics=batch.metrics,
+                        stream_state=batch.stream_state,
+                    )
                     for part in shares(batch.groups, self.dist.world)
-                ]  # fmt: skip
+                ]
             except BaseException as exc:
                 per_rank = [_Failure(type(exc), str(exc), _checkpoints_on(exc))] * self.dist.world
                 self.dist.scatter(per_rank)

@@ -25,8 +25,9 @@ Two ways it runs:
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from grpo_core.contract.errors import ConfigError, GrpoError
 from grpo_core.contract.types import Completion, Prompt, RolloutGroup, SamplingSettings
@@ -82,38 +83,60 @@ class RolloutFuncTrainer:
             )
         unknown = sorted(set(sampling) - set(SamplingSettings.__dataclass_fields__))
         if unknown:
-            raise GrpoError(f"trainer.generate: unknown sampling settings {unknown} (known: max_tokens, temperature, top_p, ...)")
+            raise GrpoError(
+                f"trainer.generate: unknown sampling settings {unknown} (known: max_tokens, temperature, top_p, ...)"
+            )
         prompts = [Prompt("", [int(t) for t in ids], {}, i) for i, ids in enumerate(prompt_ids)]
         groups = self.engine_generate(prompts, int(num_generations), replace(self.sampling, **sampling))
         return [
-            {"prompt_ids": list(p.prompt_ids), "completion_ids": list(c.token_ids), "logprobs": c.logprobs,
-             "text": c.text, "truncated": c.truncated}
-            for p, g in zip(prompts, groups, strict=True) for c in g.completions
-        ]  # fmt: skip
+            {
+                "prompt_ids": list(p.prompt_ids),
+                "completion_ids": list(c.token_ids),
+                "logprobs": c.logprobs,
+                "text": c.text,
+                "truncated": c.truncated,
+            }
+            for p, g in zip(prompts, groups, strict=True)
+            for c in g.completions
+        ]
 
 
 def _env_mask(spec: str, mask: Any, entry: int, length: int) -> list[int]:
     """Entry ``entry`` of ``env_mask`` as 0/1 ints, one per completion token."""
     if isinstance(mask, (str, bytes)) or not hasattr(mask, "__len__"):
-        raise GrpoError(f"trl.rollout_func '{spec}' entry {entry}: env_mask must be a list of 0/1 (one per completion "
-                        f"token), got {type(mask).__name__}")  # fmt: skip
+        raise GrpoError(
+            f"trl.rollout_func '{spec}' entry {entry}: env_mask must be a list of 0/1 (one per completion "
+            f"token), got {type(mask).__name__}"
+        )
     values = list(mask)
     if len(values) != length:
-        raise GrpoError(f"trl.rollout_func '{spec}' entry {entry}: {len(values)} env_mask values for {length} completion "
-                        "tokens; env_mask needs one 0/1 per completion token (1 = sampled by the model)")  # fmt: skip
+        raise GrpoError(
+            f"trl.rollout_func '{spec}' entry {entry}: {len(values)} env_mask values for {length} completion "
+            "tokens; env_mask needs one 0/1 per completion token (1 = sampled by the model)"
+        )
     bad = [v for v in values if isinstance(v, (str, bytes)) or v not in (0, 1)]
     if bad:
-        raise GrpoError(f"trl.rollout_func '{spec}' entry {entry}: env_mask holds {bad[0]!r}; its values must be 1 "
-                        "(model token) or 0 (environment token)")  # fmt: skip
+        raise GrpoError(
+            f"trl.rollout_func '{spec}' entry {entry}: env_mask holds {bad[0]!r}; its values must be 1 "
+            "(model token) or 0 (environment token)"
+        )
     return [int(v) for v in values]
 
 
 def groups_from_output(
-    spec: str, output: Any, prompts: list[Prompt], num_generations: int, tokenizer: Any, max_tokens: int, policy_version: int
+    spec: str,
+    output: Any,
+    prompts: list[Prompt],
+    num_generations: int,
+    tokenizer: Any,
+    max_tokens: int,
+    policy_version: int,
 ) -> list[RolloutGroup]:
     """The function's dict, checked, as one group per prompt."""
     if not isinstance(output, dict):
-        raise GrpoError(f"trl.rollout_func '{spec}' returned {type(output).__name__}, expected a dict with keys {list(REQUIRED)}")
+        raise GrpoError(
+            f"trl.rollout_func '{spec}' returned {type(output).__name__}, expected a dict with keys {list(REQUIRED)}"
+        )
     missing = [k for k in REQUIRED if k not in output]
     if missing:
         raise GrpoError(f"trl.rollout_func '{spec}' returned no {missing}; it must return {list(REQUIRED)}")
@@ -121,8 +144,10 @@ def groups_from_output(
     for key, values in output.items():
         if not isinstance(values, list) or len(values) != expected:
             got = len(values) if isinstance(values, list) else type(values).__name__
-            raise GrpoError(f"trl.rollout_func '{spec}' returned {got} '{key}' entries; expected {expected} "
-                            f"({len(prompts)} prompts x {num_generations})")  # fmt: skip
+            raise GrpoError(
+                f"trl.rollout_func '{spec}' returned {got} '{key}' entries; expected {expected} "
+                f"({len(prompts)} prompts x {num_generations})"
+            )
     extras = {k: v for k, v in output.items() if k not in REQUIRED and k != ENV_MASK}
     env_masks = output.get(ENV_MASK)
     groups = []
@@ -132,7 +157,9 @@ def groups_from_output(
             ids = [int(t) for t in output["completion_ids"][j]]
             logprobs = output["logprobs"][j]
             if logprobs is not None and len(logprobs) != len(ids):
-                raise GrpoError(f"trl.rollout_func '{spec}' entry {j}: {len(logprobs)} logprobs for {len(ids)} completion tokens")
+                raise GrpoError(
+                    f"trl.rollout_func '{spec}' entry {j}: {len(logprobs)} logprobs for {len(ids)} completion tokens"
+                )
             if list(output["prompt_ids"][j]) != list(prompt.prompt_ids):
                 # The trainer scores the tokens the function saw: keep its prompt ids.
                 prompt = Prompt(prompt.prompt, [int(t) for t in output["prompt_ids"][j]], prompt.columns, prompt.index)
@@ -159,7 +186,13 @@ class RolloutFunctionDriver:
         self.func = import_rollout_func(spec)
         self.context = context
 
-    def run(self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, generate: GenerateCall) -> list[RolloutGroup]:
-        trainer = RolloutFuncTrainer(self.context.tokenizer, num_generations, self.context.config, sampling, self.context, generate)
+    def run(
+        self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, generate: GenerateCall
+    ) -> list[RolloutGroup]:
+        trainer = RolloutFuncTrainer(
+            self.context.tokenizer, num_generations, self.context.config, sampling, self.context, generate
+        )
         output = self.func([p.prompt for p in prompts], trainer)
-        return groups_from_output(self.spec, output, prompts, num_generations, self.context.tokenizer, sampling.max_tokens, 0)
+        return groups_from_output(
+            self.spec, output, prompts, num_generations, self.context.tokenizer, sampling.max_tokens, 0
+        )

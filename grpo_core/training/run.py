@@ -12,9 +12,10 @@ import math
 import os
 import random
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -138,7 +139,9 @@ class Implementations:
     def samples_trainer_model(self) -> bool:
         """The rollout (or the user's rollout_func through it) samples the trainer's model."""
         rollout = self.objects.get("rollout")
-        return rollout is not None and SAMPLES_TRAINER_MODEL in declared(rollout, BY_NAME["rollout"], "engine_capabilities")
+        return rollout is not None and SAMPLES_TRAINER_MODEL in declared(
+            rollout, BY_NAME["rollout"], "engine_capabilities"
+        )
 
     def checkpointable(self) -> dict[str, Checkpointable]:
         """Implementations with state to save (``state_dict``/``load_state_dict``)."""
@@ -176,7 +179,9 @@ def build_implementations(
     return Implementations(objects, engine)
 
 
-def _rollout_driver(cfg: GRPOConfig, host: PluginHost, context: RunContext, impls: Implementations) -> RolloutDriver | None:
+def _rollout_driver(
+    cfg: GRPOConfig, host: PluginHost, context: RunContext, impls: Implementations
+) -> RolloutDriver | None:
     """What drives the rollout turn by turn, if anything: ``trl.rollout_func``
     over an engine rollout (one that does not run it itself), or the
     episodes of an ``episodic`` environment; ``None`` for single-turn runs."""
@@ -311,7 +316,9 @@ def _resume_point(cfg: GRPOConfig, context: RunContext) -> tuple[Path | None, ck
     return resume, (ckpt.read_checkpoint(resume) if resume is not None else None)
 
 
-def _prompts(cfg: GRPOConfig, host: PluginHost, context: RunContext, scorer: RewardScorer | None) -> tuple[list[Prompt], list[Prompt]]:
+def _prompts(
+    cfg: GRPOConfig, host: PluginHost, context: RunContext, scorer: RewardScorer | None
+) -> tuple[list[Prompt], list[Prompt]]:
     """Training and evaluation prompts, with the reward columns checked
     against the data; ``num_epochs`` turned into ``max_steps`` now that the
     dataset's size is known."""
@@ -337,15 +344,19 @@ def _keep_trainer_off_engine_cores(context: RunContext, impls: Implementations) 
     engine_cores = engine_cpu_cores(impls.engine)
     trainer_cores = keep_off_engine_cores(engine_cores)
     if trainer_cores:
-        context.log(f"CPU split: the inference engine computes on cores {format_cpu_list(engine_cores)}, "
-                    f"the trainer on {format_cpu_list(trainer_cores)} ([vllm] engine_cpus)")  # fmt: skip
+        context.log(
+            f"CPU split: the inference engine computes on cores {format_cpu_list(engine_cores)}, "
+            f"the trainer on {format_cpu_list(trainer_cores)} ([vllm] engine_cpus)"
+        )
 
 
 def _joined_processes(cfg: GRPOConfig, context: RunContext, loaded: ModelParts) -> Distributed:
     """This process's place among the training processes (logged when there are several)."""
     dist = Distributed.from_accelerator(loaded.accelerator)
     if dist.active:
-        context.log(f"process {dist.rank} of {dist.world} ({loaded.backend.describe(cfg, dist.world)}, {loaded.accelerator.device})")
+        context.log(
+            f"process {dist.rank} of {dist.world} ({loaded.backend.describe(cfg, dist.world)}, {loaded.accelerator.device})"
+        )
     return dist
 
 
@@ -401,15 +412,18 @@ def _alone_sampler(loaded: ModelParts, impls: Implementations) -> Callable[[], A
     return lambda: loaded.model
 
 
-def _spread_generation(spread: bool, host: PluginHost, context: RunContext, loaded: ModelParts, dist: Distributed,
-                       sampled: SampledModel) -> SpreadGeneration | None:  # fmt: skip
+def _spread_generation(
+    spread: bool, host: PluginHost, context: RunContext, loaded: ModelParts, dist: Distributed, sampled: SampledModel
+) -> SpreadGeneration | None:
     """Generation calls spread over every rank, each sampling its share with
     the policy the backend makes whole for the call (when :func:`generation_spreads`)."""
     if not spread:
         return None
     if dist.is_main:
-        context.log(f"generation: every process samples its share of each call's prompts ({dist.world} processes, "
-                    "the policy made whole on each for the call); evaluation samples on rank 0")  # fmt: skip
+        context.log(
+            f"generation: every process samples its share of each call's prompts ({dist.world} processes, "
+            "the policy made whole on each for the call); evaluation samples on rank 0"
+        )
     return SpreadGeneration(host.hook, dist, loaded.backend.generation_model, sampled, context.log)
 
 
@@ -432,8 +446,9 @@ def retains_freed_memory(cfg: GRPOConfig) -> bool:
     return cfg.reuse_freed_memory
 
 
-def _run_training(cfg: GRPOConfig, host: PluginHost | None, warn: Callable[[str], None] | None,
-                  collector: StartupCollector) -> str:  # fmt: skip
+def _run_training(
+    cfg: GRPOConfig, host: PluginHost | None, warn: Callable[[str], None] | None, collector: StartupCollector
+) -> str:
     host = _checked_plugins(cfg, host, warn)
     output_dir = _prepared_output(cfg, host)
     context = RunContext(config=cfg, output_dir=output_dir, engine_requirements=host.engine_requirements(cfg))
@@ -458,8 +473,20 @@ def _run_training(cfg: GRPOConfig, host: PluginHost | None, warn: Callable[[str]
         sampled.alone = _alone_sampler(loaded, impls)
         if not spread:
             sampled()  # rank 0 samples alone throughout: place its model now, on this (the main) thread
-        trainer = GRPOTrainer(_trainer_parts(cfg, host, context, loaded, impls, dist, scorer, observer, prompts,
-                                             _spread_generation(spread, host, context, loaded, dist, sampled)))  # fmt: skip
+        trainer = GRPOTrainer(
+            _trainer_parts(
+                cfg,
+                host,
+                context,
+                loaded,
+                impls,
+                dist,
+                scorer,
+                observer,
+                prompts,
+                _spread_generation(spread, host, context, loaded, dist, sampled),
+            )
+        )
         if resume is not None:
             trainer.resume(resume, resume_state)
             context.log(f"resumed from {resume} at step {trainer.step}")

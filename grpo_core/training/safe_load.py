@@ -54,7 +54,9 @@ def names_before_the_move() -> list[tuple[type, str]]:
     modules moved into layer folders (:mod:`grpo_core.moved`): a checkpoint
     written then names ``grpo_core.types.Completion``, and still loads."""
     old_of = {new: old for old, new in MOVED_MODULES.items()}
-    return [(kind, f"{old_of[kind.__module__]}.{kind.__qualname__}") for kind in grpo_types() if kind.__module__ in old_of]
+    return [
+        (kind, f"{old_of[kind.__module__]}.{kind.__qualname__}") for kind in grpo_types() if kind.__module__ in old_of
+    ]
 
 
 def numpy_array_types() -> list[Any]:

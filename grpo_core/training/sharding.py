@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 from grpo_core.config.fsdp_options import fsdp_problems, fsdp_value
 from grpo_core.config.schema import GRPOConfig
@@ -114,10 +115,12 @@ class FullWeights:
         # a collective: full tensors on rank 0 (what accelerate's get_state_dict does for FSDP2)
         state = get_model_state_dict(forward, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.main:
-            inner = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
+            inner = {k[len("policy.") :]: v for k, v in state.items() if k.startswith("policy.")}
             missing, unexpected = self.copy.load_state_dict(inner, strict=False)
             if unexpected or [k for k in missing if "lm_head" not in k]:
-                raise RuntimeError(f"gathered weights do not fit the policy: missing {missing[:3]}, unexpected {unexpected[:3]}")
+                raise RuntimeError(
+                    f"gathered weights do not fit the policy: missing {missing[:3]}, unexpected {unexpected[:3]}"
+                )
         self.version = version
         return self.copy
 
@@ -202,7 +205,9 @@ def load_full_optimizer_state(forward: Any, optimizer: Any, state: dict[str, Any
     )
 
     options = StateDictOptions(full_state_dict=True)
-    set_optimizer_state_dict(forward, getattr(optimizer, "optimizer", optimizer), optim_state_dict=state, options=options)
+    set_optimizer_state_dict(
+        forward, getattr(optimizer, "optimizer", optimizer), optim_state_dict=state, options=options
+    )
 
 
 _WRAPPER_PARTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
@@ -215,7 +220,7 @@ def _optimized_parameter_names(forward: Any, optimizer: Any) -> list[list[str]]:
     compile/FSDP1/checkpointing wrapper parts dropped."""
     names: dict[int, str] = {}
     for name, param in forward.named_parameters():
-        name = name[len("module."):] if name.startswith("module.") else name
+        name = name[len("module.") :] if name.startswith("module.") else name
         names[id(param)] = ".".join(part for part in name.split(".") if part not in _WRAPPER_PARTS)
     inner = getattr(optimizer, "optimizer", optimizer)
     return [[names[id(p)] for p in group["params"]] for group in inner.param_groups]
@@ -259,12 +264,16 @@ def optimizer_state_by_index(forward: Any, optimizer: Any, state: dict[str, Any]
         return state
     groups = _optimized_parameter_names(forward, optimizer)
     if [set(g["params"]) for g in state["param_groups"]] != [set(names) for names in groups]:
-        unknown = sorted({p for g in state["param_groups"] for p in g["params"]} - {n for names in groups for n in names})
+        unknown = sorted(
+            {p for g in state["param_groups"] for p in g["params"]} - {n for names in groups for n in names}
+        )
         raise _another_model(f"e.g. {unknown[:2]}" if unknown else "the groups differ")
     position = {name: i for i, name in enumerate(name for names in groups for name in names)}
     return {
         "state": {position[k]: v for k, v in state["state"].items()},
-        "param_groups": [{**saved, "params": [position[n] for n in names]} for saved, names in zip(state["param_groups"], groups)],
+        "param_groups": [
+            {**saved, "params": [position[n] for n in names]} for saved, names in zip(state["param_groups"], groups)
+        ],
     }
 
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from grpo_core.contract.errors import shareable_error
 from grpo_core.contract.types import Prompt, RolloutGroup, SamplingSettings
@@ -96,8 +97,14 @@ class SpreadGeneration:
     ``generation_model`` is the backend's context that makes the policy whole
     on this process; ``sampled`` is what the rollout's ``get_model()`` reads."""
 
-    def __init__(self, hook: Any, dist: Distributed, generation_model: GenerationModel, sampled: SampledModel,
-                 log: Callable[[str], None] = print) -> None:  # fmt: skip
+    def __init__(
+        self,
+        hook: Any,
+        dist: Distributed,
+        generation_model: GenerationModel,
+        sampled: SampledModel,
+        log: Callable[[str], None] = print,
+    ) -> None:
         self.hook = hook
         self.dist = dist
         self.generation_model = generation_model
@@ -116,10 +123,14 @@ class SpreadGeneration:
         groups come back in ``prompts``' order. The first process's error
         (rank 0's own first) is raised here after every process has answered."""
         requests = [
-            GenerateShare(prompts[start:stop], num_generations,
-                          replace(sampling, prompt_offset=sampling.prompt_offset + start), policy_version)
+            GenerateShare(
+                prompts[start:stop],
+                num_generations,
+                replace(sampling, prompt_offset=sampling.prompt_offset + start),
+                policy_version,
+            )
             for start, stop in prompt_shares(len(prompts), self.dist.world)
-        ]  # fmt: skip
+        ]
         with self._one_call:
             mine = self.dist.scatter(requests)
             answers = self.dist.gather(self._generate(mine))
@@ -147,12 +158,16 @@ class SpreadGeneration:
                 if not request.prompts:
                     return []
                 groups = self.hook.grpo_rollout_generate(
-                    prompts=request.prompts, num_generations=request.num_generations,
-                    sampling=request.sampling, policy_version=request.policy_version,
-                )  # fmt: skip
+                    prompts=request.prompts,
+                    num_generations=request.num_generations,
+                    sampling=request.sampling,
+                    policy_version=request.policy_version,
+                )
             if groups is None or len(groups) != len(request.prompts):
-                raise RuntimeError(f"the rollout returned {0 if groups is None else len(groups)} groups for "
-                                   f"{len(request.prompts)} prompts")  # fmt: skip
+                raise RuntimeError(
+                    f"the rollout returned {0 if groups is None else len(groups)} groups for "
+                    f"{len(request.prompts)} prompts"
+                )
             return list(groups)
         except Exception as exc:
             return shareable_error(exc)

@@ -139,8 +139,10 @@ class ServerGap:
         if self.error:
             return f"{self.description}: {self.error}"
         basis = "the same weights in these precisions differ by at most" if self.first else "bound"
-        return (f"{self.description}: mean |log-prob gap| {self.mean:.3g} per token (max {self.max:.3g}), "
-                f"{basis} {self.bound:.3g} ({self.noise})")  # fmt: skip
+        return (
+            f"{self.description}: mean |log-prob gap| {self.mean:.3g} per token (max {self.max:.3g}), "
+            f"{basis} {self.bound:.3g} ({self.noise})"
+        )
 
 
 def compare(trainer: Sequence[float], score: EngineScore) -> tuple[float, float]:
@@ -164,8 +166,15 @@ class Floors:
         first = floor is None
         noise = noise_class(self.trainer_dtype, self.engine_dtype, mean if first else floor)
         bound = noise.ceiling if first else noise.bound(floor)
-        return ServerGap(description, mean, worst, bound, f"{noise.name}: trainer {self.trainer_dtype}, engine "
-                         f"{self.engine_dtype or 'dtype unknown'}" + ("" if first else f", noise floor {floor:.3g}"), first)  # fmt: skip
+        return ServerGap(
+            description,
+            mean,
+            worst,
+            bound,
+            f"{noise.name}: trainer {self.trainer_dtype}, engine "
+            f"{self.engine_dtype or 'dtype unknown'}" + ("" if first else f", noise floor {floor:.3g}"),
+            first,
+        )
 
     def accept(self, gaps: list[ServerGap]) -> None:
         for gap in gaps:
@@ -262,8 +271,13 @@ def sampled_tokens_can_check(cfg: Any, model: Any, single_process: bool) -> str 
         return "several processes"
     if trl.async_prefetch:
         return "trl.async_prefetch samples from the weights before the last sync"
-    filters = {"top_k": (trl.top_k or 0) > 0, "top_p": (trl.top_p or 1.0) < 1.0, "min_p": (trl.min_p or 0.0) > 0,
-               "repetition_penalty": (trl.repetition_penalty or 1.0) != 1.0, "generation_kwargs": bool(trl.generation_kwargs)}
+    filters = {
+        "top_k": (trl.top_k or 0) > 0,
+        "top_p": (trl.top_p or 1.0) < 1.0,
+        "min_p": (trl.min_p or 0.0) > 0,
+        "repetition_penalty": (trl.repetition_penalty or 1.0) != 1.0,
+        "generation_kwargs": bool(trl.generation_kwargs),
+    }
     named = [key for key, on in filters.items() if on]
     if named:
         return f"trl.{named[0]} changes the engine's log-probs"
@@ -279,8 +293,10 @@ def dropout_active(model: Any) -> bool:
         return True
     config = getattr(model, "config", None)
     items = config.to_dict().items() if hasattr(config, "to_dict") else ()
-    return any(("dropout" in key or key.endswith("_pdrop")) and isinstance(value, (int, float)) and value > 0
-               for key, value in items)  # fmt: skip
+    return any(
+        ("dropout" in key or key.endswith("_pdrop")) and isinstance(value, (int, float)) and value > 0
+        for key, value in items
+    )
 
 
 class SyncVerifier:
@@ -312,18 +328,26 @@ class SyncVerifier:
         # the sampled-token check: the trainer's samples can stand in for the probe (see the module's docstring)
         self.sampled = sampled and mode == "every" and self.score is not None
         self._probed: int | None = None  # the version the last passed probe verified (calibrates the sampled floor)
-        self._deferred: tuple[int, Callable[[], Any], Any] | None = None  # (version, its sync, model): waits for its check
+        self._deferred: tuple[int, Callable[[], Any], Any] | None = (
+            None  # (version, its sync, model): waits for its check
+        )
         self._gap: SampledGap | None = None
         if mode != "never" and self.score is None:
-            self.log(f"verify_weight_sync = '{mode}': " + (
-                "the rollout samples the trainer's own model, so there is no engine whose weights could be stale: "
-                "nothing to verify" if engine is None else
-                f"{getattr(engine, 'description', type(engine).__name__)} cannot score tokens (no "
-                "'scores_tokens' capability): weight syncs are not verified"))  # fmt: skip
+            self.log(
+                f"verify_weight_sync = '{mode}': "
+                + (
+                    "the rollout samples the trainer's own model, so there is no engine whose weights could be stale: "
+                    "nothing to verify"
+                    if engine is None
+                    else f"{getattr(engine, 'description', type(engine).__name__)} cannot score tokens (no "
+                    "'scores_tokens' capability): weight syncs are not verified"
+                )
+            )
 
     @classmethod
-    def build(cls, mode: str, engine: Any, tokenizer: Any, precision: Any, log: Callable[[str], None],
-              sampled: bool = False) -> SyncVerifier:  # fmt: skip
+    def build(
+        cls, mode: str, engine: Any, tokenizer: Any, precision: Any, log: Callable[[str], None], sampled: bool = False
+    ) -> SyncVerifier:
         """``mode``: the config's ``verify_weight_sync``; the probe is tokenized here, once."""
         ids = probe_ids(tokenizer) if mode != "never" and token_scorer(engine) is not None else None
         return cls(mode, engine, ids, precision, log, sampled)
@@ -409,10 +433,15 @@ class SyncVerifier:
         first = self.checks == 0
         self.checks += 1
         if first:
-            self.log("weight sync verified: " + "; ".join(g.describe() for g in result.gaps)
-                     + f" ({result.seconds:.2f} s; later syncs must stay within the bound above the noise floor)")  # fmt: skip
+            self.log(
+                "weight sync verified: "
+                + "; ".join(g.describe() for g in result.gaps)
+                + f" ({result.seconds:.2f} s; later syncs must stay within the bound above the noise floor)"
+            )
 
-    def observe(self, version: int, trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor) -> None:
+    def observe(
+        self, version: int, trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         """One micro-batch's sampled tokens (``mask``: the rows and tokens the
         engine sampled from ``version`` and the loss counts), with the
         trainer's log-probs of them under the weights it synced as
@@ -448,8 +477,10 @@ class SyncVerifier:
         if result.ok:
             self.checks += 1
             return
-        self.log(f"the samples of policy version {version} do not match the trainer's log-probs "
-                 f"({result.failures()}); syncing again, then checking with the probe")  # fmt: skip
+        self.log(
+            f"the samples of policy version {version} do not match the trainer's log-probs "
+            f"({result.failures()}); syncing again, then checking with the probe"
+        )
         self._probe(run_sync, model, version, failed=result)
 
     def _calibrate(self, version: int, mean: float, worst: float, tokens: int) -> None:
@@ -460,12 +491,16 @@ class SyncVerifier:
         judged = self.floors.judge(self._sampled_key, mean, worst)
         if not judged.ok:
             self.sampled = False
-            self.log(f"the engine's sampled log-probs differ from the trainer's more than the precisions explain "
-                     f"({judged.describe()}): every sync stays checked with the probe")  # fmt: skip
+            self.log(
+                f"the engine's sampled log-probs differ from the trainer's more than the precisions explain "
+                f"({judged.describe()}): every sync stays checked with the probe"
+            )
             return
         self.floors.accept([judged])
-        self.log(f"weight syncs are checked on the sampled tokens from now on: {judged.describe()} over "
-                 f"{tokens} tokens of policy version {version} (the probe verified it)")  # fmt: skip
+        self.log(
+            f"weight syncs are checked on the sampled tokens from now on: {judged.describe()} over "
+            f"{tokens} tokens of policy version {version} (the probe verified it)"
+        )
 
     def flush(self) -> None:
         """Probe a sync still waiting for its sampled check, now: before an
@@ -485,7 +520,11 @@ class SyncVerifier:
         the last check compared the sampled tokens instead of the probe."""
         pending, self._pending = self._pending, []
         retries, self._retries = self._retries, 0
-        out = {"sync/verified": 0.0, "sync/verify_seconds": sum(v.seconds for v in pending), "sync/retries": float(retries)}
+        out = {
+            "sync/verified": 0.0,
+            "sync/verify_seconds": sum(v.seconds for v in pending),
+            "sync/retries": float(retries),
+        }
         if pending:
             last = pending[-1]
             finite = [g for g in last.gaps if not g.error]

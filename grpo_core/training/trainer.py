@@ -98,7 +98,9 @@ class TrainerParts:
     engine: InferenceEngine | None = None  # the rollout's engine, handed to the weight sync
     stateful: dict[str, Checkpointable] = field(default_factory=dict)  # extension point -> implementation with state
     observer: RunObserver | None = None  # logs, trackers, evaluation, alerts (rank 0)
-    forward: PolicyLogprobs | None = None  # the prepared log-prob module (DDP/FSDP-wrapped with several processes); None: call the model
+    forward: PolicyLogprobs | None = (
+        None  # the prepared log-prob module (DDP/FSDP-wrapped with several processes); None: call the model
+    )
     dist: Distributed = field(default_factory=Distributed)  # the training processes (one by default)
 
 
@@ -141,8 +143,8 @@ class GRPOTrainer:
         self.skipped_zero_adv_batches = 0
         self.skipped_zero_adv_samples = 0
         # With a token-sum loss a zero-advantage completion adds nothing: leave it out of the micro-batches
-        self.drops_zero_advantage_rows = (
-            cfg.trl.skip_zero_advantage_batches and zero_advantage_rows_are_inert(self.loss_settings)
+        self.drops_zero_advantage_rows = cfg.trl.skip_zero_advantage_batches and zero_advantage_rows_are_inert(
+            self.loss_settings
         )
         # Where the loss does not depend on the split, micro-batches are cut where they pad least
         self.balances_micro_batches = micro_batch_split_is_free(self.loss_settings)
@@ -166,13 +168,23 @@ class GRPOTrainer:
         # rank 0 syncs, so rank 0 checks each sync (verify_weight_sync); the other ranks only wait
         mode = cfg.verify_weight_sync if self.dist.is_main else "never"
         why_not = sampled_tokens_can_check(cfg, parts.model, not self.dist.active) if mode == "every" else None
-        self.verifier = SyncVerifier.build(mode, parts.engine, parts.tokenizer, self.precision, parts.context.log,
-                                           sampled=mode == "every" and why_not is None)  # fmt: skip
+        self.verifier = SyncVerifier.build(
+            mode,
+            parts.engine,
+            parts.tokenizer,
+            self.precision,
+            parts.context.log,
+            sampled=mode == "every" and why_not is None,
+        )
         if why_not is not None and self.verifier.active:
-            parts.context.log(f"verify_weight_sync = 'every': the probe checks every sync (the sampled tokens cannot stand in for it: {why_not})")
+            parts.context.log(
+                f"verify_weight_sync = 'every': the probe checks every sync (the sampled tokens cannot stand in for it: {why_not})"
+            )
         if self.compiled_body is not None:
-            parts.context.log(f"torch_compile: the decoder body is compiled (backend "
-                              f"{cfg.torch_compile_backend or 'inductor'}) at the first training forward")
+            parts.context.log(
+                f"torch_compile: the decoder body is compiled (backend "
+                f"{cfg.torch_compile_backend or 'inductor'}) at the first training forward"
+            )
 
     # ---------------------------------------------------------------- state
 
@@ -224,17 +236,27 @@ class GRPOTrainer:
         pending = self._pending_batch()
         # The policy the pending batch's updates started from is gone once
         # the weights moved: keep its log-probs, or a resumed PPO ratio is 1.
-        old_logps = [None if mb.old_logps is None else mb.old_logps.cpu() for mb in self._micro] if pending is not None else None
+        old_logps = (
+            [None if mb.old_logps is None else mb.old_logps.cpu() for mb in self._micro]
+            if pending is not None
+            else None
+        )
         if self.dist.active:
             gathered = self.dist.gather((pending, old_logps))
             if any(p is None for p, _ in gathered):
                 pending, old_logps = None, None
             else:
                 first = gathered[0][0]
-                pending = ScoredBatch(groups=[g for p, _ in gathered for g in p.groups], policy_version=first.policy_version,
-                                      metrics=first.metrics, stream_state=first.stream_state)  # fmt: skip
+                pending = ScoredBatch(
+                    groups=[g for p, _ in gathered for g in p.groups],
+                    policy_version=first.policy_version,
+                    metrics=first.metrics,
+                    stream_state=first.stream_state,
+                )
                 old_logps = [o for _, o in gathered]
-        staging = self.output_dir / f".tmp-{ckpt.PREFIX}{self.step}-{self.backend.name}"  # per-rank files, if the backend writes any
+        staging = (
+            self.output_dir / f".tmp-{ckpt.PREFIX}{self.step}-{self.backend.name}"
+        )  # per-rank files, if the backend writes any
         state = self.backend.checkpoint_parts(staging, self.policy_version)
         path = self.output_dir / f"{ckpt.PREFIX}{self.step}"
         if self.dist.is_main:
@@ -248,7 +270,9 @@ class GRPOTrainer:
         self.dist.barrier()
         return path
 
-    def _write_checkpoint(self, extra: dict[str, Any], model: Any, optimizer: Any, staged: dict[str, Path] | None = None) -> Path:
+    def _write_checkpoint(
+        self, extra: dict[str, Any], model: Any, optimizer: Any, staged: dict[str, Path] | None = None
+    ) -> Path:
         return ckpt.save_checkpoint(
             self.output_dir,
             self.step,
@@ -324,13 +348,20 @@ class GRPOTrainer:
             elif self.dist.world > 1:
                 old_logps = None
             if old_logps is None and saved_world != self.dist.world:
-                warnings.warn(f"the checkpoint was taken with {saved_world} process(es) in the middle of a batch and this run "
-                              f"has {self.dist.world}: the batch is re-split and its PPO ratios start from the resumed "
-                              "policy (not an exact resume; a checkpoint at a batch boundary resumes exactly)", stacklevel=2)  # fmt: skip
+                warnings.warn(
+                    f"the checkpoint was taken with {saved_world} process(es) in the middle of a batch and this run "
+                    f"has {self.dist.world}: the batch is re-split and its PPO ratios start from the resumed "
+                    "policy (not an exact resume; a checkpoint at a batch boundary resumes exactly)",
+                    stacklevel=2,
+                )
             if self.dist.active:
                 part = shares(pending.groups, self.dist.world)[self.dist.rank]
-                pending = ScoredBatch(groups=part, policy_version=pending.policy_version, metrics=pending.metrics,
-                                      stream_state=pending.stream_state)  # fmt: skip
+                pending = ScoredBatch(
+                    groups=part,
+                    policy_version=pending.policy_version,
+                    metrics=pending.metrics,
+                    stream_state=pending.stream_state,
+                )
             self._set_batch(pending, old_logps=old_logps)
         # After the stream: restoring moves it past these batches.
         self.parts.producer.restore(list(extra.get("prefetched_batches") or []))
@@ -340,11 +371,17 @@ class GRPOTrainer:
     def progress(self) -> TrainingProgress:
         return TrainingProgress(step=self.step, max_steps=self.cfg.max_steps)
 
-    def _forward(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(
+        self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs of ``mb`` under ``model``; the policy goes through the
         prepared module, whose forward DDP/FSDP/DeepSpeed wrap."""
         args = (mb.input_ids.to(self.device), mb.attention_mask.to(self.device), mb.num_completion_tokens)
-        kwargs = {"temperature": float(self.trl.temperature or 1.0), "with_entropy": with_entropy, "share_prompts": self.share_prompts}
+        kwargs = {
+            "temperature": float(self.trl.temperature or 1.0),
+            "with_entropy": with_entropy,
+            "share_prompts": self.share_prompts,
+        }
         with self.precision.autocast(self.device.type, model):  # bf16/fp16 compute; log-probs come back in float32
             # the policy's compiled body (torch_compile); the reference runs eager
             body = self.compiled_body if model is self.parts.model else None
@@ -367,7 +404,9 @@ class GRPOTrainer:
         trained_parts = self._rows_to_train(parts)
         mbs = self.cfg.micro_batch_size
         self._micro_per_step = [
-            micro_batches(part, mbs, self.pad_id, self.trl.mask_truncated_completions, balanced=self.balances_micro_batches)
+            micro_batches(
+                part, mbs, self.pad_id, self.trl.mask_truncated_completions, balanced=self.balances_micro_batches
+            )
             for part in trained_parts
         ]
         self._left_out = [
@@ -377,8 +416,11 @@ class GRPOTrainer:
         self._micro = [mb for part in self._micro_per_step for mb in part]
         model = self.parts.model
         if old_logps is not None and len(old_logps) != len(self._micro):
-            warnings.warn("micro_batch_size changed since the checkpoint: the resumed batch's PPO ratios start "
-                          "from the resumed policy (not an exact resume)", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                "micro_batch_size changed since the checkpoint: the resumed batch's PPO ratios start "
+                "from the resumed policy (not an exact resume)",
+                stacklevel=2,
+            )
             old_logps = None
         if old_logps is not None:  # a resumed pending batch: as saved
             for mb, saved in zip(self._micro, old_logps, strict=True):
@@ -416,7 +458,9 @@ class GRPOTrainer:
         # the sync check on the sampled tokens (sync_check.py): a batch the engine sampled from the trainer's weights now
         if self.verifier.sampled and (batch := self._batch) is not None and batch.policy_version == self.policy_version:
             fresh_rows = ~mb.replayed.to(self.device)[:, None]  # a replayed row was sampled by an older policy
-            self.verifier.observe(batch.policy_version, trainer_at_sampling, mb.sampler_logps.to(self.device), mask.bool() & fresh_rows)
+            self.verifier.observe(
+                batch.policy_version, trainer_at_sampling, mb.sampler_logps.to(self.device), mask.bool() & fresh_rows
+            )
         weights, new_mask, m = self.parts.hook.grpo_is_correction(
             trainer_logps=trainer_at_sampling, sampler_logps=mb.sampler_logps.to(self.device), mask=mask
         )
@@ -443,7 +487,11 @@ class GRPOTrainer:
         body = self.compiled_body if self.compiled_body is not None else plain_body
         c = mb.num_completion_tokens
         with self.precision.autocast(self.device.type, self.parts.model):
-            out = body(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device), use_cache=False)
+            out = body(
+                input_ids=mb.input_ids.to(self.device),
+                attention_mask=mb.attention_mask.to(self.device),
+                use_cache=False,
+            )
         return out.last_hidden_state[:, -c - 1 : -1, :], head
 
     def _train_step(self) -> dict[str, float]:
@@ -500,7 +548,11 @@ class GRPOTrainer:
         return self._step_metrics(batch, fresh, step_metrics, loss_total, grad_norm, lr, num_tokens, trained)
 
     def _micro_batch_loss(
-        self, model: torch.nn.Module, mb: MicroBatch, accumulation_steps: int, step_metrics: dict[str, list[float]],
+        self,
+        model: torch.nn.Module,
+        mb: MicroBatch,
+        accumulation_steps: int,
+        step_metrics: dict[str, list[float]],
         last: bool = True,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The ``policy_loss`` implementation's loss of one micro-batch, then
@@ -589,8 +641,11 @@ class GRPOTrainer:
         model = self.backend.full_model(version)  # a collective under FSDP/ZeRO-3
         if self.dist.is_main:  # the sync, then its check (grpo_core.training.sync_check)
             try:
-                self.verifier.sync(lambda: self.parts.hook.grpo_sync_weights(model=model, version=version, engine=self.parts.engine),
-                                   model, version)  # fmt: skip
+                self.verifier.sync(
+                    lambda: self.parts.hook.grpo_sync_weights(model=model, version=version, engine=self.parts.engine),
+                    model,
+                    version,
+                )
             except Exception as exc:
                 failure = exc
         if self.dist.active:  # instead of a barrier: every rank learns whether the sync took
@@ -628,8 +683,10 @@ class GRPOTrainer:
         try:
             self.sync_weights()  # the engine starts from this run's weights, whatever it held before
         except WeightSyncUnverified as exc:  # nothing trained since the start: nothing new to checkpoint
-            raise WeightSyncUnverified(f"{exc}\nTraining stopped before step {self.step + 1}; nothing was trained, so no "
-                                       "checkpoint was written.") from None  # fmt: skip
+            raise WeightSyncUnverified(
+                f"{exc}\nTraining stopped before step {self.step + 1}; nothing was trained, so no "
+                "checkpoint was written."
+            ) from None
         observer = self.parts.observer or (RunObserver(cfg) if self.dist.is_main else _QuietObserver())
         observer.start(self)
         self.clock = StepClock()
@@ -641,12 +698,16 @@ class GRPOTrainer:
                         self._sync_after_step(metrics, observer)
                     except (EngineUnavailable, EnvironmentLost, RewardError, PluginError, WeightSyncUnverified) as exc:
                         path = self.save()  # everything finished so far is kept
-                        raise type(exc)(f"{exc}\nTraining stopped at step {self.step}; checkpoint saved to {path}. "
-                                        f"Resume with resume_from_checkpoint = \"{path}\".") from exc
+                        raise type(exc)(
+                            f"{exc}\nTraining stopped at step {self.step}; checkpoint saved to {path}. "
+                            f'Resume with resume_from_checkpoint = "{path}".'
+                        ) from exc
                     if trl.sync_ref_model and self.step % trl.ref_model_sync_steps == 0:
                         self._update_reference()
                     metrics.update(self.clock.metrics())  # the phases add up to step_time
-                    metrics.update(self.verifier.take_metrics())  # sync/*: the checks of the syncs since the last record
+                    metrics.update(
+                        self.verifier.take_metrics()
+                    )  # sync/*: the checks of the syncs since the last record
                     self.timings.append(metrics)
                     # The next step's clock starts now: evaluation, logging and this step's checkpoint
                     # are timed in the next step, so every second of the run is in some step_time.
@@ -664,7 +725,7 @@ class GRPOTrainer:
                         path = saved or self.save()
                         raise TrainingInterrupted(
                             f"stopped by signal {stop.signal or 'on another rank'} at step {self.step}; checkpoint saved to {path}. "
-                            f"Resume with resume_from_checkpoint = \"{path}\"."
+                            f'Resume with resume_from_checkpoint = "{path}".'
                         )
             try:
                 self.verify_engine_now()  # the last sync: no step follows to check it on its samples
@@ -679,8 +740,10 @@ class GRPOTrainer:
             self.parts.context.log(f"time per step went to: {shares} (metrics.jsonl: time/*)")
         if self.skipped_zero_adv_samples:
             fewer = self.skipped_zero_adv_batches
-            self.parts.context.log(f"zero advantage: {self.skipped_zero_adv_samples} completions left out of training ({fewer} "
-                                   f"micro-batch{'' if fewer == 1 else 'es'} fewer); their groups had no reward variance")
+            self.parts.context.log(
+                f"zero advantage: {self.skipped_zero_adv_samples} completions left out of training ({fewer} "
+                f"micro-batch{'' if fewer == 1 else 'es'} fewer); their groups had no reward variance"
+            )
         return "completed"
 
 

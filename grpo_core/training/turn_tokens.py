@@ -53,9 +53,11 @@ class TurnTokens:
         """What the template writes after an assistant message's content."""
 
     def _render(self, messages: Messages, generation_prompt: bool) -> str:
-        return str(self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt, **self.kwargs
-        ))  # fmt: skip
+        return str(
+            self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=generation_prompt, **self.kwargs
+            )
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -39,8 +39,9 @@ import copy
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -92,8 +93,9 @@ def fill_model_autos(config: dict[str, Any], model_config: Any) -> None:
             zero[key] = value(hidden)
     left = autos(config)
     if left:
-        raise ConfigError(f"`{KEY}`: grpo cannot fill {', '.join(left)} = \"auto\" in the DeepSpeed config: "
-                          "replace them with numbers.")  # fmt: skip
+        raise ConfigError(
+            f'`{KEY}`: grpo cannot fill {", ".join(left)} = "auto" in the DeepSpeed config: replace them with numbers.'
+        )
 
 
 def deepspeed_plugin(cfg: GRPOConfig, world: int) -> Any:
@@ -120,8 +122,9 @@ def accelerator_kwargs(world: int) -> dict[str, Any]:
         with socket.socket() as sock:  # a free port for the group of one
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        torch.distributed.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                                             world_size=1)  # fmt: skip
+        torch.distributed.init_process_group(
+            "nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+        )
         os.environ.setdefault("LOCAL_RANK", "0")  # the engine asserts a launcher set it
         return {}  # accelerate then sees one process (its own rank bookkeeping), DeepSpeed finds the group
     if cuda:
@@ -158,14 +161,24 @@ class DeepSpeedStep:
 
     def save(self, directory: Path, trainable_only: bool) -> None:
         """Every rank writes its partition into ``directory`` (a collective)."""
-        self.engine.save_checkpoint(str(directory), tag=CHECKPOINT_TAG, client_state={}, save_latest=False,
-                                    exclude_frozen_parameters=trainable_only)  # fmt: skip
+        self.engine.save_checkpoint(
+            str(directory),
+            tag=CHECKPOINT_TAG,
+            client_state={},
+            save_latest=False,
+            exclude_frozen_parameters=trainable_only,
+        )
 
     def load(self, directory: Path) -> None:
         """Every rank reads its partition back (weights, fp32 masters, optimizer state)."""
         check_files(directory)
-        path, _ = self.engine.load_checkpoint(str(directory), tag=CHECKPOINT_TAG, load_module_strict=False,
-                                              load_optimizer_states=True, load_lr_scheduler_states=False)  # fmt: skip
+        path, _ = self.engine.load_checkpoint(
+            str(directory),
+            tag=CHECKPOINT_TAG,
+            load_module_strict=False,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=False,
+        )
         if path is None:
             raise GrpoError(f"DeepSpeed found no checkpoint in {directory}: resume from another checkpoint.")
 
@@ -222,7 +235,9 @@ def gathered_for_generation(engine: Any, policy: Any) -> Iterator[Any]:
     methods (``param.all_gather``/``partition``, the parameter offload's
     hook registration), as DeepSpeed's context and TRL's
     ``remove_hooks``/``add_hooks`` do."""
-    params = sorted({id(p): p for p in engine.module.parameters() if hasattr(p, "ds_id")}.values(), key=lambda p: p.ds_id)
+    params = sorted(
+        {id(p): p for p in engine.module.parameters() if hasattr(p, "ds_id")}.values(), key=lambda p: p.ds_id
+    )
     offload = getattr(engine.optimizer, "parameter_offload", engine.optimizer)
     if params:
         params[0].all_gather(param_list=params)  # the same order on every rank: by ds_id
@@ -259,11 +274,13 @@ class Zero3FullWeights:
         # a collective: every rank gathers each layer's partitions; rank 0 receives the full tensors
         state = forward._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=self.trainable_only)
         if self.main:
-            inner = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
+            inner = {k[len("policy.") :]: v for k, v in state.items() if k.startswith("policy.")}
             if not inner:
                 raise RuntimeError("ZeRO-3 gathered no weights of the policy")
             missing, unexpected = self.copy.load_state_dict(inner, strict=False)
             if unexpected or (not self.trainable_only and [k for k in missing if "lm_head" not in k]):
-                raise RuntimeError(f"gathered weights do not fit the policy: missing {missing[:3]}, unexpected {unexpected[:3]}")
+                raise RuntimeError(
+                    f"gathered weights do not fit the policy: missing {missing[:3]}, unexpected {unexpected[:3]}"
+                )
         self.version = version
         return self.copy

@@ -14,9 +14,10 @@ silently ignoring. Remove an entry when its feature lands.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from grpo_core.config.batch_shape import (
     generation_batch_size,
@@ -74,6 +75,7 @@ NOT_IMPLEMENTED: tuple[_Unimplemented, ...] = (
     ),
 )
 
+
 def implementation_names(cfg: GRPOConfig) -> dict[str, str]:
     """The implementation each extension point will load, by name: the
     trainer's own choice, so the checks judge exactly what will run."""
@@ -120,7 +122,9 @@ def chosen_traits(names: dict[str, str], classes: ChosenClasses) -> ChosenTraits
         return classes[point][1] if point in classes else None
 
     rollout, sync, loss = cls_of("rollout"), cls_of("weight_sync"), cls_of("policy_loss")
-    offered = frozenset(declared(rollout, BY_NAME["rollout"], "engine_capabilities")) if rollout is not None else frozenset()
+    offered = (
+        frozenset(declared(rollout, BY_NAME["rollout"], "engine_capabilities")) if rollout is not None else frozenset()
+    )
     return ChosenTraits(
         names=names,
         engine_in_process=WEIGHTS_IN_MEMORY in offered,
@@ -320,11 +324,15 @@ def _ignored_option_checks(cfg: GRPOConfig, world: int, warnings: list[str]) -> 
     where it was written (a default grpo filled in is never warned about)."""
     trl = cfg.trl
     if _written(trl, "prefetch_depth") and not trl.async_prefetch:
-        warnings.append(f"trl.prefetch_depth = {trl.prefetch_depth} has no effect without trl.async_prefetch = true: "
-                        "a synchronous run generates each batch when it is needed, nothing ahead.")  # fmt: skip
+        warnings.append(
+            f"trl.prefetch_depth = {trl.prefetch_depth} has no effect without trl.async_prefetch = true: "
+            "a synchronous run generates each batch when it is needed, nothing ahead."
+        )
     if _written(trl, "streaming_min_groups") and not trl.streaming_partial_batch:
-        warnings.append(f"trl.streaming_min_groups = {trl.streaming_min_groups} has no effect without "
-                        "trl.streaming_partial_batch = true: the batch is scored in one piece.")  # fmt: skip
+        warnings.append(
+            f"trl.streaming_min_groups = {trl.streaming_min_groups} has no effect without "
+            "trl.streaming_partial_batch = true: the batch is scored in one piece."
+        )
     is_keys = _written(trl, "vllm_importance_sampling_mode", "vllm_importance_sampling_cap")
     if is_keys and cfg.plugins.is_correction is None and not trl.vllm_importance_sampling_correction:
         warnings.append(
@@ -334,8 +342,11 @@ def _ignored_option_checks(cfg: GRPOConfig, world: int, warnings: list[str]) -> 
             f"{'' if trl.use_vllm else ', its default without trl.use_vllm'}). Set "
             "trl.vllm_importance_sampling_correction = true to apply it, or drop the key."
         )
-    if (cfg.plugins.is_correction is not None and "vllm_importance_sampling_correction" in trl.model_fields_set
-            and not trl.vllm_importance_sampling_correction):  # fmt: skip
+    if (
+        cfg.plugins.is_correction is not None
+        and "vllm_importance_sampling_correction" in trl.model_fields_set
+        and not trl.vllm_importance_sampling_correction
+    ):
         warnings.append(
             f"trl.vllm_importance_sampling_correction = false has no effect: plugins.is_correction = "
             f"'{cfg.plugins.is_correction}' chooses the correction, and it runs."
@@ -344,14 +355,24 @@ def _ignored_option_checks(cfg: GRPOConfig, world: int, warnings: list[str]) -> 
         warnings.append("trl.use_bias_correction_kl has no effect with trl.beta = 0: there is no KL term to correct.")
     ref_keys = _written(trl, "ref_model_mixup_alpha", "ref_model_sync_steps")
     if ref_keys and not trl.sync_ref_model:
-        warnings.append(f"{' and '.join('trl.' + k for k in ref_keys)} {'have' if len(ref_keys) > 1 else 'has'} no "
-                        "effect without trl.sync_ref_model = true: the reference model is never updated.")  # fmt: skip
+        warnings.append(
+            f"{' and '.join('trl.' + k for k in ref_keys)} {'have' if len(ref_keys) > 1 else 'has'} no "
+            "effect without trl.sync_ref_model = true: the reference model is never updated."
+        )
     if not trl.use_vllm and cfg.plugins.rollout is None:
-        server_keys = _written(trl, "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
-                               "vllm_server_base_url", "vllm_server_base_urls")  # fmt: skip
+        server_keys = _written(
+            trl,
+            "vllm_server_host",
+            "vllm_server_port",
+            "vllm_server_timeout",
+            "vllm_server_base_url",
+            "vllm_server_base_urls",
+        )
         if server_keys:
-            warnings.append(f"{', '.join('trl.' + k for k in server_keys)} {'have' if len(server_keys) > 1 else 'has'} "
-                            "no effect with trl.use_vllm = false: no vLLM server is used (set trl.use_vllm = true).")  # fmt: skip
+            warnings.append(
+                f"{', '.join('trl.' + k for k in server_keys)} {'have' if len(server_keys) > 1 else 'has'} "
+                "no effect with trl.use_vllm = false: no vLLM server is used (set trl.use_vllm = true)."
+            )
         if _written(trl, "vllm_sync_interval") and cfg.plugins.weight_sync is None:
             warnings.append(
                 f"trl.vllm_sync_interval = {trl.vllm_sync_interval} has no effect with trl.use_vllm = false: the "
@@ -389,7 +410,12 @@ def _training_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) ->
     if not cfg.datasets:
         errors.append("datasets is empty: add at least one [[datasets]] entry with a path.")
     for i, ds in enumerate(cfg.datasets):
-        looks_local = ds.path.startswith((".", "/", "~")) or Path(ds.path).suffix in {".json", ".jsonl", ".csv", ".parquet"}
+        looks_local = ds.path.startswith((".", "/", "~")) or Path(ds.path).suffix in {
+            ".json",
+            ".jsonl",
+            ".csv",
+            ".parquet",
+        }
         if looks_local and not Path(ds.path).expanduser().exists():
             warnings.append(f"datasets[{i}].path '{ds.path}' does not exist (relative to {Path.cwd()}).")
     if cfg.bf16 is True and cfg.fp16:
@@ -398,8 +424,15 @@ def _training_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) ->
         warnings.append("gradient_checkpointing_kwargs is set but gradient_checkpointing is false.")
 
 
-ATTN_IMPLEMENTATIONS = {"eager", "sdpa", "sdpa_float32", "flash_attention_2", "flash_attention_3", "flex_attention",
-                        "paged_attention"}
+ATTN_IMPLEMENTATIONS = {
+    "eager",
+    "sdpa",
+    "sdpa_float32",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flex_attention",
+    "paged_attention",
+}
 """transformers' names, and grpo's ``sdpa_float32`` (grpo_core/modeling/attention.py)."""
 
 
@@ -412,14 +445,18 @@ def _model_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warn
             f"{', '.join(sorted(ATTN_IMPLEMENTATIONS))} (or a hub kernel 'org/repo')."
         )
     if attn is not None and (cfg.flash_attention or cfg.sdp_attention is not None):
-        errors.append("attn_implementation and flash_attention / sdp_attention are both set: keep attn_implementation only.")
+        errors.append(
+            "attn_implementation and flash_attention / sdp_attention are both set: keep attn_implementation only."
+        )
     if cfg.sample_packing:
         errors.append(
             "sample_packing = true is not supported: a GRPO batch is completions generated during the run, padded per "
             "micro-batch; packing them is not built. Set sample_packing = false or remove it."
         )
     if cfg.num_epochs is not None and "max_steps" in cfg.model_fields_set:
-        warnings.append(f"max_steps = {cfg.max_steps} takes precedence over num_epochs = {cfg.num_epochs:g} (as in Axolotl).")
+        warnings.append(
+            f"max_steps = {cfg.max_steps} takes precedence over num_epochs = {cfg.num_epochs:g} (as in Axolotl)."
+        )
     bits = "load_in_4bit" if cfg.load_in_4bit else "load_in_8bit" if cfg.load_in_8bit else None
     if cfg.load_in_4bit and cfg.load_in_8bit:
         errors.append("load_in_4bit and load_in_8bit are both true: choose one.")
@@ -428,7 +465,9 @@ def _model_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warn
             warnings.append("bnb_config_kwargs has no effect without load_in_4bit or load_in_8bit.")
         return
     if cfg.adapter is None:
-        errors.append(f"{bits} quantises the frozen base weights, so it needs a LoRA adapter to train: set adapter = 'lora'.")
+        errors.append(
+            f"{bits} quantises the frozen base weights, so it needs a LoRA adapter to train: set adapter = 'lora'."
+        )
     if traits.sync_sends == "merged_weights":
         errors.append(
             f"{bits}: weight sync '{traits.names['weight_sync']}' sends merged full weights, which a quantised base "
@@ -459,10 +498,14 @@ def _observability_checks(cfg: GRPOConfig, host: PluginHost | None, errors: list
     except ConfigError as exc:
         errors.append(str(exc))
     if cfg.test_datasets and cfg.val_set_size > 0:
-        warnings.append("test_datasets and val_set_size are both set: evaluation uses test_datasets and val_set_size "
-                        "splits nothing off.")
+        warnings.append(
+            "test_datasets and val_set_size are both set: evaluation uses test_datasets and val_set_size "
+            "splits nothing off."
+        )
     if cfg.val_set_size >= 1 and cfg.val_set_size != int(cfg.val_set_size):
-        errors.append(f"val_set_size = {cfg.val_set_size}: a count must be a whole number (or give a fraction below 1).")
+        errors.append(
+            f"val_set_size = {cfg.val_set_size}: a count must be a whole number (or give a fraction below 1)."
+        )
     unknown = sorted(set(cfg.alerts.silence) - set(ALERT_NAMES))
     if unknown:
         errors.append(f"alerts.silence names unknown alert(s) {unknown}; known: {', '.join(ALERT_NAMES)}.")
@@ -474,7 +517,9 @@ def _unimplemented(cfg: GRPOConfig) -> list[NotImplementedYet]:
     return [NotImplementedYet(item.key, item.detail) for item in NOT_IMPLEMENTED if item.is_set(cfg)]
 
 
-def _plugin_checks(cfg: GRPOConfig, host: PluginHost, classes: ChosenClasses, errors: list[str], warnings: list[str]) -> None:
+def _plugin_checks(
+    cfg: GRPOConfig, host: PluginHost, classes: ChosenClasses, errors: list[str], warnings: list[str]
+) -> None:
     """Check each imported implementation against its settings, the other
     choices and its own rules, so that "OK" means ``grpo run`` gets past
     wiring (:func:`import_chosen` reported the ones that did not import)."""
@@ -539,7 +584,9 @@ def environment_is_episodic(cfg: GRPOConfig, host: PluginHost) -> bool:
     declares ``episodic``; imported, not built)."""
     point = BY_NAME["environment"]
     try:
-        _, cls = host.implementation_class(point.name, chosen_implementations(cfg)[point.name], key=source_key(cfg, point))
+        _, cls = host.implementation_class(
+            point.name, chosen_implementations(cfg)[point.name], key=source_key(cfg, point)
+        )
     except (PluginError, ConfigError):
         return False
     return _episodic(cls)
@@ -576,8 +623,12 @@ BackendRules = Callable[[GRPOConfig, ChosenTraits], list[str]]
 below the backends and never imports them, so the caller passes them in."""
 
 
-def check_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes: int | None = None,
-                 backend_rules: BackendRules | None = None) -> list[str]:  # fmt: skip
+def check_config(
+    cfg: GRPOConfig,
+    host: PluginHost | None = None,
+    num_processes: int | None = None,
+    backend_rules: BackendRules | None = None,
+) -> list[str]:
     """Return warnings for ``cfg``; raise :class:`ConfigError` listing every
     problem that stops it from running.
 

@@ -40,18 +40,11 @@ import shlex
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import httpx
-from grpo_plugins.environments.openenv_server import ManagedEnvServer
-from grpo_plugins.environments.openenv_session import (
-    OpenEnvError,
-    OpenEnvSession,
-    OpenEnvUnavailable,
-    StepResult,
-    http_url,
-)
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from grpo_core.plugin_api import (
@@ -63,6 +56,14 @@ from grpo_core.plugin_api import (
     RunContext,
     hookimpl,
     import_from_cwd,
+)
+from grpo_plugins.environments.openenv_server import ManagedEnvServer
+from grpo_plugins.environments.openenv_session import (
+    OpenEnvError,
+    OpenEnvSession,
+    OpenEnvUnavailable,
+    StepResult,
+    http_url,
 )
 
 ActionFunction = Callable[[str], dict[str, Any]]
@@ -78,7 +79,9 @@ class OpenEnvSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    base_url: str | None = Field(None, description="A running OpenEnv server, e.g. 'http://127.0.0.1:8000' (ws:// works too).")
+    base_url: str | None = Field(
+        None, description="A running OpenEnv server, e.g. 'http://127.0.0.1:8000' (ws:// works too)."
+    )
     command: str | list[str] | None = Field(
         None,
         validate_default=True,
@@ -87,34 +90,50 @@ class OpenEnvSettings(BaseModel):
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for command.")
     startup_timeout: float = Field(
-        120.0, gt=0, description="Seconds the server (command's, or base_url's) may take to answer /health, waited for at the first episode."
+        120.0,
+        gt=0,
+        description="Seconds the server (command's, or base_url's) may take to answer /health, waited for at the first episode.",
     )
     max_restarts: int = Field(
-        3, ge=0, description="Times grpo restarts command's server in a run when it has exited or stopped answering "
-        "/health (checked as each episode starts); past that, the run ends with an error. 0: never restart."
+        3,
+        ge=0,
+        description="Times grpo restarts command's server in a run when it has exited or stopped answering "
+        "/health (checked as each episode starts); past that, the run ends with an error. 0: never restart.",
     )
     connect_timeout: float = Field(10.0, gt=0, description="Seconds to open an episode's WebSocket session.")
-    step_timeout: float | None = Field(None, gt=0, description="Seconds a reset or step may take. Unset: [episodes] step_timeout.")
+    step_timeout: float | None = Field(
+        None, gt=0, description="Seconds a reset or step may take. Unset: [episodes] step_timeout."
+    )
     capacity_wait: float = Field(
         0.0, ge=0, description="Seconds a reset keeps retrying while the server has no free session (0: fail at once)."
     )
     action_field: str | None = Field(
-        None, min_length=1, description="The action field the model's turn text goes into. Unset: the action class's only required field (from the server's /schema)."
+        None,
+        min_length=1,
+        description="The action field the model's turn text goes into. Unset: the action class's only required field (from the server's /schema).",
     )
-    action_function: str | None = Field(None, description="'module.function' text -> action dict (overrides action_field).")
+    action_function: str | None = Field(
+        None, description="'module.function' text -> action dict (overrides action_field)."
+    )
     observation_field: str | None = Field(
-        None, description="The observation field the model reads. Unset: its only text field, else the observation as JSON."
+        None,
+        description="The observation field the model reads. Unset: its only text field, else the observation as JSON.",
     )
     observation_function: str | None = Field(
-        None, description="'module.function' observation dict -> message text (or chat messages); overrides observation_field."
+        None,
+        description="'module.function' observation dict -> message text (or chat messages); overrides observation_field.",
     )
     role: str = Field("user", min_length=1, description="Role of the environment's messages in the chat template.")
     reset_observation: Literal["append", "ignore"] = Field(
-        "append", description="'append': the reset observation is added to the prompt's last user message; 'ignore': the prompt alone."
+        "append",
+        description="'append': the reset observation is added to the prompt's last user message; 'ignore': the prompt alone.",
     )
-    reset_columns: list[str] = Field(default_factory=list, description="Dataset columns passed to the server's reset as keyword arguments.")
+    reset_columns: list[str] = Field(
+        default_factory=list, description="Dataset columns passed to the server's reset as keyword arguments."
+    )
     seed: Literal["prompt", "none"] = Field(
-        "prompt", description="'prompt': every episode of a prompt resets with seed = its dataset index; 'none': no seed."
+        "prompt",
+        description="'prompt': every episode of a prompt resets with seed = its dataset index; 'none': no seed.",
     )
 
     @field_validator("command")
@@ -122,7 +141,9 @@ class OpenEnvSettings(BaseModel):
     def _one_server(cls, command: str | list[str] | None, info: ValidationInfo) -> str | list[str] | None:
         # On `command` (validated after base_url, defaults included) so the error names a key.
         if (info.data.get("base_url") is None) == (command is None):
-            raise ValueError("set exactly one of base_url (a running OpenEnv server) and command (one grpo starts and stops)")
+            raise ValueError(
+                "set exactly one of base_url (a running OpenEnv server) and command (one grpo starts and stops)"
+            )
         if command is not None and not command:
             raise ValueError("the command is empty")
         return command
@@ -212,7 +233,9 @@ class OpenEnvEpisode:
         if self.done:
             if self.steps == 0:  # over at reset: the driver cannot know before its first turn
                 return EnvironmentReply(done=True)
-            raise OpenEnvError(f"OpenEnv server at {self.session.url}, {self.session.where}: step after the episode ended.")
+            raise OpenEnvError(
+                f"OpenEnv server at {self.session.url}, {self.session.where}: step after the episode ended."
+            )
         self.steps += 1
         try:
             action = self.to_action(text)
@@ -262,13 +285,17 @@ class OpenEnvEnvironment:
         self.settings = s = settings
         self.step_timeout = s.step_timeout or float(context.config.episodes.step_timeout)
         self._action_function = _import("action_function", s.action_function) if s.action_function else None
-        self._observation_function = _import("observation_function", s.observation_function) if s.observation_function else None
+        self._observation_function = (
+            _import("observation_function", s.observation_function) if s.observation_function else None
+        )
         self.server: ManagedEnvServer | None = None
         if s.command is not None:
             log_path = Path(context.output_dir) / "openenv-server.log"
             self.server = ManagedEnvServer(s.command, env=s.env, log_path=log_path)
             self.server.start()  # starts while the model loads; waited for at the first episode
-            context.log(f"OpenEnv: starting server {self.server.argv[0]} ... at {self.server.base_url}, log: {log_path}")
+            context.log(
+                f"OpenEnv: starting server {self.server.argv[0]} ... at {self.server.base_url}, log: {log_path}"
+            )
         self._base_url = str(s.base_url)
         self._action_field = s.action_field
         self._ready = False
@@ -325,7 +352,9 @@ class OpenEnvEnvironment:
             try:
                 return self._observation_function(observation)
             except Exception as exc:  # noqa: BLE001 - the user's function
-                raise OpenEnvError(f"plugins.openenv.observation_function raised {type(exc).__name__}: {exc}.") from None
+                raise OpenEnvError(
+                    f"plugins.openenv.observation_function raised {type(exc).__name__}: {exc}."
+                ) from None
         return observation_text(observation, self.settings.observation_field)
 
     def messages(self, observation: dict[str, Any]) -> Messages:
@@ -376,7 +405,9 @@ class OpenEnvEnvironment:
             status = httpx.get(f"{self.server.base_url}/health", timeout=timeout, trust_env=False).status_code
         except httpx.HTTPError as exc:
             return f"the managed server (pid {self.server.pid}) did not answer GET /health within {timeout:g} s ({type(exc).__name__})"
-        return None if status == 200 else f"the managed server (pid {self.server.pid}) answered GET /health with {status}"
+        return (
+            None if status == 200 else f"the managed server (pid {self.server.pid}) answered GET /health with {status}"
+        )
 
     def _restart_if_down(self) -> None:
         """At an episode's start (under ``_ready_lock``, so a failure seen by

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import IO
 
 import httpx
-from grpo_plugins.environments.openenv_session import OpenEnvUnavailable
 
 from grpo_core.plugin_api import in_lifelong_thread, set_parent_death_signal
+from grpo_plugins.environments.openenv_session import OpenEnvUnavailable
 
 _LIVE: weakref.WeakSet[ManagedEnvServer] = weakref.WeakSet()
 

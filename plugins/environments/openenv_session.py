@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from grpo_core.plugin_api import GrpoError
 
@@ -164,7 +165,9 @@ class OpenEnvSession:
             # proxy=None: an HTTP(S)_PROXY of the machine must not reroute loopback traffic.
             # Entered as a context manager (closed by close()): websockets 17
             # warns about a bare connect(), and older releases accept both.
-            self._ws = client.connect(self.url, open_timeout=self.connect_timeout, max_size=None, proxy=None).__enter__()
+            self._ws = client.connect(
+                self.url, open_timeout=self.connect_timeout, max_size=None, proxy=None
+            ).__enter__()
         except TimeoutError:
             raise self._unavailable(
                 what, f"could not connect within {self.connect_timeout:g} s (plugins.openenv.connect_timeout)"
@@ -184,7 +187,9 @@ class OpenEnvSession:
                 raise OpenEnvError(f"{self._prefix(what)}: the session was already closed.")
             if self._lost is not None:
                 # Reconnecting would give a new, un-reset environment on the server.
-                raise OpenEnvError(f"{self._prefix(what)}: the session was lost at {self._lost}, so this episode cannot go on.")
+                raise OpenEnvError(
+                    f"{self._prefix(what)}: the session was lost at {self._lost}, so this episode cannot go on."
+                )
             ws = self._connect(what)
             try:
                 try:
@@ -204,7 +209,9 @@ class OpenEnvSession:
                 ) from None
             except ConnectionClosed as exc:
                 self._drop(what)
-                raise self._unavailable(what, f"the connection closed (code {exc.rcvd.code if exc.rcvd else 1006})") from None
+                raise self._unavailable(
+                    what, f"the connection closed (code {exc.rcvd.code if exc.rcvd else 1006})"
+                ) from None
             except OSError as exc:
                 self._drop(what)
                 raise self._unavailable(what, f"the connection broke ({exc})") from None

@@ -59,7 +59,9 @@ def render_call(name: str, arguments: dict[str, Any], style: Format) -> str:
 def instructions(schemas: list[dict[str, Any]], style: Format, example: tuple[str, dict[str, Any]] | None) -> str:
     """The system-prompt text that teaches the format."""
     how = (
-        'write {"name": ..., "arguments": {...}} as JSON' if style == "json" else "write the call as name(argument=value)"
+        'write {"name": ..., "arguments": {...}} as JSON'
+        if style == "json"
+        else "write the call as name(argument=value)"
     )
     text = [
         "You can use tools. To call a tool, " + how + " between <tool_call> and </tool_call>, then stop and wait: "

@@ -25,14 +25,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
-from grpo_plugins.environments.tool_calls import (
-    ToolCall,
-    example_arguments,
-    instructions,
-    parse_calls,
-)
 from pydantic import BaseModel, Field
 
 from grpo_core.plugin_api import (
@@ -44,6 +39,12 @@ from grpo_core.plugin_api import (
     hookimpl,
     import_from_cwd,
 )
+from grpo_plugins.environments.tool_calls import (
+    ToolCall,
+    example_arguments,
+    instructions,
+    parse_calls,
+)
 
 
 class ToolSettings(BaseModel):
@@ -52,7 +53,9 @@ class ToolSettings(BaseModel):
     format: Literal["json", "python"] = Field("json", description="How the model writes a call (see tool_calls.py).")
     example: bool = Field(True, description="Put a one-shot example call in the system prompt.")
     result_role: Literal["tool", "user"] = Field("tool", description="The role of the messages that carry results.")
-    instructions: str | None = Field(None, description="Text before the tool list in the system prompt (default: grpo's).")
+    instructions: str | None = Field(
+        None, description="Text before the tool list in the system prompt (default: grpo's)."
+    )
     demonstration: list[dict[str, str]] | None = Field(
         None,
         description="Chat messages put between the system prompt and the prompt: a worked exchange (a call, its "
@@ -78,7 +81,9 @@ def _load(spec: str, key: str) -> Any:
     try:
         return import_from_cwd(spec)
     except Exception as exc:  # noqa: BLE001 - named below
-        raise ConfigError(f"{key} = '{spec}' cannot be imported ({exc}); it must be importable from the working directory") from None
+        raise ConfigError(
+            f"{key} = '{spec}' cannot be imported ({exc}); it must be importable from the working directory"
+        ) from None
 
 
 def environment_methods(instance: Any) -> list[Callable[..., Any]]:
@@ -97,7 +102,9 @@ class ToolEpisode:
         self.owner = owner
         self.prompt = prompt
         self.environment = instance  # what reward functions get as environments=
-        self.tools = {f.__name__: f for f in owner.functions + (environment_methods(instance) if instance is not None else [])}
+        self.tools = {
+            f.__name__: f for f in owner.functions + (environment_methods(instance) if instance is not None else [])
+        }
         self.rounds = 0
 
     def reset(self) -> Messages:
@@ -162,15 +169,21 @@ class ToolEnvironment:
         self.functions = [_load(spec, "trl.tools") for spec in trl.tools or []]
         self.factory = _load(trl.environment_factory, "trl.environment_factory") if trl.environment_factory else None
         if not self.functions and self.factory is None:
-            raise ConfigError("the 'tools' environment needs trl.tools = ['module.function'] or trl.environment_factory = 'module.Class'")
+            raise ConfigError(
+                "the 'tools' environment needs trl.tools = ['module.function'] or trl.environment_factory = 'module.Class'"
+            )
         self.max_rounds = trl.max_tool_calling_iterations
         self._schemas: dict[str, dict[str, Any]] = {}
         probe = self.factory() if self.factory is not None else None  # the schemas of its methods, checked now
         self._tool_list = self.functions + (environment_methods(probe) if probe is not None else [])
         if not self._tool_list:
-            raise ConfigError(f"trl.environment_factory = '{trl.environment_factory}' has no public methods to offer as tools, and trl.tools is empty")
+            raise ConfigError(
+                f"trl.environment_factory = '{trl.environment_factory}' has no public methods to offer as tools, and trl.tools is empty"
+            )
         for func in self._tool_list:
-            self._schemas[func.__name__] = _schema(func, "trl.environment_factory" if func not in self.functions else "trl.tools")
+            self._schemas[func.__name__] = _schema(
+                func, "trl.environment_factory" if func not in self.functions else "trl.tools"
+            )
 
     @staticmethod
     def provides_reward(config: Any) -> bool:

@@ -18,7 +18,9 @@ def completion_text(completion: Any) -> str:
     in an episode, the environment's and tools' messages are left out)."""
     if isinstance(completion, list):
         return "".join(
-            str(m.get("content") or "") for m in completion if isinstance(m, dict) and m.get("role", "assistant") == "assistant"
+            str(m.get("content") or "")
+            for m in completion
+            if isinstance(m, dict) and m.get("role", "assistant") == "assistant"
         )
     return str(completion)
 
@@ -52,7 +54,9 @@ def think_answer_format(completions: list[Any], **kwargs: Any) -> list[float]:
     return rewards
 
 
-def environment(completions: list[Any], environment_reward: list[float | None] | None = None, **kwargs: Any) -> list[float | None]:
+def environment(
+    completions: list[Any], environment_reward: list[float | None] | None = None, **kwargs: Any
+) -> list[float | None]:
     """The reward the environment gave each episode (the sum of its
     replies' rewards); ``None`` where it gave none, or the episode failed.
     Added to ``reward_funcs`` by itself when the environment declares

@@ -52,11 +52,15 @@ def import_reward_function(spec: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             return None
-        raise PluginError(f"reward function '{spec}': importing '{module_name}' failed: {type(exc).__name__}: {exc}") from exc
+        raise PluginError(
+            f"reward function '{spec}': importing '{module_name}' failed: {type(exc).__name__}: {exc}"
+        ) from exc
     except ImportError as exc:
         raise PluginError(f"reward function '{spec}': {exc}. Check the function name.") from exc
     except Exception as exc:  # a bug in the user's module at import time
-        raise PluginError(f"reward function '{spec}': importing '{module_name}' raised {type(exc).__name__}: {exc}") from exc
+        raise PluginError(
+            f"reward function '{spec}': importing '{module_name}' raised {type(exc).__name__}: {exc}"
+        ) from exc
     if not callable(func):
         raise PluginError(f"reward function '{spec}' is a {type(func).__name__}, not a function.")
     return func
@@ -98,7 +102,9 @@ def reward_model_from_hub(spec: str, context: RunContext) -> Any:
         ) from exc
     archs = list(getattr(config, "architectures", None) or [])
     if not any(a.endswith(SEQ_CLS_SUFFIX) for a in archs):
-        raise PluginError(f"reward function '{spec}' is not a sequence-classification (reward) model (architectures: {archs}).")
+        raise PluginError(
+            f"reward function '{spec}' is not a sequence-classification (reward) model (architectures: {archs})."
+        )
     return RewardModelFunction(spec, spec.rsplit("/", 1)[-1], context)
 
 
@@ -134,7 +140,9 @@ class RewardModelFunction:
                 tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
             device = "cuda" if torch.cuda.is_available() else "cpu"
             dtype = torch.bfloat16 if self.use_bf16 else torch.float32
-            model = AutoModelForSequenceClassification.from_pretrained(self.source, dtype=dtype, trust_remote_code=self.trust_remote_code)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                self.source, dtype=dtype, trust_remote_code=self.trust_remote_code
+            )
         except ValueError as exc:
             if "trust_remote_code" not in str(exc):
                 raise
@@ -149,7 +157,11 @@ class RewardModelFunction:
 
     def _text(self, prompt: Any, completion: Any) -> str:
         if isinstance(prompt, list):
-            messages = list(prompt) + (list(completion) if isinstance(completion, list) else [{"role": "assistant", "content": str(completion)}])
+            messages = list(prompt) + (
+                list(completion)
+                if isinstance(completion, list)
+                else [{"role": "assistant", "content": str(completion)}]
+            )
             if self._tokenizer.chat_template is not None:
                 return self._tokenizer.apply_chat_template(messages, tokenize=False, **self.chat_template_kwargs)
             return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)

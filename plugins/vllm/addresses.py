@@ -79,7 +79,9 @@ def check_socket_path(path: Path) -> None:
     access: vLLM creates the socket world-readable, so the directory is what
     keeps other users out."""
     if len(os.fsencode(str(path))) > MAX_SOCKET_PATH:
-        raise ConfigError(f"Unix socket path {path} is longer than {MAX_SOCKET_PATH} bytes; choose a shorter one (e.g. under /tmp).")
+        raise ConfigError(
+            f"Unix socket path {path} is longer than {MAX_SOCKET_PATH} bytes; choose a shorter one (e.g. under /tmp)."
+        )
     parent = path.parent
     try:
         info = parent.stat()

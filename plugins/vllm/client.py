@@ -17,7 +17,8 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -138,9 +139,12 @@ class VLLMClient:
             remaining = deadline - time.monotonic()
             try:
                 response = self._session().request(
-                    method, url, json=json, params=params,
+                    method,
+                    url,
+                    json=json,
+                    params=params,
                     timeout=httpx.Timeout(max(remaining, 1.0), connect=min(10.0, max(remaining, 1.0))),
-                )  # fmt: skip
+                )
             except httpx.ReadTimeout:
                 raise EngineUnavailable(
                     f"vLLM server at {self.base_url} accepted {path} but sent no answer within {total:.0f} s. "
@@ -183,8 +187,12 @@ class VLLMClient:
         if status == 404 and "does not exist" in body:
             return ModelNotLoaded(f"vLLM server at {self.base_url}: {body}", status, body)
         if status in (404, 405) and ('"Not Found"' in body or '"Method Not Allowed"' in body):
-            return EndpointMissing(f"vLLM server at {self.base_url} has no endpoint {path} (HTTP {status}).", status, body)
-        return EngineRequestError(f"vLLM server at {self.base_url} refused {path} (HTTP {status}): {body}", status, body)
+            return EndpointMissing(
+                f"vLLM server at {self.base_url} has no endpoint {path} (HTTP {status}).", status, body
+            )
+        return EngineRequestError(
+            f"vLLM server at {self.base_url} refused {path} (HTTP {status}): {body}", status, body
+        )
 
     # ------------------------------------------------------------------ endpoints
 
@@ -209,7 +217,9 @@ class VLLMClient:
 
     def load_lora_adapter(self, name: str, path: str, inplace: bool = True) -> None:
         try:
-            self.request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": inplace})
+            self.request(
+                "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": inplace}
+            )
         except EndpointMissing as exc:
             raise EngineRequestError(
                 f"vLLM server at {self.base_url} cannot load LoRA adapters at runtime. Start it with "
@@ -228,11 +238,16 @@ class VLLMClient:
         """Run ``method`` on every worker (dev mode only)."""
         try:
             return self.request(
-                "POST", "/collective_rpc", {"method": method, "kwargs": kwargs or {}}, timeout=timeout,
+                "POST",
+                "/collective_rpc",
+                {"method": method, "kwargs": kwargs or {}},
+                timeout=timeout,
                 parse=lambda r: r.json() if r.content else None,
             )
         except EndpointMissing as exc:
-            raise EngineRequestError(f"vLLM server at {self.base_url} has no /collective_rpc: {DEV_MODE_HINT}.", exc.status) from None
+            raise EngineRequestError(
+                f"vLLM server at {self.base_url} has no /collective_rpc: {DEV_MODE_HINT}.", exc.status
+            ) from None
 
     def reset_prefix_cache(self) -> bool:
         """Drop cached KV blocks computed with older weights (dev mode only)."""
@@ -275,8 +290,10 @@ def adoption_refusal(base_url: str, api_key: str | None) -> str | None:
     if not ours.health():
         return NOTHING_ANSWERS
     if not api_key:
-        return ("a server answers there, but no API key is configured (nor left there by a `grpo vllm-serve` of this "
-                "user) to check that it is yours")
+        return (
+            "a server answers there, but no API key is configured (nor left there by a `grpo vllm-serve` of this "
+            "user) to check that it is yours"
+        )
     made_up = VLLMClient(base_url, "grpo-probe-" + secrets.token_hex(16), timeout=10)
     try:
         wrong = made_up._session().get(made_up._http_base + "/v1/models", timeout=10).status_code

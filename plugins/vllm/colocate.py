@@ -29,22 +29,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from grpo_plugins.vllm.cpu_kernels import install as install_cpu_kernels
-from grpo_plugins.vllm.engine import PACKED_GROUPS
-from grpo_plugins.vllm.engine_settings import (
-    block_size,
-    cpu_kernels,
-    cpu_kvcache_gib,
-    enforce_eager,
-    ir_op_priority,
-    known_dtype,
-    max_model_len,
-    resolve_dtype,
-)
-from grpo_plugins.vllm.machine import cuda_available
-from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
-from grpo_plugins.vllm.worker_ext import retie_output_embeddings
-
 from grpo_core.plugin_api import (
     SCORES_TOKENS,
     WEIGHTS_IN_MEMORY,
@@ -63,13 +47,31 @@ from grpo_core.plugin_api import (
     merged_weights,
     resolve_model_dir,
 )
+from grpo_plugins.vllm.cpu_kernels import install as install_cpu_kernels
+from grpo_plugins.vllm.engine import PACKED_GROUPS
+from grpo_plugins.vllm.engine_settings import (
+    block_size,
+    cpu_kernels,
+    cpu_kvcache_gib,
+    enforce_eager,
+    ir_op_priority,
+    known_dtype,
+    max_model_len,
+    resolve_dtype,
+)
+from grpo_plugins.vllm.machine import cuda_available
+from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
+from grpo_plugins.vllm.worker_ext import retie_output_embeddings
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig, RunContext
 
 # A LoRA sync reloads only the adapted modules; vLLM warns about every
 # module it was not given (100+ lines per sync). That is intended here.
-_RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
+_RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload.layerwise",
+    "vllm.model_executor.model_loader.reload.inplace",
+)
 
 # vLLM's loader logs each tensor that it narrows to the engine's dtype.
 _WEIGHT_LOADER_LOGGER = "vllm.model_executor.models.utils"
@@ -228,7 +230,9 @@ class ColocatedEngine:
             try:
                 self.llm = LLM(**kwargs)
             except Exception as exc:  # vLLM raises many types; the message is what helps
-                raise EngineUnavailable(f"vLLM could not start in-process (vllm_mode = 'colocate'): {type(exc).__name__}: {exc}") from exc
+                raise EngineUnavailable(
+                    f"vLLM could not start in-process (vllm_mode = 'colocate'): {type(exc).__name__}: {exc}"
+                ) from exc
             for name in _RELOAD_LOGGERS:
                 logging.getLogger(name).setLevel(logging.ERROR)
             self.log(f"vLLM: colocated engine ready after {time.perf_counter() - started:.0f} s")
@@ -238,7 +242,9 @@ class ColocatedEngine:
             if self.llm is None:
                 return
             engine = getattr(self.llm, "llm_engine", None)
-            shutdown = getattr(engine, "shutdown", None) or getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            shutdown = getattr(engine, "shutdown", None) or getattr(
+                getattr(engine, "engine_core", None), "shutdown", None
+            )
             if shutdown is not None:
                 shutdown()
             self.llm = None
@@ -293,9 +299,16 @@ class ColocatedEngine:
         output = self.generate([ids], params)[0]
         entries = output.prompt_logprobs or []
         if len(entries) != len(ids):
-            raise EngineUnavailable(f"{self.description} returned prompt log-probs for {len(entries)} of {len(ids)} tokens")
-        return [EngineScore(self.description, [float(entry[token].logprob) for entry, token in zip(entries[1:], ids[1:], strict=True)],
-                            self.served_model)]  # fmt: skip
+            raise EngineUnavailable(
+                f"{self.description} returned prompt log-probs for {len(entries)} of {len(ids)} tokens"
+            )
+        return [
+            EngineScore(
+                self.description,
+                [float(entry[token].logprob) for entry, token in zip(entries[1:], ids[1:], strict=True)],
+                self.served_model,
+            )
+        ]
 
     def packed_groups(self) -> tuple[tuple[str, ...], ...]:
         """Which HF projections vLLM fuses into one weight, from the loaded
@@ -309,7 +322,9 @@ class ColocatedEngine:
 
             try:
                 mapping = self.llm.collective_rpc(read)[0]
-                self._packed = tuple(tuple(members) for members in mapping.values() if len(members) > 1) or PACKED_GROUPS
+                self._packed = (
+                    tuple(tuple(members) for members in mapping.values() if len(members) > 1) or PACKED_GROUPS
+                )
             except Exception:  # an executor without callable RPC: the default holds for Llama-family models
                 self._packed = PACKED_GROUPS
         return self._packed
@@ -336,7 +351,9 @@ def _completions(output: Any) -> list[Completion]:
     comps = []
     for sample in sorted(output.outputs, key=lambda o: o.index):
         ids = [int(t) for t in sample.token_ids]
-        logprobs = [float(lp[t].logprob) for lp, t in zip(sample.logprobs, ids, strict=True)] if sample.logprobs else None
+        logprobs = (
+            [float(lp[t].logprob) for lp, t in zip(sample.logprobs, ids, strict=True)] if sample.logprobs else None
+        )
         comps.append(Completion(ids, str(sample.text), logprobs, sample.finish_reason == "length"))
     return comps
 
@@ -384,10 +401,16 @@ class VLLMColocateRollout:
         self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, policy_version: int
     ) -> list[RolloutGroup]:
         # One SamplingParams per prompt: each prompt gets a seed of its own (see prompt_seed).
-        params = [self.engine.sampling_params(sampling_fields(sampling, num_generations, self._calls, i), sampling) for i in range(len(prompts))]
+        params = [
+            self.engine.sampling_params(sampling_fields(sampling, num_generations, self._calls, i), sampling)
+            for i in range(len(prompts))
+        ]
         outputs = self.engine.generate([list(p.prompt_ids) for p in prompts], params)
         self._calls += 1
-        return [RolloutGroup(prompt, _completions(out), policy_version) for prompt, out in zip(prompts, outputs, strict=True)]
+        return [
+            RolloutGroup(prompt, _completions(out), policy_version)
+            for prompt, out in zip(prompts, outputs, strict=True)
+        ]
 
 
 class InMemorySync:

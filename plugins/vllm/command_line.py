@@ -15,6 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo_core.plugin_api import (
+    ADAPTER_FROM_URL,
+    ADAPTER_LOADS,
+    WEIGHTS_OVER_NCCL,
+    ConfigError,
+    format_cpu_list,
+    process_cpus,
+    remove_scratch_dir,
+    resolve_model_dir,
+)
 from grpo_plugins.vllm import machine
 from grpo_plugins.vllm.addresses import (
     SOCKET_DIR_PREFIX,
@@ -40,17 +50,6 @@ from grpo_plugins.vllm.engine_settings import (
 )
 from grpo_plugins.vllm.idle_spin import CPU_IDLE_SPIN_S, IDLE_SPIN_ENV
 from grpo_plugins.vllm.placement import server_devices
-
-from grpo_core.plugin_api import (
-    ADAPTER_FROM_URL,
-    ADAPTER_LOADS,
-    WEIGHTS_OVER_NCCL,
-    ConfigError,
-    format_cpu_list,
-    process_cpus,
-    remove_scratch_dir,
-    resolve_model_dir,
-)
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig
@@ -135,21 +134,32 @@ def server_spec(
     max_len = max_model_len(cfg)
     where = ["--uds", str(uds)] if uds is not None else ["--host", host, "--port", str(port)]
     argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model_dir,
-        "--served-model-name", SERVED_MODEL_NAME,
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_dir,
+        "--served-model-name",
+        SERVED_MODEL_NAME,
         *where,
-        "--dtype", resolve_dtype(v.dtype),
-        "--max-model-len", str(max_len),
-        "--gpu-memory-utilization", str(v.gpu_memory_utilization),
-        "--tensor-parallel-size", str(v.tensor_parallel_size),
-        "--data-parallel-size", str(v.data_parallel_size if replica is None else 1),
+        "--dtype",
+        resolve_dtype(v.dtype),
+        "--max-model-len",
+        str(max_len),
+        "--gpu-memory-utilization",
+        str(v.gpu_memory_utilization),
+        "--tensor-parallel-size",
+        str(v.tensor_parallel_size),
+        "--data-parallel-size",
+        str(v.data_parallel_size if replica is None else 1),
         # grpo's worker methods for /collective_rpc: pull weights over HTTP (full_http), re-tie a tied LM head.
-        "--worker-extension-cls", WORKER_EXTENSION,
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
         # Sampler log-probs after temperature/top-k/top-p, the distribution the
         # trainer reproduces by dividing its logits by the temperature.
-        "--logprobs-mode", "processed_logprobs",
-    ]  # fmt: skip
+        "--logprobs-mode",
+        "processed_logprobs",
+    ]
     if cfg.trust_remote_code:
         argv.append("--trust-remote-code")
     if weight_transfer:  # vLLM's NCCL weight-transfer engine
@@ -200,7 +210,7 @@ def server_spec(
             "and weights from its own filesystem"
             + (" and call its dev endpoints (/collective_rpc, /reset_prefix_cache)" if dev_mode else "")
             + ". Prefer [vllm] host = '127.0.0.1' unless the trainer runs on another machine."
-        )  # fmt: skip
+        )
     api_key = configured_api_key(cfg)
     generated = False
     if api_key is None and uds is None and generate_key:
@@ -222,14 +232,19 @@ def server_spec(
     if kvcache is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kvcache)
     argv += list(v.extra_args)
-    return ServerSpec(argv, env, host, port, api_key, dev_mode, warnings, str(uds) if uds is not None else None, generated)
+    return ServerSpec(
+        argv, env, host, port, api_key, dev_mode, warnings, str(uds) if uds is not None else None, generated
+    )
 
 
 def engine_flags(needs: frozenset[str]) -> dict[str, bool]:
     """:func:`server_spec`'s keywords for what the weight sync needs of the
     engine (``needs``: :attr:`RunContext.engine_requirements`)."""
-    return {"lora": bool(ADAPTER_LOADS & needs), "weight_transfer": WEIGHTS_OVER_NCCL in needs,
-            "adapter_over_http": ADAPTER_FROM_URL in needs}  # fmt: skip
+    return {
+        "lora": bool(ADAPTER_LOADS & needs),
+        "weight_transfer": WEIGHTS_OVER_NCCL in needs,
+        "adapter_over_http": ADAPTER_FROM_URL in needs,
+    }
 
 
 def managed_spec(cfg: GRPOConfig, needs: frozenset[str] = frozenset(), replica: int | None = None) -> ServerSpec:

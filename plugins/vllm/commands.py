@@ -7,12 +7,14 @@ module imports neither vLLM nor torch: the server is a subprocess, and
 """
 
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 from grpo_core.plugin_api import hookimpl
 
 
-def serve_foreground(config: Path, overrides: List[str], host: Optional[str], port: Optional[int], uds: Optional[Path] = None) -> int:
+def serve_foreground(
+    config: Path, overrides: list[str], host: str | None, port: int | None, uds: Path | None = None
+) -> int:
     """Start the server, say when it is ready, stop it on a signal.
 
     ``uds``: serve on that Unix socket only (its directory must be private);
@@ -25,12 +27,12 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
     import threading
 
     import typer
+
+    from grpo_core.plugin_api import EngineUnavailable, PluginHost, load_config
     from grpo_plugins.vllm.addresses import check_socket_path
     from grpo_plugins.vllm.command_line import engine_flags, server_spec
     from grpo_plugins.vllm.key_handoff import leave_key, withdraw_key
     from grpo_plugins.vllm.server import ManagedServer
-
-    from grpo_core.plugin_api import EngineUnavailable, PluginHost, load_config
 
     cfg = load_config(config, overrides)
     # LoRA layers only when the config's weight sync loads adapters (they slow CPU generation).
@@ -61,7 +63,10 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
             key = " (API key required)" if spec.api_key else ""
             typer.echo(f"vLLM server ready at {spec.base_url}, model 'base'{key}. Ctrl-C to stop.", err=True)
             if spec.uds:
-                typer.echo(f'Point the trainer at it: trl.vllm_server_base_url = "{spec.base_url}", trl.vllm_managed = false.', err=True)
+                typer.echo(
+                    f'Point the trainer at it: trl.vllm_server_base_url = "{spec.base_url}", trl.vllm_managed = false.',
+                    err=True,
+                )
             left, why_not = leave_key(spec.base_url, spec.api_key) if spec.api_key and not spec.uds else (None, None)
             if why_not:
                 typer.echo(f"warning: the API key is not left for `grpo run`: {why_not}", err=True)
@@ -69,15 +74,24 @@ def serve_foreground(config: Path, overrides: List[str], host: Optional[str], po
                 typer.echo(
                     f"API key for this server (made up now; none was configured): {spec.api_key}\n"
                     "Give it to the trainer as VLLM_API_KEY in its environment or [vllm] api_key"
-                    + ("; a `grpo run` of this user on this machine needs neither: it reads the file below." if left else "."),
+                    + (
+                        "; a `grpo run` of this user on this machine needs neither: it reads the file below."
+                        if left
+                        else "."
+                    ),
                     err=True,
                 )
             if left:
-                typer.echo(f"API key left for `grpo run` of this user in {left} (mode 600; removed when the server stops).", err=True)
+                typer.echo(
+                    f"API key left for `grpo run` of this user in {left} (mode 600; removed when the server stops).",
+                    err=True,
+                )
         while not stop.is_set() and server.alive():
             stop.wait(0.5)
         if not stop.is_set():
-            raise EngineUnavailable(f"vLLM server at {spec.base_url} exited on its own with code {server.process.returncode if server.process else '?'}")
+            raise EngineUnavailable(
+                f"vLLM server at {spec.base_url} exited on its own with code {server.process.returncode if server.process else '?'}"
+            )
     finally:
         if spec.api_key and not spec.uds:
             withdraw_key(spec.base_url, spec.api_key)
@@ -99,11 +113,15 @@ class VLLMCommands:
         @app.command("vllm-serve")
         def vllm_serve(
             config: Path = typer.Argument(..., help="Config file; its vllm table describes the server."),
-            set_: Optional[List[str]] = typer.Option(None, "--set", "-s", metavar="KEY=VALUE", help="Override a config key (repeatable)."),
-            host: Optional[str] = typer.Option(None, help="Bind address (default: vllm.host in the config, 127.0.0.1)."),
-            port: Optional[int] = typer.Option(None, help="Port (default: vllm.port in the config; 0 picks a free one)."),
-            uds: Optional[Path] = typer.Option(
-                None, "--uds", help="Serve on this Unix socket only, no TCP port; its directory must be yours and mode 700."
+            set_: list[str] | None = typer.Option(
+                None, "--set", "-s", metavar="KEY=VALUE", help="Override a config key (repeatable)."
+            ),
+            host: str | None = typer.Option(None, help="Bind address (default: vllm.host in the config, 127.0.0.1)."),
+            port: int | None = typer.Option(None, help="Port (default: vllm.port in the config; 0 picks a free one)."),
+            uds: Path | None = typer.Option(
+                None,
+                "--uds",
+                help="Serve on this Unix socket only, no TCP port; its directory must be yours and mode 700.",
             ),
         ) -> None:
             """Serve the config's base model with vLLM for `grpo run` (LoRA loading and weight reload enabled).

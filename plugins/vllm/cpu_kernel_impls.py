@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+
 from grpo_plugins.vllm import machine
 
 _SAMPLER_ARGS = ["self", "logits", "generators", "k", "p"]
@@ -44,7 +45,9 @@ def register_norms(provider: str) -> bool:
         return False
     if provider in norm.impls and provider in fused.impls:
         return True
-    supported = current_platform.is_cpu() and hasattr(torch.ops._C, "rms_norm") and hasattr(torch.ops._C, "fused_add_rms_norm")
+    supported = (
+        current_platform.is_cpu() and hasattr(torch.ops._C, "rms_norm") and hasattr(torch.ops._C, "fused_add_rms_norm")
+    )
     dtypes = cpp_norm_dtypes(machine.cpu_flags())
 
     def takes(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None) -> bool:
@@ -57,14 +60,20 @@ def register_norms(provider: str) -> bool:
         )
 
     def takes_fused(
-        x: torch.Tensor, x_residual: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None
+        x: torch.Tensor,
+        x_residual: torch.Tensor,
+        weight: torch.Tensor | None,
+        epsilon: float,
+        variance_size: int | None = None,
     ) -> bool:
         return takes(x, weight, epsilon, variance_size) and x_residual.dtype == x.dtype and x_residual.is_contiguous()
 
     if provider not in norm.impls:
 
         @norm.register_impl(provider, supported=supported, supports_args=takes)
-        def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None) -> torch.Tensor:
+        def rms_norm(
+            x: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None
+        ) -> torch.Tensor:
             out = torch.empty_like(x)
             torch.ops._C.rms_norm(out, x, weight, epsilon)
             return out
@@ -73,7 +82,11 @@ def register_norms(provider: str) -> bool:
 
         @fused.register_impl(provider, supported=supported, supports_args=takes_fused, inplace=True)
         def fused_add_rms_norm(
-            x: torch.Tensor, x_residual: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None
+            x: torch.Tensor,
+            x_residual: torch.Tensor,
+            weight: torch.Tensor | None,
+            epsilon: float,
+            variance_size: int | None = None,
         ) -> tuple[torch.Tensor, torch.Tensor]:
             torch.ops._C.fused_add_rms_norm(x, x_residual, weight, epsilon)
             return x, x_residual
@@ -93,7 +106,11 @@ def sample_inverse_cdf(logprobs: torch.Tensor, generators: dict[int, torch.Gener
     rows = logprobs.shape[0]
     cumulative = logprobs.exp().to(torch.float64).cumsum_(-1)
     total = cumulative[:, -1:]
-    uniform = torch.rand(rows, 1, dtype=torch.float64) if len(generators) != rows else torch.empty(rows, 1, dtype=torch.float64)
+    uniform = (
+        torch.rand(rows, 1, dtype=torch.float64)
+        if len(generators) != rows
+        else torch.empty(rows, 1, dtype=torch.float64)
+    )
     for row, generator in generators.items():
         uniform[row] = torch.rand(1, generator=generator, dtype=torch.float64)
     # strictly below the total, so the last token with any probability is the furthest one reachable

@@ -67,7 +67,11 @@ def register() -> None:
     if install():
         print(f"{INSTALLED} (process {os.getpid()})", file=sys.stderr, flush=True)
     else:
-        print("grpo: this vLLM lacks the sampler or IR ops [vllm] cpu_kernels replaces; its own run", file=sys.stderr, flush=True)
+        print(
+            "grpo: this vLLM lacks the sampler or IR ops [vllm] cpu_kernels replaces; its own run",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def install(enabled: bool = True) -> bool:
@@ -78,14 +82,19 @@ def install(enabled: bool = True) -> bool:
     try:
         # vLLM is optional and slow to import: only inside an engine's process
         import vllm._custom_ops  # noqa: F401  registers torch.ops._C
-        from grpo_plugins.vllm import cpu_kernel_impls as impls
         from vllm.v1.sample import sampler
         from vllm.v1.sample.ops import topk_topp_sampler
+
+        from grpo_plugins.vllm import cpu_kernel_impls as impls
     except ImportError:
         return False
     if not enabled:
         impls.restore_sampler(topk_topp_sampler)
         impls.restore_rank_count(sampler)
         return True
-    installed = [impls.register_norms(PROVIDER), impls.install_sampler(topk_topp_sampler), impls.install_rank_count(sampler)]
+    installed = [
+        impls.register_norms(PROVIDER),
+        impls.install_sampler(topk_topp_sampler),
+        impls.install_rank_count(sampler),
+    ]
     return all(installed)

@@ -67,10 +67,16 @@ def plan_cpu_split(cfg: GRPOConfig, usable: frozenset[int], cuda: bool) -> CpuSp
     try:
         engine = frozenset(parse_cpu_list(wanted))
     except ValueError:
-        raise ConfigError(f"vllm.engine_cpus = {wanted!r}: give CPU core ids like '0-3' or '0,2' (or 'all' for no split).") from None
+        raise ConfigError(
+            f"vllm.engine_cpus = {wanted!r}: give CPU core ids like '0-3' or '0,2' (or 'all' for no split)."
+        ) from None
     if not engine <= usable:
-        raise ConfigError(f"vllm.engine_cpus = {wanted!r} names cores this process cannot use ({format_cpu_list(engine - usable)}); "
-                          f"usable here: {format_cpu_list(usable)}.")
+        raise ConfigError(
+            f"vllm.engine_cpus = {wanted!r} names cores this process cannot use ({format_cpu_list(engine - usable)}); "
+            f"usable here: {format_cpu_list(usable)}."
+        )
     if engine == usable:
-        raise ConfigError(f"vllm.engine_cpus = {wanted!r} leaves the trainer no core: name fewer cores, or 'all' for no split.")
+        raise ConfigError(
+            f"vllm.engine_cpus = {wanted!r} leaves the trainer no core: name fewer cores, or 'all' for no split."
+        )
     return CpuSplit(engine, usable - engine)

@@ -11,11 +11,25 @@ adapter is unknown) and re-applies the last load before it samples again.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from grpo_core.plugin_api import (
+    ADAPTER_FROM_PATH,
+    ADAPTER_FROM_URL,
+    ADAPTER_LOADS,
+    CONTROL_ENDPOINTS,
+    SCORES_TOKENS,
+    WEIGHTS_FROM_PATH,
+    WEIGHTS_FROM_URL,
+    WEIGHTS_OVER_NCCL,
+    ConfigError,
+    ControlEndpoint,
+    EngineScore,
+    EngineUnavailable,
+)
 from grpo_plugins.vllm.addresses import configured_api_key, is_loopback
 from grpo_plugins.vllm.client import (
     NOTHING_ANSWERS,
@@ -41,21 +55,6 @@ from grpo_plugins.vllm.key_handoff import handed_key
 from grpo_plugins.vllm.probe_gate import ProbeGate
 from grpo_plugins.vllm.server import LOG_NAME, ManagedServer
 from grpo_plugins.vllm.worker_ext import RETIE_METHOD
-
-from grpo_core.plugin_api import (
-    ADAPTER_FROM_PATH,
-    ADAPTER_FROM_URL,
-    ADAPTER_LOADS,
-    CONTROL_ENDPOINTS,
-    SCORES_TOKENS,
-    WEIGHTS_FROM_PATH,
-    WEIGHTS_FROM_URL,
-    WEIGHTS_OVER_NCCL,
-    ConfigError,
-    ControlEndpoint,
-    EngineScore,
-    EngineUnavailable,
-)
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import RunContext
@@ -93,8 +92,11 @@ def prompt_logprobs(data: Mapping[str, Any], ids: list[int], where: str) -> list
         raise ValueError(f"expected prompt_logprobs for {len(ids)} tokens, got {type(entries).__name__}")
     out = [float(entry[str(token)]["logprob"]) for entry, token in zip(entries[1:], ids[1:], strict=True)]
     if any(value > 1e-3 for value in out):
-        raise EngineRequestError(f"{where} returns positive prompt log-probs: it was started with a --logprobs-mode that "
-                                 "returns logits; start it with --logprobs-mode processed_logprobs (grpo vllm-serve does).", 400)  # fmt: skip
+        raise EngineRequestError(
+            f"{where} returns positive prompt log-probs: it was started with a --logprobs-mode that "
+            "returns logits; start it with --logprobs-mode processed_logprobs (grpo vllm-serve does).",
+            400,
+        )
     return out
 
 
@@ -107,8 +109,12 @@ class ServerControl:
         self._client = client
         self.description = description
 
-    def request(self, method: str, path: str, body: Mapping[str, Any] | None = None, *, timeout: float | None = None) -> Any:
-        response = self._client.request(method, path, None if body is None else dict(body), timeout=timeout, retry=False)
+    def request(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, *, timeout: float | None = None
+    ) -> Any:
+        response = self._client.request(
+            method, path, None if body is None else dict(body), timeout=timeout, retry=False
+        )
         return response.json() if response.content else None
 
 
@@ -122,7 +128,17 @@ class VLLMServerEngine:
     ``trl.vllm_server_base_urls``) or ``replica`` (managed server ``i`` of
     ``[vllm] data_parallel_size``)."""
 
-    capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, ADAPTER_FROM_URL, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS, SCORES_TOKENS})
+    capabilities = frozenset(
+        {
+            WEIGHTS_FROM_PATH,
+            ADAPTER_FROM_PATH,
+            ADAPTER_FROM_URL,
+            WEIGHTS_FROM_URL,
+            WEIGHTS_OVER_NCCL,
+            CONTROL_ENDPOINTS,
+            SCORES_TOKENS,
+        }
+    )
 
     def __init__(self, context: RunContext, *, url: str | None = None, replica: int | None = None) -> None:
         self.context = context
@@ -161,9 +177,11 @@ class VLLMServerEngine:
                 if not managed:
                     self.log(f"vLLM: using the server already answering at {url}")
                 elif refusal != NOTHING_ANSWERS:
-                    self.log(f"vLLM: not using the server at {url}: {refusal}; starting a private one (set "
-                             "trl.vllm_managed = false to use that server, and [vllm] api_key if it checks one; "
-                             "a `trl vllm-serve` checks none)")  # fmt: skip
+                    self.log(
+                        f"vLLM: not using the server at {url}: {refusal}; starting a private one (set "
+                        "trl.vllm_managed = false to use that server, and [vllm] api_key if it checks one; "
+                        "a `trl vllm-serve` checks none)"
+                    )
         if managed:
             if trl.vllm_server_base_url or trl.vllm_server_base_urls:
                 raise ConfigError(
@@ -249,7 +267,9 @@ class VLLMServerEngine:
             self._clean_server()
             self._prepared = True
 
-    def restart_if_dead(self, reapplying: str = "the managed server was restarted; re-applying the last weight sync") -> bool:
+    def restart_if_dead(
+        self, reapplying: str = "the managed server was restarted; re-applying the last weight sync"
+    ) -> bool:
         """Managed mode: bring a server that exited back up and give it the
         last weights again (``reapplying`` is what the log says then). The
         lock keeps the prefetch thread and the trainer thread from restarting
@@ -257,7 +277,9 @@ class VLLMServerEngine:
         with self._lock:
             if self.server is None or self.server.alive():
                 return False
-            self.log("vLLM: " + (self.server.dead_reason() or "managed server is gone").splitlines()[0] + "; restarting it")
+            self.log(
+                "vLLM: " + (self.server.dead_reason() or "managed server is gone").splitlines()[0] + "; restarting it"
+            )
             self.server.stop()
             self.server.start()
             self.server.wait_ready(max(self.timeout, 300.0))
@@ -296,7 +318,9 @@ class VLLMServerEngine:
         trainer's disk."""
 
         def load() -> None:
-            answer = self.client.collective_rpc("grpo_fetch_adapter", {"url": url, "token": token, "keep": self.adapter_folders_kept()})
+            answer = self.client.collective_rpc(
+                "grpo_fetch_adapter", {"url": url, "token": token, "keep": self.adapter_folders_kept()}
+            )
             paths = [str(p) for p in (answer or {}).get("results") or [] if p]
             if not paths:
                 raise EngineRequestError(
@@ -427,7 +451,9 @@ class VLLMServerEngine:
         restarts = self.restarts
         try:
             if not self.restart_if_dead() and self.weights_lost():
-                self.reapply("the server holds other weights than the last sync (restarted?); re-applying the last weight sync")
+                self.reapply(
+                    "the server holds other weights than the last sync (restarted?); re-applying the last weight sync"
+                )
         except EngineUnavailable:  # it died while we asked
             if not self.back_since(restarts):
                 raise
@@ -445,9 +471,11 @@ class VLLMServerEngine:
             if self.server is not None:
                 raise  # grpo started this server with the extension: a real failure
             self._retie_missing = True
-            self.log(f"WARNING: {self.description} has no grpo worker extension ({str(exc).splitlines()[0][:200]}); "
-                     "after a full fine-tuning sync a model with tied embeddings may sample with its old LM head on "
-                     f"vLLM's CPU backend. Start the server with `grpo vllm-serve` (or --worker-extension-cls {WORKER_EXTENSION}).")
+            self.log(
+                f"WARNING: {self.description} has no grpo worker extension ({str(exc).splitlines()[0][:200]}); "
+                "after a full fine-tuning sync a model with tied embeddings may sample with its old LM head on "
+                f"vLLM's CPU backend. Start the server with `grpo vllm-serve` (or --worker-extension-cls {WORKER_EXTENSION})."
+            )
 
     def _models(self) -> list[dict[str, Any]]:
         """``/v1/models``; a server of TRL's older protocol is refused in one line."""
@@ -467,8 +495,10 @@ class VLLMServerEngine:
             self._base = self._served = facts.base_model
         where = self.description
         if not facts.dev_mode:
-            self.log(f"vLLM: {where} has no /server_info (dev mode off): its --logprobs-mode, dtype and LoRA "
-                     "settings cannot be checked; full-weight syncs need VLLM_SERVER_DEV_MODE=1 too")  # fmt: skip
+            self.log(
+                f"vLLM: {where} has no /server_info (dev mode off): its --logprobs-mode, dtype and LoRA "
+                "settings cannot be checked; full-weight syncs need VLLM_SERVER_DEV_MODE=1 too"
+            )
             return
         problem = logprobs_problem(facts.logprobs_mode, float(self.context.config.trl.temperature or 1.0), where)
         if problem:
@@ -476,7 +506,11 @@ class VLLMServerEngine:
         cfg = self.context.config
         if ADAPTER_LOADS & self.context.engine_requirements:
             rank = int(cfg.lora_r or 0)
-            sync = f"'{cfg.plugins.weight_sync}'" if cfg.plugins.weight_sync else "'lora_filesystem' (trl.vllm_lora_sync = true)"
+            sync = (
+                f"'{cfg.plugins.weight_sync}'"
+                if cfg.plugins.weight_sync
+                else "'lora_filesystem' (trl.vllm_lora_sync = true)"
+            )
             if not facts.lora:
                 raise ConfigError(
                     f"{where} has no LoRA layers, and weight sync {sync} loads "
@@ -485,8 +519,10 @@ class VLLMServerEngine:
                     "vLLM), or set trl.vllm_lora_sync = false to send the merged weights instead."
                 )
             if facts.max_lora_rank is not None and rank > int(facts.max_lora_rank):
-                raise ConfigError(f"{where} takes LoRA ranks up to {facts.max_lora_rank} (--max-lora-rank), but lora_r = {rank}: "
-                                  f"restart it with --max-lora-rank {rank}.")  # fmt: skip
+                raise ConfigError(
+                    f"{where} takes LoRA ranks up to {facts.max_lora_rank} (--max-lora-rank), but lora_r = {rank}: "
+                    f"restart it with --max-lora-rank {rank}."
+                )
 
     def _clean_server(self) -> None:
         client = self.client

@@ -52,7 +52,9 @@ def max_model_len(cfg: GRPOConfig) -> int:
     """The engine's context length: ``[vllm] max_model_len``, else room for
     the longest prompt plus completion the config allows."""
     trl = cfg.trl
-    return cfg.vllm.max_model_len or max(cfg.sequence_len, (trl.max_prompt_length or 0) + (trl.max_completion_length or 0))
+    return cfg.vllm.max_model_len or max(
+        cfg.sequence_len, (trl.max_prompt_length or 0) + (trl.max_completion_length or 0)
+    )
 
 
 def enforce_eager(cfg: GRPOConfig) -> bool:

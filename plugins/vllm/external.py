@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from grpo_plugins.vllm.client import VLLMClient
 
 from grpo_core.plugin_api import GrpoError
+from grpo_plugins.vllm.client import VLLMClient
 
 MATCHING_LOGPROBS_MODE = "processed_logprobs"
 """The mode whose sampled log-probs the trainer reproduces: vLLM's log-probs
@@ -68,7 +68,9 @@ def server_config(client: VLLMClient) -> dict[str, Any] | None:
     """The server's resolved ``VllmConfig`` (``GET /server_info``, dev mode
     only), or ``None`` when it has no such route or answers otherwise."""
     try:
-        info = client.request("GET", "/server_info", params={"config_format": "json"}, parse=lambda r: r.json(), retry=False)
+        info = client.request(
+            "GET", "/server_info", params={"config_format": "json"}, parse=lambda r: r.json(), retry=False
+        )
     except GrpoError:
         return None
     config = info.get("vllm_config") if isinstance(info, dict) else None

@@ -46,10 +46,14 @@ class RequireApiKey:
         for name, value in scope.get("headers") or []:
             if name.lower() == b"authorization":
                 scheme, _, token = value.decode("latin-1").partition(" ")
-                return scheme.lower() == "bearer" and secrets.compare_digest(hashlib.sha256(token.encode()).digest(), self._digest)
+                return scheme.lower() == "bearer" and secrets.compare_digest(
+                    hashlib.sha256(token.encode()).digest(), self._digest
+                )
         return False
 
-    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]) -> None:
+    async def __call__(
+        self, scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
+    ) -> None:
         if scope["type"] not in ("http", "websocket") or scope.get("path") in OPEN_PATHS or self._authorised(scope):
             await self.app(scope, receive, send)
             return
@@ -57,6 +61,11 @@ class RequireApiKey:
             await send({"type": "websocket.close", "code": 1008})
             return
         body = json.dumps({"error": "Unauthorized: this server needs its API key on every path (grpo)"}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -22,8 +22,8 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlsplit
 
 from grpo_core.plugin_api import cache_root

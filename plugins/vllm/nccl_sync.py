@@ -44,15 +44,10 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from grpo_plugins.vllm.client import DEV_MODE_HINT, EndpointMissing
-from grpo_plugins.vllm.nccl_watchdog import (
-    ProtocolSteps,
-    SyncStepTimeout,
-    run_with_deadlines,
-)
 from pydantic import BaseModel, Field
 
 from grpo_core.plugin_api import (
@@ -67,6 +62,12 @@ from grpo_core.plugin_api import (
     hookimpl,
     in_dtype,
     merged_weights,
+)
+from grpo_plugins.vllm.client import DEV_MODE_HINT, EndpointMissing
+from grpo_plugins.vllm.nccl_watchdog import (
+    ProtocolSteps,
+    SyncStepTimeout,
+    run_with_deadlines,
 )
 
 if TYPE_CHECKING:
@@ -122,7 +123,9 @@ class _ServersClient:
     group at ranks ``rank_offsets[i]`` onwards (1 for the first: vLLM's
     trainer side assumes one server at rank offset 1)."""
 
-    def __init__(self, endpoints: list[ControlEndpoint], rank_offsets: list[int], timeout: float, steps: ProtocolSteps) -> None:
+    def __init__(
+        self, endpoints: list[ControlEndpoint], rank_offsets: list[int], timeout: float, steps: ProtocolSteps
+    ) -> None:
         self.endpoints, self.rank_offsets, self.steps = endpoints, rank_offsets, steps
         # The watchdog names a late step at `timeout`; the request's own
         # timeout, a little later, only frees its thread.
@@ -140,7 +143,9 @@ class _ServersClient:
             self.endpoints[0].request("POST", path, bodies[0], timeout=self.timeout)
             return
         with ThreadPoolExecutor(max_workers=len(self.endpoints), thread_name_prefix="grpo-nccl-ctl") as pool:
-            futures = [pool.submit(e.request, "POST", path, b, timeout=self.timeout) for e, b in zip(self.endpoints, bodies)]
+            futures = [
+                pool.submit(e.request, "POST", path, b, timeout=self.timeout) for e, b in zip(self.endpoints, bodies)
+            ]
         for future in futures:
             future.result()  # the first server's error, if any
 
@@ -204,7 +209,11 @@ def _timed_transfer_class() -> type:
             steps: ProtocolSteps | None = None
 
             def _post_send_sync(self) -> None:
-                with self.steps.step("the broadcasts landing on the trainer's GPU (CUDA stream synchronize)") if self.steps else contextlib.nullcontext():
+                with (
+                    self.steps.step("the broadcasts landing on the trainer's GPU (CUDA stream synchronize)")
+                    if self.steps
+                    else contextlib.nullcontext()
+                ):
                     super()._post_send_sync()
 
         _TIMED_TRANSFER = TimedTransfer
@@ -239,7 +248,9 @@ def _reported_world_size(endpoint: ControlEndpoint) -> int | None:
     try:
         answer = endpoint.request("GET", "/get_world_size", timeout=QUESTION_TIMEOUT_S)
     except EndpointMissing:
-        raise ConfigError(f"weight sync 'nccl': {endpoint.description} has no weight-transfer routes: {DEV_MODE_HINT}.") from None
+        raise ConfigError(
+            f"weight sync 'nccl': {endpoint.description} has no weight-transfer routes: {DEV_MODE_HINT}."
+        ) from None
     except GrpoError:
         return None
     size = answer.get("world_size") if isinstance(answer, dict) else None
@@ -260,7 +271,7 @@ def _check_weight_transfer(endpoint: ControlEndpoint) -> None:
         if backend != "nccl":
             raise ConfigError(
                 f"weight sync 'nccl': {endpoint.description} has no NCCL weight-transfer engine (backend {backend!r}): restart "
-                "it with --weight-transfer-config '{\"backend\": \"nccl\"}' (`trl vllm-serve` passes it; grpo's own "
+                'it with --weight-transfer-config \'{"backend": "nccl"}\' (`trl vllm-serve` passes it; grpo\'s own '
                 "servers do with plugins.weight_sync = 'nccl')."
             )
 
@@ -272,16 +283,21 @@ class NcclSync:
 
     class Settings(BaseModel):
         master_address: str | None = Field(
-            None, description="The trainer's address as the vLLM server reaches it (default 127.0.0.1: a server on this machine)."
+            None,
+            description="The trainer's address as the vLLM server reaches it (default 127.0.0.1: a server on this machine).",
         )
-        master_port: int = Field(51216, ge=1, le=65535, description="TCP port of the NCCL rendezvous (free on the trainer).")
+        master_port: int = Field(
+            51216, ge=1, le=65535, description="TCP port of the NCCL rendezvous (free on the trainer)."
+        )
         inference_world_size: int | None = Field(
             None,
             ge=1,
             description="GPU workers of all vLLM servers together, split evenly over them (default: "
             "vllm.tensor_parallel_size x vllm.data_parallel_size for one server; tensor_parallel_size per server for several).",
         )
-        packed: bool = Field(True, description="Broadcast in packed buffers (vLLM's default) rather than tensor by tensor.")
+        packed: bool = Field(
+            True, description="Broadcast in packed buffers (vLLM's default) rather than tensor by tensor."
+        )
         timeout: float = Field(
             300.0,
             gt=0,
@@ -356,8 +372,10 @@ class NcclSync:
             packed=self.settings.packed,
         )
         client = _ServersClient(endpoints, offsets, self.settings.timeout, self._steps)
-        trainer_side = (f"the handshake, trainer side: joining the NCCL group at {info.master_address}:{info.master_port} "
-                        f"as rank 0 of {info.world_size}")  # fmt: skip
+        trainer_side = (
+            f"the handshake, trainer side: joining the NCCL group at {info.master_address}:{info.master_port} "
+            f"as rank 0 of {info.world_size}"
+        )
 
         def open_group() -> Any:
             with self._steps.step(trainer_side):
@@ -385,13 +403,17 @@ class NcclSync:
     @hookimpl
     def grpo_sync_weights(self, model: Any, version: int, engine: InferenceEngine | None) -> SyncResult:
         if engine is None:
-            raise ConfigError("weight sync 'nccl' sends weights to a vLLM server, but the rollout has none: set trl.use_vllm = true.")
+            raise ConfigError(
+                "weight sync 'nccl' sends weights to a vLLM server, but the rollout has none: set trl.use_vllm = true."
+            )
         with self._lock:
             start = time.perf_counter()
             if self._transfer is None:
                 open_group = self._handshake(engine)
                 try:
-                    self._transfer = run_with_deadlines(open_group, self._steps, self.settings.timeout, self._late(version))
+                    self._transfer = run_with_deadlines(
+                        open_group, self._steps, self.settings.timeout, self._late(version)
+                    )
                 except SyncStepTimeout:
                     raise
                 except Exception as exc:
@@ -414,7 +436,9 @@ class NcclSync:
             finally:
                 self._source.state = {}
             end = time.perf_counter()
-        return SyncResult(version, end - start, f"nccl: {len(state)} tensors, init {opened - start:.2f}s, send {end - opened:.2f}s")
+        return SyncResult(
+            version, end - start, f"nccl: {len(state)} tensors, init {opened - start:.2f}s, send {end - opened:.2f}s"
+        )
 
     def _failure(self, version: int, exc: Exception) -> Exception:
         """A failed step as the run reports it (a grpo error passes as it is)."""

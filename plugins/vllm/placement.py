@@ -42,7 +42,9 @@ def placement_problems(cfg: GRPOConfig) -> list[str]:
         return problems
     if any(d < 0 for d in (v.devices or []) + (v.trainer_devices or [])):
         problems.append("[vllm] devices and trainer_devices are GPU indices (0, 1, ...); negative ones mean nothing.")
-    if v.trainer_devices is not None and (not v.trainer_devices or len(set(v.trainer_devices)) != len(v.trainer_devices)):
+    if v.trainer_devices is not None and (
+        not v.trainer_devices or len(set(v.trainer_devices)) != len(v.trainer_devices)
+    ):
         problems.append("[vllm] trainer_devices must list at least one GPU, each once.")
     if v.trainer_devices is not None and v.devices is None:
         problems.append(
@@ -61,7 +63,9 @@ def placement_problems(cfg: GRPOConfig) -> list[str]:
             return problems
         for i, own in enumerate(servers):
             if len(set(own)) != len(own):
-                problems.append(f"[vllm] devices gives server {i} the GPUs {own}: tensor parallelism needs distinct GPUs.")
+                problems.append(
+                    f"[vllm] devices gives server {i} the GPUs {own}: tensor parallelism needs distinct GPUs."
+                )
     claims: dict[int, float] = {}
     for own in servers:
         for device in own:
@@ -79,7 +83,11 @@ def placement_problems(cfg: GRPOConfig) -> list[str]:
     if shared and v.devices is not None:
         worst = max(claims[d] for d in shared)
         if worst > TRAINER_SHARE_MAX:
-            whose = "[vllm] trainer_devices" if v.trainer_devices is not None else "the trainer's default GPU (index 0; set [vllm] trainer_devices)"
+            whose = (
+                "[vllm] trainer_devices"
+                if v.trainer_devices is not None
+                else "the trainer's default GPU (index 0; set [vllm] trainer_devices)"
+            )
             problems.append(
                 f"[vllm] devices and {whose} share GPU {', '.join(map(str, shared))}, where vLLM would claim {worst:.0%} "
                 f"of the memory (gpu_memory_utilization = {v.gpu_memory_utilization}) and the trainer would run out. "
@@ -102,7 +110,9 @@ def physical_devices(indices: list[int], visible: str | None = None) -> str:
         elif i < len(seen):
             out.append(seen[i])
         else:
-            raise ConfigError(f"[vllm] device index {i}, but CUDA_VISIBLE_DEVICES={visible} shows only {len(seen)} GPU(s).")
+            raise ConfigError(
+                f"[vllm] device index {i}, but CUDA_VISIBLE_DEVICES={visible} shows only {len(seen)} GPU(s)."
+            )
     return ",".join(out)
 
 

@@ -27,13 +27,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
-
-from grpo_plugins.vllm.engine import VLLMServerEngine
-from grpo_plugins.vllm.placement import narrow_trainer_devices, placement_problems
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from grpo_core.plugin_api import (
     ConfigError,
@@ -41,6 +38,8 @@ from grpo_core.plugin_api import (
     EngineScore,
     EngineUnavailable,
 )
+from grpo_plugins.vllm.engine import VLLMServerEngine
+from grpo_plugins.vllm.placement import narrow_trainer_devices, placement_problems
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import RunContext
@@ -66,9 +65,13 @@ def build_members(context: RunContext) -> list[VLLMServerEngine]:
     urls = list(trl.vllm_server_base_urls or [])
     if urls:
         if trl.vllm_server_base_url:
-            raise ConfigError("trl.vllm_server_base_url and trl.vllm_server_base_urls are both set: keep one (the list may hold one URL).")
+            raise ConfigError(
+                "trl.vllm_server_base_url and trl.vllm_server_base_urls are both set: keep one (the list may hold one URL)."
+            )
         if trl.vllm_managed:
-            raise ConfigError("trl.vllm_managed = true starts its own servers; remove trl.vllm_server_base_urls (or set trl.vllm_managed = false).")
+            raise ConfigError(
+                "trl.vllm_managed = true starts its own servers; remove trl.vllm_server_base_urls (or set trl.vllm_managed = false)."
+            )
         if len(set(urls)) != len(urls):
             raise ConfigError(f"trl.vllm_server_base_urls lists a server twice: {urls}.")
         members = [VLLMServerEngine(context, url=url) for url in urls]
@@ -177,7 +180,9 @@ class VLLMEnginePool:
                 self.drop(members[0], exc)  # raises: it was the last one
                 return []
         results: list[T] = []
-        with ThreadPoolExecutor(max_workers=len(members) if at_once else 1, thread_name_prefix="grpo-vllm-pool") as pool:
+        with ThreadPoolExecutor(
+            max_workers=len(members) if at_once else 1, thread_name_prefix="grpo-vllm-pool"
+        ) as pool:
             futures = [(m, pool.submit(action, m)) for m in members]
         errors: list[tuple[VLLMServerEngine, EngineUnavailable]] = []
         for member, future in futures:

@@ -23,12 +23,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from grpo_plugins.vllm.client import ModelNotLoaded
-from grpo_plugins.vllm.engine import VLLMServerEngine
-from grpo_plugins.vllm.placement import placement_problems
-from grpo_plugins.vllm.pool import VLLMEnginePool
-from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
-
 from grpo_core.plugin_api import (
     ADAPTER_FROM_PATH,
     ADAPTER_FROM_URL,
@@ -46,6 +40,11 @@ from grpo_core.plugin_api import (
     SamplingSettings,
     hookimpl,
 )
+from grpo_plugins.vllm.client import ModelNotLoaded
+from grpo_plugins.vllm.engine import VLLMServerEngine
+from grpo_plugins.vllm.placement import placement_problems
+from grpo_plugins.vllm.pool import VLLMEnginePool
+from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig, RunContext
@@ -58,7 +57,17 @@ MAX_SEEDED_REQUESTS_IN_FLIGHT = 64
 class VLLMRollout:
     """``grpo.rollout:vllm``."""
 
-    engine_capabilities = frozenset({WEIGHTS_FROM_PATH, ADAPTER_FROM_PATH, ADAPTER_FROM_URL, WEIGHTS_FROM_URL, WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS, SCORES_TOKENS})
+    engine_capabilities = frozenset(
+        {
+            WEIGHTS_FROM_PATH,
+            ADAPTER_FROM_PATH,
+            ADAPTER_FROM_URL,
+            WEIGHTS_FROM_URL,
+            WEIGHTS_OVER_NCCL,
+            CONTROL_ENDPOINTS,
+            SCORES_TOKENS,
+        }
+    )
     concurrent_generate = True
 
     def __init__(self, context: RunContext) -> None:
@@ -90,9 +99,13 @@ class VLLMRollout:
         if trl.vllm_server_base_urls is not None and not trl.vllm_server_base_urls:
             raise ConfigError("trl.vllm_server_base_urls is empty: list at least one server, or remove the key.")
         if trl.vllm_server_base_urls and trl.vllm_server_base_url:
-            raise ConfigError("trl.vllm_server_base_url and trl.vllm_server_base_urls are both set: keep one (the list may hold one URL).")
+            raise ConfigError(
+                "trl.vllm_server_base_url and trl.vllm_server_base_urls are both set: keep one (the list may hold one URL)."
+            )
         if trl.vllm_server_base_urls and trl.vllm_managed:
-            raise ConfigError("trl.vllm_managed = true starts its own servers; remove trl.vllm_server_base_urls (or set trl.vllm_managed = false).")
+            raise ConfigError(
+                "trl.vllm_managed = true starts its own servers; remove trl.vllm_server_base_urls (or set trl.vllm_managed = false)."
+            )
         return []
 
     @hookimpl
@@ -110,7 +123,13 @@ class VLLMRollout:
     # ------------------------------------------------------------------ generation
 
     def _payload(
-        self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int, first: int
+        self,
+        engine: VLLMServerEngine,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingSettings,
+        call: int,
+        first: int,
     ) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": engine.served_model,
@@ -159,14 +178,26 @@ class VLLMRollout:
         return out
 
     def _request(
-        self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int, first: int
+        self,
+        engine: VLLMServerEngine,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingSettings,
+        call: int,
+        first: int,
     ) -> list[list[Completion]]:
         payload = self._payload(engine, prompt_ids, n, sampling, call, first)
         with engine.gate.generation():
             return engine.client.completions(payload, parse=lambda d: self._parse(d, prompt_ids, n))
 
     def _generate_chunk(
-        self, engine: VLLMServerEngine, prompt_ids: list[list[int]], n: int, sampling: SamplingSettings, call: int, first: int
+        self,
+        engine: VLLMServerEngine,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingSettings,
+        call: int,
+        first: int,
     ) -> list[list[Completion]]:
         """One request (retried on a restart or lost weights); ``first`` is
         the call-wide index of its first prompt, which its seed derives from."""
@@ -182,7 +213,10 @@ class VLLMRollout:
                 if last:
                     raise
                 # requests in flight together all fail so: the first re-applies, the others just retry
-                engine.reapply("the server does not know the policy adapter (restarted?); re-applying the last weight sync", seen=applied)
+                engine.reapply(
+                    "the server does not know the policy adapter (restarted?); re-applying the last weight sync",
+                    seen=applied,
+                )
                 continue
             except EngineUnavailable:
                 # Requests in flight together all fail when the server dies; the first to get
@@ -193,13 +227,21 @@ class VLLMRollout:
             # Answered after an outage: the server may have restarted in between
             # and sampled from base weights without complaint (full-weight sync).
             if client.outages != outages and engine.weights_lost() and not last:
-                engine.reapply("the server came back without our weights; re-applying the last weight sync", seen=applied)
+                engine.reapply(
+                    "the server came back without our weights; re-applying the last weight sync", seen=applied
+                )
                 continue
             return result
         raise AssertionError("unreachable")
 
     def _generate_share(
-        self, engine: VLLMServerEngine, prompts: list[Prompt], indices: list[int], n: int, sampling: SamplingSettings, call: int
+        self,
+        engine: VLLMServerEngine,
+        prompts: list[Prompt],
+        indices: list[int],
+        n: int,
+        sampling: SamplingSettings,
+        call: int,
     ) -> list[list[Completion]]:
         """One server's share of a call. Unseeded, prompts go in batched
         requests. Seeded, each prompt is a request of its own with a seed of
@@ -217,10 +259,15 @@ class VLLMRollout:
             return self._generate_chunk(engine, [list(prompts[0].prompt_ids)], n, sampling, call, indices[0])
         workers = min(len(prompts), MAX_SEEDED_REQUESTS_IN_FLIGHT)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpo-vllm-prompt") as pool:
-            futures = [pool.submit(self._generate_chunk, engine, [list(p.prompt_ids)], n, sampling, call, i) for p, i in zip(prompts, indices)]
+            futures = [
+                pool.submit(self._generate_chunk, engine, [list(p.prompt_ids)], n, sampling, call, i)
+                for p, i in zip(prompts, indices)
+            ]
             return [future.result()[0] for future in futures]
 
-    def _generate_spread(self, prompts: list[Prompt], n: int, sampling: SamplingSettings, call: int) -> list[list[Completion]]:
+    def _generate_spread(
+        self, prompts: list[Prompt], n: int, sampling: SamplingSettings, call: int
+    ) -> list[list[Completion]]:
         """Whole groups, spread over the live servers in parallel; a share
         whose server fails goes to the servers left (the pool drops the
         failed one, or raises when none is left)."""

@@ -19,17 +19,9 @@ import subprocess
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Callable
-
-from grpo_plugins.vllm.addresses import check_socket_path
-from grpo_plugins.vllm.client import VLLMClient
-from grpo_plugins.vllm.command_line import ServerSpec
-from grpo_plugins.vllm.server_temp import (
-    SERVER_TMP_PREFIX,
-    server_temp_env,
-    server_temp_parent,
-)
+from typing import IO
 
 from grpo_core.plugin_api import (
     EngineUnavailable,
@@ -37,6 +29,14 @@ from grpo_core.plugin_api import (
     make_scratch_dir,
     remove_scratch_dir,
     set_parent_death_signal,
+)
+from grpo_plugins.vllm.addresses import check_socket_path
+from grpo_plugins.vllm.client import VLLMClient
+from grpo_plugins.vllm.command_line import ServerSpec
+from grpo_plugins.vllm.server_temp import (
+    SERVER_TMP_PREFIX,
+    server_temp_env,
+    server_temp_parent,
 )
 
 LOG_NAME = "vllm-server.log"

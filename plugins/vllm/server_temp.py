@@ -9,9 +9,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from grpo_plugins.vllm.addresses import MAX_SOCKET_PATH
-
 from grpo_core.plugin_api import ConfigError
+from grpo_plugins.vllm.addresses import MAX_SOCKET_PATH
 
 SERVER_TMP_PREFIX = "grpo-vllmtmp-"
 
@@ -46,5 +45,7 @@ def server_temp_parent() -> str | None:
         return None
     if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK):
         return "/tmp"
-    raise ConfigError(f"the temporary directory {base} is too long for vLLM's engine sockets ({MAX_SOCKET_PATH} bytes "
-                      "at most, with ~60 of its own): set TMPDIR to a shorter path.")  # fmt: skip
+    raise ConfigError(
+        f"the temporary directory {base} is too long for vLLM's engine sockets ({MAX_SOCKET_PATH} bytes "
+        "at most, with ~60 of its own): set TMPDIR to a shorter path."
+    )

@@ -30,7 +30,9 @@ from typing import Any
 
 FETCH_TIMEOUT_S = 600.0
 RETIE_METHOD = "grpo_retie_output_embeddings"
-ADAPTER_CONFIG_KEY = "adapter_config"  # as grpo_core.modeling.engine_weights.ADAPTER_CONFIG_KEY (this module imports no grpo_core)
+ADAPTER_CONFIG_KEY = (
+    "adapter_config"  # as grpo_core.modeling.engine_weights.ADAPTER_CONFIG_KEY (this module imports no grpo_core)
+)
 
 
 def fetch(url: str, token: str, timeout: float = FETCH_TIMEOUT_S) -> bytes:

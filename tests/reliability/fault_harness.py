@@ -151,7 +151,12 @@ def base_config(workdir: Path, model_dir: str) -> dict[str, Any]:
         "output_dir": str(workdir / "out"),
         "seed": 7,
         "datasets": [{"path": str(workdir / "train.jsonl")}],
-        "trl": {"num_generations": 2, "max_completion_length": 8, "temperature": 1.0, "reward_funcs": ["faulty_rewards.good"]},
+        "trl": {
+            "num_generations": 2,
+            "max_completion_length": 8,
+            "temperature": 1.0,
+            "reward_funcs": ["faulty_rewards.good"],
+        },
     }
 
 
@@ -189,13 +194,20 @@ class GrpoProcess:
     """A running ``grpo`` (or driver) process; stdout and stderr are merged
     and collected by a thread, so its output can be polled while it runs."""
 
-    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], preexec_fn: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, argv: list[str], cwd: Path, env: dict[str, str], preexec_fn: Callable[[], None] | None = None
+    ) -> None:
         self.argv = argv
         self.started = time.monotonic()
         self.proc = subprocess.Popen(  # noqa: S603 - our own console script
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             preexec_fn=preexec_fn,
-        )  # fmt: skip
+        )
         self._chunks: list[bytes] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -274,8 +286,14 @@ class Runner:
         self.processes.append(process)
         return process
 
-    def run(self, config: Path, *sets: str, env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT_S,
-            preexec_fn: Callable[[], None] | None = None) -> tuple[int, str]:  # fmt: skip
+    def run(
+        self,
+        config: Path,
+        *sets: str,
+        env: dict[str, str] | None = None,
+        timeout: float = RUN_TIMEOUT_S,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> tuple[int, str]:
         """Run to the end; (exit code, merged output)."""
         process = self.start(config, *sets, env=env, preexec_fn=preexec_fn)
         code = process.finish(timeout)

@@ -47,7 +47,14 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has
 pytestmark = pytest.mark.vllm
 
 MAX_STEPS = 6  # 2 prompts a step over 8 rows: the run crosses an epoch (a reshuffle)
-SERVER = {"host": "127.0.0.1", "port": 0, "dtype": "float32", "max_model_len": 512, "cpu_kvcache_space": 1, "api_key": API_KEY}
+SERVER = {
+    "host": "127.0.0.1",
+    "port": 0,
+    "dtype": "float32",
+    "max_model_len": 512,
+    "cpu_kvcache_space": 1,
+    "api_key": API_KEY,
+}
 
 
 def _settings(url: str) -> dict[str, Any]:
@@ -56,9 +63,17 @@ def _settings(url: str) -> dict[str, Any]:
         "save_steps": 1,
         "logging_steps": 1,
         "vllm": SERVER,
-        "trl": {"use_vllm": True, "vllm_lora_sync": True, "vllm_managed": False, "vllm_server_base_url": url,
-                "vllm_server_timeout": 120, "async_prefetch": True, "prefetch_depth": 1, "log_completions": True},
-    }  # fmt: skip
+        "trl": {
+            "use_vllm": True,
+            "vllm_lora_sync": True,
+            "vllm_managed": False,
+            "vllm_server_base_url": url,
+            "vllm_server_timeout": 120,
+            "async_prefetch": True,
+            "prefetch_depth": 1,
+            "log_completions": True,
+        },
+    }
 
 
 def rows(out: Path) -> list[dict[str, Any]]:
@@ -93,8 +108,12 @@ def uninterrupted(server: Any, smollm2_dir: str, tmp_path_factory: pytest.TempPa
         runner.close()
 
 
-@pytest.mark.parametrize("fault", [pytest.param("sigterm", marks=pytest.mark.extended), "kill-9"])  # kill -9 is the harder case
-def test_an_interrupted_async_run_trains_every_prompt_once(runner: Runner, server: Any, uninterrupted: dict[str, Any], fault: str) -> None:
+@pytest.mark.parametrize(
+    "fault", [pytest.param("sigterm", marks=pytest.mark.extended), "kill-9"]
+)  # kill -9 is the harder case
+def test_an_interrupted_async_run_trains_every_prompt_once(
+    runner: Runner, server: Any, uninterrupted: dict[str, Any], fault: str
+) -> None:
     from grpo_core.training.checkpoint import resolve_resume
     from grpo_core.training.safe_load import safe_load
 
@@ -146,7 +165,9 @@ def test_an_interrupted_async_run_trains_every_prompt_once(runner: Runner, serve
     # resumed run trained it first, as it was (not generated again).
     assert len(saved) == 1, len(saved)
     first = [r for r in after_resume if r["step"] == resumed_at + 1]
-    made = [(g.group.prompt.index, c.text, g.group.policy_version) for g in saved[0].groups for c in g.group.completions]
+    made = [
+        (g.group.prompt.index, c.text, g.group.policy_version) for g in saved[0].groups for c in g.group.completions
+    ]
     assert [(r["prompt_index"], r["completion"], r["policy_version"]) for r in first] == made
     policy = json.loads((checkpoint / "trainer_state.json").read_text())["policy_version"]
     # One version behind when the checkpoint's step trained (a batch generated after the resume

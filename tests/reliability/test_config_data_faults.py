@@ -61,16 +61,35 @@ def _all_too_long(workdir: Path) -> Path:
 @pytest.mark.parametrize(
     ("fault", "make", "fragments"),
     [
-        ("missing_file", lambda w: w / "absent.jsonl", ["datasets[0]", "absent.jsonl", "no such file or directory", "Fix `path`"]),
+        (
+            "missing_file",
+            lambda w: w / "absent.jsonl",
+            ["datasets[0]", "absent.jsonl", "no such file or directory", "Fix `path`"],
+        ),
         ("empty_file", _empty_jsonl, ["datasets[0]", "empty.jsonl", "the dataset is empty", "Fix `path`"]),
-        ("no_rows", _header_only_csv, ["datasets[0]", "empty.csv", "the dataset is empty (the file", "has no rows", "Fix `path`"]),
-        ("missing_column", _without_answer, ["reward function 'good' needs column(s) ['answer']", "The dataset has:",
-                                             "remove_columns", "give the parameters a default"]),
-        ("every_prompt_too_long", _all_too_long, ["every prompt is longer than trl.max_prompt_length = 128 tokens",
-                                                  "raise it (or sequence_len)"]),
+        (
+            "no_rows",
+            _header_only_csv,
+            ["datasets[0]", "empty.csv", "the dataset is empty (the file", "has no rows", "Fix `path`"],
+        ),
+        (
+            "missing_column",
+            _without_answer,
+            [
+                "reward function 'good' needs column(s) ['answer']",
+                "The dataset has:",
+                "remove_columns",
+                "give the parameters a default",
+            ],
+        ),
+        (
+            "every_prompt_too_long",
+            _all_too_long,
+            ["every prompt is longer than trl.max_prompt_length = 128 tokens", "raise it (or sequence_len)"],
+        ),
     ],
     ids=["missing_file", "empty_file", "no_rows", "missing_column", "every_prompt_too_long"],
-)  # fmt: skip
+)
 def test_data_fault_is_reported_before_the_model_loads(runner: Runner, fault: str, make, fragments: list[str]) -> None:
     dataset = make(runner.workdir)
     code, output = runner.run(runner.config(datasets=[{"path": str(dataset)}]))

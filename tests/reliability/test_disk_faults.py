@@ -17,7 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fault_harness import Runner, assert_clean_failure, assert_no_model_loaded, checkpoint_step, complete_checkpoint, last_per_step
+from fault_harness import (
+    Runner,
+    assert_clean_failure,
+    assert_no_model_loaded,
+    checkpoint_step,
+    complete_checkpoint,
+    last_per_step,
+)
 
 
 def file_size_limit(limit: int) -> Callable[[], None]:
@@ -74,7 +81,9 @@ def test_disk_full_mid_run_fails_cleanly_and_keeps_the_last_checkpoint(runner: R
     resource.prlimit(run.pid, resource.RLIMIT_FSIZE, (size, size))
     code = run.finish()
     assert_clean_failure(code, run.output)
-    assert f"error: could not write step 2's metrics to {out / 'metrics.jsonl'}: [Errno 27] File too large" in run.output
+    assert (
+        f"error: could not write step 2's metrics to {out / 'metrics.jsonl'}: [Errno 27] File too large" in run.output
+    )
     assert f"Make room in output_dir {out}" in run.output
     assert checkpoint_step(out / "checkpoint-1") == 1
     digest = tree_digest(out / "checkpoint-1")
@@ -85,8 +94,13 @@ def test_disk_full_mid_run_fails_cleanly_and_keeps_the_last_checkpoint(runner: R
     assert f"resumed from {out / 'checkpoint-1'} at step 1" in output
     assert f"error: could not write checkpoint {out / 'checkpoint-2'}: " in output
     assert "File too large" in output and f"Make room in output_dir {out}" in output
-    assert f'The previous checkpoint {out / "checkpoint-1"} is intact: resume with resume_from_checkpoint = "{out / "checkpoint-1"}"' in output
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", "."))) == ["checkpoint-1"]  # nothing half-written
+    assert (
+        f'The previous checkpoint {out / "checkpoint-1"} is intact: resume with resume_from_checkpoint = "{out / "checkpoint-1"}"'
+        in output
+    )
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", "."))) == [
+        "checkpoint-1"
+    ]  # nothing half-written
     assert tree_digest(out / "checkpoint-1") == digest
     assert max(last_per_step(out)) == 2  # (run 2 resumed from checkpoint-1, and it is unchanged for the next resume)
 

@@ -62,7 +62,9 @@ def assert_same_result(out: Path, reference: tuple[dict[int, dict], dict], from_
         for key in resumed[step].keys() - TIMINGS - {k for k in resumed[step] if k.startswith("time/")}:
             tolerance = {"abs": 1e-5} if key in ROUNDING_GAPS else {"rel": 1e-4, "abs": 1e-6}
             assert resumed[step][key] == pytest.approx(records[step][key], **tolerance), (step, key)
-    assert any(records[step].get("grad_norm") for step in records)  # the weights moved, so comparing them means something
+    assert any(
+        records[step].get("grad_norm") for step in records
+    )  # the weights moved, so comparing them means something
     final = load_file(str(out / "adapter_model.safetensors"))
     assert final.keys() == weights.keys()
     for key in weights:
@@ -96,7 +98,10 @@ def test_sigterm_then_sigint_save_a_checkpoint_and_exit_130(runner: Runner) -> N
     assert "Traceback" not in run.output
     checkpoint = Path(resume_hint(run.output))
     step = checkpoint_step(checkpoint)
-    assert f"error: stopped by signal {int(signal.SIGTERM)} at step {step}; checkpoint saved to {checkpoint}. Resume with" in run.output
+    assert (
+        f"error: stopped by signal {int(signal.SIGTERM)} at step {step}; checkpoint saved to {checkpoint}. Resume with"
+        in run.output
+    )
     assert 1 <= step < 50 and checkpoint == out / f"checkpoint-{step}"
     assert max(last_per_step(out)) == step  # the step in flight finished and was logged before saving
 

@@ -14,7 +14,6 @@ import math
 from pathlib import Path
 
 import pytest
-
 from fault_harness import Runner, assert_clean_failure, checkpoint_step, last_per_step, metrics, resume_hint
 
 
@@ -41,22 +40,37 @@ def test_reward_faults_stop_with_a_checkpoint_that_resumes(runner: Runner) -> No
     checkpoint the previous one left and trained on: a function that raises
     (in process), one that hangs past reward_timeout, one whose worker
     process exits."""
-    funcs = lambda name: {"reward_funcs": ["faulty_rewards.good", f"faulty_rewards.{name}"], "reward_weights": [1.0, 0.5]}  # noqa: E731
+    funcs = lambda name: {
+        "reward_funcs": ["faulty_rewards.good", f"faulty_rewards.{name}"],
+        "reward_weights": [1.0, 0.5],
+    }  # noqa: E731
     config = runner.config(max_steps=4, save_steps=1, trl=funcs("reward_raises"))
     code, output = runner.run(config, env={"FAULT_AT_RAISES": "2"})
-    checkpoint = _stopped_at(runner, code, output, 1, ["reward function 'reward_raises' raised ValueError: injected failure"])
+    checkpoint = _stopped_at(
+        runner, code, output, 1, ["reward function 'reward_raises' raised ValueError: injected failure"]
+    )
 
     config = runner.config(max_steps=4, save_steps=1, trl={**funcs("reward_hangs"), "reward_timeout": 3})
     code, output = runner.run(config, f'resume_from_checkpoint="{checkpoint}"', env={"FAULT_AT_HANGS": "2"})
     assert "resumed from" in output and "checkpoint-1 at step 1" in output
     checkpoint = _stopped_at(
-        runner, code, output, 2, ["reward function 'reward_hangs' took longer than trl.reward_timeout = 3.0s; its worker was killed"]
+        runner,
+        code,
+        output,
+        2,
+        ["reward function 'reward_hangs' took longer than trl.reward_timeout = 3.0s; its worker was killed"],
     )
 
     config = runner.config(max_steps=4, save_steps=1, trl={**funcs("reward_exits"), "reward_timeout": 60})
     code, output = runner.run(config, f'resume_from_checkpoint="{checkpoint}"', env={"FAULT_AT_EXITS": "2"})
     assert "checkpoint-2 at step 2" in output
-    _stopped_at(runner, code, output, 3, ["reward function 'reward_exits' crashed: its reward worker process died (exit code 17)"])
+    _stopped_at(
+        runner,
+        code,
+        output,
+        3,
+        ["reward function 'reward_exits' crashed: its reward worker process died (exit code 17)"],
+    )
     records = last_per_step(runner.workdir / "out")
     assert all(r["loss"] is not None and math.isfinite(r["loss"]) for r in records.values())
 
@@ -76,8 +90,14 @@ def test_reward_faults_scored_none_and_the_run_goes_on(runner: Runner) -> None:
     )
     # Step 1: four value faults at once. Step 2: a hang (the worker is killed,
     # so reward_exits after it is not run). Step 3: reward_exits kills its worker.
-    env = {"FAULT_AT_RAISES": "1", "FAULT_AT_NAN": "1", "FAULT_AT_SHORT": "1", "FAULT_AT_STRING": "1",
-           "FAULT_AT_HANGS": "2", "FAULT_AT_EXITS": "2"}  # fmt: skip
+    env = {
+        "FAULT_AT_RAISES": "1",
+        "FAULT_AT_NAN": "1",
+        "FAULT_AT_SHORT": "1",
+        "FAULT_AT_STRING": "1",
+        "FAULT_AT_HANGS": "2",
+        "FAULT_AT_EXITS": "2",
+    }
     code, output = runner.run(config, env=env)
     assert code == 0, output[-6000:]
     assert "Traceback" not in output

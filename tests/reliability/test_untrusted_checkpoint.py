@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 import torch
+from fault_harness import Runner, assert_clean_failure, assert_no_model_loaded, last_per_step, populate
 from safetensors.torch import load_file
 
 from grpo_core.training.safe_load import safe_load
-from fault_harness import Runner, assert_clean_failure, assert_no_model_loaded, last_per_step, populate
 
 SETTINGS: dict[str, Any] = {"max_steps": 1, "save_steps": 1, "trl": {"num_iterations": 2}}
 
@@ -54,7 +54,9 @@ def test_a_checkpoint_saved_mid_batch_resumes_exactly(mid_batch_checkpoint: tupl
     extra = safe_load(checkpoint / "extra_state.pt")
     assert extra["pending_batch"] is not None and extra["pending_batch"].groups
     straight = runner.workdir / "straight"
-    code, output = runner.run(runner.config("straight.toml", **{**SETTINGS, "max_steps": 2, "output_dir": str(straight)}))
+    code, output = runner.run(
+        runner.config("straight.toml", **{**SETTINGS, "max_steps": 2, "output_dir": str(straight)})
+    )
     assert code == 0, output[-6000:]
 
     config = runner.config("resume.toml", **{**SETTINGS, "max_steps": 2, "resume_from_checkpoint": str(checkpoint)})
@@ -65,7 +67,10 @@ def test_a_checkpoint_saved_mid_batch_resumes_exactly(mid_batch_checkpoint: tupl
     assert resumed.keys() == reference.keys() and "loss" in reference
     for key in reference.keys() - {"step_time"} - {k for k in reference if k.startswith("time/")}:
         assert resumed[key] == pytest.approx(reference[key], rel=1e-4, abs=1e-6), key
-    final, expected = load_file(str(runner.workdir / "out" / "adapter_model.safetensors")), load_file(str(straight / "adapter_model.safetensors"))
+    final, expected = (
+        load_file(str(runner.workdir / "out" / "adapter_model.safetensors")),
+        load_file(str(straight / "adapter_model.safetensors")),
+    )
     assert final.keys() == expected.keys()
     for key in expected:
         torch.testing.assert_close(final[key], expected[key], rtol=1e-4, atol=1e-6)

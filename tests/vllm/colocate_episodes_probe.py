@@ -60,12 +60,19 @@ def main(config_path: str) -> None:
                 c = by_ids[tuple(ids)]
                 n = len(c.token_ids)
                 mask = mb.completion_mask[r, :n].tolist()
-                rows.append({
-                    "mask": [int(m) for m in mask], "padding_mask_sum": float(mb.completion_mask[r, n:width].sum()),
-                    "loss_mask": c.loss_mask, "ids": list(c.token_ids), "turns": c.episode.turns,
-                    "model_tokens": c.episode.model_tokens, "environment_tokens": c.episode.environment_tokens,
-                    "tool_calls": c.episode.tool_calls, "ended_by": c.episode.ended_by,
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "mask": [int(m) for m in mask],
+                        "padding_mask_sum": float(mb.completion_mask[r, n:width].sum()),
+                        "loss_mask": c.loss_mask,
+                        "ids": list(c.token_ids),
+                        "turns": c.episode.turns,
+                        "model_tokens": c.episode.model_tokens,
+                        "environment_tokens": c.episode.environment_tokens,
+                        "tool_calls": c.episode.tool_calls,
+                        "ended_by": c.episode.ended_by,
+                    }
+                )
 
     trainer_module.GRPOTrainer._set_batch = recording_set_batch
 
@@ -78,12 +85,21 @@ def main(config_path: str) -> None:
             overlapping = in_flight[0]
         start = time.perf_counter()
         try:
-            return generate(self, prompts=prompts, num_generations=num_generations, sampling=sampling, policy_version=policy_version)
+            return generate(
+                self, prompts=prompts, num_generations=num_generations, sampling=sampling, policy_version=policy_version
+            )
         finally:
             with flight_lock:
                 in_flight[0] -= 1
-            calls.append({"thread": threading.current_thread().name, "prompts": len(prompts), "n": num_generations,
-                          "overlapping": overlapping, "seconds": time.perf_counter() - start})  # fmt: skip
+            calls.append(
+                {
+                    "thread": threading.current_thread().name,
+                    "prompts": len(prompts),
+                    "n": num_generations,
+                    "overlapping": overlapping,
+                    "seconds": time.perf_counter() - start,
+                }
+            )
 
     colocate.VLLMColocateRollout.grpo_rollout_generate = recording_generate
 
@@ -99,8 +115,12 @@ def main(config_path: str) -> None:
 
     started = time.perf_counter()
     status = run_training(cfg)
-    print("PROBE " + json.dumps({"status": status, "rows": rows, "calls": calls, "syncs": syncs,
-                                 "seconds": time.perf_counter() - started}))  # fmt: skip
+    print(
+        "PROBE "
+        + json.dumps(
+            {"status": status, "rows": rows, "calls": calls, "syncs": syncs, "seconds": time.perf_counter() - started}
+        )
+    )
 
 
 if __name__ == "__main__":  # vLLM's engine needs the guard

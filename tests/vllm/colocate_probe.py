@@ -23,14 +23,19 @@ def main(model_dir: str, output_dir: str) -> None:
 
     from grpo_core.config.loader import validate
     from grpo_core.contract.context import RunContext
-    from grpo_core.host.plugin_host import PluginHost
     from grpo_core.contract.types import Prompt, SamplingSettings
+    from grpo_core.host.plugin_host import PluginHost
 
-    cfg = validate({
-        "base_model": model_dir, "adapter": "lora", "output_dir": output_dir, "sequence_len": 256,
-        "vllm": {"dtype": "float32", "max_model_len": 256, "cpu_kvcache_space": 1},
-        "trl": {"use_vllm": True, "vllm_mode": "colocate"},
-    })  # fmt: skip
+    cfg = validate(
+        {
+            "base_model": model_dir,
+            "adapter": "lora",
+            "output_dir": output_dir,
+            "sequence_len": 256,
+            "vllm": {"dtype": "float32", "max_model_len": 256, "cpu_kvcache_space": 1},
+            "trl": {"use_vllm": True, "vllm_mode": "colocate"},
+        }
+    )
     context = RunContext(config=cfg, output_dir=Path(output_dir))
     host = PluginHost()
     rollout = host.load_implementation("rollout", "vllm_colocate", context)
@@ -75,11 +80,21 @@ def main(model_dir: str, output_dir: str) -> None:
     after_vs_policy = logprob_gap(after, model)
     unchanged = all(torch.equal(v, model.get_base_model().state_dict()[k]) for k, v in frozen_before.items())
     rollout.grpo_train_end()
-    print("PROBE " + json.dumps({
-        "before_vs_base": before_vs_base, "after_vs_base": after_vs_base, "after_vs_policy": after_vs_policy,
-        "sync_seconds": result.seconds, "detail": result.detail, "trainer_base_unchanged": unchanged,
-        "groups": [len(g.completions) for g in after], "versions": [g.policy_version for g in after],
-    }))  # fmt: skip
+    print(
+        "PROBE "
+        + json.dumps(
+            {
+                "before_vs_base": before_vs_base,
+                "after_vs_base": after_vs_base,
+                "after_vs_policy": after_vs_policy,
+                "sync_seconds": result.seconds,
+                "detail": result.detail,
+                "trainer_base_unchanged": unchanged,
+                "groups": [len(g.completions) for g in after],
+                "versions": [g.policy_version for g in after],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":  # vLLM's engine needs the guard

@@ -9,9 +9,9 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from vllm_session import API_KEY, LORA_R, make_config
 
 from grpo_core.contract.context import RunContext
-from vllm_session import API_KEY, LORA_R, make_config
 
 __all__ = ["API_KEY", "LORA_R", "make_config"]
 

@@ -14,8 +14,8 @@ import textwrap
 import pytest
 
 from grpo_core.contract.errors import ConfigError
-from grpo_plugins.vllm.cpus import parse_cpu_list, plan_cpu_split
 from grpo_plugins.vllm.command_line import managed_spec
+from grpo_plugins.vllm.cpus import parse_cpu_list, plan_cpu_split
 
 TWO = frozenset({0, 1})
 EIGHT = frozenset(range(8))

@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from grpo_core.host import plugin_host
 from grpo_core.config.loader import validate
+from grpo_core.host import plugin_host
 from grpo_core.training.run import run_training
 
 pytestmark = pytest.mark.vllm
@@ -33,18 +33,38 @@ FAULTS = ROOT / "tests" / "plugin_packages" / "grpo-env-faults"
 
 def episode_run(smollm2_dir: str, out: Path, base_url: str, data: Path, **tables: object) -> dict:
     trl = {
-        "use_vllm": True, "vllm_managed": False, "vllm_server_base_url": base_url, "vllm_server_timeout": 60,
-        "num_generations": 4, "max_completion_length": 96, **tables.pop("trl", {}),
-    }  # fmt: skip
+        "use_vllm": True,
+        "vllm_managed": False,
+        "vllm_server_base_url": base_url,
+        "vllm_server_timeout": 60,
+        "num_generations": 4,
+        "max_completion_length": 96,
+        **tables.pop("trl", {}),
+    }
     return {
-        "base_model": smollm2_dir, "adapter": "lora", "lora_r": 8, "sequence_len": 512,
-        "datasets": [{"path": str(data)}], "micro_batch_size": 8, "gradient_accumulation_steps": 1,
-        "max_steps": 2, "learning_rate": 1e-4, "output_dir": str(out), "seed": 5,
-        "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "float32", "max_model_len": 512, "cpu_kvcache_space": 1,
-                 "api_key": "test-key-123"},
+        "base_model": smollm2_dir,
+        "adapter": "lora",
+        "lora_r": 8,
+        "sequence_len": 512,
+        "datasets": [{"path": str(data)}],
+        "micro_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+        "max_steps": 2,
+        "learning_rate": 1e-4,
+        "output_dir": str(out),
+        "seed": 5,
+        "vllm": {
+            "host": "127.0.0.1",
+            "port": 0,
+            "dtype": "float32",
+            "max_model_len": 512,
+            "cpu_kvcache_space": 1,
+            "api_key": "test-key-123",
+        },
         "episodes": {"max_turns": 3, "max_tokens_per_turn": 24, **tables.pop("episodes", {})},
-        "trl": trl, **tables,
-    }  # fmt: skip
+        "trl": trl,
+        **tables,
+    }
 
 
 def metrics(out: Path) -> list[dict]:
@@ -58,6 +78,7 @@ USER_MODULES = ("calculator", "rewards", "guess_env", "two_turns", "killer", "gr
 def importable(*folders: Path) -> Iterator[None]:
     """Folders on sys.path (user modules, an installed plugin's site), and
     the entry points they publish visible; forgotten afterwards."""
+
     def forget() -> None:  # e.g. another example's `rewards`, imported by an earlier test
         for name in [m for m in sys.modules if m.split(".")[0] in USER_MODULES]:
             del sys.modules[name]
@@ -90,12 +111,20 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_tools_run_with_the_calculator(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    cfg = validate(episode_run(
-        smollm2_dir, out, vllm_server.base_url, CALCULATOR / "data" / "train.jsonl",
-        trl={"tools": ["calculator.calculate"], "max_tool_calling_iterations": 2,
-             "reward_funcs": ["rewards.final_answer_correct"]},
-        plugins={"tools": {"format": "python"}},
-    ))  # fmt: skip
+    cfg = validate(
+        episode_run(
+            smollm2_dir,
+            out,
+            vllm_server.base_url,
+            CALCULATOR / "data" / "train.jsonl",
+            trl={
+                "tools": ["calculator.calculate"],
+                "max_tool_calling_iterations": 2,
+                "reward_funcs": ["rewards.final_answer_correct"],
+            },
+            plugins={"tools": {"format": "python"}},
+        )
+    )
     with importable(CALCULATOR):
         assert run_training(cfg) == "completed"
     rows = metrics(out)
@@ -106,16 +135,26 @@ def test_tools_run_with_the_calculator(vllm_server, smollm2_dir: str, tmp_path: 
         assert row["episodes/model_tokens_mean"] > 0
 
 
-def test_malformed_and_failing_tool_calls_are_answered_and_counted(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
+def test_malformed_and_failing_tool_calls_are_answered_and_counted(
+    vllm_server, smollm2_dir: str, tmp_path: Path
+) -> None:
     # Guided decoding makes every turn a tool call: half cannot be parsed, half raise in the tool.
     out = tmp_path / "out"
-    cfg = validate(episode_run(
-        smollm2_dir, out, vllm_server.base_url, CALCULATOR / "data" / "train.jsonl",
-        trl={"tools": ["calculator.calculate"], "max_tool_calling_iterations": 1,
-             "reward_funcs": ["rewards.final_answer_correct"],
-             "vllm_guided_decoding_regex": r'<tool_call>(calculate\(expression="1/0"\)|calculate\(expression=)</tool_call>'},
-        plugins={"tools": {"format": "python"}},
-    ))  # fmt: skip
+    cfg = validate(
+        episode_run(
+            smollm2_dir,
+            out,
+            vllm_server.base_url,
+            CALCULATOR / "data" / "train.jsonl",
+            trl={
+                "tools": ["calculator.calculate"],
+                "max_tool_calling_iterations": 1,
+                "reward_funcs": ["rewards.final_answer_correct"],
+                "vllm_guided_decoding_regex": r'<tool_call>(calculate\(expression="1/0"\)|calculate\(expression=)</tool_call>',
+            },
+            plugins={"tools": {"format": "python"}},
+        )
+    )
     with importable(CALCULATOR):
         assert run_training(cfg) == "completed"
     for row in metrics(out):
@@ -151,14 +190,25 @@ def guesses_made(completions, environments, **kwargs):
 '''
 
 
-def test_trl_environment_factory_trains_with_get_reward_and_environments(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
+def test_trl_environment_factory_trains_with_get_reward_and_environments(
+    vllm_server, smollm2_dir: str, tmp_path: Path
+) -> None:
     (tmp_path / "guess_env.py").write_text(GUESS_ENV)
     out = tmp_path / "out"
-    cfg = validate(episode_run(
-        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
-        trl={"environment_factory": "guess_env.GuessGame", "reward_funcs": ["guess_env.guesses_made"],
-             "reward_weights": [0.1], "max_tool_calling_iterations": 2},
-    ))  # fmt: skip
+    cfg = validate(
+        episode_run(
+            smollm2_dir,
+            out,
+            vllm_server.base_url,
+            GUESS / "data" / "train.jsonl",
+            trl={
+                "environment_factory": "guess_env.GuessGame",
+                "reward_funcs": ["guess_env.guesses_made"],
+                "reward_weights": [0.1],
+                "max_tool_calling_iterations": 2,
+            },
+        )
+    )
     with importable(tmp_path):
         assert run_training(cfg) == "completed"
     # get_reward joined the rewards as 'environment' (weight 1), beside the listed function
@@ -169,13 +219,20 @@ def test_trl_environment_factory_trains_with_get_reward_and_environments(vllm_se
         assert row["rewards/guesses_made/mean"] <= row["episodes/tool_calls_mean"] + 1e-9
 
 
-def test_an_installed_environment_plugin_trains(vllm_server, smollm2_dir: str, tmp_path: Path, plugin_site: Path) -> None:
+def test_an_installed_environment_plugin_trains(
+    vllm_server, smollm2_dir: str, tmp_path: Path, plugin_site: Path
+) -> None:
     out = tmp_path / "out"
-    cfg = validate(episode_run(
-        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
-        plugins={"environment": "guess_number", "guess_number": {"turn_penalty": 0.2}},
-        episodes={"max_turns": 4, "max_tokens_per_turn": 8},
-    ))  # fmt: skip
+    cfg = validate(
+        episode_run(
+            smollm2_dir,
+            out,
+            vllm_server.base_url,
+            GUESS / "data" / "train.jsonl",
+            plugins={"environment": "guess_number", "guess_number": {"turn_penalty": 0.2}},
+            episodes={"max_turns": 4, "max_tokens_per_turn": 8},
+        )
+    )
     with importable(plugin_site):
         assert run_training(cfg) == "completed"
     for row in metrics(out):
@@ -183,19 +240,34 @@ def test_an_installed_environment_plugin_trains(vllm_server, smollm2_dir: str, t
         assert row["episodes/environment_tokens_mean"] > 0 or row["episodes/turns_max"] == 1
 
 
-@pytest.mark.parametrize("environment, ending, words", [
-    ("raising", "error", "ValueError: the board is on fire"),
-    ("hanging", "timeout", "step() took longer than [episodes] step_timeout = 3.0 s"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "environment, ending, words",
+    [
+        ("raising", "error", "ValueError: the board is on fire"),
+        ("hanging", "timeout", "step() took longer than [episodes] step_timeout = 3.0 s"),
+    ],
+)
 def test_an_environment_that_fails_ends_only_its_episodes(
-    vllm_server, smollm2_dir: str, tmp_path: Path, plugin_site: Path, capfd: pytest.CaptureFixture[str],
-    environment: str, ending: str, words: str,
-) -> None:  # fmt: skip
+    vllm_server,
+    smollm2_dir: str,
+    tmp_path: Path,
+    plugin_site: Path,
+    capfd: pytest.CaptureFixture[str],
+    environment: str,
+    ending: str,
+    words: str,
+) -> None:
     out = tmp_path / "out"
-    cfg = validate(episode_run(
-        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
-        plugins={"environment": environment}, episodes={"step_timeout": 3.0, "max_tokens_per_turn": 8},
-    ))  # fmt: skip
+    cfg = validate(
+        episode_run(
+            smollm2_dir,
+            out,
+            vllm_server.base_url,
+            GUESS / "data" / "train.jsonl",
+            plugins={"environment": environment},
+            episodes={"step_timeout": 3.0, "max_tokens_per_turn": 8},
+        )
+    )
     with importable(plugin_site):
         assert run_training(cfg) == "completed"
     printed = capfd.readouterr()
@@ -207,16 +279,27 @@ def test_an_environment_that_fails_ends_only_its_episodes(
         assert row["rewards/environment/mean"] == 1.0  # the failed ones scored None, not 0
 
 
-def test_episodes_with_async_prefetch_streaming_replay_and_resume(vllm_server, smollm2_dir: str, tmp_path: Path, plugin_site: Path) -> None:
+def test_episodes_with_async_prefetch_streaming_replay_and_resume(
+    vllm_server, smollm2_dir: str, tmp_path: Path, plugin_site: Path
+) -> None:
     # async_prefetch scores in reward workers (subprocesses): the environment's reward reaches them
     # as plain data; prefetched episode batches are saved in the checkpoint and trained after the resume.
     out = tmp_path / "out"
     table = episode_run(
-        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
-        plugins={"environment": "guess_number"}, episodes={"max_turns": 3, "max_tokens_per_turn": 6},
-        trl={"async_prefetch": True, "streaming_partial_batch": True, "streaming_min_groups": 1, "replay_buffer_size": 4},
+        smollm2_dir,
+        out,
+        vllm_server.base_url,
+        GUESS / "data" / "train.jsonl",
+        plugins={"environment": "guess_number"},
+        episodes={"max_turns": 3, "max_tokens_per_turn": 6},
+        trl={
+            "async_prefetch": True,
+            "streaming_partial_batch": True,
+            "streaming_min_groups": 1,
+            "replay_buffer_size": 4,
+        },
         save_steps=2,
-    )  # fmt: skip
+    )
     with importable(plugin_site):
         assert run_training(validate(table)) == "completed"
         first = metrics(out)
@@ -230,18 +313,29 @@ def test_episodes_with_async_prefetch_streaming_replay_and_resume(vllm_server, s
     assert rows[-1]["episodes/turns_mean"] >= 1
 
 
-def test_the_openenv_adapter_trains_against_a_real_openenv_server(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
+def test_the_openenv_adapter_trains_against_a_real_openenv_server(
+    vllm_server, smollm2_dir: str, tmp_path: Path
+) -> None:
     # grpo starts the OpenEnv environment server (uvicorn, a free loopback port) and stops it at
     # the end; every episode is its own WebSocket session; the server's reward is the episode's.
     pytest.importorskip("openenv")
-    serve = "{python} -m uvicorn openenv_guess_env:app --app-dir " + str(ROOT / "tests") + " --host {host} --port {port}"
+    serve = (
+        "{python} -m uvicorn openenv_guess_env:app --app-dir " + str(ROOT / "tests") + " --host {host} --port {port}"
+    )
     out = tmp_path / "out"
-    cfg = validate(episode_run(
-        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
-        plugins={"environment": "openenv",
-                 "openenv": {"command": serve, "observation_field": "text", "env": {"MAX_CONCURRENT_ENVS": "16"}}},
-        episodes={"max_turns": 3, "max_tokens_per_turn": 6},
-    ))  # fmt: skip
+    cfg = validate(
+        episode_run(
+            smollm2_dir,
+            out,
+            vllm_server.base_url,
+            GUESS / "data" / "train.jsonl",
+            plugins={
+                "environment": "openenv",
+                "openenv": {"command": serve, "observation_field": "text", "env": {"MAX_CONCURRENT_ENVS": "16"}},
+            },
+            episodes={"max_turns": 3, "max_tokens_per_turn": 6},
+        )
+    )
     assert run_training(cfg) == "completed"
     assert cfg.trl.reward_funcs == ["environment"]
     rows = metrics(out)
@@ -282,10 +376,19 @@ def length_reward(completion_ids, **kwargs):
 def test_rollout_func_generates_through_the_engine(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
     (tmp_path / "two_turns.py").write_text(TWO_TURNS)
     out = tmp_path / "out"
-    cfg = validate(episode_run(
-        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
-        trl={"rollout_func": "two_turns.episodes", "reward_funcs": ["two_turns.length_reward"], "vllm_lora_sync": True},
-    ))  # fmt: skip
+    cfg = validate(
+        episode_run(
+            smollm2_dir,
+            out,
+            vllm_server.base_url,
+            GUESS / "data" / "train.jsonl",
+            trl={
+                "rollout_func": "two_turns.episodes",
+                "reward_funcs": ["two_turns.length_reward"],
+                "vllm_lora_sync": True,
+            },
+        )
+    )
     from grpo_core.contract.extension_points import chosen_implementations
 
     chosen = chosen_implementations(cfg)
@@ -334,7 +437,7 @@ def server_pids(completions, openenv_observation=None, **kwargs):
 @pytest.mark.parametrize("restarts", ["succeed", "keep_failing"])
 def test_a_killed_openenv_server_is_restarted_and_the_run_goes_on(
     vllm_server, smollm2_dir: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], restarts: str
-) -> None:  # fmt: skip
+) -> None:
     # kill -9 of the OpenEnv server in the middle of step 2's episodes: they end with an error, the
     # next episode start (step 3) restarts the server once and plays on the new process. A server
     # that then dies at every start is restarted max_restarts times and ends the run with a clear error.
@@ -343,25 +446,47 @@ def test_a_killed_openenv_server_is_restarted_and_the_run_goes_on(
 
     (tmp_path / "killer.py").write_text(KILLER)
     if restarts == "succeed":
-        serve = "{python} -m uvicorn openenv_guess_env:app --app-dir " + str(ROOT / "tests") + " --host {host} --port {port}"
+        serve = (
+            "{python} -m uvicorn openenv_guess_env:app --app-dir "
+            + str(ROOT / "tests")
+            + " --host {host} --port {port}"
+        )
     else:
-        serve = "{python} " + str(ROOT / "tests" / "openenv_flaky_server.py") + f" {tmp_path / 'started'} {{host}} {{port}}"
+        serve = (
+            "{python} " + str(ROOT / "tests" / "openenv_flaky_server.py") + f" {tmp_path / 'started'} {{host}} {{port}}"
+        )
     out = tmp_path / "out"
-    cfg = validate(episode_run(
-        smollm2_dir, out, vllm_server.base_url, GUESS / "data" / "train.jsonl",
-        plugins={"environment": "openenv",
-                 "openenv": {"command": serve, "observation_field": "text", "env": {"MAX_CONCURRENT_ENVS": "16"},
-                             "action_function": "killer.act", "max_restarts": 2}},
-        episodes={"max_turns": 2, "max_tokens_per_turn": 6}, max_steps=3,
-        trl={"reward_funcs": ["killer.server_pids", "environment"], "reward_weights": [0.0, 1.0]},
-    ))  # fmt: skip
+    cfg = validate(
+        episode_run(
+            smollm2_dir,
+            out,
+            vllm_server.base_url,
+            GUESS / "data" / "train.jsonl",
+            plugins={
+                "environment": "openenv",
+                "openenv": {
+                    "command": serve,
+                    "observation_field": "text",
+                    "env": {"MAX_CONCURRENT_ENVS": "16"},
+                    "action_function": "killer.act",
+                    "max_restarts": 2,
+                },
+            },
+            episodes={"max_turns": 2, "max_tokens_per_turn": 6},
+            max_steps=3,
+            trl={"reward_funcs": ["killer.server_pids", "environment"], "reward_weights": [0.0, 1.0]},
+        )
+    )
     with importable(tmp_path):
         import killer
 
         if restarts == "succeed":
             assert run_training(cfg) == "completed"
         else:
-            with pytest.raises(OpenEnvServerLost, match=r"restarted 2 time\(s\) already \(plugins.openenv.max_restarts = 2\), so the run ends") as lost:
+            with pytest.raises(
+                OpenEnvServerLost,
+                match=r"restarted 2 time\(s\) already \(plugins.openenv.max_restarts = 2\), so the run ends",
+            ) as lost:
                 run_training(cfg)
             assert "openenv_flaky_server.py" in str(lost.value) and "refusing to start again" in str(lost.value)
             # what was trained is kept: fix the server, resume
@@ -371,7 +496,9 @@ def test_a_killed_openenv_server_is_restarted_and_the_run_goes_on(
     printed = capfd.readouterr()
     output = printed.out + printed.err
     rows = metrics(out)
-    assert len(killed) == 1 and f"(pid {killed[0]}) exited with code -9; restarting it (restart 1 of at most 2" in output
+    assert (
+        len(killed) == 1 and f"(pid {killed[0]}) exited with code -9; restarting it (restart 1 of at most 2" in output
+    )
     assert set(pids[0]) == {killed[0]}  # step 1 played on the first server
     assert rows[1]["episodes/errors"] > 0 and rows[1]["episodes/environment_restarts"] == 0  # in flight at the kill
     if restarts == "succeed":

@@ -9,14 +9,14 @@ the driver's own rendering code.
 
 from __future__ import annotations
 
-import pytest
-
 from dataclasses import replace
 
-from grpo_core.training.data import tokenize_prompt
-from grpo_core.training.batch import collate, flatten
-from grpo_core.training.episodes import EpisodeDriver
+import pytest
+
 from grpo_core.contract.types import EnvironmentReply, Prompt, SamplingSettings, ScoredGroup
+from grpo_core.training.batch import collate, flatten
+from grpo_core.training.data import tokenize_prompt
+from grpo_core.training.episodes import EpisodeDriver
 from grpo_plugins.vllm.rollout import VLLMRollout
 
 pytestmark = pytest.mark.vllm
@@ -61,7 +61,9 @@ class Recording:
         self.logprobs: dict[tuple[int, ...], list[list[float]]] = {}
 
     def __call__(self, prompts, n, sampling):
-        groups = self.rollout.grpo_rollout_generate(prompts=prompts, num_generations=n, sampling=sampling, policy_version=0)
+        groups = self.rollout.grpo_rollout_generate(
+            prompts=prompts, num_generations=n, sampling=sampling, policy_version=0
+        )
         for prompt, group in zip(prompts, groups):
             self.requests.append(list(prompt.prompt_ids))
             self.answers.setdefault(tuple(prompt.prompt_ids), []).extend(list(c.token_ids) for c in group.completions)
@@ -112,14 +114,18 @@ def test_episode_ids_are_the_servers_ids_and_the_templates_byte_for_byte(
             mask += [1] * len(model_ids)
             logps += logp
             if turn < 2:
-                env = tok(chatml_reply(f"Now say the number {turn + 2}.", model_ids[-1] == EOS), add_special_tokens=False)["input_ids"]
+                env = tok(
+                    chatml_reply(f"Now say the number {turn + 2}.", model_ids[-1] == EOS), add_special_tokens=False
+                )["input_ids"]
                 ids += env
                 mask += [0] * len(env)
                 logps += [0.0] * len(env)
         assert completion.token_ids == ids
         assert completion.loss_mask == mask
         assert completion.logprobs == pytest.approx(logps)
-        assert completion.episode.model_tokens == sum(mask) and completion.episode.environment_tokens == len(mask) - sum(mask)
+        assert completion.episode.model_tokens == sum(mask) and completion.episode.environment_tokens == len(
+            mask
+        ) - sum(mask)
         # What the environment heard is the model's text of each turn (special tokens removed).
         first = next(a for a in recording.answers[tuple(prompt.prompt_ids)] if completion.token_ids[: len(a)] == a)
         assert episode.heard[0] == tok.decode(first, skip_special_tokens=True)
@@ -139,8 +145,12 @@ def test_identical_contexts_are_asked_together_and_failures_end_only_their_episo
     tok = smollm2_tokenizer
     rollout = VLLMRollout(make_context())
     recording = Recording(rollout)
-    prompts = [Prompt(m, tokenize_prompt(m, tok), {}, index=i) for i, m in enumerate(
-        [[{"role": "user", "content": "Say the number 1."}], [{"role": "user", "content": "Say one."}]])]
+    prompts = [
+        Prompt(m, tokenize_prompt(m, tok), {}, index=i)
+        for i, m in enumerate(
+            [[{"role": "user", "content": "Say the number 1."}], [{"role": "user", "content": "Say one."}]]
+        )
+    ]
     made = []
 
     def new_episode(p, sample):
@@ -153,7 +163,9 @@ def test_identical_contexts_are_asked_together_and_failures_end_only_their_episo
     groups = driver.run(prompts, 4, SamplingSettings(max_tokens=200, seed=3), recording)
 
     # The first turn of each prompt is one request (n = 4) for all four of its episodes.
-    assert sorted(r for r in recording.requests if r in [p.prompt_ids for p in prompts]) == sorted(p.prompt_ids for p in prompts)
+    assert sorted(r for r in recording.requests if r in [p.prompt_ids for p in prompts]) == sorted(
+        p.prompt_ids for p in prompts
+    )
     failed = groups[1].completions[0]
     assert failed.episode.ended_by == "error" and "the simulator broke" in failed.episode.error
     assert failed.episode.reward is None and failed.episode.turns == 2
@@ -162,7 +174,9 @@ def test_identical_contexts_are_asked_together_and_failures_end_only_their_episo
     assert all(c.episode.ended_by == "environment" and c.episode.reward == 3.0 for c in others)
 
 
-def test_many_long_seeded_requests_at_once_keep_the_cpu_server_alive(make_context, smollm2_tokenizer, monkeypatch) -> None:
+def test_many_long_seeded_requests_at_once_keep_the_cpu_server_alive(
+    make_context, smollm2_tokenizer, monkeypatch
+) -> None:
     # vLLM 0.32's CPU engine dies ("CPU Generator does not use offset") when a seeded request is
     # prefilled in chunks; 12 prompts of ~350 tokens (over the 2048-token step budget together)
     # forced chunking before grpo's servers prefilled whole prompts on CPU.

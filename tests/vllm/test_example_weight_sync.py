@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 from pip_target import install_into_target
+from test_vllm_server import chat_prompts, mean_abs_diff
 
+from grpo_core.contract.types import SamplingSettings
 from grpo_core.host import plugin_host
 from grpo_core.host.plugin_host import PluginHost
-from grpo_core.contract.types import SamplingSettings
 from grpo_plugins.vllm.rollout import VLLMRollout
-from test_vllm_server import chat_prompts, mean_abs_diff
 
 pytestmark = pytest.mark.vllm
 
@@ -37,7 +37,9 @@ def example_on_path(tmp_path_factory: pytest.TempPathFactory):
     plugin_host.rescan()
 
 
-def test_example_sync_makes_vllm_sample_the_lora_policy(example_on_path, make_context, peft_model, smollm2_tokenizer) -> None:
+def test_example_sync_makes_vllm_sample_the_lora_policy(
+    example_on_path, make_context, peft_model, smollm2_tokenizer
+) -> None:
     prompts = chat_prompts(smollm2_tokenizer, ["What is 3 + 4?", "Name a colour."])
     ctx = make_context()
     rollout = VLLMRollout(ctx)

@@ -28,8 +28,8 @@ import pytest
 import requests
 
 from grpo_plugins.vllm import key_handoff
-from grpo_plugins.vllm.engine import server_to_adopt
 from grpo_plugins.vllm.addresses import free_port
+from grpo_plugins.vllm.engine import server_to_adopt
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -41,15 +41,30 @@ def _config(tmp: Path, model: str, port: int) -> Path:
     import tomli_w
 
     raw = {
-        "base_model": model, "adapter": "lora", "lora_r": 8,
-        "datasets": [{"path": str(ARITHMETIC / "data" / "train.jsonl")}], "sequence_len": 256,
-        "micro_batch_size": 4, "gradient_accumulation_steps": 1, "max_steps": 1, "learning_rate": 1e-3,
-        "lr_scheduler": "constant", "output_dir": str(tmp / "out"), "seed": 3,
+        "base_model": model,
+        "adapter": "lora",
+        "lora_r": 8,
+        "datasets": [{"path": str(ARITHMETIC / "data" / "train.jsonl")}],
+        "sequence_len": 256,
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+        "max_steps": 1,
+        "learning_rate": 1e-3,
+        "lr_scheduler": "constant",
+        "output_dir": str(tmp / "out"),
+        "seed": 3,
         # No api_key: the point is that none is configured or copied.
         "vllm": {"host": "127.0.0.1", "port": port, "dtype": "float32", "max_model_len": 512, "cpu_kvcache_space": 1},
-        "trl": {"use_vllm": True, "vllm_lora_sync": True, "vllm_server_port": port, "num_generations": 4,
-                "max_completion_length": 8, "reward_funcs": ["last_number_match"], "vllm_server_timeout": 60},
-    }  # fmt: skip
+        "trl": {
+            "use_vllm": True,
+            "vllm_lora_sync": True,
+            "vllm_server_port": port,
+            "num_generations": 4,
+            "max_completion_length": 8,
+            "reward_funcs": ["last_number_match"],
+            "vllm_server_timeout": 60,
+        },
+    }
     path = tmp / "config.toml"
     path.write_text(tomli_w.dumps(raw))
     return path
@@ -107,12 +122,16 @@ def test_grpo_run_uses_the_server_grpo_vllm_serve_started_and_refuses_a_key_it_c
         run = subprocess.run([str(grpo), "run", str(config)], env=env, capture_output=True, text=True, timeout=900)  # noqa: S603
         output = run.stdout + run.stderr
         assert run.returncode == 0, output[-4000:]
-        assert f"vLLM: found the API key this user's `grpo vllm-serve` left for {url} in {file}" in output, output[-4000:]
+        assert f"vLLM: found the API key this user's `grpo vllm-serve` left for {url} in {file}" in output, output[
+            -4000:
+        ]
         assert f"vLLM: using the server already answering at {url}" in output, output[-4000:]
         assert "starting server" not in output and "not using the server" not in output, output[-4000:]
         assert not (tmp_path / "out" / "vllm-server.log").exists()  # no private server was started
         assert len((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()) == 1
-        assert re.search(r'"POST /v1/load_lora_adapter HTTP/1\.1" 200', log.read_text())  # the run synced into *this* server
+        assert re.search(
+            r'"POST /v1/load_lora_adapter HTTP/1\.1" 200', log.read_text()
+        )  # the run synced into *this* server
 
         # A key file the server cannot prove (a planted or stale key for this address) is refused,
         # exactly as the run decides it; the real key is adopted.

@@ -39,7 +39,9 @@ class RecordingEndpoint:
         self.calls, self.description = calls, f"vLLM server at {url}"
 
     def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> None:
-        self.calls.append((method, path, body) if self.description.endswith(":8000") else (method, path, body, self.description))
+        self.calls.append(
+            (method, path, body) if self.description.endswith(":8000") else (method, path, body, self.description)
+        )
 
 
 class FakeEngine:
@@ -78,8 +80,17 @@ def _tiny_llama(lora: bool) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True))  # fmt: skip
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+        )
+    )
     if not lora:
         return model
     from peft import LoraConfig, get_peft_model
@@ -147,9 +158,15 @@ def mocked_nccl(monkeypatch: pytest.MonkeyPatch) -> list:
 def _sync(tmp_path: Path, data_parallel_size: int = 1, **settings: Any) -> Any:
     from grpo_plugins.vllm.nccl_sync import NcclSync
 
-    cfg = validate({"base_model": str(tmp_path), "datasets": [{"path": "x.jsonl"}], "micro_batch_size": 4,
-                    "vllm": {"tensor_parallel_size": 2, "data_parallel_size": data_parallel_size},
-                    "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True}})  # fmt: skip
+    cfg = validate(
+        {
+            "base_model": str(tmp_path),
+            "datasets": [{"path": "x.jsonl"}],
+            "micro_batch_size": 4,
+            "vllm": {"tensor_parallel_size": 2, "data_parallel_size": data_parallel_size},
+            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True},
+        }
+    )
     return NcclSync(RunContext(config=cfg, output_dir=tmp_path), NcclSync.Settings(packed=False, **settings))
 
 
@@ -202,9 +219,15 @@ def test_nccl_sync_is_refused_without_cuda(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # faked: whatever this machine has
     (tmp_path / "x.jsonl").write_text('{"prompt": "hi"}\n')
-    cfg = validate({"base_model": str(tmp_path), "datasets": [{"path": str(tmp_path / "x.jsonl")}], "micro_batch_size": 4,
-                    "plugins": {"weight_sync": "nccl"},
-                    "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True}})  # fmt: skip
+    cfg = validate(
+        {
+            "base_model": str(tmp_path),
+            "datasets": [{"path": str(tmp_path / "x.jsonl")}],
+            "micro_batch_size": 4,
+            "plugins": {"weight_sync": "nccl"},
+            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True},
+        }
+    )
     with pytest.raises(ConfigError, match=r"weight sync 'nccl'.*no CUDA device.*full_filesystem"):
         check_run_config(cfg)
 
@@ -231,8 +254,16 @@ def test_nccl_sync_brings_every_server_of_a_pool_into_one_group(tmp_path: Path, 
     opened = next(c for c in calls if c[0] == "open_trainer_endpoint")
     assert opened[3] == 5  # the trainer + 2 servers x tensor_parallel_size 2
     inits = [c for c in calls if c[:2] == ("POST", "/init_weight_transfer_engine")]
-    assert sorted((c[2]["init_info"]["rank_offset"], c[2]["init_info"]["world_size"], c[3:]) for c in inits) == [(1, 5, ()), (3, 5, (second,))]
-    for path in ("/start_weight_update", "/update_weights", "/finish_weight_update", "/shutdown_weight_transfer_engine"):
+    assert sorted((c[2]["init_info"]["rank_offset"], c[2]["init_info"]["world_size"], c[3:]) for c in inits) == [
+        (1, 5, ()),
+        (3, 5, (second,)),
+    ]
+    for path in (
+        "/start_weight_update",
+        "/update_weights",
+        "/finish_weight_update",
+        "/shutdown_weight_transfer_engine",
+    ):
         reached = [c[3:] for c in calls if c[:2] == ("POST", path)]
         assert sorted(reached) == [(), (second,)], path  # both servers, once each
 
@@ -241,7 +272,9 @@ def test_nccl_sync_refuses_an_uneven_world_size(tmp_path: Path, mocked_nccl: lis
     from grpo_core.contract.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"inference_world_size = 3 does not split evenly over the 2 vLLM servers"):
-        _sync(tmp_path, inference_world_size=3).grpo_sync_weights(model=_tiny_llama(False), version=1, engine=FakeEngine(mocked_nccl, servers=2))
+        _sync(tmp_path, inference_world_size=3).grpo_sync_weights(
+            model=_tiny_llama(False), version=1, engine=FakeEngine(mocked_nccl, servers=2)
+        )
 
 
 def test_nccl_sync_refuses_an_engine_without_control_endpoints(tmp_path: Path, mocked_nccl: list) -> None:
@@ -259,8 +292,19 @@ def test_the_colocated_engine_refuses_control_requests(tmp_path: Path) -> None:
     from grpo_core.contract.types import InferenceEngine
     from grpo_plugins.vllm.colocate import ColocatedEngine
 
-    cfg = validate({"base_model": str(tmp_path), "datasets": [{"path": "x.jsonl"}], "micro_batch_size": 4,
-                    "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True, "vllm_mode": "colocate"}})  # fmt: skip
+    cfg = validate(
+        {
+            "base_model": str(tmp_path),
+            "datasets": [{"path": "x.jsonl"}],
+            "micro_batch_size": 4,
+            "trl": {
+                "num_generations": 4,
+                "reward_funcs": ["last_number_match"],
+                "use_vllm": True,
+                "vllm_mode": "colocate",
+            },
+        }
+    )
     engine = ColocatedEngine(cfg)  # not started: control_endpoints must not need vLLM running
     assert isinstance(engine, InferenceEngine) and CONTROL_ENDPOINTS not in engine.capabilities
     with pytest.raises(NotImplementedError, match=r"no server.*weight sync 'nccl' needs a vLLM server.*vllm_in_memory"):
@@ -324,9 +368,14 @@ def _timed_out(sync: Any, model: Any, engine: Any, step: str) -> float:
         sync.grpo_sync_weights(model=model, version=1, engine=engine)
     took = time.monotonic() - started
     message = str(caught.value)
-    assert isinstance(caught.value, EngineUnavailable) and isinstance(caught.value, GrpoError)  # the run stops with a checkpoint
-    assert re.search(rf"weight sync 'nccl' timed out at version 1: {re.escape(step)} did not complete within "
-                     rf"\[plugins.nccl\] timeout = {STEP_TIMEOUT:g} s", message), message  # fmt: skip
+    assert isinstance(caught.value, EngineUnavailable) and isinstance(
+        caught.value, GrpoError
+    )  # the run stops with a checkpoint
+    assert re.search(
+        rf"weight sync 'nccl' timed out at version 1: {re.escape(step)} did not complete within "
+        rf"\[plugins.nccl\] timeout = {STEP_TIMEOUT:g} s",
+        message,
+    ), message
     assert "restart the server" in message and "raise [plugins.nccl] timeout" in message
     assert STEP_TIMEOUT <= took < STEP_TIMEOUT + 2.0, took
     return took
@@ -341,7 +390,9 @@ SERVER_STEPS = {
 
 @GUARD
 @pytest.mark.parametrize("path", list(SERVER_STEPS), ids=lambda p: p.strip("/"))
-def test_a_server_request_that_never_answers_fails_naming_it(tmp_path: Path, mocked_nccl: list, stuck: Stuck, path: str) -> None:
+def test_a_server_request_that_never_answers_fails_naming_it(
+    tmp_path: Path, mocked_nccl: list, stuck: Stuck, path: str
+) -> None:
     engine = FakeEngine(mocked_nccl)
     engine.endpoints = [StuckEndpoint(mocked_nccl, path, stuck)]
     _timed_out(_sync(tmp_path, timeout=STEP_TIMEOUT), _tiny_llama(False), engine, SERVER_STEPS[path])
@@ -360,8 +411,12 @@ def test_the_trainers_side_of_the_handshake_that_never_completes_fails_naming_it
         stuck.block()
 
     monkeypatch.setattr(nccl_engine, "open_trainer_endpoint", never_joins)
-    _timed_out(_sync(tmp_path, timeout=STEP_TIMEOUT, master_port=40200), _tiny_llama(False), FakeEngine(mocked_nccl),
-               "the handshake, trainer side: joining the NCCL group at 127.0.0.1:40200 as rank 0 of 3")  # fmt: skip
+    _timed_out(
+        _sync(tmp_path, timeout=STEP_TIMEOUT, master_port=40200),
+        _tiny_llama(False),
+        FakeEngine(mocked_nccl),
+        "the handshake, trainer side: joining the NCCL group at 127.0.0.1:40200 as rank 0 of 3",
+    )
 
 
 def _tensor_count(model: Any) -> int:
@@ -370,7 +425,9 @@ def _tensor_count(model: Any) -> int:
 
 @GUARD
 @pytest.mark.parametrize("stuck_round", [1, 6, -1], ids=["first", "middle", "last"])
-def test_a_broadcast_round_that_never_completes_fails_naming_it(tmp_path: Path, mocked_nccl: list, stuck: Stuck, stuck_round: int) -> None:
+def test_a_broadcast_round_that_never_completes_fails_naming_it(
+    tmp_path: Path, mocked_nccl: list, stuck: Stuck, stuck_round: int
+) -> None:
     """Every broadcast round has its own deadline (first, middle, last of the
     tiny model's tensors, sent one by one)."""
     model = _tiny_llama(False)
@@ -388,8 +445,12 @@ def test_a_broadcast_round_that_never_completes_fails_naming_it(tmp_path: Path, 
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(RecordingCommunicator, "broadcast", broadcast)
-        _timed_out(_sync(tmp_path, timeout=STEP_TIMEOUT), model, FakeEngine(mocked_nccl),
-                   f"broadcast round {stuck_round} of {rounds} (rank 0 to the vLLM workers)")  # fmt: skip
+        _timed_out(
+            _sync(tmp_path, timeout=STEP_TIMEOUT),
+            model,
+            FakeEngine(mocked_nccl),
+            f"broadcast round {stuck_round} of {rounds} (rank 0 to the vLLM workers)",
+        )
     assert len(sent) == stuck_round
 
 
@@ -439,7 +500,9 @@ def _slow_rounds(patch: pytest.MonkeyPatch, seconds: float, rounds: int) -> Any:
 
 
 @GUARD
-def test_the_servers_update_call_that_never_answers_fails_naming_it(tmp_path: Path, mocked_nccl: list, stuck: Stuck) -> None:
+def test_the_servers_update_call_that_never_answers_fails_naming_it(
+    tmp_path: Path, mocked_nccl: list, stuck: Stuck
+) -> None:
     """Every round was broadcast; the server's update_weights, which runs
     alongside them, never answers."""
     model = _tiny_llama(False)
@@ -447,7 +510,12 @@ def test_the_servers_update_call_that_never_answers_fails_naming_it(tmp_path: Pa
         received = _slow_rounds(patch, 0.0, _tensor_count(model))
         engine = FakeEngine(mocked_nccl)
         engine.endpoints = [ReceivingEndpoint(mocked_nccl, received, stuck)]
-        _timed_out(_sync(tmp_path, timeout=STEP_TIMEOUT), model, engine, "the server's /update_weights (its workers receiving the broadcast)")
+        _timed_out(
+            _sync(tmp_path, timeout=STEP_TIMEOUT),
+            model,
+            engine,
+            "the server's /update_weights (its workers receiving the broadcast)",
+        )
     assert received.is_set()
 
 
@@ -481,7 +549,9 @@ def test_a_step_that_fails_is_named(tmp_path: Path, mocked_nccl: list) -> None:
 
     engine = FakeEngine(mocked_nccl)
     engine.endpoints = [Refusing(mocked_nccl)]
-    with pytest.raises(EngineUnavailable, match=r"failed at version 1 in the server's /start_weight_update: RuntimeError: HTTP 500"):
+    with pytest.raises(
+        EngineUnavailable, match=r"failed at version 1 in the server's /start_weight_update: RuntimeError: HTTP 500"
+    ):
         _sync(tmp_path, timeout=STEP_TIMEOUT).grpo_sync_weights(model=_tiny_llama(False), version=1, engine=engine)
 
 

@@ -34,16 +34,34 @@ def contract_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def write_config(tmp_path: Path, smollm2_dir: str, base_url: str, **aggregation: object) -> Path:
     cfg = {
-        "base_model": smollm2_dir, "adapter": "lora", "lora_r": 8, "sequence_len": 256,
+        "base_model": smollm2_dir,
+        "adapter": "lora",
+        "lora_r": 8,
+        "sequence_len": 256,
         "datasets": [{"path": str(ROOT / "examples" / "arithmetic" / "data" / "train.jsonl")}],
-        "micro_batch_size": 8, "max_steps": 2, "learning_rate": 1e-3, "lr_scheduler": "constant", "seed": 5,
+        "micro_batch_size": 8,
+        "max_steps": 2,
+        "learning_rate": 1e-3,
+        "lr_scheduler": "constant",
+        "seed": 5,
         "output_dir": str(tmp_path / "out"),
         "vllm": {"api_key": "test-key-123"},
-        "trl": {"use_vllm": True, "vllm_managed": False, "vllm_server_base_url": base_url, "num_generations": 4,
-                "max_completion_length": 12, "reward_funcs": ["alternating_rewards.alternating"], "vllm_server_timeout": 60},
-        "plugins": {"weight_sync": "timed_full", "advantage_aggregation": "scaled_group",
-                    "timed_full": {"folder": "my-weights"}, "scaled_group": {"scale": 0.5, **aggregation}},
-    }  # fmt: skip
+        "trl": {
+            "use_vllm": True,
+            "vllm_managed": False,
+            "vllm_server_base_url": base_url,
+            "num_generations": 4,
+            "max_completion_length": 12,
+            "reward_funcs": ["alternating_rewards.alternating"],
+            "vllm_server_timeout": 60,
+        },
+        "plugins": {
+            "weight_sync": "timed_full",
+            "advantage_aggregation": "scaled_group",
+            "timed_full": {"folder": "my-weights"},
+            "scaled_group": {"scale": 0.5, **aggregation},
+        },
+    }
     # a reward that varies within every group (0, 1, 0, 1), so every step trains and syncs
     (tmp_path / "alternating_rewards.py").write_text(
         "def alternating(completion_ids, **kwargs):\n    return [float(i % 2) for i in range(len(completion_ids))]\n"
@@ -62,7 +80,9 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def test_third_party_sync_and_aggregation_drive_a_real_run(vllm_server, smollm2_dir: str, contract_site: Path, tmp_path: Path) -> None:
+def test_third_party_sync_and_aggregation_drive_a_real_run(
+    vllm_server, smollm2_dir: str, contract_site: Path, tmp_path: Path
+) -> None:
     from grpo_plugins.vllm.client import VLLMClient
 
     config = write_config(tmp_path, smollm2_dir, vllm_server.base_url)
@@ -86,7 +106,9 @@ def test_third_party_sync_and_aggregation_drive_a_real_run(vllm_server, smollm2_
     assert len(calls) == 2 and all(c["scale"] == 0.5 for c in calls)  # [plugins.scaled_group] reached the factory
 
 
-def test_a_raising_plugin_hook_stops_with_one_error_and_a_checkpoint(vllm_server, smollm2_dir: str, contract_site: Path, tmp_path: Path) -> None:
+def test_a_raising_plugin_hook_stops_with_one_error_and_a_checkpoint(
+    vllm_server, smollm2_dir: str, contract_site: Path, tmp_path: Path
+) -> None:
     config = write_config(tmp_path, smollm2_dir, vllm_server.base_url, fail_on_call=2)
     result = grpo(contract_site, "run", str(config), cwd=tmp_path)
     out = tmp_path / "out"

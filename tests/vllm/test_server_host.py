@@ -31,7 +31,6 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-
 from netns import Hosts, opened_hosts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -41,10 +40,10 @@ SERVER_PORT = 8000  # free in a fresh namespace
 WEIGHTS_PORT = 8100  # the trainer's weight server, on host0's address
 GRPO = str(Path(sys.executable).with_name("grpo"))
 READY = "vLLM server ready at"  # grpo vllm-serve's line, once per start (the managed server's own "vLLM: server ready" differs)
-REWARDS = '''
+REWARDS = """
 def varied(completions, **kwargs):
     return [float(len(c[0]["content"]) % 3) / 2.0 for c in completions]
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -57,18 +56,40 @@ def trainer_config(folder: Path, model_dir: str, hosts: Hosts, name: str, key: s
     (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     (folder / "host_rewards.py").write_text(REWARDS)
     config = {
-        "base_model": model_dir, "adapter": "lora", "lora_r": 4, "sequence_len": 256, "micro_batch_size": 4,
-        "gradient_accumulation_steps": 1, "max_steps": 4, "learning_rate": 1e-4, "lr_scheduler": "constant",
-        "datasets": [{"path": str(folder / "train.jsonl")}], "output_dir": str(folder / name), "seed": 5,
+        "base_model": model_dir,
+        "adapter": "lora",
+        "lora_r": 4,
+        "sequence_len": 256,
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+        "max_steps": 4,
+        "learning_rate": 1e-4,
+        "lr_scheduler": "constant",
+        "datasets": [{"path": str(folder / "train.jsonl")}],
+        "output_dir": str(folder / name),
+        "seed": 5,
         # the server binds host1's address; lora_http's fetch goes through /collective_rpc, a dev endpoint
-        "vllm": {"host": hosts.address(1), "port": SERVER_PORT, "api_key": key, "dtype": "float32", "max_model_len": 256,
-                 "cpu_kvcache_space": 1, "expose_dev_endpoints": True},
-        "trl": {"use_vllm": True, "vllm_managed": False, "vllm_server_base_url": f"http://{hosts.address(1)}:{SERVER_PORT}",
-                "vllm_server_timeout": 900, "num_generations": 2,
-                "max_completion_length": 8, "reward_funcs": ["host_rewards.varied"]},
+        "vllm": {
+            "host": hosts.address(1),
+            "port": SERVER_PORT,
+            "api_key": key,
+            "dtype": "float32",
+            "max_model_len": 256,
+            "cpu_kvcache_space": 1,
+            "expose_dev_endpoints": True,
+        },
+        "trl": {
+            "use_vllm": True,
+            "vllm_managed": False,
+            "vllm_server_base_url": f"http://{hosts.address(1)}:{SERVER_PORT}",
+            "vllm_server_timeout": 900,
+            "num_generations": 2,
+            "max_completion_length": 8,
+            "reward_funcs": ["host_rewards.varied"],
+        },
         "plugins": {"weight_sync": "lora_http", "lora_http": {"host": hosts.address(0), "port": WEIGHTS_PORT}},
         **top,
-    }  # fmt: skip
+    }
     path = folder / f"{name}.toml"
     path.write_text(tomli_w.dumps(config))
     return path
@@ -82,11 +103,28 @@ class Server:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        script = f"mount -t tmpfs tmpfs {self.hidden} && exec \"$@\""
-        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                GRPO, "vllm-serve", str(self.config), "--host", self.hosts.address(1), "--port", str(SERVER_PORT)]  # fmt: skip
+        script = f'mount -t tmpfs tmpfs {self.hidden} && exec "$@"'
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            GRPO,
+            "vllm-serve",
+            str(self.config),
+            "--host",
+            self.hosts.address(1),
+            "--port",
+            str(SERVER_PORT),
+        ]
         with open(self.log, "ab") as out:
-            self.proc = self.hosts.start(1, argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            self.proc = self.hosts.start(
+                1, argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+            )
         deadline = time.monotonic() + 600
         while self.log.read_text(errors="replace").count(READY) < self.starts and time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text(errors="replace")[-4000:]
@@ -170,21 +208,33 @@ def test_a_server_on_its_own_host_trains_over_tcp_with_lora_http_and_survives_it
 
     # The trainer host is gone; the server is not: a new trainer resumes from the checkpoint.
     assert (trainer_dir / "out" / "checkpoint-2").is_dir()
-    resume = trainer_config(trainer_dir, smollm2_dir, hosts, "out", save_steps=2, max_steps=6, resume_from_checkpoint="latest")
+    resume = trainer_config(
+        trainer_dir, smollm2_dir, hosts, "out", save_steps=2, max_steps=6, resume_from_checkpoint="latest"
+    )
     log = trainer_dir / "resume.log"
     proc = run_trainer(hosts, trainer_dir, resume, log)
     assert proc.wait(timeout=900) == 0, log.read_text(errors="replace")[-4000:]
     assert "Traceback" not in log.read_text(errors="replace")
     assert [r["step"] for r in records(trainer_dir / "out")][-1] == 6
-    assert (trainer_dir / "out" / "adapter_model.safetensors").is_file() or (trainer_dir / "out" / "adapter_config.json").is_file()
+    assert (trainer_dir / "out" / "adapter_model.safetensors").is_file() or (
+        trainer_dir / "out" / "adapter_config.json"
+    ).is_file()
     # the adapter reached the server by its worker's fetch, then a load from the server's own folder
     served = server.log.read_text(errors="replace")
-    assert re.search(r'"POST /collective_rpc HTTP/1\.1" 200', served) and re.search(r'"POST /v1/load_lora_adapter HTTP/1\.1" 200', served)
+    assert re.search(r'"POST /collective_rpc HTTP/1\.1" 200', served) and re.search(
+        r'"POST /v1/load_lora_adapter HTTP/1\.1" 200', served
+    )
 
     # full_http against the same server: the merged weights pulled over HTTP by its workers and
     # loaded in place, nothing written on either side; every sync verified as above.
-    full = trainer_config(trainer_dir, smollm2_dir, hosts, "full", max_steps=2,
-                          plugins={"weight_sync": "full_http", "full_http": {"host": hosts.address(0), "port": WEIGHTS_PORT}})  # fmt: skip
+    full = trainer_config(
+        trainer_dir,
+        smollm2_dir,
+        hosts,
+        "full",
+        max_steps=2,
+        plugins={"weight_sync": "full_http", "full_http": {"host": hosts.address(0), "port": WEIGHTS_PORT}},
+    )
     log = trainer_dir / "full.log"
     proc = run_trainer(hosts, trainer_dir, full, log)
     assert proc.wait(timeout=900) == 0, log.read_text(errors="replace")[-4000:]

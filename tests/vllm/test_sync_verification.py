@@ -24,14 +24,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from grpo_core.host import plugin_host
-from grpo_core.config.loader import validate
-from grpo_core.contract.errors import WeightSyncUnverified
-from grpo_core.training.run import run_training
-from grpo_core.training.sync_check import FLOAT32
 from plugin_set import write_distribution
 from test_vllm_training import PARITY_REWARD, metrics, run_config
+
+from grpo_core.config.loader import validate
+from grpo_core.contract.errors import WeightSyncUnverified
+from grpo_core.host import plugin_host
+from grpo_core.training.run import run_training
+from grpo_core.training.sync_check import FLOAT32
 
 pytestmark = pytest.mark.vllm
 
@@ -70,9 +70,12 @@ class SkipsOnce(FullFilesystemSync):
 @pytest.fixture
 def faulty_sync_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     site = write_distribution(
-        tmp_path / "site", "grpo_faulty_sync", SYNC_MODULE, "grpo-faulty-sync",
+        tmp_path / "site",
+        "grpo_faulty_sync",
+        SYNC_MODULE,
+        "grpo-faulty-sync",
         "[grpo.weight_sync]\nskips_loads = grpo_faulty_sync:SkipsLoads\nskips_once = grpo_faulty_sync:SkipsOnce\n",
-    )  # fmt: skip
+    )
     (site / "parity_rewards.py").write_text(PARITY_REWARD)  # every step trains: each sync has new weights to deliver
     monkeypatch.syspath_prepend(str(site))
     plugin_host.rescan()
@@ -86,7 +89,9 @@ def parity_run(smollm2_dir: str, out: Path, base_url: str | None, **trl: object)
 
 
 @pytest.mark.parametrize("sync", ["lora", pytest.param("merged", marks=pytest.mark.extended)])
-def test_every_sync_is_verified_at_float32_noise(vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path, sync: str) -> None:
+def test_every_sync_is_verified_at_float32_noise(
+    vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path, sync: str
+) -> None:
     """``lora``: the adapter is loaded and the probe is scored under its name;
     ``merged``: W + BA reloaded into the base. Each of the 3 steps trains,
     syncs and is verified; the gap is float32 noise. Step 1's record holds
@@ -97,8 +102,20 @@ def test_every_sync_is_verified_at_float32_noise(vllm_server, smollm2_dir: str, 
     assert cfg.verify_weight_sync == "every"  # the default
     assert run_training(cfg) == "completed"
     rows = metrics(tmp_path / "run")
-    print(sync, [(r["sync/logprob_gap"], r["sync/logprob_gap_max"], r["sync/logprob_bound"], r["sync/verify_seconds"],
-                  r["time/weight_sync"], r["sync/sampled"]) for r in rows])  # fmt: skip
+    print(
+        sync,
+        [
+            (
+                r["sync/logprob_gap"],
+                r["sync/logprob_gap_max"],
+                r["sync/logprob_bound"],
+                r["sync/verify_seconds"],
+                r["time/weight_sync"],
+                r["sync/sampled"],
+            )
+            for r in rows
+        ],
+    )
     assert all(r["grad_norm"] > 0 for r in rows)  # every step moved the weights the sync then delivered
     assert [r["sync/verified"] for r in rows] == [1.0, 1.0, 1.0]
     assert [r["sync/sampled"] for r in rows] == [0.0, 1.0, 1.0]
@@ -106,12 +123,15 @@ def test_every_sync_is_verified_at_float32_noise(vllm_server, smollm2_dir: str, 
     assert rows[0]["sync/logprob_bound"] == FLOAT32.ceiling  # the first check: the ceiling
     assert all(r["sync/logprob_bound"] < FLOAT32.ceiling / 5 for r in rows[1:])  # later ones: the floor's bound
     assert all(r["sync/retries"] == 0.0 and r["sync/verify_seconds"] > 0 for r in rows)
-    assert rows[0]["sync/verify_seconds"] > 100 * max(r["sync/verify_seconds"] for r in rows[1:])  # the samples cost nothing
+    assert rows[0]["sync/verify_seconds"] > 100 * max(
+        r["sync/verify_seconds"] for r in rows[1:]
+    )  # the samples cost nothing
 
 
 @pytest.mark.parametrize("mode", ["every", pytest.param("every_probe", marks=pytest.mark.extended)])
-def test_a_sync_that_never_loads_stops_the_run_with_a_checkpoint(vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path,
-                                                                  mode: str) -> None:  # fmt: skip
+def test_a_sync_that_never_loads_stops_the_run_with_a_checkpoint(
+    vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path, mode: str
+) -> None:
     """Through ``grpo run``: version 0 loads (the engine starts from this
     run's weights), version 1 after step 1 is written but never loaded. The
     check catches it (``every``: step 2's samples, drawn from version 0,
@@ -128,9 +148,18 @@ def test_a_sync_that_never_loads_stops_the_run_with_a_checkpoint(vllm_server, sm
 
     config = tmp_path / "config.toml"
     config.write_text(tomli_w.dumps(cfg))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(faulty_sync_site), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([str(Path(sys.executable).with_name("grpo")), "run", str(config)], capture_output=True, text=True,  # noqa: S603
-                          env=env, timeout=900)  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(faulty_sync_site), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("grpo")), "run", str(config)],
+        capture_output=True,
+        text=True,  # noqa: S603
+        env=env,
+        timeout=900,
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 3, output[-3000:]
     assert "Traceback" not in output
@@ -155,8 +184,12 @@ def test_a_sync_that_never_loads_stops_the_run_with_a_checkpoint(vllm_server, sm
 
 
 @pytest.mark.extended  # a third real run of this file (~22 s); the failing and passing checks run in the default tier
-def test_a_sync_the_second_attempt_fixes_lets_the_run_go_on(vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path) -> None:
-    cfg = validate({**parity_run(smollm2_dir, tmp_path / "run", vllm_server.base_url), "plugins": {"weight_sync": "skips_once"}})
+def test_a_sync_the_second_attempt_fixes_lets_the_run_go_on(
+    vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path
+) -> None:
+    cfg = validate(
+        {**parity_run(smollm2_dir, tmp_path / "run", vllm_server.base_url), "plugins": {"weight_sync": "skips_once"}}
+    )
     assert run_training(cfg) == "completed"
     rows = metrics(tmp_path / "run")
     assert [r["sync/verified"] for r in rows] == [1.0, 1.0, 1.0]
@@ -164,8 +197,9 @@ def test_a_sync_the_second_attempt_fixes_lets_the_run_go_on(vllm_server, smollm2
     assert all(r["sync/logprob_gap"] < 1e-4 for r in rows)
 
 
-def test_a_pool_server_the_sync_never_reached_is_named(vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_pool_server_the_sync_never_reached_is_named(
+    vllm_server, smollm2_dir: str, tmp_path: Path, faulty_sync_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A pool of two servers (the session's server under two URLs, so that
     each has its own name and served model): every adapter load reaches the
     first and never the second, which keeps serving the base model. The
@@ -185,8 +219,14 @@ def test_a_pool_server_the_sync_never_reached_is_named(vllm_server, smollm2_dir:
         real_load(self, path)
 
     monkeypatch.setattr(VLLMServerEngine, "load_adapter", load_adapter)
-    settings = parity_run(smollm2_dir, tmp_path / "run", None, vllm_lora_sync=True, vllm_managed=False,
-                          vllm_server_base_urls=[vllm_server.base_url, stale_url])  # fmt: skip
+    settings = parity_run(
+        smollm2_dir,
+        tmp_path / "run",
+        None,
+        vllm_lora_sync=True,
+        vllm_managed=False,
+        vllm_server_base_urls=[vllm_server.base_url, stale_url],
+    )
     with pytest.raises(WeightSyncUnverified) as info:
         run_training(validate(settings))
     message = str(info.value)

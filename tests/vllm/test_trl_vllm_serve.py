@@ -43,23 +43,39 @@ import torch
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
-from grpo_core.training.run import run_training
 from grpo_core.contract.types import ADAPTER_FROM_PATH, CONTROL_ENDPOINTS, WEIGHTS_OVER_NCCL
+from grpo_core.training.run import run_training
 
 pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 ARITHMETIC = ROOT / "examples" / "arithmetic"
 READY_TIMEOUT_S = 600
-PARITY_REWARD = "def parity_reward(completion_ids, **kwargs):\n    return [float(sum(ids) % 2) for ids in completion_ids]\n"
+PARITY_REWARD = (
+    "def parity_reward(completion_ids, **kwargs):\n    return [float(sum(ids) % 2) for ids in completion_ids]\n"
+)
 SYNCED_MEAN_TOL = 1e-4  # as tests/vllm/test_vllm_training.py: float32 on both sides
 
 
 def trl_command(model_dir: str, port: int) -> list[str]:
     """What a user types (docs/servers.md), with this venv's ``trl``."""
     trl = Path(sys.executable).parent / "trl"
-    return [str(trl), "vllm-serve", "--model", model_dir, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "true"]  # fmt: skip
+    return [
+        str(trl),
+        "vllm-serve",
+        "--model",
+        model_dir,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "512",
+        "--enforce-eager",
+        "true",
+    ]
 
 
 def vllm_metadata_shim(folder: Path) -> Path | None:
@@ -104,8 +120,13 @@ def trl_server(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(shim), env.get("PYTHONPATH")]))
     log = out / "server.log"
     with log.open("wb") as sink:
-        process = subprocess.Popen(trl_command(smollm2_dir, port), stdout=sink, stderr=subprocess.STDOUT, env=env,  # noqa: S603
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            trl_command(smollm2_dir, port),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,  # noqa: S603
+            start_new_session=True,
+        )
     server = TrlServer(f"http://127.0.0.1:{port}", process, log)
     deadline = time.monotonic() + READY_TIMEOUT_S
     try:
@@ -128,17 +149,34 @@ def trl_server(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory):
 def run_settings(smollm2_dir: str, out: Path, base_url: str, **trl: Any) -> dict[str, Any]:
     """A tiny LoRA run on the arithmetic data against ``base_url``, no API key."""
     return {
-        "base_model": smollm2_dir, "adapter": "lora", "lora_r": 8,
+        "base_model": smollm2_dir,
+        "adapter": "lora",
+        "lora_r": 8,
         "datasets": [{"path": str(ARITHMETIC / "data" / "train.jsonl")}],
-        "sequence_len": 256, "micro_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": 2,
-        "learning_rate": 1e-3, "lr_scheduler": "constant", "output_dir": str(out), "seed": 3,
-        "trl": {"use_vllm": True, "vllm_managed": False, "vllm_server_base_url": base_url, "num_generations": 4,
-                "max_completion_length": 12, "vllm_server_timeout": 60, **trl},
-    }  # fmt: skip
+        "sequence_len": 256,
+        "micro_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+        "max_steps": 2,
+        "learning_rate": 1e-3,
+        "lr_scheduler": "constant",
+        "output_dir": str(out),
+        "seed": 3,
+        "trl": {
+            "use_vllm": True,
+            "vllm_managed": False,
+            "vllm_server_base_url": base_url,
+            "num_generations": 4,
+            "max_completion_length": 12,
+            "vllm_server_timeout": 60,
+            **trl,
+        },
+    }
 
 
 @pytest.mark.extended  # starts a `trl vllm-serve` server (~50 s); the refusals of this file run in the default tier
-def test_grpo_trains_against_trl_vllm_serve(trl_server: TrlServer, smollm2_dir: str, tmp_path: Path, monkeypatch) -> None:
+def test_grpo_trains_against_trl_vllm_serve(
+    trl_server: TrlServer, smollm2_dir: str, tmp_path: Path, monkeypatch
+) -> None:
     """Generation and the merged-LoRA sync (``full_filesystem``: W + BA loaded
     with dev-mode ``/collective_rpc reload_weights``) through the real
     server: every step trains, and after each sync the server's sampled
@@ -148,8 +186,15 @@ def test_grpo_trains_against_trl_vllm_serve(trl_server: TrlServer, smollm2_dir: 
     (tmp_path / "trl_parity.py").write_text(PARITY_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
-    cfg = validate(run_settings(smollm2_dir, tmp_path / "run", trl_server.base_url, reward_funcs=["trl_parity.parity_reward"],
-                                vllm_importance_sampling_correction=True))  # fmt: skip
+    cfg = validate(
+        run_settings(
+            smollm2_dir,
+            tmp_path / "run",
+            trl_server.base_url,
+            reward_funcs=["trl_parity.parity_reward"],
+            vllm_importance_sampling_correction=True,
+        )
+    )
     assert cfg.plugins.weight_sync in (None, "full_filesystem")
     assert run_training(cfg) == "completed"
     import json
@@ -164,17 +209,23 @@ def test_grpo_trains_against_trl_vllm_serve(trl_server: TrlServer, smollm2_dir: 
     assert httpx.get(trl_server.base_url + "/weight_info", timeout=10).json()["weight_version"].startswith("grpo-full-")
 
 
-def _context(smollm2_dir: str, tmp_path: Path, base_url: str, requirements: frozenset[str] = frozenset(), **extra: Any) -> RunContext:
+def _context(
+    smollm2_dir: str, tmp_path: Path, base_url: str, requirements: frozenset[str] = frozenset(), **extra: Any
+) -> RunContext:
     logs: list[str] = []
     settings = run_settings(smollm2_dir, tmp_path / "run", base_url)
     settings.update(extra)
-    ctx = RunContext(config=validate(settings), output_dir=tmp_path / "run", log=logs.append, engine_requirements=requirements)
+    ctx = RunContext(
+        config=validate(settings), output_dir=tmp_path / "run", log=logs.append, engine_requirements=requirements
+    )
     ctx.logs = logs  # type: ignore[attr-defined]
     return ctx
 
 
 @pytest.mark.extended  # needs the module's `trl vllm-serve` server (~35 s to start)
-def test_engine_reads_what_trl_vllm_serve_is(trl_server: TrlServer, smollm2_dir: str, tmp_path: Path, monkeypatch) -> None:
+def test_engine_reads_what_trl_vllm_serve_is(
+    trl_server: TrlServer, smollm2_dir: str, tmp_path: Path, monkeypatch
+) -> None:
     from grpo_core.contract.types import Prompt, SamplingSettings
     from grpo_plugins.vllm.rollout import VLLMRollout
 
@@ -183,15 +234,24 @@ def test_engine_reads_what_trl_vllm_serve_is(trl_server: TrlServer, smollm2_dir:
     rollout.grpo_train_start()
     facts = rollout.engine.live()[0].facts
     assert facts.base_model == smollm2_dir  # `vllm serve DIR` serves DIR, not grpo's "base"
-    assert (facts.logprobs_mode, facts.dtype, facts.lora, facts.weight_transfer) == ("processed_logprobs", "float32", False, "nccl")
+    assert (facts.logprobs_mode, facts.dtype, facts.lora, facts.weight_transfer) == (
+        "processed_logprobs",
+        "float32",
+        False,
+        "nccl",
+    )
     assert rollout.engine.served_model == smollm2_dir and rollout.engine.weight_dtype == "float32"
     groups = rollout.grpo_rollout_generate([Prompt("hi", [1, 2, 3])], 2, SamplingSettings(max_tokens=4), 0)
     completions = groups[0].completions  # sampled, unseeded: either may stop at EOS before 4 tokens
-    assert len(completions) == 2 and all(0 < len(c.token_ids) <= 4 and len(c.logprobs) == len(c.token_ids) for c in completions)
+    assert len(completions) == 2 and all(
+        0 < len(c.token_ids) <= 4 and len(c.logprobs) == len(c.token_ids) for c in completions
+    )
 
 
 @pytest.mark.extended  # needs the module's `trl vllm-serve` server (~35 s to start)
-def test_lora_adapter_sync_needs_enable_lora_and_says_so(trl_server: TrlServer, smollm2_dir: str, tmp_path: Path) -> None:
+def test_lora_adapter_sync_needs_enable_lora_and_says_so(
+    trl_server: TrlServer, smollm2_dir: str, tmp_path: Path
+) -> None:
     """``trl vllm-serve`` passes no ``--enable-lora``: the adapter sync is
     refused before training, naming the flags (the merged sync above works)."""
     from grpo_core.contract.errors import ConfigError
@@ -199,7 +259,9 @@ def test_lora_adapter_sync_needs_enable_lora_and_says_so(trl_server: TrlServer, 
 
     ctx = _context(smollm2_dir, tmp_path, trl_server.base_url, frozenset({ADAPTER_FROM_PATH}))
     rollout = VLLMRollout(ctx)
-    with pytest.raises(ConfigError, match=r"no LoRA layers.*--enable-lora --max-lora-rank 8 and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
+    with pytest.raises(
+        ConfigError, match=r"no LoRA layers.*--enable-lora --max-lora-rank 8 and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
+    ):
         rollout.grpo_train_start()
 
 
@@ -238,8 +300,9 @@ class EngineOverMockedNccl:
 
 
 @pytest.mark.extended  # needs the module's `trl vllm-serve` server (~35 s to start)
-def test_nccl_sync_against_trl_vllm_serve_with_nccl_mocked(trl_server: TrlServer, smollm2_dir: str, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_nccl_sync_against_trl_vllm_serve_with_nccl_mocked(
+    trl_server: TrlServer, smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The ``nccl`` sync's protocol against the real server: the world size
     comes from its ``/get_world_size`` (1 on this CPU server, though the
     config says tensor_parallel_size 2), its ``/server_info`` shows the NCCL
@@ -270,15 +333,29 @@ def test_nccl_sync_against_trl_vllm_serve_with_nccl_mocked(trl_server: TrlServer
     monkeypatch.setattr(nccl_sync, "TRANSFER_DEVICE", "cpu")
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
 
-    ctx = _context(smollm2_dir, tmp_path, trl_server.base_url, frozenset({WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS}),
-                   vllm={"tensor_parallel_size": 2})  # fmt: skip
+    ctx = _context(
+        smollm2_dir,
+        tmp_path,
+        trl_server.base_url,
+        frozenset({WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS}),
+        vllm={"tensor_parallel_size": 2},
+    )
     rollout = VLLMRollout(ctx)
     rollout.grpo_train_start()
     engine = EngineOverMockedNccl(rollout.engine, calls)
     sync = nccl_sync.NcclSync(ctx, nccl_sync.NcclSync.Settings(packed=False))
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True))  # fmt: skip
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+        )
+    )
     for version in (1, 2):
         sync.grpo_sync_weights(model=model, version=version, engine=engine)
     sync.grpo_train_end()
@@ -286,12 +363,20 @@ def test_nccl_sync_against_trl_vllm_serve_with_nccl_mocked(trl_server: TrlServer
     asked = {path: answer for kind, path, answer in calls[:2]}
     assert asked["/get_world_size"] == {"world_size": 1}
     assert asked["/server_info"]["vllm_config"]["weight_transfer_config"] == {"backend": "nccl"}
-    init = next(body for kind, path, body in (c for c in calls if c[0] == "mocked") if path == "/init_weight_transfer_engine")
-    assert init["init_info"]["rank_offset"] == 1 and init["init_info"]["world_size"] == 2  # the trainer + the server's 1 worker
+    init = next(
+        body for kind, path, body in (c for c in calls if c[0] == "mocked") if path == "/init_weight_transfer_engine"
+    )
+    assert (
+        init["init_info"]["rank_offset"] == 1 and init["init_info"]["world_size"] == 2
+    )  # the trainer + the server's 1 worker
     assert ("open_trainer_endpoint", 2) in calls
     real = [c[1] for c in calls if c[0] == "server"]
-    assert real == ["/server_info", "/get_world_size"] + ["/start_weight_update", "/finish_weight_update"] * 2 + ["/shutdown_weight_transfer_engine"]
+    assert real == ["/server_info", "/get_world_size"] + ["/start_weight_update", "/finish_weight_update"] * 2 + [
+        "/shutdown_weight_transfer_engine"
+    ]
     updates = [c[2]["update_info"] for c in calls if c[:2] == ("mocked", "/update_weights")]
     assert len(updates) == 2 and "model.layers.0.self_attn.q_proj.weight" in updates[0]["names"]
-    assert sum(1 for c in calls if c[0] == "broadcast") == 2 * len(updates[0]["names"])  # one round per tensor, each sync
+    assert sum(1 for c in calls if c[0] == "broadcast") == 2 * len(
+        updates[0]["names"]
+    )  # one round per tensor, each sync
     assert httpx.get(trl_server.base_url + "/health", timeout=10).status_code == 200  # the server carried on

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_vllm_training import PARITY_REWARD, metrics, run_config
 
 pytestmark = pytest.mark.vllm
@@ -22,8 +21,13 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 @pytest.mark.extended  # a colocated engine start per test (~30-45 s); test_grpo_run_colocate_is_one_process runs in the default tier
 def test_in_memory_sync_makes_the_engine_sample_from_the_policy(smollm2_dir: str, tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(HERE / "colocate_probe.py"), smollm2_dir, str(tmp_path)],
-                          capture_output=True, text=True, timeout=900, env=ENV)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(HERE / "colocate_probe.py"), smollm2_dir, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=ENV,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     probe = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("PROBE "))[6:])
     print(probe)
@@ -43,8 +47,14 @@ def test_grpo_run_colocate_is_one_process(smollm2_dir: str, tmp_path: Path) -> N
     import tomli_w
 
     (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)  # spread_reward varies within a group: every step trains
-    cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_mode="colocate", reward_funcs=["parity_rewards.spread_reward"],
-                     vllm_importance_sampling_correction=True)  # fmt: skip
+    cfg = run_config(
+        smollm2_dir,
+        tmp_path / "out",
+        None,
+        vllm_mode="colocate",
+        reward_funcs=["parity_rewards.spread_reward"],
+        vllm_importance_sampling_correction=True,
+    )
     cfg["max_steps"] = 2
     cfg["val_set_size"] = 2  # evaluation through the colocated engine, after the step's in-memory sync
     config = tmp_path / "config.toml"
@@ -82,9 +92,17 @@ def test_episodes_train_on_the_colocated_engine(smollm2_dir: str, tmp_path: Path
     # rollout call on the episode's ids so far. Guided decoding makes every model turn a valid
     # tool call, so every episode has two turns with the tool's answer (loss mask 0) between them.
     (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)  # varies within a group: every step trains
-    cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_mode="colocate", reward_funcs=["parity_rewards.parity_reward"],
-                     tools=["calculator.calculate"], max_tool_calling_iterations=1, max_completion_length=96,
-                     vllm_guided_decoding_regex=r'<tool_call>calculate\(expression="(2\+3|4\*5|7-1)"\)</tool_call>')  # fmt: skip
+    cfg = run_config(
+        smollm2_dir,
+        tmp_path / "out",
+        None,
+        vllm_mode="colocate",
+        reward_funcs=["parity_rewards.parity_reward"],
+        tools=["calculator.calculate"],
+        max_tool_calling_iterations=1,
+        max_completion_length=96,
+        vllm_guided_decoding_regex=r'<tool_call>calculate\(expression="(2\+3|4\*5|7-1)"\)</tool_call>',
+    )
     cfg["max_steps"] = 2
     cfg["datasets"] = [{"path": str(CALCULATOR / "data" / "train.jsonl")}]
     cfg["plugins"] = {"tools": {"format": "python"}}
@@ -92,14 +110,23 @@ def test_episodes_train_on_the_colocated_engine(smollm2_dir: str, tmp_path: Path
     config = tmp_path / "config.json"
     config.write_text(json.dumps(cfg))
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(CALCULATOR), ENV.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(HERE / "colocate_episodes_probe.py"), str(config)],
-                          capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(HERE / "colocate_episodes_probe.py"), str(config)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=tmp_path,
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert "Traceback" not in output and "colocated engine ready" in output
     probe = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("PROBE "))[6:])
     assert probe["status"] == "completed"
-    print({k: probe[k] for k in ("syncs", "seconds")}, [(c["prompts"], c["n"], round(c["seconds"], 2)) for c in probe["calls"]])
+    print(
+        {k: probe[k] for k in ("syncs", "seconds")},
+        [(c["prompts"], c["n"], round(c["seconds"], 2)) for c in probe["calls"]],
+    )
 
     # The trained rows: mask 1 exactly on the model's tokens, 0 on the tool's answer, none on padding.
     rows = probe["rows"]
@@ -151,8 +178,12 @@ def test_narrowed_weight_warnings_are_dropped_and_other_warnings_pass() -> None:
         quiet_narrowed_weight_warnings()
         quiet_narrowed_weight_warnings()  # once only
         assert sum(isinstance(f, NarrowedWeightFilter) for f in logger.filters) == 1
-        logger.warning("Attempted to load weight %s with dtype %s into parameter with dtype %s",
-                       "layers.0.mlp.down_proj.weight", torch.float32, torch.bfloat16)  # fmt: skip
+        logger.warning(
+            "Attempted to load weight %s with dtype %s into parameter with dtype %s",
+            "layers.0.mlp.down_proj.weight",
+            torch.float32,
+            torch.bfloat16,
+        )
         logger.warning("Attempted to load nested weight %s", "x")  # another warning: kept
     finally:
         logger.removeHandler(handler)

@@ -104,7 +104,9 @@ def test_the_rank_count_is_eager_and_counts_what_vllms_does() -> None:
         logprobs = torch.log_softmax(torch.randn(6, 300), -1)
         tokens = torch.randint(0, 300, (6, 1))
         ranks = sampler.batched_count_greater_than(logprobs, logprobs.gather(-1, tokens))
-        expected = [int((row > row[t]).sum()) + 1 for row, t in zip(logprobs, tokens[:, 0], strict=True)]  # 1 = the most likely
+        expected = [
+            int((row > row[t]).sum()) + 1 for row, t in zip(logprobs, tokens[:, 0], strict=True)
+        ]  # 1 = the most likely
         assert ranks.tolist() == expected
         cpu_kernels.install(enabled=False)
         assert sampler.batched_count_greater_than is not cpu_kernel_impls.count_at_least
@@ -121,7 +123,11 @@ def test_the_cpp_rms_norm_provider_computes_vllms_native_forms(dtype: torch.dtyp
     norm, fused = ir.ops.rms_norm, ir.ops.fused_add_rms_norm
     assert norm.impls[cpu_kernels.PROVIDER].supported and fused.impls[cpu_kernels.PROVIDER].supported
     torch.manual_seed(2)
-    x, residual, weight = torch.randn(32, 576, dtype=dtype), torch.randn(32, 576, dtype=dtype), torch.randn(576, dtype=dtype)
+    x, residual, weight = (
+        torch.randn(32, 576, dtype=dtype),
+        torch.randn(32, 576, dtype=dtype),
+        torch.randn(576, dtype=dtype),
+    )
     takes = norm.impls[cpu_kernels.PROVIDER].supports_args
     takes_fused = fused.impls[cpu_kernels.PROVIDER].supports_args
     out, summed = fused.impls[cpu_kernels.PROVIDER].impl_fn(x.clone(), residual.clone(), weight, 1e-5)
@@ -142,19 +148,28 @@ def test_the_cpp_rms_norm_provider_computes_vllms_native_forms(dtype: torch.dtyp
     assert torch.equal(summed, native_summed)  # the residual sum: one rounding on both sides
     # what the kernels do not take falls through to the next provider in the priority (native)
     assert takes(x, weight, 1e-5) and takes_fused(x, residual, weight, 1e-5) and not takes(x, weight, 1e-5, 288)
-    assert not takes(x.t().contiguous().t(), weight, 1e-5) and not takes(x, weight.float() if dtype != torch.float32 else weight.double(), 1e-5)
+    assert not takes(x.t().contiguous().t(), weight, 1e-5) and not takes(
+        x, weight.float() if dtype != torch.float32 else weight.double(), 1e-5
+    )
 
 
 @pytest.mark.parametrize(
     ("flags", "bf16"),
-    [("fpu avx2 fma", False), ("avx2 avx512f avx512bw", False), ("avx2 avx512f avx512_bf16", True), ("avx512f avx512_bf16 amx_bf16 amx_tile", True)],
+    [
+        ("fpu avx2 fma", False),
+        ("avx2 avx512f avx512bw", False),
+        ("avx2 avx512f avx512_bf16", True),
+        ("avx512f avx512_bf16 amx_bf16 amx_tile", True),
+    ],
 )
 def test_the_cpp_norms_take_bf16_only_where_the_cpu_rounds_it_to_nearest(flags: str, bf16: bool) -> None:
     dtypes = cpu_kernel_impls.cpp_norm_dtypes(flags)
     assert torch.float32 in dtypes and (torch.bfloat16 in dtypes) is bf16
 
 
-def test_grpo_asks_for_the_kernels_only_for_its_eager_cpu_engines(smollm2_dir, tmp_path, config_for, monkeypatch) -> None:
+def test_grpo_asks_for_the_kernels_only_for_its_eager_cpu_engines(
+    smollm2_dir, tmp_path, config_for, monkeypatch
+) -> None:
     cfg = config_for(smollm2_dir, tmp_path)
     monkeypatch.setattr(machine, "cuda_available", lambda: False)
     spec = server_spec(cfg)

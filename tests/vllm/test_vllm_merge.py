@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from conftest import API_KEY, make_config
+
 from grpo_core.interface.cli import main
 
 pytestmark = pytest.mark.vllm
@@ -27,7 +27,9 @@ def test_merged_adapter_is_served_by_vllm(smollm2_dir: str, tmp_path: Path) -> N
     # A LoRA adapter with non-zero weights on both factors, saved like a run saves it.
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
-    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    peft_model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    )
     run_dir = tmp_path / "run"
     peft_model.save_pretrained(run_dir)
     AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(run_dir)
@@ -36,11 +38,15 @@ def test_merged_adapter_is_served_by_vllm(smollm2_dir: str, tmp_path: Path) -> N
     assert main(["merge", str(run_dir)]) == 0
     merged_dir = run_dir / "merged"
     tokenizer = AutoTokenizer.from_pretrained(merged_dir)
-    prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 7 + 5?"}], add_generation_prompt=True)
+    prompt_ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 7 + 5?"}], add_generation_prompt=True
+    )
     prompt_ids = list(getattr(prompt_ids, "input_ids", prompt_ids))
     merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
     with torch.no_grad():
-        expected = merged.generate(torch.tensor([prompt_ids]), max_new_tokens=4, do_sample=False)[0, len(prompt_ids):].tolist()
+        expected = merged.generate(torch.tensor([prompt_ids]), max_new_tokens=4, do_sample=False)[
+            0, len(prompt_ids) :
+        ].tolist()
     del merged
 
     cfg = make_config(str(merged_dir), tmp_path / "srv")

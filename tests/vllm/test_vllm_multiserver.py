@@ -16,17 +16,16 @@ from pathlib import Path
 
 import pytest
 import requests
+from conftest import make_config
+from test_vllm_server import chat_prompts, mean_abs_diff
+from test_vllm_training import PARITY_REWARD, SYNCED_MAX_TOL, SYNCED_MEAN_TOL, metrics, run_config
 
 from grpo_core.contract.types import RolloutGroup, SamplingSettings
 from grpo_plugins.vllm.client import EngineRequestError, VLLMClient
 from grpo_plugins.vllm.engine import ServerControl
-from grpo_plugins.weight_sync_http import FullHttpSync
 from grpo_plugins.vllm.rollout import VLLMRollout
 from grpo_plugins.weight_sync_files import FullFilesystemSync
-
-from conftest import make_config
-from test_vllm_server import chat_prompts, mean_abs_diff
-from test_vllm_training import PARITY_REWARD, SYNCED_MAX_TOL, SYNCED_MEAN_TOL, metrics, run_config
+from grpo_plugins.weight_sync_http import FullHttpSync
 
 pytestmark = pytest.mark.vllm
 
@@ -58,7 +57,9 @@ def prompts(smollm2_tokenizer):
 
 def finished_requests(server) -> float:
     """The server's own count of finished requests (Prometheus /metrics)."""
-    text = requests.get(server.base_url + "/metrics", headers={"Authorization": f"Bearer {server.spec.api_key}"}, timeout=30).text
+    text = requests.get(
+        server.base_url + "/metrics", headers={"Authorization": f"Bearer {server.spec.api_key}"}, timeout=30
+    ).text
     return sum(float(m.group(1)) for m in re.finditer(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
 
 
@@ -127,7 +128,9 @@ def test_two_servers_share_the_groups_and_both_serve_the_http_synced_weights(
     assert rollout.engine.served_model == "base" and all(m.weight_label for m in members)
     # The scan sees a sync that does write files: the filesystem sync, for comparison.
     filesystem = FullFilesystemSync(ctx)
-    assert written_by(lambda: filesystem.grpo_sync_weights(peft_model, 1, rollout.engine), roots), "the scan misses written files"
+    assert written_by(lambda: filesystem.grpo_sync_weights(peft_model, 1, rollout.engine), roots), (
+        "the scan misses written files"
+    )
     filesystem.grpo_train_end()
     assert written_by(lambda: sync.grpo_sync_weights(peft_model, 2, rollout.engine), roots) == []
 
@@ -135,7 +138,12 @@ def test_two_servers_share_the_groups_and_both_serve_the_http_synced_weights(
     # sampled match the trainer's under the synced weights, not the base model's.
     sampling = SamplingSettings(max_tokens=10, seed=2)
     for member in members:
-        sampled = [RolloutGroup(p, c) for p, c in zip(prompts[:2], rollout._generate_share(member, prompts[:2], [0, 1], 2, sampling, 0), strict=True)]
+        sampled = [
+            RolloutGroup(p, c)
+            for p, c in zip(
+                prompts[:2], rollout._generate_share(member, prompts[:2], [0, 1], 2, sampling, 0), strict=True
+            )
+        ]
         synced_err = mean_abs_diff(sampled, peft_model)
         with peft_model.disable_adapter():
             base_err = mean_abs_diff(sampled, peft_model)
@@ -143,17 +151,24 @@ def test_two_servers_share_the_groups_and_both_serve_the_http_synced_weights(
         assert synced_err < SYNCED_TOL and base_err > 3 * synced_err
 
     # A wrong token is refused by the trainer's weight server.
-    assert requests.get(f"http://127.0.0.1:{sync.server.port}/grpo-weights/v2", headers={"Authorization": "Bearer no"}, timeout=10).status_code == 401
+    assert (
+        requests.get(
+            f"http://127.0.0.1:{sync.server.port}/grpo-weights/v2", headers={"Authorization": "Bearer no"}, timeout=10
+        ).status_code
+        == 401
+    )
     sync.grpo_train_end()
     assert sync.server is None
 
 
 @pytest.mark.extended  # a second real server (~35 s to start); the pool runs in the default tier through test_sync_verification's two-URL pool
-def test_episodes_run_through_a_pool_of_two_servers(make_context, vllm_server, server_b, smollm2_tokenizer, smollm2_dir, tmp_path) -> None:
+def test_episodes_run_through_a_pool_of_two_servers(
+    make_context, vllm_server, server_b, smollm2_tokenizer, smollm2_dir, tmp_path
+) -> None:
     # Before the test that kills server B. The episode driver asks the pool turn by turn: every distinct context goes out at once,
     # the pool spreads them, and both servers answer turns.
-    from grpo_core.training.episodes import EpisodeDriver
     from grpo_core.contract.types import EnvironmentReply
+    from grpo_core.training.episodes import EpisodeDriver
 
     class Twice:
         def __init__(self) -> None:
@@ -164,17 +179,28 @@ def test_episodes_run_through_a_pool_of_two_servers(make_context, vllm_server, s
 
         def step(self, text):
             self.turns += 1
-            return EnvironmentReply(done=self.turns == 2, messages=[] if self.turns == 2 else [{"role": "user", "content": "Again."}])
+            return EnvironmentReply(
+                done=self.turns == 2, messages=[] if self.turns == 2 else [{"role": "user", "content": "Again."}]
+            )
 
-    ctx = make_context(vllm_server_base_url=None, vllm_server_base_urls=[vllm_server.base_url, server_b.base_url],
-                       vllm_server_timeout=300)  # a loaded 2-core machine: a turn of 8 episodes can take a while
+    ctx = make_context(
+        vllm_server_base_url=None,
+        vllm_server_base_urls=[vllm_server.base_url, server_b.base_url],
+        vllm_server_timeout=300,
+    )  # a loaded 2-core machine: a turn of 8 episodes can take a while
     ctx.config.episodes = ctx.config.episodes.model_copy(update={"max_tokens_per_turn": 12})
     rollout = VLLMRollout(ctx)
     driver = EpisodeDriver(lambda p, s: Twice(), smollm2_tokenizer, ctx.config, "twice", print, concurrent_turns=True)
-    episode_prompts = chat_prompts(smollm2_tokenizer, ["Count to three.", "Name a colour.", "Say hello.", "Name a fruit."])
+    episode_prompts = chat_prompts(
+        smollm2_tokenizer, ["Count to three.", "Name a colour.", "Say hello.", "Name a fruit."]
+    )
     before = [finished_requests(vllm_server), finished_requests(server_b)]
-    groups = driver.run(episode_prompts, 2, SamplingSettings(max_tokens=64, seed=4),
-                        lambda ps, n, s: rollout.grpo_rollout_generate(prompts=ps, num_generations=n, sampling=s, policy_version=0))
+    groups = driver.run(
+        episode_prompts,
+        2,
+        SamplingSettings(max_tokens=64, seed=4),
+        lambda ps, n, s: rollout.grpo_rollout_generate(prompts=ps, num_generations=n, sampling=s, policy_version=0),
+    )
     after = [finished_requests(vllm_server), finished_requests(server_b)]
     assert all(a > b for a, b in zip(after, before)), "each server answered some turns"
     for group in groups:
@@ -198,9 +224,16 @@ def test_a_run_finishes_on_one_server_when_the_other_is_killed(
         pytest.skip("server B is not running")
     (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
-    settings = run_config(smollm2_dir, tmp_path / "run", None, reward_funcs=["parity_rewards.parity_reward"],
-                          vllm_importance_sampling_correction=True, vllm_server_timeout=120,
-                          vllm_managed=False, vllm_server_base_urls=[vllm_server.base_url, server_b.base_url])  # fmt: skip
+    settings = run_config(
+        smollm2_dir,
+        tmp_path / "run",
+        None,
+        reward_funcs=["parity_rewards.parity_reward"],
+        vllm_importance_sampling_correction=True,
+        vllm_server_timeout=120,
+        vllm_managed=False,
+        vllm_server_base_urls=[vllm_server.base_url, server_b.base_url],
+    )
     settings["plugins"] = {"weight_sync": "full_http"}
     settings["max_steps"] = 2
     cfg = validate(settings)
@@ -227,12 +260,16 @@ def test_a_run_finishes_on_one_server_when_the_other_is_killed(
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert b_served and b_served[0] > 0  # B served part of step 1
-    assert f"WARNING: vLLM server at {server_b.base_url} dropped" in printed and "carrying on with 1 server(s)" in printed
+    assert (
+        f"WARNING: vLLM server at {server_b.base_url} dropped" in printed and "carrying on with 1 server(s)" in printed
+    )
     # B went away mid-run: dropped once its /health had failed for 15 s, not after the
     # whole trl.vllm_server_timeout (120 s) of retries a lone server would get.
     assert rows[1]["time/rollout_wall"] < 80, rows[1]
     # every step was sampled from the weights synced before it (staleness 0): A got every sync
     for r in rows:
         assert r["staleness"] == 0, rows
-        assert r["is/sampling_logp_difference/mean"] < SYNCED_MEAN_TOL and r["is/sampling_logp_difference/max"] < SYNCED_MAX_TOL, rows
-
+        assert (
+            r["is/sampling_logp_difference/mean"] < SYNCED_MEAN_TOL
+            and r["is/sampling_logp_difference/max"] < SYNCED_MAX_TOL
+        ), rows

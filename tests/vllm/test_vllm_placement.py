@@ -35,12 +35,18 @@ def model_dir(tmp_path: Path) -> str:
 
 
 def config(model_dir: str, tmp_path: Path, vllm: dict | None = None, **trl: object):
-    return validate({
-        "base_model": model_dir, "adapter": "lora", "lora_r": 8, "output_dir": str(tmp_path / "out"),
-        "datasets": [{"path": str(ARITHMETIC)}], "micro_batch_size": 2,
-        "vllm": {"dtype": "float32", "max_model_len": 256, **(vllm or {})},
-        "trl": {"use_vllm": True, "num_generations": 2, "reward_funcs": ["last_number_match"], **trl},
-    })  # fmt: skip
+    return validate(
+        {
+            "base_model": model_dir,
+            "adapter": "lora",
+            "lora_r": 8,
+            "output_dir": str(tmp_path / "out"),
+            "datasets": [{"path": str(ARITHMETIC)}],
+            "micro_batch_size": 2,
+            "vllm": {"dtype": "float32", "max_model_len": 256, **(vllm or {})},
+            "trl": {"use_vllm": True, "num_generations": 2, "reward_funcs": ["last_number_match"], **trl},
+        }
+    )
 
 
 def problems(model_dir: str, tmp_path: Path, **vllm: object) -> str:
@@ -59,7 +65,12 @@ def test_placement_refuses_overlaps_that_would_run_out_of_memory(model_dir, tmp_
     # Two servers on one GPU claiming 170% of it; fine at 40% each.
     msg = problems(model_dir, tmp_path, devices=[2, 2], trainer_devices=[0], data_parallel_size=2)
     assert "2 servers on GPU 2" in msg and "0.47" in msg
-    assert problems(model_dir, tmp_path, devices=[2, 2], trainer_devices=[0], data_parallel_size=2, gpu_memory_utilization=0.4) == ""
+    assert (
+        problems(
+            model_dir, tmp_path, devices=[2, 2], trainer_devices=[0], data_parallel_size=2, gpu_memory_utilization=0.4
+        )
+        == ""
+    )
     # Counts: data_parallel_size x tensor_parallel_size GPUs, distinct within a server.
     assert "4 are needed" in problems(model_dir, tmp_path, devices=[0, 1], data_parallel_size=2, tensor_parallel_size=2)
     assert "distinct GPUs" in problems(model_dir, tmp_path, devices=[1, 1], tensor_parallel_size=2, trainer_devices=[0])
@@ -75,11 +86,22 @@ def test_config_check_refuses_a_bad_placement_with_the_keys(model_dir, tmp_path)
     with pytest.raises(ConfigError, match=r"\[vllm\] devices and the trainer's default GPU"):
         check_run_config(config(model_dir, tmp_path, {"devices": [0]}), host)
     with pytest.raises(ConfigError, match="external servers"):
-        check_run_config(config(model_dir, tmp_path, {"devices": [0], "trainer_devices": [1]},
-                            vllm_server_base_urls=["http://127.0.0.1:1"]), host)  # fmt: skip
+        check_run_config(
+            config(
+                model_dir,
+                tmp_path,
+                {"devices": [0], "trainer_devices": [1]},
+                vllm_server_base_urls=["http://127.0.0.1:1"],
+            ),
+            host,
+        )
     with pytest.raises(ConfigError, match="both set"):
-        check_run_config(config(model_dir, tmp_path, vllm_server_base_urls=["http://a:1"], vllm_server_base_url="http://b:1"), host)
-    check_run_config(config(model_dir, tmp_path, {"devices": [0], "trainer_devices": [1]}), host)  # the reference's layout passes
+        check_run_config(
+            config(model_dir, tmp_path, vllm_server_base_urls=["http://a:1"], vllm_server_base_url="http://b:1"), host
+        )
+    check_run_config(
+        config(model_dir, tmp_path, {"devices": [0], "trainer_devices": [1]}), host
+    )  # the reference's layout passes
 
 
 def test_device_indices_count_among_the_visible_gpus() -> None:
@@ -120,7 +142,9 @@ def test_managed_data_parallel_starts_separate_servers_on_their_gpus(model_dir, 
         return spec
 
     monkeypatch.setattr("grpo_plugins.vllm.engine.managed_spec", stand_in_spec)
-    cfg = config(model_dir, tmp_path, {"devices": [1, 2], "trainer_devices": [0], "data_parallel_size": 2}, vllm_managed=True)
+    cfg = config(
+        model_dir, tmp_path, {"devices": [1, 2], "trainer_devices": [0], "data_parallel_size": 2}, vllm_managed=True
+    )
     VLLMRollout.grpo_validate_config(cfg)
     logs: list[str] = []
     pool = VLLMEnginePool(RunContext(config=cfg, output_dir=tmp_path / "out", log=logs.append))
@@ -132,10 +156,12 @@ def test_managed_data_parallel_starts_separate_servers_on_their_gpus(model_dir, 
             assert argv[argv.index("--data-parallel-size") + 1] == "1"
             assert argv[argv.index("--worker-extension-cls") + 1] == command_line.WORKER_EXTENSION
         seen = []
-        for i, member in enumerate(pool.members):
+        for i, _member in enumerate(pool.members):
             log = tmp_path / "out" / f"vllm-server-{i}.log"
             deadline = time.monotonic() + 30
-            while "CUDA_VISIBLE_DEVICES=" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+            while (
+                "CUDA_VISIBLE_DEVICES=" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline
+            ):
                 time.sleep(0.1)
             seen.append(log.read_text().strip())
         assert seen == ["CUDA_VISIBLE_DEVICES=1", "CUDA_VISIBLE_DEVICES=2"]
@@ -154,7 +180,9 @@ def test_shares_keep_groups_whole_and_spread_them(model_dir, tmp_path) -> None:
         server = "managed"
 
     a, b, c = Member(), Member(), Member()
-    pool = VLLMEnginePool(RunContext(config=config(model_dir, tmp_path), output_dir=tmp_path, log=print), members=[a, b, c])  # type: ignore[list-item]
+    pool = VLLMEnginePool(
+        RunContext(config=config(model_dir, tmp_path), output_dir=tmp_path, log=print), members=[a, b, c]
+    )  # type: ignore[list-item]
     assert [(m, list(r)) for m, r in pool.shares(7)] == [(a, [0, 1, 2]), (b, [3, 4]), (c, [5, 6])]
     assert [(m, list(r)) for m, r in pool.shares(2)] == [(a, [0]), (b, [1])]
 

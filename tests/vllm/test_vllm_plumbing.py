@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core.contract.errors import ConfigError
 from grpo_core.contract.context import RunContext
+from grpo_core.contract.errors import ConfigError
 from grpo_plugins.vllm.command_line import server_spec
 from grpo_plugins.vllm.engine_settings import resolve_dtype
 from grpo_plugins.vllm.machine import cpu_has_fast_bf16, cuda_available
@@ -34,7 +34,9 @@ def test_server_spec_from_config(smollm2_dir, tmp_path, config_for):
     assert _arg(argv, "--logprobs-mode") == "processed_logprobs"
     assert _arg(argv, "--dtype") == "float32"
     # The key travels in the environment (ps shows every user the command line) and guards every path.
-    assert "--api-key" not in argv and "test-key-123" not in " ".join(argv) and spec.env["VLLM_API_KEY"] == "test-key-123"
+    assert (
+        "--api-key" not in argv and "test-key-123" not in " ".join(argv) and spec.env["VLLM_API_KEY"] == "test-key-123"
+    )
     assert _arg(argv, "--middleware") == "grpo_plugins.vllm.guard.RequireApiKey"
     assert spec.port > 0 and _arg(argv, "--port") == str(spec.port)  # port 0 -> a free port
     assert argv[-2:] == ["--seed", "5"]  # extra_args last
@@ -112,8 +114,8 @@ def test_cpu_core_defaults(smollm2_dir, tmp_path, config_for):
 def test_merged_weight_runs_serve_without_lora_layers(smollm2_dir, tmp_path, config_for):
     """The managed server gets LoRA layers only when the chosen weight sync
     declares it loads adapters."""
-    from grpo_core.host.plugin_host import PluginHost
     from grpo_core.contract.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
+    from grpo_core.host.plugin_host import PluginHost
 
     merged = config_for(smollm2_dir, tmp_path, vllm_lora_sync=False)
     adapter = config_for(smollm2_dir, tmp_path, vllm_lora_sync=True)
@@ -131,7 +133,10 @@ def test_the_server_opens_what_the_chosen_sync_declares_it_needs(smollm2_dir, tm
 
     nccl = config_for(smollm2_dir, tmp_path, vllm_lora_sync=False)
     nccl.plugins.weight_sync = "nccl"
-    for cfg, transfer, lora in ((nccl, True, False), (config_for(smollm2_dir, tmp_path, vllm_lora_sync=True), False, True)):
+    for cfg, transfer, lora in (
+        (nccl, True, False),
+        (config_for(smollm2_dir, tmp_path, vllm_lora_sync=True), False, True),
+    ):
         spec = managed_spec(cfg, PluginHost().engine_requirements(cfg))
         try:
             assert ("--weight-transfer-config" in spec.argv) == transfer
@@ -198,8 +203,10 @@ def test_rank_beyond_vllm_limit_is_a_config_error(smollm2_dir, tmp_path, config_
 
 
 def test_commands_module_does_not_import_vllm():
-    code = "import sys, grpo_plugins.vllm.commands, grpo_plugins.vllm.rollout, grpo_plugins.weight_sync_files; " \
-           "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    code = (
+        "import sys, grpo_plugins.vllm.commands, grpo_plugins.vllm.rollout, grpo_plugins.weight_sync_files; "
+        "bad = [m for m in ('vllm', 'torch') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -262,7 +269,9 @@ def test_a_server_that_accepts_any_key_is_not_adopted():
     assert adoption_refusal(url, "our-key") == NOTHING_ANSWERS
 
 
-def test_cpu_servers_are_told_not_to_busy_wait_and_gpu_servers_keep_vllms_default(smollm2_dir, tmp_path, config_for, monkeypatch):
+def test_cpu_servers_are_told_not_to_busy_wait_and_gpu_servers_keep_vllms_default(
+    smollm2_dir, tmp_path, config_for, monkeypatch
+):
     from grpo_plugins.vllm import machine
     from grpo_plugins.vllm.idle_spin import CPU_IDLE_SPIN_S, IDLE_SPIN_ENV
 
@@ -288,7 +297,12 @@ def test_the_idle_spin_plugin_shortens_vllms_reader_wait_only_when_asked(monkeyp
         address = f"inproc://spin-{os.urandom(4).hex()}"
         writer = shm_broadcast.SpinCondition(False, context, address)  # binds what the reader connects to
         reader = shm_broadcast.SpinCondition(True, context, address)
-        for socket in (reader.local_notify_socket, reader.write_cancel_socket, reader.read_cancel_socket, writer.local_notify_socket):
+        for socket in (
+            reader.local_notify_socket,
+            reader.write_cancel_socket,
+            reader.read_cancel_socket,
+            writer.local_notify_socket,
+        ):
             socket.close(linger=0)
         return reader.busy_loop_s
 

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 import requests
+from process_group import group_cpu_seconds
 
 from grpo_core.contract.errors import ConfigError, EngineUnavailable
-from grpo_core.runtime.scratch import LOCK_NAME
 from grpo_core.contract.types import Prompt, SamplingSettings
+from grpo_core.runtime.scratch import LOCK_NAME
 from grpo_plugins.vllm.client import EngineRequestError, VLLMClient
 from grpo_plugins.vllm.rollout import VLLMRollout
 from grpo_plugins.weight_sync_files import FullFilesystemSync, LoraFilesystemSync
-from process_group import group_cpu_seconds
 
 pytestmark = pytest.mark.vllm
 
@@ -89,13 +89,17 @@ def test_the_server_sleeps_once_a_request_is_answered(make_context, prompts, vll
     vLLM's worker would hold a core for a second after every answer, the
     second the trainer starts computing on the same cores."""
     if vllm_server.process is None:
-        pytest.skip("the session's server was started by hand (GRPO_TEST_VLLM_PORT): its processes are not ours to watch")
+        pytest.skip(
+            "the session's server was started by hand (GRPO_TEST_VLLM_PORT): its processes are not ours to watch"
+        )
     rollout = VLLMRollout(make_context())
     rollout.grpo_rollout_generate(prompts, 4, SamplingSettings(max_tokens=16, seed=5), 0)
     before = group_cpu_seconds(vllm_server.process.pid)
     time.sleep(1.0)
     idle = group_cpu_seconds(vllm_server.process.pid) - before
-    assert idle < 0.3, f"the server's processes used {idle:.2f} CPU seconds in the second after answering"  # ~1.0 when spinning
+    assert idle < 0.3, (
+        f"the server's processes used {idle:.2f} CPU seconds in the second after answering"
+    )  # ~1.0 when spinning
 
 
 def test_grpos_cpu_kernels_run_in_the_servers_it_starts(vllm_server):
@@ -114,7 +118,9 @@ def test_sampling_settings_reach_the_server(make_context, prompts):
         return VLLMRollout(make_context()).grpo_rollout_generate(prompts, 4, SamplingSettings(max_tokens=8, **kw), 0)
 
     same_seed = [run(seed=5), run(seed=5)]
-    assert [[c.token_ids for c in g.completions] for g in same_seed[0]] == [[c.token_ids for c in g.completions] for g in same_seed[1]]
+    assert [[c.token_ids for c in g.completions] for g in same_seed[0]] == [
+        [c.token_ids for c in g.completions] for g in same_seed[1]
+    ]
     # top_k = 1 leaves one candidate per step (two on an exact bf16 tie); with
     # processed log-probs (after top-k, as the trainer sees them) every sampled
     # token has log-prob 0 (log 1/2 on a tie). Untruncated sampling goes far lower.
@@ -125,11 +131,15 @@ def test_sampling_settings_reach_the_server(make_context, prompts):
     # 99% of the top token's probability, leaves (almost) only the top token.
     for g in run(top_p=1e-6, seed=3) + run(min_p=0.99, seed=3):
         assert all(lp > -0.7 for c in g.completions for lp in c.logprobs), [c.logprobs for c in g.completions]
+
     # repetition_penalty: a huge one forbids every token already in the prompt
     # or the completion; unpenalised greedy-ish sampling does reuse them.
     def reuses(groups) -> bool:
-        return any(len(set(c.token_ids)) < len(c.token_ids) or set(c.token_ids) & set(g.prompt.prompt_ids)
-                   for g in groups for c in g.completions)  # fmt: skip
+        return any(
+            len(set(c.token_ids)) < len(c.token_ids) or set(c.token_ids) & set(g.prompt.prompt_ids)
+            for g in groups
+            for c in g.completions
+        )
 
     assert reuses(run(top_k=1, seed=3))
     assert not reuses(run(top_k=1, repetition_penalty=1e4, seed=3))
@@ -165,7 +175,11 @@ def test_prompts_of_one_seeded_call_never_share_a_random_stream(make_context, pr
 def prefix_cache_hits(client: VLLMClient) -> float:
     """Prompt tokens the server has found in its prefix cache so far (/metrics)."""
     metrics = client.request("GET", "/metrics", parse=lambda response: response.text)
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:prefix_cache_hits_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:prefix_cache_hits_total")
+    )
 
 
 def test_the_samples_of_a_group_share_their_prompts_prefill(make_context, smollm2_tokenizer, vllm_server):
@@ -188,7 +202,9 @@ def test_the_samples_of_a_group_share_their_prompts_prefill(make_context, smollm
 def test_server_found_by_host_and_port(make_context, prompts, vllm_server):
     """trl.vllm_server_host / vllm_server_port, without a base URL (every
     other test uses one), reach the server."""
-    context = make_context(vllm_server_base_url=None, vllm_server_host="127.0.0.1", vllm_server_port=vllm_server.spec.port)
+    context = make_context(
+        vllm_server_base_url=None, vllm_server_host="127.0.0.1", vllm_server_port=vllm_server.spec.port
+    )
     groups = VLLMRollout(context).grpo_rollout_generate(prompts, 2, SamplingSettings(max_tokens=4, seed=1), 0)
     assert [len(g.completions) for g in groups] == [2, 2]
     assert all(c.token_ids and len(c.logprobs) == len(c.token_ids) for g in groups for c in g.completions)
@@ -215,7 +231,9 @@ def test_lora_sync_changes_outputs_and_matches_trainer_logprobs(make_context, pr
 
     rollout._calls = 0  # same derived seed as the base generation
     lora_groups = rollout.grpo_rollout_generate(prompts, 4, sampling, 1)
-    assert [[c.token_ids for c in g.completions] for g in lora_groups] != [[c.token_ids for c in g.completions] for g in base_groups]
+    assert [[c.token_ids for c in g.completions] for g in lora_groups] != [
+        [c.token_ids for c in g.completions] for g in base_groups
+    ]
 
     # The sampler's log-probs (bf16 server) match the trainer's fp32 PEFT forward...
     lora_err = mean_abs_diff(lora_groups, peft_model)
@@ -233,7 +251,9 @@ def test_lora_sync_changes_outputs_and_matches_trainer_logprobs(make_context, pr
     assert not sync.root.exists()  # nothing large is left behind
 
 
-def test_lora_http_sends_the_adapter_over_http_and_the_server_loads_it_from_its_own_disk(make_context, prompts, peft_model):
+def test_lora_http_sends_the_adapter_over_http_and_the_server_loads_it_from_its_own_disk(
+    make_context, prompts, peft_model
+):
     """``lora_http``: no path of the trainer's reaches the server. The
     trainer serves the adapter (a few MB, not the merged model) over HTTP;
     the server's worker writes it into its own private folder and loads it
@@ -245,7 +265,10 @@ def test_lora_http_sends_the_adapter_over_http_and_the_server_loads_it_from_its_
     sync = LoraHttpSync(ctx)
     loads: list[str] = []
     load_lora_adapter = rollout.client.load_lora_adapter
-    rollout.client.load_lora_adapter = lambda name, path, **kw: (loads.append(path), load_lora_adapter(name, path, **kw))[1]
+    rollout.client.load_lora_adapter = lambda name, path, **kw: (
+        loads.append(path),
+        load_lora_adapter(name, path, **kw),
+    )[1]
     result = sync.grpo_sync_weights(peft_model, 1, rollout.engine)
     assert result.detail.startswith("lora_http: ") and "/grpo-weights/v1" in result.detail
     assert rollout.engine.served_model == "policy" and sync.server is not None and sync.server.fetches == 1
@@ -271,7 +294,9 @@ def test_lora_http_sends_the_adapter_over_http_and_the_server_loads_it_from_its_
     assert sync.server is None
 
 
-def test_a_server_that_lost_the_adapter_gets_it_once_from_a_burst_of_requests(make_context, smollm2_tokenizer, peft_model):
+def test_a_server_that_lost_the_adapter_gets_it_once_from_a_burst_of_requests(
+    make_context, smollm2_tokenizer, peft_model
+):
     """A restarted server answers every request in flight "unknown model":
     the first of them re-applies the last ``lora_http`` sync, the others
     find it done and only retry. One re-application each would fetch a new
@@ -288,7 +313,9 @@ def test_a_server_that_lost_the_adapter_gets_it_once_from_a_burst_of_requests(ma
         rollout.client.unload_lora_adapter("policy")  # what a restart does to it, behind the engine's back
         fetches = sync.server.fetches
         four = chat_prompts(smollm2_tokenizer, ["What is 1 + 1?", "Name a colour.", "Say hi.", "Name a fruit."])
-        groups = rollout.grpo_rollout_generate(four, 2, SamplingSettings(max_tokens=6, seed=3), 1)  # seeded: four requests at once
+        groups = rollout.grpo_rollout_generate(
+            four, 2, SamplingSettings(max_tokens=6, seed=3), 1
+        )  # seeded: four requests at once
         assert [len(g.completions) for g in groups] == [2, 2, 2, 2]
         assert sum("does not know the policy adapter" in line for line in ctx.logs) == 1, ctx.logs
         assert sync.server.fetches == fetches + 1  # fetched again once, not once per request
@@ -297,7 +324,9 @@ def test_a_server_that_lost_the_adapter_gets_it_once_from_a_burst_of_requests(ma
 
 
 @pytest.mark.extended  # two managed server starts (~60 s)
-def test_a_managed_server_killed_under_the_sync_check_is_restarted_and_checked_again(make_context, peft_model, smollm2_tokenizer):
+def test_a_managed_server_killed_under_the_sync_check_is_restarted_and_checked_again(
+    make_context, peft_model, smollm2_tokenizer
+):
     """Found by the soak: the server died while the sync check's probe was
     out, and the probe's EngineUnavailable stopped the run. The probe now
     restarts a dead managed server (the restart re-applies the last sync)
@@ -305,8 +334,8 @@ def test_a_managed_server_killed_under_the_sync_check_is_restarted_and_checked_a
     import os
     import signal
 
-    from grpo_core.training.sync_check import probe_ids
     from grpo_core.contract.types import ADAPTER_FROM_PATH
+    from grpo_core.training.sync_check import probe_ids
 
     ctx = make_context(vllm_managed=True, vllm_server_base_url=None, vllm_server_timeout=300)
     ctx.engine_requirements = frozenset({ADAPTER_FROM_PATH})  # what `grpo run` reads from the LoRA sync

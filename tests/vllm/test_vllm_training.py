@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+from process_group import process_group
 
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
-from process_group import process_group
 
 pytestmark = pytest.mark.vllm
 
@@ -53,10 +53,16 @@ def run_config(smollm2_dir: str, out: Path, base_url: str | None, **trl: object)
         "lr_scheduler": "constant",
         "output_dir": str(out),
         "seed": 3,
-        "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "float32", "max_model_len": 512,  # the trainer's precision
-                 "cpu_kvcache_space": 1, "api_key": "test-key-123"},  # the shared server's key
+        "vllm": {
+            "host": "127.0.0.1",
+            "port": 0,
+            "dtype": "float32",
+            "max_model_len": 512,  # the trainer's precision
+            "cpu_kvcache_space": 1,
+            "api_key": "test-key-123",
+        },  # the shared server's key
         "trl": trl_table,
-    }  # fmt: skip
+    }
 
 
 def metrics(out: Path) -> list[dict]:
@@ -86,13 +92,24 @@ def test_async_prefetch_streaming_lora_sync(vllm_server, smollm2_dir: str, tmp_p
     (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = validate(
-        {**run_config(
-            smollm2_dir, tmp_path / "run", vllm_server.base_url,
-            reward_funcs=["parity_rewards.parity_reward", "parity_rewards.math_verified"],
-            vllm_lora_sync=True, use_data_producer=True, async_prefetch=True, prefetch_depth=1,
-            streaming_partial_batch=True, streaming_min_groups=1, vllm_importance_sampling_correction=True,
-        ), "val_set_size": 3, "eval_steps": 2}
-    )  # fmt: skip
+        {
+            **run_config(
+                smollm2_dir,
+                tmp_path / "run",
+                vllm_server.base_url,
+                reward_funcs=["parity_rewards.parity_reward", "parity_rewards.math_verified"],
+                vllm_lora_sync=True,
+                use_data_producer=True,
+                async_prefetch=True,
+                prefetch_depth=1,
+                streaming_partial_batch=True,
+                streaming_min_groups=1,
+                vllm_importance_sampling_correction=True,
+            ),
+            "val_set_size": 3,
+            "eval_steps": 2,
+        }
+    )
     assert run_training(cfg) == "completed"
     records = metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [1, 2, 3]
@@ -123,7 +140,9 @@ def slow_parity(completion_ids, **kwargs):
 """
 
 
-def test_streaming_scores_chunks_while_others_generate(vllm_server, smollm2_dir: str, tmp_path: Path, monkeypatch) -> None:
+def test_streaming_scores_chunks_while_others_generate(
+    vllm_server, smollm2_dir: str, tmp_path: Path, monkeypatch
+) -> None:
     """With the HTTP rollout every chunk of a batch is requested at once and
     each is scored as it lands: generation (until the last chunk landed) and
     scoring (summed) overlap, so their sum exceeds the batch's wall time.
@@ -147,15 +166,25 @@ def test_streaming_scores_chunks_while_others_generate(vllm_server, smollm2_dir:
     monkeypatch.setattr(RolloutProducer, "_generate", one_chunk_runs_long)
     cfg = validate(
         run_config(
-            smollm2_dir, tmp_path / "run", vllm_server.base_url, reward_funcs=["slow_rewards.slow_parity"],
-            max_completion_length=16, streaming_partial_batch=True, streaming_min_groups=1,
+            smollm2_dir,
+            tmp_path / "run",
+            vllm_server.base_url,
+            reward_funcs=["slow_rewards.slow_parity"],
+            max_completion_length=16,
+            streaming_partial_batch=True,
+            streaming_min_groups=1,
         )
-    )  # fmt: skip
+    )
     cfg.micro_batch_size = 16  # 4 prompts x 4: four chunks per batch
     assert run_training(cfg) == "completed"
     records = metrics(tmp_path / "run")
     overlap = [r["time/generation"] + r["time/scoring"] - r["time/rollout_wall"] for r in records]
-    print("per-step overlap (s):", [round(o, 2) for o in overlap], records[0]["time/generation"], records[0]["time/scoring"])
+    print(
+        "per-step overlap (s):",
+        [round(o, 2) for o in overlap],
+        records[0]["time/generation"],
+        records[0]["time/scoring"],
+    )
     assert all(r["time/scoring"] >= 4 * 0.4 for r in records)  # each of the four chunks was scored
     # Each batch took less wall time than generating and then scoring it would have: the
     # three chunks that landed first were scored (3 x 0.4 s) while the held one was still out.
@@ -170,8 +199,13 @@ SYNCED_MEAN_TOL = 1e-4
 SYNCED_MAX_TOL = 1e-3
 
 
-@pytest.mark.parametrize("sync", [pytest.param("merged", marks=pytest.mark.extended), pytest.param("lora", marks=pytest.mark.extended), "full"])  # merged: test_merged_weight_sync_run_and_server_reuse; lora: test_sync_verification's LoRA test checks the server's log-probs after every LoRA sync
-def test_server_samples_the_policy_just_synced(vllm_server, smollm2_dir: str, tmp_path: Path, monkeypatch, sync: str) -> None:
+@pytest.mark.parametrize(
+    "sync",
+    [pytest.param("merged", marks=pytest.mark.extended), pytest.param("lora", marks=pytest.mark.extended), "full"],
+)  # merged: test_merged_weight_sync_run_and_server_reuse; lora: test_sync_verification's LoRA test checks the server's log-probs after every LoRA sync
+def test_server_samples_the_policy_just_synced(
+    vllm_server, smollm2_dir: str, tmp_path: Path, monkeypatch, sync: str
+) -> None:
     """After each sync the server samples the trainer's current weights: the
     sampler's log-probs of the sampled tokens match the trainer's under the
     weights just synced (float32 both sides). With vllm_sync_interval = 2,
@@ -182,8 +216,15 @@ def test_server_samples_the_policy_just_synced(vllm_server, smollm2_dir: str, tm
     ``full``: full fine-tuning (no adapter), every weight sent."""
     (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
-    settings = run_config(smollm2_dir, tmp_path / "run", vllm_server.base_url, reward_funcs=["parity_rewards.spread_reward"],
-                          vllm_lora_sync=sync == "lora", vllm_importance_sampling_correction=True, vllm_sync_interval=2)  # fmt: skip
+    settings = run_config(
+        smollm2_dir,
+        tmp_path / "run",
+        vllm_server.base_url,
+        reward_funcs=["parity_rewards.spread_reward"],
+        vllm_lora_sync=sync == "lora",
+        vllm_importance_sampling_correction=True,
+        vllm_sync_interval=2,
+    )
     if sync == "full":
         settings.update(adapter=None, learning_rate=1e-5)
         settings.pop("lora_r")
@@ -211,8 +252,16 @@ def test_merged_weight_sync_run_and_server_reuse(vllm_server, smollm2_dir: str, 
     (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)  # every step trains: the first run moves the weights
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in ("first", "second"):
-        cfg = validate(run_config(smollm2_dir, tmp_path / name, vllm_server.base_url, vllm_lora_sync=False,
-                                  reward_funcs=["parity_rewards.parity_reward"], vllm_importance_sampling_correction=True))  # fmt: skip
+        cfg = validate(
+            run_config(
+                smollm2_dir,
+                tmp_path / name,
+                vllm_server.base_url,
+                vllm_lora_sync=False,
+                reward_funcs=["parity_rewards.parity_reward"],
+                vllm_importance_sampling_correction=True,
+            )
+        )
         cfg.max_steps = 2
         assert run_training(cfg) == "completed"
     first, second = metrics(tmp_path / "first"), metrics(tmp_path / "second")
@@ -265,11 +314,20 @@ def test_tcp_listeners_sees_a_listening_process_group(tmp_path: Path) -> None:
     """The control for the managed-run check below: a process group that
     does listen on TCP is seen doing so, by the right pid."""
     listener = subprocess.Popen(  # noqa: S603
-        [sys.executable, "-c", "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
-         "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+            "print('up', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         assert listener.stdout is not None and listener.stdout.readline().strip() == b"up"
-        assert [(pid, port.split(":")[0]) for pid, port in tcp_listeners(process_group(listener.pid))] == [(listener.pid, LOOPBACK_V4)]
+        assert [(pid, port.split(":")[0]) for pid, port in tcp_listeners(process_group(listener.pid))] == [
+            (listener.pid, LOOPBACK_V4)
+        ]
     finally:
         listener.kill()
         listener.wait()
@@ -294,8 +352,12 @@ def test_grpo_run_manages_its_own_server(smollm2_dir: str, tmp_path: Path) -> No
     grpo = Path(sys.executable).with_name("grpo")
     log = tmp_path / "run.out"
     with open(log, "wb") as out:
-        run = subprocess.Popen([str(grpo), "run", str(config)], stdout=out, stderr=subprocess.STDOUT,  # noqa: S603
-                               env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+        run = subprocess.Popen(
+            [str(grpo), "run", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,  # noqa: S603
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
     try:
         deadline = time.monotonic() + 900
         while "vLLM: server ready" not in log.read_text() and time.monotonic() < deadline:
@@ -317,7 +379,10 @@ def test_grpo_run_manages_its_own_server(smollm2_dir: str, tmp_path: Path) -> No
         usable = sorted(os.sched_getaffinity(0))  # what `grpo run` inherited from this test
         if len(usable) >= 2:
             engine, trainer = usable[: len(usable) // 2], usable[len(usable) // 2 :]
-            assert f"the inference engine computes on cores {','.join(map(str, engine))}, the trainer on " in log.read_text()
+            assert (
+                f"the inference engine computes on cores {','.join(map(str, engine))}, the trainer on "
+                in log.read_text()
+            )
             assert all(mask == trainer for mask in thread_cpus(run.pid))  # every trainer thread, none on the engine's
             bound = [mask for member in group if member != run.pid for mask in thread_cpus(member)]
             assert engine in bound, bound  # vLLM pinned its compute threads to the engine's cores
@@ -366,8 +431,14 @@ def test_grpo_run_manages_two_data_parallel_servers(smollm2_dir: str, tmp_path: 
     # A reward that varies within a group, so step 1 trains and its sync changes the adapter
     # (last_number_match on 6 tokens gives no signal: no step would train, nothing would sync).
     (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)
-    cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_lora_sync=True, max_completion_length=6,
-                     reward_funcs=["parity_rewards.parity_reward"])  # fmt: skip
+    cfg = run_config(
+        smollm2_dir,
+        tmp_path / "out",
+        None,
+        vllm_lora_sync=True,
+        max_completion_length=6,
+        reward_funcs=["parity_rewards.parity_reward"],
+    )
     cfg["max_steps"] = 2  # micro_batch_size 8 / num_generations 4: two prompt groups per step
     cfg["vllm"]["data_parallel_size"] = 2
     import tomli_w
@@ -376,7 +447,11 @@ def test_grpo_run_manages_two_data_parallel_servers(smollm2_dir: str, tmp_path: 
     config.write_text(tomli_w.dumps(cfg))
     grpo = Path(sys.executable).with_name("grpo")
     log = tmp_path / "run.out"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
     with open(log, "wb") as out:
         run = subprocess.Popen([str(grpo), "run", str(config)], stdout=out, stderr=subprocess.STDOUT, env=env)  # noqa: S603
     try:

@@ -170,9 +170,11 @@ def refuse_partitioned(path: Path, loaded: ckpt.LoadedCheckpoint) -> None:
     """A checkpoint of per-rank partitions (:data:`PARTITIONED_KEY`) cannot
     load into full tensors: say how to resume it."""
     if PARTITIONED_KEY in loaded.extra:
-        raise GrpoError(f"resume_from_checkpoint = \"{path}\" was written with `deepspeed` (ZeRO partitions of "
-                        f"{loaded.extra[PARTITIONED_KEY]} process(es)): resume it with the same `deepspeed` "
-                        "config and process count.")  # fmt: skip
+        raise GrpoError(
+            f'resume_from_checkpoint = "{path}" was written with `deepspeed` (ZeRO partitions of '
+            f"{loaded.extra[PARTITIONED_KEY]} process(es)): resume it with the same `deepspeed` "
+            "config and process count."
+        )
 
 
 class StateOf:

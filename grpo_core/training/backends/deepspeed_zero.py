@@ -61,20 +61,28 @@ class DeepSpeedBackend:
         except ConfigError as exc:
             return [str(exc)]
         if traits.loss_uses_hidden_states:
-            problems.append(f"policy_loss '{traits.names['policy_loss']}' with deepspeed: a loss that fuses the LM head "
-                            "runs the decoder outside the DeepSpeed engine's forward, which is not wired; use the built-in "
-                            "loss (trl.use_liger_loss = false), or fsdp.")  # fmt: skip
+            problems.append(
+                f"policy_loss '{traits.names['policy_loss']}' with deepspeed: a loss that fuses the LM head "
+                "runs the decoder outside the DeepSpeed engine's forward, which is not wired; use the built-in "
+                "loss (trl.use_liger_loss = false), or fsdp."
+            )
         if cfg.fp8:
-            problems.append("fp8 with deepspeed: accelerate's fp8 path under DeepSpeed (MS-AMP / Transformer Engine) is "
-                            "not wired; set fp8 = false, or use fp8 without deepspeed.")  # fmt: skip
+            problems.append(
+                "fp8 with deepspeed: accelerate's fp8 path under DeepSpeed (MS-AMP / Transformer Engine) is "
+                "not wired; set fp8 = false, or use fp8 without deepspeed."
+            )
         if zero.zero_stage(cfg) != 3:
             return problems
         if float(cfg.trl.beta or 0) > 0:
-            problems.append("deepspeed ZeRO-3 with trl.beta > 0: the KL reference model is not partitioned (not "
-                            "implemented); set trl.beta = 0, or use ZeRO stage 2.")  # fmt: skip
+            problems.append(
+                "deepspeed ZeRO-3 with trl.beta > 0: the KL reference model is not partitioned (not "
+                "implemented); set trl.beta = 0, or use ZeRO stage 2."
+            )
         if (cfg.gradient_checkpointing_kwargs or {}).get("use_reentrant") is False:
-            problems.append("DeepSpeed ZeRO-3 with gradient_checkpointing_kwargs.use_reentrant = false fails during "
-                            "recomputation (CheckpointError): set use_reentrant = true.")  # fmt: skip
+            problems.append(
+                "DeepSpeed ZeRO-3 with gradient_checkpointing_kwargs.use_reentrant = false fails during "
+                "recomputation (CheckpointError): set use_reentrant = true."
+            )
         return problems
 
     @classmethod
@@ -99,7 +107,9 @@ class DeepSpeedBackend:
     def prepare(self, policy: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
         zero.fill_model_autos(self.accelerator.state.deepspeed_plugin.deepspeed_config, policy.config)
         if self.stage3:  # partitioned parameters: rank 0 keeps a full copy for syncs and saves
-            self.full = zero.Zero3FullWeights(policy, self.accelerator.is_main_process, trainable_only=self.trainable_only)
+            self.full = zero.Zero3FullWeights(
+                policy, self.accelerator.is_main_process, trainable_only=self.trainable_only
+            )
         forward, optimizer = prepare_with_accelerate(self.accelerator, policy, optimizer)
         self.policy = inner_policy(forward)
         self.step_driver = zero.DeepSpeedStep(forward)  # the prepared module is the engine
@@ -152,12 +162,16 @@ class DeepSpeedBackend:
         there, not in optimizer.pt (only the same process count fits)."""
         saved = loaded.extra.get(PARTITIONED_KEY)
         if saved is None or not (path / zero.CHECKPOINT_DIR).is_dir():
-            raise GrpoError(f"resume_from_checkpoint = \"{path}\" was not written with `deepspeed`: its weights and "
-                            "optimizer state are not in DeepSpeed's layout. Resume it without `deepspeed` (same sharding "
-                            "as when it was written), or start this DeepSpeed run without resume_from_checkpoint.")  # fmt: skip
+            raise GrpoError(
+                f'resume_from_checkpoint = "{path}" was not written with `deepspeed`: its weights and '
+                "optimizer state are not in DeepSpeed's layout. Resume it without `deepspeed` (same sharding "
+                "as when it was written), or start this DeepSpeed run without resume_from_checkpoint."
+            )
         if int(saved) != self.world:
-            raise GrpoError(f"resume_from_checkpoint = \"{path}\" holds DeepSpeed ZeRO partitions of {saved} process(es) "
-                            f"and this run has {self.world}: resume with --num-processes {saved}. (Its model/ "
-                            "folder holds the full weights: start a new run from them as base_model to change the count.)")  # fmt: skip
+            raise GrpoError(
+                f'resume_from_checkpoint = "{path}" holds DeepSpeed ZeRO partitions of {saved} process(es) '
+                f"and this run has {self.world}: resume with --num-processes {saved}. (Its model/ "
+                "folder holds the full weights: start a new run from them as base_model to change the count.)"
+            )
         self._engine.load(path / zero.CHECKPOINT_DIR)
         loaded.optimizer = None  # restored with the partitions

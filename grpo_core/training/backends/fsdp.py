@@ -68,8 +68,10 @@ class FsdpBackend(ReplicatedBackend):
             return []
         problems = fsdp_problems(cfg)
         if cfg.fsdp and float(cfg.trl.beta or 0) > 0:
-            problems.append("fsdp with trl.beta > 0: the KL reference model is not sharded (not implemented); set "
-                            "trl.beta = 0 or train without fsdp (DDP keeps a full replica per process).")  # fmt: skip
+            problems.append(
+                "fsdp with trl.beta > 0: the KL reference model is not sharded (not implemented); set "
+                "trl.beta = 0 or train without fsdp (DDP keeps a full replica per process)."
+            )
         return problems
 
     @classmethod

@@ -34,7 +34,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_core.plugin_api import WEIGHTS_FROM_PATH, ConfigError, InferenceEngine, RunContext, SyncResult, hookimpl, make_scratch_dir, remove_scratch_dir
+from grpo_core.plugin_api import (
+    WEIGHTS_FROM_PATH,
+    ConfigError,
+    InferenceEngine,
+    RunContext,
+    SyncResult,
+    hookimpl,
+    make_scratch_dir,
+    remove_scratch_dir,
+)
 
 FILE = "model.safetensors"
 

@@ -25,8 +25,10 @@ class Settings(BaseModel):
     turn_penalty: float = Field(0.1, ge=0, description="Reward taken off for each guess after the first.")
     column: str = Field("secret", description="The dataset column with the number to guess.")
     closeness: float = Field(
-        0.0, ge=0, description="For a game lost, up to this much reward for a last guess close to the secret (a dense "
-        "signal: following the hints is learnable before winning is)."
+        0.0,
+        ge=0,
+        description="For a game lost, up to this much reward for a last guess close to the secret (a dense "
+        "signal: following the hints is learnable before winning is).",
     )
     span: int = Field(15, ge=1, description="The distance of the farthest possible guess (for closeness).")
 
@@ -58,7 +60,9 @@ class GuessEpisode:
             reward = max(0.0, 1.0 - self.settings.turn_penalty * (len(self.guesses) - 1))
             return EnvironmentReply(done=True, reward=reward, info={"guesses": len(self.guesses)})
         hint = "Higher." if guess < self.secret else "Lower."
-        return EnvironmentReply(messages=[{"role": "user", "content": hint}], reward=0.0, info={"guesses": len(self.guesses)})
+        return EnvironmentReply(
+            messages=[{"role": "user", "content": hint}], reward=0.0, info={"guesses": len(self.guesses)}
+        )
 
 
 class GuessNumber:

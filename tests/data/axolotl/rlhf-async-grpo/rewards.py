@@ -27,13 +27,18 @@ def format_reward(completions, **kwargs) -> list[float]:
 
 def prompt_transform(cfg, *args, **kwargs):
     """Convert GSM8K dataset rows into chat prompts."""
+
     def transform_fn(example, tokenizer=None):
         label = example["answer"].split("####")[-1].strip().replace(",", "")
         return {
             "prompt": [
-                {"role": "system", "content": "Solve the math problem. Show your reasoning in <think> tags and your final numerical answer in <answer> tags."},
+                {
+                    "role": "system",
+                    "content": "Solve the math problem. Show your reasoning in <think> tags and your final numerical answer in <answer> tags.",
+                },
                 {"role": "user", "content": example["question"]},
             ],
             "answer": label,
         }
+
     return transform_fn, {"remove_columns": ["question"]}

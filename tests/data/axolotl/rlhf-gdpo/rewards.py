@@ -12,9 +12,12 @@ def oai_gsm8k_transform(cfg, *args, **kwargs):
     def transform_fn(example, tokenizer=None):
         label = example["answer"].split("####")[-1].strip().replace(",", "")
         return {
-            "prompt": [{"role": "user", "content": example["question"]},],
+            "prompt": [
+                {"role": "user", "content": example["question"]},
+            ],
             "answer": label,
         }
+
     return transform_fn, {"remove_columns": ["question"]}
 
 

@@ -33,6 +33,8 @@ class ScaledGroupAdvantages:
         totals = (torch.nan_to_num(rewards.float(), nan=0.0) * weights.float()).sum(dim=1).view(-1, group_size)
         advantages = (totals - totals.mean(dim=1, keepdim=True)) * self.settings.scale
         with open(self.log_path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"call": self.calls, "scale": self.settings.scale,
-                                     "max_abs": float(advantages.abs().max())}) + "\n")
+            handle.write(
+                json.dumps({"call": self.calls, "scale": self.settings.scale, "max_abs": float(advantages.abs().max())})
+                + "\n"
+            )
         return advantages.view(-1)

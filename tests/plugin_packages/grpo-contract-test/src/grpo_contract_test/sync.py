@@ -38,7 +38,9 @@ class TimedFullSync:
             model.merge_adapter()
             try:
                 state = model.get_base_model().state_dict()
-                return {k.replace(".base_layer.", "."): v.detach().clone() for k, v in state.items() if "lora_" not in k}
+                return {
+                    k.replace(".base_layer.", "."): v.detach().clone() for k, v in state.items() if "lora_" not in k
+                }
             finally:
                 model.unmerge_adapter()
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -60,9 +62,14 @@ class TimedFullSync:
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
         seconds = time.perf_counter() - start
-        record = {"version": version, "seconds": seconds, "label_before": label_before,
-                  "label_after": engine.weight_label, "served_model": engine.served_model,
-                  "engine": engine.description}
+        record = {
+            "version": version,
+            "seconds": seconds,
+            "label_before": label_before,
+            "label_after": engine.weight_label,
+            "served_model": engine.served_model,
+            "engine": engine.description,
+        }
         with open(self.log_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
         return SyncResult(version, seconds, f"timed_full: {target}")
