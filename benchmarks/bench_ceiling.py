@@ -232,7 +232,7 @@ def compute_context(precision: str, model=None) -> Callable[[], contextlib.Abstr
 
 def grpo_pass(model, ids: torch.Tensor, completion: int, share: bool, compute=contextlib.nullcontext) -> torch.Tensor:
     """grpo's log-prob path as the trainer calls it (entropy on), then backward."""
-    from grpo_core.training.logprobs import token_logprobs
+    from grpo_core.optimization.logprobs import token_logprobs
 
     with compute():
         logps, _ = token_logprobs(model, ids, torch.ones_like(ids), completion, with_entropy=True, share_prompts=share)

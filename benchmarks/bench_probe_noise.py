@@ -1,5 +1,5 @@
 """The gap the same weights show between a vLLM server and the trainer, per
-precision pair: what the sync check's bounds (grpo_core/training/sync_check.py)
+precision pair: what the sync check's bounds (grpo_core/sync/verify.py)
 are set from.
 
     .venv/bin/python benchmarks/bench_probe_noise.py float32|bfloat16

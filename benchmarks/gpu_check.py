@@ -150,7 +150,7 @@ def check_liger(tmp: Path) -> dict:
     import torch
 
     from grpo_core.contract.types import PolicyLossInputs
-    from grpo_core.training.loss import LossSettings
+    from grpo_core.optimization.loss import LossSettings
     from grpo_plugins.liger_loss import LigerPolicyLoss
     from grpo_plugins.policy_loss import GRPOPolicyLoss
 

@@ -227,10 +227,10 @@ def test_zero3_lora_with_async_prefetch_matches_one_process_and_resumes_exactly(
 def test_a_deepspeed_checkpoint_is_refused_on_another_process_count_or_without_deepspeed(tmp_path: Path) -> None:
     """ZeRO partitions are per rank: another process count (or no DeepSpeed) is refused with the fix, before
     DeepSpeed reads anything (light: no engine runs)."""
+    from grpo_core.checkpointing.checkpoint import LoadedCheckpoint
     from grpo_core.contract.errors import GrpoError
-    from grpo_core.training.backends.deepspeed_zero import DeepSpeedBackend
-    from grpo_core.training.backends.replicated import ReplicatedBackend
-    from grpo_core.training.checkpoint import LoadedCheckpoint
+    from grpo_core.parallel.deepspeed_zero import DeepSpeedBackend
+    from grpo_core.parallel.replicated import ReplicatedBackend
 
     (tmp_path / "deepspeed").mkdir()
     loaded = LoadedCheckpoint(tmp_path, {"step": 2}, None, {}, {}, {"deepspeed_world_size": 2})
@@ -251,8 +251,8 @@ class _NotPlain:
 
 
 def test_deepspeed_files_are_read_with_the_restricted_unpickler_before_deepspeed_reads_them(tmp_path: Path) -> None:
-    from grpo_core.training.safe_load import UnsafeCheckpoint
-    from grpo_core.training.zero import CHECKPOINT_TAG, check_files
+    from grpo_core.checkpointing.safe_load import UnsafeCheckpoint
+    from grpo_core.parallel.zero import CHECKPOINT_TAG, check_files
 
     files = tmp_path / CHECKPOINT_TAG
     files.mkdir()

@@ -357,7 +357,7 @@ def test_a_server_that_dies_at_every_restart_ends_the_run(tmp_path, smollm2_toke
     driver lets it end the run instead of failing one episode after another."""
     from grpo_core.contract.errors import EnvironmentLost
     from grpo_core.contract.types import SamplingSettings
-    from grpo_core.training.episodes import EpisodeDriver
+    from grpo_core.generation.episodes import EpisodeDriver
     from grpo_plugins.environments.openenv import OpenEnvServerLost
 
     command = FLAKY.replace("MARKER", str(tmp_path / "started"))

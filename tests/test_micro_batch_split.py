@@ -19,8 +19,8 @@ import pytest
 import torch
 from test_zero_advantage_inert import VARIANTS, inputs, settings_for
 
-from grpo_core.training.batch import LEAST_PADDING_MIN_SAVING, Sample, least_padding_cuts, micro_batches
-from grpo_core.training.loss import LOSS_TYPES, LossSettings, micro_batch_split_is_free, policy_loss
+from grpo_core.optimization.batch import LEAST_PADDING_MIN_SAVING, Sample, least_padding_cuts, micro_batches
+from grpo_core.optimization.loss import LOSS_TYPES, LossSettings, micro_batch_split_is_free, policy_loss
 
 
 def step_loss_and_grad(settings: LossSettings, data: dict, split: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -588,7 +588,7 @@ def test_optimizer_state_is_rekeyed_between_sharded_and_unsharded_runs() -> None
     other kind of run, matched by name (DDP's ``module.`` prefix dropped),
     and a state from another model is refused by name, not mis-assigned."""
     from grpo_core.contract.errors import GrpoError
-    from grpo_core.training.sharding import optimizer_state_by_index, optimizer_state_by_name
+    from grpo_core.parallel.sharding import optimizer_state_by_index, optimizer_state_by_name
 
     class Wrapper(torch.nn.Module):  # the policy inside a DDP-like wrapper: names start with "module."
         def __init__(self) -> None:

@@ -34,7 +34,7 @@ from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import ConfigError, PluginError
 from grpo_core.host import plugin_host
 from grpo_core.host.plugin_host import ALLOW_ENV, PluginHost
-from grpo_core.training.config_check import check_run_config
+from grpo_core.validation.run_check import check_run_config
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "grpo-plugin-example"

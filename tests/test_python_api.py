@@ -184,9 +184,9 @@ def test_trl_style_script_trains_end_to_end(tmp_path: Path, smollm2_dir: str) ->
 
 def test_code_objects_without_an_import_path_are_held_and_loaded_like_any_user_code() -> None:
     from grpo_core.contract.errors import ConfigError
+    from grpo_core.data.prompts import import_from_cwd
+    from grpo_core.generation.user_rollout import import_rollout_func
     from grpo_core.interface.api import _code_spec
-    from grpo_core.training.data import import_from_cwd
-    from grpo_core.training.rollout_function import import_rollout_func
     from grpo_plugins.rewards.builtin import last_number_match
 
     def rollout(prompts, trainer):  # a closure: no import path reaches it

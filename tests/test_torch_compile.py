@@ -110,7 +110,7 @@ def test_compiled_run_matches_eager_and_its_checkpoint_resumes_eager(
 
 def test_unknown_backend_is_refused_by_config_check(tiny: str, tmp_path: Path) -> None:
     from grpo_core.contract.errors import ConfigError
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     with pytest.raises(ConfigError, match="torch_compile_backend = 'nope'.*inductor"):
         check_run_config(config(tmp_path, tiny, "x", "lora", torch_compile=True, torch_compile_backend="nope"))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_core.training.loss import LOSS_TYPES, LossSettings, policy_loss, zero_advantage_rows_are_inert
+from grpo_core.optimization.loss import LOSS_TYPES, LossSettings, policy_loss, zero_advantage_rows_are_inert
 
 B, C = 6, 5
 KEPT = [0, 1, 2, 3]  # rows 4 and 5 have advantage 0

@@ -1,7 +1,7 @@
 """``fsdp`` / ``fsdp_config`` as the config spells them (Axolotl's and the HF
 Trainer's names), and what in them cannot run: judged by the config checks
 before anything starts, read by the FSDP backend
-(:mod:`grpo_core.training.sharding`) when it builds accelerate's plugin.
+(:mod:`grpo_core.parallel.sharding`) when it builds accelerate's plugin.
 """
 
 from __future__ import annotations

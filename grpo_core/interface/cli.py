@@ -407,7 +407,7 @@ def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
     """Per-process and global batch shapes (TRL's definitions: micro_batch_size is per process)."""
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.config.batch_shape import global_step_batch
-    from grpo_core.training.backends import backend_for
+    from grpo_core.parallel import backend_for
 
     n = max(1, int(cfg.trl.num_generations or 1))
     per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
@@ -422,7 +422,7 @@ def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
 def _generation_line(cfg: GRPOConfig, host: Any, world: int) -> str:
     """Which processes generate (several processes only)."""
     # imported when the command runs, so `grpo --help` stays fast
-    from grpo_core.training.generation_placement import where_generation_runs
+    from grpo_core.parallel.generation_placement import where_generation_runs
 
     return f"generates on: {where_generation_runs(cfg, host, world)}"
 

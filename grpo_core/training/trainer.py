@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import (
@@ -37,13 +38,12 @@ from grpo_core.contract.types import (
     PolicyLossInputs,
     TrainingProgress,
 )
+from grpo_core.generation.producer import Producer, PromptStream, ScoredBatch
 from grpo_core.modeling.compile import compile_policy
 from grpo_core.modeling.models import save_final
 from grpo_core.modeling.precision import resolve_precision
 from grpo_core.modeling.structure import decoder_and_head
-from grpo_core.training import checkpoint as ckpt
-from grpo_core.training.backends import TrainingBackend
-from grpo_core.training.batch import (
+from grpo_core.optimization.batch import (
     MicroBatch,
     Sample,
     completion_tokens,
@@ -55,17 +55,17 @@ from grpo_core.training.batch import (
     steps_per_generation,
     with_signal_first,
 )
-from grpo_core.training.distributed import Distributed, shares
-from grpo_core.training.logprobs import head_is_plain, token_logprobs
-from grpo_core.training.loss import (
+from grpo_core.optimization.logprobs import head_is_plain, token_logprobs
+from grpo_core.optimization.loss import (
     LossSettings,
     micro_batch_split_is_free,
     zero_advantage_rows_are_inert,
 )
+from grpo_core.optimization.optimizer import advance_schedule
+from grpo_core.parallel import TrainingBackend
+from grpo_core.runtime.distributed import Distributed, shares
+from grpo_core.sync.verify import SyncVerifier, sampled_tokens_can_check
 from grpo_core.training.observe import RunObserver
-from grpo_core.training.optim import advance_schedule
-from grpo_core.training.producer import Producer, PromptStream, ScoredBatch
-from grpo_core.training.sync_check import SyncVerifier, sampled_tokens_can_check
 from grpo_core.training.timing import StepClock, dominant_phases
 
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from grpo_core.modeling.models import ReferenceModel
+    from grpo_core.optimization.policy_forward import PolicyLogprobs
     from grpo_core.scoring.rewards import RewardScorer
-    from grpo_core.training.policy_forward import PolicyLogprobs
 
 
 @dataclass
@@ -92,7 +92,7 @@ class TrainerParts:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     producer: Producer
     scorer: RewardScorer | None  # rank 0 scores; None on the other ranks
-    backend: TrainingBackend  # how the policy is spread over the processes (grpo_core.training.backends)
+    backend: TrainingBackend  # how the policy is spread over the processes (grpo_core.parallel)
     stream: PromptStream | None = None  # restored on resume
     reference: ReferenceModel | None = None  # when beta > 0
     engine: InferenceEngine | None = None  # the rollout's engine, handed to the weight sync
@@ -213,7 +213,7 @@ class GRPOTrainer:
         ``steps_per_generation > 1``), and, with ``async_prefetch``, the ones
         the prefetch thread finished ahead of training. Both are saved; a
         batch the thread is still making is finished first (the state is read
-        inside :meth:`~grpo_core.training.producer.PrefetchingProducer.paused`),
+        inside :meth:`~grpo_core.generation.producer.PrefetchingProducer.paused`),
         so the saved batches, the prompt stream and the replay state stand at
         the same point. On resume the prefetched batches are handed out
         before anything is generated, and the thread goes on from the batch
@@ -323,7 +323,7 @@ class GRPOTrainer:
 
     def resume(self, path: Path, loaded: ckpt.LoadedCheckpoint | None = None) -> None:
         """Continue from checkpoint ``path``; ``loaded`` is its
-        :func:`~grpo_core.training.checkpoint.read_checkpoint` result when the
+        :func:`~grpo_core.checkpointing.checkpoint.read_checkpoint` result when the
         caller checked it early (before the model loaded)."""
         loaded = loaded or ckpt.read_checkpoint(path)
         self.backend.resume(path, loaded)  # weights and optimizer state, in the backend's layout
@@ -438,7 +438,7 @@ class GRPOTrainer:
 
     def _rows_to_train(self, parts: list[list[Sample]]) -> list[list[Sample]]:
         """Each step's samples minus its zero-advantage ones, where they are
-        inert (:func:`grpo_core.training.loss.zero_advantage_rows_are_inert`). A rank
+        inert (:func:`grpo_core.optimization.loss.zero_advantage_rows_are_inert`). A rank
         that would then run fewer micro-batches than the busiest one keeps
         just enough of its zero-advantage rows to run as many (each backward
         pass is a collective)."""
@@ -639,7 +639,7 @@ class GRPOTrainer:
         version = self.policy_version
         failure: Exception | None = None
         model = self.backend.full_model(version)  # a collective under FSDP/ZeRO-3
-        if self.dist.is_main:  # the sync, then its check (grpo_core.training.sync_check)
+        if self.dist.is_main:  # the sync, then its check (grpo_core.sync.verify)
             try:
                 self.verifier.sync(
                     lambda: self.parts.hook.grpo_sync_weights(model=model, version=version, engine=self.parts.engine),

@@ -22,7 +22,7 @@ import torch
 from fault_harness import Runner, assert_clean_failure, assert_no_model_loaded, last_per_step, populate
 from safetensors.torch import load_file
 
-from grpo_core.training.safe_load import safe_load
+from grpo_core.checkpointing.safe_load import safe_load
 
 SETTINGS: dict[str, Any] = {"max_steps": 1, "save_steps": 1, "trl": {"num_iterations": 2}}
 

@@ -199,7 +199,7 @@ class FaultyProxy:
         body = handler.rfile.read(length) if length else None
         action = "pass"
         # Generation requests follow the plan; the weight-sync check's probe
-        # (prompt_logprobs, grpo_core.training.sync_check) passes through uncounted.
+        # (prompt_logprobs, grpo_core.sync.verify) passes through uncounted.
         if handler.path.startswith("/v1/completions") and b'"prompt_logprobs"' not in (body or b""):
             with self._lock:
                 action = self._plan(len(self.served) + 1)

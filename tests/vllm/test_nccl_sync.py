@@ -215,7 +215,7 @@ def test_nccl_sync_runs_vllms_protocol_in_order(tmp_path: Path, mocked_nccl: lis
 
 def test_nccl_sync_is_refused_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from grpo_core.contract.errors import ConfigError
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # faked: whatever this machine has
     (tmp_path / "x.jsonl").write_text('{"prompt": "hi"}\n')

@@ -168,7 +168,7 @@ def test_episodes_run_through_a_pool_of_two_servers(
     # Before the test that kills server B. The episode driver asks the pool turn by turn: every distinct context goes out at once,
     # the pool spreads them, and both servers answer turns.
     from grpo_core.contract.types import EnvironmentReply
-    from grpo_core.training.episodes import EpisodeDriver
+    from grpo_core.generation.episodes import EpisodeDriver
 
     class Twice:
         def __init__(self) -> None:

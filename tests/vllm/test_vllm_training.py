@@ -151,7 +151,7 @@ def test_streaming_scores_chunks_while_others_generate(
     land together, leaving nothing to overlap), so one chunk of each batch is
     held back 1.5 s after the server answered it: a request that runs long.
     The three others, scored 0.4 s each, must be scored meanwhile."""
-    from grpo_core.training.producer import RolloutProducer
+    from grpo_core.generation.producer import RolloutProducer
 
     (tmp_path / "slow_rewards.py").write_text(SLOW_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))

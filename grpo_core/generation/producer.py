@@ -32,15 +32,15 @@ from grpo_core.contract.types import (
     ScoredGroup,
     TrainingProgress,
 )
-from grpo_core.training.batch import steps_per_batch
-from grpo_core.training.distributed import shares
-from grpo_core.training.episodes import (
+from grpo_core.generation.episodes import (
     RolloutDriver,
     episode_metrics,
     release,
     sample_groups,
 )
-from grpo_core.training.spread_generation import GenerateShare, SpreadGeneration
+from grpo_core.generation.spread import GenerateShare, SpreadGeneration
+from grpo_core.optimization.batch import steps_per_batch
+from grpo_core.runtime.distributed import shares
 
 
 @dataclass
@@ -445,7 +445,7 @@ class ScatteringProducer:
     so all of them stop (and checkpoint) together instead of waiting on a
     scatter that never comes. ``inner`` is None on the other ranks.
 
-    With ``spread`` (:mod:`~grpo_core.training.spread_generation`) rank 0's
+    With ``spread`` (:mod:`~grpo_core.generation.spread`) rank 0's
     generation calls are spread over every rank: while the other ranks wait
     for their share they may receive a :class:`GenerateShare` instead, which
     they sample and go on waiting; the batch's metrics then say how many

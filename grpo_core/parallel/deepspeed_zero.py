@@ -1,16 +1,16 @@
 """DeepSpeed ZeRO-2 / ZeRO-3 through accelerate, stepped on grpo's terms
-(:mod:`grpo_core.training.zero` says how the engine is configured and why it
+(:mod:`grpo_core.parallel.zero` says how the engine is configured and why it
 never accumulates or schedules on its own).
 
 The engine owns backward, clipping and the step. ZeRO-3 partitions the
-parameters, so rank 0 keeps a full copy (:class:`~grpo_core.training.zero.Zero3FullWeights`)
+parameters, so rank 0 keeps a full copy (:class:`~grpo_core.parallel.zero.Zero3FullWeights`)
 for syncs, saves and sampling on rank 0 alone (evaluation); a rollout that
 generates on every rank samples with the parameters gathered for the call
-(:func:`~grpo_core.training.zero.gathered_for_generation`). Under ZeRO-2
+(:func:`~grpo_core.parallel.zero.gathered_for_generation`). Under ZeRO-2
 every rank holds them whole. A
 checkpoint holds DeepSpeed's own per-rank partitions (weights, fp32 masters,
 optimizer state) beside grpo's full ``model/``: it resumes onto the same
-process count only, which :data:`~grpo_core.training.backends.base.PARTITIONED_KEY`
+process count only, which :data:`~grpo_core.parallel.base.PARTITIONED_KEY`
 records.
 """
 
@@ -22,20 +22,20 @@ from typing import Any, ClassVar
 
 import torch
 
+from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import ConfigError, GrpoError
-from grpo_core.training import checkpoint as ckpt
-from grpo_core.training import zero
-from grpo_core.training.backends.base import (
+from grpo_core.host.traits import ChosenTraits
+from grpo_core.optimization.policy_forward import inner_policy
+from grpo_core.parallel import zero
+from grpo_core.parallel.base import (
     PARTITIONED_KEY,
     CheckpointParts,
     StateOf,
     prepare_with_accelerate,
 )
-from grpo_core.training.deepspeed_file import config_problems, read_config
-from grpo_core.training.policy_forward import inner_policy
-from grpo_core.training.sharding import sampling_copy
-from grpo_core.validation.checks import ChosenTraits
+from grpo_core.parallel.deepspeed_file import config_problems, read_config
+from grpo_core.parallel.sharding import sampling_copy
 
 
 class DeepSpeedBackend:

@@ -14,18 +14,18 @@ from typing import Any, ClassVar
 
 import torch
 
+from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.training import checkpoint as ckpt
-from grpo_core.training.backends.base import (
+from grpo_core.host.traits import ChosenTraits
+from grpo_core.optimization.policy_forward import inner_policy
+from grpo_core.parallel.base import (
     CheckpointParts,
     clip_and_step,
     gloo_on_cpu,
     prepare_with_accelerate,
     refuse_partitioned,
 )
-from grpo_core.training.policy_forward import inner_policy
-from grpo_core.training.sharding import optimizer_state_by_index
-from grpo_core.validation.checks import ChosenTraits
+from grpo_core.parallel.sharding import optimizer_state_by_index
 
 
 class ReplicatedBackend:

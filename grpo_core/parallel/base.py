@@ -3,9 +3,9 @@ the way the policy is spread over the training processes.
 
 The trainer (:mod:`grpo_core.training.trainer`) never asks which backend
 runs: it calls these methods, and each backend module
-(:mod:`~grpo_core.training.backends.replicated`,
-:mod:`~grpo_core.training.backends.fsdp`,
-:mod:`~grpo_core.training.backends.deepspeed_zero`) answers for its layout.
+(:mod:`~grpo_core.parallel.replicated`,
+:mod:`~grpo_core.parallel.fsdp`,
+:mod:`~grpo_core.parallel.deepspeed_zero`) answers for its layout.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import GrpoError
-from grpo_core.training import checkpoint as ckpt
-from grpo_core.training.policy_forward import PolicyLogprobs
-from grpo_core.validation.checks import ChosenTraits
+from grpo_core.host.traits import ChosenTraits
+from grpo_core.optimization.policy_forward import PolicyLogprobs
 
 PARTITIONED_KEY = "deepspeed_world_size"
 """The checkpoint ``extra`` key under which a backend whose weights and
@@ -33,7 +33,7 @@ checkpoint by it (:func:`refuse_partitioned`)."""
 @dataclass
 class CheckpointParts:
     """What one checkpoint holds of the backend's state, for
-    :func:`~grpo_core.training.checkpoint.save_checkpoint` on rank 0."""
+    :func:`~grpo_core.checkpointing.checkpoint.save_checkpoint` on rank 0."""
 
     model: Any  # what ``model/`` is written from: the policy with its full weights (rank 0)
     optimizer: Any  # an object whose ``state_dict()`` is ``optimizer.pt``
@@ -48,7 +48,7 @@ class TrainingBackend(Protocol):
     checkpoint layout.
 
     A backend's life in a run (:func:`grpo_core.training.run`):
-    :func:`~grpo_core.training.backends.backend_for` picks its class by
+    :func:`~grpo_core.parallel.backend_for` picks its class by
     :meth:`applies`; :meth:`accelerator_kwargs` configures accelerate; the
     class is built with the accelerator *before* the model loads;
     :meth:`prepare` takes the loaded policy and its optimizer and returns
@@ -90,7 +90,7 @@ class TrainingBackend(Protocol):
 
     def prepare(self, policy: torch.nn.Module, optimizer: Any) -> tuple[Any, Any]:
         """The loaded ``policy`` and its ``optimizer`` through accelerate: the
-        prepared :class:`~grpo_core.training.policy_forward.PolicyLogprobs`
+        prepared :class:`~grpo_core.optimization.policy_forward.PolicyLogprobs`
         (wrapped by DDP, FSDP or DeepSpeed) and the prepared optimizer."""
         ...
 
@@ -121,7 +121,7 @@ class TrainingBackend(Protocol):
         """Every rank can hold the whole policy for a generation call
         (:meth:`generation_model`): a rollout that samples the trainer's model
         and declares ``generates_on_every_rank`` then samples a share of each
-        call on every rank (:mod:`grpo_core.training.spread_generation`)
+        call on every rank (:mod:`grpo_core.generation.spread`)
         instead of on rank 0 alone with :meth:`sampling_model`."""
         ...
 
@@ -141,7 +141,7 @@ class TrainingBackend(Protocol):
     def resume(self, path: Path, loaded: ckpt.LoadedCheckpoint) -> None:
         """*Collective.* Put checkpoint ``path``'s weights and optimizer state
         in place, or refuse a layout this backend cannot read. Leaves in
-        ``loaded.optimizer`` what :func:`~grpo_core.training.checkpoint.restore_checkpoint`
+        ``loaded.optimizer`` what :func:`~grpo_core.checkpointing.checkpoint.restore_checkpoint`
         should still load (``None``: restored already)."""
         ...
 

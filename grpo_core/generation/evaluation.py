@@ -28,9 +28,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from grpo_core.contract.errors import ConfigError, DataError
-from grpo_core.training.data import load_prompts
-from grpo_core.training.episodes import release, sample_groups
-from grpo_core.training.producer import sampling_from_config
+from grpo_core.data.prompts import load_prompts
+from grpo_core.generation.episodes import release, sample_groups
+from grpo_core.generation.producer import sampling_from_config
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig

@@ -22,7 +22,7 @@ on its own micro-step counter, so the engine is configured with
   trained (a step that trained nothing leaves the engine alone);
 * the engine clips (``gradient_clipping``) and reports the pre-clip global
   norm (``get_global_grad_norm``), logged as ``grad_norm``;
-* the learning rate stays grpo's schedule (:func:`~grpo_core.training.optim.advance_schedule`
+* the learning rate stays grpo's schedule (:func:`~grpo_core.optimization.optimizer.advance_schedule`
   over the optimizer's parameter groups); a DeepSpeed ``scheduler`` or
   ``optimizer`` section is refused, so nothing steps the rate twice.
 
@@ -45,12 +45,13 @@ from typing import Any
 
 import torch
 
+from grpo_core.checkpointing.safe_load import safe_load
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.config.zero_stage import (
     zero_stage as zero_stage,  # re-exported: read in the config layer, below the checks
 )
 from grpo_core.contract.errors import ConfigError, GrpoError
-from grpo_core.training.deepspeed_file import (
+from grpo_core.parallel.deepspeed_file import (
     HIDDEN_SIZE_AUTOS,
     KEY,
     autos,
@@ -59,7 +60,6 @@ from grpo_core.training.deepspeed_file import (
     precision_flags,
     read_config,
 )
-from grpo_core.training.safe_load import safe_load
 
 
 def engine_config(cfg: GRPOConfig, world: int) -> dict[str, Any]:
@@ -189,7 +189,7 @@ CHECKPOINT_TAG = "zero"
 
 def check_files(directory: Path) -> None:
     """DeepSpeed reads its files with the full unpickler (code could run):
-    each is first read with grpo's restricted one (:mod:`grpo_core.training.safe_load`),
+    each is first read with grpo's restricted one (:mod:`grpo_core.checkpointing.safe_load`),
     which admits tensors, plain data and DeepSpeed's own few plain records."""
     files = sorted((directory / CHECKPOINT_TAG).glob("*.pt"))
     if not files:
@@ -259,7 +259,7 @@ def gathered_for_generation(engine: Any, policy: Any) -> Iterator[Any]:
 
 class Zero3FullWeights:
     """Rank 0's full copy of the policy under ZeRO-3 (the parameters are
-    partitioned over the ranks): the same role as :class:`~grpo_core.training.sharding.FullWeights`
+    partitioned over the ranks): the same role as :class:`~grpo_core.parallel.sharding.FullWeights`
     under FSDP. Made before the engine partitions the model."""
 
     def __init__(self, policy: Any, main: bool, trainable_only: bool) -> None:

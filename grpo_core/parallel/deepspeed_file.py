@@ -1,6 +1,6 @@
 """The DeepSpeed JSON that ``deepspeed`` names, read, and what in it grpo
 cannot run as it says: judged by the config checks before anything starts,
-filled by the ZeRO backend (:mod:`grpo_core.training.zero`) when it builds
+filled by the ZeRO backend (:mod:`grpo_core.parallel.zero`) when it builds
 accelerate's plugin.
 """
 

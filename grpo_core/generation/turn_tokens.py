@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_core.contract.types import Messages
-from grpo_core.training.data import tokenize_prompt
+from grpo_core.data.prompts import tokenize_prompt
 
 _USER = "grpo-stand-in-user"
 _ASSISTANT = "grpo-stand-in-assistant"

@@ -11,7 +11,7 @@ parameters; DDP: the replica as it is), and rank 0 puts the groups back in
 prompt order. Under FSDP/ZeRO-3 no process then needs a full copy of the
 policy to sample, and no process idles while rank 0 generates.
 
-The other processes take part from :class:`~grpo_core.training.producer.ScatteringProducer`:
+The other processes take part from :class:`~grpo_core.generation.producer.ScatteringProducer`:
 while they wait for their share of the scored batch they receive either that
 share or a :class:`GenerateShare`, which they serve and go on waiting. Every
 call issues its collectives from the trainer's main thread (never with
@@ -31,7 +31,7 @@ from typing import Any
 
 from grpo_core.contract.errors import shareable_error
 from grpo_core.contract.types import Prompt, RolloutGroup, SamplingSettings
-from grpo_core.training.distributed import Distributed
+from grpo_core.runtime.distributed import Distributed
 
 GenerationModel = Callable[[], contextlib.AbstractContextManager[Any]]
 """The backend's context that makes the whole policy usable on this process

@@ -52,7 +52,7 @@ from grpo_core.contract.types import (
     RolloutGroup,
     SamplingSettings,
 )
-from grpo_core.training.turn_tokens import TemplateError, TurnTokens
+from grpo_core.generation.turn_tokens import TemplateError, TurnTokens
 
 GenerateTurn = Callable[[list[Prompt], int, SamplingSettings], list[RolloutGroup]]
 """``generate(prompts, n, sampling)``: one rollout call (the run's engine)."""
@@ -94,7 +94,7 @@ def sample_groups(
 class RolloutDriver(Protocol):
     """What the producer hands a batch's prompts to when generation is more
     than one rollout call: the episode driver below, or ``trl.rollout_func``
-    over an engine (:mod:`grpo_core.training.rollout_function`)."""
+    over an engine (:mod:`grpo_core.generation.user_rollout`)."""
 
     def run(
         self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, generate: GenerateTurn

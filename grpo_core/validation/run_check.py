@@ -1,6 +1,6 @@
 """The config check ``grpo run`` and ``grpo config check`` make: the config
 layer's rules (:func:`~grpo_core.validation.checks.check_config`) with the
-training backends' own (:func:`~grpo_core.training.backends.config_problems`).
+training backends' own (:func:`~grpo_core.parallel.config_problems`).
 
 The backends sit above the config layer, so the two meet here, one layer up:
 a new backend's rules live in its own module and reach every check through
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.host.plugin_host import PluginHost
-from grpo_core.training.backends import config_problems
+from grpo_core.parallel import config_problems
 from grpo_core.validation.checks import check_config
 
 __all__ = ["check_run_config"]

@@ -11,7 +11,7 @@ gradient all-reduce that DDP/FSDP/DeepSpeed already do:
   and the reward functions; it cuts each scored batch into N shares of
   *whole* groups (advantages are per group) and sends each rank its own
   (and, for a rollout that samples the trainer's model, each generation
-  call's share of prompts first: :mod:`grpo_core.training.spread_generation`).
+  call's share of prompts first: :mod:`grpo_core.generation.spread`).
 * :meth:`Distributed.sum` / :meth:`Distributed.any`: the global token count
   of token-normalised losses, and the per-micro-batch "does any rank have a
   learning signal" decision, so every rank runs the same backward passes

@@ -3,7 +3,7 @@
 Decided once, before any implementation is built (the other ranks must know
 whether to build the rollout), from what the chosen rollout's class declares
 and what the training backend can do; the config summary says the same. The
-mechanism is :mod:`grpo_core.training.spread_generation`.
+mechanism is :mod:`grpo_core.generation.spread`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from grpo_core.contract.extension_points import (
 )
 from grpo_core.contract.types import SAMPLES_TRAINER_MODEL
 from grpo_core.host.plugin_host import PluginHost
-from grpo_core.training.backends import backend_for
+from grpo_core.parallel import backend_for
 
 
 def _rollout_spreads(cfg: GRPOConfig, host: PluginHost) -> bool:

@@ -28,8 +28,8 @@ import torch
 
 from grpo_core.contract import types as contract_types
 from grpo_core.contract.errors import GrpoError
+from grpo_core.generation.producer import ScoredBatch
 from grpo_core.moved import MOVED_MODULES
-from grpo_core.training.producer import ScoredBatch
 
 
 class UnsafeCheckpoint(GrpoError):
@@ -49,14 +49,24 @@ def grpo_types() -> list[type]:
     return found
 
 
+# Where grpo's checkpointed types lived before a module moved: a checkpoint
+# names a type by its module, so each former home stays readable (the type
+# itself, never the old module path, is what loads).
+FORMER_HOMES: dict[str, str] = {
+    "grpo_core.training.producer": "grpo_core.generation.producer",  # before training/ was split by role
+}
+
+
 def names_before_the_move() -> list[tuple[type, str]]:
     """grpo's types under the module paths they had before grpo_core's
-    modules moved into layer folders (:mod:`grpo_core.moved`): a checkpoint
-    written then names ``grpo_core.types.Completion``, and still loads."""
-    old_of = {new: old for old, new in MOVED_MODULES.items()}
-    return [
-        (kind, f"{old_of[kind.__module__]}.{kind.__qualname__}") for kind in grpo_types() if kind.__module__ in old_of
-    ]
+    modules moved (:data:`FORMER_HOMES`, and the layer folders of
+    :mod:`grpo_core.moved`): a checkpoint written then names
+    ``grpo_core.types.Completion`` or ``grpo_core.training.producer.ScoredBatch``,
+    and still loads."""
+    old_of: dict[str, list[str]] = {}
+    for old, new in (MOVED_MODULES | FORMER_HOMES).items():
+        old_of.setdefault(new, []).append(old)
+    return [(kind, f"{old}.{kind.__qualname__}") for kind in grpo_types() for old in old_of.get(kind.__module__, [])]
 
 
 def numpy_array_types() -> list[Any]:

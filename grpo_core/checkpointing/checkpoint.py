@@ -16,7 +16,7 @@ Loading never runs code from the checkpoint: weights are safetensors, the
 trainer state is JSON, and the ``.pt`` files (optimizer, scheduler, RNG,
 plugin state, the batch still being trained on and, with ``async_prefetch``, the
 batches generated ahead of training) are read with torch's restricted unpickler
-(:mod:`grpo_core.training.safe_load`). Saving checks that each plugin's state
+(:mod:`grpo_core.checkpointing.safe_load`). Saving checks that each plugin's state
 reads back under the same rule, so grpo never writes what it would refuse.
 """
 
@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpo_core.checkpointing.safe_load import numpy_array_types, safe_load, unloadable_reason
 from grpo_core.contract.errors import ConfigError, GrpoError, StorageError
-from grpo_core.training.safe_load import numpy_array_types, safe_load, unloadable_reason
 
 PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
@@ -258,7 +258,7 @@ def read_checkpoint(path: Path) -> LoadedCheckpoint:
     """Read every state file of ``path`` without running code from it.
 
     Called before the model loads, so a checkpoint that asks for code is
-    refused in seconds (:class:`~grpo_core.training.safe_load.UnsafeCheckpoint`,
+    refused in seconds (:class:`~grpo_core.checkpointing.safe_load.UnsafeCheckpoint`,
     naming the file) and nothing has been restored from it. Checkpoints
     written before this rule load too: theirs hold the same data, with
     numpy's RNG key as an array, allowed for that file only."""

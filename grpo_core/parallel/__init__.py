@@ -1,7 +1,7 @@
 """Training backends: how the policy is spread over the training processes.
 
 Each backend is one module implementing
-:class:`~grpo_core.training.backends.base.TrainingBackend` (accelerate's
+:class:`~grpo_core.parallel.base.TrainingBackend` (accelerate's
 plugins, backward and the optimizer step, the full weights for syncs and
 saves, the checkpoint layout), and one entry of :data:`BACKENDS`. The trainer
 calls the interface and never asks which backend runs; adding one (say,
@@ -11,11 +11,11 @@ hybrid-sharded FSDP over a 2-D mesh) is a new module here and its entry.
 from __future__ import annotations
 
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.training.backends.base import CheckpointParts, TrainingBackend
-from grpo_core.training.backends.deepspeed_zero import DeepSpeedBackend
-from grpo_core.training.backends.fsdp import FsdpBackend
-from grpo_core.training.backends.replicated import ReplicatedBackend
-from grpo_core.validation.checks import ChosenTraits
+from grpo_core.host.traits import ChosenTraits
+from grpo_core.parallel.base import CheckpointParts, TrainingBackend
+from grpo_core.parallel.deepspeed_zero import DeepSpeedBackend
+from grpo_core.parallel.fsdp import FsdpBackend
+from grpo_core.parallel.replicated import ReplicatedBackend
 
 __all__ = ["BACKENDS", "CheckpointParts", "TrainingBackend", "backend_for", "config_problems"]
 

@@ -1,6 +1,6 @@
 """The policy behind one ``forward`` that returns completion log-probs.
 
-:func:`grpo_core.training.logprobs.token_logprobs` runs the decoder body and the LM
+:func:`grpo_core.optimization.logprobs.token_logprobs` runs the decoder body and the LM
 head separately (chunked), never the model's own ``forward``. DDP, FSDP and
 DeepSpeed hook into the forward of the module they wrap (DDP prepares its
 gradient all-reduce there, FSDP gathers the root's shards there), so the
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from grpo_core.modeling.models import unwrap
-from grpo_core.training.logprobs import token_logprobs
+from grpo_core.optimization.logprobs import token_logprobs
 
 
 class PolicyLogprobs(torch.nn.Module):

@@ -1,14 +1,14 @@
 """FSDP on several processes: each rank holds a shard of every parameter,
 gradient and optimizer state (accelerate's FSDP2 path, torch's ``fully_shard``;
-the options are :mod:`grpo_core.training.sharding`'s).
+the options are :mod:`grpo_core.parallel.sharding`'s).
 
 No rank holds the policy whole, so rank 0 keeps an unsharded copy made before
-sharding (:class:`~grpo_core.training.sharding.FullWeights`), refreshed from the
+sharding (:class:`~grpo_core.parallel.sharding.FullWeights`), refreshed from the
 shards once per policy version: what syncs, checkpoints and the final save
 read, and what a rollout that samples the trainer's model generates with on
 rank 0 alone (evaluation). A rollout that generates on every rank samples
 with the sharded policy itself, every FSDP2 unit unsharded for the call
-(:func:`~grpo_core.training.sharding.unsharded`). Checkpoints hold full tensors
+(:func:`~grpo_core.parallel.sharding.unsharded`). Checkpoints hold full tensors
 (the optimizer state keyed by parameter name), so they load onto any process
 count, sharded or not.
 """
@@ -21,17 +21,18 @@ from typing import Any, ClassVar
 
 import torch
 
+from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.config.fsdp_options import fsdp_problems, fsdp_value
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.training import checkpoint as ckpt
-from grpo_core.training.backends.base import (
+from grpo_core.host.traits import ChosenTraits
+from grpo_core.parallel.base import (
     CheckpointParts,
     StateOf,
     gloo_on_cpu,
     refuse_partitioned,
 )
-from grpo_core.training.backends.replicated import ReplicatedBackend
-from grpo_core.training.sharding import (
+from grpo_core.parallel.replicated import ReplicatedBackend
+from grpo_core.parallel.sharding import (
     FullWeights,
     enable_fsdp_on_cpu,
     fsdp_plugin,
@@ -42,7 +43,6 @@ from grpo_core.training.sharding import (
     sampling_copy,
     unsharded,
 )
-from grpo_core.validation.checks import ChosenTraits
 
 
 class FsdpBackend(ReplicatedBackend):

@@ -59,7 +59,7 @@ from grpo_core.contract.types import (
     engine_cpu_cores,
     token_scorer,
 )
-from grpo_core.training.logprobs import token_logprobs
+from grpo_core.optimization.logprobs import token_logprobs
 
 PROBE_TEXT = (
     "The quick brown fox jumps over the lazy dog. 17 + 25 = 42, and the capital of France is Paris. "
