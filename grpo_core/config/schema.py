@@ -558,7 +558,15 @@ class GRPOConfig(_Table):
     save_total_limit: int | None = Field(None, ge=1)
     save_safetensors: bool = Field(True, description="Save weights as safetensors (false: PyTorch .bin files).")
     resume_from_checkpoint: str | None = Field(
-        None, description="A checkpoint directory, or 'latest' for the newest in output_dir."
+        None,
+        description="A checkpoint directory, or 'latest' for the newest in output_dir (with none yet the run says so "
+        "and starts from step 0). `grpo run --resume [PATH]` sets it for one launch.",
+    )
+    start_over: bool = Field(
+        False,
+        description="Start from step 0 in an output_dir that holds checkpoints, which is refused otherwise: the "
+        "earlier runs' checkpoints and step logs first move to output_dir/abandoned/<run id>/ (nothing is deleted). "
+        "`grpo run --start-over` sets it for one launch; kept in a config, every launch starts over.",
     )
     use_wandb: bool = Field(False, description="Same as adding 'wandb' to report_to.")
     report_to: list[str] | None = Field(

@@ -57,6 +57,7 @@ from grpo_core.modeling.quantization import bitsandbytes_problem
 from grpo_core.observability.alerts import ALERT_NAMES
 from grpo_core.observability.tracking import check_report_to
 from grpo_core.runtime.processes import world_size
+from grpo_core.validation.output_dir import output_dir_checks
 
 
 @dataclass(frozen=True)
@@ -633,6 +634,7 @@ def check_config(
         errors += backend_rules(cfg, traits)
     _async_checks(cfg, traits, errors, warnings)
     _training_checks(cfg, errors, warnings)
+    output_dir_checks(cfg, errors, warnings)  # what output_dir already holds: a live run, checkpoints
     _no_effect_checks(cfg, traits, warnings)
     _ignored_option_checks(cfg, num_processes or world_size(), warnings)
     _model_checks(cfg, traits, errors, warnings)
