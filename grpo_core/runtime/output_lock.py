@@ -194,7 +194,7 @@ def read_holder(output_dir: Path, attempts: int = 5) -> Holder | None:
     for attempt in range(attempts):
         try:
             text = path.read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError:
             text = ""
