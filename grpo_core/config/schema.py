@@ -558,9 +558,7 @@ class GRPOConfig(_Table):
     save_total_limit: int | None = Field(None, ge=1)
     save_safetensors: bool = Field(True, description="Save weights as safetensors (false: PyTorch .bin files).")
     resume_from_checkpoint: str | None = Field(
-        None,
-        description="A checkpoint directory, or 'latest' for the newest in output_dir (with none yet the run says so "
-        "and starts from step 0). `grpo run --resume [PATH]` sets it for one launch.",
+        None, description="A checkpoint directory, or 'latest' for the newest in output_dir."
     )
     start_over: bool = Field(
         False,
