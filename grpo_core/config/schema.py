@@ -50,56 +50,65 @@ class VllmSettings(_Table):
     data_parallel_size: int = Field(
         1,
         ge=1,
-        description="Managed mode: start this many separate vLLM servers (each its own process and socket); prompt groups are spread across them. `grpo vllm-serve` passes it to vLLM's own data parallelism.",
+        description="Managed mode: start this many separate vLLM servers (each its own process and socket); prompt "
+        "groups are spread across them. `grpo vllm-serve` passes it to vLLM's own data parallelism.",
     )
     devices: list[int] | None = Field(
         None,
-        description="GPU indices (of those this process sees) the managed servers get: server i takes the i-th tensor_parallel_size of them (CUDA_VISIBLE_DEVICES). Unset: vLLM's default (all visible).",
+        description="GPU indices (of those this process sees) the managed servers get: server i takes the i-th "
+        "tensor_parallel_size of them (CUDA_VISIBLE_DEVICES). Unset: vLLM's default (all visible).",
     )
     trainer_devices: list[int] | None = Field(
         None,
-        description="GPU indices the trainer keeps (its CUDA_VISIBLE_DEVICES is narrowed to them before CUDA starts). Unset: the trainer uses its default device (index 0).",
+        description="GPU indices the trainer keeps (its CUDA_VISIBLE_DEVICES is narrowed to them before CUDA starts). "
+        "Unset: the trainer uses its default device (index 0).",
     )
     enable_prefix_caching: bool | None = None
     block_size: int | None = Field(
         None,
         ge=1,
-        description="Tokens per KV cache block: prefix caching shares whole blocks only, so a group's samples share their "
-        "prompt's prefill only up to its last full block. Default: 32 on CPU (the smallest vLLM's CPU attention takes; "
-        "its own default, 128, shares nothing of a prompt under 128 tokens), vLLM's own on GPU.",
+        description="Tokens per KV cache block: prefix caching shares whole blocks only, so a group's samples share "
+        "their prompt's prefill only up to its last full block. Default: 32 on CPU (the smallest vLLM's CPU "
+        "attention takes; its own default, 128, shares nothing of a prompt under 128 tokens), vLLM's own on GPU.",
     )
     enforce_eager: bool | None = Field(
         None,
-        description="Skip vLLM's graph compilation: much faster engine start, slightly slower generation. Default: true on CPU, vLLM's own on GPU.",
+        description="Skip vLLM's graph compilation: much faster engine start, slightly slower generation. Default: "
+        "true on CPU, vLLM's own on GPU.",
     )
     cpu_kernels: bool = Field(
         True,
-        description="On a CPU, give the engines grpo starts (managed servers, colocated) a sampler that draws one number "
-        "per sequence instead of one per vocabulary entry (the same distribution), log-prob ranks counted without a "
-        "3 s compilation and, when eager, vLLM's own C++ RMSNorm kernels in place of their PyTorch forms. Off: vLLM's "
-        "CPU defaults. No effect on a GPU or an external server.",
+        description="On a CPU, give the engines grpo starts (managed servers, colocated) a sampler that draws one "
+        "number per sequence instead of one per vocabulary entry (the same distribution), log-prob ranks counted "
+        "without a 3 s compilation and, when eager, vLLM's own C++ RMSNorm kernels in place of their PyTorch forms. "
+        "Off: vLLM's CPU defaults. No effect on a GPU or an external server.",
     )
     api_key: str | None = Field(
         None,
-        description="Require this key on every request but /health (default: VLLM_API_KEY, else one made up per TCP server); the trainer sends it.",
+        description="Require this key on every request but /health (default: VLLM_API_KEY, else one made up per TCP "
+        "server); the trainer sends it.",
     )
     transport: Literal["unix", "tcp"] | None = Field(
         None,
-        description="How `grpo run` reaches the server it starts: 'unix' (default where available) is a socket in a private directory, no TCP port; 'tcp' binds host:port with a per-run API key.",
+        description="How `grpo run` reaches the server it starts: 'unix' (default where available) is a socket in a "
+        "private directory, no TCP port; 'tcp' binds host:port with a per-run API key.",
     )
     expose_dev_endpoints: bool = Field(
         False,
-        description="Serve vLLM's dev endpoints (/collective_rpc: load weights from any path) on a non-loopback host. Off: such a bind is refused for full-weight sync.",
+        description="Serve vLLM's dev endpoints (/collective_rpc: load weights from any path) on a non-loopback host. "
+        "Off: such a bind is refused for full-weight sync.",
     )
     cpu_kvcache_space: int | None = Field(
         None,
         ge=1,
-        description="GiB of KV cache on CPU (VLLM_CPU_KVCACHE_SPACE). Default 2: vLLM would otherwise take 85% of host memory.",
+        description="GiB of KV cache on CPU (VLLM_CPU_KVCACHE_SPACE). Default 2: vLLM would otherwise take 85% of "
+        "host memory.",
     )
     engine_cpus: str | None = Field(
         None,
         description="CPU cores a managed server computes on ('0-3', '0,2'); the trainer keeps the others. "
-        "Unset: with trl.async_prefetch on a CPU machine, the first half of the cores; a synchronous run splits nothing. 'all': no split.",
+        "Unset: with trl.async_prefetch on a CPU machine, the first half of the cores; a synchronous run splits "
+        "nothing. 'all': no split.",
     )
     extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` command-line arguments.")
 
@@ -164,7 +173,8 @@ PluginSettings = create_model(
             str | None,
             Field(
                 None,
-                description=f"{point.summary}: the implementation's name (or 'distribution:name'). Unset: decided by {point.decided_by}.",
+                description=f"{point.summary}: the implementation's name (or 'distribution:name'). Unset: decided by "
+                f"{point.decided_by}.",
             ),
         )
         for point in EXTENSION_POINTS
@@ -183,7 +193,8 @@ class AlertSettings(_Table):
     enabled: bool = True
     silence: list[str] = Field(
         default_factory=list,
-        description="Alert names never to print: reward_zero, no_signal, entropy_collapse, entropy_explosion, grad_norm_high, grad_norm_zero, is_ratio.",
+        description="Alert names never to print: reward_zero, no_signal, entropy_collapse, entropy_explosion, "
+        "grad_norm_high, grad_norm_zero, is_ratio.",
     )
     window: int = Field(10, ge=1, description="Steps the windowed checks average over.")
     reward_zero_steps: int = Field(20, ge=1, description="Steps after which a mean reward still ~0 fires reward_zero.")
@@ -200,7 +211,8 @@ class AlertSettings(_Table):
     logp_gap_max: float = Field(
         0.7,
         gt=0,
-        description="Mean |trainer - sampler| log-prob gap above this (IS ratio beyond ~2x): stale or broken weight sync.",
+        description="Mean |trainer - sampler| log-prob gap above this (IS ratio beyond ~2x): stale or broken weight "
+        "sync.",
     )
 
 
@@ -215,12 +227,14 @@ class EpisodeSettings(_Table):
     max_tokens_per_turn: int | None = Field(
         None,
         ge=1,
-        description="Tokens one model turn may sample. Unset: what is left of trl.max_completion_length, which bounds the whole episode.",
+        description="Tokens one model turn may sample. Unset: what is left of trl.max_completion_length, which bounds "
+        "the whole episode.",
     )
     step_timeout: float = Field(
         60.0,
         gt=0,
-        description="Seconds one environment step may take; a step still running then ends its episode (ended_by = 'timeout').",
+        description="Seconds one environment step may take; a step still running then ends its episode (ended_by = "
+        "'timeout').",
     )
     max_concurrent_steps: int = Field(
         32, ge=1, description="Environment steps run at once (threads), across the episodes in flight."
@@ -244,26 +258,32 @@ class TrlSettings(_Table):
     )
     vllm_server_base_url: str | None = Field(
         None,
-        description="Full base URL of an external server (http://host:port, or unix:/path/to/socket); overrides host/port.",
+        description="Full base URL of an external server (http://host:port, or unix:/path/to/socket); overrides "
+        "host/port.",
     )
     vllm_server_base_urls: list[str] | None = Field(
         None,
-        description="Several external servers (base URLs as in vllm_server_base_url): prompt groups are spread across them, weights are synced to all.",
+        description="Several external servers (base URLs as in vllm_server_base_url): prompt groups are spread across "
+        "them, weights are synced to all.",
     )
     vllm_managed: bool | None = Field(
         None,
-        description="Start and own the vLLM server as a subprocess. Default: true unless a server already answers at host:port.",
+        description="Start and own the vLLM server as a subprocess. Default: true unless a server already answers at "
+        "host:port.",
     )
     num_generations: int | None = Field(None, ge=1, description="Completions per prompt. Default 8.")
     generation_batch_size: int | None = Field(
         None,
         ge=1,
-        description="Completions per generation (TRL's meaning): a multiple of micro_batch_size x gradient_accumulation_steps; each multiple is one optimizer step fed by the same generation. Default micro_batch_size x gradient_accumulation_steps.",
+        description="Completions per generation (TRL's meaning): a multiple of micro_batch_size x "
+        "gradient_accumulation_steps; each multiple is one optimizer step fed by the same generation. Default "
+        "micro_batch_size x gradient_accumulation_steps.",
     )
     steps_per_generation: int | None = Field(
         None,
         ge=1,
-        description="Micro-batches per generation (TRL's meaning; generation_batch_size = micro_batch_size x this). Exclusive with generation_batch_size. Default gradient_accumulation_steps.",
+        description="Micro-batches per generation (TRL's meaning; generation_batch_size = micro_batch_size x this). "
+        "Exclusive with generation_batch_size. Default gradient_accumulation_steps.",
     )
     max_completion_length: int | None = Field(None, ge=1, description="Default 256.")
     max_prompt_length: int | None = Field(
@@ -299,20 +319,24 @@ class TrlSettings(_Table):
     )
     rollout_func: str | None = Field(
         None,
-        description="'module.function' custom rollout: f(prompts, trainer) -> dict with prompt_ids, completion_ids, logprobs.",
+        description="'module.function' custom rollout: f(prompts, trainer) -> dict with prompt_ids, completion_ids, "
+        "logprobs.",
     )
     tools: list[str] | None = Field(
         None,
-        description="'module.function' tools the model may call during an episode (TRL's tools): schemas from their signatures and docstrings.",
+        description="'module.function' tools the model may call during an episode (TRL's tools): schemas from their "
+        "signatures and docstrings.",
     )
     environment_factory: str | None = Field(
         None,
-        description="'module.Class' environment (TRL's environment_factory): reset(**row) -> str | None, public methods are tools, optional get_reward().",
+        description="'module.Class' environment (TRL's environment_factory): reset(**row) -> str | None, public "
+        "methods are tools, optional get_reward().",
     )
     max_tool_calling_iterations: int | None = Field(
         None,
         ge=0,
-        description="Tool-calling rounds per episode (TRL's meaning). Unset: until the model answers without a call or [episodes] max_turns.",
+        description="Tool-calling rounds per episode (TRL's meaning). Unset: until the model answers without a call "
+        "or [episodes] max_turns.",
     )
     reward_timeout: float | None = Field(
         None, gt=0, description="Seconds a reward call may take before it counts as failed."
@@ -381,7 +405,8 @@ class GRPOConfig(_Table):
     base_model: str = Field(description="Local HF directory, hub id, or a .gguf file (dequantised once and cached).")
     trust_remote_code: bool = Field(
         False,
-        description="Run Python code shipped with the model, tokenizer or reward model (their own modelling files). Off: such models are refused.",
+        description="Run Python code shipped with the model, tokenizer or reward model (their own modelling files). "
+        "Off: such models are refused.",
     )
     rl: Literal["grpo", "gdpo"] = Field(
         "grpo",
@@ -430,7 +455,8 @@ class GRPOConfig(_Table):
     val_set_size: float = Field(
         0.0,
         ge=0,
-        description="Held-out prompts for evaluation during training: a fraction (< 1) or a count (>= 1) of the dataset, split off with `seed`.",
+        description="Held-out prompts for evaluation during training: a fraction (< 1) or a count (>= 1) of the "
+        "dataset, split off with `seed`.",
     )
     test_datasets: list[DatasetSpec] = Field(
         default_factory=list,
@@ -445,12 +471,15 @@ class GRPOConfig(_Table):
     )
     pad_to_sequence_len: bool | None = Field(
         None,
-        description="Axolotl's padding choice: accepted, no effect (each micro-batch is padded to its longest sequence).",
+        description="Axolotl's padding choice: accepted, no effect (each micro-batch is padded to its longest "
+        "sequence).",
     )
     micro_batch_size: int = Field(
         1,
         ge=1,
-        description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo) a step's micro-batches are cut where they pad least: as many passes, none larger in padded tokens than the largest of micro_batch_size rows each.",
+        description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo) a step's "
+        "micro-batches are cut where they pad least: as many passes, none larger in padded tokens than the "
+        "largest of micro_batch_size rows each.",
     )
     gradient_accumulation_steps: int = Field(1, ge=1)
     max_steps: int = Field(
@@ -459,7 +488,8 @@ class GRPOConfig(_Table):
     num_epochs: float | None = Field(
         None,
         gt=0,
-        description="Passes over the prompts; used when max_steps is not set: max_steps = ceil(num_epochs x prompts / prompts per step) x num_iterations.",
+        description="Passes over the prompts; used when max_steps is not set: max_steps = ceil(num_epochs x prompts / "
+        "prompts per step) x num_iterations.",
     )
     learning_rate: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -497,11 +527,13 @@ class GRPOConfig(_Table):
     tf32: bool | None = None
     fp8: bool = Field(
         False,
-        description="FP8 matmuls (torchao through accelerate); needs a CUDA GPU of compute capability >= 8.9 and torchao, refused elsewhere.",
+        description="FP8 matmuls (torchao through accelerate); needs a CUDA GPU of compute capability >= 8.9 and "
+        "torchao, refused elsewhere.",
     )
     torch_compile: bool = Field(
         False,
-        description="torch.compile the decoder body for the training forward/backward and log-prob passes (CPU and GPU; the model, its state-dict keys and checkpoints are unchanged).",
+        description="torch.compile the decoder body for the training forward/backward and log-prob passes (CPU and "
+        "GPU; the model, its state-dict keys and checkpoints are unchanged).",
     )
     torch_compile_backend: str | None = Field(
         None, description="torch.compile backend (default inductor; e.g. aot_eager, cudagraphs)."
@@ -513,26 +545,28 @@ class GRPOConfig(_Table):
     sdp_attention: bool | None = None
     attn_implementation: str | None = Field(
         None,
-        description="transformers' attn_implementation (eager, sdpa, flash_attention_2, ...) or grpo's sdpa_float32 (sdpa on float32 q/k/v inside a bf16 pass); flash kernels fall back to sdpa without CUDA. Unset: sdpa_float32 for bf16 compute on a CPU, transformers' default (sdpa) elsewhere.",
+        description="transformers' attn_implementation (eager, sdpa, flash_attention_2, ...) or grpo's sdpa_float32 "
+        "(sdpa on float32 q/k/v inside a bf16 pass); flash kernels fall back to sdpa without CUDA. Unset: "
+        "sdpa_float32 for bf16 compute on a CPU, transformers' default (sdpa) elsewhere.",
     )
     gradient_checkpointing: bool = False
     gradient_checkpointing_kwargs: dict[str, Any] | None = None
     share_prompt_prefix: bool = Field(
         True,
-        description="Run each distinct prompt of a micro-batch through the trainer's model once and reuse its keys/values "
-        "for all its completions (a group's completions share their prompt): the same log-probs and gradients to float "
-        "rounding for fewer tokens. Not applied with gradient_checkpointing, torch_compile, active dropout, or models "
-        "whose cache is not a plain per-layer key/value cache.",
+        description="Run each distinct prompt of a micro-batch through the trainer's model once and reuse its "
+        "keys/values for all its completions (a group's completions share their prompt): the same log-probs and "
+        "gradients to float rounding for fewer tokens. Not applied with gradient_checkpointing, torch_compile, "
+        "active dropout, or models whose cache is not a plain per-layer key/value cache.",
     )
     verify_weight_sync: Literal["every", "every_probe", "first", "never"] = Field(
         "every",
         description="After a weight sync, check that the inference engine serves the weights just synced: each server "
         "scores a fixed 48-token probe and its log-probs must match the trainer's within what both precisions explain; "
         "a sync that fails is repeated once, then the run stops with a checkpoint. 'every' sync (default: after the "
-        "first syncs, a single-process run with plain sampling compares the engine's log-probs of the tokens it sampled "
-        "with the next step's training forward instead, at no cost, before that step's optimizer step), 'every_probe' "
-        "(the probe right after every sync), the 'first' only, or 'never'. Engines that cannot score tokens are not "
-        "checked (an error only when this key is set).",
+        "first syncs, a single-process run with plain sampling compares the engine's log-probs of the tokens it "
+        "sampled with the next step's training forward instead, at no cost, before that step's optimizer step), "
+        "'every_probe' (the probe right after every sync), the 'first' only, or 'never'. Engines that cannot score "
+        "tokens are not checked (an error only when this key is set).",
     )
     reuse_freed_memory: bool | Literal["auto"] = Field(
         "auto",
@@ -563,11 +597,13 @@ class GRPOConfig(_Table):
     use_wandb: bool = Field(False, description="Same as adding 'wandb' to report_to.")
     report_to: list[str] | None = Field(
         None,
-        description="Trackers besides output_dir/metrics.jsonl: a list of tensorboard, wandb, mlflow, trackio (or any grpo.tracker plugin), 'all' (every installed one) or 'none'.",
+        description="Trackers besides output_dir/metrics.jsonl: a list of tensorboard, wandb, mlflow, trackio (or any "
+        "grpo.tracker plugin), 'all' (every installed one) or 'none'.",
     )
     eval_strategy: Literal["no", "steps"] | None = Field(
         None,
-        description="'steps': evaluate every eval_steps and at the end. Default: 'steps' when there is evaluation data, else 'no'.",
+        description="'steps': evaluate every eval_steps and at the end. Default: 'steps' when there is evaluation "
+        "data, else 'no'.",
     )
     eval_steps: int | None = Field(None, ge=1, description="Evaluate every N optimizer steps. Default: logging_steps.")
     eval_temperature: float = Field(0.0, ge=0, description="Sampling temperature of evaluation; 0 is greedy.")

@@ -44,7 +44,8 @@ def run_verifier(
     verifier = SyncVerifier.build(mode, engine, tokenizer, precision, log, sampled=mode == "every" and why_not is None)
     if why_not is not None and verifier.active:
         log(
-            f"verify_weight_sync = 'every': the probe checks every sync (the sampled tokens cannot stand in for it: {why_not})"
+            "verify_weight_sync = 'every': the probe checks every sync (the sampled tokens cannot stand in for it: "
+            f"{why_not})"
         )
     return verifier
 

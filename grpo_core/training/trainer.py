@@ -304,7 +304,8 @@ class GRPOTrainer:
         mask = mb.completion_mask.to(self.device)
         if mb.sampler_logps is None:
             return None, mask
-        # the sync check on the sampled tokens (sync_check.py): a batch the engine sampled from the trainer's weights now
+        # the sync check on the sampled tokens (sync_check.py): a batch the engine sampled from the trainer's
+        # weights now
         if self.verifier.sampled and (batch := self._batch) is not None and batch.policy_version == self.policy_version:
             fresh_rows = ~mb.replayed.to(self.device)[:, None]  # a replayed row was sampled by an older policy
             self.verifier.observe(
@@ -329,9 +330,9 @@ class GRPOTrainer:
         plain_body, head = decoder_and_head(model)
         if not head_is_plain(model):
             raise GrpoError(
-                f"policy_loss '{self.cfg.plugins.policy_loss or 'liger'}' fuses the LM head as a plain linear layer, but "
-                "this model scales or soft-caps its logits after the head (logit_scale / final_logit_softcapping): "
-                "set trl.use_liger_loss = false (the built-in loss applies them)."
+                f"policy_loss '{self.cfg.plugins.policy_loss or 'liger'}' fuses the LM head as a plain linear layer, "
+                "but this model scales or soft-caps its logits after the head (logit_scale / "
+                "final_logit_softcapping): set trl.use_liger_loss = false (the built-in loss applies them)."
             )
         body = self.compiled_body if self.compiled_body is not None else plain_body
         c = mb.num_completion_tokens
@@ -554,7 +555,8 @@ class GRPOTrainer:
                     if self.dist.any([stop.signal is not None])[0]:  # a signal on any rank stops all together
                         path = saved or self.save()
                         raise TrainingInterrupted(
-                            f"stopped by signal {stop.signal or 'on another rank'} at step {self.step}; checkpoint saved to {path}. "
+                            f"stopped by signal {stop.signal or 'on another rank'} at step {self.step}; checkpoint "
+                            f"saved to {path}. "
                             f'Resume with resume_from_checkpoint = "{path}".'
                         )
             try:
