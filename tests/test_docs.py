@@ -13,7 +13,8 @@ Conventions, written as an HTML comment on the line before a block (invisible on
     <!-- fragment -->           part of a config, or another file's TOML (a pyproject.toml):
                                 parsed as TOML, not checked as a config
     <!-- config-dir: PATH -->   check the config as a file in PATH (relative to the repository),
-                                so its relative dataset paths and reward modules resolve there
+                                so its relative dataset paths and reward modules resolve there;
+                                options after PATH go to the check (``--num-processes 8``)
     <!-- compile-only: why -->  a Python block that is not run (it trains, or is an excerpt)
 
 A line ``--8<-- "path"`` inside a block is replaced by that file, as the site shows it.
@@ -125,7 +126,8 @@ def test_the_blocks_are_found_and_marked() -> None:
     for block in TOML + PYTHON:
         assert block.mark in (None, "fragment", "config-dir", "compile-only"), f"{block.where}: unknown mark"
         if block.mark == "config-dir":
-            assert (ROOT / block.mark_value).is_dir(), f"{block.where}: no folder {block.mark_value}"
+            folder = block.mark_value.split()[0]
+            assert (ROOT / folder).is_dir(), f"{block.where}: no folder {folder}"
     for block in TOML:
         tomllib.loads(block.text)  # a fragment is TOML too
 
@@ -136,14 +138,16 @@ def test_each_config_in_the_docs_passes_config_check(
 ) -> None:
     from grpo_core.interface.cli import main
 
+    options: list[str] = []
     if block.mark == "config-dir":
-        shutil.copytree(ROOT / block.mark_value, tmp_path, dirs_exist_ok=True)
+        folder, *options = block.mark_value.split()
+        shutil.copytree(ROOT / folder, tmp_path, dirs_exist_ok=True)
     config = tmp_path / "docs-config.toml"
     config.write_text(block.text, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the check puts the config's folder on sys.path
     try:
-        code = main(["config", "check", str(config)])
+        code = main(["config", "check", str(config), *options])
     finally:  # the config's own modules (rewards, tools) must not answer for the next block's
         for name, module in list(sys.modules.items()):
             if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
