@@ -436,7 +436,7 @@ class TrlSettings(_Table):
         1, ge=1, description="Subprocess workers that run the reward functions; 1: in the trainer's process."
     )
     vllm_enable_sleep_mode: bool | None = Field(
-        None, description="Colocate mode: free vLLM's GPU memory while the trainer steps (CUDA only). Default false."
+        None, description="Colocate mode: free vLLM's GPU memory between generations (CUDA only). Default false."
     )
 
     # --- importance sampling
