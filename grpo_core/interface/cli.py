@@ -122,7 +122,7 @@ def _add_run_command(app: typer.Typer) -> None:
             "--num-processes",
             min=1,
             help="Training processes (one per GPU; on CPU they share the cores), started "
-            "with accelerate's launcher. Several machines: see the README's \"Scaling out\".",
+            "with accelerate's launcher. Several machines: see docs/multi-gpu.md.",
         ),
     ) -> None:
         """Train: load and check CONFIG, then run GRPO for max_steps optimizer steps.
