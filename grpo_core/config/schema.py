@@ -777,7 +777,9 @@ class GRPOConfig(_Table):
     )
     deepspeed: str | None = Field(
         None,
-        description="A DeepSpeed JSON, ZeRO stage 2 or 3; its 'auto' values come from this config (docs: multi-GPU, DeepSpeed).",
+        description=(
+            "A DeepSpeed JSON, ZeRO stage 2 or 3; its 'auto' values come from this config (docs: multi-GPU, DeepSpeed)."
+        ),
     )
 
     output_dir: Path = Field(
