@@ -202,7 +202,8 @@ def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(
     from grpo_core.training.run import run_training
 
     (tmp_path / "liger_rewards.py").write_text(
-        "def even_first(completion_ids, **kwargs):\n    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
+        "def even_first(completion_ids, **kwargs):\n"
+        "    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
     )
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(8)))
     monkeypatch.syspath_prepend(str(tmp_path))

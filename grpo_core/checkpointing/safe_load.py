@@ -107,9 +107,10 @@ def safe_load(path: Path, allow: Iterable[Any] = ()) -> Any:
     except pickle.UnpicklingError as exc:
         raise UnsafeCheckpoint(
             f"refused to load {path}: it asks for {_reason(exc)}, which loading safely does not allow (unpickling "
-            "it could run code from the checkpoint). grpo reads checkpoints as tensors and plain data only. If you wrote this "
-            "checkpoint yourself with a plugin whose state is not plain data, fix the plugin's state_dict(); "
-            "if it came from someone else, do not resume from it (start without resume_from_checkpoint)."
+            "it could run code from the checkpoint). grpo reads checkpoints as tensors and plain data only. If you "
+            "wrote this checkpoint yourself with a plugin whose state is not plain data, fix the plugin's "
+            "state_dict(); if it came from someone else, do not resume from it (start without "
+            "resume_from_checkpoint)."
         ) from None
     except (OSError, RuntimeError, EOFError, ValueError) as exc:
         raise GrpoError(

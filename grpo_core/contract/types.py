@@ -235,7 +235,8 @@ class PolicyLossInputs:
 
     settings: Any  # grpo_core.optimization.loss.LossSettings
     targets: Any  # completion token ids [B, C]
-    mask: Any  # 0/1 completion mask [B, C], float: 1 on the policy's tokens (0 on padding, environment tokens, masked truncations)
+    # 0/1 completion mask [B, C], float: 1 on the policy's tokens (0 on padding, environment tokens, masked truncations)
+    mask: Any
     advantages: Any  # [B]
     old_logps: Any = None
     ref_logps: Any = None

@@ -122,7 +122,7 @@ def _add_run_command(app: typer.Typer) -> None:
             "--num-processes",
             min=1,
             help="Training processes (one per GPU; on CPU they share the cores), started "
-            "with accelerate's launcher. Several machines: see the README's \"Scaling out\".",
+            "with accelerate's launcher. Several machines: see docs/multi-gpu.md.",
         ),
         resume: str | None = typer.Option(
             None,
@@ -447,7 +447,8 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
     ]
     if cfg.trust_remote_code:
         lines.append(
-            "trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward models runs"
+            "trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward "
+            "models runs"
         )
     return "\n".join(lines)
 
@@ -461,8 +462,8 @@ def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
     n = max(1, int(cfg.trl.num_generations or 1))
     per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
     return (
-        f"processes:    {world} ({backend_for(cfg, world).describe(cfg, world)}); per process: {cfg.micro_batch_size} x "
-        f"{cfg.gradient_accumulation_steps} = {per_step} completions per optimizer step, {batch // world} "
+        f"processes:    {world} ({backend_for(cfg, world).describe(cfg, world)}); per process: {cfg.micro_batch_size} "
+        f"x {cfg.gradient_accumulation_steps} = {per_step} completions per optimizer step, {batch // world} "
         f"({batch // world // n} groups) per generation; global: {global_step_batch(cfg, world)} per optimizer step, "
         f"{batch} ({batch // n} prompts) per generation"
     )

@@ -357,7 +357,8 @@ def _joined_processes(cfg: GRPOConfig, context: RunContext, loaded: ModelParts) 
     dist = Distributed.from_accelerator(loaded.accelerator)
     if dist.active:
         context.log(
-            f"process {dist.rank} of {dist.world} ({loaded.backend.describe(cfg, dist.world)}, {loaded.accelerator.device})"
+            f"process {dist.rank} of {dist.world} ({loaded.backend.describe(cfg, dist.world)}, "
+            f"{loaded.accelerator.device})"
         )
     return dist
 

@@ -145,7 +145,10 @@ def _generation_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) 
         return
     if trl.steps_per_generation is not None:
         batch = cfg.micro_batch_size * trl.steps_per_generation
-        source = f"micro_batch_size ({cfg.micro_batch_size}) x trl.steps_per_generation ({trl.steps_per_generation}) = {batch}"
+        source = (
+            f"micro_batch_size ({cfg.micro_batch_size}) x trl.steps_per_generation ({trl.steps_per_generation}) = "
+            f"{batch}"
+        )
     elif trl.generation_batch_size is not None:
         batch, source = trl.generation_batch_size, f"trl.generation_batch_size = {trl.generation_batch_size}"
     else:
@@ -511,10 +514,10 @@ def _plugin_checks(
         missing = declared(sync_cls, BY_NAME["weight_sync"], "required_capabilities") - offered
         if missing:
             errors.append(
-                f"weight sync '{sync.name}' ({source_key(cfg, BY_NAME['weight_sync'])}) needs {sorted(missing)} from the "
-                f"rollout's inference engine, but rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) offers "
-                f"{sorted(offered) or 'none'}: choose a weight sync made for that rollout (see `grpo plugins`), or "
-                "remove plugins.weight_sync to get the default one."
+                f"weight sync '{sync.name}' ({source_key(cfg, BY_NAME['weight_sync'])}) needs {sorted(missing)} from "
+                f"the rollout's inference engine, but rollout '{rollout.name}' "
+                f"({source_key(cfg, BY_NAME['rollout'])}) offers {sorted(offered) or 'none'}: choose a weight sync "
+                "made for that rollout (see `grpo plugins`), or remove plugins.weight_sync to get the default one."
             )
     if "rollout" in classes and "verify_weight_sync" in cfg.model_fields_set and cfg.verify_weight_sync != "never":
         rollout, rollout_cls = classes["rollout"]
