@@ -236,6 +236,7 @@ def test_config_check_refuses_a_fresh_start_over_checkpoints_and_says_the_ways_o
     assert "--resume" in message and "new output_dir" in message and "--start-over" in message
     assert "deletes nothing" in message
     assert check_run_config(validate(minimal(out, resume_from_checkpoint="latest"))) == []
+    assert check_run_config(validate(minimal(out)), trains=False) == []  # grpo eval, grpo rewards test
     (note,) = check_run_config(validate(minimal(out, start_over=True)))
     assert note.startswith("start_over = true: the run starts from step 0 and first moves 2 checkpoint(s)")
     with pytest.raises(ConfigError, match="start_over and resume_from_checkpoint are both set"):
