@@ -28,7 +28,6 @@ import torch
 
 from grpo_core.contract import types as contract_types
 from grpo_core.contract.errors import GrpoError
-from grpo_core.moved import MOVED_MODULES
 from grpo_core.training.producer import ScoredBatch
 
 
@@ -49,13 +48,19 @@ def grpo_types() -> list[type]:
     return found
 
 
+FORMER_MODULES: dict[str, tuple[str, ...]] = {
+    "grpo_core.contract.types": ("grpo_core.types",),  # before grpo_core's modules moved into layer folders
+}
+"""Where the modules of :func:`grpo_types` lived before: a checkpoint names a
+type by the module it had when written (``grpo_core.types.Completion``). When
+a module of checkpointed types moves, its old name goes here."""
+
+
 def names_before_the_move() -> list[tuple[type, str]]:
-    """grpo's types under the module paths they had before grpo_core's
-    modules moved into layer folders (:mod:`grpo_core.moved`): a checkpoint
-    written then names ``grpo_core.types.Completion``, and still loads."""
-    old_of = {new: old for old, new in MOVED_MODULES.items()}
+    """grpo's types under the module paths they had before (:data:`FORMER_MODULES`),
+    so a checkpoint written then still loads."""
     return [
-        (kind, f"{old_of[kind.__module__]}.{kind.__qualname__}") for kind in grpo_types() if kind.__module__ in old_of
+        (kind, f"{old}.{kind.__qualname__}") for kind in grpo_types() for old in FORMER_MODULES.get(kind.__module__, ())
     ]
 
 
