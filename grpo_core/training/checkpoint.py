@@ -85,6 +85,38 @@ def check_state_is_plain(extra_state: dict[str, Any]) -> None:
             )
 
 
+def plugin_state(name: str, plugin: Any) -> Any:
+    """``plugin.state_dict()``, refused unless it is plain JSON data (the
+    contract: docs/plugins.md, "State that survives a resume"), naming the
+    first value that is not and how to store it."""
+    state = plugin.state_dict()
+    problem = _not_json(state, "state_dict()")
+    if problem is not None:
+        raise GrpoError(
+            f"cannot checkpoint the state of '{name}': {problem}. A plugin's state_dict() returns plain JSON data "
+            "(dicts with string keys, lists, strings, numbers, booleans, None): store a ScoredGroup as "
+            "group.to_dict() (ScoredGroup.from_dict reads it back), a tensor as .tolist()."
+        )
+    return state
+
+
+def _not_json(value: Any, where: str) -> str | None:
+    """Where ``value`` holds something other than JSON data, or None."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{where} has the key {key!r}, a {type(key).__name__}, not a string"
+            problem = _not_json(item, f"{where}[{key!r}]")
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, (list, tuple)):
+        return next((p for i, item in enumerate(value) if (p := _not_json(item, f"{where}[{i}]")) is not None), None)
+    return f"{where} is a {type(value).__module__}.{type(value).__qualname__}"
+
+
 def _fsync_tree(path: Path) -> None:
     for file in path.rglob("*"):
         if file.is_file():

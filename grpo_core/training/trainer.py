@@ -260,7 +260,7 @@ class GRPOTrainer:
         state = self.backend.checkpoint_parts(staging, self.policy_version)
         path = self.output_dir / f"{ckpt.PREFIX}{self.step}"
         if self.dist.is_main:
-            extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
+            extra = {name: ckpt.plugin_state(name, obj) for name, obj in self.parts.stateful.items()}
             extra["pending_batch"] = pending
             extra["pending_old_logps"] = old_logps
             extra["pending_world_size"] = self.dist.world
