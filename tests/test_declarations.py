@@ -68,6 +68,15 @@ def test_each_point_takes_its_attributes_from_its_protocol() -> None:
     }
 
 
+def test_each_point_has_its_default_rule_in_the_config_layer() -> None:
+    """The rules read [trl] keys, so they live with the config; the contract names no config type."""
+    from grpo_core.config.implementations import DEFAULT_RULES
+
+    assert list(DEFAULT_RULES) == [p.name for p in EXTENSION_POINTS]
+    assert "GRPOConfig" not in Path(d.__file__).read_text(encoding="utf-8")
+    assert "GRPOConfig" not in (REPO / "grpo_core" / "contract" / "extension_points.py").read_text(encoding="utf-8")
+
+
 def test_every_attribute_the_core_reads_is_in_a_protocol() -> None:
     """Scans grpo_core for ``declared(obj, point, "name")``: a new attribute
     read without its Protocol entry fails here."""

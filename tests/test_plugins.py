@@ -211,6 +211,15 @@ class WrongDeclarations:
         return None
 
 
+class SetsInInit:
+    def __init__(self, context):
+        self.sends = "weights"  # read off the built object: checked once it is built
+
+    @hookimpl
+    def grpo_sync_weights(self, model, version):
+        return None
+
+
 class HalfState:
     def __init__(self, context):
         self.seen = 0
@@ -249,6 +258,7 @@ old_paths = grpo_broken_example.old_paths:Thing
 
 [grpo.weight_sync]
 wrong_declarations = grpo_broken_example.impls:WrongDeclarations
+sets_in_init = grpo_broken_example.impls:SetsInInit
 
 [grpo.replay]
 half_state = grpo_broken_example.impls:HalfState
@@ -488,6 +498,14 @@ def test_broken_implementation_raises_plugin_error_naming_dist_and_entry_point(
         assert "advantage_aggregation" not in host.chosen
         # nothing half-registered remains: a good implementation still loads
         assert not [p for p in host.pm.get_plugins() if type(p).__module__ == "grpo_broken_example.impls"]
+
+
+def test_a_declaration_set_when_built_is_checked_once_built(broken_site: Path, tmp_path: Path) -> None:
+    with on_path(broken_site, "grpo_broken_example"):
+        host = PluginHost()
+        with pytest.raises(PluginError, match="'sets_in_init'.*declares sends = 'weights': it must be one of"):
+            host.load_implementation("weight_sync", "sets_in_init", context(tmp_path))
+        assert "weight_sync" not in host.chosen
 
 
 def test_broken_always_on_plugin_strict_and_lenient(broken_site: Path) -> None:

@@ -565,6 +565,12 @@ class PluginHost:
             raise
         except Exception as exc:
             raise PluginError(f"{info.describe()} failed to start: {type(exc).__name__}: {exc}") from exc
+        declared_wrong = declaration_problems(obj, BY_NAME[point].declares)  # set in __init__, or by a factory
+        if declared_wrong:
+            raise PluginError(
+                f"{info.describe()} declares " + "; declares ".join(declared_wrong) + " (the contract: "
+                f"grpo_core.plugin_api.{BY_NAME[point].declares.__name__}, docs/plugins.md)."
+            )
         self._register(obj, info)
         self.chosen[point] = info.name
         return obj

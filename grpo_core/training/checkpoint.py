@@ -71,17 +71,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def check_state_is_plain(extra_state: dict[str, Any]) -> None:
     """Refuse to save plugin state that :func:`safe_load` could not read back.
 
-    A plugin's ``state_dict()`` must return tensors and plain data (dict,
-    list, tuple, str, int, float, bool, None); anything else would need code
-    to rebuild, which loading refuses. Raised before anything is written, so
-    the previous checkpoint stays the latest."""
+    Anything but tensors and plain data (dict, list, tuple, str, int, float,
+    bool, None; a plugin's own state is held to JSON data before this, by
+    :func:`plugin_state`) would need code to rebuild, which loading refuses.
+    Raised before anything is written, so the previous checkpoint stays the latest."""
     for name, value in extra_state.items():
         reason = unloadable_reason(value)
         if reason is not None:
             raise GrpoError(
                 f"cannot checkpoint the state of '{name}': its state_dict() holds something that loading would "
-                f"have to run code to rebuild ({reason}). A plugin's state_dict() must return tensors and plain "
-                "data (dict, list, tuple, str, int, float, bool, None): convert other objects to those."
+                f"have to run code to rebuild ({reason}). A plugin's state_dict() must return plain JSON data "
+                "(dict, list, str, int, float, bool, None): convert other objects to those."
             )
 
 
