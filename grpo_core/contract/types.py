@@ -602,7 +602,7 @@ class Tracker(Protocol):
     """An experiment tracker a run reports to (``report_to``).
 
     Built as ``factory(context)`` from the ``grpo.tracker`` entry point group
-    (see :mod:`grpo_core.contract.hookspecs`). ``log`` gets the step's scalar metrics
+    (see ``docs/plugins.md``, "Trackers"). ``log`` gets the step's scalar metrics
     (finite floats only); ``log_table`` gets the rows added at ``step`` to
     the table ``name`` (e.g. ``completions``): a tracker must keep earlier
     rows visible (append, or one table per step), never overwrite them.
