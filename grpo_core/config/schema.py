@@ -794,6 +794,12 @@ class GRPOConfig(_Table):
     resume_from_checkpoint: str | None = Field(
         None, description="A checkpoint directory, or 'latest' for the newest in output_dir."
     )
+    start_over: bool = Field(
+        False,
+        description="Start from step 0 in an output_dir that holds checkpoints, which is refused otherwise: the "
+        "earlier runs' checkpoints and step logs first move to output_dir/abandoned/<run id>/ (nothing is deleted). "
+        "`grpo run --start-over` sets it for one launch; kept in a config, every launch starts over.",
+    )
     use_wandb: bool = Field(False, description="Same as adding 'wandb' to report_to.")
     report_to: list[str] | None = Field(
         None,

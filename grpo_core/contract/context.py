@@ -50,3 +50,9 @@ class RunContext:
     """The capabilities the chosen weight sync needs from the rollout's
     engine (its ``required_capabilities``), so a rollout starts its engine
     accordingly (e.g. with LoRA loading only when adapters will be loaded)."""
+    start_step: int = 0
+    """The step this run continues from: the resumed checkpoint's step, 0 for
+    a fresh start. The output's logs hold nothing after it (a killed run's
+    later rows were set aside): a tracker that keeps one run across restarts
+    continues it from here, dropping what it logged after this step where
+    it can (``grpo_core.checkpointing.lineage``)."""

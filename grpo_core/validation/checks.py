@@ -51,6 +51,7 @@ from grpo_core.modeling.quantization import bitsandbytes_problem
 from grpo_core.observability.alerts import ALERT_NAMES
 from grpo_core.observability.tracking import check_report_to
 from grpo_core.runtime.processes import world_size
+from grpo_core.validation.output_dir import output_dir_checks
 
 
 @dataclass(frozen=True)
@@ -593,6 +594,7 @@ def check_config(
     host: PluginHost | None = None,
     num_processes: int | None = None,
     backend_rules: BackendRules | None = None,
+    trains: bool = True,
 ) -> list[str]:
     """Return warnings for ``cfg``; raise :class:`ConfigError` listing every
     problem that stops it from running.
@@ -605,7 +607,9 @@ def check_config(
     ``backend_rules``: the training backends' problems with ``cfg``, judged
     with the same traits and reported in the same list;
     :func:`grpo_core.validation.run_check.check_run_config` passes them, as
-    ``grpo run`` and ``grpo config check`` do.
+    ``grpo run`` and ``grpo config check`` do. ``trains``: judge what
+    ``output_dir`` holds too (a live run in it, checkpoints a fresh start
+    would overwrite); false for a command that trains nothing.
     """
 
     errors: list[str] = []
@@ -630,6 +634,8 @@ def check_config(
         errors += backend_rules(cfg, traits)
     _async_checks(cfg, traits, errors, warnings)
     _training_checks(cfg, errors, warnings)
+    if trains:
+        output_dir_checks(cfg, errors, warnings)  # what output_dir already holds: a live run, checkpoints
     _no_effect_checks(cfg, traits, warnings)
     _ignored_option_checks(cfg, num_processes or world_size(), warnings)
     _model_checks(cfg, traits, errors, warnings)
