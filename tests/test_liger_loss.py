@@ -177,7 +177,7 @@ def test_liger_is_accepted_without_cuda(tmp_path: Path, monkeypatch: pytest.Monk
     """Liger's GRPO loss needs no GPU: with CUDA faked absent the check passes
     and the built-in is not chosen instead."""
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
-    from grpo_core.contract.extension_points import chosen_implementations
+    from grpo_core.config.implementations import chosen_implementations
     from grpo_core.validation.run_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -189,8 +189,8 @@ PluginSettings = create_model(
             str | None,
             Field(
                 None,
-                description=f"{point.summary}: the implementation's name (or 'distribution:name'). Unset: decided by "
-                f"{point.decided_by}.",
+                description=f"{point.summary}: the implementation's name (or 'distribution:name'). "
+                "Unset: decided by the [trl] options (grpo_core/config/implementations.py).",
             ),
         )
         for point in EXTENSION_POINTS

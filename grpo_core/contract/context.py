@@ -1,7 +1,7 @@
 """The run context: what every implementation is built with.
 
 Implementations are constructed as ``factory(context)`` (or
-``factory(context, settings)``, see :mod:`grpo_core.contract.hookspecs`). The context
+``factory(context, settings)``, see ``docs/plugins.md``). The context
 carries the validated config and the pieces the trainer owns, without the
 trainer having to know which of them each implementation needs. It holds
 nothing else: implementations of different extension points that must
@@ -43,7 +43,7 @@ class RunContext:
     loaded: implementations are built before the model so that an engine
     (a vLLM server) can start while the model loads. Inside the call of a
     rollout that ``generates_on_every_rank`` (several processes), the policy
-    made whole on the calling process for that call (``grpo_core.contract.hookspecs``)."""
+    made whole on the calling process for that call (``docs/plugins.md``)."""
     log: Callable[[str], None] = print
     """Print a line on the run's console."""
     engine_requirements: frozenset[str] = field(default_factory=frozenset)

@@ -22,15 +22,11 @@ import torch
 
 from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.checkpointing import lineage
+from grpo_core.config.implementations import chosen_implementations
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import ConfigError, PluginError, StorageError, TrainingInterrupted
-from grpo_core.contract.extension_points import (
-    BY_NAME,
-    EXTENSION_POINTS,
-    chosen_implementations,
-    declared,
-)
+from grpo_core.contract.extension_points import BY_NAME, EXTENSION_POINTS, declared
 from grpo_core.contract.types import (
     SAMPLES_TRAINER_MODEL,
     Checkpointable,

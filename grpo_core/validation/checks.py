@@ -26,17 +26,11 @@ from grpo_core.config.batch_shape import (
 )
 from grpo_core.config.compat import compat_warnings
 from grpo_core.config.eval_schedule import eval_enabled
+from grpo_core.config.implementations import chosen_implementations, source_key
 from grpo_core.config.reward_weights import reward_weights
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import ConfigError, NotImplementedYet, PluginError
-from grpo_core.contract.extension_points import (
-    BY_NAME,
-    EXTENSION_POINTS,
-    REWARD_GROUP,
-    chosen_implementations,
-    declared,
-    source_key,
-)
+from grpo_core.contract.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, declared
 from grpo_core.contract.types import (
     SAMPLES_TRAINER_MODEL,
     SCORES_TOKENS,
