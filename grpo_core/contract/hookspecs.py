@@ -526,7 +526,7 @@ def grpo_policy_loss(inputs: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, 
     ``clip_ratio/*`` family, and another should log those it can.
 
     Which completions reach it: with ``trl.skip_zero_advantage_batches``
-    (the default) and a token-sum ``loss_type`` (``dapo``, ``cispo``), no
+    (the default) and a token-sum ``loss_type`` (``dapo``, ``cispo``, ``vespo``), no
     ``beta`` and no ``top_entropy_quantile``, the core leaves completions
     whose advantage is 0 out of the micro-batches
     (:func:`grpo_core.training.loss.zero_advantage_rows_are_inert`):

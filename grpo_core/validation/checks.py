@@ -26,6 +26,7 @@ from grpo_core.config.batch_shape import (
 )
 from grpo_core.config.compat import compat_warnings
 from grpo_core.config.eval_schedule import eval_enabled
+from grpo_core.config.loss_rules import loss_level_warnings, vespo_correction_problem
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.contract.extension_points import (
@@ -260,6 +261,15 @@ def _reward_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> N
         errors.append(str(exc))
     if len(set(funcs)) != len(funcs):
         warnings.append("trl.reward_funcs lists the same function twice: its reward counts double.")
+
+
+def _loss_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], warnings: list[str]) -> None:
+    """TRL 1.16's rules on the loss type with the importance-sampling options."""
+    loss_type = str(cfg.trl.loss_type or "dapo")
+    warnings += loss_level_warnings(loss_type, str(cfg.trl.importance_sampling_level or "token"))
+    problem = vespo_correction_problem(loss_type, names["is_correction"])
+    if problem is not None:
+        errors.append(problem)
 
 
 def _async_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warnings: list[str]) -> None:
@@ -660,6 +670,7 @@ def check_config(
             "with trainer.generate for the engine and env_mask for what the environment wrote)."
         )
     _generation_checks(cfg, errors, warnings)
+    _loss_checks(cfg, names, errors, warnings)
     _process_checks(cfg, names, num_processes or world_size(), errors)
     if backend_rules is not None:
         errors += backend_rules(cfg, traits)
