@@ -111,6 +111,7 @@ def _group_from_data(data: dict[str, Any]) -> ScoredGroup:
         rewards=[list(row) for row in data["rewards"]],
         advantages=list(data["advantages"]),
         replayed=data["replayed"],
+        token_advantages=data.get("token_advantages"),
     )
 
 

@@ -112,7 +112,7 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
         default=_default_environment,
         decided_by="trl.tools / trl.environment_factory",
         summary="multi-turn episodes: the environment's answer to each model turn",
-        attributes={"episodic": True, "provides_reward": False},
+        attributes={"episodic": True, "provides_reward": False, "turn_rewards": False},
     ),
     ExtensionPoint(
         "weight_sync",
@@ -128,6 +128,7 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
         default=lambda cfg: str(cfg.trl.multi_objective_aggregation),
         decided_by="trl.multi_objective_aggregation",
         summary="rewards -> group-relative advantages",
+        attributes={"needs_turn_rewards": False},
     ),
     ExtensionPoint(
         "is_correction",
@@ -142,7 +143,7 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
         default=lambda cfg: "liger" if cfg.trl.use_liger_loss else "grpo",
         decided_by="trl.use_liger_loss",
         summary="micro-batch -> loss to back-propagate",
-        attributes={"uses_hidden_states": False},
+        attributes={"uses_hidden_states": False, "per_token_advantages": False},
     ),
     ExtensionPoint(
         "replay",

@@ -190,6 +190,21 @@ optional (defaults in the extension-point table):
     engine keeps its base, so a quantised base works) or ``"nothing"`` (the
     rollout samples the trained model itself). The checks refuse a
     quantised base (``load_in_4bit``) with a sync that sends merged weights.
+``per_token_advantages: bool`` (policy_loss)
+    ``True`` when the loss takes ``inputs.advantages`` of shape ``[B, C]``
+    (one per token) as well as ``[B]``; the built-in ``grpo`` does, Liger's
+    does not. The default is ``False``: a run whose ``advantage_aggregation``
+    declares ``needs_turn_rewards`` is refused with such a loss.
+``needs_turn_rewards: bool`` (advantage_aggregation)
+    ``True`` when the aggregation credits each turn of an episode from the
+    environment's per-turn rewards (the built-in ``turn_returns``): the
+    config check refuses it on a single-turn run, with an environment that
+    does not declare ``turn_rewards``, without the ``environment`` reward
+    function, or with a loss that does not declare ``per_token_advantages``.
+``turn_rewards: bool`` (environment)
+    ``True`` when the environment's replies carry a reward per turn
+    (``EnvironmentReply.reward``), so crediting each turn means something;
+    it may also be a static function ``turn_rewards(config) -> bool``.
 ``uses_hidden_states: bool`` (policy_loss)
     ``True`` when the loss calls ``inputs.hidden_states`` (it fuses the LM
     head, as Liger's does) instead of ``inputs.logprobs``; refused under
@@ -256,6 +271,7 @@ if TYPE_CHECKING:  # imported for annotations only: keep plugin import cheap
 
     from grpo_core.contract.context import RunContext
     from grpo_core.contract.types import (
+        Completion,
         Episode,
         InferenceEngine,
         PolicyLossInputs,
@@ -381,18 +397,30 @@ def grpo_load_reward(spec: str, context: RunContext) -> RewardFunction | None:
 
 @hookspec(firstresult=True)
 def grpo_aggregate_advantages(
-    rewards: torch.Tensor, weights: torch.Tensor, group_size: int, scale_rewards: str
-) -> torch.Tensor:
+    rewards: torch.Tensor,
+    weights: torch.Tensor,
+    group_size: int,
+    scale_rewards: str,
+    completions: list[Completion],
+    reward_names: list[str],
+) -> torch.Tensor | list[list[float]]:
     """Combine rewards into group-relative advantages.
 
     ``rewards`` is ``[num_completions, num_functions]`` float, ``NaN`` where a
     function returned ``None``; rows are ordered group by group, each group
     ``group_size`` consecutive rows. ``weights`` is ``[num_functions]``.
     ``scale_rewards`` is ``"group"``, ``"batch"`` or ``"none"``: divide by the
-    group's standard deviation, the batch's, or not at all.
+    group's standard deviation, the batch's, or not at all. ``completions``
+    are the rows' completions, in the same order (an episode's turns and
+    per-turn rewards: :class:`~grpo_core.contract.types.EpisodeStats`), and
+    ``reward_names`` the functions' names, one per column.
 
     Return ``[num_completions]`` advantages without ``NaN``; a row where every
-    reward is ``NaN`` gets 0.
+    reward is ``NaN`` gets 0. Or, to credit tokens differently (per turn),
+    one list per completion with one float per entry of its ``token_ids``;
+    an implementation that does declares ``needs_turn_rewards`` when it
+    reads the episodes' per-turn rewards (the config check then asks the
+    environment for them).
     """
 
 
