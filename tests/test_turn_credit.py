@@ -492,3 +492,31 @@ def test_the_driver_records_each_turns_start_and_reward() -> None:
         for start in stats.turn_starts:
             assert c.token_ids[start : start + 2] == [ord("x"), ord("y")] and c.loss_mask[start : start + 2] == [1, 1]
         assert c.loss_mask[stats.turn_starts[0] + 2] == 0  # the reply follows the turn
+
+
+def test_guess_number_rewards_each_guess_the_hints_allow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/guess-number's ``hint_reward``: a per-turn reward at each guess
+    inside what the hints so far allow, the win on top; 0 by default (the
+    game as before)."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "guess-number" / "src"))
+    try:  # from the source tree, and forgotten after: other tests install the package and import it
+        from grpo_guess_number import GuessEpisode, GuessNumber, Settings
+    finally:
+        sys.modules.pop("grpo_guess_number", None)
+
+    assert GuessNumber.turn_rewards is True
+    game = GuessEpisode(10, Settings(hint_reward=0.2, turn_penalty=0.1))
+    replies = [game.step(text) for text in ("5", "3", "12", "no idea", "10")]
+    assert [r.reward for r in replies] == [0.2, 0.0, 0.2, None, pytest.approx(1.0 - 0.3 + 0.2)]
+    assert [r.messages[0]["content"] for r in replies[:4]] == [
+        "Higher.",
+        "Higher.",
+        "Lower.",
+        "Answer with one number.",
+    ]
+    assert replies[-1].done
+    plain = GuessEpisode(10, Settings())
+    assert [plain.step(t).reward for t in ("5", "10")] == [0.0, pytest.approx(0.9)]  # the second guess: 1 - 0.1
