@@ -4,8 +4,8 @@ The graph is read from the source (:mod:`import_graph`, nothing is imported),
 so the test takes well under a second. What it holds the code to:
 
 * no circle among the imports that run (module level, and with the imports
-  inside functions counted: a lazy import must not hide one); a circle of
-  ``TYPE_CHECKING``-only imports never runs and is allowed where listed;
+  inside functions counted: a lazy import must not hide one), nor among the
+  ``TYPE_CHECKING``-only ones;
 * grpo_core never imports the built-in plugins, vLLM, DeepSpeed or Liger (at
   any level: it reaches built-ins through entry points, and accelerate
   imports DeepSpeed for it);
@@ -13,7 +13,9 @@ so the test takes well under a second. What it holds the code to:
   plugin (what two plugins share is a typed part of the contract);
 * grpo_core's layers are its folders (:data:`LAYERS`, lowest first: the
   contract, runtime utilities, the config, the plugin host, models,
-  observability, the config's validation, scoring, training, the command line): a
+  observability, scoring, data, the policy update, generation, checkpoints,
+  the training backends, weight syncs, the config's validation, the loop,
+  the command line): a
   module imports only its own layer and lower ones, and the error and data
   types import nothing of grpo_core. Imports that still run from a lower layer up are listed in
   :data:`UPWARD`, each with why; the list must match the code exactly, so a
@@ -42,19 +44,15 @@ from import_graph import (
 
 ENGINES = {"grpo_plugins", "plugins", "vllm", "deepspeed", "liger_kernel"}
 
-# Circles of TYPE_CHECKING-only imports (never run): the schema builds its
-# [plugins] table from the extension points, which name GRPOConfig in the
-# type of their ``default`` callables.
-TYPE_ONLY_CIRCLES = [["grpo_core.config.schema", "grpo_core.contract.extension_points"]]
-
 FOUNDATION = {"grpo_core.contract.errors", "grpo_core.contract.types"}
 
 # grpo_core's folders are its layers, lowest first: a module imports (at
 # module level or inside a function) only modules of its own layer or lower
 # ones. The config (schema, loading, the facts every layer reads) sits low;
-# its validation sits above the layers whose rules it asks (the plugin host's
-# settings, model options, trackers and alerts) and below the scoring and
-# training that read what it decides.
+# the run's parts follow in the order a step uses them (scoring, data, the
+# policy update, generation, checkpoints, the training backends, weight
+# syncs); validation sits above every layer whose rules it asks (the
+# backends' included), and the loop and the command line on top.
 LAYERS = [
     "contract",
     "runtime",
@@ -62,14 +60,19 @@ LAYERS = [
     "host",
     "modeling",
     "observability",
-    "validation",
     "scoring",
+    "data",
+    "optimization",
+    "generation",
+    "checkpointing",
+    "parallel",
+    "sync",
+    "validation",
     "training",
     "interface",
 ]
 OWN_RANK = {
-    "grpo_core": "contract",  # the package: it re-exports hookimpl and installs the old-path finder
-    "grpo_core.moved": "contract",  # the old-path finder imports nothing of grpo_core
+    "grpo_core": "contract",  # the package: its version, nothing else
 }
 PLUGIN_SURFACE = (
     "grpo_core.plugin_api"  # above every layer: it re-exports them for plugins, nothing in grpo_core imports it
@@ -161,8 +164,10 @@ def test_no_lazy_import_hides_a_circle(edges: list[Edge], known: set[str]) -> No
     assert found == [], _ties(found, edges, known, {"module", "function"})
 
 
-def test_type_only_circles_are_the_listed_ones(edges: list[Edge], known: set[str]) -> None:
-    assert cycles(graph(edges, known, {"module", "function", "type_checking"})) == TYPE_ONLY_CIRCLES
+def test_no_circle_even_among_type_checking_imports(edges: list[Edge], known: set[str]) -> None:
+    """Not even a circle that never runs: a type two layers share lives in the lower one."""
+    found = cycles(graph(edges, known, {"module", "function", "type_checking"}))
+    assert found == [], _ties(found, edges, known, {"module", "function", "type_checking"})
 
 
 def test_every_import_inside_a_function_says_why() -> None:
@@ -224,10 +229,10 @@ def test_the_graph_covers_every_package(known: set[str]) -> None:
 
 
 def test_every_grpo_core_module_sits_in_a_layer_folder(known: set[str]) -> None:
-    """No module loose at grpo_core's top level but the package, the plugin
-    surface and the old-path finder: a new module goes into its layer."""
+    """No module loose at grpo_core's top level but the package and the plugin
+    surface: a new module goes into its layer."""
     loose = {m for m in known if m.startswith("grpo_core.") and m.count(".") == 1 and m.split(".")[1] not in LAYERS}
-    assert loose == {PLUGIN_SURFACE, "grpo_core.moved"}
+    assert loose == {PLUGIN_SURFACE}
     assert all(rank(m) >= 0 for m in known if m.startswith("grpo_core"))
 
 
@@ -395,3 +400,18 @@ def test_no_core_rule_compares_against_a_built_in_implementations_name() -> None
         if isinstance(const, ast.Constant) and const.value in names
     ]
     assert offenders == []
+
+
+def test_every_package_is_a_layer_and_listed_for_installation() -> None:
+    """A new folder under grpo_core/ is a layer (in :data:`LAYERS`) and a
+    package pyproject.toml installs; a folder missing from either would import
+    from a checkout and fail from a wheel, or sit outside the rules above."""
+    import tomllib
+
+    folders = {p.name for p in (REPO / "grpo_core").iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(LAYERS), f"layers without a folder or folders without a layer: {folders ^ set(LAYERS)}"
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    plugin_folders = {p.name for p in (REPO / "plugins").iterdir() if (p / "__init__.py").exists()}
+    wanted = {"grpo", "grpo_core", "grpo_plugins"} | {f"grpo_core.{f}" for f in folders}
+    wanted |= {f"grpo_plugins.{f}" for f in plugin_folders}
+    assert listed == wanted, f"pyproject.toml's packages differ from the folders: {sorted(listed ^ wanted)}"

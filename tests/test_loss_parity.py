@@ -21,7 +21,7 @@ import torch
 from grpo_core.config.loader import apply_effective_defaults
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import ConfigError
-from grpo_core.training.loss import LOSS_TYPES, LossSettings, policy_loss
+from grpo_core.optimization.loss import LOSS_TYPES, LossSettings, policy_loss
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # TRL warns about the vLLM version at import
@@ -343,7 +343,7 @@ def test_trl_warnings_and_refusal_for_luspo_and_vespo(tmp_path):
     mode: grpo says the same, in the config check (before anything loads)
     and, for the warnings, when the loss is built."""
     from grpo_core.config.loader import validate
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     with pytest.warns(UserWarning, match="luspo.*importance_sampling_level = 'sequence'"):
         LossSettings(loss_type="luspo")

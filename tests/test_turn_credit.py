@@ -307,8 +307,8 @@ def test_standard_deviation_scaling_is_biased_as_grpo_is() -> None:
 
 
 def test_per_token_advantages_reach_the_micro_batch_aligned_with_the_mask() -> None:
-    from grpo_core.training.batch import collate, flatten
-    from grpo_core.training.producer import per_completion_advantages
+    from grpo_core.generation.producer import per_completion_advantages
+    from grpo_core.optimization.batch import collate, flatten
 
     rewards, completions = hand_batch()
     rows = TurnReturns().grpo_aggregate_advantages(rewards, WEIGHTS, 3, "none", completions, NAMES)
@@ -338,7 +338,7 @@ def test_per_token_advantages_reach_the_micro_batch_aligned_with_the_mask() -> N
 
 
 def test_a_turn_credited_completion_has_signal_though_its_mean_is_zero() -> None:
-    from grpo_core.training.batch import Sample
+    from grpo_core.optimization.batch import Sample
 
     balanced = Sample(prompt_ids=[1], completion_ids=[2, 3], advantage=0.0, token_advantages=[1.0, -1.0])
     assert balanced.has_signal
@@ -350,7 +350,7 @@ def test_a_turn_credited_completion_has_signal_though_its_mean_is_zero() -> None
 
 def test_a_contract_breaking_aggregation_is_named() -> None:
     from grpo_core.contract.errors import PluginError
-    from grpo_core.training.producer import per_completion_advantages
+    from grpo_core.generation.producer import per_completion_advantages
 
     _, completions = hand_batch()
     with pytest.raises(PluginError, match="completion 0 got 2 per-token advantages for 10 tokens"):
@@ -364,7 +364,7 @@ def test_the_loss_trains_each_turn_with_its_own_advantage() -> None:
     """policy_loss with [B, C] advantages (dapo, on-policy): d loss / d logp
     of each policy token is -A_token / tokens, so each turn's tokens move by
     their own turn's advantage."""
-    from grpo_core.training.loss import LossSettings, policy_loss
+    from grpo_core.optimization.loss import LossSettings, policy_loss
 
     advantages = torch.tensor([[0.7, 0.7, 0.0, 1.4], [-1.1, 0.0, -1.4, -1.4]])
     mask = torch.tensor([[1.0, 1.0, 0.0, 1.0], [1.0, 0.0, 1.0, 1.0]])
@@ -395,7 +395,7 @@ def _config(tmp_path, **over):
 
 def test_config_check_refuses_turn_credit_by_name(tmp_path) -> None:
     from grpo_core.contract.errors import ConfigError
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     with pytest.raises(ConfigError, match="'turn_returns' credits each turn.*this run is single-turn"):
         check_run_config(_config(tmp_path))
@@ -448,7 +448,7 @@ def test_the_driver_records_each_turns_start_and_reward() -> None:
     lands on the turn it answered, a turn without a reward is None."""
     from grpo_core.config.schema import GRPOConfig
     from grpo_core.contract.types import EnvironmentReply, SamplingSettings
-    from grpo_core.training.episodes import EpisodeDriver
+    from grpo_core.generation.episodes import EpisodeDriver
 
     class Tok:
         all_special_ids: list[int] = []

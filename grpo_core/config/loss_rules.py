@@ -1,6 +1,6 @@
 """TRL 1.16's rules on combinations of ``trl.loss_type`` with other options,
 read by both the config check (``grpo config check``, every run before
-anything loads) and the loss itself (:class:`grpo_core.training.loss.LossSettings`).
+anything loads) and the loss itself (:class:`grpo_core.optimization.loss.LossSettings`).
 
 TRL warns on LUSPO without sequence-level ratios and on VESPO with them (it
 runs both), and refuses VESPO with a sequence-level vLLM importance-sampling

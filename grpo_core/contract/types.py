@@ -8,6 +8,7 @@ tensors, and so they pickle cleanly to subprocess reward workers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -79,7 +80,7 @@ class EpisodeStats:
     environment gave, ``None`` when it gave none (or failed).
     ``template_mismatch`` is true when the chat template renders the
     conversation differently from the concatenated ids the model saw (the
-    ids are kept; see :mod:`grpo_core.training.turn_tokens`).
+    ids are kept; see :mod:`grpo_core.generation.turn_tokens`).
 
     Per model turn, in order (one entry each, ``turns`` in all):
     ``turn_starts`` is where the turn's ids begin in the completion's
@@ -188,6 +189,45 @@ class ScoredGroup:
         """Unweighted sum per completion, ``None`` counted as 0 (for logs)."""
         return [sum(r for r in row if r is not None and math.isfinite(r)) for row in self.rewards]
 
+    def to_dict(self) -> dict[str, Any]:
+        """The group as plain JSON data, for a plugin's ``state_dict`` (a
+        checkpoint holds JSON data only). A completion's live ``environment``
+        is left out; dataset columns are kept as they are, so they must be
+        JSON data too. :meth:`from_dict` reads it back."""
+        data = dataclasses.asdict(
+            dataclasses.replace(
+                self,
+                group=dataclasses.replace(
+                    self.group, completions=[dataclasses.replace(c, environment=None) for c in self.group.completions]
+                ),
+            )
+        )
+        for completion in data["group"]["completions"]:
+            del completion["environment"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ScoredGroup:
+        """A group back from :meth:`to_dict` output (after a JSON round trip too)."""
+        rollout = data["group"]
+        completions = []
+        for raw in rollout["completions"]:
+            fields = dict(raw)
+            if isinstance(fields.get("episode"), Mapping):
+                fields["episode"] = EpisodeStats(**fields["episode"])
+            completions.append(Completion(**fields))
+        return cls(
+            group=RolloutGroup(
+                prompt=Prompt(**rollout["prompt"]),
+                completions=completions,
+                policy_version=int(rollout["policy_version"]),
+            ),
+            rewards=[list(row) for row in data["rewards"]],
+            advantages=list(data["advantages"]),
+            replayed=bool(data["replayed"]),
+            token_advantages=data.get("token_advantages"),
+        )
+
 
 @dataclass
 class TrainingProgress:
@@ -238,7 +278,7 @@ class PolicyLossInputs:
     ``per_token_advantages = False``) on the training device. The policy's forward is given as
     callables, not results, so an implementation runs only the part it
     needs: ``logprobs`` (per-token log-probs and, when asked, entropies, with
-    gradient, as :func:`grpo_core.training.logprobs.token_logprobs` computes them) or
+    gradient, as :func:`grpo_core.optimization.logprobs.token_logprobs` computes them) or
     ``hidden_states`` (the decoder's hidden states that predict the
     completion tokens, ``[B, C, H]`` with gradient, and the LM head module:
     for losses that fuse the head, such as Liger's). Either runs under the
@@ -251,9 +291,10 @@ class PolicyLossInputs:
     mask)``; it logs the ``is/*`` metrics itself.
     """
 
-    settings: Any  # grpo_core.training.loss.LossSettings
+    settings: Any  # grpo_core.optimization.loss.LossSettings
     targets: Any  # completion token ids [B, C]
-    mask: Any  # 0/1 completion mask [B, C], float: 1 on the policy's tokens (0 on padding, environment tokens, masked truncations)
+    # 0/1 completion mask [B, C], float: 1 on the policy's tokens (0 on padding, environment tokens, masked truncations)
+    mask: Any
     advantages: Any  # [B], or [B, C] (per-token credit)
     old_logps: Any = None
     ref_logps: Any = None
@@ -361,7 +402,7 @@ SCORES_TOKENS = "scores_tokens"
 """Engine capability: :meth:`InferenceEngine.score_tokens` (the engine's
 log-prob of each token of a sequence, per server). The core uses it to
 verify every weight sync (``verify_weight_sync``,
-:mod:`grpo_core.training.sync_check`); no sync needs it."""
+:mod:`grpo_core.sync.verify`); no sync needs it."""
 SAMPLES_TRAINER_MODEL = "samples_trainer_model"
 """Rollout capability without an engine: it samples the trainer's live model,
 so the weights are current the moment the optimizer steps."""
@@ -581,7 +622,7 @@ class Tracker(Protocol):
     """An experiment tracker a run reports to (``report_to``).
 
     Built as ``factory(context)`` from the ``grpo.tracker`` entry point group
-    (see :mod:`grpo_core.contract.hookspecs`). ``log`` gets the step's scalar metrics
+    (see ``docs/plugins.md``, "Trackers"). ``log`` gets the step's scalar metrics
     (finite floats only); ``log_table`` gets the rows added at ``step`` to
     the table ``name`` (e.g. ``completions``): a tracker must keep earlier
     rows visible (append, or one table per step), never overwrite them.
