@@ -52,13 +52,14 @@ from grpo_core.contract.extension_points import (
     declared,
     source_key,
 )
+from grpo_core.runtime.failure import TRACEBACK_FILE
 
 SELF_DISTRIBUTION = "grpo"
 ALLOW_ENV = "GRPO_PLUGINS_ALLOW"
 AMBIGUOUS = "ambiguous:"  # how an ambiguity's error starts (EntryPointInfo.status reads it)
 NOT_ALLOWED = "not in the plugin allowlist"
 QUALIFIER = ":"
-ERROR_LOG = "grpo-error.log"
+ERROR_LOG = TRACEBACK_FILE  # one file per run collects every traceback (grpo_core.runtime.failure)
 
 
 def group_for(point: str) -> str:

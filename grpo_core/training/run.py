@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from grpo_core.checkpointing import checkpoint as ckpt
+from grpo_core.checkpointing.record import RECORD_KEY, RunRecord, check_resume, describe
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import PluginError, StorageError, TrainingInterrupted
@@ -65,6 +66,8 @@ from grpo_core.runtime.distributed import Distributed, process_rank, world_size
 from grpo_core.runtime.heap import RetainedHeap
 from grpo_core.scoring.rewards import RewardScorer
 from grpo_core.training.observe import RunObserver
+from grpo_core.training.safety_net import SafetyNet
+from grpo_core.training.state_guard import GuardedState
 from grpo_core.training.trainer import GRPOTrainer, TrainerParts
 from grpo_core.validation.checks import environment_is_episodic
 from grpo_core.validation.run_check import check_run_config
@@ -313,7 +316,19 @@ def _resume_point(cfg: GRPOConfig, context: RunContext) -> tuple[Path | None, ck
     for action in ckpt.recover_interrupted_saves(context.output_dir):
         context.log(action)
     resume = ckpt.resolve_resume(cfg.resume_from_checkpoint, context.output_dir)
-    return resume, (ckpt.read_checkpoint(resume) if resume is not None else None)
+    if resume is None:
+        return None, None
+    loaded = ckpt.read_checkpoint(resume)
+    for note in loaded.notes:
+        context.log(f"warning: {note}")
+    return resume, loaded
+
+
+def _check_resume_matches(cfg: GRPOConfig, context: RunContext, resume: Path, model_dir: str) -> None:
+    """The checkpoint's record of how it was made against this config, before
+    the model loads (:mod:`grpo_core.checkpointing.record`)."""
+    for warning in check_resume(resume, cfg, model_dir, context.tokenizer, world_size()):
+        context.log(f"warning: {warning}")
 
 
 def _prompts(
@@ -371,6 +386,7 @@ def _trainer_parts(
     observer: RunObserver | None,
     prompts: list[Prompt],
     spread: SpreadGeneration | None = None,
+    made_with: dict[str, Any] | None = None,
 ) -> TrainerParts:
     """Everything the trainer drives, wired: the prompt stream, the producer
     (with the episode driver, if the run has episodes, and generation spread
@@ -393,12 +409,21 @@ def _trainer_parts(
         stream=stream,
         reference=loaded.reference,
         engine=impls.engine,
-        stateful=impls.checkpointable(),
+        stateful=_checkpointed_state(impls, loaded, made_with or {}),
         observer=observer,
         forward=loaded.forward,
         dist=dist,
         backend=loaded.backend,
     )
+
+
+def _checkpointed_state(impls: Implementations, loaded: ModelParts, made_with: dict[str, Any]) -> dict[str, Any]:
+    """What each checkpoint saves beside the weights: every implementation's
+    state (a failing ``state_dict`` named as that plugin's error) and the
+    record of how the run was made (:mod:`grpo_core.checkpointing.record`)."""
+    state: dict[str, Any] = {name: GuardedState(name, obj) for name, obj in impls.checkpointable().items()}
+    state[RECORD_KEY] = RunRecord(made_with, loaded.model)
+    return state
 
 
 def _alone_sampler(loaded: ModelParts, impls: Implementations) -> Callable[[], Any]:
@@ -433,9 +458,20 @@ def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable
     can fail (checks, plugins, data, reward columns) happens before a model
     loads or a server starts. No automatic garbage collection while the run
     starts (:mod:`grpo_core.runtime.collector`); freed memory kept for reuse
-    (``reuse_freed_memory``, :mod:`grpo_core.runtime.heap`)."""
-    with RetainedHeap(retains_freed_memory(cfg)), StartupCollector() as collector:
-        return _run_training(cfg, host, warn, collector)
+    (``reuse_freed_memory``, :mod:`grpo_core.runtime.heap`).
+
+    Whatever escapes the run ends as one :class:`GrpoError` line naming the
+    phase, with the traceback in ``output_dir/grpo-error.log`` and a
+    checkpoint where the phase allows (:mod:`grpo_core.training.safety_net`)."""
+    net = SafetyNet(Path(cfg.output_dir))
+    try:
+        with RetainedHeap(retains_freed_memory(cfg)), StartupCollector() as collector:
+            return _run_training(cfg, host, warn, collector, net)
+    except Exception as exc:
+        report = net.report(exc)
+        if report is exc:
+            raise
+        raise report from None
 
 
 def retains_freed_memory(cfg: GRPOConfig) -> bool:
@@ -447,59 +483,86 @@ def retains_freed_memory(cfg: GRPOConfig) -> bool:
 
 
 def _run_training(
-    cfg: GRPOConfig, host: PluginHost | None, warn: Callable[[str], None] | None, collector: StartupCollector
+    cfg: GRPOConfig,
+    host: PluginHost | None,
+    warn: Callable[[str], None] | None,
+    collector: StartupCollector,
+    net: SafetyNet,
 ) -> str:
-    host = _checked_plugins(cfg, host, warn)
-    output_dir = _prepared_output(cfg, host)
+    with net.phase("checking the config"):
+        host = _checked_plugins(cfg, host, warn)
+    with net.phase("preparing output_dir"):
+        output_dir = _prepared_output(cfg, host)
     context = RunContext(config=cfg, output_dir=output_dir, engine_requirements=host.engine_requirements(cfg))
-    resume, resume_state = _resume_point(cfg, context)
-    model_dir = resolve_model_dir(cfg.base_model)
-    context.tokenizer = load_tokenizer(cfg, model_dir)
+    with net.phase("reading the checkpoint to resume from"):
+        resume, resume_state = _resume_point(cfg, context)
+    with net.phase("loading the tokenizer"):
+        model_dir = resolve_model_dir(cfg.base_model)
+        context.tokenizer = load_tokenizer(cfg, model_dir)
+    if resume is not None:
+        with net.phase("comparing the checkpoint with the config"):
+            _check_resume_matches(cfg, context, resume, model_dir)
     main = process_rank() == 0  # rank 0 alone drives the producer: prompts, rewards, logs and saves
     spread = generation_spreads(cfg, host, world_size())  # every rank generates a share of each call
-    scorer = RewardScorer(cfg, host, context) if main else None
-    prompts, eval_prompts = _prompts(cfg, host, context, scorer)
+    with net.phase("loading the reward functions"):
+        scorer = RewardScorer(cfg, host, context) if main else None
+    with net.phase("loading data"):
+        prompts, eval_prompts = _prompts(cfg, host, context, scorer)
     sampled = SampledModel()  # the model a rollout samples, once it has loaded
     context.get_model = sampled
     status = "failed"
     observer: RunObserver | None = None
     try:
-        # trackers: before the model loads; rank 0 alone logs
-        observer = RunObserver.build(cfg, host, context, eval_prompts, _stop_ids(context.tokenizer)) if main else None
-        impls = build_implementations(host, cfg, context, main=main, spread=spread)  # a managed engine starts here
-        _keep_trainer_off_engine_cores(context, impls)
-        loaded = _load_model_parts(cfg, context, model_dir)
-        dist = _joined_processes(cfg, context, loaded)
-        sampled.alone = _alone_sampler(loaded, impls)
-        if not spread:
-            sampled()  # rank 0 samples alone throughout: place its model now, on this (the main) thread
-        trainer = GRPOTrainer(
-            _trainer_parts(
-                cfg,
-                host,
-                context,
-                loaded,
-                impls,
-                dist,
-                scorer,
-                observer,
-                prompts,
-                _spread_generation(spread, host, context, loaded, dist, sampled),
+        with net.phase("starting the trackers"):
+            # trackers: before the model loads; rank 0 alone logs
+            observer = (
+                RunObserver.build(cfg, host, context, eval_prompts, _stop_ids(context.tokenizer)) if main else None
             )
-        )
+        with net.phase("starting the plugins and the inference engine"):
+            impls = build_implementations(host, cfg, context, main=main, spread=spread)  # a managed engine starts here
+            _keep_trainer_off_engine_cores(context, impls)
+        with net.phase("loading the model"):
+            loaded = _load_model_parts(cfg, context, model_dir)
+            dist = _joined_processes(cfg, context, loaded)
+            sampled.alone = _alone_sampler(loaded, impls)
+            if not spread:
+                sampled()  # rank 0 samples alone throughout: place its model now, on this (the main) thread
+        with net.phase("setting up the trainer"):
+            trainer = GRPOTrainer(
+                _trainer_parts(
+                    cfg,
+                    host,
+                    context,
+                    loaded,
+                    impls,
+                    dist,
+                    scorer,
+                    observer,
+                    prompts,
+                    _spread_generation(spread, host, context, loaded, dist, sampled),
+                    describe(cfg, model_dir, world_size()),
+                )
+            )
         if resume is not None:
-            trainer.resume(resume, resume_state)
+            with net.phase(f"resuming from {resume}"):
+                trainer.resume(resume, resume_state)
             context.log(f"resumed from {resume} at step {trainer.step}")
+        net.watch(trainer)
         collector.settle()  # an engine's own collections while it starts scan only what it makes
-        host.hook.grpo_train_start(context=context)
+        with net.phase("starting training (the grpo_train_start hooks)"):
+            host.hook.grpo_train_start(context=context)
         collector.started()
         status = trainer.train()
-        trainer.save_final()
+        with net.phase("saving the final model"):
+            trainer.save_final()
         if observer is not None:
             context.log(observer.summary_line(status, trainer.step, output_dir))
         return status
     except (KeyboardInterrupt, TrainingInterrupted):
         status = "interrupted"
+        raise
+    except Exception as exc:
+        net.on_failure(exc)  # a checkpoint where the phase allows, while the engine is still up
         raise
     finally:
         if observer is not None:
