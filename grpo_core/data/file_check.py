@@ -45,10 +45,25 @@ def encoding_problem(path: Path) -> str | None:
     return None
 
 
-def _json_document(text: str) -> bool:
-    """Whether ``text`` is one JSON document (a list of rows, or a table of columns)."""
+def _json_document_problem(text: str) -> str | None:
+    """What is wrong with ``text`` read as one JSON document (a list of
+    rows, or a table of columns)."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        cut = " (the file ends there: cut short?)" if exc.pos >= len(text.rstrip()) - 1 else ""
+        return f"it is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}{cut}"
+    bad = _not_unicode(document)
+    return None if bad is None else f"it holds {bad!r}, an escape that is no Unicode character (a lone surrogate)"
+
+
+def _is_one_document(text: str) -> bool:
+    """A file ``datasets`` reads as one JSON document rather than JSON Lines:
+    it opens a list, or it is a single object spread over lines."""
     stripped = text.lstrip()
-    if not stripped.startswith(("[", "{")):
+    if stripped.startswith("["):
+        return True
+    if not stripped.startswith("{"):
         return False
     try:
         json.loads(text)
@@ -57,24 +72,47 @@ def _json_document(text: str) -> bool:
     return True
 
 
+def _not_unicode(value: object) -> str | None:
+    """A string inside ``value`` that is no Unicode text (a lone surrogate,
+    written ``\\ud800`` in JSON), shown in short."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("ascii")[:60]
+        return None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for item in items:
+        found = _not_unicode(item)
+        if found is not None:
+            return found
+    return None
+
+
 def _json_lines_problem(text: str) -> str | None:
-    """The first line of JSON Lines ``text`` that is not one JSON object."""
+    """The first line of JSON Lines ``text`` that is not one JSON object of
+    Unicode text."""
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             value = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             shown = line.strip()
             shown = shown if len(shown) <= 80 else shown[:77] + "..."
             return f"line {number} is not valid JSON ({exc.msg} at column {exc.colno}): {shown}"
         if not isinstance(value, dict):
-            return f'line {number} is a JSON {type(value).__name__}, not an object of column values ({{"prompt": ...}})'
+            kind = type(value).__name__
+            return f'line {number} is a JSON {kind}, not an object of column values ({{"prompt": ...}})'
+        bad = _not_unicode(value)
+        if bad is not None:
+            return f"line {number} holds {bad!r}, an escape that is no Unicode character (a lone surrogate)"
     return None
 
 
-def _csv_problem(text: str) -> str | None:
+def csv_problem(text: str) -> str | None:
     """The first CSV row whose number of fields differs from the header's."""
+    csv.field_size_limit(2**31 - 1)  # a long prompt is a long field (pandas reads them; 128 KiB is csv's default cap)
     reader = csv.reader(io.StringIO(text))
     try:
         header = next(reader)
@@ -103,11 +141,13 @@ def diagnose(path: Path) -> str | None:
             return f"{problem}. Save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`), or fix that line"
         text = path.read_text(encoding="utf-8")
         if suffix == ".csv":
-            problem = _csv_problem(text)
-        elif not _json_document(text):
+            problem = csv_problem(text)
+        elif _is_one_document(text):
+            problem = _json_document_problem(text)
+        else:
             problem = _json_lines_problem(text)
         if problem is not None:
-            return f"{problem}. Fix or delete that line"
+            return f"{problem}. Fix " + ("the file" if problem.startswith("it ") else "or delete that line")
         return None
     if suffix == ".parquet":
         try:

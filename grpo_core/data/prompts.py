@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_core.contract.errors import DataError
 from grpo_core.contract.types import Prompt
-from grpo_core.data.file_check import TEXT_SUFFIXES, diagnose, encoding_problem
+from grpo_core.data.file_check import TEXT_SUFFIXES, csv_problem, diagnose, encoding_problem
 from grpo_core.host.user_code import make_cwd_importable
 
 if TYPE_CHECKING:
@@ -85,7 +85,9 @@ def _local_data_files(path: Path) -> list[Path]:
 
 def _check_encoding(files: list[Path], label: str) -> None:
     """Refuse a local text file that is not UTF-8 (``datasets`` would read
-    it into strings that fail when a row is read), naming the line."""
+    it into strings that fail when a row is read) or a CSV row with another
+    number of fields than its header (pandas takes a first row with one too
+    many as an index column and shifts every column), naming the line."""
     text_files = [f for f in files if f.suffix.lower() in TEXT_SUFFIXES]
     if sum(f.stat().st_size for f in text_files) > PRESCAN_LIMIT:
         return
@@ -96,6 +98,10 @@ def _check_encoding(files: list[Path], label: str) -> None:
                 f"{label}: {file}: {problem}. Save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`), or fix "
                 "that line."
             )
+        if file.suffix.lower() == ".csv":
+            problem = csv_problem(file.read_text(encoding="utf-8"))
+            if problem is not None:
+                raise DataError(f"{label}: {file}: {problem}. Fix or delete that line.")
 
 
 def _diagnosed(files: list[Path], label: str) -> DataError | None:
