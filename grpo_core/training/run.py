@@ -24,7 +24,7 @@ from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.checkpointing.record import RECORD_KEY, RunRecord, check_resume, describe
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
-from grpo_core.contract.errors import PluginError, StorageError, TrainingInterrupted
+from grpo_core.contract.errors import ConfigError, PluginError, StorageError, TrainingInterrupted
 from grpo_core.contract.extension_points import (
     BY_NAME,
     EXTENSION_POINTS,
@@ -91,6 +91,8 @@ def prompts_per_batch(cfg: GRPOConfig) -> int:
     return max(1, generation_batch // int(cfg.trl.num_generations))  # type: ignore[arg-type]
 
 
+MAX_STEPS = 2**53  # steps are counted in floats along the way (schedules, progress): beyond this they are not exact
+
 OUTPUT_PROBE_BYTES = 1 << 20
 """What :func:`check_output_dir` writes: less than the smallest checkpoint
 (a small LoRA adapter, a tokenizer.json), so a disk without that much room
@@ -122,8 +124,14 @@ def check_output_dir(output_dir: Path) -> None:
 def steps_for_epochs(cfg: GRPOConfig, num_prompts: int) -> int:
     """``num_epochs`` in optimizer steps: each generation batch takes
     prompts_per_batch prompts and num_iterations optimizer steps."""
-    batches = math.ceil(float(cfg.num_epochs or 0) * num_prompts / prompts_per_batch(cfg))
-    return max(1, batches * int(cfg.trl.num_iterations or 1))
+    batches = float(cfg.num_epochs or 0) * num_prompts / prompts_per_batch(cfg)
+    steps = batches * int(cfg.trl.num_iterations or 1)
+    if not math.isfinite(steps) or steps > MAX_STEPS:
+        raise ConfigError(
+            f"num_epochs = {cfg.num_epochs:g} over {num_prompts} prompts is {steps:.3g} optimizer steps, more than a "
+            f"run can count: lower num_epochs, or set max_steps."
+        )
+    return max(1, math.ceil(batches) * int(cfg.trl.num_iterations or 1))
 
 
 @dataclass
