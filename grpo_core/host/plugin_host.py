@@ -245,13 +245,18 @@ def validate_settings(obj: Any, name: str, table: dict[str, Any] | None) -> Base
         return None
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         raise PluginError(f"'{name}' declares Settings = {model!r}, which is not a pydantic model")
-    if model.model_config.get("extra") != "allow":  # pydantic's default drops an unknown key: a typo went unseen
+    if model.model_config.get("extra") in (
+        None,
+        "ignore",
+    ):  # pydantic's default drops an unknown key: a typo went unseen
         known = {key for field_name, field in model.model_fields.items() for key in (field_name, field.alias) if key}
         unknown = sorted(str(key) for key in (table or {}) if key not in known)
         if unknown:
             fields = ", ".join(sorted(model.model_fields)) or "none"
             raise ConfigError(
-                "; ".join(f"{ref}.{key}: unknown setting (settings of '{name}': {fields})" for key in unknown)
+                "; ".join(
+                    f"{ref}.{key}: Extra inputs are not permitted (settings of '{name}': {fields})" for key in unknown
+                )
             )
     try:
         return model.model_validate(table or {})
