@@ -292,3 +292,38 @@ def test_any_prompt_values_load_or_name_the_first_bad_row(
     assert isinstance(result, DataError), (prompts, result)
     message = str(result)
     assert f"row {bad_rows[0]}, column 'prompt'" in message or "line " in message, (prompts, message)
+
+
+def test_a_parquet_file_cut_short_is_named(tmp_path: Path, smollm2_tokenizer: Any) -> None:
+    path = write(tmp_path, "parquet", rows_with("answer", "1"))
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    result, _ = load(path, smollm2_tokenizer)
+    assert isinstance(result, DataError) and f"{path}: it is not a readable Parquet file" in str(result), result
+
+
+def test_a_json_escape_that_is_no_unicode_character_is_named_by_line(tmp_path: Path, smollm2_tokenizer: Any) -> None:
+    path = write(tmp_path, "jsonl", rows_with("answer", "1"))
+    lines = path.read_text(encoding="utf-8").splitlines()
+    lines[3] = '{"prompt": "Q: \\ud800?", "answer": "1"}'  # a lone surrogate: valid JSON, no Unicode text
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result, _ = load(path, smollm2_tokenizer)
+    assert isinstance(result, DataError) and f"{path}: line 4 holds" in str(result), result
+    assert "lone surrogate" in str(result)
+
+
+def test_a_chat_template_that_fails_on_a_row_names_the_row(tmp_path: Path, smollm2_tokenizer: Any) -> None:
+    """It compiles (so it passed when the tokenizer loaded) but raises while
+    rendering a row: named with the row and the template."""
+    rows = rows_with("answer", "1")
+    for row in rows:
+        row["prompt"] = [{"role": "user", "content": row["prompt"]}]
+    rows[BAD_ROW]["prompt"][0]["role"] = "tool"
+    tokenizer = smollm2_tokenizer.__class__.from_pretrained(smollm2_tokenizer.name_or_path)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool turns here') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    result, _ = load(write(tmp_path, "jsonl", rows), tokenizer)
+    assert isinstance(result, DataError), result
+    assert f"row {BAD_ROW}, column 'prompt': the tokenizer's chat template failed" in str(result), result
+    assert "no tool turns here" in str(result)

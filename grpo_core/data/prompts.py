@@ -376,7 +376,8 @@ def _rows(dataset: Any, label: str) -> Any:
 
 
 def _template_failure(label: str, row: int, cfg: GRPOConfig, exc: Exception) -> DataError:
-    where = f"chat_template = '{cfg.chat_template}'" if cfg.chat_template else "the tokenizer's chat template"
+    chosen = cfg.chat_template not in (None, "tokenizer_default")
+    where = f"chat_template = '{str(cfg.chat_template)[:80]}'" if chosen else "the tokenizer's chat template"
     return DataError(
         f"{label}: row {row}, column 'prompt': {where} failed on this prompt: {type(exc).__name__}: "
         f"{str(exc)[:300]}. Fix the row's messages (roles, text contents) or the template."
