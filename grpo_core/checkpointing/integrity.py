@@ -129,6 +129,22 @@ def safetensors_problem(path: Path) -> str | None:
     return None
 
 
+def differs_from_manifest(root: Path, relative: str) -> bool:
+    """Whether ``relative``'s bytes differ from those its checkpoint's manifest
+    recorded (``False`` without a manifest, or one that does not list it)."""
+    try:
+        manifest = read_manifest(root)
+    except GrpoError:
+        return False
+    entry = (manifest or {}).get("files", {}).get(relative)
+    path = root / relative
+    if entry is None or not path.is_file():
+        return False
+    if path.stat().st_size != entry["bytes"]:
+        return True
+    return "crc32" in entry and checksum(path) != entry["crc32"]
+
+
 def check_files(root: Path) -> list[str]:
     """Check every file of checkpoint ``root`` against its manifest (and every
     safetensors file against its own header). Raises :class:`GrpoError`

@@ -200,7 +200,8 @@ def _load_transform(cfg: GRPOConfig, spec: DatasetSpec, label: str) -> tuple[Cal
     except Exception as exc:
         raise DataError(
             f"{label}: cannot import transform type '{spec.type}': {type(exc).__name__}: {exc}. It must be a "
-            "'module.function' path importable from the working directory (e.g. rewards.prompt_transform for ./rewards.py)."
+            "'module.function' path importable from the working directory (e.g. rewards.prompt_transform for "
+            "./rewards.py)."
         ) from exc
     try:
         made = factory(cfg)
@@ -238,7 +239,8 @@ def apply_transform(cfg: GRPOConfig, dataset: Any, spec: DatasetSpec, tokenizer:
         missing = sorted(set([remove] if isinstance(remove, str) else remove) - set(dataset.column_names))
         if missing:
             raise DataError(
-                f"{label}: transform '{spec.type}' removes column(s) {missing} the dataset does not have ({dataset.column_names})."
+                f"{label}: transform '{spec.type}' removes column(s) {missing} the dataset does not have "
+                f"({dataset.column_names})."
             )
     if cfg.dataset_num_proc and "num_proc" not in map_kwargs:
         map_kwargs["num_proc"] = cfg.dataset_num_proc
@@ -459,7 +461,8 @@ def load_prompts(cfg: GRPOConfig, tokenizer: Any) -> list[Prompt]:
             )
         if not kept:
             raise DataError(
-                f"every prompt is longer than trl.max_prompt_length = {limit} tokens; raise it (or sequence_len) or shorten the prompts."
+                f"every prompt is longer than trl.max_prompt_length = {limit} tokens; raise it (or sequence_len) or "
+                "shorten the prompts."
             )
         prompts = kept
 
