@@ -28,7 +28,7 @@ EXIT_INTERRUPTED = 130
 
 EXIT_CODES: dict[int, str] = {
     0: "the command succeeded",
-    EXIT_USER: "a user error: config, data, checkpoint, plugin, reward function, disk (the message names it and the fix)",
+    EXIT_USER: "a user error: config, data, checkpoint, plugin, reward function, disk (named, with the fix)",
     EXIT_UNREACHABLE: "an inference engine, environment or weight sync could not be reached or verified",
     EXIT_OUT_OF_MEMORY: "out of memory (an unexpected MemoryError or CUDA/CPU allocator failure)",
     EXIT_SYSTEM: "a system call failed where no rule expected it (an OSError: a file, a socket, a process)",

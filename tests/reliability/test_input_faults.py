@@ -104,7 +104,8 @@ def test_resuming_with_another_lora_rank_names_the_difference(saved_run: Runner,
     assert digest(checkpoint) == before
 
 
-@pytest.mark.extended  # ~15 s: a full resume; the old format is read in process by test_bad_checkpoints and test_checkpoint_safety
+# ~15 s: a full resume; the old format is read in process by test_bad_checkpoints and test_checkpoint_safety
+@pytest.mark.extended
 def test_a_checkpoint_from_before_the_record_still_resumes(saved_run: Runner, tmp_path: Path) -> None:
     old = shutil.copytree(saved_run.workdir / "out" / "checkpoint-1", tmp_path / "old" / "checkpoint-1")
     (old / "manifest.json").unlink()

@@ -142,9 +142,11 @@ def test_a_plugin_hook_that_raises(net_runner: Runner, site: Path) -> None:
 
 
 def test_a_reward_module_that_raises_while_imported(net_runner: Runner) -> None:
-    (net_runner.workdir / "broken_rewards.py").write_text(
-        'raise RuntimeError("injected at import")\n\ndef f(completions, **kwargs):\n    return [0.0] * len(completions)\n'
+    source = (
+        'raise RuntimeError("injected at import")\n\n\n'
+        "def f(completions, **kwargs):\n    return [0.0] * len(completions)\n"
     )
+    (net_runner.workdir / "broken_rewards.py").write_text(source)
     code, output = net_runner.run(net_runner.config(trl={"reward_funcs": ["broken_rewards.f"]}))
     line, traceback_file = one_line_with_traceback(code, output)
     assert (
