@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -36,7 +37,7 @@ from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.checkpointing.integrity import MANIFEST, needed_for_resume
 from grpo_core.checkpointing.record import RECORD_KEY, check_resume, describe
 from grpo_core.config.loader import validate
-from grpo_core.contract.errors import GrpoError
+from grpo_core.contract.errors import ConfigError, GrpoError
 
 KINDS = ("full", "lora")
 CUTS = {
@@ -277,3 +278,47 @@ def test_every_byte_of_a_pickled_state_flipped_is_a_named_error_or_data(tmp_path
             safe_load(target)
         except GrpoError as exc:
             assert str(target) in str(exc), str(exc)
+
+
+# ------------------------------------------------------------------ adapters and merged models
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_model_or_adapter_folder_with_a_cut_or_damaged_weights_file_is_named(tmp_path: Path, kind: str) -> None:
+    """What ``base_model`` (a merged model a run wrote), ``grpo eval --adapter``
+    and ``grpo merge`` load: a weights file cut anywhere, or its header's
+    bytes flipped, is a ConfigError naming the file and the setting, before
+    transformers or PEFT read it. (A flip inside tensor data is read as it
+    is: only a checkpoint's manifest can see it.)"""
+    from grpo_core.interface.tools import merge_adapter
+    from grpo_core.modeling.models import _load_causal_lm
+    from grpo_core.modeling.weight_files import check_weight_folder
+
+    source = pristine(kind) / "model"
+    name = "adapter_model.safetensors" if kind == "lora" else "model.safetensors"
+    data = (source / name).read_bytes()
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    variants = {f"cut_{n}": data[:n] for n in (0, 7, header_end // 2, header_end + 1, len(data) - 1)}
+    for at in (0, 3, 9, header_end // 2, header_end - 1):
+        buffer = bytearray(data)
+        buffer[at] ^= 0xFF
+        variants[f"flip_{at}"] = bytes(buffer)
+    variants["config_json_cut"] = None
+    for label, content in variants.items():
+        folder = shutil.copytree(source, tmp_path / label)
+        if content is None:
+            config = folder / ("adapter_config.json" if kind == "lora" else "config.json")
+            config.write_bytes(config.read_bytes()[:20])
+            named = config
+        else:
+            (folder / name).write_bytes(content)
+            named = folder / name
+        with pytest.raises(ConfigError) as refused:
+            check_weight_folder(folder, "base_model")
+        assert str(named) in str(refused.value) and "damaged" in str(refused.value), (label, refused.value)
+        if kind == "lora":
+            with pytest.raises(ConfigError, match=re.escape(str(named))):
+                merge_adapter(folder, tmp_path / "merged", base="unused")
+        else:
+            with pytest.raises(ConfigError, match=re.escape(str(named))):
+                _load_causal_lm(_config("full", base_model=str(folder)), str(folder))

@@ -34,6 +34,7 @@ from grpo_core.modeling.attention import SDPA_FLOAT32, register_sdpa_float32
 from grpo_core.modeling.precision import resolve_precision
 from grpo_core.modeling.quantization import quantization_config
 from grpo_core.modeling.tokenizer_files import damaged_file, template_problem
+from grpo_core.modeling.weight_files import check_weight_folder
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -234,6 +235,7 @@ def _load_causal_lm(cfg: GRPOConfig, model_dir: str) -> nn.Module:
     quantization = quantization_config(cfg, kwargs["dtype"])
     if quantization is not None:
         kwargs["quantization_config"] = quantization
+    check_weight_folder(model_dir, "base_model")  # a cut weights file named, not a SafetensorError
     try:
         return AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     except OSError as exc:
