@@ -568,12 +568,15 @@ def grpo_replay_groups(groups: list[ScoredGroup], progress: TrainingProgress) ->
 
 
 @hookspec
-def grpo_validate_config(config: Any) -> list[str] | None:
+def grpo_validate_config(config: Any, num_processes: int) -> list[str] | None:
     """Check the loaded config before anything heavy happens.
 
     Asked of every always-on plugin and of each implementation the config
     chooses (a static method or class method, since nothing is built yet:
-    ``grpo config check`` calls it on the class). Raise
+    ``grpo config check`` calls it on the class). ``num_processes``: the
+    training processes the run will have (``grpo config check
+    --num-processes``, the launcher's, else 1); accept it only if a rule
+    depends on it (GPU placement does). Raise
     :class:`grpo_core.contract.errors.ConfigError` for a config that cannot run;
     return warnings (strings) for one that can but probably should not.
     """

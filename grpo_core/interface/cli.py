@@ -13,6 +13,7 @@ Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -94,7 +95,35 @@ def build_app(host: PluginHost | None = None) -> typer.Typer:
     _add_config_commands(config_app)
     register_tools(app)  # report, rewards test, eval, merge
     _add_plugin_commands(app, host)
+    _plain_help(app)
     return app
+
+
+def _plain_help(app: typer.Typer) -> None:
+    """Help texts are plain text: typer renders them as rich markup, which
+    would swallow ``[trl]``, ``[[datasets]]`` and ``[vllm]`` as style tags.
+    Every command's docstring and every option's help is escaped once, the
+    plugins' commands included."""
+    # rich comes with typer; imported when the app is built, so `import grpo_core` stays light
+    from rich.markup import escape
+
+    def plain(text: Any) -> Any:
+        return escape(inspect.cleandoc(text)) if isinstance(text, str) else text
+
+    for command in app.registered_commands:
+        command.help = plain(command.help if isinstance(command.help, str) else inspect.getdoc(command.callback))
+        for parameter in inspect.signature(command.callback).parameters.values() if command.callback else []:
+            info = parameter.default
+            if isinstance(getattr(info, "help", None), str):
+                info.help = plain(info.help)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            info = group.typer_instance.info
+            if isinstance(info.help, str):
+                info.help = plain(info.help)
+            if isinstance(group.help, str):
+                group.help = plain(group.help)
+            _plain_help(group.typer_instance)
 
 
 def _add_root_options(app: typer.Typer) -> None:
@@ -163,8 +192,9 @@ def _add_plugins_command(app: typer.Typer) -> None:
     ) -> None:
         """List every installed implementation of every extension point.
 
-        Shows each implementation's name, entry point target and the
-        distribution that publishes it; one that cannot load, breaks the hook
+        Shows each implementation's name, the distribution that publishes it,
+        its entry point target and, below, what it does (the first sentence
+        of its docstring); one that cannot load, breaks the hook
         contract, is ambiguous (published by two distributions) or is not in
         the allowlist (GRPO_PLUGINS_ALLOW) is listed with the reason instead
         of failing the command.
@@ -184,6 +214,8 @@ def _add_plugins_command(app: typer.Typer) -> None:
                 detail = str(impl["error"] or "").removeprefix(AMBIGUOUS).strip()
                 status = f"  {impl['status']}: {detail}" if impl["error"] else ""
                 typer.echo(f"  {impl['name']:<24} {impl['distribution']:<24} {impl['target']}{status}")
+                if impl["summary"]:
+                    typer.echo(f"      {impl['summary']}")
 
 
 def _add_config_commands(config_app: typer.Typer) -> None:
@@ -200,34 +232,62 @@ def _add_config_commands(config_app: typer.Typer) -> None:
             min=1,
             help="Check for this many training processes (default: the launcher's, else 1).",
         ),
+        import_code: bool = typer.Option(
+            False,
+            "--import",
+            help="Also import every module the config names and look its function up (this runs their top-level "
+            "code: only for a config you trust).",
+        ),
     ) -> None:
         """Validate CONFIG and print the effective settings and any warnings.
 
-        Each chosen implementation is imported and checked against the plugin
-        contract, its settings and the other choices, so OK means `grpo run`
-        gets past wiring. The summary lists every module the config names by
-        import path (reward functions, rollout_func, environment_factory,
-        tools, dataset transforms) with its file, found without running it:
-        read them before `grpo run` runs them. Exit code 0 when the config
-        can run (warnings included), 2 when it cannot; the message names each
-        offending key and the fix.
+        Checked without running any of your code: every key and value; the
+        combinations a run refuses; each chosen implementation, imported and
+        checked against the plugin contract, its settings table and the other
+        choices; the paths (a local base_model, datasets, resume_from_checkpoint,
+        the DeepSpeed JSON) exist; each module the config names by import path
+        (reward functions, tools, rollout_func, environment_factory, dataset
+        transforms) is found and its source defines the name (read, not run;
+        listed with its file, so you can read it before `grpo run` runs it);
+        the trackers in report_to are installed; [vllm] GPU placement fits
+        --num-processes training processes. Not checked: a hub id's existence,
+        what your code does when it runs (--import runs its imports), and
+        whether the model fits in memory.
+
+        The last line is `OK`, `OK with N warnings` (exit code 0: the run can
+        start), or the errors, each naming the key and the fix (exit code 2).
         """
         cfg, host, notes = load_and_check(config, set_, num_processes)
+        # imported when the command runs, so `grpo --help` stays fast
+        from grpo_core.contract.extension_points import REWARD_GROUP
+        from grpo_core.host.user_code import user_code, user_code_text
+
+        code = user_code(cfg, host.published(REWARD_GROUP))
+        if import_code:
+            # imported when the command runs, so `grpo --help` stays fast
+            from grpo_core.validation.references import import_problems
+
+            problems = import_problems(code)
+            if problems:
+                raise ConfigError(
+                    problems[0]
+                    if len(problems) == 1
+                    else f"{len(problems)} problems importing the config's code:\n"
+                    + "\n".join(f"  - {p}" for p in problems)
+                )
         if full:
             # imported when the command runs, so `grpo --help` stays fast
             from grpo_core.config.convert import to_toml_text
 
             typer.echo(to_toml_text(cfg.model_dump(mode="json")), nl=False)
         else:
-            # imported when the command runs, so `grpo --help` stays fast
-            from grpo_core.contract.extension_points import REWARD_GROUP
-            from grpo_core.host.user_code import user_code, user_code_text
-
             typer.echo(summary(cfg, num_processes, host))
-            typer.echo(user_code_text(user_code(cfg, host.published(REWARD_GROUP))))
+            imported = " (each imported: --import)" if import_code and code else ""
+            typer.echo(user_code_text(code) + imported)
         for note in notes:
             warn(note)
-        typer.echo(f"{config}: OK" + (f" ({len(notes)} warning(s))" if notes else ""))
+        count = len(notes)
+        typer.echo(f"{config}: OK" + (f" with {count} warning{'s' if count > 1 else ''}" if count else ""))
 
     @config_app.command("schema")
     def schema_cmd() -> None:
@@ -340,7 +400,14 @@ def list_plugins() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for point, group in groups.items():
         impls = [
-            {"name": i.name, "target": i.target, "distribution": i.distribution, "error": i.error, "status": i.status}
+            {
+                "name": i.name,
+                "target": i.target,
+                "distribution": i.distribution,
+                "summary": i.summary,
+                "error": i.error,
+                "status": i.status,
+            }
             for i in host.list_group(group)
         ]
         out[point] = {"group": group, "implementations": impls}
