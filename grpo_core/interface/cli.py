@@ -299,25 +299,41 @@ def _add_config_commands(config_app: typer.Typer) -> None:
 
     @config_app.command("convert")
     def convert_cmd(
-        config: Path = typer.Argument(..., help="A config in the reference's YAML layout.", show_default=False),
+        config: Path = typer.Argument(
+            ..., help="A YAML config: the reference's layout, Axolotl's, or TRL's CLI file.", show_default=False
+        ),
         output: Path | None = typer.Option(None, "--output", "-o", help="Write the TOML here instead of printing it."),
     ) -> None:
-        """Convert a YAML config (the reference layout) to grpo's TOML.
+        """Convert a YAML config to grpo's TOML.
 
-        Keys map one to one: `trl:` becomes [trl], `vllm:` [vllm], the
-        `datasets:` list [[datasets]]. null values are left out (TOML has no
-        null; they mean the default) and listed in a comment. Keys of
-        Axolotl's layout get a comment saying what grpo does with them;
-        refused ones are written commented out, with the reason.
+        The reference's (and Axolotl's) layout maps one to one: `trl:` becomes
+        [trl], `vllm:` [vllm], the `datasets:` list [[datasets]]. null values are
+        left out (TOML has no null; they mean the default) and listed in a
+        comment. Keys of Axolotl's layout get a comment saying what grpo does
+        with them; refused ones are written commented out, with the reason.
+
+        A `trl grpo --config` file (flat: model_name_or_path, dataset_name,
+        per_device_train_batch_size, ...) is recognised by model_name_or_path
+        or dataset_name without base_model: each key becomes its grpo name
+        (GRPOConfig's own fields under [trl]), what grpo does not have is
+        written commented out with the reason, and TRL's defaults that grpo
+        sets otherwise are written out so the run trains as TRL's would.
+        The TOML is validated: what still stops it is printed as a warning.
         """
         # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.config.convert import to_toml_text
         from grpo_core.config.loader import read_raw, validate
+        from grpo_core.config.trl_cli import from_trl_cli, looks_like_trl_cli
 
         if config.suffix not in {".yaml", ".yml"}:
             raise ConfigError(f"{config}: expected a .yaml or .yml file to convert (grpo configs are TOML already).")
         data = read_raw(config)
-        text = to_toml_text(data, explain=True)
+        if looks_like_trl_cli(data):
+            converted = from_trl_cli(data)
+            data = converted.data
+            text = to_toml_text(data, trl=converted)
+        else:
+            text = to_toml_text(data, explain=True)
         try:
             validate(json.loads(json.dumps(data, default=str)), str(config))
         except ConfigError as exc:
@@ -428,6 +444,7 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
     trl = cfg.trl
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.config.batch_shape import generation_batch_size, steps_per_generation
+    from grpo_core.config.trl_names import default_differences
 
     batch = generation_batch_size(cfg, world)
     per_generation = steps_per_generation(cfg, world)
@@ -460,9 +477,18 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
         f"async:        async_prefetch {trl.async_prefetch}, sync every {trl.vllm_sync_interval} step(s)",
         f"precision:    {resolve_precision(cfg).reason}",
         "plugins:      " + ", ".join(f"{p}={n}" for p, n in implementation_names(cfg).items()),
-        f"output_dir:   {cfg.output_dir}",
+        f"output_dir:   {cfg.output_dir}; "
+        + (
+            f"a checkpoint every {cfg.save_steps} steps (save_steps)"
+            + (f", the newest {cfg.save_total_limit} kept" if cfg.save_total_limit else ", all kept")
+            if cfg.save_steps
+            else "checkpoints only at the end and on interruption (save_steps = 0)"
+        ),
         _observe_summary(cfg),
     ]
+    differences = default_differences(cfg)
+    if differences:
+        lines.append("vs TRL:       " + "; ".join(differences) + " (defaults left unset here; docs/trl-differences.md)")
     if cfg.trust_remote_code:
         lines.append(
             "trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward models runs"
