@@ -92,6 +92,10 @@ def host() -> PluginHost:
             ],
         ),
         (
+            'trl.reward_funcs=["last_numbr_match"]',
+            ["no installed package registers a reward function of that name (did you mean 'last_number_match'?)"],
+        ),
+        (
             'trl.reward_funcs=["nomodule.accuracy"]',
             ["trl.reward_funcs[0] = 'nomodule.accuracy'", "no module 'nomodule'"],
         ),

@@ -28,9 +28,7 @@ from typing import Any
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import ConfigError
 from grpo_core.contract.hookspecs import hookimpl
-from grpo_core.host.script_objects import hold
-
-CALLABLE_PREFIX = "python:"
+from grpo_core.host.script_objects import CALLABLE_PREFIX, hold
 
 
 @dataclass

@@ -85,7 +85,8 @@ def build_app(host: PluginHost | None = None) -> typer.Typer:
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     config_app = typer.Typer(
-        help="Validate a config, print its JSON schema, or convert the reference's YAML to TOML.",
+        help="Validate a config, print its JSON schema, or convert a YAML config (the reference's, Axolotl's or "
+        "TRL's CLI file) to TOML.",
         no_args_is_help=True,
     )
     app.add_typer(config_app, name="config")

@@ -60,7 +60,7 @@ from grpo_core.modeling.quantization import bitsandbytes_problem, cpu_kernel_not
 from grpo_core.observability.alerts import ALERT_NAMES
 from grpo_core.observability.tracking import check_report_to
 from grpo_core.runtime.processes import world_size
-from grpo_core.validation.references import code_problems, path_problems
+from grpo_core.validation.references import code_problems, path_problems, reward_name_problems
 
 
 @dataclass(frozen=True)
@@ -557,8 +557,11 @@ def _plugin_checks(
     published = {n for point in EXTENSION_POINTS for n in host.published(point.group)} | set(
         host.published(REWARD_GROUP)
     )
+    chosen = {split_qualified(n)[1] for n in implementation_names(cfg).values()} | {
+        split_qualified(spec)[1] for spec in cfg.trl.reward_funcs or []
+    }  # a chosen name that is not installed is reported where it is chosen
     for name in sorted(set(tables) - used):
-        if split_qualified(name)[1] not in published:
+        if split_qualified(name)[1] not in published | chosen:
             close = difflib.get_close_matches(split_qualified(name)[1], sorted(published), n=1, cutoff=0.6)
             errors.append(
                 f"[{table_ref(name)}] configures '{name}', which no installed package publishes: "
@@ -652,9 +655,13 @@ def check_config(
     add_environment_reward(cfg, environment_cls)
     traits = chosen_traits(names, classes)
     errors += path_problems(cfg)
-    code_errors, code_warnings = code_problems(cfg, plugins, set(plugins.published(REWARD_GROUP)))
-    errors += code_errors
-    warnings += code_warnings
+    registered = set(plugins.published(REWARD_GROUP))
+    for found_errors, found_warnings in (
+        code_problems(cfg, plugins, registered),
+        reward_name_problems(cfg, plugins, registered),
+    ):
+        errors += found_errors
+        warnings += found_warnings
     _reward_checks(cfg, errors, warnings)
     if cfg.trl.rollout_func and (cfg.trl.tools or cfg.trl.environment_factory or _episodic(environment_cls)):
         errors.append(

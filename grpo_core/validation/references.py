@@ -21,7 +21,9 @@ from pathlib import Path
 from grpo_core.checkpointing.checkpoint import STATE_FILE
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.host.plugin_host import PluginHost, normalise, split_qualified
+from grpo_core.host.script_objects import CALLABLE_PREFIX
 from grpo_core.host.user_code import (
+    DOTTED,
     UserCode,
     attr_of,
     locate,
@@ -131,6 +133,42 @@ def code_problems(cfg: GRPOConfig, host: PluginHost, registered_rewards: set[str
                 "names when imported (a star import or a module __getattr__): `grpo config check --import` imports "
                 "it to be sure."
             )
+    return errors, warnings
+
+
+def _is_reward_reference(spec: str, registered: set[str]) -> bool:
+    """What the reward loaders take besides an import path: a registered
+    name, a URL, a reward-model folder or hub id, a script's callable."""
+    return (
+        split_qualified(spec)[1] in registered
+        or "://" in spec
+        or spec.startswith(CALLABLE_PREFIX)
+        or Path(spec).expanduser().is_dir()
+        or (spec.count("/") == 1 and not spec.startswith((".", "/", "~")))
+    )
+
+
+def reward_name_problems(cfg: GRPOConfig, host: PluginHost, registered: set[str]) -> tuple[list[str], list[str]]:
+    """A reward entry that is neither an import path nor anything a reward
+    loader takes (a misspelt registered name): an error with the closest
+    registered names, a warning when a third-party loader may claim it."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    for i, spec in enumerate(cfg.trl.reward_funcs or []):
+        if DOTTED.fullmatch(spec) or _is_reward_reference(spec, registered):
+            continue
+        close = difflib.get_close_matches(split_qualified(spec)[1], sorted(registered), n=2, cutoff=0.6)
+        message = (
+            f"trl.reward_funcs[{i}] = '{spec}': no installed package registers a reward function of that name"
+            + (f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else "")
+            + "; an entry is a registered name (`grpo plugins`), an import path 'module.function', a reward-model "
+            "folder or a hub id (org/name)."
+        )
+        others = _other_reward_loaders(host)
+        if others:
+            warnings.append(f"{message} Unless a reward loader plugin ({', '.join(others)}) claims it.")
+        else:
+            errors.append(message)
     return errors, warnings
 
 
