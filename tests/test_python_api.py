@@ -91,6 +91,44 @@ def test_importable_functions_are_passed_by_import_path_others_in_memory() -> No
     assert list(in_memory) == ["python:Scorer"]
 
 
+def test_trainer_arguments_map_to_config_keys_or_are_refused_by_name(tmp_path: Path) -> None:
+    """GRPOTrainer's peft_config and processing_class, without a model: what
+    each becomes, and what is refused rather than dropped (the end-to-end
+    test below trains with all three)."""
+    from peft import LoraConfig, PrefixTuningConfig
+
+    from grpo_core.interface.api import _peft_keys, _processing_class
+
+    keys = _peft_keys(LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["v_proj", "q_proj"]))
+    assert keys == {
+        "adapter": "lora",
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "lora_dropout": 0.1,
+        "lora_target_linear": False,
+        "lora_target_modules": ["q_proj", "v_proj"],
+    }
+    assert _peft_keys(LoraConfig(target_modules="all-linear"))["lora_target_linear"] is True
+    with pytest.warns(UserWarning, match="every linear layer"):
+        assert _peft_keys(LoraConfig())["lora_target_linear"] is True  # peft would pick per architecture
+    with pytest.raises(ConfigError, match=r"modules_to_save=\['lm_head'\], use_dora=True"):
+        _peft_keys(LoraConfig(use_dora=True, modules_to_save=["lm_head"], target_modules=["q_proj"]))
+    with pytest.raises(ConfigError, match="a regular expression is not supported"):
+        _peft_keys(LoraConfig(target_modules=r".*proj"))
+    with pytest.raises(ConfigError, match="PrefixTuningConfig is not supported"):
+        _peft_keys(PrefixTuningConfig(num_virtual_tokens=4))
+    assert _processing_class("org/tokenizer", tmp_path) == "org/tokenizer"
+
+    class Processor:
+        image_processor = object()
+
+        def save_pretrained(self, path: str) -> None:
+            raise AssertionError("a processor is refused before anything is saved")
+
+    with pytest.raises(ConfigError, match="Processor is not a tokenizer"):
+        _processing_class(Processor(), tmp_path)
+
+
 # ------------------------------------------------------------ real runs
 
 
