@@ -55,7 +55,10 @@ server.start()
 try:
     server.wait_ready(600)
     tok = AutoTokenizer.from_pretrained(MODEL)
-    text = "The quick brown fox jumps over the lazy dog. 17 + 25 = 42, and the capital of France is Paris. Water boils at 100 degrees Celsius at sea level; ice melts at zero."
+    text = (
+        "The quick brown fox jumps over the lazy dog. 17 + 25 = 42, and the capital of France is Paris. Water boils "
+        "at 100 degrees Celsius at sea level; ice melts at zero."
+    )
     ids = tok(text, add_special_tokens=False)["input_ids"][:48]
     print("n ids", len(ids))
     c = httpx.Client(headers={"Authorization": "Bearer k"})

@@ -227,13 +227,14 @@ def main() -> None:
         row["speedup"] = row[f"{a}_seconds"] / row[f"{b}_seconds"]
         if args.compare == "shared-prompts":
             row["tokens"] = (
-                f"{args.rows * (args.prompt_tokens + completion)} -> {args.prompts * args.prompt_tokens + args.rows * completion}"
+                f"{args.rows * (args.prompt_tokens + completion)} -> "
+                f"{args.prompts * args.prompt_tokens + args.rows * completion}"
             )
         results.append(row)
     flags = cpu_flag_summary()
     print(
-        f"CPU flags: {flags}; {torch.get_num_threads()} threads; {args.precision}; LoRA r16 forward+backward of {args.rows} rows, "
-        f"{args.prompts} distinct prompts of {args.prompt_tokens} tokens, median of {args.repeats}"
+        f"CPU flags: {flags}; {torch.get_num_threads()} threads; {args.precision}; LoRA r16 forward+backward of "
+        f"{args.rows} rows, {args.prompts} distinct prompts of {args.prompt_tokens} tokens, median of {args.repeats}"
     )
     print(
         f"{'completion tokens':>18}{a + ' s':>14}{b + ' s':>14}{'speed-up':>10}{'tokens':>16}{'max |dlogp|':>13}"

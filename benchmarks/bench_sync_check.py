@@ -127,13 +127,14 @@ def main() -> None:
     trainer = "bf16 autocast" if args.trainer_bf16 else "float32"
     for kind, r in results.items():
         print(
-            f"{kind:<16} sync {r['sync_s']:.3f}s  check {r['check_s']:.3f}s  ({100 * r['check_over_sync']:.0f}% of the sync)  "
-            f"same-weight gap mean {max(r['gap_mean']):.2g} max {max(r['gap_max']):.2g} (bound {min(r['bound']):.2g})  "
-            f"stale gap mean {min(r['stale_gap_mean']):.2g}-{max(r['stale_gap_mean']):.2g}; alone: trainer probe "
-            f"{r['trainer_probe_s']:.3f}s, engine probe {r['engine_probe_s']:.3f}s"
+            f"{kind:<16} sync {r['sync_s']:.3f}s  check {r['check_s']:.3f}s  ({100 * r['check_over_sync']:.0f}% of the "
+            f"sync)  same-weight gap mean {max(r['gap_mean']):.2g} max {max(r['gap_max']):.2g} (bound "
+            f"{min(r['bound']):.2g})  stale gap mean {min(r['stale_gap_mean']):.2g}-{max(r['stale_gap_mean']):.2g}; "
+            f"alone: trainer probe {r['trainer_probe_s']:.3f}s, engine probe {r['engine_probe_s']:.3f}s"
         )
     print(
-        f"server dtype {args.dtype}, trainer {trainer}, probe {len(ids)} tokens, step std {args.step}; cpu flags: {cpu_flag_summary()}"
+        f"server dtype {args.dtype}, trainer {trainer}, probe {len(ids)} tokens, step std {args.step}; cpu flags: "
+        f"{cpu_flag_summary()}"
     )
     print(
         "RESULT "

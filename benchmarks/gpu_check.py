@@ -67,7 +67,9 @@ def fixed_rollout(prompts, trainer):
         ids = tok.encode(prompt, add_special_tokens=False)
         for k in range(trainer.num_generations):
             out["prompt_ids"].append(list(ids))
-            out["completion_ids"].append([100 + (i * 31 + k * 17 + j * 7) % 900 for j in range(48)] + [tok.eos_token_id])
+            out["completion_ids"].append(
+                [100 + (i * 31 + k * 17 + j * 7) % 900 for j in range(48)] + [tok.eos_token_id]
+            )
             out["logprobs"].append(None)
     return out
 '''
@@ -301,7 +303,7 @@ def check_fsdp(tmp: Path) -> dict:
         "--nproc_per_node",
         "1",
         "-m",
-        "grpo_core.interface.cli",
+        "grpo",
         "run",
         str(path),
     ]
@@ -409,7 +411,10 @@ def main() -> int:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
-        reason = f"no CUDA device (torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        reason = (
+            f"no CUDA device (torch {torch.__version__}, "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
         Path(args.out).write_text(json.dumps({**results, "ok": False, "error": reason}, indent=2))
         print(
             f"gpu_check: {reason}: nothing was checked. Run it on a CUDA machine (benchmarks/gpu_check.sh).",

@@ -1,5 +1,5 @@
-"""The README's TRL -> grpo table, and docs/trl-differences.md (every default
-grpo sets otherwise than TRL, with why).
+"""The TRL -> grpo table of docs/from-trl.md, and docs/trl-differences.md (every
+default grpo sets otherwise than TRL, with why).
 
 Generated from both schemas so they stay true: the rows are TRL's own
 ``GRPOConfig`` fields (read from the installed ``trl``) and the
@@ -8,11 +8,11 @@ against grpo's schema (a renamed or removed key fails here, not in a user's
 script). The names TRL and grpo spell differently live in
 ``grpo_core/config/trl_names.py``, which the config loader also uses to
 answer a TRL name with its grpo key. ``tests/test_trl_mapping.py`` fails
-when README's table or docs/trl-differences.md is out of date, or when a
+when docs/from-trl.md's table or docs/trl-differences.md is out of date, or when a
 default differs without a word about why.
 
     python scripts/trl_mapping.py          # print the table
-    python scripts/trl_mapping.py --write  # rewrite it in README.md and docs/trl-differences.md
+    python scripts/trl_mapping.py --write  # rewrite it in docs/from-trl.md, and docs/trl-differences.md
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from grpo_core.config.trl_names import RENAMES, SCRIPT_KEYS, grpo_key
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+README = ROOT / "docs" / "from-trl.md"  # the mapping table's page (the name is the script's history)
 DIFFERENCES = ROOT / "docs" / "trl-differences.md"
 START, END = "<!-- trl-mapping:start -->", "<!-- trl-mapping:end -->"
 
@@ -45,7 +45,10 @@ SAME_WHEN_UNSET = {
     "report_to": "none",  # unset: metrics.jsonl only, no tracker
     "eval_strategy": "no",  # unset: 'no' without evaluation data
 }
-EQUIVALENT = {"epsilon_high"}  # TRL's None and grpo's filled-in value both mean epsilon's value
+EQUIVALENT = {
+    "epsilon_high",  # TRL's None and grpo's filled-in value both mean epsilon's value
+    "num_completions_to_print",  # TRL's None and grpo's 0 both print every completion with log_completions
+}
 
 # Why each default differs, and what a TRL user writes to keep TRL's.
 WHY = {
@@ -93,9 +96,6 @@ WHY = {
     "vllm_importance_sampling_mode": (
         "the reference guide leaves it unset; grpo fills in per-token truncation (TIS), TRL 1.16 masks whole "
         'sequences: `trl.vllm_importance_sampling_mode = "sequence_mask"` for TRL\'s'
-    ),
-    "num_completions_to_print": (
-        "grpo prints none unless asked (TRL's `None` prints all); completions go to `trl.log_completions`"
     ),
 }
 
@@ -169,7 +169,7 @@ def readme_with_table(text: str) -> str:
     head, _, rest = text.partition(START)
     _, _, tail = rest.partition(END)
     if not rest:
-        raise SystemExit(f"README.md has no {START} marker")
+        raise SystemExit(f"{README} has no {START} marker")
     return f"{head}{START}\n{render()}\n{END}{tail}"
 
 
@@ -257,7 +257,7 @@ def render_differences() -> str:
         lines.append(f"| `{name}` = {_code(trl_value)} | `{key}` | {_code(grpo_value)} | {WHY[name]} |")
     lines += [
         "",
-        'Every other `GRPOConfig` field grpo has takes TRL\'s default (README, "TRL -> grpo" table, for the names).',
+        "Every other `GRPOConfig` field grpo has takes TRL's default (docs/from-trl.md maps every name).",
         "`vllm_gpu_memory_utilization` (grpo: `vllm.gpu_memory_utilization`) is among them:",
         f"{WHY['vllm_gpu_memory_utilization']}.",
         "",

@@ -490,7 +490,8 @@ def test_zero3_refuses_a_reference_model_it_cannot_partition(tmp_path: Path) -> 
         ({"trl": {"use_vllm": False, "vllm_lora_sync": True}, "adapter": "lora"}, "no effect without trl.use_vllm"),
         (
             {"trl": {"use_vllm": True, "vllm_mode": "colocate", "vllm_lora_sync": True}, "adapter": "lora"},
-            "weight sync 'vllm_in_memory' sends merged weights, not the adapter (the engine lives in the trainer's process)",
+            "weight sync 'vllm_in_memory' sends merged weights, not the adapter (the engine lives in the trainer's "
+            "process)",
         ),
         ({"gradient_checkpointing_kwargs": {"use_reentrant": False}}, "gradient_checkpointing is false"),
     ],

@@ -67,7 +67,10 @@ def rollout(prompts, trainer):
 
 def gated(completion_ids, prompts, **kwargs):
     # the two completions of a group differ in parity (17 x 3 apart): a signal exactly where SIGNAL says
-    return [float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) in SIGNAL else 1.0 for ids, p in zip(completion_ids, prompts)]
+    return [
+        float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) in SIGNAL else 1.0
+        for ids, p in zip(completion_ids, prompts)
+    ]
 """
 
 ZERO2 = {
@@ -152,7 +155,8 @@ def assert_matches_one_process(
     return a
 
 
-@pytest.mark.extended  # two 2-process DeepSpeed runs and their resumes (~80 s); the ZeRO-3 LoRA test runs in the default tier
+@pytest.mark.extended  # two 2-process DeepSpeed runs and their resumes (~80 s); the ZeRO-3 LoRA test runs in the
+# default tier
 @needs_deepspeed
 def test_zero2_and_zero3_full_finetune_match_one_process_and_resume_exactly(dsdir: tuple[Path, str]) -> None:
     tmp, model = dsdir

@@ -177,7 +177,7 @@ def test_liger_is_accepted_without_cuda(tmp_path: Path, monkeypatch: pytest.Monk
     """Liger's GRPO loss needs no GPU: with CUDA faked absent the check passes
     and the built-in is not chosen instead."""
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
-    from grpo_core.contract.extension_points import chosen_implementations
+    from grpo_core.config.implementations import chosen_implementations
     from grpo_core.validation.run_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -202,7 +202,8 @@ def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(
     from grpo_core.training.run import run_training
 
     (tmp_path / "liger_rewards.py").write_text(
-        "def even_first(completion_ids, **kwargs):\n    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
+        "def even_first(completion_ids, **kwargs):\n"
+        "    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
     )
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(8)))
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -112,7 +112,7 @@ def accelerate(rank: int, run: str) -> list[str]:
 
 
 def launch_two_hosts(hosts: Hosts, folders: list[Path], config_name: str, launcher=torchrun) -> list[str]:
-    """``<launcher line> -m grpo_core.interface.cli run CONFIG`` on both hosts at once, each in its own
+    """``<launcher line> -m grpo run CONFIG`` on both hosts at once, each in its own
     folder; returns each host's output (both must exit 0)."""
     import os
 
@@ -127,7 +127,7 @@ def launch_two_hosts(hosts: Hosts, folders: list[Path], config_name: str, launch
         cmd = [
             *launcher(rank, config_name),
             "-m",
-            "grpo_core.interface.cli",
+            "grpo",
             "run",
             str(folder / f"{config_name}.toml"),
         ]
@@ -201,7 +201,7 @@ def test_two_hosts_torchrun_ddp_matches_two_processes_on_one_host_and_resumes_on
         "the weights did not move: the match proves nothing"
     )
 
-    # Resume on one host (the README's table: "DDP 2 -> 1 process, the same up to summation order"),
+    # Resume on one host (docs/multi-gpu.md's table: "DDP 2 -> 1 process, the same up to summation order"),
     # host 0's checkpoint-2, 1 process with gradient_accumulation_steps 2 (the same global batch of 4).
     write_config(
         folders[0],

@@ -77,7 +77,7 @@ def run_grpo(tmp: Path, args: list[str], launcher: list[str] | None = None, shar
     if shares is not None:
         shares.mkdir(exist_ok=True)
         env["GRPO_TEST_SHARES"] = str(shares)
-    entry = ["-m", "multiproc_entry"] if shares is not None else ["-m", "grpo_core.interface.cli"]
+    entry = ["-m", "multiproc_entry"] if shares is not None else ["-m", "grpo"]
     cmd = [*(launcher or [sys.executable]), *entry, *args]
     done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
@@ -100,7 +100,8 @@ def workdir(smollm2_dir: str, tmp_path: Path) -> tuple[Path, str]:
     return tmp_path, build_tiny_model(smollm2_dir, tmp_path / "tiny")
 
 
-@pytest.mark.extended  # DDP against one process also runs in test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly and test_multinode
+@pytest.mark.extended  # DDP against one process also runs in
+# test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly and test_multinode
 def test_two_processes_match_one_on_the_same_global_batch(workdir: tuple[Path, str]) -> None:
     tmp, model = workdir
     one = write_config(tmp, "one", model, gradient_accumulation_steps=2)  # 1 x 2 x 2 = 4 completions per step
@@ -155,7 +156,9 @@ def rollout(prompts, trainer):
     return out
 
 def gated(completion_ids, prompts, **kwargs):
-    return [float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) % 2 else 1.0 for ids, p in zip(completion_ids, prompts)]
+    return [
+        float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) % 2 else 1.0 for ids, p in zip(completion_ids, prompts)
+    ]
 """
 
 
@@ -169,7 +172,8 @@ def shares_by_step(shares: Path) -> dict[int, dict[int, list[str]]]:
     return out
 
 
-@pytest.mark.extended  # ~65 s; test_multinode's two-host DDP run (matches two processes, resumes on one) and test_loss_mask's two-process episodes run in the default tier
+@pytest.mark.extended  # ~65 s; test_multinode's two-host DDP run (matches two processes, resumes on one) and
+# test_loss_mask's two-process episodes run in the default tier
 def test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly(workdir: tuple[Path, str]) -> None:
     tmp, model = workdir
     (tmp / "mp_env.py").write_text(ENV)
@@ -254,7 +258,8 @@ def weights_of(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(file if file.is_file() else out / "model.safetensors"))
 
 
-@pytest.mark.extended  # five FSDP runs (~75 s); the FSDP run of the sharded transformers rollout test is the default tier's
+@pytest.mark.extended  # five FSDP runs (~75 s); the FSDP run of the sharded transformers rollout test is the default
+# tier's
 def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(workdir: tuple[Path, str]) -> None:
     """FSDP2 (full_shard + auto_wrap of the decoder layers) through accelerate, full fine-tuning: the
     same steps as 1 process on the same global batch, full weights in checkpoints, exact resume on 2
@@ -392,7 +397,8 @@ def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_proce
 # ----------------------------------------------------------------------------- light: shapes and checks
 
 
-@pytest.mark.extended  # FSDP runs in the default tier through the sharded transformers rollout test; async prefetch on 2 processes through the DDP disjoint-shares test
+@pytest.mark.extended  # FSDP runs in the default tier through the sharded transformers rollout test; async prefetch on
+# 2 processes through the DDP disjoint-shares test
 def test_fsdp_with_async_prefetch_does_not_deadlock_and_matches_one_process(workdir: tuple[Path, str]) -> None:
     """The reference's documented deadlock (a background thread issuing FSDP collectives): grpo's producer
     thread issues none, so an FSDP run with async_prefetch finishes (a hang fails at TIMEOUT) and trains the
@@ -466,7 +472,7 @@ def test_num_processes_runs_accelerate_launch_on_the_same_command() -> None:
 
     cmd = launcher_command(2, ["run", "c.toml", "--set", "max_steps=3"], cuda=False)
     assert cmd[1:3] == ["-m", "grpo_core.interface.launch"] and cmd[cmd.index("--num_processes") + 1] == "2"
-    assert cmd[-6:] == ["-m", "grpo_core.interface.cli", "run", "c.toml", "--set", "max_steps=3"]
+    assert cmd[-6:] == ["-m", "grpo", "run", "c.toml", "--set", "max_steps=3"]
 
 
 def grpo_launch(tmp: Path, args: list[str]) -> tuple[subprocess.CompletedProcess[str], int]:
@@ -529,17 +535,15 @@ def test_a_child_killed_by_a_signal_gets_one_line_and_a_shell_exit_code(capsys: 
 
     from grpo_core.interface.launch import failure_exit_code
 
-    own = ChildFailedError(
-        "grpo_core.interface.cli", {0: ProcessFailure(0, 11, -15, "<N/A>"), 1: ProcessFailure(1, 12, 3, "<N/A>")}
-    )
+    own = ChildFailedError("grpo", {0: ProcessFailure(0, 11, -15, "<N/A>"), 1: ProcessFailure(1, 12, 3, "<N/A>")})
     assert failure_exit_code(own) == 3 and capsys.readouterr().err == ""
-    killed = ChildFailedError("grpo_core.interface.cli", {1: ProcessFailure(1, 12, -9, "<N/A>")})
+    killed = ChildFailedError("grpo", {1: ProcessFailure(1, 12, -9, "<N/A>")})
     assert failure_exit_code(killed) == 137
     assert capsys.readouterr().err == "error: training process 1 was killed by signal SIGKILL\n"
 
 
 REFUSING_SYNC = """
-from grpo_core import hookimpl
+from grpo_core.plugin_api import hookimpl
 from grpo_core.contract.errors import WeightSyncUnverified
 from grpo_plugins.weight_sync_in_process import InProcessSync
 

@@ -1,4 +1,4 @@
-"""``grpo.train``: the README's example runs as written, a script in TRL's style
+"""``grpo.train``: the example of docs/from-trl.md runs as written, a script in TRL's style
 (reward function objects, a ``datasets.Dataset``) trains end to end, and the
 checks ``grpo run`` applies stop a script the same way, before the model loads.
 
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def readme_example() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## From a Python script", 1)[1]
+    page = (ROOT / "docs" / "from-trl.md").read_text(encoding="utf-8")
+    section = page.split("## From a Python script", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
 
 

@@ -23,7 +23,10 @@ from grpo_core.training.run import run_training
 
 # Rare reward: most groups are all-zero, so the replay buffer substitutes
 # groups and re-roll queues prompts at every step.
-REWARDS = "def rare(completion_ids, **kwargs):\n    return [float(ids[0] % 5 == 0) if ids else 0.0 for ids in completion_ids]\n"
+REWARDS = (
+    "def rare(completion_ids, **kwargs):\n"
+    "    return [float(ids[0] % 5 == 0) if ids else 0.0 for ids in completion_ids]\n"
+)
 
 
 def config(tmp: Path, model: str, out: str, **top):

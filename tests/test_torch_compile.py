@@ -20,7 +20,10 @@ from tiny_model import build_tiny_model
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
 
-REWARDS = "def even_first(completion_ids, **kwargs):\n    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
+REWARDS = (
+    "def even_first(completion_ids, **kwargs):\n"
+    "    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
+)
 
 # float32 on CPU: inductor fuses and reorders reductions; measured differences are ~1e-6 relative.
 LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-5

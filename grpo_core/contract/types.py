@@ -8,6 +8,7 @@ tensors, and so they pickle cleanly to subprocess reward workers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -172,6 +173,44 @@ class ScoredGroup:
         """Unweighted sum per completion, ``None`` counted as 0 (for logs)."""
         return [sum(r for r in row if r is not None and math.isfinite(r)) for row in self.rewards]
 
+    def to_dict(self) -> dict[str, Any]:
+        """The group as plain JSON data, for a plugin's ``state_dict`` (a
+        checkpoint holds JSON data only). A completion's live ``environment``
+        is left out; dataset columns are kept as they are, so they must be
+        JSON data too. :meth:`from_dict` reads it back."""
+        data = dataclasses.asdict(
+            dataclasses.replace(
+                self,
+                group=dataclasses.replace(
+                    self.group, completions=[dataclasses.replace(c, environment=None) for c in self.group.completions]
+                ),
+            )
+        )
+        for completion in data["group"]["completions"]:
+            del completion["environment"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ScoredGroup:
+        """A group back from :meth:`to_dict` output (after a JSON round trip too)."""
+        rollout = data["group"]
+        completions = []
+        for raw in rollout["completions"]:
+            fields = dict(raw)
+            if isinstance(fields.get("episode"), Mapping):
+                fields["episode"] = EpisodeStats(**fields["episode"])
+            completions.append(Completion(**fields))
+        return cls(
+            group=RolloutGroup(
+                prompt=Prompt(**rollout["prompt"]),
+                completions=completions,
+                policy_version=int(rollout["policy_version"]),
+            ),
+            rewards=[list(row) for row in data["rewards"]],
+            advantages=list(data["advantages"]),
+            replayed=bool(data["replayed"]),
+        )
+
 
 @dataclass
 class TrainingProgress:
@@ -235,7 +274,8 @@ class PolicyLossInputs:
 
     settings: Any  # grpo_core.optimization.loss.LossSettings
     targets: Any  # completion token ids [B, C]
-    mask: Any  # 0/1 completion mask [B, C], float: 1 on the policy's tokens (0 on padding, environment tokens, masked truncations)
+    # 0/1 completion mask [B, C], float: 1 on the policy's tokens (0 on padding, environment tokens, masked truncations)
+    mask: Any
     advantages: Any  # [B]
     old_logps: Any = None
     ref_logps: Any = None
@@ -563,7 +603,7 @@ class Tracker(Protocol):
     """An experiment tracker a run reports to (``report_to``).
 
     Built as ``factory(context)`` from the ``grpo.tracker`` entry point group
-    (see :mod:`grpo_core.contract.hookspecs`). ``log`` gets the step's scalar metrics
+    (see ``docs/plugins.md``, "Trackers"). ``log`` gets the step's scalar metrics
     (finite floats only); ``log_table`` gets the rows added at ``step`` to
     the table ``name`` (e.g. ``completions``): a tracker must keep earlier
     rows visible (append, or one table per step), never overwrite them.

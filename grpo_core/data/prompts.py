@@ -135,7 +135,8 @@ def _load_transform(cfg: GRPOConfig, spec: DatasetSpec, label: str) -> tuple[Cal
     except Exception as exc:
         raise DataError(
             f"{label}: cannot import transform type '{spec.type}': {type(exc).__name__}: {exc}. It must be a "
-            "'module.function' path importable from the working directory (e.g. rewards.prompt_transform for ./rewards.py)."
+            "'module.function' path importable from the working directory (e.g. rewards.prompt_transform for "
+            "./rewards.py)."
         ) from exc
     try:
         made = factory(cfg)
@@ -173,7 +174,8 @@ def apply_transform(cfg: GRPOConfig, dataset: Any, spec: DatasetSpec, tokenizer:
         missing = sorted(set([remove] if isinstance(remove, str) else remove) - set(dataset.column_names))
         if missing:
             raise DataError(
-                f"{label}: transform '{spec.type}' removes column(s) {missing} the dataset does not have ({dataset.column_names})."
+                f"{label}: transform '{spec.type}' removes column(s) {missing} the dataset does not have "
+                f"({dataset.column_names})."
             )
     if cfg.dataset_num_proc and "num_proc" not in map_kwargs:
         map_kwargs["num_proc"] = cfg.dataset_num_proc
@@ -190,7 +192,8 @@ def _check_messages(value: list[Any], label: str, row: int) -> None:
     for message in value:
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
             raise DataError(
-                f"{label}: row {row}: a list prompt must be chat messages [{{'role': ..., 'content': ...}}], got {str(value)[:200]}"
+                f"{label}: row {row}: a list prompt must be chat messages [{{'role': ..., 'content': ...}}], got "
+                f"{str(value)[:200]}"
             )
 
 
@@ -232,7 +235,8 @@ def _to_prompts(dataset: Any, tokenizer: Any, cfg: GRPOConfig, label: str) -> li
             _check_messages(prompt, label, row)
         elif not isinstance(prompt, str):
             raise DataError(
-                f"{label}: row {row}: 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}."
+                f"{label}: row {row}: 'prompt' must be a string or a list of chat messages, got "
+                f"{type(prompt).__name__}."
             )
         out.append(Prompt(prompt=prompt, prompt_ids=tokenize_prompt(prompt, tokenizer, kwargs), columns=example))
     return out
@@ -268,7 +272,8 @@ def load_prompts(cfg: GRPOConfig, tokenizer: Any) -> list[Prompt]:
             )
         if not kept:
             raise DataError(
-                f"every prompt is longer than trl.max_prompt_length = {limit} tokens; raise it (or sequence_len) or shorten the prompts."
+                f"every prompt is longer than trl.max_prompt_length = {limit} tokens; raise it (or sequence_len) or "
+                "shorten the prompts."
             )
         prompts = kept
 

@@ -304,7 +304,8 @@ class EpisodeDriver:
             answered = generate(requests, count, turn_sampling)
             if answered is None or len(answered) != len(requests):
                 raise GrpoError(
-                    f"the rollout answered {0 if answered is None else len(answered)} groups for {len(requests)} episode turns"
+                    f"the rollout answered {0 if answered is None else len(answered)} groups for {len(requests)} "
+                    "episode turns"
                 )
             return answered
 
@@ -424,7 +425,8 @@ class EpisodeDriver:
         if e.failures.said < MAX_LOGGED_FAILURES:
             e.failures.said += 1
             self.log(
-                f"environment '{self.name}': episode {e.sample} of prompt {e.prompt.index} ended at turn {turn}: {problem}"
+                f"environment '{self.name}': episode {e.sample} of prompt {e.prompt.index} ended at turn {turn}: "
+                f"{problem}"
             )
 
     # ------------------------------------------------------------------ results

@@ -215,7 +215,8 @@ def module_names(path: str) -> ModuleNames | None:
 
 
 def _top_level_line(path: str, attr: str) -> int | None:
-    """The line defining ``attr`` at the top level of the source file ``path``, found by parsing it (never running it)."""
+    """The line defining ``attr`` at the top level of the source file ``path``, found by parsing it (never
+    running it)."""
     found = module_names(path)
     return found.lines.get(attr) if found is not None else None
 

@@ -152,14 +152,31 @@ def _add_run_command(app: typer.Typer) -> None:
             "--num-processes",
             min=1,
             help="Training processes (one per GPU; on CPU they share the cores), started "
-            "with accelerate's launcher. Several machines: see the README's \"Scaling out\".",
+            "with accelerate's launcher. Several machines: see docs/multi-gpu.md.",
+        ),
+        resume: str | None = typer.Option(
+            None,
+            "--resume",
+            metavar="[PATH]",
+            help="Resume: alone, from the newest checkpoint in output_dir; with PATH, from that checkpoint "
+            '(resume_from_checkpoint = "latest" or PATH, for this launch).',
+            show_default=False,
+        ),
+        start_over: bool = typer.Option(
+            False,
+            "--start-over",
+            help="Start from step 0 in an output_dir that holds checkpoints: they and the logs move to "
+            "output_dir/abandoned/ first, nothing is deleted (start_over = true, for this launch).",
         ),
     ) -> None:
         """Train: load and check CONFIG, then run GRPO for max_steps optimizer steps.
 
         Checkpoints go to output_dir (every save_steps, at the end, and when
-        interrupted: Ctrl-C saves and exits with code 130).
+        interrupted: Ctrl-C saves and exits with code 130). An output_dir
+        belongs to one live run; a start from step 0 over its checkpoints is
+        refused unless --start-over (or --resume to continue them).
         """
+        set_ = [*(set_ or []), *launch_overrides(resume, start_over)]
         # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.config.loader import load_config
         from grpo_core.interface.launch import CHECKED_ENV
@@ -183,7 +200,37 @@ def _add_run_command(app: typer.Typer) -> None:
             note(message)
         from grpo_core.training.run import run_training  # heavy: torch, transformers
 
-        run_training(cfg, host, warn=note)  # the same checks as `grpo config check`
+        run_training(cfg, host, warn=note, config_path=str(config.resolve()))  # the same checks as `grpo config check`
+
+
+RESUME_LATEST = "latest"
+
+
+def launch_overrides(resume: str | None, start_over: bool) -> list[str]:
+    """``--resume [PATH]`` and ``--start-over`` as the config overrides they
+    stand for (so launched processes get them through ``--set``)."""
+    out = []
+    if resume is not None:
+        out.append(f"resume_from_checkpoint={json.dumps(resume)}")
+    if start_over:
+        out.append("start_over=true")
+    return out
+
+
+def bare_resume_as_latest(argv: list[str]) -> list[str]:
+    """``grpo run CONFIG --resume`` (no value) means the newest checkpoint:
+    a ``--resume`` followed by nothing, by another option, or by a config
+    file (.toml/.yaml/.yml) gets the value ``latest``. Only for ``run``."""
+    if "run" not in argv[:1]:
+        return argv
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg == "--resume":
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            if following is None or following.startswith("-") or Path(following).suffix in {".toml", ".yaml", ".yml"}:
+                out.append(RESUME_LATEST)
+    return out
 
 
 def _add_plugins_command(app: typer.Typer) -> None:
@@ -251,7 +298,8 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         transforms) is found and its source defines the name (read, not run;
         listed with its file, so you can read it before `grpo run` runs it);
         the trackers in report_to are installed; [vllm] GPU placement fits
-        --num-processes training processes. Not checked: a hub id's existence,
+        --num-processes training processes; what output_dir already holds (a
+        run in progress, checkpoints a fresh start would overwrite). Not checked: a hub id's existence,
         what your code does when it runs (--import runs its imports), and
         whether the model fits in memory.
 
@@ -441,6 +489,7 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.modeling.precision import resolve_precision
     from grpo_core.validation.checks import implementation_names
+    from grpo_core.validation.output_dir import start_line
 
     trl = cfg.trl
     # imported when the command runs, so `grpo --help` stays fast
@@ -485,6 +534,7 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
             if cfg.save_steps
             else "checkpoints only at the end and on interruption (save_steps = 0)"
         ),
+        start_line(cfg),
         _observe_summary(cfg),
     ]
     differences = default_differences(cfg)
@@ -492,7 +542,8 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
         lines.append("vs TRL:       " + "; ".join(differences) + " (defaults left unset here; docs/trl-differences.md)")
     if cfg.trust_remote_code:
         lines.append(
-            "trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward models runs"
+            "trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward "
+            "models runs"
         )
     return "\n".join(lines)
 
@@ -506,8 +557,8 @@ def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
     n = max(1, int(cfg.trl.num_generations or 1))
     per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
     return (
-        f"processes:    {world} ({backend_for(cfg, world).describe(cfg, world)}); per process: {cfg.micro_batch_size} x "
-        f"{cfg.gradient_accumulation_steps} = {per_step} completions per optimizer step, {batch // world} "
+        f"processes:    {world} ({backend_for(cfg, world).describe(cfg, world)}); per process: {cfg.micro_batch_size} "
+        f"x {cfg.gradient_accumulation_steps} = {per_step} completions per optimizer step, {batch // world} "
         f"({batch // world // n} groups) per generation; global: {global_step_batch(cfg, world)} per optimizer step, "
         f"{batch} ({batch // n} prompts) per generation"
     )
@@ -555,9 +606,10 @@ def _main(argv: list[str] | None) -> int:
     from grpo_core.host.plugin_host import PluginHost
 
     try:
-        allow = allowlist_of_command_line(list(sys.argv[1:] if argv is None else argv))
+        args = bare_resume_as_latest(list(sys.argv[1:] if argv is None else argv))
+        allow = allowlist_of_command_line(args)
         command = typer.main.get_command(build_app(PluginHost(allow=allow)))
-        command.main(args=argv, prog_name="grpo", standalone_mode=True)
+        command.main(args=args, prog_name="grpo", standalone_mode=True)
     except GrpoError as exc:
         stderr(f"error: {exc}")
         return exc.exit_code

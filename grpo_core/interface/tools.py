@@ -68,7 +68,8 @@ class _Local:
         if adapter:
             if not (Path(adapter) / "adapter_config.json").is_file():
                 raise ConfigError(
-                    f"--adapter {adapter}: no adapter_config.json there; give a run's output_dir or a checkpoint directory."
+                    f"--adapter {adapter}: no adapter_config.json there; give a run's output_dir or a checkpoint "
+                    "directory."
                 )
             # imported when the command runs (peft), so `grpo --help` stays fast
             from peft import PeftModel

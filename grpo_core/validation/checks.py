@@ -28,17 +28,11 @@ from grpo_core.config.batch_shape import (
 )
 from grpo_core.config.compat import compat_warnings
 from grpo_core.config.eval_schedule import eval_enabled
+from grpo_core.config.implementations import chosen_implementations, source_key
 from grpo_core.config.reward_weights import reward_weights
 from grpo_core.config.schema import DEFAULT_SAVE_STEPS, GRPOConfig
 from grpo_core.contract.errors import ConfigError, NotImplementedYet, PluginError
-from grpo_core.contract.extension_points import (
-    BY_NAME,
-    EXTENSION_POINTS,
-    REWARD_GROUP,
-    chosen_implementations,
-    declared,
-    source_key,
-)
+from grpo_core.contract.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, declared
 from grpo_core.contract.types import (
     SAMPLES_TRAINER_MODEL,
     SCORES_TOKENS,
@@ -60,6 +54,7 @@ from grpo_core.modeling.quantization import bitsandbytes_problem, cpu_kernel_not
 from grpo_core.observability.alerts import ALERT_NAMES
 from grpo_core.observability.tracking import check_report_to
 from grpo_core.runtime.processes import world_size
+from grpo_core.validation.output_dir import output_dir_checks
 from grpo_core.validation.references import code_problems, path_problems, reward_name_problems
 
 
@@ -148,7 +143,10 @@ def _generation_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) 
         return
     if trl.steps_per_generation is not None:
         batch = cfg.micro_batch_size * trl.steps_per_generation
-        source = f"micro_batch_size ({cfg.micro_batch_size}) x trl.steps_per_generation ({trl.steps_per_generation}) = {batch}"
+        source = (
+            f"micro_batch_size ({cfg.micro_batch_size}) x trl.steps_per_generation ({trl.steps_per_generation}) = "
+            f"{batch}"
+        )
     elif trl.generation_batch_size is not None:
         batch, source = trl.generation_batch_size, f"trl.generation_batch_size = {trl.generation_batch_size}"
     else:
@@ -528,10 +526,10 @@ def _plugin_checks(
         missing = declared(sync_cls, BY_NAME["weight_sync"], "required_capabilities") - offered
         if missing:
             errors.append(
-                f"weight sync '{sync.name}' ({source_key(cfg, BY_NAME['weight_sync'])}) needs {sorted(missing)} from the "
-                f"rollout's inference engine, but rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) offers "
-                f"{sorted(offered) or 'none'}: choose a weight sync made for that rollout (see `grpo plugins`), or "
-                "remove plugins.weight_sync to get the default one."
+                f"weight sync '{sync.name}' ({source_key(cfg, BY_NAME['weight_sync'])}) needs {sorted(missing)} from "
+                f"the rollout's inference engine, but rollout '{rollout.name}' "
+                f"({source_key(cfg, BY_NAME['rollout'])}) offers {sorted(offered) or 'none'}: choose a weight sync "
+                "made for that rollout (see `grpo plugins`), or remove plugins.weight_sync to get the default one."
             )
     if "rollout" in classes and "verify_weight_sync" in cfg.model_fields_set and cfg.verify_weight_sync != "never":
         rollout, rollout_cls = classes["rollout"]
@@ -629,6 +627,7 @@ def check_config(
     host: PluginHost | None = None,
     num_processes: int | None = None,
     backend_rules: BackendRules | None = None,
+    trains: bool = True,
 ) -> list[str]:
     """Return warnings for ``cfg``; raise :class:`ConfigError` listing every
     problem that stops it from running.
@@ -641,7 +640,9 @@ def check_config(
     ``backend_rules``: the training backends' problems with ``cfg``, judged
     with the same traits and reported in the same list;
     :func:`grpo_core.validation.run_check.check_run_config` passes them, as
-    ``grpo run`` and ``grpo config check`` do.
+    ``grpo run`` and ``grpo config check`` do. ``trains``: judge what
+    ``output_dir`` holds too (a live run in it, checkpoints a fresh start
+    would overwrite); false for a command that trains nothing.
     """
 
     errors: list[str] = []
@@ -675,6 +676,8 @@ def check_config(
         errors += backend_rules(cfg, traits)
     _async_checks(cfg, traits, errors, warnings)
     _training_checks(cfg, errors, warnings)
+    if trains:
+        output_dir_checks(cfg, errors, warnings)  # what output_dir already holds: a live run, checkpoints
     _no_effect_checks(cfg, traits, warnings)
     _ignored_option_checks(cfg, world, warnings)
     _model_checks(cfg, traits, errors, warnings)

@@ -1,6 +1,6 @@
 """What a config points at, checked before a run: files, modules, names.
 
-A config names a model, datasets, a checkpoint to resume, and Python by
+A config names a model, datasets, and Python by
 import path (reward functions, tools, transforms, ...). Each is checked the
 way ``grpo run`` would find it, without running anything: paths must exist,
 modules are found with :mod:`grpo_core.host.user_code` (never imported), and
@@ -18,7 +18,6 @@ import importlib
 import sys
 from pathlib import Path
 
-from grpo_core.checkpointing.checkpoint import STATE_FILE
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.host.plugin_host import PluginHost, normalise, split_qualified
 from grpo_core.host.script_objects import CALLABLE_PREFIX
@@ -42,9 +41,10 @@ def _looks_local(path: str) -> bool:
 
 
 def path_problems(cfg: GRPOConfig) -> list[str]:
-    """The model, the datasets and the checkpoint to resume: each must exist
-    where ``grpo run`` will look (relative paths from the working directory;
-    a dataset beside the config was already anchored there by the loader)."""
+    """The model and the datasets must exist where ``grpo run`` will look
+    (relative paths from the working directory; a dataset beside the config
+    was already anchored there by the loader). The checkpoint to resume is
+    :mod:`grpo_core.validation.output_dir`'s to judge."""
     problems: list[str] = []
     model = model_location_problem(cfg.base_model)
     if model is not None:
@@ -55,16 +55,6 @@ def path_problems(cfg: GRPOConfig) -> list[str]:
                 problems.append(
                     f"{label}[{i}].path '{spec.path}' does not exist (relative to {Path.cwd()}, or beside the config)."
                 )
-    resume = cfg.resume_from_checkpoint
-    if resume is not None and resume != "latest":
-        path = Path(resume).expanduser()
-        if not path.exists():
-            problems.append(
-                f"resume_from_checkpoint '{resume}' does not exist (relative to {Path.cwd()}): give a "
-                f"checkpoint-N folder of an earlier run's output_dir, or 'latest' for the newest in output_dir."
-            )
-        elif not (path / STATE_FILE).is_file():
-            problems.append(f"resume_from_checkpoint: {path} is not a complete grpo checkpoint (no {STATE_FILE}).")
     return problems
 
 

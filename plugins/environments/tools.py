@@ -172,7 +172,8 @@ class ToolEnvironment:
         self.factory = _load(trl.environment_factory, "trl.environment_factory") if trl.environment_factory else None
         if not self.functions and self.factory is None:
             raise ConfigError(
-                "the 'tools' environment needs trl.tools = ['module.function'] or trl.environment_factory = 'module.Class'"
+                "the 'tools' environment needs trl.tools = ['module.function'] or trl.environment_factory = "
+                "'module.Class'"
             )
         self.max_rounds = trl.max_tool_calling_iterations
         self._schemas: dict[str, dict[str, Any]] = {}
@@ -180,7 +181,8 @@ class ToolEnvironment:
         self._tool_list = self.functions + (environment_methods(probe) if probe is not None else [])
         if not self._tool_list:
             raise ConfigError(
-                f"trl.environment_factory = '{trl.environment_factory}' has no public methods to offer as tools, and trl.tools is empty"
+                f"trl.environment_factory = '{trl.environment_factory}' has no public methods to offer as tools, and "
+                "trl.tools is empty"
             )
         for func in self._tool_list:
             self._schemas[func.__name__] = _schema(

@@ -118,9 +118,9 @@ def placement_problems(cfg: GRPOConfig, num_processes: int = 1) -> list[str]:
                 whose = "the trainer's default GPU (index 0; set [vllm] trainer_devices)"
             example = f"devices = [{processes}]" if processes > 1 else "devices = [0], trainer_devices = [1]"
             problems.append(
-                f"[vllm] devices and {whose} share GPU {', '.join(map(str, shared))}, where vLLM would claim {worst:.0%} "
-                f"of the memory (gpu_memory_utilization = {v.gpu_memory_utilization}) and the trainer would run out. "
-                f"Give them different GPUs (e.g. {example}), or lower "
+                f"[vllm] devices and {whose} share GPU {', '.join(map(str, shared))}, where vLLM would claim "
+                f"{worst:.0%} of the memory (gpu_memory_utilization = {v.gpu_memory_utilization}) and the trainer "
+                f"would run out. Give them different GPUs (e.g. {example}), or lower "
                 f"[vllm] gpu_memory_utilization to at most {TRAINER_SHARE_MAX} to share one."
             )
     return problems

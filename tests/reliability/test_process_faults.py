@@ -167,7 +167,8 @@ sys.exit(main(["run", config]))
 """
 
 
-@pytest.mark.extended  # ~55 s; test_a_crash_while_replacing_a_checkpoint_keeps_the_old_copy (the same atomic replace) and test_kill_9_then_resume_matches_an_uninterrupted_run run in the default tier
+@pytest.mark.extended  # ~55 s; test_a_crash_while_replacing_a_checkpoint_keeps_the_old_copy (the same atomic replace)
+# and test_kill_9_then_resume_matches_an_uninterrupted_run run in the default tier
 def test_kill_9_while_saving_never_leaves_a_valid_looking_checkpoint(runner: Runner, uninterrupted) -> None:
     out = runner.workdir / "out"
     driver = runner.workdir / "crash_while_saving.py"

@@ -115,7 +115,8 @@ sys.exit(main(["run", sys.argv[1]]))
 """
 
 
-@pytest.mark.extended  # three server starts (~170 s); test_vllm_server's restart test kills and restarts a server mid-run in the default tier
+@pytest.mark.extended  # three server starts (~170 s); test_vllm_server's restart test kills and restarts a server
+# mid-run in the default tier
 def test_managed_server_killed_mid_run_is_restarted_and_resynced(runner: Runner) -> None:
     """Two kills in one run: one while the trainer waits for generation (the
     rollout restarts the server), one just before a weight sync (the sync

@@ -382,7 +382,9 @@ def _timed_out(sync: Any, model: Any, engine: Any, step: str) -> float:
 
 
 SERVER_STEPS = {
-    "/init_weight_transfer_engine": "the handshake, server side: /init_weight_transfer_engine (the vLLM workers joining the NCCL group)",
+    "/init_weight_transfer_engine": (
+        "the handshake, server side: /init_weight_transfer_engine (the vLLM workers joining the NCCL group)"
+    ),
     "/start_weight_update": "the server's /start_weight_update",
     "/finish_weight_update": "the server's /finish_weight_update (loading the received weights)",
 }

@@ -121,7 +121,10 @@ def test_trainer_devices_narrow_this_process(model_dir, tmp_path, monkeypatch) -
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
 
 
-STAND_IN = "import os, sys, time; print('CUDA_VISIBLE_DEVICES=' + os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>'), flush=True); time.sleep(60)"
+STAND_IN = (
+    "import os, sys, time; print('CUDA_VISIBLE_DEVICES=' + os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>'), "
+    "flush=True); time.sleep(60)"
+)
 
 
 def test_managed_data_parallel_starts_separate_servers_on_their_gpus(model_dir, tmp_path, monkeypatch) -> None:

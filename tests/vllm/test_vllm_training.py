@@ -202,7 +202,9 @@ SYNCED_MAX_TOL = 1e-3
 @pytest.mark.parametrize(
     "sync",
     [pytest.param("merged", marks=pytest.mark.extended), pytest.param("lora", marks=pytest.mark.extended), "full"],
-)  # merged: test_merged_weight_sync_run_and_server_reuse; lora: test_sync_verification's LoRA test checks the server's log-probs after every LoRA sync
+    # merged: test_merged_weight_sync_run_and_server_reuse; lora: test_sync_verification's LoRA test checks the server's
+    # log-probs after every LoRA sync
+)
 def test_server_samples_the_policy_just_synced(
     vllm_server, smollm2_dir: str, tmp_path: Path, monkeypatch, sync: str
 ) -> None:

@@ -13,8 +13,7 @@ import re
 
 from pydantic import BaseModel, Field
 
-from grpo_core import hookimpl
-from grpo_core.contract.types import EnvironmentReply, Prompt
+from grpo_core.plugin_api import EnvironmentReply, Prompt, hookimpl
 
 NUMBER = re.compile(r"-?\d+")
 
