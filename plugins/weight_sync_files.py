@@ -137,7 +137,9 @@ class _FilesystemSync:
 
 
 class LoraFilesystemSync(_FilesystemSync):
-    """``grpo.weight_sync:lora_filesystem``."""
+    """The LoRA adapter saved to a folder the vLLM server loads.
+
+    ``grpo.weight_sync:lora_filesystem``."""
 
     subdir = "vllm-adapters"
     kind = "lora_filesystem"
@@ -161,7 +163,9 @@ class LoraFilesystemSync(_FilesystemSync):
 
 
 class FullFilesystemSync(_FilesystemSync):
-    """``grpo.weight_sync:full_filesystem``."""
+    """Full weights saved to a folder the vLLM server loads.
+
+    ``grpo.weight_sync:full_filesystem``."""
 
     subdir = "vllm-weights"
     kind = "full_filesystem"

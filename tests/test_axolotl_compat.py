@@ -51,7 +51,7 @@ def base(**extra: Any) -> dict[str, Any]:
         "base_model": "some/model",
         "datasets": [{"path": "some/dataset"}],
         "micro_batch_size": 4,
-        "trl": {"num_generations": 4, "reward_funcs": ["rewards.r"]},
+        "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
     }
     data.update(extra)
     return data
@@ -258,7 +258,7 @@ def test_qlora_needs_load_in_4bit_and_kbit_needs_lora_and_adapter_sync() -> None
                 base(
                     adapter="lora",
                     load_in_4bit=True,
-                    trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": True},
+                    trl={"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True},
                 )
             )
         )
@@ -267,7 +267,12 @@ def test_qlora_needs_load_in_4bit_and_kbit_needs_lora_and_adapter_sync() -> None
             base(
                 adapter="lora",
                 load_in_4bit=True,
-                trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": True, "vllm_lora_sync": True},
+                trl={
+                    "num_generations": 4,
+                    "reward_funcs": ["last_number_match"],
+                    "use_vllm": True,
+                    "vllm_lora_sync": True,
+                },
             )
         )
     )
@@ -303,7 +308,7 @@ def test_nulls_for_grpo_keys_mean_the_default() -> None:
         base(
             flash_attention=None,
             warmup_steps=None,
-            trl={"num_generations": 4, "reward_funcs": ["r.r"], "use_vllm": None},
+            trl={"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": None},
         )
     )
     assert cfg.warmup_steps == 0 and cfg.flash_attention is False and cfg.trl.use_vllm is False
@@ -393,8 +398,9 @@ def test_convert_comments_out_refused_keys_with_the_reason(tmp_path: Path) -> No
         "base_model: some/model\nplugins:\n  - axolotl.integrations.liger.LigerPlugin\nxformers_attention: true\n"
         "flash_attn_rms_norm: false\nsample_packing: false\nmicro_batch_size: 4\nlearning_rate: 5e-5\n"
         "datasets:\n  - path: d.jsonl\n    field_messages: messages\n"
-        "trl:\n  num_generations: 4\n  reward_funcs: [rewards.r]\n"
+        "trl:\n  num_generations: 4\n  reward_funcs: [last_number_match]\n"
     )
+    (tmp_path / "d.jsonl").write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')  # check: the dataset exists
     out = tmp_path / "c.toml"
     result = grpo("config", "convert", str(src), "-o", str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stderr

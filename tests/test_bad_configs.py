@@ -38,8 +38,8 @@ from grpo_core.validation.run_check import check_run_config
 
 REPO = Path(__file__).resolve().parent.parent
 BASE: dict[str, Any] = {
-    "base_model": "m",
-    "datasets": [{"path": "d.jsonl"}],
+    "base_model": "org/m",  # hub ids: the config check does not look for them offline
+    "datasets": [{"path": "org/data"}],
     "micro_batch_size": 4,
     "trl": {"num_generations": 2, "reward_funcs": ["think_answer_format"]},
 }

@@ -493,7 +493,6 @@ def test_zero3_refuses_a_reference_model_it_cannot_partition(tmp_path: Path) -> 
             "weight sync 'vllm_in_memory' sends merged weights, not the adapter (the engine lives in the trainer's "
             "process)",
         ),
-        ({"datasets": [{"path": "./missing.jsonl"}]}, "does not exist"),
         ({"gradient_checkpointing_kwargs": {"use_reentrant": False}}, "gradient_checkpointing is false"),
     ],
 )

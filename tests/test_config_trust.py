@@ -75,7 +75,7 @@ def spy_site(tmp_path: Path) -> Path:
 
 
 CONFIG = (
-    'base_model = "m"\n'
+    'base_model = "org/m"\n'
     "micro_batch_size = 4\n"
     "[[datasets]]\n"
     'path = "org/data"\n'
@@ -149,8 +149,7 @@ def test_config_check_lists_each_module_with_its_file_without_running_it(tmp_pat
     path.write_text(
         CONFIG.format(
             datasets='type = "myrewards.transform"\n',
-            trl='reward_funcs = ["myrewards.accuracy", "last_number_match", "missing_mod.reward"]\n'
-            'rollout_func = "agentpkg.rollout.rollout"',
+            trl='reward_funcs = ["myrewards.accuracy", "last_number_match"]\nrollout_func = "agentpkg.rollout.rollout"',
             extra="",
         ),
         encoding="utf-8",
@@ -165,8 +164,21 @@ def test_config_check_lists_each_module_with_its_file_without_running_it(tmp_pat
         f"trl.rollout_func: agentpkg.rollout.rollout -> {tmp_path / 'agentpkg' / 'rollout.py'}:4; importing it runs "
         f"{tmp_path / 'agentpkg' / '__init__.py'} first"
     ) in out
-    assert "trl.reward_funcs[2]: missing_mod.reward -> NOT FOUND (no module 'missing_mod'" in out
     assert "last_number_match ->" not in out  # a registered reward is a plugin, not an import path
+    # a module that is not there stops the check (exit 2), still without running anything
+    missing = grpo(
+        "config",
+        "check",
+        str(path),
+        "--set",
+        'trl.reward_funcs=["myrewards.accuracy", "missing_mod.reward"]',
+        cwd=tmp_path,
+        env={"MARKERS": str(markers)},
+    )
+    assert missing.returncode == 2 and "trl.reward_funcs[1] = 'missing_mod.reward': no module 'missing_mod'" in (
+        missing.stderr
+    )
+    assert sorted(p.name for p in markers.iterdir()) == []
 
 
 def test_tools_and_environment_factory_resolve_through_nested_packages(

@@ -146,6 +146,8 @@ def test_each_config_in_the_docs_passes_config_check(
     config.write_text(block.text, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the check puts the config's folder on sys.path
+    for module in tmp_path.glob("*.py"):  # a same-named module another test imported would answer for this one's
+        monkeypatch.delitem(sys.modules, module.stem, raising=False)
     try:
         code = main(["config", "check", str(config), *options])
     finally:  # the config's own modules (rewards, tools) must not answer for the next block's

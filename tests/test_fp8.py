@@ -27,6 +27,7 @@ def _cfg(tmp_path: Path):
     from grpo_core.config.loader import validate
 
     (tmp_path / "train.jsonl").write_text('{"prompt": "hi"}\n')
+    (tmp_path / "config.json").write_text("{}")  # a model folder `config check` finds (nothing loads it)
     return validate(
         {
             "base_model": str(tmp_path),

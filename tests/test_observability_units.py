@@ -61,7 +61,7 @@ def test_formerly_refused_options_now_pass_the_checks() -> None:
             minimal(
                 use_wandb=True,
                 val_set_size=0.1,
-                trl={"num_generations": 4, "reward_funcs": ["x"], "log_completions": True},
+                trl={"num_generations": 4, "reward_funcs": ["last_number_match"], "log_completions": True},
             )
         )
     )

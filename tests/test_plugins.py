@@ -81,7 +81,7 @@ def on_path(site: Path, *modules: str) -> Iterator[None]:
 def context(tmp_path: Path, **trl: Any) -> RunContext:
     cfg = validate(
         {
-            "base_model": "m",
+            "base_model": "org/m",
             "datasets": [{"path": "org/data"}],
             "micro_batch_size": 4,
             "trl": {"num_generations": 4, "reward_funcs": ["length_bonus"], **trl},
@@ -298,6 +298,8 @@ def test_cli_lists_the_example_plugin_with_its_distribution(example_site: Path) 
         "name": "length_bonus",
         "target": "grpo_plugin_example.rewards:length_bonus",
         "distribution": EXAMPLE_DIST,
+        "summary": "1.0 for completions of `target_tokens` tokens, falling linearly to 0.0 at zero length and at "
+        "twice the target.",  # the first sentence of its docstring: what `grpo plugins` shows
         "error": None,
         "status": "OK",
     }
@@ -355,7 +357,7 @@ def test_example_reward_and_aggregation_load_and_run(example_site: Path, tmp_pat
 def test_config_check_accepts_the_plugin_by_name(example_site: Path, tmp_path: Path) -> None:
     cfg_path = tmp_path / "c.toml"
     cfg_path.write_text(
-        'base_model = "m"\nmicro_batch_size = 4\n[[datasets]]\npath = "org/data"\n'
+        'base_model = "org/m"\nmicro_batch_size = 4\n[[datasets]]\npath = "org/data"\n'
         '[trl]\nnum_generations = 4\nreward_funcs = ["length_bonus"]\nmulti_objective_aggregation = "rank"\n',
         encoding="utf-8",
     )
@@ -397,10 +399,14 @@ def test_config_allowlist_blocks_a_chosen_implementation(example_site: Path, tmp
     with on_path(example_site, "grpo_plugin_example"):
         blocked = validate(
             {
-                "base_model": "m",
+                "base_model": "org/m",
                 "datasets": [{"path": "org/d"}],
                 "micro_batch_size": 4,
-                "trl": {"num_generations": 4, "reward_funcs": ["x.y"], "multi_objective_aggregation": "rank"},
+                "trl": {
+                    "num_generations": 4,
+                    "reward_funcs": ["last_number_match"],
+                    "multi_objective_aggregation": "rank",
+                },
                 "plugins": {"allow": ["someone-else"]},
             }
         )
@@ -614,7 +620,7 @@ def test_cli_says_ambiguous_not_broken_for_a_name_published_twice(example_site: 
 def write_config(tmp_path: Path, trl: str, extra: str = "") -> Path:
     path = tmp_path / "c.toml"
     path.write_text(
-        'base_model = "m"\n'
+        'base_model = "org/m"\n'
         "micro_batch_size = 4\n"
         "[[datasets]]\n"
         'path = "org/data"\n'
@@ -795,7 +801,7 @@ def test_config_check_imports_and_checks_each_chosen_implementation(
         torch.cuda, "is_available", lambda: False
     )  # faked: the nccl case is about a machine without CUDA
     data = {
-        "base_model": "m",
+        "base_model": "org/m",
         "datasets": [{"path": "org/d"}],
         "micro_batch_size": 4,
         "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **changes.get("trl", {})},
@@ -812,7 +818,7 @@ def test_grpo_config_check_names_each_contract_mistake_and_its_fix(tmp_path: Pat
     implementations in one report, each with its fix, and no traceback."""
     config = tmp_path / "config.toml"
     config.write_text(
-        'base_model = "m"\nmicro_batch_size = 4\n[[datasets]]\npath = "org/d"\n'
+        'base_model = "org/m"\nmicro_batch_size = 4\n[[datasets]]\npath = "org/d"\n'
         '[trl]\nnum_generations = 4\nreward_funcs = ["last_number_match"]\n'
         '[plugins]\nadvantage_aggregation = "settings_but_context_only"\nweight_sync = "wrong_declarations"\n'
         'replay = "half_state"\n',
@@ -1033,7 +1039,7 @@ def test_example_weight_sync_needs_an_engine_that_loads_from_a_path(example_site
     def cfg(**trl: Any) -> Any:
         return validate(
             {
-                "base_model": "m",
+                "base_model": "org/m",
                 "datasets": [{"path": "org/d"}],
                 "micro_batch_size": 4,
                 "plugins": {"weight_sync": "safetensors_dir"},

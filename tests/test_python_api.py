@@ -91,6 +91,44 @@ def test_importable_functions_are_passed_by_import_path_others_in_memory() -> No
     assert list(in_memory) == ["python:Scorer"]
 
 
+def test_trainer_arguments_map_to_config_keys_or_are_refused_by_name(tmp_path: Path) -> None:
+    """GRPOTrainer's peft_config and processing_class, without a model: what
+    each becomes, and what is refused rather than dropped (the end-to-end
+    test below trains with all three)."""
+    from peft import LoraConfig, PrefixTuningConfig
+
+    from grpo_core.interface.api import _peft_keys, _processing_class
+
+    keys = _peft_keys(LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["v_proj", "q_proj"]))
+    assert keys == {
+        "adapter": "lora",
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "lora_dropout": 0.1,
+        "lora_target_linear": False,
+        "lora_target_modules": ["q_proj", "v_proj"],
+    }
+    assert _peft_keys(LoraConfig(target_modules="all-linear"))["lora_target_linear"] is True
+    with pytest.warns(UserWarning, match="every linear layer"):
+        assert _peft_keys(LoraConfig())["lora_target_linear"] is True  # peft would pick per architecture
+    with pytest.raises(ConfigError, match=r"modules_to_save=\['lm_head'\], use_dora=True"):
+        _peft_keys(LoraConfig(use_dora=True, modules_to_save=["lm_head"], target_modules=["q_proj"]))
+    with pytest.raises(ConfigError, match="a regular expression is not supported"):
+        _peft_keys(LoraConfig(target_modules=r".*proj"))
+    with pytest.raises(ConfigError, match="PrefixTuningConfig is not supported"):
+        _peft_keys(PrefixTuningConfig(num_virtual_tokens=4))
+    assert _processing_class("org/tokenizer", tmp_path) == "org/tokenizer"
+
+    class Processor:
+        image_processor = object()
+
+        def save_pretrained(self, path: str) -> None:
+            raise AssertionError("a processor is refused before anything is saved")
+
+    with pytest.raises(ConfigError, match="Processor is not a tokenizer"):
+        _processing_class(Processor(), tmp_path)
+
+
 # ------------------------------------------------------------ real runs
 
 
@@ -116,6 +154,8 @@ import json
 import sys
 
 from datasets import Dataset
+from peft import LoraConfig
+from transformers import AutoTokenizer
 
 import grpo
 
@@ -142,10 +182,21 @@ train_dataset = Dataset.from_dict(
         "answer": ["5", "7"],
     }
 )
+eval_dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "What is 1 + 1?"}]], "answer": ["2"]})
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
+tokenizer.chat_template = tokenizer.chat_template + "{# this script's template #}"
 config = grpo.load_config(sys.argv[1])  # a validated config object, as TRL scripts build a GRPOConfig
-result = grpo.train(config, reward_funcs=[correct, LengthReward(20)], train_dataset=train_dataset)
+result = grpo.train(
+    config,
+    reward_funcs=[correct, LengthReward(20)],
+    train_dataset=train_dataset,
+    eval_dataset=eval_dataset,  # GRPOTrainer's arguments, as a TRL script passes them
+    peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    processing_class=tokenizer,
+)
 print(json.dumps({"status": result.status, "output_dir": str(result.output_dir), "metrics": result.metrics(),
-                  "checkpoints": [str(p) for p in result.checkpoints]}))
+                  "checkpoints": [str(p) for p in result.checkpoints],
+                  "tokenizer_config": result.config.tokenizer_config}))
 '''
 
 
@@ -170,12 +221,19 @@ def test_trl_style_script_trains_end_to_end(tmp_path: Path, smollm2_dir: str) ->
     )
     script = tmp_path / "train_trl_style.py"
     script.write_text(TRL_STYLE, encoding="utf-8")
-    result = run_script(script, tmp_path, str(config))
+    result = run_script(script, tmp_path, str(config), smollm2_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["status"] == "completed"
-    assert [m["step"] for m in report["metrics"]] == [1]  # num_epochs = 1 over 2 prompts, 2 prompts per step
-    last = report["metrics"][-1]
+    assert [m["step"] for m in report["metrics"] if "loss" in m] == [1]  # num_epochs = 1 over 2 prompts
+    # GRPOTrainer's eval_dataset, peft_config and processing_class took effect
+    assert any(m.get("eval/num_samples") == 1.0 for m in report["metrics"]), report["metrics"]
+    adapter = json.loads((Path(report["output_dir"]) / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"], sorted(adapter["target_modules"])) == (4, 8, ["q_proj", "v_proj"])
+    saved = Path(report["tokenizer_config"])
+    assert saved == tmp_path / "out" / "processing_class"
+    assert "this script's template" in (Path(report["output_dir"]) / "chat_template.jinja").read_text()
+    last = [m for m in report["metrics"] if "loss" in m][-1]
     assert {"rewards/correct/mean", "rewards/length_reward/mean"} <= set(last)
     assert last["rewards/length_reward/mean"] < 0  # the object's own scoring ran
     assert (Path(report["output_dir"]) / "adapter_model.safetensors").is_file()

@@ -289,7 +289,7 @@ def test_which_runs_can_check_syncs_on_their_samples() -> None:
     from grpo_core.config.loader import validate
 
     base = {
-        "base_model": "m",
+        "base_model": "org/m",
         "datasets": [{"path": "org/d"}],
         "micro_batch_size": 4,
         "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
@@ -393,7 +393,7 @@ def test_config_check_refuses_an_explicit_check_the_rollouts_engine_cannot_run(
     from grpo_core.validation.run_check import check_run_config
 
     data = {
-        "base_model": "m",
+        "base_model": "org/m",
         "datasets": [{"path": "org/d"}],
         "micro_batch_size": 4,
         "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},

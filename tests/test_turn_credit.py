@@ -382,7 +382,7 @@ def _config(tmp_path, **over):
 
     (tmp_path / "train.jsonl").write_text('{"prompt": "hi"}\n')
     cfg = {
-        "base_model": str(tmp_path),
+        "base_model": "org/model",  # a hub id: the check does not look for it offline
         "datasets": [{"path": str(tmp_path / "train.jsonl")}],
         "micro_batch_size": 4,
         "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},

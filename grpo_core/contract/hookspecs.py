@@ -195,11 +195,14 @@ def grpo_replay_groups(groups: list[ScoredGroup], progress: TrainingProgress) ->
 
 
 @hookspec
-def grpo_validate_config(config: Any) -> list[str] | None:
+def grpo_validate_config(config: Any, num_processes: int) -> list[str] | None:
     """Called by ``grpo config check`` and before a run builds anything; on an implementation's
     class, so there it is a ``@staticmethod``.
 
     :param config: The loaded ``GRPOConfig``.
+    :param num_processes: The training processes the run will have (``grpo config check
+        --num-processes``, the launcher's, else 1); take it only if a rule depends on it
+        (the vLLM rollout's GPU placement does).
     :return: Warnings for a config that can run but probably should not; raise
         :class:`ConfigError` for one that cannot.
     """

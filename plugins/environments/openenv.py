@@ -274,7 +274,9 @@ class OpenEnvEpisode:
 
 
 class OpenEnvEnvironment:
-    """``grpo.environment:openenv``: one OpenEnv session per episode."""
+    """Episodes against an OpenEnv server, one session per episode.
+
+    ``grpo.environment:openenv``."""
 
     episodic = True
     provides_reward = True

@@ -283,7 +283,9 @@ def _check_weight_transfer(endpoint: ControlEndpoint) -> None:
 
 
 class NcclSync:
-    """``grpo.weight_sync:nccl``."""
+    """Weights broadcast GPU to GPU over NCCL into vLLM servers, CUDA only.
+
+    ``grpo.weight_sync:nccl``."""
 
     required_capabilities = frozenset({WEIGHTS_OVER_NCCL, CONTROL_ENDPOINTS})
 
