@@ -8,12 +8,10 @@ transformers rollout, one short step each.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import grpo
 
 from grpo_core.config.loader import load_config, validate
 from grpo_core.validation.checks import implementation_names
@@ -21,7 +19,6 @@ from grpo_core.validation.checks import implementation_names
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data" / "axolotl"
 GSM8K_LOCAL = ROOT / "examples" / "gsm8k" / "data" / "train.jsonl"  # GSM8K's columns, 40 rows
-GRPO = str(Path(sys.executable).with_name("grpo"))
 
 
 def test_gdpo_example_is_gdpo() -> None:
@@ -34,30 +31,24 @@ def test_gdpo_example_is_gdpo() -> None:
 # tier
 def test_axolotl_gdpo_example_runs_with_a_local_model_and_dataset(tmp_path: Path, smollm2_dir: str) -> None:
     out = tmp_path / "out"
-    result = subprocess.run(
-        [
-            GRPO,
-            "run",
-            str(DATA / "llama3-gdpo" / "qlora-1b-gdpo.yaml"),
-            "--set",
-            f"base_model={json.dumps(smollm2_dir)}",
-            "--set",
-            f"datasets[0].path={json.dumps(str(GSM8K_LOCAL))}",
-            # tiny, for CI: one step of one prompt x 2 generations, 8 tokens
-            "--set",
-            "max_steps=1",
-            "--set",
-            "gradient_accumulation_steps=2",
-            "--set",
-            "trl.max_completion_length=8",
-            "--set",
-            f"output_dir={json.dumps(str(out))}",
-        ],
+    result = grpo(
+        "run",
+        str(DATA / "llama3-gdpo" / "qlora-1b-gdpo.yaml"),
+        "--set",
+        f"base_model={json.dumps(smollm2_dir)}",
+        "--set",
+        f"datasets[0].path={json.dumps(str(GSM8K_LOCAL))}",
+        # tiny, for CI: one step of one prompt x 2 generations, 8 tokens
+        "--set",
+        "max_steps=1",
+        "--set",
+        "gradient_accumulation_steps=2",
+        "--set",
+        "trl.max_completion_length=8",
+        "--set",
+        f"output_dir={json.dumps(str(out))}",
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=600,
-        env={**os.environ},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     # what the config asked for, said by name

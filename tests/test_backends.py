@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_model import build_tiny_model
+from helpers import metrics
 
 from grpo_core import parallel as backends
 from grpo_core.config.loader import validate
@@ -175,15 +175,15 @@ class RecordingBackend(ReplicatedBackend):
         super().resume(path, loaded)
 
 
-def test_a_new_backend_is_its_class_and_a_table_entry(tmp_path: Path, smollm2_dir: str, monkeypatch) -> None:
+def test_a_new_backend_is_its_class_and_a_table_entry(tmp_path: Path, tiny_model_dir: str, monkeypatch) -> None:
     (tmp_path / "backend_rewards.py").write_text(REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
-    tiny = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    tiny = tiny_model_dir
     monkeypatch.setattr(backends, "BACKENDS", (RecordingBackend, *BACKENDS))
     RecordingBackend.calls = []
     assert run_training(_config(tmp_path, tiny, save_steps=1)) == "completed"
     calls = RecordingBackend.calls
-    steps = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    steps = metrics(tmp_path / "out")
     trained = sum(1 for s in steps if s["grad_norm"] > 0)
     assert trained >= 1, steps  # the reward varies within groups: something trained
     # every trained step: backward per trained micro-batch, the last one flagged, then one optimizer step

@@ -7,33 +7,17 @@ exit codes, stdout and stderr (never a traceback for a user error).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from helpers import GRPO, REPO, grpo, no_traceback
 
 from grpo_core.contract.extension_points import EXTENSION_POINTS
 
 POINTS = [point.name for point in EXTENSION_POINTS]
 
-REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart"
-GRPO = shutil.which("grpo", path=str(Path(sys.executable).parent)) or "grpo"
-
-
-def grpo(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run([GRPO, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
-
-
-def no_traceback(result: subprocess.CompletedProcess[str]) -> None:
-    assert "Traceback" not in result.stdout + result.stderr, result.stderr
 
 
 def test_console_script_is_installed() -> None:

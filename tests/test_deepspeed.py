@@ -42,8 +42,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_multiprocess import metrics, run_grpo, weights_of, write_config
-from tiny_model import build_tiny_model
+from helpers import metrics, run_workdir
+from test_multiprocess import run_grpo, weights_of, write_config
 
 # the `test` extra installs deepspeed; only the launched runs import it (not this process)
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
@@ -113,12 +113,11 @@ def common(**extra) -> dict:
 
 
 @pytest.fixture
-def dsdir(smollm2_dir: str, tmp_path: Path) -> tuple[Path, str]:
-    (tmp_path / "ds_env.py").write_text(ENV)
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(16)))
+def dsdir(tiny_model_dir: str, tmp_path: Path) -> tuple[Path, str]:
+    run_workdir(tmp_path, [{"prompt": f"Item {i}:"} for i in range(16)], {"ds_env": ENV})
     (tmp_path / "zero2.json").write_text(json.dumps(ZERO2))
     (tmp_path / "zero3.json").write_text(json.dumps(ZERO3))
-    return tmp_path, build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    return tmp_path, tiny_model_dir
 
 
 def math(record: dict) -> dict:

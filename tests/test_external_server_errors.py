@@ -12,8 +12,6 @@ tests/vllm/test_trl_vllm_serve.py.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import grpo, no_traceback
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
@@ -144,13 +143,10 @@ def test_grpo_run_against_an_old_protocol_trl_server_says_so_in_one_line(tmp_pat
                 }
             )
         )
-        grpo = Path(sys.executable).parent / "grpo"
-        done = subprocess.run(
-            [str(grpo), "run", str(tmp_path / "config.yaml")], capture_output=True, text=True, timeout=300
-        )  # noqa: S603
+        done = grpo("run", str(tmp_path / "config.yaml"), timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode != 0, output
-    assert "Traceback" not in output, output
+    no_traceback(output)
     lines = [line for line in output.splitlines() if "older TRL server protocol" in line]
     assert len(lines) == 1 and "trl vllm-serve --model DIR" in lines[0] and url in lines[0], output
 

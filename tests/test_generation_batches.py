@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_model import build_tiny_model
+from helpers import run_workdir
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.errors import ConfigError
@@ -200,13 +200,10 @@ def _partition_checks(schedule, per_generation: int, num_iterations: int, batch:
 
 @pytest.mark.parametrize(("gbs", "num_iterations", "steps"), [(8, 1, 2), (16, 1, 4), (16, 2, 4), (24, 1, 3)])
 def test_each_step_sees_trls_batch_shapes(
-    smollm2_dir: str, tmp_path: Path, monkeypatch, gbs: int, num_iterations: int, steps: int
+    tiny_model_dir: str, tmp_path: Path, monkeypatch, gbs: int, num_iterations: int, steps: int
 ) -> None:
-    (tmp_path / "gb_rewards.py").write_text(REWARDS)
-    rows = [{"prompt": f"Count to {i}:"} for i in range(12)]
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    run_workdir(tmp_path, [{"prompt": f"Count to {i}:"} for i in range(12)], {"gb_rewards": REWARDS}, monkeypatch)
+    model = tiny_model_dir
     cfg = cfg_for(tmp_path, model, generation_batch_size=gbs, num_iterations=num_iterations, max_steps=steps)
 
     theirs = trl_schedule(4, 2, gbs, num_iterations, steps, tmp_path)

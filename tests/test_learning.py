@@ -13,14 +13,13 @@ functions, advantages, PPO loss, AdamW); each run takes seconds.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_model import build_tiny_model
+from helpers import metrics, raw_config, run_workdir
 
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
@@ -40,18 +39,23 @@ def even_on_odd_prompts(prompts, completion_ids, **kwargs):
 '''
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("tiny-model"))
-
-
 @pytest.fixture()
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "learning_rewards.py").write_text(REWARDS)
     rows = [{"prompt": f"Write token number {i}:"} for i in range(8)]
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    return run_workdir(tmp_path, rows, {"learning_rewards": REWARDS}, monkeypatch)
+
+
+# the runs' settings; a test changes some through config()'s keywords
+RUN = {
+    "adapter": None,
+    "sequence_len": 64,
+    "micro_batch_size": 8,
+    "gradient_accumulation_steps": 2,
+    "max_steps": 6,
+    "learning_rate": 1e-2,
+    "lr_scheduler": "constant",
+    "seed": 1,
+}
 
 
 def config(workdir: Path, model_dir: str, name: str, **trl: object):
@@ -61,33 +65,14 @@ def config(workdir: Path, model_dir: str, name: str, **trl: object):
         if k
         in ("max_steps", "learning_rate", "gradient_accumulation_steps", "shuffle_dataset", "micro_batch_size", "seed")
     }
-    return validate(
-        {
-            "base_model": model_dir,
-            "adapter": None,
-            "datasets": [{"path": str(workdir / "train.jsonl")}],
-            "sequence_len": 64,
-            "micro_batch_size": 8,
-            "gradient_accumulation_steps": 2,
-            "max_steps": 6,
-            "learning_rate": 1e-2,
-            "lr_scheduler": "constant",
-            "output_dir": str(workdir / name),
-            "seed": 1,
-            **top,
-            "trl": {
-                "num_generations": 8,
-                "max_completion_length": 4,
-                "reward_funcs": ["learning_rewards.even"],
-                "temperature": 1.0,
-                **trl,
-            },
-        }
-    )
-
-
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trl = {
+        "num_generations": 8,
+        "max_completion_length": 4,
+        "reward_funcs": ["learning_rewards.even"],
+        "temperature": 1.0,
+        **trl,
+    }
+    return validate(raw_config(model_dir, workdir, out=name, **(RUN | top), trl=trl))
 
 
 def log_p_even_first_token(model_dir: str | Path, cfg) -> float:
@@ -123,10 +108,10 @@ def assert_learns(result: tuple[float, float, float, float]) -> None:
     assert after > before + 0.2, f"log P(rewarded answer) did not rise: {before:.3f} -> {after:.3f}"
 
 
-def test_training_raises_the_reward_and_the_rewarded_log_prob(workdir: Path, tiny_dir: str, monkeypatch) -> None:
+def test_training_raises_the_reward_and_the_rewarded_log_prob(workdir: Path, tiny_model_dir: str, monkeypatch) -> None:
     # At start the policy is indifferent (log P(even) ~ log 0.5 = -0.69); 6
     # steps at lr 1e-2 take the reward from ~0.5 to >0.9.
-    result = learned_direction(config(workdir, tiny_dir, "right"), tiny_dir)
+    result = learned_direction(config(workdir, tiny_model_dir, "right"), tiny_model_dir)
     print("reward %.3f -> %.3f, log P(even) %.3f -> %.3f" % result)
     assert_learns(result)
 
@@ -143,14 +128,14 @@ def test_training_raises_the_reward_and_the_rewarded_log_prob(workdir: Path, tin
         return samples
 
     monkeypatch.setattr(trainer_module, "flatten", flipped)
-    wrong = learned_direction(config(workdir, tiny_dir, "flipped"), tiny_dir)
+    wrong = learned_direction(config(workdir, tiny_model_dir, "flipped"), tiny_model_dir)
     print("flipped: reward %.3f -> %.3f, log P(even) %.3f -> %.3f" % wrong)
     with pytest.raises(AssertionError):
         assert_learns(wrong)
     assert wrong[3] < wrong[2]  # and it moves the other way
 
 
-def test_skip_zero_advantage_batches_skips_counts_and_leaves_weights(workdir: Path, tiny_dir: str) -> None:
+def test_skip_zero_advantage_batches_skips_counts_and_leaves_weights(workdir: Path, tiny_model_dir: str) -> None:
     """A constant reward gives every completion advantage 0: with
     skip_zero_advantage_batches (the default) each of the step's 2 micro-batches is
     skipped and counted, nothing is trained, and the schedule still steps
@@ -159,7 +144,7 @@ def test_skip_zero_advantage_batches_skips_counts_and_leaves_weights(workdir: Pa
 
     cfg = config(
         workdir,
-        tiny_dir,
+        tiny_model_dir,
         "skip",
         reward_funcs=["learning_rewards.constant"],
         skip_zero_advantage_batches=True,
@@ -173,7 +158,7 @@ def test_skip_zero_advantage_batches_skips_counts_and_leaves_weights(workdir: Pa
     assert [r["skipped_zero_adv_batches"] for r in rows] == [2.0, 4.0]  # cumulative, 2 micro-batches a step
     assert all(r["grad_norm"] == 0.0 and r["num_tokens"] == 0 for r in rows)
     start, end = (
-        load_file(str(Path(tiny_dir) / "model.safetensors")),
+        load_file(str(Path(tiny_model_dir) / "model.safetensors")),
         load_file(str(Path(cfg.output_dir) / "model.safetensors")),
     )
     for key in start:
@@ -181,7 +166,7 @@ def test_skip_zero_advantage_batches_skips_counts_and_leaves_weights(workdir: Pa
 
     kept = config(
         workdir,
-        tiny_dir,
+        tiny_model_dir,
         "noskip",
         reward_funcs=["learning_rewards.constant"],
         skip_zero_advantage_batches=False,
@@ -193,7 +178,7 @@ def test_skip_zero_advantage_batches_skips_counts_and_leaves_weights(workdir: Pa
 
 
 def test_zero_advantage_completions_are_left_out_with_the_same_loss_and_gradient(
-    workdir: Path, tiny_dir: str, capsys
+    workdir: Path, tiny_model_dir: str, capsys
 ) -> None:
     """With the default token-sum loss (dapo), completions whose advantage is
     0 are left out of the micro-batches: a step whose 2 prompts are one with
@@ -206,7 +191,7 @@ def test_zero_advantage_completions_are_left_out_with_the_same_loss_and_gradient
         # dapo leaves out too): the 8 left out are the other group's
         cfg = config(
             workdir,
-            tiny_dir,
+            tiny_model_dir,
             name,
             reward_funcs=["learning_rewards.even_on_odd_prompts"],
             skip_zero_advantage_batches=skip,
@@ -231,7 +216,7 @@ def test_zero_advantage_completions_are_left_out_with_the_same_loss_and_gradient
     assert full["grad_norm"] > 0
 
 
-def test_zero_advantage_completions_stay_where_the_loss_counts_them(workdir: Path, tiny_dir: str) -> None:
+def test_zero_advantage_completions_stay_where_the_loss_counts_them(workdir: Path, tiny_model_dir: str) -> None:
     """Under bnpo (normalised by the micro-batch's tokens) a completion with
     advantage 0 still counts in the normaliser: in one micro-batch of both
     groups nothing is left out. dapo on the same batch trains only the group
@@ -242,7 +227,7 @@ def test_zero_advantage_completions_stay_where_the_loss_counts_them(workdir: Pat
     for loss_type in ("bnpo", "dapo"):
         cfg = config(
             workdir,
-            tiny_dir,
+            tiny_model_dir,
             loss_type,
             reward_funcs=["learning_rewards.even_on_odd_prompts"],
             loss_type=loss_type,
@@ -262,19 +247,19 @@ def test_zero_advantage_completions_stay_where_the_loss_counts_them(workdir: Pat
     assert dapo["grad_norm"] == pytest.approx(bnpo["grad_norm"], rel=1e-5) and bnpo["grad_norm"] > 0
 
 
-def test_kl_is_zero_at_the_first_step_and_positive_after_an_update(workdir: Path, tiny_dir: str) -> None:
-    cfg = config(workdir, tiny_dir, "kl", beta=0.1, max_steps=3)
+def test_kl_is_zero_at_the_first_step_and_positive_after_an_update(workdir: Path, tiny_model_dir: str) -> None:
+    cfg = config(workdir, tiny_model_dir, "kl", beta=0.1, max_steps=3)
     assert run_training(cfg) == "completed"
     kl = [r["kl"] for r in metrics(Path(cfg.output_dir))]
     assert kl[0] == pytest.approx(0.0, abs=1e-7)  # policy == reference before any update
     assert kl[1] > 1e-4 and kl[2] > 1e-4, kl
 
 
-def test_num_iterations_takes_old_logps_once_per_batch(workdir: Path, tiny_dir: str) -> None:
+def test_num_iterations_takes_old_logps_once_per_batch(workdir: Path, tiny_model_dir: str) -> None:
     """With num_iterations = 2 each batch trains two steps; the PPO ratio is
     1 on the first (old = current) and not on the second (old log-probs are
     the first step's, not recomputed): with a small epsilon, tokens clip."""
-    cfg = config(workdir, tiny_dir, "iters", num_iterations=2, epsilon=0.01, epsilon_high=0.01, max_steps=4)
+    cfg = config(workdir, tiny_model_dir, "iters", num_iterations=2, epsilon=0.01, epsilon_high=0.01, max_steps=4)
     assert run_training(cfg) == "completed"
     rows = metrics(Path(cfg.output_dir))
     clip = [r["clip_ratio/region_mean"] for r in rows]
@@ -283,13 +268,13 @@ def test_num_iterations_takes_old_logps_once_per_batch(workdir: Path, tiny_dir: 
     assert "reward" in rows[0] and "reward" not in rows[1]  # one generation per two steps
 
 
-def test_ref_model_sync_steps_moves_the_reference_to_the_policy(workdir: Path, tiny_dir: str) -> None:
+def test_ref_model_sync_steps_moves_the_reference_to_the_policy(workdir: Path, tiny_model_dir: str) -> None:
     """sync_ref_model with alpha 1 every 2 steps: the reference becomes the
     policy after steps 2 and 4, so KL is ~0 again on steps 3 and 5 (first
     forward after the copy) and positive on the steps in between."""
     cfg = config(
         workdir,
-        tiny_dir,
+        tiny_model_dir,
         "refsync",
         beta=0.1,
         sync_ref_model=True,

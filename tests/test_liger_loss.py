@@ -189,25 +189,22 @@ def test_liger_is_accepted_without_cuda(tmp_path: Path, monkeypatch: pytest.Monk
 
 @pytest.mark.slow
 def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(
-    smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The trainer's wiring (hidden states, head, IS weights, old log-probs of
     num_iterations = 2): 2 steps on the tiny model, same losses and grad norms."""
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
-    import json
-
-    from tiny_model import build_tiny_model
+    from helpers import metrics, run_workdir
 
     from grpo_core.config.loader import validate
     from grpo_core.training.run import run_training
 
-    (tmp_path / "liger_rewards.py").write_text(
+    rewards = (
         "def even_first(completion_ids, **kwargs):\n"
         "    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
     )
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(8)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    run_workdir(tmp_path, [{"prompt": f"Item {i}:"} for i in range(8)], {"liger_rewards": rewards}, monkeypatch)
+    model = tiny_model_dir
 
     def run(out: str, liger: bool) -> list[dict]:
         cfg = validate(
@@ -234,7 +231,7 @@ def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(
             }
         )
         assert run_training(cfg) == "completed"
-        return [json.loads(line) for line in (tmp_path / out / "metrics.jsonl").read_text().splitlines()]
+        return metrics(tmp_path / out)
 
     ours, liger = run("grpo", False), run("liger", True)
     for a, b in zip(ours, liger, strict=True):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_model import build_tiny_model
+from helpers import metrics, run_workdir, weights
 
 from grpo_core.contract.errors import GrpoError
 from grpo_core.contract.types import Completion, PolicyLossInputs, Prompt, RolloutGroup, ScoredGroup
@@ -42,11 +42,10 @@ JUNK = [0.0, math.nan, math.inf, -math.inf, 30.0, -30.0]  # what a sampler may h
 
 
 @pytest.fixture(scope="module")
-def tiny(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
+def tiny(tiny_model_dir: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    path = build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("tiny-mask"))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     model.train()  # the training path; this config has no dropout, so it is deterministic
     return model
 
@@ -490,11 +489,9 @@ def env_reward(completions, env_score, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def rundir(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    tmp = tmp_path_factory.mktemp("mask-runs")
-    (tmp / "mask_env.py").write_text(ENV)
-    (tmp / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(8)))
-    return tmp, build_tiny_model(smollm2_dir, tmp / "tiny")
+def rundir(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    rows = [{"prompt": f"Item {i}:"} for i in range(8)]
+    return run_workdir(tmp_path_factory.mktemp("mask-runs"), rows, {"mask_env": ENV}), tiny_model_dir
 
 
 def _run(rundir: tuple[Path, str], name: str, func: str, monkeypatch: pytest.MonkeyPatch, **trl) -> Path:
@@ -538,18 +535,8 @@ def _run(rundir: tuple[Path, str], name: str, func: str, monkeypatch: pytest.Mon
 ACROSS_SHAPES = {"rtol": 1e-4, "atol": 2e-5}
 
 
-def _metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def _weights(out: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(out / "model.safetensors"))
-
-
 def _assert_same_weights(a: Path, b: Path, start: Path, **tol) -> None:
-    wa, wb, w0 = _weights(a), _weights(b), _weights(start)
+    wa, wb, w0 = weights(a), weights(b), weights(start)
     moved = 0.0
     for key in wa:
         torch.testing.assert_close(wb[key], wa[key], **tol)
@@ -569,11 +556,11 @@ def test_rollout_func_env_mask_trains_only_the_model_tokens(rundir, monkeypatch:
     start = Path(rundir[1])
     _assert_same_weights(a, b, start, rtol=1e-5, atol=1e-7)
     _assert_same_weights(a, plain, start, **ACROSS_SHAPES)
-    for ra, rb, rp in zip(_metrics(a), _metrics(b), _metrics(plain), strict=True):
+    for ra, rb, rp in zip(metrics(a), metrics(b), metrics(plain), strict=True):
         for key in ("loss", "grad_norm", "kl", "is/importance_sampling_ratio/mean"):
             assert ra[key] == pytest.approx(rp[key], rel=1e-4, abs=1e-7), key
             assert ra[key] == pytest.approx(rb[key], rel=1e-5, abs=1e-8), key
-    assert len(_metrics(a)) == 4 and abs(_metrics(a)[1]["loss"]) > 1e-6
+    assert len(metrics(a)) == 4 and abs(metrics(a)[1]["loss"]) > 1e-6
 
 
 def test_zero_advantage_rows_and_shared_prompts_with_episodes_change_nothing(rundir, monkeypatch) -> None:
@@ -586,8 +573,8 @@ def test_zero_advantage_rows_and_shared_prompts_with_episodes_change_nothing(run
         )
 
     base, dropped, shared = run("ep_plain", False, False), run("ep_dropped", True, False), run("ep_shared", False, True)
-    assert _metrics(dropped)[-1]["skipped_zero_adv_samples"] > 0, "rows were left out"
-    assert _metrics(base)[-1]["skipped_zero_adv_samples"] == 0
+    assert metrics(dropped)[-1]["skipped_zero_adv_samples"] > 0, "rows were left out"
+    assert metrics(base)[-1]["skipped_zero_adv_samples"] == 0
     start = Path(rundir[1])
     _assert_same_weights(base, dropped, start, **ACROSS_SHAPES)
     _assert_same_weights(base, shared, start, **ACROSS_SHAPES)
@@ -638,7 +625,7 @@ def test_two_processes_with_episodes_match_one(rundir) -> None:
     """DDP (2 processes, gloo) on masked episodes: each rank's dapo normaliser
     is the global count of policy tokens, so losses, gradient norms and
     weights match one process on the same global batch."""
-    from test_multiprocess import metrics, run_grpo, write_config
+    from test_multiprocess import run_grpo, write_config
 
     tmp, model = rundir
     trl = {

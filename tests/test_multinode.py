@@ -38,9 +38,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, TESTS, metrics, run_workdir, weights
 from netns import Hosts, namespaces_refused, opened_hosts
-from test_multiprocess import ENV, REWARDS, ROOT, TESTS, metrics, run_grpo, weights, weights_of, write_config
-from tiny_model import build_tiny_model
+from test_multiprocess import ENV, REWARDS, run_grpo, weights_of, write_config
 
 PORT = 29500  # free in a fresh namespace: nothing else listens there
 TIMEOUT = 180
@@ -55,9 +55,7 @@ def host_folder(root: Path, name: str, model_src: Path) -> Path:
     """A host's private folder: its own copy of the model, data and reward module."""
     folder = root / name
     folder.mkdir()
-    (folder / "mp_rewards.py").write_text(REWARDS)
-    (folder / "mp_env.py").write_text(ENV)
-    (folder / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(12)))
+    run_workdir(folder, [{"prompt": f"Item {i}:"} for i in range(12)], {"mp_rewards": REWARDS, "mp_env": ENV})
     shutil.copytree(model_src, folder / "tiny")
     return folder
 
@@ -120,7 +118,7 @@ def launch_two_hosts(hosts: Hosts, folders: list[Path], config_name: str, launch
     for rank, folder in enumerate(folders):
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(folder), str(TESTS), str(ROOT)]),
+            "PYTHONPATH": os.pathsep.join([str(folder), str(TESTS), str(REPO)]),
             "OMP_NUM_THREADS": "1",
             "GLOO_SOCKET_IFNAME": hosts.interface(rank),
         }
@@ -167,9 +165,9 @@ def close_match(a: list[dict], b: list[dict]) -> None:
 
 
 def test_two_hosts_torchrun_ddp_matches_two_processes_on_one_host_and_resumes_on_one(
-    hosts: Hosts, smollm2_dir: str, tmp_path: Path
+    hosts: Hosts, tiny_model_dir: str, tmp_path: Path
 ) -> None:
-    model_src = Path(build_tiny_model(smollm2_dir, tmp_path / "tiny_src"))
+    model_src = Path(tiny_model_dir)
     folders = [host_folder(tmp_path, f"host{rank}", model_src) for rank in range(2)]
     for folder in folders:  # the same config on each host, at its own paths
         write_config(folder, "ddp", str(folder / "tiny"), max_steps=4, save_steps=2)
@@ -222,12 +220,12 @@ def test_two_hosts_torchrun_ddp_matches_two_processes_on_one_host_and_resumes_on
 
 
 @pytest.mark.extended  # the two-host DDP run (torchrun) is the default tier's; this FSDP one adds ~30 s
-def test_two_hosts_accelerate_fsdp_matches_fsdp_on_one_host(hosts: Hosts, smollm2_dir: str, tmp_path: Path) -> None:
+def test_two_hosts_accelerate_fsdp_matches_fsdp_on_one_host(hosts: Hosts, tiny_model_dir: str, tmp_path: Path) -> None:
     """FSDP2 (full_shard + auto_wrap), full fine-tuning, started by ``accelerate launch --num_machines 2
     --machine_rank R --main_process_ip host0``: the same steps and weights as ``grpo run --num-processes 2``
     (accelerate, one host). The rollout is tests/test_multiprocess.py's deterministic one, so that
     both layouts train the same completions (sampling would differ with the process layout)."""
-    model_src = Path(build_tiny_model(smollm2_dir, tmp_path / "tiny_src"))
+    model_src = Path(tiny_model_dir)
     fsdp = {
         "fsdp": ["full_shard", "auto_wrap"],
         "fsdp_config": {"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"},

@@ -30,13 +30,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_model import build_tiny_model
-
-from grpo_core.config.convert import to_toml_text
+from helpers import GRPO, REPO, TESTS, metrics, no_traceback, raw_config, run_workdir, weights, write_toml
 
 REWARDS = "def parity(completion_ids, **kwargs):\n    return [float(sum(ids) % 2) for ids in completion_ids]\n"
-TESTS = Path(__file__).parent
-ROOT = TESTS.parent
 TIMEOUT = 240
 
 
@@ -49,31 +45,26 @@ def write_config(tmp: Path, name: str, model: str, **top) -> Path:
         "skip_zero_advantage_batches": False,
         **top.pop("trl", {}),
     }
-    raw = {
-        "base_model": model,
+    keys = {
         "adapter": None,
-        "datasets": [{"path": str(tmp / "train.jsonl")}],
         "sequence_len": 64,
         "micro_batch_size": 2,
         "gradient_accumulation_steps": 1,
         "max_steps": 2,
         "learning_rate": 5e-3,
         "lr_scheduler": "constant",
-        "output_dir": str(tmp / name),
         "seed": 7,
         "save_steps": 100,
         **top,
         "trl": trl,
     }
-    path = tmp / f"{name}.toml"
-    path.write_text(to_toml_text(raw))
-    return path
+    return write_toml(tmp / f"{name}.toml", raw_config(model, tmp, out=name, **keys))
 
 
 def run_grpo(tmp: Path, args: list[str], launcher: list[str] | None = None, shares: Path | None = None) -> None:
     """``grpo <args>`` in its own process(es) (``launcher``: e.g. torchrun),
     from ``tmp`` so the reward module imports."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp), str(TESTS), str(ROOT)]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp), str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}
     if shares is not None:
         shares.mkdir(exist_ok=True)
         env["GRPO_TEST_SHARES"] = str(shares)
@@ -83,21 +74,10 @@ def run_grpo(tmp: Path, args: list[str], launcher: list[str] | None = None, shar
     assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
 
 
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def weights(out: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(out / "model.safetensors"))
-
-
 @pytest.fixture
-def workdir(smollm2_dir: str, tmp_path: Path) -> tuple[Path, str]:
-    (tmp_path / "mp_rewards.py").write_text(REWARDS)
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(12)))
-    return tmp_path, build_tiny_model(smollm2_dir, tmp_path / "tiny")
+def workdir(tiny_model_dir: str, tmp_path: Path) -> tuple[Path, str]:
+    run_workdir(tmp_path, [{"prompt": f"Item {i}:"} for i in range(12)], {"mp_rewards": REWARDS})
+    return tmp_path, tiny_model_dir
 
 
 @pytest.mark.extended  # DDP against one process also runs in
@@ -424,17 +404,15 @@ def test_fsdp_with_async_prefetch_does_not_deadlock_and_matches_one_process(work
 def test_config_check_prints_per_process_and_global_batches(tmp_path: Path, capsys) -> None:
     from grpo_core.interface.cli import main
 
-    path = tmp_path / "c.toml"
-    path.write_text(
-        to_toml_text(
-            {
-                "base_model": "some/model",
-                "micro_batch_size": 2,
-                "gradient_accumulation_steps": 2,
-                "datasets": [{"path": "my-org/arith"}],
-                "trl": {"num_generations": 2, "reward_funcs": ["last_number_match"]},
-            }
-        )
+    path = write_toml(
+        tmp_path / "c.toml",
+        {
+            "base_model": "some/model",
+            "micro_batch_size": 2,
+            "gradient_accumulation_steps": 2,
+            "datasets": [{"path": "my-org/arith"}],
+            "trl": {"num_generations": 2, "reward_funcs": ["last_number_match"]},
+        },
     )
     assert main(["config", "check", str(path), "--num-processes", "2"]) == 0
     out = capsys.readouterr().out
@@ -478,10 +456,9 @@ def test_num_processes_runs_accelerate_launch_on_the_same_command() -> None:
 def grpo_launch(tmp: Path, args: list[str]) -> tuple[subprocess.CompletedProcess[str], int]:
     """``grpo <args>`` as a user types it (the console script), from ``tmp``;
     also returns that process's pid."""
-    grpo = Path(sys.executable).with_name("grpo")
     env = {**os.environ, "PYTHONPATH": str(tmp), "OMP_NUM_THREADS": "1"}
     with subprocess.Popen(
-        [str(grpo), *args], cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [GRPO, *args], cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as proc:
         try:
             out, err = proc.communicate(timeout=TIMEOUT)
@@ -491,7 +468,8 @@ def grpo_launch(tmp: Path, args: list[str]) -> tuple[subprocess.CompletedProcess
 
 
 def assert_no_launcher_dump(stderr: str) -> None:
-    assert "Traceback" not in stderr and "ChildFailedError" not in stderr and "torch/distributed" not in stderr, stderr
+    no_traceback(stderr)
+    assert "ChildFailedError" not in stderr and "torch/distributed" not in stderr, stderr
 
 
 def test_num_processes_checks_a_bad_config_once_before_starting_processes(tmp_path: Path) -> None:
@@ -513,8 +491,7 @@ def test_num_processes_checks_a_bad_config_once_before_starting_processes(tmp_pa
 
 
 def test_a_child_failing_at_run_time_prints_its_one_line_error(tmp_path: Path) -> None:
-    (tmp_path / "mp_rewards.py").write_text(REWARDS)
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(4)))
+    run_workdir(tmp_path, [{"prompt": f"Item {i}:"} for i in range(4)], {"mp_rewards": REWARDS})
     # passes the check (with one warning); fails when loading the model
     path = write_config(tmp_path, "out", str(tmp_path / "no-such-model"), trl={"prefetch_depth": 2})
     done, _ = grpo_launch(tmp_path, ["run", str(path), "--num-processes", "2"])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_model import build_tiny_model
+from helpers import metrics, run_workdir, weights
 
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
@@ -62,15 +62,9 @@ def config(tmp: Path, model: str, out: str, **top):
     )
 
 
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def test_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, monkeypatch) -> None:
-    (tmp_path / "resume_rewards.py").write_text(REWARDS)
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(10)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+def test_split_run_equals_straight_run(tiny_model_dir: str, tmp_path: Path, monkeypatch) -> None:
+    run_workdir(tmp_path, [{"prompt": f"Item {i}:"} for i in range(10)], {"resume_rewards": REWARDS}, monkeypatch)
+    model = tiny_model_dir
 
     assert run_training(config(tmp_path, model, "straight")) == "completed"
     # checkpoint-3: after the first iteration of the second batch (num_iterations = 2)
@@ -87,10 +81,8 @@ def test_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, monkeyp
 
     for a, b in zip(straight[3:], split, strict=True):
         assert math(a) == math(b)
-    from safetensors.torch import load_file
 
-    wa = load_file(str(tmp_path / "straight" / "model.safetensors"))
-    wb = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    wa, wb = weights(tmp_path / "straight"), weights(tmp_path / "resumed")
     assert wa.keys() == wb.keys()
     for key in wa:
         assert torch.equal(wa[key], wb[key]), key
@@ -99,17 +91,15 @@ def test_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, monkeyp
 # ---------------------------------------------------------------- the global RNG
 
 
-def test_resume_restores_the_global_rng_dropout_sees_it(smollm2_dir: str, tmp_path: Path, monkeypatch) -> None:
+def test_resume_restores_the_global_rng_dropout_sees_it(tiny_model_dir: str, tmp_path: Path, monkeypatch) -> None:
     """The run above draws nothing from the global RNG (rollouts are seeded
     per request), so it passes without the RNG restore. Here LoRA dropout
     draws its masks from torch's global generator at every training forward:
     the resumed run matches the straight one only if the checkpoint's RNG
     state comes back (``checkpoint.set_rng_state``); reseeding from
     ``seed`` at start, which every run does, would give other masks."""
-    (tmp_path / "resume_rewards.py").write_text(REWARDS)
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(10)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    run_workdir(tmp_path, [{"prompt": f"Item {i}:"} for i in range(10)], {"resume_rewards": REWARDS}, monkeypatch)
+    model = tiny_model_dir
 
     def dropout_config(out: str, **top):
         return validate(
@@ -237,7 +227,7 @@ def calls(log: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("iterations", [1, 2], ids=["between-batches", "mid-batch"])
-def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, monkeypatch, iterations: int) -> None:
+def test_async_split_run_equals_straight_run(tiny_model_dir: str, tmp_path: Path, monkeypatch, iterations: int) -> None:
     """With ``async_prefetch`` the checkpoint at step 3 is taken while the
     prefetch thread holds (or is making) the batch for a later step. It is
     saved with the checkpoint and trained on after resume, not generated
@@ -256,10 +246,8 @@ def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, m
 
     from grpo_core.checkpointing.safe_load import safe_load
 
-    (tmp_path / "async_env.py").write_text(ASYNC_ENV)
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(10)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    run_workdir(tmp_path, [{"prompt": f"Item {i}:"} for i in range(10)], {"async_env": ASYNC_ENV}, monkeypatch)
+    model = tiny_model_dir
     env = importlib.import_module("async_env")
     env.MODEL = AutoModelForCausalLM.from_pretrained(model).eval()
 
@@ -283,10 +271,8 @@ def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, m
     # Same process, same CPU kernels, same seeds: bit-exact is what the math allows, so it is asserted.
     for a, b in zip(straight[3:], split, strict=True):
         assert math(a) == math(b), a["step"]
-    from safetensors.torch import load_file
 
-    wa = load_file(str(tmp_path / "straight" / "model.safetensors"))
-    wb = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    wa, wb = weights(tmp_path / "straight"), weights(tmp_path / "resumed")
     assert wa.keys() == wb.keys()
     for key in wa:
         assert torch.equal(wa[key], wb[key]), key
@@ -316,7 +302,7 @@ def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, m
 
 
 def test_a_run_stopped_by_a_failure_under_async_prefetch_keeps_the_batch_made_ahead(
-    smollm2_dir: str, tmp_path: Path, monkeypatch
+    tiny_model_dir: str, tmp_path: Path, monkeypatch
 ) -> None:
     """The third way an async run stops (after periodic saves and signals): a
     failure. The sync after step 3 raises; the checkpoint the run leaves
@@ -339,13 +325,11 @@ def test_a_run_stopped_by_a_failure_under_async_prefetch_keeps_the_batch_made_ah
         "grpo-fails-at-3",
         "[grpo.weight_sync]\nfails_at_3 = grpo_fails_at_3:FailsAt\n",
     )
-    (tmp_path / "async_env.py").write_text(ASYNC_ENV)
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(10)))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    run_workdir(tmp_path, [{"prompt": f"Item {i}:"} for i in range(10)], {"async_env": ASYNC_ENV}, monkeypatch)
     monkeypatch.syspath_prepend(str(site))
     plugin_host.rescan()
     try:
-        model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+        model = tiny_model_dir
         env = importlib.import_module("async_env")
         env.MODEL = AutoModelForCausalLM.from_pretrained(model).eval()
 

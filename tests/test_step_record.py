@@ -9,12 +9,11 @@ entry point, in a real run of the tiny model through the transformers rollout.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from helpers import metrics, run_workdir
 from plugin_set import failing_sync_source, write_distribution
-from tiny_model import build_tiny_model
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.errors import PluginError
@@ -43,12 +42,10 @@ def failing_sync_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_a_failed_sync_after_step_2_keeps_step_2s_metrics(
-    smollm2_dir: str, tmp_path: Path, monkeypatch, failing_sync_site: Path
+    tiny_model_dir: str, tmp_path: Path, monkeypatch, failing_sync_site: Path
 ) -> None:
-    (tmp_path / "record_rewards.py").write_text(REWARDS)
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(8)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    model = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    run_workdir(tmp_path, [{"prompt": f"Item {i}:"} for i in range(8)], {"record_rewards": REWARDS}, monkeypatch)
+    model = tiny_model_dir
     out = tmp_path / "out"
     cfg = validate(
         {
@@ -74,7 +71,7 @@ def test_a_failed_sync_after_step_2_keeps_step_2s_metrics(
     with pytest.raises(PluginError, match="(?s)version 2.*stopped at step 2; checkpoint saved") as info:
         run_training(cfg)
     assert "fails_at_2" in str(info.value)  # the message names the plugin that raised
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(out)
     assert [r["step"] for r in records] == [1, 2]
     step2 = records[1]
     assert (

@@ -310,13 +310,12 @@ def test_which_runs_can_check_syncs_on_their_samples() -> None:
     assert "dropout" in sampled_tokens_can_check(validate(base), dropout, single_process=True)
 
 
-def test_a_models_configured_attention_dropout_counts(smollm2_dir: str, tmp_path) -> None:
-    from tiny_model import build_tiny_model
+def test_a_models_configured_attention_dropout_counts(tiny_model_dir: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from grpo_core.sync.verify import dropout_active
 
-    path = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    path = tiny_model_dir
     assert not dropout_active(AutoModelForCausalLM.from_pretrained(path))
     assert dropout_active(AutoModelForCausalLM.from_pretrained(path, attention_dropout=0.1))
 
@@ -409,15 +408,16 @@ def test_config_check_refuses_an_explicit_check_the_rollouts_engine_cannot_run(
         check_run_config(cfg)
 
 
-def test_the_trainers_side_is_the_eval_mode_forward_and_leaves_the_mode_alone(smollm2_dir: str, tmp_path) -> None:
+def test_the_trainers_side_is_the_eval_mode_forward_and_leaves_the_mode_alone(
+    smollm2_dir: str, tiny_model_dir: str
+) -> None:
     """The probe's log-probs are the model's own (no dropout: eval mode), of
     the tokenizer's ids of the fixed text, and training mode is restored."""
-    from tiny_model import build_tiny_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo_core.sync.verify import PROBE_TOKENS, probe_ids, trainer_logprobs
 
-    path = build_tiny_model(smollm2_dir, tmp_path / "tiny")
+    path = tiny_model_dir
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attention_dropout=0.9)
     ids = probe_ids(AutoTokenizer.from_pretrained(smollm2_dir))
     assert len(ids) == PROBE_TOKENS

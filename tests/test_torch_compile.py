@@ -10,12 +10,11 @@ unchanged: no ``_orig_mod.`` prefix). LoRA and full fine-tuning both.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_model import build_tiny_model
+from helpers import metrics, run_workdir
 
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
@@ -58,16 +57,10 @@ def config(tmp: Path, model: str, out: str, adapter: str | None, **top) -> objec
     )
 
 
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.fixture()
-def tiny(smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    (tmp_path / "compile_rewards.py").write_text(REWARDS)
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(8)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return build_tiny_model(smollm2_dir, tmp_path / "tiny")
+def tiny(tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    run_workdir(tmp_path, [{"prompt": f"Item {i}:"} for i in range(8)], {"compile_rewards": REWARDS}, monkeypatch)
+    return tiny_model_dir
 
 
 @pytest.mark.slow

@@ -19,10 +19,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomli_w
+from helpers import GRPO, merged, no_traceback, write_toml
 
-GRPO = shutil.which("grpo", path=str(Path(sys.executable).parent)) or "grpo"
 MODEL_LOADING = "loading model from"  # grpo_core.training.run logs it right before the weights load
 RUN_TIMEOUT_S = 600.0  # one tiny run takes 10-40 s; generous for a loaded machine
 
@@ -162,14 +159,7 @@ def base_config(workdir: Path, model_dir: str) -> dict[str, Any]:
 
 def write_config(workdir: Path, model_dir: str, name: str = "config.toml", **overrides: Any) -> Path:
     """``base_config`` with ``overrides`` (``trl`` and ``vllm`` are merged key by key)."""
-    cfg = base_config(workdir, model_dir)
-    for table in ("trl", "vllm"):
-        if table in overrides:
-            cfg[table] = {**cfg.get(table, {}), **overrides.pop(table)}
-    cfg.update(overrides)
-    path = workdir / name
-    path.write_text(tomli_w.dumps(cfg), encoding="utf-8")
-    return path
+    return write_toml(workdir / name, merged(base_config(workdir, model_dir), **overrides))
 
 
 def child_env(workdir: Path, **extra: str) -> dict[str, str]:
@@ -314,7 +304,7 @@ class Runner:
 def assert_clean_failure(code: int, output: str, expected_code: int = 2) -> None:
     """A user-facing failure: the expected exit code, one ``error:`` line, no traceback."""
     assert code == expected_code, f"exit code {code}, expected {expected_code}:\n{output[-6000:]}"
-    assert "Traceback" not in output, output[-6000:]
+    no_traceback(output)
     assert "error: " in output, output[-6000:]
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import no_traceback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "benchmarks"))
 
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def test_a_short_soak_with_a_server_kill_and_worker_kills_stays_flat(tmp_path: Path, smollm2_dir: str) -> None:
     result = soak(tmp_path / "soak", steps=24, restart_every=12, worker_kill_every=6, sample_s=1.0, timeout_s=1500)
     assert result.exit_code == 0, result.output_tail
-    assert "Traceback" not in result.output_tail
+    no_traceback(result.output_tail)
     assert result.steps == 24
     assert result.server_kills == 1 and result.server_starts == 2, result.output_tail  # restarted once, as killed
     assert result.worker_kills >= 3

@@ -20,12 +20,12 @@ import re
 import signal
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import requests
+from helpers import GRPO, grpo, write_toml
 
 from grpo_plugins.vllm import key_handoff
 from grpo_plugins.vllm.addresses import free_port
@@ -38,8 +38,6 @@ ARITHMETIC = ROOT / "examples" / "arithmetic"
 
 
 def _config(tmp: Path, model: str, port: int) -> Path:
-    import tomli_w
-
     raw = {
         "base_model": model,
         "adapter": "lora",
@@ -65,9 +63,7 @@ def _config(tmp: Path, model: str, port: int) -> Path:
             "vllm_server_timeout": 60,
         },
     }
-    path = tmp / "config.toml"
-    path.write_text(tomli_w.dumps(raw))
-    return path
+    return write_toml(tmp / "config.toml", raw)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -95,10 +91,9 @@ def test_grpo_run_uses_the_server_grpo_vllm_serve_started_and_refuses_a_key_it_c
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     config = _config(tmp_path, smollm2_dir, port)
-    grpo = Path(sys.executable).with_name("grpo")
     log = tmp_path / "serve.out"
     with open(log, "wb") as out:  # terminal 1
-        serve = subprocess.Popen([str(grpo), "vllm-serve", str(config)], stdout=out, stderr=subprocess.STDOUT, env=env)  # noqa: S603
+        serve = subprocess.Popen([GRPO, "vllm-serve", str(config)], stdout=out, stderr=subprocess.STDOUT, env=env)  # noqa: S603
     try:
         deadline = time.monotonic() + 600
         while "API key left for" not in log.read_text() and time.monotonic() < deadline:
@@ -120,7 +115,7 @@ def test_grpo_run_uses_the_server_grpo_vllm_serve_started_and_refuses_a_key_it_c
         assert json.loads(file.read_text()) == {"url": url, "key": key, "pid": serve.pid}
 
         # terminal 2: the same config, no key anywhere in it or in the environment
-        run = subprocess.run([str(grpo), "run", str(config)], env=env, capture_output=True, text=True, timeout=900)  # noqa: S603
+        run = grpo("run", str(config), env=env, timeout=900)
         output = run.stdout + run.stderr
         assert run.returncode == 0, output[-4000:]
         assert f"vLLM: found the API key this user's `grpo vllm-serve` left for {url} in {file}" in output, output[

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import grpo, no_traceback, write_toml
 from plugin_set import write_distribution
 from test_vllm_training import PARITY_REWARD, metrics, run_config
 
@@ -144,25 +144,15 @@ def test_a_sync_that_never_loads_stops_the_run_with_a_checkpoint(
     cfg = parity_run(smollm2_dir, out, vllm_server.base_url, skip_zero_advantage_batches=False)
     cfg["plugins"] = {"weight_sync": "skips_loads"}
     cfg["verify_weight_sync"] = mode
-    import tomli_w
-
-    config = tmp_path / "config.toml"
-    config.write_text(tomli_w.dumps(cfg))
+    config = write_toml(tmp_path / "config.toml", cfg)
     env = {
-        **os.environ,
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": os.pathsep.join([str(faulty_sync_site), os.environ.get("PYTHONPATH", "")]),
     }
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("grpo")), "run", str(config)],
-        capture_output=True,
-        text=True,  # noqa: S603
-        env=env,
-        timeout=900,
-    )
+    done = grpo("run", str(config), env=env, timeout=900)
     output = done.stdout + done.stderr
     assert done.returncode == 3, output[-3000:]
-    assert "Traceback" not in output
+    no_traceback(output)
     errors = [line for line in output.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, output[-3000:]
     line = errors[0]

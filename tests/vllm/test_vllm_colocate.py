@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import grpo, no_traceback, write_toml
 from test_vllm_training import PARITY_REWARD, metrics, run_config
 
 pytestmark = pytest.mark.vllm
@@ -45,8 +46,6 @@ def test_in_memory_sync_makes_the_engine_sample_from_the_policy(smollm2_dir: str
 
 
 def test_grpo_run_colocate_is_one_process(smollm2_dir: str, tmp_path: Path) -> None:
-    import tomli_w
-
     (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)  # spread_reward varies within a group: every step trains
     cfg = run_config(
         smollm2_dir,
@@ -58,13 +57,11 @@ def test_grpo_run_colocate_is_one_process(smollm2_dir: str, tmp_path: Path) -> N
     )
     cfg["max_steps"] = 2
     cfg["val_set_size"] = 2  # evaluation through the colocated engine, after the step's in-memory sync
-    config = tmp_path / "config.toml"
-    config.write_text(tomli_w.dumps(cfg))
-    grpo = Path(sys.executable).with_name("grpo")
-    done = subprocess.run([str(grpo), "run", str(config)], capture_output=True, text=True, timeout=900, env=ENV)
+    config = write_toml(tmp_path / "config.toml", cfg)
+    done = grpo("run", str(config), env={"HF_HUB_OFFLINE": "1"}, timeout=900)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
-    assert "Traceback" not in output
+    no_traceback(output)
     assert "colocated engine ready" in output and "starting server" not in output
     assert not (tmp_path / "out" / "vllm-server.log").exists()
     rows = metrics(tmp_path / "out")
@@ -122,7 +119,8 @@ def test_episodes_train_on_the_colocated_engine(smollm2_dir: str, tmp_path: Path
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
-    assert "Traceback" not in output and "colocated engine ready" in output
+    no_traceback(output)
+    assert "colocated engine ready" in output
     probe = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("PROBE "))[6:])
     assert probe["status"] == "completed"
     print(

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import GRPO, no_traceback, write_toml
 from process_group import process_group
 
 from grpo_core.config.loader import validate
@@ -347,15 +348,11 @@ def test_grpo_run_manages_its_own_server(smollm2_dir: str, tmp_path: Path) -> No
     With async_prefetch the engine and the trainer compute on separate cores."""
     cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_lora_sync=False, async_prefetch=True)
     cfg["max_steps"] = 2
-    import tomli_w
-
-    config = tmp_path / "config.toml"
-    config.write_text(tomli_w.dumps(cfg))
-    grpo = Path(sys.executable).with_name("grpo")
+    config = write_toml(tmp_path / "config.toml", cfg)
     log = tmp_path / "run.out"
     with open(log, "wb") as out:
         run = subprocess.Popen(
-            [str(grpo), "run", str(config)],
+            [GRPO, "run", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,  # noqa: S603
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -393,7 +390,7 @@ def test_grpo_run_manages_its_own_server(smollm2_dir: str, tmp_path: Path) -> No
         if run.poll() is None:
             run.kill()
     output = log.read_text()
-    assert "Traceback" not in output
+    no_traceback(output)
     assert "managed server stopped" in output
     assert len(metrics(tmp_path / "out")) == 2
     assert (tmp_path / "out" / "vllm-server.log").stat().st_size > 0
@@ -443,11 +440,7 @@ def test_grpo_run_manages_two_data_parallel_servers(smollm2_dir: str, tmp_path: 
     )
     cfg["max_steps"] = 2  # micro_batch_size 8 / num_generations 4: two prompt groups per step
     cfg["vllm"]["data_parallel_size"] = 2
-    import tomli_w
-
-    config = tmp_path / "config.toml"
-    config.write_text(tomli_w.dumps(cfg))
-    grpo = Path(sys.executable).with_name("grpo")
+    config = write_toml(tmp_path / "config.toml", cfg)
     log = tmp_path / "run.out"
     env = {
         **os.environ,
@@ -455,7 +448,7 @@ def test_grpo_run_manages_two_data_parallel_servers(smollm2_dir: str, tmp_path: 
         "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
     }
     with open(log, "wb") as out:
-        run = subprocess.Popen([str(grpo), "run", str(config)], stdout=out, stderr=subprocess.STDOUT, env=env)  # noqa: S603
+        run = subprocess.Popen([GRPO, "run", str(config)], stdout=out, stderr=subprocess.STDOUT, env=env)  # noqa: S603
     try:
         deadline = time.monotonic() + 900
         while log.read_text().count("vLLM: server ready") < 2 and time.monotonic() < deadline:
@@ -474,7 +467,7 @@ def test_grpo_run_manages_two_data_parallel_servers(smollm2_dir: str, tmp_path: 
         if run.poll() is None:
             run.kill()
     output = log.read_text()
-    assert "Traceback" not in output
+    no_traceback(output)
     assert output.count("managed server stopped") == 2
     assert "does not know the policy adapter" not in output  # no server ever lacked the synced adapter
     records = metrics(tmp_path / "out")
