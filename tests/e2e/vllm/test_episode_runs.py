@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import no_traceback
+from helpers import REPO, no_traceback
 
 from grpo_core.config.loader import validate
 from grpo_core.host import plugin_host
@@ -26,7 +26,7 @@ from grpo_core.training.run import run_training
 
 pytestmark = pytest.mark.vllm
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 CALCULATOR = ROOT / "examples" / "calculator"
 GUESS = ROOT / "examples" / "guess-number"
 FAULTS = ROOT / "tests" / "plugin_packages" / "grpo-env-faults"

@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 import grpo_core
 from grpo_core import plugin_api
 
-REPO = Path(__file__).resolve().parent.parent
 PLUGIN_SOURCES = [
     REPO / "plugins",
     REPO / "examples" / "grpo-plugin-example" / "src",

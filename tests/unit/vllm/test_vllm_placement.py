@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
@@ -23,7 +24,7 @@ from grpo_plugins.vllm import command_line, placement
 from grpo_plugins.vllm.pool import VLLMEnginePool
 from grpo_plugins.vllm.rollout import VLLMRollout
 
-ARITHMETIC = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "data" / "train.jsonl"
+ARITHMETIC = REPO / "examples" / "arithmetic" / "data" / "train.jsonl"
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import REPO, TESTS
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -26,9 +27,8 @@ from grpo_core.host.plugin_host import EntryPointInfo, PluginHost
 from grpo_core.validation.checks import implementation_names
 from grpo_core.validation.run_check import check_run_config
 
-REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart"
-REFERENCE_OPTIONS = Path(__file__).resolve().parent / "data" / "reference_options.json"
+REFERENCE_OPTIONS = TESTS / "data" / "reference_options.json"
 
 
 def minimal(**top: Any) -> dict[str, Any]:

@@ -16,11 +16,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 import grpo
 from grpo_core.contract.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def readme_example() -> str:

@@ -11,13 +11,13 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import grpo
+from helpers import REPO, TESTS, grpo
 
 from grpo_core.config.loader import load_config, validate
 from grpo_core.validation.checks import implementation_names
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(__file__).resolve().parent / "data" / "axolotl"
+ROOT = REPO
+DATA = TESTS / "data" / "axolotl"
 GSM8K_LOCAL = ROOT / "examples" / "gsm8k" / "data" / "train.jsonl"  # GSM8K's columns, 40 rows
 
 

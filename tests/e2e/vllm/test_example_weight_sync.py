@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 from pip_target import install_into_target
 from test_vllm_server import chat_prompts, mean_abs_diff
 
@@ -22,7 +23,7 @@ from grpo_plugins.vllm.rollout import VLLMRollout
 
 pytestmark = pytest.mark.vllm
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-plugin-example"
+EXAMPLE = REPO / "examples" / "grpo-plugin-example"
 
 
 @pytest.fixture(scope="module")

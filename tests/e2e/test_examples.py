@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from grpo_core.config.loader import load_config
 from grpo_core.training.run import run_training
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = REPO / "examples"
 
 
 @pytest.mark.parametrize("name", ["arithmetic", "gsm8k", "gdpo"])

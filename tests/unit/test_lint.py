@@ -10,11 +10,11 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 FIX = "run `ruff format . && ruff check .` in the repository root (CONTRIBUTING.md, 'Style')"
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import grpo, no_traceback, write_toml
+from helpers import REPO, grpo, no_traceback, write_toml
 from test_vllm_training import PARITY_REWARD, metrics, run_config
 
 pytestmark = pytest.mark.vllm
@@ -81,7 +81,7 @@ def test_grpo_run_colocate_is_one_process(smollm2_dir: str, tmp_path: Path) -> N
         assert row["is/sampling_logp_difference/max"] < 1e-2, row
 
 
-CALCULATOR = HERE.parents[1] / "examples" / "calculator"
+CALCULATOR = REPO / "examples" / "calculator"
 
 
 @pytest.mark.extended  # a colocated engine start per test (~30-45 s); test_grpo_run_colocate_is_one_process runs in the

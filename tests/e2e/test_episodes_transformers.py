@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from grpo_core.config.loader import validate
 from grpo_core.host import plugin_host
 from grpo_core.training.run import run_training
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 GUESS = ROOT / "examples" / "guess-number"
 
 FORGETFUL_TEMPLATE = (

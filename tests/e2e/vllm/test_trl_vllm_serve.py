@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from helpers import REPO
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
@@ -48,7 +49,7 @@ from grpo_core.training.run import run_training
 
 pytestmark = pytest.mark.vllm
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 ARITHMETIC = ROOT / "examples" / "arithmetic"
 READY_TIMEOUT_S = 600
 PARITY_REWARD = (

@@ -10,17 +10,16 @@ listed in :data:`grpo_core.config.compat.COMPATIBILITY_ONLY`, whose keys
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import REPO
 from pydantic import BaseModel
 
 from grpo_core.config.compat import COMPATIBILITY_ONLY, compat_keys, compat_warnings
 from grpo_core.config.loader import validate
 from grpo_core.config.schema import DatasetSpec, GRPOConfig, PluginSettings, TrlSettings, VllmSettings
 
-REPO = Path(__file__).resolve().parent.parent
 NOT_READERS = {REPO / "grpo_core" / "config" / "schema.py", REPO / "grpo_core" / "config" / "compat.py"}
 TABLES: dict[str, type[BaseModel]] = {
     "": GRPOConfig,

@@ -14,12 +14,12 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import grpo, no_traceback, write_toml
+from helpers import REPO, grpo, no_traceback, write_toml
 from pip_target import install_into_target
 
 pytestmark = pytest.mark.vllm
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 PACKAGE = ROOT / "tests" / "plugin_packages" / "grpo-contract-test"
 RUN_ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 

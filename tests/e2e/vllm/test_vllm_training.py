@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import GRPO, no_traceback, write_toml
+from helpers import GRPO, REPO, no_traceback, write_toml
 from process_group import process_group
 
 from grpo_core.config.loader import validate
@@ -25,7 +25,7 @@ from grpo_core.training.run import run_training
 
 pytestmark = pytest.mark.vllm
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 ARITHMETIC = ROOT / "examples" / "arithmetic"
 
 

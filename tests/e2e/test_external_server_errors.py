@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import grpo, no_traceback
+from helpers import REPO, grpo, no_traceback
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 NOT_FOUND = (404, {"detail": "Not Found"})  # FastAPI's answer to an unknown route
 
 

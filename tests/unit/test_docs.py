@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
 MARK = re.compile(r"^\s*<!--\s*([\w-]+)\s*:?\s*(.*?)\s*-->\s*$")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_ceiling import (  # noqa: E402
     Dims,

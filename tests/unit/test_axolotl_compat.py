@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import grpo, no_traceback
+from helpers import TESTS, grpo, no_traceback
 
 from grpo_core.config import axolotl
 from grpo_core.config.compat import compat_keys
@@ -26,7 +26,7 @@ from grpo_core.config.schema import DatasetSpec, GRPOConfig, TrlSettings, VllmSe
 from grpo_core.contract.errors import ConfigError
 from grpo_core.validation.run_check import check_run_config
 
-DATA = Path(__file__).resolve().parent / "data" / "axolotl"
+DATA = TESTS / "data" / "axolotl"
 KEYS = json.loads((DATA / "keys.json").read_text())
 
 # One Axolotl-style value per key grpo accepts with a note (compat keys):

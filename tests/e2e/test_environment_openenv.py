@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import TESTS
 
 pytest.importorskip("openenv.core.env_server", reason="openenv-core is not installed (pip install openenv-core)")
 
@@ -30,7 +31,6 @@ from grpo_core.host.plugin_host import PluginHost  # noqa: E402
 from grpo_plugins.environments.openenv import OpenEnvEnvironment, OpenEnvEpisode, observation_text  # noqa: E402
 from grpo_plugins.environments.openenv_session import OpenEnvError, OpenEnvUnavailable  # noqa: E402
 
-TESTS = Path(__file__).resolve().parent
 SERVE = "{python} -m uvicorn openenv_guess_env:app --app-dir " + str(TESTS) + " --host {host} --port {port}"
 
 

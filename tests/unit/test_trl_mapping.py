@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import REPO
+
+ROOT = REPO
 
 
 def _script():

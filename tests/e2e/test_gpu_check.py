@@ -22,9 +22,9 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from helpers import no_traceback
+from helpers import REPO, no_traceback
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 WHEEL_SCRIPT = ROOT / "scripts" / "gpu_wheels.sh"
 MACHINE_LIST = ROOT / "scripts" / "gpu_machine_packages.txt"
 KINDS = Path("/work/.library/device/KINDS.md")  # this workplace's description of the machine

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers import GRPO, grpo, write_toml
+from helpers import GRPO, REPO, grpo, write_toml
 
 from grpo_plugins.vllm import key_handoff
 from grpo_plugins.vllm.addresses import free_port
@@ -33,7 +33,7 @@ from grpo_plugins.vllm.engine import server_to_adopt
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 ARITHMETIC = ROOT / "examples" / "arithmetic"
 
 

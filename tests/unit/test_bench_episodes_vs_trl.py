@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = REPO / "benchmarks"
 
 
 def _load(name: str):

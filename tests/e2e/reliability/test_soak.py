@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import no_traceback
+from helpers import REPO, no_traceback
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_soak import BOUNDS, soak  # noqa: E402
 

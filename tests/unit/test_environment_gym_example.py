@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import random
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from grpo_core.contract.types import Episode, Prompt
 from grpo_core.host.plugin_host import contract_problem, validate_settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "environments"))
+sys.path.insert(0, str(REPO / "examples" / "environments"))
 from gym_text import GymTextEnvironment  # noqa: E402
 
 
