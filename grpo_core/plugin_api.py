@@ -11,7 +11,7 @@ config a plugin validates, and a few named helpers that more than one
 implementation needs (the scratch directory, the weights a sync sends, the
 log-prob chunk size, ...). Its names keep working when a module behind them
 moves; a name that is not here is grpo's own business and may change without
-notice. ``tests/test_plugin_api.py`` holds the built-in plugins to it.
+notice. ``tests/unit/test_plugin_api.py`` holds the built-in plugins to it.
 
 Names are imported on first use (PEP 562), so ``import grpo_core.plugin_api``
 costs nothing and a plugin that never touches a heavy helper (the loss,
@@ -113,7 +113,7 @@ def __dir__() -> list[str]:
     return __all__
 
 
-if TYPE_CHECKING:  # what a type checker and an editor see; tests/test_plugin_api.py keeps it equal to HOMES
+if TYPE_CHECKING:  # what a type checker and an editor see; tests/unit/test_plugin_api.py keeps it equal to HOMES
     from grpo_core.config.loader import load_config
     from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig
     from grpo_core.contract.context import RunContext

@@ -16,7 +16,7 @@ OPSM), and models whose logits are scaled or soft-capped after the head
 (Cohere's ``logit_scale``, Gemma-2's ``final_logit_softcapping``: the
 trainer's ``hidden_states`` refuses them at the first step). It logs ``kl`` and ``clip_ratio/region_mean``; no
 ``entropy`` and no ``clip_ratio/low_mean``/``high_mean``. Parity with the
-built-in loss: tests/test_liger_loss.py.
+built-in loss: tests/unit/test_liger_loss.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Generated from both schemas so it stays true: the rows are TRL's own
 ``GRPOConfig`` fields (read from the installed ``trl``) and the
 ``TrainingArguments`` fields grpo has a key for; the grpo column is checked
 against grpo's schema (a renamed or removed key fails here, not in a user's
-script). ``tests/test_trl_mapping.py`` fails when docs/from-trl.md is out of date.
+script). ``tests/unit/test_trl_mapping.py`` fails when docs/from-trl.md is out of date.
 
     python scripts/trl_mapping.py          # print the table
     python scripts/trl_mapping.py --write  # rewrite it in docs/from-trl.md

@@ -21,7 +21,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-from vllm_session import vllm_server  # noqa: E402,F401 - the session's one vLLM server, for tests/vllm and tests/reliability
+from vllm_session import vllm_server  # noqa: E402,F401 - the session's one vLLM server, for tests/e2e/vllm and tests/e2e/reliability
 
 EXTENDED_ENV = "GRPO_EXTENDED_TESTS"
 

@@ -1,5 +1,5 @@
 """The shipped examples run as written (one short step each, transformers
-rollout so no server is needed; the vLLM path is covered in tests/vllm)."""
+rollout so no server is needed; the vLLM path is covered in tests/e2e/vllm)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ cannot run on this machine or is not installed: the older TRL protocol is
 what TRL 1.10 and earlier (and ``axolotl vllm-serve`` on such a TRL) serve; the others
 are a stock ``vllm serve`` without dev mode and one in another
 ``--logprobs-mode``. A real ``trl vllm-serve`` is tested in
-tests/vllm/test_trl_vllm_serve.py.
+tests/e2e/vllm/test_trl_vllm_serve.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ training process per host, started exactly as on two machines: by torchrun
 --machine_rank R --main_process_ip host0`` (FSDP2); the rendezvous store and
 gloo's collectives go over the veth link (``GLOO_SOCKET_IFNAME`` names each
 host's end). Each run is compared with the same config as 2 processes on one
-host, at tests/test_multiprocess.py's tolerances. Real processes, real
+host, at tests/e2e/test_multiprocess.py's tolerances. Real processes, real
 launchers, the tiny model of tests/tiny_model.py; docs/multi-node.md quotes
 the launch lines.
 
@@ -157,7 +157,7 @@ def only_host0_wrote(folders: list[Path], run: str) -> None:
 
 
 def close_match(a: list[dict], b: list[dict]) -> None:
-    """The tolerances of tests/test_multiprocess.py (summation order differs, nothing else)."""
+    """The tolerances of tests/e2e/test_multiprocess.py (summation order differs, nothing else)."""
     for ra, rb in zip(a, b, strict=True):
         assert rb["reward"] == ra["reward"] and rb["num_tokens"] == ra["num_tokens"]
         assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-4, abs=1e-6)
@@ -223,7 +223,7 @@ def test_two_hosts_torchrun_ddp_matches_two_processes_on_one_host_and_resumes_on
 def test_two_hosts_accelerate_fsdp_matches_fsdp_on_one_host(hosts: Hosts, tiny_model_dir: str, tmp_path: Path) -> None:
     """FSDP2 (full_shard + auto_wrap), full fine-tuning, started by ``accelerate launch --num_machines 2
     --machine_rank R --main_process_ip host0``: the same steps and weights as ``grpo run --num-processes 2``
-    (accelerate, one host). The rollout is tests/test_multiprocess.py's deterministic one, so that
+    (accelerate, one host). The rollout is tests/e2e/test_multiprocess.py's deterministic one, so that
     both layouts train the same completions (sampling would differ with the process layout)."""
     model_src = Path(tiny_model_dir)
     fsdp = {

@@ -3,7 +3,7 @@ in two real processes joined over gloo, with the real ScatteringProducer on each
 
 Only the rollout is a stand-in (it records what it was asked and may fail on
 one rank); the producer, the collectives and the error path are the run's
-own. The two-process FSDP/ZeRO-3/DDP runs of tests/test_multiprocess.py
+own. The two-process FSDP/ZeRO-3/DDP runs of tests/e2e/test_multiprocess.py
 cover the same path with the real transformers rollout and backends.
 """
 

@@ -4,7 +4,7 @@ Each test writes a real checkpoint with :func:`save_checkpoint` (a tiny
 randomly initialised Llama, a real AdamW after one step, the LR schedule
 grpo builds), then tampers with it the way an attacker who shares a
 checkpoint could. The end-to-end refusal through ``grpo run`` on the real
-SmolLM2 is in ``tests/reliability/test_untrusted_checkpoint.py``.
+SmolLM2 is in ``tests/e2e/reliability/test_untrusted_checkpoint.py``.
 """
 
 from __future__ import annotations

@@ -545,7 +545,7 @@ class _ThirdPartySampler:
 
 def test_fsdp_and_zero3_accept_a_rollout_that_samples_the_trainers_model(tmp_path: Path) -> None:
     """Rank 0 samples with its full copy of a sharded policy (the runs are in
-    tests/test_multiprocess.py), so FSDP and ZeRO-3 take the transformers
+    tests/e2e/test_multiprocess.py), so FSDP and ZeRO-3 take the transformers
     rollout and a third-party one that samples the trainer's model alike."""
     ds = write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 3}}')
     host = _HostWith("rollout", "my_sampler", _ThirdPartySampler)

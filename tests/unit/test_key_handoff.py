@@ -1,7 +1,7 @@
 """The API key file ``grpo vllm-serve`` leaves for a later ``grpo run``
 (plugins/vllm/key_handoff.py): private to this user, named by the server's
 address, trusted only when nobody else could have written or read it.
-No server here; tests/vllm/test_key_handoff_cli.py runs both commands for real."""
+No server here; tests/e2e/vllm/test_key_handoff_cli.py runs both commands for real."""
 
 from __future__ import annotations
 

@@ -414,7 +414,7 @@ def test_shared_prompts_under_fsdp2_match_naive_values_and_gradients(model, grou
     post-backward hooks must still give the values and full-weight gradients
     of running every row unsharded. A one-process gloo group (real
     collectives, nothing mocked); the two-process runs are in
-    tests/test_multiprocess.py and tests/test_deepspeed.py."""
+    tests/e2e/test_multiprocess.py and tests/e2e/test_deepspeed.py."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 

@@ -103,7 +103,7 @@ def test_prompt_stream_resumes_where_it_stopped() -> None:
 def test_sampling_options_reach_the_engine_fields() -> None:
     """trl.top_p / min_p / repetition_penalty / top_k go from the config into
     what vLLM is asked for (their effect on real sampling:
-    tests/vllm/test_vllm_server.py::test_sampling_settings_reach_the_server)."""
+    tests/e2e/vllm/test_vllm_server.py::test_sampling_settings_reach_the_server)."""
     from grpo_core.config.loader import validate
     from grpo_core.generation.producer import sampling_from_config
     from grpo_plugins.vllm.sampling import sampling_fields

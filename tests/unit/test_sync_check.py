@@ -2,7 +2,7 @@
 made-up numbers: which precision class a trainer/engine pair is in, the first
 check's ceiling, the bound later checks are held to, one retry then a stop,
 and the ``sync/*`` metrics. The real engines and runs are in
-tests/vllm/test_sync_verification.py.
+tests/e2e/vllm/test_sync_verification.py.
 """
 
 from __future__ import annotations

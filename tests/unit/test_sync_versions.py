@@ -3,7 +3,7 @@
 With ``async_prefetch`` a request the prefetch thread made under an older
 version may be scheduled by vLLM after the next sync, and vLLM reads a LoRA
 adapter from its path only then: deleting that directory killed the real
-server's engine in tests/reliability/test_async_resume.py (FileNotFoundError
+server's engine in tests/e2e/reliability/test_async_resume.py (FileNotFoundError
 for adapter_config.json). The retention is checked here on real directories.
 """
 

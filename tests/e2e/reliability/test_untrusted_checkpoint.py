@@ -6,7 +6,7 @@ dataclasses is in it). Resuming it works; the same checkpoint with a state
 file replaced by a pickle that would write a marker file is refused with
 exit 2, a message naming the file and no traceback, before the model loads,
 and the marker is never written. (Each state file is tampered with in turn,
-without a model, in ``tests/test_checkpoint_safety.py``.)
+without a model, in ``tests/unit/test_checkpoint_safety.py``.)
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ a second one; a key the server cannot prove is refused; the key file goes
 when the server stops; the server answers nothing without its key, and
 Ctrl-C stops it, engine core included. Slow (a real server start and a
 real run), so marked ``slow`` besides ``vllm``. (SIGTERM is the server-host
-test's stop: tests/vllm/test_server_host.py.)
+test's stop: tests/e2e/vllm/test_server_host.py.)
 
 The refusal is checked through the engine's own decision
 (:func:`grpo_plugins.vllm.engine.server_to_adopt`), not a second ``grpo
@@ -78,7 +78,7 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-@pytest.mark.extended  # starts its own server with `grpo vllm-serve` (~60 s); tests/test_key_handoff.py covers the
+@pytest.mark.extended  # starts its own server with `grpo vllm-serve` (~60 s); tests/unit/test_key_handoff.py covers the
 # handoff's rules
 def test_grpo_run_uses_the_server_grpo_vllm_serve_started_and_refuses_a_key_it_cannot_prove(
     smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

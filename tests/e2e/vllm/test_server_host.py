@@ -14,7 +14,7 @@ the trainer is killed with SIGKILL mid-run, and a new trainer resumes from
 its checkpoint against the server that is still up. Last, a ``full_http``
 run (merged weights over HTTP) against the same server.
 
-One trainer host stands for the two of tests/test_multinode.py: only rank 0
+One trainer host stands for the two of tests/e2e/test_multinode.py: only rank 0
 talks to inference, so a second trainer host adds no path to the server.
 """
 

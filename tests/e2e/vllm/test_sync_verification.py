@@ -12,7 +12,7 @@ once more, and the run stops with a checkpoint and one error line naming the
 server, the version and the gap (through ``grpo run``, as a user sees it); a
 sync the second attempt fixes lets the run go on; one server of a pool that
 the sync never reached is named on its own. The faulty syncs are real plugin
-distributions found by entry point (as in tests/test_step_record.py).
+distributions found by entry point (as in tests/e2e/test_step_record.py).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ READY_TIMEOUT_S = 600
 PARITY_REWARD = (
     "def parity_reward(completion_ids, **kwargs):\n    return [float(sum(ids) % 2) for ids in completion_ids]\n"
 )
-SYNCED_MEAN_TOL = 1e-4  # as tests/vllm/test_vllm_training.py: float32 on both sides
+SYNCED_MEAN_TOL = 1e-4  # as tests/e2e/vllm/test_vllm_training.py: float32 on both sides
 
 
 def trl_command(model_dir: str, port: int) -> list[str]:
