@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_workdir
 
 from grpo_core.config.loader import validate
 from grpo_core.runtime import heap
@@ -144,7 +145,7 @@ def test_page_faults_stop_once_freed_buffers_are_kept(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not ON_GLIBC, reason="glibc's malloc is what this changes")
 def test_a_real_run_keeps_freed_memory_while_it_trains(
-    tmp_path: Path, smollm2_dir: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_model_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import test_training
     import torch
@@ -160,14 +161,12 @@ def test_a_real_run_keeps_freed_memory_while_it_trains(
         def grpo_step_end(self, progress, metrics) -> None:
             seen.extend(churn_faults())
 
-    (tmp_path / "tiny_rewards.py").write_text(test_training.REWARDS)  # the same tiny run as test_training's
+    monkeypatch.chdir(tmp_path)  # the same tiny run as test_training's
     rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {a + 1}?"}]} for a in range(1, 9)]
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    run_workdir(tmp_path, rows, {"tiny_rewards": test_training.REWARDS}, monkeypatch)
     host = PluginHost()
     host.pm.register(Churn(), name="test.churn")
-    cfg = validate(test_training.tiny_config(tmp_path, smollm2_dir, max_steps=1))
+    cfg = validate(test_training.tiny_config(tmp_path, tiny_model_dir, max_steps=1))
     assert cfg.reuse_freed_memory == "auto" and not torch.cuda.is_available()
     assert run_training(cfg, host) == "completed"
     assert len(seen) == 24 and sum(seen[-3:]) < (40 << 20) // 4096 * 0.05, seen

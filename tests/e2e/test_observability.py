@@ -2,8 +2,9 @@
 training, health alerts, the progress display, and the tools around a run
 (``grpo report``, ``grpo rewards test``, ``grpo eval``, ``grpo merge``).
 
-One tiny ``grpo run`` (real CLI subprocess, SmolLM2, transformers rollout,
-2 steps) with every feature on is shared by the module; each test reads back
+One tiny ``grpo run`` (real CLI subprocess, the tiny random model of
+tests/tiny_model.py: what is checked is what the run writes, not what it
+learns; transformers rollout, 2 steps) with every feature on is shared by the module; each test reads back
 what it wrote with the real libraries (TensorBoard's event reader, MLflow's
 client, W&B's offline run file, PIL for the plots).
 """
@@ -33,8 +34,10 @@ def last_digit_even(completions, **kwargs):
         out.append(1.0 if digits and int(digits[-1]) % 2 == 0 else 0.0)
     return out
 
-def length_score(completion_ids, **kwargs):
-    return [len(ids) / 8.0 for ids in completion_ids]
+def even_tokens(completion_ids, **kwargs):
+    # the fraction of even token ids: it varies within every group of the tiny model's random
+    # completions (which never sample a digit or EOS in 8 tokens), so every step trains
+    return [sum(t % 2 == 0 for t in ids) / max(1, len(ids)) for ids in completion_ids]
 
 def broken(completions, **kwargs):
     raise ValueError("boom")
@@ -62,7 +65,7 @@ def write_config(root: Path, model_dir: str, name: str = "config.toml", **top) -
         "learning_rate": 1e-3,
         "lr_scheduler": "constant",
         "output_dir": str(root / "out"),
-        "seed": 8,  # step 1's batch has a learning signal: it trains (entropy, the alert, the adapter moves)
+        "seed": 8,  # even_tokens varies within every group: step 1 trains (entropy, the alert, the adapter moves)
         "report_to": ["tensorboard", "wandb", "mlflow"],
         # thresholds that make alerts fire deterministically on 2 steps
         "alerts": {
@@ -76,7 +79,7 @@ def write_config(root: Path, model_dir: str, name: str = "config.toml", **top) -
         "trl": {
             "num_generations": GENERATIONS,
             "max_completion_length": 8,
-            "reward_funcs": ["tiny_rewards.last_digit_even", "tiny_rewards.length_score"],
+            "reward_funcs": ["tiny_rewards.last_digit_even", "tiny_rewards.even_tokens"],
             "reward_weights": [1.0, 0.5],
             "temperature": 1.0,
             "log_completions": True,
@@ -104,7 +107,7 @@ def env_for(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: str):
+def run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str):
     root = tmp_path_factory.mktemp("observe")
     (root / "tiny_rewards.py").write_text(REWARDS)
     rows = [
@@ -112,7 +115,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: str):
         for a in range(1, 11)
     ]
     (root / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    config = write_config(root, smollm2_dir)
+    config = write_config(root, tiny_model_dir)
     proc = subprocess.run(  # noqa: S603 - our own console script
         [sys.executable, "-m", "grpo_core.interface.cli", "run", str(config)],
         cwd=root,
@@ -127,7 +130,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: str):
         "out": root / "out",
         "config": config,
         "output": proc.stdout + proc.stderr,
-        "model_dir": smollm2_dir,
+        "model_dir": tiny_model_dir,
     }
 
 
@@ -145,7 +148,7 @@ def test_evaluation_logs_eval_metrics_every_eval_step(run) -> None:
         for key in (
             "eval/reward",
             "eval/rewards/last_digit_even/mean",
-            "eval/rewards/length_score/mean",
+            "eval/rewards/even_tokens/mean",
             "eval/completions/mean_length",
             "eval/policy_version",
         ):
@@ -153,7 +156,7 @@ def test_evaluation_logs_eval_metrics_every_eval_step(run) -> None:
         assert record["eval/num_samples"] == VAL  # one greedy completion per held-out prompt
         assert 0 < record["eval/completions/mean_length"] <= 8
         # the eval reward is the weighted sum of the per-function means
-        expected = record["eval/rewards/last_digit_even/mean"] + 0.5 * record["eval/rewards/length_score/mean"]
+        expected = record["eval/rewards/last_digit_even/mean"] + 0.5 * record["eval/rewards/even_tokens/mean"]
         assert record["eval/reward"] == pytest.approx(expected, abs=1e-6)
     # pinned at the version the trainer had just synced: the one that
     # generated the step's batch, plus one if the step updated the weights
@@ -199,7 +202,7 @@ def test_completion_log_appends_every_logged_step(run) -> None:
     per_step = PROMPTS_PER_STEP * GENERATIONS
     assert [r["step"] for r in rows] == [1] * per_step + [2] * per_step
     for row in rows:
-        assert set(row) >= {"prompt", "completion", "reward/last_digit_even", "reward/length_score", "advantage"}
+        assert set(row) >= {"prompt", "completion", "reward/last_digit_even", "reward/even_tokens", "advantage"}
         assert row["reward/last_digit_even"] in (0.0, 1.0)
     # advantages are group-relative: they sum to ~0 within each prompt's group
     for start in range(0, len(rows), GENERATIONS):
@@ -344,7 +347,7 @@ def test_rewards_test_generates_with_the_model(run, capsys: pytest.CaptureFixtur
     monkeypatch.syspath_prepend(str(run["root"]))
     assert main(["rewards", "test", str(run["config"]), "--samples", "2", "--generations", "2"]) == 0
     out = capsys.readouterr().out
-    assert "2 generated completion(s) per row" in out and "length_score: 4 completions" in out
+    assert "2 generated completion(s) per row" in out and "even_tokens: 4 completions" in out
 
 
 def test_merge_gives_a_plain_model_equal_to_base_plus_adapter(run) -> None:

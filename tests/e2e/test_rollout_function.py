@@ -1,12 +1,13 @@
 """`trl.rollout_func`: a user function generates; its extra fields reach
-the reward functions; bad output is reported by name."""
+the reward functions; bad output is reported by name. The tiny model
+(tests/tiny_model.py): the function, not the model, makes the completions."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from helpers import metrics, raw_config, run_workdir
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.errors import GrpoError
@@ -38,42 +39,38 @@ def env_reward(completions, env_score, **kwargs):
 
 @pytest.fixture()
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "env_mod.py").write_text(ENV)
     rows = [{"prompt": [{"role": "user", "content": f"Pick a number {i}"}]} for i in range(4)]
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    return run_workdir(tmp_path, rows, {"env_mod": ENV}, monkeypatch)
 
 
 def config(workdir: Path, model: str, func: str) -> dict:
-    return {
-        "base_model": model,
-        "adapter": "lora",
-        "lora_r": 4,
-        "datasets": [{"path": str(workdir / "train.jsonl")}],
-        "micro_batch_size": 4,
-        "max_steps": 1,
-        "learning_rate": 1e-3,
-        "output_dir": str(workdir / "out"),
-        "trl": {
+    return raw_config(
+        model,
+        workdir,
+        adapter="lora",
+        lora_r=4,
+        micro_batch_size=4,
+        max_steps=1,
+        learning_rate=1e-3,
+        trl={
             "num_generations": 4,
             "max_completion_length": 8,
             "rollout_func": func,
             "reward_funcs": ["env_mod.env_reward"],
         },
-    }
+    )
 
 
-def test_rollout_func_drives_generation_and_feeds_rewards(workdir: Path, smollm2_dir: str) -> None:
-    assert run_training(validate(config(workdir, smollm2_dir, "env_mod.rollout"))) == "completed"
-    record = json.loads((workdir / "out" / "metrics.jsonl").read_text().splitlines()[0])
+def test_rollout_func_drives_generation_and_feeds_rewards(workdir: Path, tiny_model_dir: str) -> None:
+    assert run_training(validate(config(workdir, tiny_model_dir, "env_mod.rollout"))) == "completed"
+    record = metrics(workdir / "out")[0]
     # env_score 0, 1, 2, 3 per group: the reward function saw the extra field
     assert record["rewards/env_reward/mean"] == pytest.approx(1.5)
     assert record["completions/mean_length"] == pytest.approx(2.0)  # one digit + EOS
 
 
-def test_rollout_func_wrong_output_is_named(workdir: Path, smollm2_dir: str) -> None:
+def test_rollout_func_wrong_output_is_named(workdir: Path, tiny_model_dir: str) -> None:
     with pytest.raises(
         GrpoError, match=r"trl.rollout_func 'env_mod.short' returned 0 'prompt_ids' entries; expected 4"
     ):
-        run_training(validate(config(workdir, smollm2_dir, "env_mod.short")))
+        run_training(validate(config(workdir, tiny_model_dir, "env_mod.short")))

@@ -5,10 +5,10 @@ the engine's start and the training loop, everything as it was afterwards
 from __future__ import annotations
 
 import gc
-import json
 from pathlib import Path
 
 import pytest
+from helpers import run_workdir
 
 from grpo_core.runtime.collector import StartupCollector
 
@@ -65,7 +65,7 @@ def test_cyclic_garbage_of_the_training_loop_is_still_collected() -> None:
 
 
 def test_a_real_run_starts_without_collections_and_trains_with_them(
-    tmp_path: Path, smollm2_dir: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_model_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import test_training
 
@@ -85,15 +85,13 @@ def test_a_real_run_starts_without_collections_and_trains_with_them(
         def grpo_step_end(self, progress, metrics) -> None:
             seen["step"] = (gc.isenabled(), gc.get_freeze_count())
 
-    (tmp_path / "tiny_rewards.py").write_text(test_training.REWARDS)  # the same tiny run as test_training's
+    monkeypatch.chdir(tmp_path)  # the same tiny run as test_training's
     rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {a + 1}?"}]} for a in range(1, 9)]
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    run_workdir(tmp_path, rows, {"tiny_rewards": test_training.REWARDS}, monkeypatch)
     gc.enable()
     host = PluginHost()
     host.pm.register(Watch(), name="test.watch")
-    assert run_training(validate(test_training.tiny_config(tmp_path, smollm2_dir, max_steps=1)), host) == "completed"
+    assert run_training(validate(test_training.tiny_config(tmp_path, tiny_model_dir, max_steps=1)), host) == "completed"
     enabled, frozen = seen["engine start"]
     assert not enabled and frozen > 100_000  # torch, transformers and the model: out of every scan
     enabled, frozen = seen["step"]

@@ -1,4 +1,7 @@
-"""End-to-end training runs on the real SmolLM2 model (transformers rollout).
+"""End-to-end training runs (transformers rollout) on the tiny random model of
+tests/tiny_model.py: what is checked is the loop's plumbing (metrics keys,
+timings, checkpoints, a loadable adapter, errors naming the reward, the
+reference model), not what a model learns (tests/e2e/test_learning.py).
 
 Each run is tiny (a few steps, 8-token completions) but goes through the
 whole loop: dataset, rollout, rewards, advantages, loss, optimizer,
@@ -7,11 +10,11 @@ checkpoints, metrics, final adapter.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import metrics, run_workdir
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.errors import RewardError
@@ -27,38 +30,38 @@ def last_digit_even(completions, **kwargs):
         out.append(1.0 if digits and int(digits[-1]) % 2 == 0 else 0.0)
     return out
 
-def length_score(completions, completion_ids, **kwargs):
-    return [len(ids) / 8.0 for ids in completion_ids]
+def even_tokens(completions, completion_ids, **kwargs):
+    # the fraction of even token ids: it varies within every group of the tiny model's random
+    # completions (which never sample a digit or EOS in 8 tokens), so every step trains
+    return [sum(t % 2 == 0 for t in ids) / max(1, len(ids)) for ids in completion_ids]
 
 def broken(completions, **kwargs):
     raise ValueError("boom")
 """
 
 
+ROWS = [
+    {"prompt": [{"role": "user", "content": f"What is {a} + {a + 1}?"}], "answer": str(2 * a + 1)} for a in range(1, 9)
+]
+
+
 @pytest.fixture()
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "tiny_rewards.py").write_text(REWARDS)
-    rows = [
-        {"prompt": [{"role": "user", "content": f"What is {a} + {a + 1}?"}], "answer": str(2 * a + 1)}
-        for a in range(1, 9)
-    ]
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    return run_workdir(tmp_path, ROWS, {"tiny_rewards": REWARDS}, monkeypatch)
 
 
-def tiny_config(workdir: Path, smollm2_dir: str, **overrides) -> dict:
+def tiny_config(workdir: Path, model_dir: str, **overrides) -> dict:
     trl = {
         "num_generations": 4,
         "max_completion_length": 8,
-        "reward_funcs": ["tiny_rewards.last_digit_even", "tiny_rewards.length_score"],
+        "reward_funcs": ["tiny_rewards.last_digit_even", "tiny_rewards.even_tokens"],
         "reward_weights": [1.0, 0.5],
         "temperature": 1.0,
     }
     trl.update(overrides.pop("trl", {}))
     cfg = {
-        "base_model": smollm2_dir,
+        "base_model": model_dir,
         "adapter": "lora",
         "lora_r": 8,
         "lora_alpha": 16,
@@ -77,10 +80,6 @@ def tiny_config(workdir: Path, smollm2_dir: str, **overrides) -> dict:
     return cfg
 
 
-def read_metrics(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 REQUIRED_METRICS = {
     "step",
     "loss",
@@ -90,7 +89,7 @@ REQUIRED_METRICS = {
     "reward_std",
     "rewards/last_digit_even/mean",
     "rewards/last_digit_even/std",
-    "rewards/length_score/mean",
+    "rewards/even_tokens/mean",
     "frac_reward_zero_std",
     "entropy",
     "clip_ratio/region_mean",
@@ -101,12 +100,12 @@ REQUIRED_METRICS = {
 }
 
 
-def test_short_run_writes_metrics_checkpoints_and_a_loadable_adapter(workdir: Path, smollm2_dir: str) -> None:
-    # seed 8: both steps' batches have a learning signal (every metric below is of a trained step)
-    cfg = validate(tiny_config(workdir, smollm2_dir, save_steps=1, seed=8))
+def test_short_run_writes_metrics_checkpoints_and_a_loadable_adapter(workdir: Path, tiny_model_dir: str) -> None:
+    # even_tokens varies within every group: both steps train (every metric below is of a trained step)
+    cfg = validate(tiny_config(workdir, tiny_model_dir, save_steps=1, seed=8))
     assert run_training(cfg) == "completed"
     out = workdir / "out"
-    records = read_metrics(out)
+    records = metrics(out)
     assert [r["step"] for r in records] == [1, 2]
     missing = REQUIRED_METRICS - set(records[0])
     assert not missing, f"metrics.jsonl lacks {missing}"
@@ -127,7 +126,7 @@ def test_short_run_writes_metrics_checkpoints_and_a_loadable_adapter(workdir: Pa
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(smollm2_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     model = PeftModel.from_pretrained(base, str(out))
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "training left every LoRA B at zero"
@@ -135,16 +134,16 @@ def test_short_run_writes_metrics_checkpoints_and_a_loadable_adapter(workdir: Pa
 
 @pytest.mark.extended  # exact resume is the default tier's through tests/e2e/test_resume_exact.py (split runs equal a
 # straight run)
-def test_resume_continues_identically(workdir: Path, smollm2_dir: str) -> None:
-    straight = validate(tiny_config(workdir, smollm2_dir, max_steps=3, output_dir=str(workdir / "straight")))
+def test_resume_continues_identically(workdir: Path, tiny_model_dir: str) -> None:
+    straight = validate(tiny_config(workdir, tiny_model_dir, max_steps=3, output_dir=str(workdir / "straight")))
     run_training(straight)
 
-    first = validate(tiny_config(workdir, smollm2_dir, max_steps=2, save_steps=1, output_dir=str(workdir / "split")))
+    first = validate(tiny_config(workdir, tiny_model_dir, max_steps=2, save_steps=1, output_dir=str(workdir / "split")))
     run_training(first)
     resumed = validate(
         tiny_config(
             workdir,
-            smollm2_dir,
+            tiny_model_dir,
             max_steps=3,
             output_dir=str(workdir / "split"),
             resume_from_checkpoint=str(workdir / "split" / "checkpoint-2"),
@@ -152,7 +151,7 @@ def test_resume_continues_identically(workdir: Path, smollm2_dir: str) -> None:
     )
     run_training(resumed)
 
-    a, b = read_metrics(workdir / "straight"), read_metrics(workdir / "split")
+    a, b = metrics(workdir / "straight"), metrics(workdir / "split")
     assert [r["step"] for r in b] == [1, 2, 3]
     for key in ("reward", "loss", "completions/mean_length", "grad_norm"):
         assert a[-1][key] == pytest.approx(b[-1][key], rel=1e-4, abs=1e-6), key
@@ -166,13 +165,13 @@ def test_resume_continues_identically(workdir: Path, smollm2_dir: str) -> None:
         torch.testing.assert_close(wa[key], wb[key], rtol=1e-4, atol=1e-6)
 
 
-def test_failing_reward_names_function_and_keeps_checkpoint(workdir: Path, smollm2_dir: str) -> None:
-    ok = validate(tiny_config(workdir, smollm2_dir, max_steps=1))
+def test_failing_reward_names_function_and_keeps_checkpoint(workdir: Path, tiny_model_dir: str) -> None:
+    ok = validate(tiny_config(workdir, tiny_model_dir, max_steps=1))
     run_training(ok)
     broken = validate(
         tiny_config(
             workdir,
-            smollm2_dir,
+            tiny_model_dir,
             max_steps=2,
             resume_from_checkpoint="latest",
             trl={"reward_funcs": ["tiny_rewards.broken"], "reward_weights": [1.0]},
@@ -187,12 +186,12 @@ def test_failing_reward_names_function_and_keeps_checkpoint(workdir: Path, smoll
 
 
 def test_num_iterations_and_beta_run_with_reference(
-    workdir: Path, smollm2_dir: str, capsys: pytest.CaptureFixture
+    workdir: Path, tiny_model_dir: str, capsys: pytest.CaptureFixture
 ) -> None:
     cfg = validate(
         tiny_config(
             workdir,
-            smollm2_dir,
+            tiny_model_dir,
             max_steps=2,
             trl={"num_iterations": 2, "beta": 0.04, "loss_type": "grpo", "num_completions_to_print": 2},
         )
@@ -200,7 +199,7 @@ def test_num_iterations_and_beta_run_with_reference(
     run_training(cfg)
     shown = capsys.readouterr().err
     assert "sample completions" in shown and "last_digit_even" in shown  # the completions table
-    records = read_metrics(workdir / "out")
+    records = metrics(workdir / "out")
     assert "kl" in records[0] and records[0]["kl"] is not None
     # the second iteration reuses the batch: its ratio differs from 1 after an update
     assert records[1]["kl"] >= 0.0
