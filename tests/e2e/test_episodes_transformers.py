@@ -4,7 +4,9 @@ each turn, no server), with a chat template that rewrites earlier turns.
 The template below drops the content of every assistant message that is not
 the last one, as reasoning models' templates drop earlier thinking: the
 conversation it renders is then not the ids the model was given. grpo must
-notice, say so, count it, and still train on the ids as sampled.
+notice, say so, count it, and still train on the ids as sampled. The model
+is the tiny one of tests/tiny_model.py (SmolLM2's tokenizer and chat tokens):
+the episode plumbing is the point, not what the model says.
 """
 
 from __future__ import annotations
@@ -38,12 +40,12 @@ def guess_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_transformers_rollout_runs_episodes_and_a_rewriting_template_is_counted(
-    smollm2_dir: str, tmp_path: Path, guess_site: Path, capsys: pytest.CaptureFixture[str]
+    tiny_model_dir: str, tmp_path: Path, guess_site: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
     cfg = validate(
         {
-            "base_model": smollm2_dir,
+            "base_model": tiny_model_dir,
             "adapter": "lora",
             "lora_r": 8,
             "sequence_len": 256,

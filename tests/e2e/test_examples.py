@@ -1,5 +1,7 @@
 """The shipped examples run as written (one short step each, transformers
-rollout so no server is needed; the vLLM path is covered in tests/e2e/vllm)."""
+rollout so no server is needed; the vLLM path is covered in tests/e2e/vllm).
+The model is swapped for the tiny one of tests/tiny_model.py: what is checked
+is that each config, its data and its rewards run, not what the model learns."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ EXAMPLES = REPO / "examples"
 
 
 @pytest.mark.parametrize("name", ["arithmetic", "gsm8k", "gdpo"])
-def test_example_trains_one_step(name: str, smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_example_trains_one_step(
+    name: str, tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # the config must find its data and rewards beside itself
     # Several examples have a `rewards.py`, and loading a config puts its folder
     # on sys.path for the rest of the process: put this example's folder first.
@@ -26,7 +30,7 @@ def test_example_trains_one_step(name: str, smollm2_dir: str, tmp_path: Path, mo
     cfg = load_config(
         EXAMPLES / name / "config.toml",
         [
-            f"base_model={json.dumps(smollm2_dir)}",
+            f"base_model={json.dumps(tiny_model_dir)}",
             "trl.use_vllm=false",
             "max_steps=1",
             "micro_batch_size=8",

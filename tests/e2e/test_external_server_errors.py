@@ -119,7 +119,7 @@ def context(tmp_path: Path, base_url: str, **trl: Any) -> RunContext:
     return ctx
 
 
-def test_grpo_run_against_an_old_protocol_trl_server_says_so_in_one_line(tmp_path: Path, smollm2_dir: str) -> None:
+def test_grpo_run_against_an_old_protocol_trl_server_says_so_in_one_line(tmp_path: Path, tiny_model_dir: str) -> None:
     """``grpo run`` (the real CLI) pointed at a server of TRL's older protocol:
     one line naming the servers grpo does talk to, no traceback."""
     (tmp_path / "train.jsonl").write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n' * 8)
@@ -127,7 +127,7 @@ def test_grpo_run_against_an_old_protocol_trl_server_says_so_in_one_line(tmp_pat
         (tmp_path / "config.yaml").write_text(
             json.dumps(
                 {  # JSON is YAML
-                    "base_model": smollm2_dir,
+                    "base_model": tiny_model_dir,
                     "datasets": [{"path": str(tmp_path / "train.jsonl")}],
                     "micro_batch_size": 4,
                     "max_steps": 1,
