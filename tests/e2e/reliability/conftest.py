@@ -16,8 +16,17 @@ def workdir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture()
-def runner(workdir: Path, smollm2_dir: str) -> Iterator[Runner]:
+def run_model(tiny_model_dir: str) -> str:
+    """The model the runs train: the tiny one (tests/tiny_model.py), since a
+    fault's handling is plumbing, not learning. A module whose runs talk to
+    the session's vLLM server overrides it with ``smollm2_dir`` (the server
+    serves SmolLM2, so a LoRA of another model cannot load there)."""
+    return tiny_model_dir
+
+
+@pytest.fixture()
+def runner(workdir: Path, run_model: str) -> Iterator[Runner]:
     """Starts ``grpo run`` processes in ``workdir``; kills leftovers at the end."""
-    runs = Runner(workdir, smollm2_dir)
+    runs = Runner(workdir, run_model)
     yield runs
     runs.close()

@@ -47,6 +47,14 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has
 
 pytestmark = pytest.mark.vllm
 
+
+@pytest.fixture()
+def run_model(smollm2_dir: str) -> str:
+    """SmolLM2, not conftest.py's tiny model: these runs sync LoRA adapters to
+    the session's vLLM server, which serves SmolLM2."""
+    return smollm2_dir
+
+
 MAX_STEPS = 6  # 2 prompts a step over 8 rows: the run crosses an epoch (a reshuffle)
 SERVER = {
     "host": "127.0.0.1",

@@ -1,5 +1,7 @@
 """Process faults during a real ``grpo run``: SIGTERM / SIGINT, ``kill -9``
-between steps, and ``kill -9`` while a checkpoint is being written.
+between steps, and ``kill -9`` while a checkpoint is being written. The runs
+train the tiny model of tests/tiny_model.py (what a fault leaves behind is
+plumbing; the reliability conftest's ``run_model``).
 
 Signals save a checkpoint at the next step edge and exit 130 with a resume
 hint. After ``kill -9`` the run resumes from the newest complete checkpoint
@@ -42,9 +44,11 @@ def _run_settings() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: str) -> Iterator[tuple[dict[int, dict], dict]]:
+def uninterrupted(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str
+) -> Iterator[tuple[dict[int, dict], dict]]:
     """The reference: the same run, never interrupted. (metrics per step, final adapter)"""
-    runner = Runner(populate(tmp_path_factory.mktemp("uninterrupted") / "work"), smollm2_dir)
+    runner = Runner(populate(tmp_path_factory.mktemp("uninterrupted") / "work"), tiny_model_dir)
     try:
         code, output = runner.run(runner.config(**_run_settings()))
         assert code == 0, output[-6000:]

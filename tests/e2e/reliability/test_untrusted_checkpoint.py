@@ -1,6 +1,6 @@
 """A checkpoint someone else wrote cannot run code through ``grpo run``.
 
-One real run on SmolLM2 writes a checkpoint in the middle of a batch
+One real run on the tiny model (tests/tiny_model.py) writes a checkpoint in the middle of a batch
 (``num_iterations = 2``, saved after step 1, so the pending batch of grpo
 dataclasses is in it). Resuming it works; the same checkpoint with a state
 file replaced by a pickle that would write a marker file is refused with
@@ -36,8 +36,10 @@ class WritesMarker:
 
 
 @pytest.fixture(scope="module")
-def mid_batch_checkpoint(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: str) -> Iterator[tuple[Runner, Path]]:
-    runner = Runner(populate(tmp_path_factory.mktemp("untrusted") / "work"), smollm2_dir)
+def mid_batch_checkpoint(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str
+) -> Iterator[tuple[Runner, Path]]:
+    runner = Runner(populate(tmp_path_factory.mktemp("untrusted") / "work"), tiny_model_dir)
     try:
         code, output = runner.run(runner.config(**SETTINGS))
         assert code == 0, output[-6000:]

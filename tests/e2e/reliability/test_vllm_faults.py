@@ -42,6 +42,14 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has
 
 pytestmark = pytest.mark.vllm
 
+
+@pytest.fixture()
+def run_model(smollm2_dir: str) -> str:
+    """SmolLM2, not conftest.py's tiny model: these runs sync LoRA adapters to
+    the session's vLLM server, which serves SmolLM2."""
+    return smollm2_dir
+
+
 API_KEY = SESSION_API_KEY  # the proxied tests reach the session's server with it; a managed run takes any key
 SERVER = {
     "host": "127.0.0.1",
