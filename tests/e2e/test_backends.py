@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import metrics
+from helpers import metrics, raw_config, write_rows
 
 from grpo_core import parallel as backends
 from grpo_core.config.loader import validate
@@ -26,27 +26,23 @@ def even(completion_ids, **kwargs):
 """
 
 
+RUN = {
+    "adapter": "lora",
+    "lora_r": 4,
+    "sequence_len": 64,
+    "micro_batch_size": 8,
+    "gradient_accumulation_steps": 2,
+    "max_steps": 2,
+    "learning_rate": 1e-2,
+    "lr_scheduler": "constant",
+    "seed": 1,
+}
+
+
 def _config(tmp_path: Path, model_dir: str, name: str = "out", **top: object):
-    rows = [{"prompt": f"Write token number {i}:"} for i in range(8)]
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    return validate(
-        {
-            "base_model": model_dir,
-            "adapter": "lora",
-            "lora_r": 4,
-            "datasets": [{"path": str(tmp_path / "train.jsonl")}],
-            "sequence_len": 64,
-            "micro_batch_size": 8,
-            "gradient_accumulation_steps": 2,
-            "max_steps": 2,
-            "learning_rate": 1e-2,
-            "lr_scheduler": "constant",
-            "output_dir": str(tmp_path / name),
-            "seed": 1,
-            "trl": {"num_generations": 8, "max_completion_length": 4, "reward_funcs": ["backend_rewards.even"]},
-            **top,
-        }
-    )
+    write_rows(tmp_path / "train.jsonl", [{"prompt": f"Write token number {i}:"} for i in range(8)])
+    trl = {"num_generations": 8, "max_completion_length": 4, "reward_funcs": ["backend_rewards.even"]}
+    return validate(raw_config(model_dir, tmp_path, out=name, **(RUN | {"trl": trl} | top)))
 
 
 @pytest.mark.parametrize(

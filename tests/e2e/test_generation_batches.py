@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import run_workdir
+from helpers import raw_config, run_workdir
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.errors import ConfigError
@@ -30,34 +30,31 @@ from grpo_core.validation.run_check import check_run_config
 REWARDS = "def parity(completion_ids, **kwargs):\n    return [float(sum(ids) % 2) for ids in completion_ids]\n"
 
 
+RUN = {
+    "adapter": None,
+    "sequence_len": 64,
+    "micro_batch_size": 4,
+    "gradient_accumulation_steps": 2,
+    "max_steps": 4,
+    "learning_rate": 1e-3,
+    "lr_scheduler": "constant",
+    "seed": 3,
+}
+
+
 def cfg_for(tmp: Path, model: str = "unused/model", **settings):
     trl = {
         k: settings.pop(k) for k in ("generation_batch_size", "steps_per_generation", "num_iterations") if k in settings
     }
-    return validate(
-        {
-            "base_model": model,
-            "adapter": None,
-            "datasets": [{"path": str(tmp / "train.jsonl")}],
-            "sequence_len": 64,
-            "micro_batch_size": 4,
-            "gradient_accumulation_steps": 2,
-            "max_steps": 4,
-            "learning_rate": 1e-3,
-            "lr_scheduler": "constant",
-            "output_dir": str(tmp / "out"),
-            "seed": 3,
-            **settings,
-            "trl": {
-                "num_generations": 4,
-                "max_completion_length": 3,
-                "reward_funcs": ["gb_rewards.parity"],
-                "temperature": 1.0,
-                "skip_zero_advantage_batches": False,
-                **trl,
-            },
-        }
-    )
+    trl = {
+        "num_generations": 4,
+        "max_completion_length": 3,
+        "reward_funcs": ["gb_rewards.parity"],
+        "temperature": 1.0,
+        "skip_zero_advantage_batches": False,
+        **trl,
+    }
+    return validate(raw_config(model, tmp, **(RUN | settings), trl=trl))
 
 
 # ----------------------------------------------------------------------------- config
