@@ -513,9 +513,9 @@ def run_grpo(model_dir: str, a: argparse.Namespace, workdir: Path) -> dict[str, 
     started = time.perf_counter()
     task = TASKS[a.task]
     use_task(task)
-    from grpo_core import hookimpl
     from grpo_core.config.loader import validate
     from grpo_core.host.plugin_host import PluginHost
+    from grpo_core.plugin_api import hookimpl
     from grpo_core.training.run import run_training
 
     tok = tokenizer_with_template(model_dir)

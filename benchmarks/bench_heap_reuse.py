@@ -42,10 +42,10 @@ def child(way: str, steps: int) -> None:
     import bench_time_to_accuracy as tta
 
     sys.path.insert(0, str(tta.EXAMPLE))  # the example's reward functions
-    from grpo_core import hookimpl
     from grpo_core.config.loader import validate
     from grpo_core.host.plugin_host import PluginHost
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
+    from grpo_core.plugin_api import hookimpl
     from grpo_core.training.run import run_training
 
     faults: list[int] = []

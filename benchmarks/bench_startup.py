@@ -85,7 +85,7 @@ def _grpo_run() -> dict[str, float]:
         argv = [
             PYTHON,
             "-m",
-            "grpo_core.interface.cli",
+            "grpo",
             "run",
             str(CONFIG),
             "--set",

@@ -95,11 +95,11 @@ def main() -> None:
 
     import bench_time_to_accuracy as tta
 
-    from grpo_core import hookimpl
     from grpo_core.config.loader import validate
     from grpo_core.host.plugin_host import PluginHost
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_core.modeling.precision import cpu_flag_summary
+    from grpo_core.plugin_api import hookimpl
     from grpo_core.training.run import run_training
 
     sys.path.insert(0, str(tta.EXAMPLE))

@@ -141,9 +141,9 @@ def grpo_config(
 def run_grpo(model_dir: str, steps: int, workdir: Path, use_vllm: bool, **options: object) -> dict:
     started = time.perf_counter()
     sys.path.insert(0, str(ROOT / "examples" / "arithmetic"))
-    from grpo_core import hookimpl
     from grpo_core.config.loader import validate
     from grpo_core.host.plugin_host import PluginHost
+    from grpo_core.plugin_api import hookimpl
     from grpo_core.training.run import run_training
 
     cfg = validate(grpo_config(model_dir, steps, workdir, use_vllm, **options))

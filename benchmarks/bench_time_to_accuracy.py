@@ -239,9 +239,9 @@ def grpo_config(model_dir: str, steps: int, every: int, output_dir: Path, bf16: 
 
 def run_grpo(model_dir: str, steps: int, every: int, save_dir: Path, clock: Clock, seed: int, bf16: bool | str) -> dict:
     sys.path.insert(0, str(EXAMPLE))
-    from grpo_core import hookimpl
     from grpo_core.config.loader import validate
     from grpo_core.host.plugin_host import PluginHost
+    from grpo_core.plugin_api import hookimpl
     from grpo_core.training.run import run_training
 
     output_dir = save_dir / "grpo-run"

@@ -303,7 +303,7 @@ def check_fsdp(tmp: Path) -> dict:
         "--nproc_per_node",
         "1",
         "-m",
-        "grpo_core.interface.cli",
+        "grpo",
         "run",
         str(path),
     ]

@@ -40,11 +40,8 @@ from collections import deque
 from typing import Any
 
 from grpo_core.plugin_api import (
-    Completion,
-    EpisodeStats,
     GrpoError,
     Prompt,
-    RolloutGroup,
     RunContext,
     ScoredGroup,
     TrainingProgress,
@@ -73,45 +70,6 @@ def all_rewards_zero(group: ScoredGroup) -> bool:
 
 def _prompt_from(data: dict[str, Any]) -> Prompt:
     return Prompt(**data)
-
-
-def _group_to_data(group: ScoredGroup) -> dict[str, Any]:
-    """Plain data; a completion's live ``environment`` (only set while it is
-    being scored) is never saved."""
-    data = dataclasses.asdict(
-        dataclasses.replace(
-            group,
-            group=dataclasses.replace(
-                group.group, completions=[dataclasses.replace(c, environment=None) for c in group.group.completions]
-            ),
-        )
-    )
-    for completion in data["group"]["completions"]:
-        completion.pop("environment", None)
-    return data
-
-
-def _completion_from(data: dict[str, Any]) -> Completion:
-    """A completion back from plain data: its episode record (a dict there)
-    as :class:`EpisodeStats`, its loss mask as saved."""
-    data = dict(data)
-    if isinstance(data.get("episode"), dict):
-        data["episode"] = EpisodeStats(**data["episode"])
-    return Completion(**data)
-
-
-def _group_from_data(data: dict[str, Any]) -> ScoredGroup:
-    rollout = data["group"]
-    return ScoredGroup(
-        group=RolloutGroup(
-            prompt=_prompt_from(rollout["prompt"]),
-            completions=[_completion_from(c) for c in rollout["completions"]],
-            policy_version=rollout["policy_version"],
-        ),
-        rewards=[list(row) for row in data["rewards"]],
-        advantages=list(data["advantages"]),
-        replayed=data["replayed"],
-    )
 
 
 class SignalReplay:
@@ -253,7 +211,7 @@ class SignalReplay:
         with self._lock:
             return {
                 "version": STATE_VERSION,
-                "buffer": [_group_to_data(g) for g in self._buffer],
+                "buffer": [g.to_dict() for g in self._buffer],
                 "pending": [{"prompt": dataclasses.asdict(p), "rerolls": n} for p, n in self._pending],
                 "rerolls": dict(self._rerolls),
                 "totals": dict(self._totals),
@@ -269,7 +227,7 @@ class SignalReplay:
                 "resume with the grpo version that wrote it, or start without resume_from_checkpoint."
             )
         with self._lock:
-            self._buffer = deque(_group_from_data(g) for g in state["buffer"])
+            self._buffer = deque(ScoredGroup.from_dict(g) for g in state["buffer"])
             while len(self._buffer) > self.buffer_size:
                 self._buffer.popleft()
             self._pending = deque((_prompt_from(e["prompt"]), int(e["rerolls"])) for e in state["pending"])

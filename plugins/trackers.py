@@ -7,11 +7,19 @@ package) when it is absent. Every one writes under ``output_dir`` by default
 so a run works offline: W&B in offline mode unless ``WANDB_MODE`` says
 otherwise, MLflow to a local file store unless ``MLFLOW_TRACKING_URI`` is
 set. Tables accumulate: each step's completions are added, earlier ones stay.
+
+A resumed run (``context.start_step`` > 0) continues its tracker's run as
+far as the tracker allows: TensorBoard rewinds its event log to the step
+(``purge_step``: what the killed run logged after it is hidden), W&B and
+MLflow continue the same run, whose id a fresh start keeps in
+``output_dir/<tracker>-run.json``; neither can drop what the killed run
+logged after the step, and each says so when there is some.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 from pathlib import Path
@@ -29,6 +37,47 @@ def _require(tracker: str, module: str, package: str) -> Any:
 
 def _run_name(context: RunContext) -> str:
     return Path(context.output_dir).resolve().name or "grpo"
+
+
+class _RunRecord:
+    """``output_dir/<tracker>-run.json``: the tracker's run id and the last
+    step it logged, so a resumed run continues that run (and knows whether
+    the killed run logged steps past the checkpoint)."""
+
+    def __init__(self, context: RunContext, tracker: str) -> None:
+        self.path = Path(context.output_dir) / f"{tracker}-run.json"
+        self.start_step = int(getattr(context, "start_step", 0) or 0)
+        self.log = context.log
+        self.tracker = tracker
+        self.id: str | None = None
+        self.last_step = 0
+        if self.start_step > 0:
+            try:
+                data = json.loads(self.path.read_text())
+                self.id, self.last_step = str(data["id"]), int(data.get("last_step", 0))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+
+    def continued(self, run_id: str, overlap: str) -> None:
+        """Say that ``run_id`` continues, and ``overlap``: what the tracker does
+        with the steps the interrupted run logged after the start step."""
+        self.log(f"{self.tracker}: continuing run {run_id} from step {self.start_step}")
+        if self.last_step > self.start_step:
+            steps = f"{self.start_step + 1}-{self.last_step}"
+            self.log(
+                f"{self.tracker}: run {run_id} holds what the interrupted run logged for steps {steps}: "
+                f"{overlap.format(steps=steps)} metrics.jsonl holds the one history (its rows are in abandoned/)."
+            )
+
+    def save(self, run_id: str, step: int = 0) -> None:
+        """Keep ``run_id`` and the highest step logged to it (written when either changes)."""
+        if run_id == self.id and step <= self.last_step and self.path.is_file():
+            return
+        self.id, self.last_step = run_id, max(self.last_step, step)
+        try:
+            self.path.write_text(json.dumps({"id": run_id, "last_step": self.last_step}) + "\n")
+        except OSError:  # a full disk: metrics.jsonl's write reports it
+            pass
 
 
 def _markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -51,8 +100,14 @@ class TensorBoardTracker:
         # tensorboard is optional: imported only when the tracker is chosen
         from torch.utils.tensorboard import SummaryWriter
 
+        own = not os.environ.get("TENSORBOARD_LOGGING_DIR")
         self.log_dir = Path(os.environ.get("TENSORBOARD_LOGGING_DIR") or Path(context.output_dir) / "runs")
-        self.writer = SummaryWriter(log_dir=str(self.log_dir))
+        start = int(getattr(context, "start_step", 0) or 0)
+        # TensorBoard's own rewind: events at or after purge_step logged earlier in this directory are hidden
+        # (a resumed run's killed predecessor; on a fresh start in the run's own directory, an earlier run)
+        earlier = own and self.log_dir.is_dir() and any(self.log_dir.iterdir())
+        purge = start + 1 if start > 0 or earlier else None
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
@@ -77,6 +132,8 @@ class WandbTracker:
         self.wandb = _require("wandb", "wandb", "wandb")
         out = Path(context.output_dir)
         out.mkdir(parents=True, exist_ok=True)
+        self.record = _RunRecord(context, "wandb")
+        resume: dict[str, Any] = {"id": self.record.id, "resume": "allow"} if self.record.id else {}
         self.run = self.wandb.init(
             project=os.environ.get("WANDB_PROJECT", "grpo"),
             name=os.environ.get("WANDB_NAME", _run_name(context)),
@@ -84,11 +141,19 @@ class WandbTracker:
             mode=os.environ.get("WANDB_MODE", "offline"),
             config=context.config.model_dump(mode="json"),
             reinit="create_new",
+            **resume,
         )
+        if resume:
+            self.record.continued(
+                self.run.id,
+                "W&B keeps them, and its steps only increase: this run's values for steps {steps} do not replace them.",
+            )
+        self.record.save(self.run.id)
         self.tables: dict[str, Any] = {}
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
+        self.record.save(self.run.id, step)
 
     def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
         table = self.tables.get(name)
@@ -124,13 +189,30 @@ class MlflowTracker:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.mlflow.set_tracking_uri(uri)
         self.mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", "grpo"))
-        self.run = self.mlflow.start_run(run_name=_run_name(context))
+        self.record = _RunRecord(context, "mlflow")
+        self.run = self._start(context)
+        self.record.save(self.run.info.run_id)
         self.client = self.mlflow.tracking.MlflowClient(uri)
         self.tables: dict[str, list[dict[str, Any]]] = {}
+
+    def _start(self, context: RunContext) -> Any:
+        """The resumed run's MLflow run again, else a new one."""
+        if self.record.id:
+            try:
+                run = self.mlflow.start_run(run_id=self.record.id)
+            except Exception as exc:  # gone from this tracking store (another URI): a new run, said so
+                context.log(f"mlflow: cannot continue run {self.record.id} ({exc}); starting a new run")
+            else:
+                self.record.continued(
+                    run.info.run_id, "MLflow keeps them beside this run's values (logged values cannot be removed)."
+                )
+                return run
+        return self.mlflow.start_run(run_name=_run_name(context))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {_MLFLOW_BAD.sub("_", k): v for k, v in metrics.items()}
         self.mlflow.log_metrics(clean, step=step, run_id=self.run.info.run_id)
+        self.record.save(self.run.info.run_id, step)
 
     def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
         # The whole table so far, rewritten: mlflow.log_table's append needs pandas.

@@ -109,8 +109,7 @@ def failing_sync_source(version: int) -> str:
     every policy version but ``version``, where it raises as an engine lost
     mid-load does (tests of what a failed sync leaves behind)."""
     return f'''
-from grpo_core import hookimpl
-from grpo_core.contract.types import SAMPLES_TRAINER_MODEL, SyncResult
+from grpo_core.plugin_api import SAMPLES_TRAINER_MODEL, SyncResult, hookimpl
 
 
 class FailsAt:

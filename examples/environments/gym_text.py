@@ -19,9 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from grpo_core import hookimpl
-from grpo_core.contract.types import EnvironmentReply, Prompt
-from grpo_core.data.prompts import import_from_cwd
+from grpo_core.plugin_api import EnvironmentReply, Prompt, hookimpl, import_from_cwd
 
 
 class GymTextEpisode:

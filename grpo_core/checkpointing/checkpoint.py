@@ -71,18 +71,50 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def check_state_is_plain(extra_state: dict[str, Any]) -> None:
     """Refuse to save plugin state that :func:`safe_load` could not read back.
 
-    A plugin's ``state_dict()`` must return tensors and plain data (dict,
-    list, tuple, str, int, float, bool, None); anything else would need code
-    to rebuild, which loading refuses. Raised before anything is written, so
-    the previous checkpoint stays the latest."""
+    Anything but tensors and plain data (dict, list, tuple, str, int, float,
+    bool, None; a plugin's own state is held to JSON data before this, by
+    :func:`plugin_state`) would need code to rebuild, which loading refuses.
+    Raised before anything is written, so the previous checkpoint stays the latest."""
     for name, value in extra_state.items():
         reason = unloadable_reason(value)
         if reason is not None:
             raise GrpoError(
                 f"cannot checkpoint the state of '{name}': its state_dict() holds something that loading would "
-                f"have to run code to rebuild ({reason}). A plugin's state_dict() must return tensors and plain "
-                "data (dict, list, tuple, str, int, float, bool, None): convert other objects to those."
+                f"have to run code to rebuild ({reason}). A plugin's state_dict() must return plain JSON data "
+                "(dict, list, str, int, float, bool, None): convert other objects to those."
             )
+
+
+def plugin_state(name: str, plugin: Any) -> Any:
+    """``plugin.state_dict()``, refused unless it is plain JSON data (the
+    contract: docs/plugins.md, "State that survives a resume"), naming the
+    first value that is not and how to store it."""
+    state = plugin.state_dict()
+    problem = _not_json(state, "state_dict()")
+    if problem is not None:
+        raise GrpoError(
+            f"cannot checkpoint the state of '{name}': {problem}. A plugin's state_dict() returns plain JSON data "
+            "(dicts with string keys, lists, strings, numbers, booleans, None): store a ScoredGroup as "
+            "group.to_dict() (ScoredGroup.from_dict reads it back), a tensor as .tolist()."
+        )
+    return state
+
+
+def _not_json(value: Any, where: str) -> str | None:
+    """Where ``value`` holds something other than JSON data, or None."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{where} has the key {key!r}, a {type(key).__name__}, not a string"
+            problem = _not_json(item, f"{where}[{key!r}]")
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, (list, tuple)):
+        return next((p for i, item in enumerate(value) if (p := _not_json(item, f"{where}[{i}]")) is not None), None)
+    return f"{where} is a {type(value).__module__}.{type(value).__qualname__}"
 
 
 def _fsync_tree(path: Path) -> None:

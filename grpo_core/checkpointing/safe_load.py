@@ -29,7 +29,6 @@ import torch
 from grpo_core.contract import types as contract_types
 from grpo_core.contract.errors import GrpoError
 from grpo_core.generation.producer import ScoredBatch
-from grpo_core.moved import MOVED_MODULES
 
 
 class UnsafeCheckpoint(GrpoError):
@@ -49,24 +48,21 @@ def grpo_types() -> list[type]:
     return found
 
 
-# Where grpo's checkpointed types lived before a module moved: a checkpoint
-# names a type by its module, so each former home stays readable (the type
-# itself, never the old module path, is what loads).
-FORMER_HOMES: dict[str, str] = {
-    "grpo_core.training.producer": "grpo_core.generation.producer",  # before training/ was split by role
+FORMER_MODULES: dict[str, tuple[str, ...]] = {
+    "grpo_core.contract.types": ("grpo_core.types",),  # before grpo_core's modules moved into layer folders
+    "grpo_core.generation.producer": ("grpo_core.training.producer",),  # before training/ was split by role
 }
+"""Where the modules of :func:`grpo_types` lived before: a checkpoint names a
+type by the module it had when written (``grpo_core.types.Completion``). When
+a module of checkpointed types moves, its old name goes here."""
 
 
 def names_before_the_move() -> list[tuple[type, str]]:
-    """grpo's types under the module paths they had before grpo_core's
-    modules moved (:data:`FORMER_HOMES`, and the layer folders of
-    :mod:`grpo_core.moved`): a checkpoint written then names
-    ``grpo_core.types.Completion`` or ``grpo_core.training.producer.ScoredBatch``,
-    and still loads."""
-    old_of: dict[str, list[str]] = {}
-    for old, new in (MOVED_MODULES | FORMER_HOMES).items():
-        old_of.setdefault(new, []).append(old)
-    return [(kind, f"{old}.{kind.__qualname__}") for kind in grpo_types() for old in old_of.get(kind.__module__, [])]
+    """grpo's types under the module paths they had before (:data:`FORMER_MODULES`),
+    so a checkpoint written then still loads."""
+    return [
+        (kind, f"{old}.{kind.__qualname__}") for kind in grpo_types() for old in FORMER_MODULES.get(kind.__module__, ())
+    ]
 
 
 def numpy_array_types() -> list[Any]:

@@ -189,8 +189,8 @@ PluginSettings = create_model(
             str | None,
             Field(
                 None,
-                description=f"{point.summary}: the implementation's name (or 'distribution:name'). Unset: decided by "
-                f"{point.decided_by}.",
+                description=f"{point.summary}: the implementation's name (or 'distribution:name'). "
+                "Unset: decided by the [trl] options (grpo_core/config/implementations.py).",
             ),
         )
         for point in EXTENSION_POINTS
@@ -332,10 +332,12 @@ class TrlSettings(_Table):
     delta: float | None = Field(
         None, gt=0, description="Two-sided clipping of the ratio for negative advantages (INTELLECT-2)."
     )
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] | None = Field(
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"] | None = Field(
         None,
-        description="Policy loss: grpo, bnpo, dr_grpo, dapo, cispo or sapo (how tokens are weighted and normalised). "
-        "Default dapo.",
+        description="Policy loss: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo or vespo (how tokens are weighted "
+        "and normalised). Default dapo. 'luspo' (length-unbiased GSPO: each sequence's loss times its length) wants "
+        "importance_sampling_level = 'sequence'; 'vespo' (gamma-weighted sequence ratio) takes a token-level "
+        "vllm_importance_sampling_mode.",
     )
     scale_rewards: ScaleRewards | bool = Field(
         True,
@@ -358,6 +360,10 @@ class TrlSettings(_Table):
     sapo_temperature_neg: float = Field(
         1.05, gt=0, description="SAPO's gate temperature for negative advantages (loss_type = 'sapo')."
     )
+    vespo_k_pos: float = Field(2.0, description="VESPO: power k of the weight for advantages >= 0 (TRL 1.16).")
+    vespo_lambda_pos: float = Field(3.0, description="VESPO: decay lambda of the weight for advantages >= 0.")
+    vespo_k_neg: float = Field(3.0, description="VESPO: power k of the weight for negative advantages.")
+    vespo_lambda_neg: float = Field(2.0, description="VESPO: decay lambda of the weight for negative advantages.")
 
     # --- rewards
     reward_funcs: list[str] | None = Field(
@@ -639,7 +645,7 @@ class GRPOConfig(_Table):
     micro_batch_size: int = Field(
         1,
         ge=1,
-        description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo) a step's "
+        description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo, vespo) a step's "
         "micro-batches are cut where they pad least: as many passes, none larger in padded tokens than the "
         "largest of micro_batch_size rows each.",
     )
@@ -793,6 +799,12 @@ class GRPOConfig(_Table):
     save_safetensors: bool = Field(True, description="Save weights as safetensors (false: PyTorch .bin files).")
     resume_from_checkpoint: str | None = Field(
         None, description="A checkpoint directory, or 'latest' for the newest in output_dir."
+    )
+    start_over: bool = Field(
+        False,
+        description="Start from step 0 in an output_dir that holds checkpoints, which is refused otherwise: the "
+        "earlier runs' checkpoints and step logs first move to output_dir/abandoned/<run id>/ (nothing is deleted). "
+        "`grpo run --start-over` sets it for one launch; kept in a config, every launch starts over.",
     )
     use_wandb: bool = Field(False, description="Same as adding 'wandb' to report_to.")
     report_to: list[str] | None = Field(

@@ -1,8 +1,9 @@
-"""The plugin contract: what a plugin author reads.
+"""The plugin contract: what a plugin author reads (the manual: ``docs/plugins.md``).
 
-:mod:`~grpo_core.contract.hookspecs` (every hook, and what an implementation
-receives or must honour), :mod:`~grpo_core.contract.types` (the plain data
-that crosses the contract), :mod:`~grpo_core.contract.context` (what every
+:mod:`~grpo_core.contract.hookspecs` (every hook),
+:mod:`~grpo_core.contract.declarations` (one Protocol per extension point:
+the class attributes the core reads), :mod:`~grpo_core.contract.types` (the
+plain data that crosses the contract), :mod:`~grpo_core.contract.context` (what every
 implementation is built with), :mod:`~grpo_core.contract.errors` and
 :mod:`~grpo_core.contract.extension_points` (the table of extension points
 and the capabilities an implementation declares). Plugins import these names

@@ -38,7 +38,9 @@ from typing import Any
 import pluggy
 from pydantic import BaseModel, ValidationError
 
+from grpo_core.config.implementations import chosen_implementations, source_key
 from grpo_core.contract import hookspecs
+from grpo_core.contract.declarations import declaration_problems
 from grpo_core.contract.errors import ConfigError, GrpoError, PluginError
 from grpo_core.contract.extension_points import (
     ALWAYS_ON_GROUP,
@@ -48,9 +50,7 @@ from grpo_core.contract.extension_points import (
     REWARD_GROUP,
     SETTINGS_ATTRIBUTE,
     ExtensionPoint,
-    chosen_implementations,
     declared,
-    source_key,
 )
 
 SELF_DISTRIBUTION = "grpo"
@@ -230,7 +230,67 @@ def contract_problem(group: str, obj: Any) -> str | None:
     unknown = _unknown_hooks(scratch, obj)
     if unknown:
         return f"marks {unknown} with @hookimpl, but grpo has no such hook"
-    return _role_problem(_implemented(scratch, obj), point)
+    return _role_problem(_implemented(scratch, obj), point) or (
+        _declaration_problem(obj, point) if point is not None else None
+    )
+
+
+def _declaration_problem(cls: type, point: ExtensionPoint) -> str | None:
+    """What an implementation class gets wrong beyond its hooks: how it is
+    built, its own config check, its declared attributes, its state. Each
+    would otherwise fail late or, worse, be silently ignored."""
+    problems = [f"declares {p}" for p in declaration_problems(cls, point.declares)]
+    problems += filter(None, (_constructor_problem(cls), _validate_config_problem(cls), _state_problem(cls)))
+    if not problems:
+        return None
+    return "; ".join(problems) + f" (the contract: grpo_core.plugin_api.{point.declares.__name__}, docs/plugins.md)"
+
+
+def _constructor_problem(cls: type) -> str | None:
+    """Whether ``cls`` can be built as grpo builds it: ``cls(context, settings)``
+    when it declares ``Settings``, ``cls(context)`` otherwise."""
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # a builtin or C-implemented constructor: nothing to read
+        return None
+    settings = getattr(cls, SETTINGS_ATTRIBUTE, None) is not None
+    try:
+        signature.bind(*(("context", "settings") if settings else ("context",)))
+    except TypeError:
+        if settings:
+            return (
+                f"declares Settings, so grpo builds it as {cls.__name__}(context, settings), but its constructor takes "
+                f"{signature}: add the settings parameter (def __init__(self, context, settings))"
+            )
+        return (
+            f"is built as {cls.__name__}(context), but its constructor takes {signature}: take the context alone "
+            "(give other parameters defaults), or declare Settings to receive the [plugins.<name>] table as well"
+        )
+    return None
+
+
+def _validate_config_problem(cls: type) -> str | None:
+    """``grpo_validate_config`` runs on the class before anything is built:
+    an instance method would never be called."""
+    raw = inspect.getattr_static(cls, "grpo_validate_config", None)
+    if raw is None or isinstance(raw, (staticmethod, classmethod)):
+        return None
+    return (
+        "has grpo_validate_config as an instance method, which grpo never calls (it checks a config on the class, "
+        "before building it): make it a @staticmethod taking config"
+    )
+
+
+def _state_problem(cls: type) -> str | None:
+    """State is saved and restored as a pair: one method alone is silently unused."""
+    has = {name for name in ("state_dict", "load_state_dict") if callable(getattr(cls, name, None))}
+    if len(has) != 1:
+        return None
+    missing = ({"state_dict", "load_state_dict"} - has).pop()
+    return (
+        f"defines {has.pop()}() but not {missing}(), so its state is never checkpointed: define both "
+        "(state_dict() returning plain JSON data, load_state_dict(state) restoring it), or neither"
+    )
 
 
 def validate_settings(obj: Any, name: str, table: dict[str, Any] | None) -> BaseModel | None:
@@ -384,7 +444,7 @@ class PluginHost:
         try:
             return info, ep.load()
         except Exception as exc:  # any import-time error of a third-party module
-            raise PluginError(f"{info.describe()} failed to load: {type(exc).__name__}: {exc}") from exc
+            raise PluginError(f"{info.describe()} failed to load: {type(exc).__name__}: {exc}{_api_hint(exc)}") from exc
 
     def list_group(self, group: str) -> list[EntryPointInfo]:
         """Every publication in ``group``, each imported and checked once so
@@ -401,7 +461,7 @@ class PluginHost:
                     try:
                         obj = ep.load()
                     except Exception as exc:
-                        error = f"{type(exc).__name__}: {exc}"
+                        error = f"{type(exc).__name__}: {exc}{_api_hint(exc)}"
                     else:
                         error = contract_problem(group, obj) or error
                 out.append(EntryPointInfo(group, name, info.target, info.distribution, error))
@@ -505,6 +565,12 @@ class PluginHost:
             raise
         except Exception as exc:
             raise PluginError(f"{info.describe()} failed to start: {type(exc).__name__}: {exc}") from exc
+        declared_wrong = declaration_problems(obj, BY_NAME[point].declares)  # set in __init__, or by a factory
+        if declared_wrong:
+            raise PluginError(
+                f"{info.describe()} declares " + "; declares ".join(declared_wrong) + " (the contract: "
+                f"grpo_core.plugin_api.{BY_NAME[point].declares.__name__}, docs/plugins.md)."
+            )
         self._register(obj, info)
         self.chosen[point] = info.name
         return obj
@@ -572,6 +638,18 @@ class PluginHost:
             except OSError:
                 where = ""
         return PluginFailure(f"hook {hook_name} of {who} raised {type(exc).__name__}: {exc}.{where}")
+
+
+def _api_hint(exc: BaseException) -> str:
+    """For a plugin that imports a grpo_core module that is not there (an old
+    path, or one grpo moved): where its names are."""
+    name = getattr(exc, "name", None) or ""
+    if isinstance(exc, ModuleNotFoundError) and name.startswith("grpo_core."):
+        return (
+            f". A plugin imports grpo only through grpo_core.plugin_api (its other modules move without notice): "
+            f"import the names it takes from {name} from grpo_core.plugin_api instead"
+        )
+    return ""
 
 
 def _with_settings(func: Callable[..., Any], settings: BaseModel) -> Callable[..., Any]:

@@ -217,7 +217,8 @@ def train(
                 "into a module and pass them from there, or drop those two options."
             )
         host.pm.register(_CallableRewards(in_memory), name="grpo.api.reward_funcs")
-    status = run_training(cfg, host)
+    config_path = str(Path(config).resolve()) if isinstance(config, (str, Path)) else None
+    status = run_training(cfg, host, config_path=config_path)  # the path names the run in output_dir's lock
     output_dir = Path(cfg.output_dir)
     checkpoints = sorted(
         output_dir.glob("checkpoint-*"),

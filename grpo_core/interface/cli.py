@@ -124,12 +124,29 @@ def _add_run_command(app: typer.Typer) -> None:
             help="Training processes (one per GPU; on CPU they share the cores), started "
             "with accelerate's launcher. Several machines: see docs/multi-gpu.md.",
         ),
+        resume: str | None = typer.Option(
+            None,
+            "--resume",
+            metavar="[PATH]",
+            help="Resume: alone, from the newest checkpoint in output_dir; with PATH, from that checkpoint "
+            '(resume_from_checkpoint = "latest" or PATH, for this launch).',
+            show_default=False,
+        ),
+        start_over: bool = typer.Option(
+            False,
+            "--start-over",
+            help="Start from step 0 in an output_dir that holds checkpoints: they and the logs move to "
+            "output_dir/abandoned/ first, nothing is deleted (start_over = true, for this launch).",
+        ),
     ) -> None:
         """Train: load and check CONFIG, then run GRPO for max_steps optimizer steps.
 
         Checkpoints go to output_dir (every save_steps, at the end, and when
-        interrupted: Ctrl-C saves and exits with code 130).
+        interrupted: Ctrl-C saves and exits with code 130). An output_dir
+        belongs to one live run; a start from step 0 over its checkpoints is
+        refused unless --start-over (or --resume to continue them).
         """
+        set_ = [*(set_ or []), *launch_overrides(resume, start_over)]
         # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.config.loader import load_config
         from grpo_core.interface.launch import CHECKED_ENV
@@ -153,7 +170,37 @@ def _add_run_command(app: typer.Typer) -> None:
             note(message)
         from grpo_core.training.run import run_training  # heavy: torch, transformers
 
-        run_training(cfg, host, warn=note)  # the same checks as `grpo config check`
+        run_training(cfg, host, warn=note, config_path=str(config.resolve()))  # the same checks as `grpo config check`
+
+
+RESUME_LATEST = "latest"
+
+
+def launch_overrides(resume: str | None, start_over: bool) -> list[str]:
+    """``--resume [PATH]`` and ``--start-over`` as the config overrides they
+    stand for (so launched processes get them through ``--set``)."""
+    out = []
+    if resume is not None:
+        out.append(f"resume_from_checkpoint={json.dumps(resume)}")
+    if start_over:
+        out.append("start_over=true")
+    return out
+
+
+def bare_resume_as_latest(argv: list[str]) -> list[str]:
+    """``grpo run CONFIG --resume`` (no value) means the newest checkpoint:
+    a ``--resume`` followed by nothing, by another option, or by a config
+    file (.toml/.yaml/.yml) gets the value ``latest``. Only for ``run``."""
+    if "run" not in argv[:1]:
+        return argv
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg == "--resume":
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            if following is None or following.startswith("-") or Path(following).suffix in {".toml", ".yaml", ".yml"}:
+                out.append(RESUME_LATEST)
+    return out
 
 
 def _add_plugins_command(app: typer.Typer) -> None:
@@ -357,6 +404,7 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.modeling.precision import resolve_precision
     from grpo_core.validation.checks import implementation_names
+    from grpo_core.validation.output_dir import start_line
 
     trl = cfg.trl
     # imported when the command runs, so `grpo --help` stays fast
@@ -394,6 +442,7 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
         f"precision:    {resolve_precision(cfg).reason}",
         "plugins:      " + ", ".join(f"{p}={n}" for p, n in implementation_names(cfg).items()),
         f"output_dir:   {cfg.output_dir}",
+        start_line(cfg),
         _observe_summary(cfg),
     ]
     if cfg.trust_remote_code:
@@ -462,9 +511,10 @@ def _main(argv: list[str] | None) -> int:
     from grpo_core.host.plugin_host import PluginHost
 
     try:
-        allow = allowlist_of_command_line(list(sys.argv[1:] if argv is None else argv))
+        args = bare_resume_as_latest(list(sys.argv[1:] if argv is None else argv))
+        allow = allowlist_of_command_line(args)
         command = typer.main.get_command(build_app(PluginHost(allow=allow)))
-        command.main(args=argv, prog_name="grpo", standalone_mode=True)
+        command.main(args=args, prog_name="grpo", standalone_mode=True)
     except GrpoError as exc:
         stderr(f"error: {exc}")
         return exc.exit_code

@@ -67,10 +67,12 @@ def host_for(cfg: GRPOConfig) -> PluginHost:
 
 
 def load_and_check(
-    config: Path, overrides: list[str] | None, num_processes: int | None = None
+    config: Path, overrides: list[str] | None, num_processes: int | None = None, trains: bool = True
 ) -> tuple[GRPOConfig, PluginHost, list[str]]:
     """The config as ``grpo config check`` judges it: loaded, its always-on
-    plugins registered, checked; the warnings come back as notes."""
+    plugins registered, checked; the warnings come back as notes. ``trains``
+    false: for a command that reads the config but trains nothing (``grpo
+    eval``, ``grpo rewards test``), what output_dir holds does not matter."""
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.config.loader import load_config
     from grpo_core.validation.run_check import check_run_config
@@ -79,7 +81,7 @@ def load_and_check(
     cfg = load_config(config, overrides or [])
     host = host_for(cfg)
     notes = load_always_on(host)
-    notes += check_run_config(cfg, host, num_processes)
+    notes += check_run_config(cfg, host, num_processes, trains=trains)
     return cfg, host, notes
 
 

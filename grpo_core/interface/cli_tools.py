@@ -63,7 +63,7 @@ def register_tools(app: typer.Typer) -> None:
         # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.interface.tools import rewards_test
 
-        cfg, host, notes = load_and_check(config, set_)
+        cfg, host, notes = load_and_check(config, set_, trains=False)
         for note in notes:
             warn(note)
         reports, groups = rewards_test(cfg, host, samples, from_column, generations)
@@ -97,7 +97,7 @@ def register_tools(app: typer.Typer) -> None:
         # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.interface.tools import run_eval
 
-        cfg, host, notes = load_and_check(config, set_)
+        cfg, host, notes = load_and_check(config, set_, trains=False)
         for note in notes:
             warn(note)
         metrics = run_eval(cfg, host, str(adapter) if adapter else None)

@@ -1,16 +1,13 @@
 """``grpo run --num-processes N``: start N training processes with accelerate's launcher.
 
-It runs ``accelerate launch`` (torch's elastic launcher underneath) on this
-same command, so the N processes are exactly those ``accelerate launch -m
-grpo_core.interface.cli run CONFIG`` or ``torchrun -m grpo_core.interface.cli run CONFIG``
-would start: nothing here connects processes itself. The launcher runs
-through this module's ``__main__`` (:func:`quiet_launcher`), which calls
-accelerate's own ``launch_command`` but turns a child's failure into its
-exit code instead of elastic's ``ChildFailedError`` dump: the child has
-already printed its one-line error. Machines beyond one
-are the launchers' own options (``--num_machines``/``--machine_rank``/
-``--main_process_ip`` or torchrun's ``--nnodes``/``--rdzv_endpoint``),
-documented in docs/multi-gpu.md.
+It runs ``accelerate launch`` (torch's elastic launcher underneath) on this same command, so the N
+processes are exactly those ``accelerate launch -m grpo run CONFIG`` or ``torchrun -m grpo run
+CONFIG`` would start: nothing here connects processes itself. The launcher runs through this
+module's ``__main__`` (:func:`quiet_launcher`), which calls accelerate's own ``launch_command`` but
+turns a child's failure into its exit code instead of elastic's ``ChildFailedError`` dump: the child
+has already printed its one-line error. Machines beyond one are the launchers' own options
+(``--num_machines``/``--machine_rank``/``--main_process_ip`` or torchrun's
+``--nnodes``/``--rdzv_endpoint``), documented in docs/multi-gpu.md.
 """
 
 from __future__ import annotations
@@ -57,7 +54,7 @@ def launcher_command(num_processes: int, grpo_args: list[str], cuda: bool) -> li
     ]
     if not cuda:
         cmd += ["--num_cpu_threads_per_process", str(max(1, (os.cpu_count() or 1) // num_processes))]
-    return [*cmd, "-m", "grpo_core.interface.cli", *grpo_args]
+    return [*cmd, "-m", "grpo", *grpo_args]
 
 
 def launch(num_processes: int, grpo_args: list[str]) -> int:

@@ -1,6 +1,9 @@
 """``grpo report OUTPUT_DIR``: plots and a one-screen summary of a run,
 from what it wrote (``metrics.jsonl``, ``alerts.jsonl``), so it works on a
-finished run, a running one or one that died.
+finished run, a running one or one that died. It reads the run's one
+history: one row per step (in a log from before grpo set a killed run's
+rows aside, the resumed run's row of a step logged twice), and lists what
+was set aside under ``abandoned/``.
 
 Plots (PNG, matplotlib's Agg backend, in ``OUTPUT_DIR/report/``): one per
 panel of :data:`PANELS` that has data. The summary gives the first, last
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_core.contract.errors import ConfigError, DataError
+from grpo_core.observability.history import abandoned_summary, surviving_rows
 
 # panel file name -> (title, which metric keys it draws)
 PANELS: dict[str, tuple[str, Callable[[str], bool]]] = {
@@ -137,14 +141,30 @@ def summary(records: list[dict[str, Any]], alerts: list[dict[str, Any]], output_
     return "\n".join(lines)
 
 
+def history_notes(output_dir: Path, dropped: int) -> list[str]:
+    """What the report leaves out: rows an interrupted run wrote after the
+    checkpoint a later run resumed from (:mod:`grpo_core.observability.history`)."""
+    lines = []
+    if dropped:
+        lines.append(
+            f"left out: {dropped} metrics row(s) superseded by a resumed run (a step logged again: the later row is "
+            "the surviving run's)"
+        )
+    abandoned = abandoned_summary(output_dir)
+    if abandoned:
+        lines.append("abandoned by resumed runs (not plotted):")
+        lines += abandoned
+    return lines
+
+
 def build_report(output_dir: Path, out_dir: Path | None = None) -> tuple[str, list[Path]]:
-    """Write the plots; return ``(summary text, PNG paths)``."""
+    """Write the plots of the run's one history; return ``(summary text, PNG paths)``."""
     output_dir = Path(output_dir)
-    records = read_jsonl(output_dir / "metrics.jsonl")
+    records, dropped = surviving_rows(read_jsonl(output_dir / "metrics.jsonl"))
     if not records:
         raise DataError(f"{output_dir / 'metrics.jsonl'} is missing or empty: point grpo report at a run's output_dir.")
     alerts = read_jsonl(output_dir / "alerts.jsonl")
     pngs = plot(records, out_dir or output_dir / "report")
-    text = summary(records, alerts, output_dir)
+    text = "\n".join([summary(records, alerts, output_dir), *history_notes(output_dir, dropped)])
     (pngs[0].parent if pngs else output_dir).joinpath("summary.txt").write_text(text + "\n", encoding="utf-8")
     return text, pngs

@@ -8,12 +8,9 @@ mechanism is :mod:`grpo_core.generation.spread`.
 
 from __future__ import annotations
 
+from grpo_core.config.implementations import chosen_implementations
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.contract.extension_points import (
-    BY_NAME,
-    chosen_implementations,
-    declared,
-)
+from grpo_core.contract.extension_points import BY_NAME, declared
 from grpo_core.contract.types import SAMPLES_TRAINER_MODEL
 from grpo_core.host.plugin_host import PluginHost
 from grpo_core.parallel import backend_for

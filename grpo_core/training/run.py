@@ -21,15 +21,12 @@ import numpy as np
 import torch
 
 from grpo_core.checkpointing import checkpoint as ckpt
+from grpo_core.checkpointing import lineage
+from grpo_core.config.implementations import chosen_implementations
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
-from grpo_core.contract.errors import PluginError, StorageError, TrainingInterrupted
-from grpo_core.contract.extension_points import (
-    BY_NAME,
-    EXTENSION_POINTS,
-    chosen_implementations,
-    declared,
-)
+from grpo_core.contract.errors import ConfigError, PluginError, StorageError, TrainingInterrupted
+from grpo_core.contract.extension_points import BY_NAME, EXTENSION_POINTS, declared
 from grpo_core.contract.types import (
     SAMPLES_TRAINER_MODEL,
     Checkpointable,
@@ -63,6 +60,7 @@ from grpo_core.runtime.collector import StartupCollector
 from grpo_core.runtime.cpu_affinity import format_cpu_list, keep_off_engine_cores
 from grpo_core.runtime.distributed import Distributed, process_rank, world_size
 from grpo_core.runtime.heap import RetainedHeap
+from grpo_core.runtime.output_lock import OutputLock, new_run_id
 from grpo_core.scoring.rewards import RewardScorer
 from grpo_core.training.observe import RunObserver
 from grpo_core.training.trainer import GRPOTrainer, TrainerParts
@@ -428,15 +426,22 @@ def _spread_generation(
     return SpreadGeneration(host.hook, dist, loaded.backend.generation_model, sampled, context.log)
 
 
-def run_training(cfg: GRPOConfig, host: PluginHost | None = None, warn: Callable[[str], None] | None = None) -> str:
+def run_training(
+    cfg: GRPOConfig,
+    host: PluginHost | None = None,
+    warn: Callable[[str], None] | None = None,
+    config_path: str | None = None,
+) -> str:
     """Check ``cfg`` exactly as ``grpo run`` does (warnings go to ``warn``),
-    train, and return the final status (``completed``). Everything cheap that
+    train, and return the final status (``completed``). ``output_dir`` is
+    this run's alone while it trains (its lock names ``config_path``), and
+    holds one history (:mod:`grpo_core.checkpointing.lineage`). Everything cheap that
     can fail (checks, plugins, data, reward columns) happens before a model
     loads or a server starts. No automatic garbage collection while the run
     starts (:mod:`grpo_core.runtime.collector`); freed memory kept for reuse
     (``reuse_freed_memory``, :mod:`grpo_core.runtime.heap`)."""
     with RetainedHeap(retains_freed_memory(cfg)), StartupCollector() as collector:
-        return _run_training(cfg, host, warn, collector)
+        return _run_training(cfg, host, warn, collector, config_path)
 
 
 def retains_freed_memory(cfg: GRPOConfig) -> bool:
@@ -448,12 +453,78 @@ def retains_freed_memory(cfg: GRPOConfig) -> bool:
 
 
 def _run_training(
-    cfg: GRPOConfig, host: PluginHost | None, warn: Callable[[str], None] | None, collector: StartupCollector
+    cfg: GRPOConfig,
+    host: PluginHost | None,
+    warn: Callable[[str], None] | None,
+    collector: StartupCollector,
+    config_path: str | None = None,
 ) -> str:
     host = _checked_plugins(cfg, host, warn)
     output_dir = _prepared_output(cfg, host)
     context = RunContext(config=cfg, output_dir=output_dir, engine_requirements=host.engine_requirements(cfg))
+    lock = _lock_output(context, config_path)  # the writing process alone; None on the others
+    try:
+        return _train_locked(cfg, host, context, collector, lock, config_path)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _lock_output(context: RunContext, config_path: str | None) -> OutputLock | None:
+    """``output_dir`` for this run alone (:mod:`grpo_core.runtime.output_lock`),
+    taken by the process that writes it: rank 0 of a multi-process or
+    multi-host run, which the others run beside."""
+    if process_rank() != 0:
+        return None
+    lock = OutputLock(context.output_dir, new_run_id(), config_path, context.log)
+    lock.acquire()
+    return lock
+
+
+def _one_history(
+    cfg: GRPOConfig,
+    context: RunContext,
+    lock: OutputLock,
+    resume: Path | None,
+    resume_state: ckpt.LoadedCheckpoint | None,
+    config_path: str | None,
+) -> None:
+    """With the lock held: refuse a fresh start over checkpoints (judged again:
+    the config check ran before the lock, and a crashed save may just have
+    been restored), set aside what the output holds after the step this run
+    starts from, and record the run's start (:mod:`grpo_core.checkpointing.lineage`)."""
+    if resume is None:
+        problem = lineage.fresh_start_problem(cfg)
+        if problem is not None:
+            raise ConfigError(problem)
+    start_step = int(resume_state.trainer_state["step"]) if resume_state is not None else 0
+    run = lock.holder.run
+    if resume is not None:
+        why = f"resuming from {resume}"
+    elif cfg.start_over:
+        why = "start_over"
+    else:
+        why = "a fresh start"
+    for line in lineage.set_aside(context.output_dir, start_step, run, why):
+        context.log(line)
+    lineage.record_start(context.output_dir, run, start_step, resume, config_path, start_over=cfg.start_over)
+    context.start_step = start_step
+
+
+def _train_locked(
+    cfg: GRPOConfig,
+    host: PluginHost,
+    context: RunContext,
+    collector: StartupCollector,
+    lock: OutputLock | None,
+    config_path: str | None,
+) -> str:
+    output_dir = context.output_dir
     resume, resume_state = _resume_point(cfg, context)
+    if lock is not None:
+        _one_history(cfg, context, lock, resume, resume_state, config_path)
+    elif resume_state is not None:
+        context.start_step = int(resume_state.trainer_state["step"])
     model_dir = resolve_model_dir(cfg.base_model)
     context.tokenizer = load_tokenizer(cfg, model_dir)
     main = process_rank() == 0  # rank 0 alone drives the producer: prompts, rewards, logs and saves
@@ -464,6 +535,7 @@ def _run_training(
     context.get_model = sampled
     status = "failed"
     observer: RunObserver | None = None
+    trainer: GRPOTrainer | None = None
     try:
         # trackers: before the model loads; rank 0 alone logs
         observer = RunObserver.build(cfg, host, context, eval_prompts, _stop_ids(context.tokenizer)) if main else None
@@ -508,3 +580,5 @@ def _run_training(
         host.hook.grpo_train_end(context=context, status=status)
         if scorer is not None:
             scorer.close()
+        if lock is not None:
+            lineage.record_end(output_dir, lock.holder.run, status, None if trainer is None else trainer.step)

@@ -133,7 +133,7 @@ class RunCheckpoints:
         state = self.backend.checkpoint_parts(staging, position.policy_version)
         path = self.output_dir / f"{ckpt.PREFIX}{position.step}"
         if self.dist.is_main:
-            extra = {name: obj.state_dict() for name, obj in self.stateful.items()}
+            extra = {name: ckpt.plugin_state(name, obj) for name, obj in self.stateful.items()}
             extra["pending_batch"] = pending
             extra["pending_old_logps"] = old_logps
             extra["pending_world_size"] = self.dist.world

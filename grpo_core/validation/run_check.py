@@ -17,8 +17,11 @@ from grpo_core.validation.checks import check_config
 __all__ = ["check_run_config"]
 
 
-def check_run_config(cfg: GRPOConfig, host: PluginHost | None = None, num_processes: int | None = None) -> list[str]:
+def check_run_config(
+    cfg: GRPOConfig, host: PluginHost | None = None, num_processes: int | None = None, trains: bool = True
+) -> list[str]:
     """:func:`~grpo_core.validation.checks.check_config` with every training
     backend's rules: the warnings, or a :class:`~grpo_core.contract.errors.ConfigError`
-    listing every problem."""
-    return check_config(cfg, host, num_processes, backend_rules=config_problems)
+    listing every problem. ``trains``: also judge what ``output_dir`` holds
+    (:mod:`grpo_core.validation.output_dir`), as a run that trains into it must."""
+    return check_config(cfg, host, num_processes, backend_rules=config_problems, trains=trains)

@@ -150,8 +150,8 @@ def test_a_real_run_keeps_freed_memory_while_it_trains(
     import test_training
     import torch
 
-    from grpo_core import hookimpl
     from grpo_core.host.plugin_host import PluginHost
+    from grpo_core.plugin_api import hookimpl
     from grpo_core.training.run import run_training
 
     seen: list[int] = []

@@ -7,6 +7,7 @@ tests/unit/test_loss_mask.py.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,10 @@ def test_two_processes_with_episodes_match_one(rundir) -> None:
     run_grpo(tmp, ["run", str(two), "--num-processes", "2"])
     a, b = metrics(tmp / "ddp_one"), metrics(tmp / "ddp_two")
     assert [r["world_size"] for r in b] == [2, 2]
+    # output_dir was locked once, by rank 0 (the other rank ran beside it): one run recorded, no lock left
+    runs = [json.loads(line) for line in (tmp / "ddp_two" / "lineage.jsonl").read_text().splitlines()]
+    assert [(r["event"], r.get("status")) for r in runs] == [("start", None), ("end", "completed")]
+    assert not (tmp / "ddp_two" / "run.lock").exists()
     for ra, rb in zip(a, b, strict=True):
         assert rb["reward"] == ra["reward"]
         for key in ("loss", "grad_norm", "kl"):

@@ -110,7 +110,7 @@ def accelerate(rank: int, run: str) -> list[str]:
 
 
 def launch_two_hosts(hosts: Hosts, folders: list[Path], config_name: str, launcher=torchrun) -> list[str]:
-    """``<launcher line> -m grpo_core.interface.cli run CONFIG`` on both hosts at once, each in its own
+    """``<launcher line> -m grpo run CONFIG`` on both hosts at once, each in its own
     folder; returns each host's output (both must exit 0)."""
     import os
 
@@ -125,7 +125,7 @@ def launch_two_hosts(hosts: Hosts, folders: list[Path], config_name: str, launch
         cmd = [
             *launcher(rank, config_name),
             "-m",
-            "grpo_core.interface.cli",
+            "grpo",
             "run",
             str(folder / f"{config_name}.toml"),
         ]

@@ -68,7 +68,7 @@ def run_grpo(tmp: Path, args: list[str], launcher: list[str] | None = None, shar
     if shares is not None:
         shares.mkdir(exist_ok=True)
         env["GRPO_TEST_SHARES"] = str(shares)
-    entry = ["-m", "multiproc_entry"] if shares is not None else ["-m", "grpo_core.interface.cli"]
+    entry = ["-m", "multiproc_entry"] if shares is not None else ["-m", "grpo"]
     cmd = [*(launcher or [sys.executable]), *entry, *args]
     done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
@@ -455,7 +455,7 @@ def test_a_child_failing_at_run_time_prints_its_one_line_error(tmp_path: Path) -
 
 
 REFUSING_SYNC = """
-from grpo_core import hookimpl
+from grpo_core.plugin_api import hookimpl
 from grpo_core.contract.errors import WeightSyncUnverified
 from grpo_plugins.weight_sync_in_process import InProcessSync
 

@@ -117,7 +117,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str):
     (root / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     config = write_config(root, tiny_model_dir)
     proc = subprocess.run(  # noqa: S603 - our own console script
-        [sys.executable, "-m", "grpo_core.interface.cli", "run", str(config)],
+        [sys.executable, "-m", "grpo", "run", str(config)],
         cwd=root,
         env=env_for(root),
         capture_output=True,

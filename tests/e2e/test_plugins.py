@@ -80,7 +80,9 @@ def example_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 BROKEN_MODULE = '''
-from grpo_core import hookimpl
+from pydantic import BaseModel
+
+from grpo_core.plugin_api import ConfigError, hookimpl
 
 
 class WrongArg:
@@ -147,7 +149,79 @@ class BoomCommand:
     @hookimpl
     def grpo_register_commands(self, app):
         raise RuntimeError("boom while adding commands")
+
+
+# Each gets the contract wrong in a way that would fail late, or be silently ignored, if grpo did not refuse it.
+class SettingsButContextOnly:
+    class Settings(BaseModel):
+        strength: float = 1.0
+
+    def __init__(self, context):  # built as SettingsButContextOnly(context, settings): a TypeError at run time
+        pass
+
+    @hookimpl
+    def grpo_aggregate_advantages(self, rewards):
+        return rewards.sum(dim=1)
+
+
+class InstanceValidate:
+    def __init__(self, context):
+        pass
+
+    @hookimpl
+    def grpo_validate_config(self, config):  # asked of the class before building it: never called
+        raise ConfigError("never seen")
+
+    @hookimpl
+    def grpo_aggregate_advantages(self, rewards):
+        return rewards.sum(dim=1)
+
+
+class WrongDeclarations:
+    sends = "weights"  # not one of merged_weights / adapter / nothing
+    required_capabilities = {"weights_from_path"}  # a set, not a frozenset
+
+    def __init__(self, context):
+        pass
+
+    @hookimpl
+    def grpo_sync_weights(self, model, version):
+        return None
+
+
+class SetsInInit:
+    def __init__(self, context):
+        self.sends = "weights"  # read off the built object: checked once it is built
+
+    @hookimpl
+    def grpo_sync_weights(self, model, version):
+        return None
+
+
+class HalfState:
+    def __init__(self, context):
+        self.seen = 0
+
+    def state_dict(self):  # no load_state_dict: not Checkpointable, so never saved
+        return {"seen": self.seen}
+
+    @hookimpl
+    def grpo_replay_prompts(self, prompts):
+        return prompts
+
+    @hookimpl
+    def grpo_replay_groups(self, groups):
+        return groups
 '''
+
+OLD_PATHS_MODULE = """
+from grpo_core.types import Prompt  # a module path from before grpo_core's modules moved
+
+
+class Thing:
+    def __init__(self, context):
+        pass
+"""
 
 BROKEN_ENTRY_POINTS = """
 [grpo.advantage_aggregation]
@@ -156,6 +230,16 @@ wrong_arg = grpo_broken_example.impls:WrongArg
 no_hook = grpo_broken_example.impls:NoHook
 misspelt = grpo_broken_example.impls:Misspelt
 crashing = grpo_broken_example.impls:crashing_factory
+settings_but_context_only = grpo_broken_example.impls:SettingsButContextOnly
+instance_validate = grpo_broken_example.impls:InstanceValidate
+old_paths = grpo_broken_example.old_paths:Thing
+
+[grpo.weight_sync]
+wrong_declarations = grpo_broken_example.impls:WrongDeclarations
+sets_in_init = grpo_broken_example.impls:SetsInInit
+
+[grpo.replay]
+half_state = grpo_broken_example.impls:HalfState
 
 [grpo.plugins]
 bad_always_on = grpo_broken_example.impls:BadAlwaysOn
@@ -171,6 +255,7 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     package.mkdir()
     (package / "__init__.py").write_text("", encoding="utf-8")
     (package / "impls.py").write_text(textwrap.dedent(BROKEN_MODULE), encoding="utf-8")
+    (package / "old_paths.py").write_text(OLD_PATHS_MODULE, encoding="utf-8")
     info = site / "grpo_broken_example-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {BROKEN_DIST}\nVersion: 0.1\n", encoding="utf-8")
@@ -201,6 +286,7 @@ def test_cli_lists_the_example_plugin_with_its_distribution(example_site: Path) 
     assert {i["name"] for i in plain["advantage_aggregation"]["implementations"]} == {
         "normalize_then_sum",
         "sum_then_normalize",
+        "turn_returns",
     }
     assert "length_bonus" not in {i["name"] for i in plain["reward"]["implementations"]}
 
@@ -232,7 +318,12 @@ def test_example_reward_and_aggregation_load_and_run(example_site: Path, tmp_pat
             ]
         )  # group 2: no signal
         advantages = host.hook.grpo_aggregate_advantages(
-            rewards=rewards, weights=torch.tensor([1.0, 0.5]), group_size=4, scale_rewards="group"
+            rewards=rewards,
+            weights=torch.tensor([1.0, 0.5]),
+            group_size=4,
+            scale_rewards="group",
+            completions=[],
+            reward_names=["a", "b"],
         )
         # group 1 totals 0.7, 0.9, 5.5, 0.0 -> ranks 1, 2, 3, 0 -> centred on [-1, 1]
         assert advantages[:4].tolist() == pytest.approx([-1 / 3, 1 / 3, 1.0, -1.0])
@@ -311,6 +402,11 @@ def test_cli_plugins_still_works_and_marks_broken_ones(broken_site: Path) -> Non
     assert "does not implement ['grpo_aggregate_advantages']" in aggregations["no_hook"]["error"]
     assert "grpo_aggregate_advantage'" in aggregations["misspelt"]["error"]
     assert aggregations["crashing"]["error"] is None  # a factory function is only checked when called
+    assert "make it a @staticmethod" in aggregations["instance_validate"]["error"]
+    assert (
+        "sends = 'weights'"
+        in {i["name"]: i for i in listing["weight_sync"]["implementations"]}["wrong_declarations"]["error"]
+    )
     assert "ctx" in always_on["bad_always_on"]["error"]
     assert always_on["hello_command"]["error"] is None
     assert {aggregations[n]["distribution"] for n in ("wrong_arg", "no_hook", "missing_module")} == {BROKEN_DIST}
@@ -390,6 +486,14 @@ def test_broken_implementation_raises_plugin_error_naming_dist_and_entry_point(
         assert not [p for p in host.pm.get_plugins() if type(p).__module__ == "grpo_broken_example.impls"]
 
 
+def test_a_declaration_set_when_built_is_checked_once_built(broken_site: Path, tmp_path: Path) -> None:
+    with on_path(broken_site, "grpo_broken_example"):
+        host = PluginHost()
+        with pytest.raises(PluginError, match="'sets_in_init'.*declares sends = 'weights': it must be one of"):
+            host.load_implementation("weight_sync", "sets_in_init", context(tmp_path))
+        assert "weight_sync" not in host.chosen
+
+
 def test_broken_always_on_plugin_strict_and_lenient(broken_site: Path) -> None:
     with on_path(broken_site, "grpo_broken_example"):
         with pytest.raises(PluginError) as info:
@@ -428,7 +532,7 @@ def twin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "import os, pathlib\n"
         "marker = os.environ.get('GRPO_TWIN_MARKER')\n"
         "if marker:\n    pathlib.Path(marker).write_text('imported')\n"
-        "from grpo_core import hookimpl\n\n"
+        "from grpo_core.plugin_api import hookimpl\n\n"
         "class Twin:\n    def __init__(self, context):\n        pass\n\n"
         "    @hookimpl\n    def grpo_aggregate_advantages(self, rewards):\n        return rewards.sum(dim=1)\n\n"
         "class Hello:\n    @hookimpl\n    def grpo_register_commands(self, app):\n"
@@ -636,6 +740,30 @@ def test_settings_for_an_unused_implementation_are_named(example_site: Path, tmp
             {"trl": {"use_vllm": True}, "plugins": {"weight_sync": "nccl"}},
             "weight sync 'nccl' broadcasts the weights from a CUDA GPU over NCCL, and this trainer has no CUDA device",
         ),
+        # the ways a plugin author gets the contract wrong (docs/plugins.md, "What grpo config check refuses")
+        (
+            {"plugins": {"advantage_aggregation": "settings_but_context_only"}},
+            "declares Settings, so grpo builds it as SettingsButContextOnly(context, settings), but its constructor "
+            "takes (context): add the settings parameter",
+        ),
+        (
+            {"plugins": {"advantage_aggregation": "instance_validate"}},
+            "has grpo_validate_config as an instance method, which grpo never calls (it checks a config on the class, "
+            "before building it): make it a @staticmethod",
+        ),
+        (
+            {"plugins": {"weight_sync": "wrong_declarations"}},
+            "declares required_capabilities = {'weights_from_path'}: it must be a frozenset of str, e.g. "
+            "frozenset({...}); declares sends = 'weights': it must be one of 'merged_weights', 'adapter', 'nothing'",
+        ),
+        (
+            {"plugins": {"replay": "half_state"}},
+            "defines state_dict() but not load_state_dict(), so its state is never checkpointed: define both",
+        ),
+        (
+            {"plugins": {"advantage_aggregation": "old_paths"}},
+            "No module named 'grpo_core.types'. A plugin imports grpo only through grpo_core.plugin_api",
+        ),
     ],
 )
 def test_config_check_imports_and_checks_each_chosen_implementation(
@@ -657,6 +785,36 @@ def test_config_check_imports_and_checks_each_chosen_implementation(
         with pytest.raises(ConfigError) as info:
             check_run_config(validate(data))
     assert fragment in str(info.value)
+
+
+def test_grpo_config_check_names_each_contract_mistake_and_its_fix(tmp_path: Path) -> None:
+    """The command a plugin author runs: every mistake of the chosen
+    implementations in one report, each with its fix, and no traceback."""
+    config = tmp_path / "config.toml"
+    config.write_text(
+        'base_model = "m"\nmicro_batch_size = 4\n[[datasets]]\npath = "org/d"\n'
+        '[trl]\nnum_generations = 4\nreward_funcs = ["last_number_match"]\n'
+        '[plugins]\nadvantage_aggregation = "settings_but_context_only"\nweight_sync = "wrong_declarations"\n'
+        'replay = "half_state"\n',
+        encoding="utf-8",
+    )
+    site = tmp_path / "site"  # the mistakes alone, as their own distribution (no broken always-on plugin beside them)
+    (site / "grpo_contract_mistakes").mkdir(parents=True)
+    (site / "grpo_contract_mistakes" / "__init__.py").write_text(textwrap.dedent(BROKEN_MODULE), encoding="utf-8")
+    (site / "grpo_contract_mistakes-0.1.dist-info").mkdir()
+    (site / "grpo_contract_mistakes-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: grpo-contract-mistakes\nVersion: 0.1\n", encoding="utf-8"
+    )
+    (site / "grpo_contract_mistakes-0.1.dist-info" / "entry_points.txt").write_text(
+        "[grpo.advantage_aggregation]\nsettings_but_context_only = grpo_contract_mistakes:SettingsButContextOnly\n"
+        "[grpo.weight_sync]\nwrong_declarations = grpo_contract_mistakes:WrongDeclarations\n"
+        "[grpo.replay]\nhalf_state = grpo_contract_mistakes:HalfState\n",
+        encoding="utf-8",
+    )
+    result = grpo("config", "check", str(config), pythonpath=site)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    for fix in ("add the settings parameter", "it must be one of 'merged_weights'", "define both"):
+        assert fix in result.stderr, result.stderr
 
 
 # ---------------------------------------------------------------- the allowlist holds everywhere
@@ -697,7 +855,12 @@ def test_a_raising_hook_is_one_error_naming_hook_implementation_and_distribution
         host.load_implementation("advantage_aggregation", "sum_then_normalize", context(tmp_path))
         with pytest.raises(PluginError) as info:
             host.hook.grpo_aggregate_advantages(
-                rewards="not a tensor", weights=torch.ones(1), group_size=2, scale_rewards="group"
+                rewards="not a tensor",
+                weights=torch.ones(1),
+                group_size=2,
+                scale_rewards="group",
+                completions=[],
+                reward_names=["r"],
             )
     message = str(info.value)
     assert "hook grpo_aggregate_advantages of advantage_aggregation implementation 'sum_then_normalize'" in message
@@ -746,14 +909,14 @@ def test_the_import_scan_catches_each_form() -> None:
 # ---------------------------------------------------------------- the contract's own example
 
 
-def test_the_wrapper_example_in_hookspecs_runs_as_published(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The ``wrapper=True`` example of ``grpo_core.contract.hookspecs``' module doc,
-    published as a real always-on plugin, wraps the chosen weight sync."""
-    from grpo_core.contract import hookspecs
-
-    doc = hookspecs.__doc__ or ""
-    start = doc.index("      import time\n")
-    code = textwrap.dedent(doc[start : doc.index("  (an always-on plugin is built", start)])
+def test_the_wrapper_example_in_the_plugin_docs_runs_as_published(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ``wrapper=True`` example of docs/plugins.md, published as a real
+    always-on plugin, wraps the chosen weight sync."""
+    doc = (REPO / "docs" / "plugins.md").read_text(encoding="utf-8")
+    start = doc.index("```python\n", doc.index("timed by a wrapper")) + len("```python\n")
+    code = doc[start : doc.index("```", start)]
     site = tmp_path / "site"
     (site / "grpo_sync_timer").mkdir(parents=True)
     (site / "grpo_sync_timer" / "__init__.py").write_text("", encoding="utf-8")

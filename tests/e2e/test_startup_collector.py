@@ -69,9 +69,9 @@ def test_a_real_run_starts_without_collections_and_trains_with_them(
 ) -> None:
     import test_training
 
-    from grpo_core import hookimpl
     from grpo_core.config.loader import validate
     from grpo_core.host.plugin_host import PluginHost
+    from grpo_core.plugin_api import hookimpl
     from grpo_core.training.run import run_training
 
     seen: dict[str, tuple[bool, int]] = {}

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from grpo_core.checkpointing import checkpoint as ckpt
-from grpo_core.checkpointing.safe_load import UnsafeCheckpoint, unloadable_reason
+from grpo_core.checkpointing.safe_load import FORMER_MODULES, UnsafeCheckpoint, unloadable_reason
 from grpo_core.contract.errors import GrpoError
 from grpo_core.contract.types import Completion, Prompt, RolloutGroup, ScoredGroup
 from grpo_core.generation.producer import ScoredBatch
@@ -171,16 +171,20 @@ def test_a_checkpoint_from_before_the_modules_moved_still_loads(
 ) -> None:
     """Checkpoints written before grpo_core's modules moved into layer folders
     name grpo's types by their old module (``grpo_core.types.Completion``): they
-    load as the same classes, and nothing else is let through by the old name."""
-    import grpo_core.types as old_path  # the finder answers the old name with the module itself
+    load as the same classes (safe_load.FORMER_MODULES), though no module of
+    that name exists any more, and nothing else is let through by the old name."""
+    import sys
 
-    assert old_path.Completion is Completion
+    from grpo_core.contract import types as contract_types
+
     path, _, _ = save(tmp_path)
+    monkeypatch.setitem(sys.modules, "grpo_core.types", contract_types)  # what pickling by the old name needs
     for kind in (Prompt, Completion, RolloutGroup, ScoredGroup):
         monkeypatch.setattr(kind, "__module__", "grpo_core.types")
     torch.save({"pending_batch": a_batch()}, path / "extra_state.pt")
     monkeypatch.undo()
     assert b"grpo_core.types" in (path / "extra_state.pt").read_bytes()
+    assert "grpo_core.types" not in sys.modules and FORMER_MODULES["grpo_core.contract.types"] == ("grpo_core.types",)
 
     assert ckpt.read_checkpoint(path).extra["pending_batch"] == a_batch()
 
@@ -226,3 +230,53 @@ def test_a_damaged_or_incomplete_checkpoint_is_a_clear_error(tmp_path: Path) -> 
     (path / "trainer_state.json").write_text(json.dumps({"no": "step"}))
     with pytest.raises(GrpoError, match="integer 'step'"):
         ckpt.read_checkpoint(path)
+
+
+# ---------------------------------------------------------------- a plugin's state is JSON data
+
+
+def a_scored_group() -> ScoredGroup:
+    from grpo_core.contract.types import EpisodeStats
+
+    episode = Completion(
+        [5, 6, 7], "ab", logprobs=[-0.5, 0.0, -1.0], loss_mask=[1, 0, 1], episode=EpisodeStats(turns=2, reward=1.0)
+    )
+    episode.environment = object()  # live while scored: never saved
+    group = RolloutGroup(Prompt([{"role": "user", "content": "hi"}], [1, 2], {"answer": "3"}, 4), [episode], 3)
+    return ScoredGroup(group, rewards=[[1.0, None]], advantages=[0.5], replayed=True)
+
+
+def test_a_scored_group_survives_a_json_round_trip() -> None:
+    group = a_scored_group()
+    data = json.loads(json.dumps(group.to_dict()))
+    assert "environment" not in data["group"]["completions"][0]
+    back = ScoredGroup.from_dict(data)
+    assert back == group  # the live environment is not compared, and not saved
+    assert back.group.completions[0].episode is not None and back.group.completions[0].episode.turns == 2
+    assert back.group.completions[0].environment is None and back.group.prompt.columns == {"answer": "3"}
+
+
+class _Stateful:
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def state_dict(self) -> Any:
+        return self.state
+
+    def load_state_dict(self, state: Any) -> None:
+        self.state = state
+
+
+def test_plugin_state_must_be_json_data_and_the_fix_is_named() -> None:
+    good = {"buffer": [a_scored_group().to_dict()], "totals": {"replayed": 1}}
+    assert ckpt.plugin_state("replay", _Stateful(good)) is good
+    with pytest.raises(
+        GrpoError,
+        match=r"state of 'replay': state_dict\(\)\['buffer'\]\[0\] is a "
+        r"grpo_core\.contract\.types\.ScoredGroup.*group\.to_dict\(\)",
+    ):
+        ckpt.plugin_state("replay", _Stateful({"buffer": [a_scored_group()]}))
+    with pytest.raises(GrpoError, match=r"state_dict\(\) has the key 3, a int, not a string"):
+        ckpt.plugin_state("replay", _Stateful({3: "three"}))
+    with pytest.raises(GrpoError, match=r"state_dict\(\)\['w'\] is a torch\.Tensor.*\.tolist\(\)"):
+        ckpt.plugin_state("schedule", _Stateful({"w": torch.zeros(2)}))

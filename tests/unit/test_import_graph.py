@@ -4,8 +4,8 @@ The graph is read from the source (:mod:`import_graph`, nothing is imported),
 so the test takes well under a second. What it holds the code to:
 
 * no circle among the imports that run (module level, and with the imports
-  inside functions counted: a lazy import must not hide one); a circle of
-  ``TYPE_CHECKING``-only imports never runs and is allowed where listed;
+  inside functions counted: a lazy import must not hide one), nor among the
+  ``TYPE_CHECKING``-only ones;
 * grpo_core never imports the built-in plugins, vLLM, DeepSpeed or Liger (at
   any level: it reaches built-ins through entry points, and accelerate
   imports DeepSpeed for it);
@@ -44,11 +44,6 @@ from import_graph import (
 
 ENGINES = {"grpo_plugins", "plugins", "vllm", "deepspeed", "liger_kernel"}
 
-# Circles of TYPE_CHECKING-only imports (never run): the schema builds its
-# [plugins] table from the extension points, which name GRPOConfig in the
-# type of their ``default`` callables.
-TYPE_ONLY_CIRCLES = [["grpo_core.config.schema", "grpo_core.contract.extension_points"]]
-
 FOUNDATION = {"grpo_core.contract.errors", "grpo_core.contract.types"}
 
 # grpo_core's folders are its layers, lowest first: a module imports (at
@@ -77,8 +72,7 @@ LAYERS = [
     "interface",
 ]
 OWN_RANK = {
-    "grpo_core": "contract",  # the package: it re-exports hookimpl and installs the old-path finder
-    "grpo_core.moved": "contract",  # the old-path finder imports nothing of grpo_core
+    "grpo_core": "contract",  # the package: its version, nothing else
 }
 PLUGIN_SURFACE = (
     "grpo_core.plugin_api"  # above every layer: it re-exports them for plugins, nothing in grpo_core imports it
@@ -170,8 +164,10 @@ def test_no_lazy_import_hides_a_circle(edges: list[Edge], known: set[str]) -> No
     assert found == [], _ties(found, edges, known, {"module", "function"})
 
 
-def test_type_only_circles_are_the_listed_ones(edges: list[Edge], known: set[str]) -> None:
-    assert cycles(graph(edges, known, {"module", "function", "type_checking"})) == TYPE_ONLY_CIRCLES
+def test_no_circle_even_among_type_checking_imports(edges: list[Edge], known: set[str]) -> None:
+    """Not even a circle that never runs: a type two layers share lives in the lower one."""
+    found = cycles(graph(edges, known, {"module", "function", "type_checking"}))
+    assert found == [], _ties(found, edges, known, {"module", "function", "type_checking"})
 
 
 def test_every_import_inside_a_function_says_why() -> None:
@@ -233,10 +229,10 @@ def test_the_graph_covers_every_package(known: set[str]) -> None:
 
 
 def test_every_grpo_core_module_sits_in_a_layer_folder(known: set[str]) -> None:
-    """No module loose at grpo_core's top level but the package, the plugin
-    surface and the old-path finder: a new module goes into its layer."""
+    """No module loose at grpo_core's top level but the package and the plugin
+    surface: a new module goes into its layer."""
     loose = {m for m in known if m.startswith("grpo_core.") and m.count(".") == 1 and m.split(".")[1] not in LAYERS}
-    assert loose == {PLUGIN_SURFACE, "grpo_core.moved"}
+    assert loose == {PLUGIN_SURFACE}
     assert all(rank(m) >= 0 for m in known if m.startswith("grpo_core"))
 
 

@@ -236,6 +236,13 @@ CASES = {
     "bnpo-is-token_mask": (LossSettings(loss_type="bnpo"), "token_mask"),
     "grpo-is-sequence_truncate": (LossSettings(loss_type="grpo", beta=0.04), "sequence_truncate"),
     "cispo-is-sequence_mask": (LossSettings(loss_type="cispo", epsilon_high=5.0), "sequence_mask"),
+    "luspo-sequence-kl": (LossSettings(loss_type="luspo", importance_sampling_level="sequence", beta=0.04), None),
+    "luspo-is-token_truncate": (
+        LossSettings(loss_type="luspo", importance_sampling_level="sequence"),
+        "token_truncate",
+    ),
+    "vespo": (LossSettings(loss_type="vespo"), None),
+    "vespo-is-token_mask": (LossSettings(loss_type="vespo", beta=0.04), "token_mask"),
 }
 
 

@@ -63,7 +63,7 @@ def test_num_processes_runs_accelerate_launch_on_the_same_command() -> None:
 
     cmd = launcher_command(2, ["run", "c.toml", "--set", "max_steps=3"], cuda=False)
     assert cmd[1:3] == ["-m", "grpo_core.interface.launch"] and cmd[cmd.index("--num_processes") + 1] == "2"
-    assert cmd[-6:] == ["-m", "grpo_core.interface.cli", "run", "c.toml", "--set", "max_steps=3"]
+    assert cmd[-6:] == ["-m", "grpo", "run", "c.toml", "--set", "max_steps=3"]
 
 
 def test_a_child_killed_by_a_signal_gets_one_line_and_a_shell_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,11 +72,9 @@ def test_a_child_killed_by_a_signal_gets_one_line_and_a_shell_exit_code(capsys: 
 
     from grpo_core.interface.launch import failure_exit_code
 
-    own = ChildFailedError(
-        "grpo_core.interface.cli", {0: ProcessFailure(0, 11, -15, "<N/A>"), 1: ProcessFailure(1, 12, 3, "<N/A>")}
-    )
+    own = ChildFailedError("grpo", {0: ProcessFailure(0, 11, -15, "<N/A>"), 1: ProcessFailure(1, 12, 3, "<N/A>")})
     assert failure_exit_code(own) == 3 and capsys.readouterr().err == ""
-    killed = ChildFailedError("grpo_core.interface.cli", {1: ProcessFailure(1, 12, -9, "<N/A>")})
+    killed = ChildFailedError("grpo", {1: ProcessFailure(1, 12, -9, "<N/A>")})
     assert failure_exit_code(killed) == 137
     assert capsys.readouterr().err == "error: training process 1 was killed by signal SIGKILL\n"
 

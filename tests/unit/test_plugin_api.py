@@ -1,12 +1,10 @@
 """grpo_core.plugin_api: the one public surface plugins import grpo_core through.
 
 Its names resolve to the objects their home modules define (so isinstance
-checks and constants agree), the built-in plugins and the example package
-import grpo_core through it alone, its type-checking imports list the same
-names, and importing it pulls in no heavy library. The old import paths a
-plugin written before it used (``grpo_core.contract.types``, ``grpo_core import
-hookimpl``, ...) keep working: tests/plugin_packages/grpo-env-faults uses
-them on purpose, and its runs are in the suite.
+checks and constants agree), the built-in plugins, the examples and the test
+plugin packages import grpo_core through it alone, its names are listed once
+(the type-checking imports, read at run time), ``hookimpl`` has no other
+public path, and importing it pulls in no heavy library.
 """
 
 from __future__ import annotations
@@ -22,12 +20,9 @@ from helpers import REPO
 
 import grpo_core
 from grpo_core import plugin_api
+from grpo_core.contract import hookspecs
 
-PLUGIN_SOURCES = [
-    REPO / "plugins",
-    REPO / "examples" / "grpo-plugin-example" / "src",
-    REPO / "tests" / "plugin_packages" / "grpo-contract-test" / "src",
-]
+PLUGIN_SOURCES = [REPO / "plugins", REPO / "examples", REPO / "tests" / "plugin_packages"]
 
 
 def _grpo_core_imports(root: Path, base: Path = REPO) -> list[str]:
@@ -65,8 +60,13 @@ def test_every_name_is_its_home_modules_object(name: str) -> None:
     assert getattr(plugin_api, name) is getattr(importlib.import_module(home), name)
 
 
-def test_hookimpl_is_the_packages_own_marker() -> None:
-    assert plugin_api.hookimpl is grpo_core.hookimpl
+def test_hookimpl_has_one_public_path() -> None:
+    """The marker is defined beside the specs and published by the plugin API
+    alone: neither ``grpo_core`` nor the ``grpo`` alias re-exports it."""
+    import grpo
+
+    assert plugin_api.hookimpl is hookspecs.hookimpl
+    assert not hasattr(grpo_core, "hookimpl") and not hasattr(grpo, "hookimpl")
 
 
 def test_a_name_outside_the_surface_says_so() -> None:
@@ -76,15 +76,22 @@ def test_a_name_outside_the_surface_says_so() -> None:
         exec("from grpo_core.plugin_api import load_policy", {})
 
 
-def test_the_type_checking_imports_list_exactly_the_surface() -> None:
+def test_the_names_are_listed_once_and_re_exported_for_type_checkers() -> None:
+    """The ``TYPE_CHECKING`` imports are the list: each ``from m import x as x``
+    (the PEP 484 re-export a strict type checker needs), no name twice, and
+    the run-time table is exactly them."""
     tree = ast.parse(Path(plugin_api.__file__).read_text(encoding="utf-8"))
     block = next(
         node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
     )
+    aliases = [alias for stmt in block.body if isinstance(stmt, ast.ImportFrom) for alias in stmt.names]
+    assert [a.name for a in aliases if a.asname != a.name] == []
+    assert len({a.name for a in aliases}) == len(aliases) == len(plugin_api.__all__)
     typed = {
         (stmt.module, alias.name) for stmt in block.body if isinstance(stmt, ast.ImportFrom) for alias in stmt.names
     }
     assert typed == {(module, name) for module, names in plugin_api.HOMES.items() for name in names}
+    assert "HOMES" not in Path(plugin_api.__file__).read_text(encoding="utf-8").split("if TYPE_CHECKING:")[-1]
 
 
 def test_importing_the_surface_imports_no_heavy_library() -> None:

@@ -349,7 +349,7 @@ def test_without_the_capability_nothing_is_checked_and_one_line_says_so() -> Non
 
 
 ROLLOUT_MODULE = '''
-from grpo_core import hookimpl
+from grpo_core.plugin_api import hookimpl
 from grpo_core.contract.types import WEIGHTS_FROM_PATH
 
 

@@ -395,7 +395,7 @@ def test_rollout_func_generates_through_the_engine(vllm_server, smollm2_dir: str
             },
         )
     )
-    from grpo_core.contract.extension_points import chosen_implementations
+    from grpo_core.config.implementations import chosen_implementations
 
     chosen = chosen_implementations(cfg)
     assert (chosen["rollout"], chosen["weight_sync"]) == ("vllm", "lora_filesystem")  # the engine's, synced as usual

@@ -212,7 +212,7 @@ def test_commands_module_does_not_import_vllm():
 
 
 def test_colocate_mode_picks_the_in_process_engine(smollm2_dir, tmp_path, config_for):
-    from grpo_core.contract.extension_points import chosen_implementations
+    from grpo_core.config.implementations import chosen_implementations
     from grpo_core.host.plugin_host import PluginHost
 
     cfg = config_for(smollm2_dir, tmp_path, vllm_mode="colocate")

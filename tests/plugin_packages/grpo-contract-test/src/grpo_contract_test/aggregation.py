@@ -9,10 +9,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from grpo_core.plugin_api import hookimpl
+from grpo_core.plugin_api import AdvantageAggregationImplementation, hookimpl
 
 
-class ScaledGroupAdvantages:
+class ScaledGroupAdvantages(AdvantageAggregationImplementation):
     class Settings(BaseModel):
         model_config = ConfigDict(extra="forbid")
         scale: float = Field(1.0, gt=0)

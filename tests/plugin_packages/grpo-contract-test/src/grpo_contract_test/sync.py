@@ -16,11 +16,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from grpo_core.plugin_api import WEIGHTS_FROM_PATH, InferenceEngine, SyncResult, hookimpl
+from grpo_core.plugin_api import WEIGHTS_FROM_PATH, InferenceEngine, SyncResult, WeightSyncImplementation, hookimpl
 
 
-class TimedFullSync:
+class TimedFullSync(WeightSyncImplementation):  # the Protocol: a type checker checks the attributes below
     required_capabilities = frozenset({WEIGHTS_FROM_PATH})
+    sends = "merged_weights"
 
     class Settings(BaseModel):
         model_config = ConfigDict(extra="forbid")

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import time
 
-# The import paths a plugin written before grpo_core.plugin_api used, on purpose: they keep working.
-from grpo_core import hookimpl
-from grpo_core.types import EnvironmentReply
+from grpo_core.plugin_api import EnvironmentReply, hookimpl
 
 
 class TwoTurns:
