@@ -40,6 +40,9 @@ HOMES: dict[str, tuple[str, ...]] = {
         "PolicyLossInputs",
         "EnvironmentReply",
         "Episode",
+        "DrivenEpisode",
+        "EpisodeModel",
+        "ModelTurn",
         "EngineScore",
         "ControlEndpoint",
         "InferenceEngine",
@@ -60,6 +63,15 @@ HOMES: dict[str, tuple[str, ...]] = {
         "SAMPLES_TRAINER_MODEL",
     ),
     "grpo_core.contract.context": ("RunContext",),
+    # grpo's text format of tool calls (templates without tools): the tools and agent environments
+    "grpo_core.contract.tool_calls": (
+        "ToolCall",
+        "parse_calls",
+        "render_call",
+        "instructions",
+        "example_arguments",
+        "split_calls",
+    ),
     "grpo_core.contract.errors": (
         "GrpoError",
         "ConfigError",
@@ -70,6 +82,7 @@ HOMES: dict[str, tuple[str, ...]] = {
         "EngineUnavailable",
         "WeightSyncUnverified",
         "EnvironmentLost",
+        "EpisodeOver",
         "NotImplementedYet",
     ),
     # the config a plugin's grpo_validate_config judges
@@ -122,6 +135,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; tests/test_plugin_ap
         DataError,
         EngineUnavailable,
         EnvironmentLost,
+        EpisodeOver,
         GrpoError,
         NotImplementedYet,
         PluginError,
@@ -130,6 +144,14 @@ if TYPE_CHECKING:  # what a type checker and an editor see; tests/test_plugin_ap
         WeightSyncUnverified,
     )
     from grpo_core.contract.hookspecs import hookimpl
+    from grpo_core.contract.tool_calls import (
+        ToolCall,
+        example_arguments,
+        instructions,
+        parse_calls,
+        render_call,
+        split_calls,
+    )
     from grpo_core.contract.types import (
         ADAPTER_FROM_PATH,
         ADAPTER_FROM_URL,
@@ -145,12 +167,15 @@ if TYPE_CHECKING:  # what a type checker and an editor see; tests/test_plugin_ap
         Checkpointable,
         Completion,
         ControlEndpoint,
+        DrivenEpisode,
         EngineScore,
         EnvironmentReply,
         Episode,
+        EpisodeModel,
         EpisodeStats,
         InferenceEngine,
         Messages,
+        ModelTurn,
         PolicyLossInputs,
         Prompt,
         RewardFunction,

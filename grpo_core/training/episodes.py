@@ -35,6 +35,8 @@ as its prompt and each completion starts with the rest of its own (mask 0).
 
 from __future__ import annotations
 
+import json
+import numbers
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +54,7 @@ from grpo_core.contract.types import (
     RolloutGroup,
     SamplingSettings,
 )
+from grpo_core.training.driven_episodes import DrivenJob, DrivenModel, TurnBatcher, drive_all
 from grpo_core.training.turn_tokens import TemplateError, TurnTokens
 
 GenerateTurn = Callable[[list[Prompt], int, SamplingSettings], list[RolloutGroup]]
@@ -132,6 +135,7 @@ class _Live:
     info: dict[str, Any] = field(default_factory=dict)
     stats: EpisodeStats = field(default_factory=EpisodeStats)
     done: bool = False
+    text: str | None = None  # a driven episode's answer (its last turn's content); else the decoded ids
     failures: _FailureLog = field(default_factory=_FailureLog)  # shared by the episodes of a batch
 
     @property
@@ -173,6 +177,23 @@ def call_each(calls: list[Callable[[], Any]], timeout: float, limit: int) -> lis
     return results
 
 
+def drives_model(episode: Any) -> bool:
+    """A :class:`~grpo_core.contract.types.DrivenEpisode` (its own code calls the model)."""
+    return callable(getattr(episode, "drive", None))
+
+
+def _serialised(generate: GenerateTurn) -> GenerateTurn:
+    """``generate`` for a rollout that must not be called from two threads
+    at once, when driven episodes and stepped ones share a batch."""
+    lock = threading.Lock()
+
+    def call(prompts: list[Prompt], n: int, sampling: SamplingSettings) -> list[RolloutGroup]:
+        with lock:
+            return generate(prompts, n, sampling)
+
+    return call
+
+
 def _common_prefix(sequences: list[list[int]]) -> int:
     first = sequences[0]
     n = min(len(s) for s in sequences)
@@ -198,6 +219,8 @@ class EpisodeDriver:
         self.new_episode = new_episode
         self.tokenizer = tokenizer
         self.turns = TurnTokens(tokenizer, cfg.trl.chat_template_kwargs)
+        self._template_kwargs = dict(cfg.trl.chat_template_kwargs or {})
+        self._tool_turns: dict[str, TurnTokens] = {}
         self.settings = cfg.episodes
         self.name = environment_name
         self.log = log
@@ -210,14 +233,35 @@ class EpisodeDriver:
     def run(
         self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, generate: GenerateTurn
     ) -> list[RolloutGroup]:
-        """Every episode of ``prompts`` to its end; one group per prompt."""
+        """Every episode of ``prompts`` to its end; one group per prompt.
+        Driven episodes (an agent's) run in the background meanwhile,
+        through the same rollout."""
         live = self._start_all(prompts, num_generations, int(sampling.max_tokens))
+        driven = [e for e in live if not e.done and drives_model(e.episode)]
+        if driven and not self.concurrent_turns:
+            generate = _serialised(generate)
+        background: threading.Thread | None = None
+        fatal: list[BaseException] = []
+        if driven:
+
+            def drive() -> None:
+                try:
+                    self._drive(driven, sampling, generate)
+                except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
+                    fatal.append(exc)
+
+            background = threading.Thread(target=drive, name="grpo-driven-episodes", daemon=True)
+            background.start()
         turn = 0
-        while active := [e for e in live if not e.done]:
+        while active := [e for e in live if not e.done and not drives_model(e.episode)]:
             self._model_turn(active, sampling, generate, turn)
             self._environment_turn([e for e in active if not e.done], turn)
             turn += 1
-        self._final_rewards(live)
+        if background is not None:
+            background.join()
+        if fatal:
+            raise fatal[0]
+        self._final_rewards([e for e in live if not drives_model(e.episode)])
         return [
             self._group(prompt, live[i * num_generations : (i + 1) * num_generations])
             for i, prompt in enumerate(prompts)
@@ -232,7 +276,7 @@ class EpisodeDriver:
             episode = self.new_episode(prompt, sample)
             if episode is None:
                 raise GrpoError(f"environment '{self.name}' returned no episode for prompt {prompt.index}")
-            return episode, episode.reset()
+            return episode, (None if drives_model(episode) else episode.reset())
 
         outcomes = call_each(
             [lambda p=p, s=s: begin(p, s) for p, s in starts],
@@ -336,6 +380,95 @@ class EpisodeDriver:
         e.stats.turns += 1
         e.stats.model_tokens += len(ids)
 
+    # ------------------------------------------------------------------ driven episodes
+
+    def _turns_for(self, tools: list[Any] | None) -> TurnTokens:
+        """The renderer for a request's ``tools`` (the template sees them)."""
+        if not tools:
+            return self.turns
+        key = json.dumps(tools, sort_keys=True, default=str)
+        with self._lock:
+            found = self._tool_turns.get(key)
+        if found is None:
+            found = TurnTokens(self.tokenizer, {**self._template_kwargs, "tools": tools})
+            with self._lock:
+                self._tool_turns[key] = found
+        return found
+
+    def _drive(self, driven: list[_Live], sampling: SamplingSettings, generate: GenerateTurn) -> None:
+        """Every driven episode to its end (:mod:`grpo_core.training.driven_episodes`)."""
+        batcher = TurnBatcher(generate, self.concurrent_turns, sampling.seed)
+        unseeded = replace(sampling, seed=None)  # the batcher seeds each call from the run's seed
+        jobs = []
+        for e in driven:
+            model = DrivenModel(
+                e.prompt,
+                batcher,
+                unseeded,
+                e.budget_total,
+                int(self.settings.max_turns),
+                self.settings.max_tokens_per_turn,
+                self.tokenizer,
+                self._turns_for,
+            )
+            timeout = getattr(e.episode, "timeout", None) or self.settings.step_timeout
+            jobs.append(DrivenJob(e.episode, model, float(timeout)))
+        limit = min(
+            int(getattr(e.episode, "max_concurrent", None) or self.settings.max_concurrent_steps) for e in driven
+        )
+        try:
+            drive_all(jobs, limit, batcher)
+        finally:
+            batcher.close()
+        for e, job in zip(driven, jobs, strict=True):
+            self._finish_driven(e, job)
+        if batcher.fatal is not None:
+            raise batcher.fatal
+
+    def _finish_driven(self, e: _Live, job: DrivenJob) -> None:
+        """The episode's trained chain and how it ended (failures named and logged)."""
+        model = job.model
+        record = model.record()
+        if record is not None:
+            e.context, e.ids, e.mask, e.logprobs = record.context, record.ids, record.mask, record.logprobs
+            start = record.prompt_messages
+            e.conversation = record.messages[:start] if record.messages is not None else None
+            e.messages = record.messages[start:] if record.messages is not None else []
+            e.text = record.text
+            e.stats.turns = record.turns
+            e.stats.model_tokens = sum(record.mask)
+            e.stats.environment_tokens = len(record.mask) - sum(record.mask)
+            e.stats.history_rewrites = record.history_rewrites
+            e.stats.untrained_tokens = record.untrained_tokens
+        kind, value = job.outcome
+        turn = e.stats.turns
+        if model.problem is not None:
+            self._fail(e, "error", model.problem, turn)
+        elif kind == "timeout":
+            self._fail(e, "timeout", f"the agent ran past its timeout of {job.timeout:g} s", turn)
+        elif kind == "error" and model.ended in ("length", "max_turns"):
+            e.end(str(model.ended))  # it stopped because the episode could not go on: not the agent's fault
+        elif kind == "error":
+            if isinstance(value, TimeoutError):
+                self._fail(e, "timeout", f"the agent raised TimeoutError: {value}", turn)
+            elif isinstance(value, GrpoError):
+                self._fail(e, "error", str(value), turn)
+            else:
+                self._fail(e, "error", f"the agent raised {type(value).__name__}: {value}", turn)
+        elif record is None:
+            self._fail(e, "error", "the agent returned without calling the model", turn)
+        elif model.late_calls:
+            self._fail(e, "error", "the agent called the model after it had returned", turn)
+        elif value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            self._fail(e, "error", f"the agent returned {type(value).__name__}, not a float or None", turn)
+        else:
+            e.stats.reward = None if value is None else float(value)
+            e.end("length" if record.truncated or model.ended == "length" else str(model.ended or "environment"))
+            if e.stats.ended_by == "returned":
+                e.stats.ended_by = "environment"
+        if e.stats.ended_by in ("error", "timeout"):
+            e.stats.scored = False
+
     # ------------------------------------------------------------------ environment steps
 
     def _environment_turn(self, active: list[_Live], turn: int) -> None:
@@ -423,8 +556,10 @@ class EpisodeDriver:
         e.end(kind, problem)
         if e.failures.said < MAX_LOGGED_FAILURES:
             e.failures.said += 1
+            row = f" (row: {_excerpt(e.prompt.prompt)})" if drives_model(e.episode) else ""
             self.log(
-                f"environment '{self.name}': episode {e.sample} of prompt {e.prompt.index} ended at turn {turn}: {problem}"
+                f"environment '{self.name}': episode {e.sample} of prompt {e.prompt.index} ended at turn {turn}: "
+                f"{problem}{row}"
             )
 
     # ------------------------------------------------------------------ results
@@ -447,7 +582,7 @@ class EpisodeDriver:
         extra["environment_reward"] = e.stats.reward
         return Completion(
             token_ids=own_start + e.ids,
-            text=self.tokenizer.decode(e.ids, skip_special_tokens=True),
+            text=e.text if e.text is not None else self.tokenizer.decode(e.ids, skip_special_tokens=True),
             logprobs=None if e.logprobs is None else [0.0] * len(own_start) + e.logprobs,
             truncated=e.stats.ended_by == "length",
             extra=extra,
@@ -456,6 +591,24 @@ class EpisodeDriver:
             environment=getattr(e.episode, "environment", e.episode),
             messages=list(e.messages),
         )
+
+
+def _excerpt(prompt: Any, limit: int = 120) -> str:
+    """A prompt's last message (or text), short, for a log line naming the row."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
+        prompt = prompt[-1].get("content", "")
+    text = " ".join(str(prompt).split())
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+def unscored_rows(groups: list[RolloutGroup], rewards: list[list[list[float | None]]]) -> None:
+    """A failed driven episode gets no reward from any function (``None``:
+    it takes no part in its group's advantages), whatever the functions
+    made of its partial conversation. In place."""
+    for group, per_group in zip(groups, rewards, strict=True):
+        for i, completion in enumerate(group.completions):
+            if completion.episode is not None and not completion.episode.scored:
+                per_group[i] = [None] * len(per_group[i])
 
 
 def release(groups: list[RolloutGroup]) -> None:

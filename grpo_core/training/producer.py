@@ -39,6 +39,7 @@ from grpo_core.training.episodes import (
     episode_metrics,
     release,
     sample_groups,
+    unscored_rows,
 )
 from grpo_core.training.spread_generation import GenerateShare, SpreadGeneration
 
@@ -236,7 +237,9 @@ class RolloutProducer:
     def _score(self, groups: list[RolloutGroup], step: int) -> tuple[list[list[list[float | None]]], float]:
         started = time.perf_counter()
         try:
-            return self.scorer.score(groups, step), time.perf_counter() - started
+            rewards = self.scorer.score(groups, step)
+            unscored_rows(groups, rewards)  # a failed agent episode takes no part in its group
+            return rewards, time.perf_counter() - started
         finally:
             release(groups)  # episodes are closed once scored; only plain data is kept
 

@@ -10,7 +10,7 @@ functions' signatures and Google-style docstrings
 (``transformers.utils.get_json_schema``, as TRL does).
 
 Where grpo differs from TRL: SmolLM2-class templates have no tool support,
-so the calls use a text format of their own (:mod:`.tool_calls`, chosen by
+so the calls use a text format of their own (:mod:`grpo_core.contract.tool_calls`, chosen by
 ``[plugins.tools] format``) taught by the system prompt, with a one-shot
 example; results come back as ``tool`` messages (``result_role``). A call
 that cannot be parsed, names no tool, or raises is answered with an error
@@ -36,12 +36,10 @@ from grpo_core.plugin_api import (
     Messages,
     Prompt,
     RunContext,
-    hookimpl,
-    import_from_cwd,
-)
-from grpo_plugins.environments.tool_calls import (
     ToolCall,
     example_arguments,
+    hookimpl,
+    import_from_cwd,
     instructions,
     parse_calls,
 )
