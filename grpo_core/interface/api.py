@@ -159,6 +159,7 @@ def train(
     rollout_func: str | Callable[..., Any] | None = None,
     environment_factory: str | type | Callable[..., Any] | None = None,
     tools: Sequence[str | Callable[..., Any]] | None = None,
+    agent: str | Callable[..., Any] | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Train with GRPO; return where the model and metrics went.
@@ -176,6 +177,10 @@ def train(
     replace ``trl.rollout_func`` / ``trl.environment_factory`` / ``trl.tools``.
     An object defined in the script itself works here (the training process
     runs them), unlike a reward function under reward worker subprocesses.
+    ``agent``: the function the ``agent`` environment calls once per sample
+    (``run(row, *, base_url, api_key, model)``, sync or async); it sets
+    ``[plugins.agent] function`` and, when ``[plugins] environment`` is
+    unset, chooses the ``agent`` environment.
 
     Runs the checks ``grpo run`` runs and raises the same errors
     (:class:`~grpo_core.contract.errors.ConfigError` and friends) before anything heavy.
@@ -200,6 +205,15 @@ def train(
         if isinstance(tools, str):
             raise ConfigError("tools: expected a list of functions or 'module.function' paths, got one string")
         raw.setdefault("trl", {})["tools"] = [_code_spec(tool, "tools") for tool in tools]
+    if agent is not None:
+        plugins = raw.setdefault("plugins", {})
+        if not isinstance(plugins, dict):
+            raise ConfigError("agent: the config's 'plugins' is not a table")
+        plugins.setdefault("environment", "agent")
+        settings = plugins.setdefault("agent", {})
+        if not isinstance(settings, dict):
+            raise ConfigError("agent: [plugins.agent] is not a table")
+        settings["function"] = _code_spec(agent, "agent")
     if train_dataset is not None:
         output_dir = Path(str(raw.get("output_dir", GRPOConfig.model_fields["output_dir"].default)))
         raw["datasets"] = [{"path": _save_dataset(train_dataset, output_dir)}]

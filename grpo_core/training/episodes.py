@@ -640,6 +640,8 @@ def episode_metrics(groups: list[Any]) -> dict[str, float]:
         "episodes/tool_failures": float(sum(s.tool_failures for s in stats)),
         "episodes/template_mismatch": float(sum(s.template_mismatch for s in stats)),
         "episodes/errors": float(sum(s.ended_by in ("error", "timeout") for s in stats)),
+        "episodes/history_rewrites": float(sum(s.history_rewrites for s in stats)),
+        "episodes/untrained_tokens": float(sum(s.untrained_tokens for s in stats)),
     }
     rewarded = [s.reward for s in stats if s.reward is not None]
     if rewarded:
