@@ -112,7 +112,7 @@ EXTENSION_POINTS: tuple[ExtensionPoint, ...] = (
         default=_default_environment,
         decided_by="trl.tools / trl.environment_factory",
         summary="multi-turn episodes: the environment's answer to each model turn",
-        attributes={"episodic": True, "provides_reward": False},
+        attributes={"episodic": True, "provides_reward": False, "names": None},
     ),
     ExtensionPoint(
         "weight_sync",
@@ -165,8 +165,25 @@ def declared(obj: Any, point: ExtensionPoint, attribute: str) -> Any:
 
 def chosen_implementations(cfg: GRPOConfig) -> dict[str, str]:
     """Extension point -> the implementation name this config runs: the
-    ``[plugins]`` entry, else what the reference options decide."""
-    return {point.name: getattr(cfg.plugins, point.name) or point.default(cfg) for point in EXTENSION_POINTS}
+    ``[plugins]`` entry, else what the reference options decide. Where a
+    list names several (environments), the first."""
+    return {point.name: _first(getattr(cfg.plugins, point.name)) or point.default(cfg) for point in EXTENSION_POINTS}
+
+
+def _first(value: Any) -> str | None:
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
+def environment_implementations(cfg: GRPOConfig) -> list[str]:
+    """Every environment implementation the run uses, in order: ``[plugins]
+    environment`` as a list (several environments, rows choose), or the one
+    chosen (:func:`chosen_implementations`)."""
+    value = cfg.plugins.environment
+    if isinstance(value, list) and value:
+        return list(dict.fromkeys(value))
+    return [chosen_implementations(cfg)["environment"]]
 
 
 def source_key(cfg: GRPOConfig, point: ExtensionPoint) -> str:

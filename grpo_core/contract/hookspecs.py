@@ -201,6 +201,14 @@ optional (defaults in the extension-point table):
     and ``final_reward`` give) to ``reward_funcs`` when the config does not
     list it; it may also be a static function ``provides_reward(config) ->
     bool`` (decide from the config alone: it runs in ``grpo config check``).
+``names`` (environment)
+    The names dataset rows choose this implementation by, in their
+    ``environment`` column, when a run has several environments
+    (``[plugins] environment = ["tools", "agent"]``): a static function
+    ``names(config) -> list[str] | None`` (the ``tools`` environment gives
+    the keys of a ``trl.environment_factory`` table); ``None``: the
+    implementation's own name. The row reaches the implementation's
+    :func:`grpo_environment_episode` as ``prompt.columns["environment"]``.
 ``runs_rollout_func: bool`` (rollout)
     ``True`` when the rollout calls ``trl.rollout_func`` itself (the
     built-in ``function``); otherwise, with ``trl.rollout_func`` set, the

@@ -157,7 +157,7 @@ def train(
     reward_funcs: Sequence[str | Callable[..., Any]] | None = None,
     train_dataset: Any = None,
     rollout_func: str | Callable[..., Any] | None = None,
-    environment_factory: str | type | Callable[..., Any] | None = None,
+    environment_factory: str | type | Callable[..., Any] | Mapping[str, str | type | Callable[..., Any]] | None = None,
     tools: Sequence[str | Callable[..., Any]] | None = None,
     agent: str | Callable[..., Any] | None = None,
     **overrides: Any,
@@ -172,7 +172,7 @@ def train(
     columns in, one float per completion out) and/or names; they replace
     ``trl.reward_funcs``. ``train_dataset``: a ``datasets.Dataset`` with a
     ``prompt`` column; it replaces the config's ``datasets``.
-    ``rollout_func``, ``environment_factory`` (a class), ``tools`` (functions):
+    ``rollout_func``, ``environment_factory`` (a class, or a dict of name -> class), ``tools`` (functions):
     TRL's arguments of the same names, as objects or import paths; they
     replace ``trl.rollout_func`` / ``trl.environment_factory`` / ``trl.tools``.
     An object defined in the script itself works here (the training process
@@ -199,7 +199,11 @@ def train(
         raw.setdefault("trl", {})["reward_funcs"] = specs
     if rollout_func is not None:
         raw.setdefault("trl", {})["rollout_func"] = _code_spec(rollout_func, "rollout_func")
-    if environment_factory is not None:
+    if isinstance(environment_factory, Mapping):  # TRL's dict: several environments, rows name theirs
+        raw.setdefault("trl", {})["environment_factory"] = {
+            str(name): _code_spec(cls, f"environment_factory[{name!r}]") for name, cls in environment_factory.items()
+        }
+    elif environment_factory is not None:
         raw.setdefault("trl", {})["environment_factory"] = _code_spec(environment_factory, "environment_factory")
     if tools is not None:
         if isinstance(tools, str):

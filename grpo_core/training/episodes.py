@@ -215,8 +215,10 @@ class EpisodeDriver:
         environment_name: str,
         log: Callable[[str], None],
         concurrent_turns: bool,
+        name_of: Callable[[Prompt], str | None] | None = None,
     ) -> None:
         self.new_episode = new_episode
+        self.name_of = name_of  # the environment a row chose (several in one run), for metrics and logs
         self.tokenizer = tokenizer
         self.turns = TurnTokens(tokenizer, cfg.trl.chat_template_kwargs)
         self._template_kwargs = dict(cfg.trl.chat_template_kwargs or {})
@@ -291,6 +293,7 @@ class EpisodeDriver:
         for (prompt, sample), (kind, value) in zip(starts, outcomes):
             conversation = list(prompt.prompt) if prompt.is_conversational else None
             e = _Live(prompt, sample, None, list(prompt.prompt_ids), conversation, budget, failures=failures)
+            e.stats.environment = self.name_of(prompt) if self.name_of is not None else None
             if kind == "ok":
                 e.episode, start = value
                 try:
@@ -558,7 +561,8 @@ class EpisodeDriver:
             e.failures.said += 1
             row = f" (row: {_excerpt(e.prompt.prompt)})" if drives_model(e.episode) else ""
             self.log(
-                f"environment '{self.name}': episode {e.sample} of prompt {e.prompt.index} ended at turn {turn}: "
+                f"environment '{e.stats.environment or self.name}': episode {e.sample} of prompt {e.prompt.index} "
+                f"ended at turn {turn}: "
                 f"{problem}{row}"
             )
 
@@ -648,4 +652,29 @@ def episode_metrics(groups: list[Any]) -> dict[str, float]:
         metrics["episodes/environment_reward_mean"] = sum(rewarded) / len(rewarded)
     for reason in ENDINGS:
         metrics[f"episodes/ended_by_{reason}"] = sum(s.ended_by == reason for s in stats) / n
+    return metrics
+
+
+def environment_metrics(groups: list[Any], weights: list[float]) -> dict[str, float]:
+    """``environments/<name>/*`` of a scored batch whose rows chose among
+    several environments: ``reward_mean`` (the weighted reward, as ``reward``),
+    ``solve_rate`` (the fraction of its episodes whose weighted reward is above
+    0), ``turns_mean``, ``failures`` (episodes that ended in an error or a
+    timeout) and ``episodes`` (how many it played). Empty otherwise."""
+    by_name: dict[str, list[tuple[float, EpisodeStats]]] = {}
+    for scored in groups:
+        for row, completion in zip(scored.rewards, scored.group.completions, strict=True):
+            stats = completion.episode
+            if stats is None or stats.environment is None:
+                continue
+            total = sum(w * r for w, r in zip(weights, row, strict=False) if r is not None and r == r)
+            by_name.setdefault(stats.environment, []).append((float(total), stats))
+    metrics: dict[str, float] = {}
+    for name, played in sorted(by_name.items()):
+        n = len(played)
+        metrics[f"environments/{name}/reward_mean"] = sum(t for t, _ in played) / n
+        metrics[f"environments/{name}/solve_rate"] = sum(t > 0 for t, _ in played) / n
+        metrics[f"environments/{name}/turns_mean"] = sum(s.turns for _, s in played) / n
+        metrics[f"environments/{name}/failures"] = float(sum(s.ended_by in ("error", "timeout") for _, s in played))
+        metrics[f"environments/{name}/episodes"] = float(n)
     return metrics

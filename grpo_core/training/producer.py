@@ -36,6 +36,7 @@ from grpo_core.training.batch import steps_per_batch
 from grpo_core.training.distributed import shares
 from grpo_core.training.episodes import (
     RolloutDriver,
+    environment_metrics,
     episode_metrics,
     release,
     sample_groups,
@@ -304,6 +305,7 @@ class RolloutProducer:
         scored = self.hook.grpo_replay_groups(groups=scored, progress=progress) or scored
         metrics = batch_metrics(scored, self.scorer.names, self.scorer.weights)
         metrics.update(episode_metrics(scored))
+        metrics.update(environment_metrics(scored, self.scorer.weights))
         # generation: wall time until the last chunk landed; scoring: summed
         # time in reward functions. With concurrent streaming they overlap, so
         # their sum exceeds the batch's wall time.

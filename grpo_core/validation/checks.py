@@ -25,6 +25,7 @@ from grpo_core.config.batch_shape import (
     steps_per_generation,
 )
 from grpo_core.config.compat import compat_warnings
+from grpo_core.config.environment_names import route_table
 from grpo_core.config.eval_schedule import eval_enabled
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import ConfigError, NotImplementedYet, PluginError
@@ -34,6 +35,7 @@ from grpo_core.contract.extension_points import (
     REWARD_GROUP,
     chosen_implementations,
     declared,
+    environment_implementations,
     source_key,
 )
 from grpo_core.contract.types import (
@@ -112,7 +114,26 @@ def import_chosen(cfg: GRPOConfig, host: PluginHost, names: dict[str, str]) -> t
             classes[point.name] = host.implementation_class(point.name, names[point.name], key=source_key(cfg, point))
         except (PluginError, ConfigError) as exc:
             problems.append(str(exc))
+    point = BY_NAME["environment"]
+    for extra in environment_implementations(cfg)[1:]:  # several environments: each checked like the first
+        try:
+            classes[f"{EXTRA_ENVIRONMENT}{extra}"] = host.implementation_class(point.name, extra, key=point.config_key)
+        except (PluginError, ConfigError) as exc:
+            problems.append(str(exc))
     return classes, problems
+
+
+EXTRA_ENVIRONMENT = "environment:"
+"""How :data:`ChosenClasses` keys the environments after the first of a list."""
+
+
+def environment_classes(classes: ChosenClasses) -> list[tuple[str, Any]]:
+    """Every chosen environment implementation: (its name, its class), first the first."""
+    return [
+        (info.name, cls)
+        for key, (info, cls) in classes.items()
+        if key == "environment" or key.startswith(EXTRA_ENVIRONMENT)
+    ]
 
 
 def chosen_traits(names: dict[str, str], classes: ChosenClasses) -> ChosenTraits:
@@ -525,10 +546,10 @@ def _plugin_checks(
     wiring (:func:`import_chosen` reported the ones that did not import)."""
     tables = cfg.plugins.settings_tables()
     used: set[str] = set()  # the [plugins.<key>] tables some chosen implementation reads
-    for point in EXTENSION_POINTS:
-        if point.name not in classes:
+    for key in [p.name for p in EXTENSION_POINTS] + [k for k in classes if k.startswith(EXTRA_ENVIRONMENT)]:
+        if key not in classes:
             continue
-        info, cls = classes[point.name]
+        info, cls = classes[key]
         table = settings_key(tables, info) or info.name
         used.add(table)
         try:
@@ -580,34 +601,40 @@ ENVIRONMENT_REWARD = "environment"
 
 
 def environment_is_episodic(cfg: GRPOConfig, host: PluginHost) -> bool:
-    """Whether the config's environment runs multi-turn episodes (its class
+    """Whether the config's environments run multi-turn episodes (a class
     declares ``episodic``; imported, not built)."""
+    return any(_episodic(cls) for _, cls in chosen_environment_classes(cfg, host))
+
+
+def chosen_environment_classes(cfg: GRPOConfig, host: PluginHost) -> list[tuple[str, Any]]:
+    """Every chosen environment implementation as (name, class), imported;
+    one that does not import is left out (the checks report it)."""
     point = BY_NAME["environment"]
-    try:
-        _, cls = host.implementation_class(
-            point.name, chosen_implementations(cfg)[point.name], key=source_key(cfg, point)
-        )
-    except (PluginError, ConfigError):
-        return False
-    return _episodic(cls)
+    found = []
+    for i, name in enumerate(environment_implementations(cfg)):
+        try:
+            info, cls = host.implementation_class(
+                point.name, name, key=source_key(cfg, point) if i == 0 else point.config_key
+            )
+        except (PluginError, ConfigError):
+            continue
+        found.append((info.name, cls))
+    return found
 
 
 def _episodic(environment_cls: Any | None) -> bool:
     return environment_cls is not None and bool(declared(environment_cls, BY_NAME["environment"], "episodic"))
 
 
-def add_environment_reward(cfg: GRPOConfig, environment_cls: Any | None) -> None:
+def add_environment_reward(cfg: GRPOConfig, environment_cls: Any | None | list[Any]) -> None:
     """An environment that declares ``provides_reward`` scores its episodes:
     add the ``environment`` reward function (weight 1, as TRL adds
     ``get_reward``) to ``trl.reward_funcs`` unless the config lists it.
     ``environment_cls``: the chosen environment's class (:func:`import_chosen`),
-    ``None`` when it could not be imported (the import's error is reported)."""
-    if not _episodic(environment_cls):
-        return
-    provides = declared(environment_cls, BY_NAME["environment"], "provides_reward")
-    if callable(provides):  # decided from the config (never by importing the user's code)
-        provides = provides(cfg)
-    if not provides:
+    or the classes of several, ``None`` when it could not be imported (the
+    import's error is reported)."""
+    candidates = environment_cls if isinstance(environment_cls, list) else [environment_cls]
+    if not any(_provides_reward(cfg, cls) for cls in candidates):
         return
     funcs = list(cfg.trl.reward_funcs or [])
     if ENVIRONMENT_REWARD in funcs:
@@ -615,6 +642,15 @@ def add_environment_reward(cfg: GRPOConfig, environment_cls: Any | None) -> None
     if cfg.trl.reward_weights is not None and len(cfg.trl.reward_weights) == len(funcs):
         cfg.trl.reward_weights = [*cfg.trl.reward_weights, 1.0]
     cfg.trl.reward_funcs = [*funcs, ENVIRONMENT_REWARD]
+
+
+def _provides_reward(cfg: GRPOConfig, environment_cls: Any | None) -> bool:
+    if not _episodic(environment_cls):
+        return False
+    provides = declared(environment_cls, BY_NAME["environment"], "provides_reward")
+    if callable(provides):  # decided from the config (never by importing the user's code)
+        provides = provides(cfg)
+    return bool(provides)
 
 
 BackendRules = Callable[[GRPOConfig, ChosenTraits], list[str]]
@@ -650,7 +686,11 @@ def check_config(
     classes, import_problems = import_chosen(cfg, plugins, names)
     errors += import_problems
     environment_cls = classes["environment"][1] if "environment" in classes else None
-    add_environment_reward(cfg, environment_cls)
+    add_environment_reward(cfg, [cls for _, cls in environment_classes(classes)])
+    try:  # two environments serving one row name
+        route_table(cfg, environment_classes(classes))
+    except ConfigError as exc:
+        errors.append(str(exc))
     traits = chosen_traits(names, classes)
     _reward_checks(cfg, errors, warnings)
     if cfg.trl.rollout_func and (cfg.trl.tools or cfg.trl.environment_factory or _episodic(environment_cls)):
