@@ -510,3 +510,36 @@ def test_an_agent_config_names_what_is_wrong(tmp_path: Path) -> None:
     ctx = RunContext(config=cfg, output_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"plugins\.agent\.function = 'no_such_module\.run' cannot be imported"):
         PluginHost().load_implementation("environment", "agent", ctx)
+
+
+def test_the_example_agent_runs_as_shipped(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/agent, one step on the tiny model with the transformers rollout
+    (the learning run, on SmolLM2 through vLLM, is in benchmarks/RESULTS.md)."""
+    import sys
+
+    from grpo_core.config.loader import load_config
+    from grpo_core.training.run import run_training
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "agent"
+    model, tok = tiny
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(example), *sys.path])
+    cfg = load_config(
+        example / "config.toml",
+        [
+            f"base_model={json.dumps(str(tmp_path / 'tiny'))}",
+            "trl.use_vllm=false",
+            "max_steps=1",
+            "micro_batch_size=2",
+            "gradient_accumulation_steps=1",
+            "trl.num_generations=2",
+            "episodes.max_tokens_per_turn=4",
+            f"output_dir={json.dumps(str(tmp_path / 'out'))}",
+        ],
+    )
+    assert run_training(cfg) == "completed"
+    row = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["episodes/errors"] == 0.0 and row["episodes/turns_mean"] >= 1.0
+    assert "rewards/environment/mean" in row

@@ -359,6 +359,17 @@ def grpo_environment_episode(prompt: Prompt, sample: int) -> Episode | None:
     declares ``provides_reward = True``). An implementation that declares
     ``episodic = False`` (the built-in ``none``) turns episodes off: the
     run is single-turn.
+
+    An episode may instead drive the model itself
+    (:class:`~grpo_core.contract.types.DrivenEpisode`: ``drive(model)``, the
+    built-in ``agent`` environment's, whose agents call an OpenAI-compatible
+    endpoint): the core then hands it an
+    :class:`~grpo_core.contract.types.EpisodeModel` whose every ``generate``
+    is one rollout call on the episode's exact ids, batched with the other
+    episodes' turns, and trains the chain of its last turn. With several
+    environments in one run (``[plugins] environment`` as a list) the core
+    calls the implementation each row names (its ``environment`` column;
+    the ``names`` attribute above).
     """
 
 

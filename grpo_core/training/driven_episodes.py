@@ -443,6 +443,8 @@ class DrivenModel:
     def _stop_at(self, ids: list[int], stop: list[str]) -> int | None:
         """How many ids to keep: up to the token that completes the first
         stop string (what an engine that stops on strings keeps)."""
+        if not any(s and s in self.tokenizer.decode(ids, skip_special_tokens=True) for s in stop):
+            return None
         text = ""
         for i in range(len(ids)):
             text = self.tokenizer.decode(ids[: i + 1], skip_special_tokens=True)

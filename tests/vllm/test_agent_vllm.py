@@ -254,3 +254,106 @@ def test_a_run_with_misbehaving_agents_completes_and_names_each(
     ):
         assert words in printed, words
     assert "(row: 'Question 0: what is 0 + 1?')" in printed  # the log line names the row
+
+
+MIXED = '''
+import openai
+
+
+class Adder:
+    def reset(self, **row):
+        self.used = False
+        return None
+
+    def add(self, a: int, b: int) -> str:
+        """Add two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        self.used = True
+        return str(a + b)
+
+    def get_reward(self):
+        return 1.0 if self.used else 0.0
+
+
+class Shouter:
+    def reset(self, **row):
+        return None
+
+    def shout(self, text: str) -> str:
+        """Shout a text.
+
+        Args:
+            text: The text.
+        """
+        return text.upper()
+
+
+def agent(row, *, base_url, api_key, model):
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    reply = client.chat.completions.create(model=model, messages=row["prompt"], max_tokens=16)
+    return float("5" in (reply.choices[0].message.content or ""))
+'''
+
+
+def test_a_mixed_run_trains_each_environment(vllm_server, smollm2_dir, tmp_path):
+    """Two environment_factory classes by table and the agent environment in
+    one run on SmolLM2 through the server, with per-environment metrics."""
+    (tmp_path / "mixed.py").write_text(MIXED)
+    data = tmp_path / "train.jsonl"
+    names = ["adder", "shouter", "agent"]
+    data.write_text(
+        "\n".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"What is 2 + {i}? ({n})"}], "environment": n})
+            for i, n in enumerate(names)
+        )
+    )
+    out = tmp_path / "out"
+    cfg = validate(
+        {
+            "base_model": smollm2_dir,
+            "adapter": "lora",
+            "lora_r": 8,
+            "sequence_len": 512,
+            "datasets": [{"path": str(data)}],
+            "shuffle_dataset": False,
+            "micro_batch_size": 6,
+            "max_steps": 1,
+            "learning_rate": 1e-4,
+            "output_dir": str(out),
+            "vllm": {
+                "host": "127.0.0.1",
+                "port": 0,
+                "dtype": "float32",
+                "max_model_len": 512,
+                "cpu_kvcache_space": 1,
+                "api_key": "test-key-123",
+            },
+            "plugins": {"environment": ["tools", "agent"], "agent": {"function": "mixed.agent"}},
+            "episodes": {"max_turns": 2, "max_tokens_per_turn": 24},
+            "trl": {
+                "use_vllm": True,
+                "vllm_managed": False,
+                "vllm_server_base_url": vllm_server.base_url,
+                "vllm_server_timeout": 60,
+                "num_generations": 2,
+                "max_completion_length": 96,
+                "environment_factory": {"adder": "mixed.Adder", "shouter": "mixed.Shouter"},
+            },
+        }
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert run_training(cfg) == "completed"
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("mixed", None)
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    for name in names:
+        assert row[f"environments/{name}/episodes"] == 2.0 and row[f"environments/{name}/failures"] == 0.0
+        assert 0.0 <= row[f"environments/{name}/solve_rate"] <= 1.0
+    assert row["environments/agent/turns_mean"] == 1.0
+    assert row["environments/shouter/reward_mean"] == 0.0  # Shouter has no get_reward: its reward is None
