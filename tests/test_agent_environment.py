@@ -355,6 +355,20 @@ def test_the_budget_is_the_chain_and_its_end_is_a_400_the_agent_can_read(tiny, t
     assert len(c.token_ids) <= 96, "the chain stays within trl.max_completion_length"
 
 
+def test_a_first_context_longer_than_a_prompt_may_be_is_refused_and_named(tiny, tmp_path: Path) -> None:
+    def verbose_agent(row, *, base_url, api_key, model):
+        client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "word " * 1500}])
+        assert refused.value.code == "context_length_exceeded"
+        return 1.0
+
+    groups, _, logs, _ = play(tiny, tmp_path, verbose_agent, [{"question": "x"}], n=1)
+    episode = groups[0].completions[0].episode
+    assert episode.ended_by == "error" and not episode.scored
+    assert "more than the 1024 a conversation may start with" in episode.error and len(logs) == 1
+
+
 # ---------------------------------------------------------------------------- tools
 
 

@@ -58,6 +58,10 @@ others: agents started together send their first requests within a few
 milliseconds, and one call for all of them lets the engine batch them (and
 share their identical first contexts, ``n`` > 1)."""
 
+TOKENIZER_LOCK = threading.Lock()
+"""Requests render and decode in the endpoint's threads; a fast tokenizer is
+not safe to share between threads that call it at once."""
+
 FATAL_GRACE_SECONDS = 5.0
 """After the engine failed, how long episodes still running may take to
 notice (their requests are refused) before the run ends with the failure."""
@@ -247,8 +251,10 @@ class DrivenModel:
         max_tokens_per_turn: int | None,
         tokenizer: Any,
         turn_tokens: Callable[[list[Any] | None], Any],
+        max_context: int | None = None,
     ) -> None:
         self.prompt = prompt
+        self.max_context = max_context  # a chain's first context at most (trl.max_prompt_length / sequence_len)
         self.batcher = batcher
         self.sampling = sampling
         self.budget = budget
@@ -270,14 +276,16 @@ class DrivenModel:
     def render(
         self, messages: Messages, *, after: ModelTurn | None = None, tools: list[Any] | None = None
     ) -> list[int]:
-        turns = self._turn_tokens(tools)
-        if after is None:
-            return list(turns.prompt_ids(list(messages)))
-        node = self._node_of(after)
-        return list(turns.reply_ids(list(messages), node.turn.ids))
+        with TOKENIZER_LOCK:
+            turns = self._turn_tokens(tools)
+            if after is None:
+                return list(turns.prompt_ids(list(messages)))
+            node = self._node_of(after)
+            return list(turns.reply_ids(list(messages), node.turn.ids))
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        with TOKENIZER_LOCK:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def generate(
         self,
@@ -296,6 +304,14 @@ class DrivenModel:
             parent = self._node_of(after) if after is not None else None
             context = (parent.ids if parent is not None else []) + [int(i) for i in ids]
             root = parent.root if parent is not None else len(context)
+            if parent is None and self.max_context is not None and len(context) > self.max_context:
+                problem = (
+                    f"a request's context has {len(context)} tokens, more than the {self.max_context} a conversation "
+                    "may start with (trl.max_prompt_length, else sequence_len)"
+                )
+                if self.ended is None:
+                    self.ended, self.problem = "error", problem
+                raise EpisodeOver("length", problem)
             left = self.budget - (len(context) - root)
             if self._requests >= self.max_turns:
                 self._end("max_turns")
@@ -328,11 +344,16 @@ class DrivenModel:
         cut = len(sampled) < len(completion.token_ids)
         finish = "length" if (completion.truncated or cut) else "stop"
         if stop:
-            at = self._stop_at(sampled, stop)
+            with TOKENIZER_LOCK:
+                at = self._stop_at(sampled, stop)
             if at is not None:
                 sampled, cut, finish = sampled[:at], True, "stop"
                 logprobs = None if logprobs is None else logprobs[:at]
-        text = self.tokenizer.decode(sampled, skip_special_tokens=True) if cut else completion.text
+        if cut:
+            with TOKENIZER_LOCK:
+                text = self.tokenizer.decode(sampled, skip_special_tokens=True)
+        else:
+            text = completion.text
         if stop:
             text = _before_stop(text, stop)
         with self._lock:

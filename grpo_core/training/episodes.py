@@ -222,6 +222,7 @@ class EpisodeDriver:
         self.tokenizer = tokenizer
         self.turns = TurnTokens(tokenizer, cfg.trl.chat_template_kwargs)
         self._template_kwargs = dict(cfg.trl.chat_template_kwargs or {})
+        self.max_context = int(cfg.trl.max_prompt_length or cfg.sequence_len)  # a driven chain's first context
         self._tool_turns: dict[str, TurnTokens] = {}
         self.settings = cfg.episodes
         self.name = environment_name
@@ -413,6 +414,7 @@ class EpisodeDriver:
                 self.settings.max_tokens_per_turn,
                 self.tokenizer,
                 self._turns_for,
+                max_context=self.max_context,
             )
             timeout = getattr(e.episode, "timeout", None) or self.settings.step_timeout
             jobs.append(DrivenJob(e.episode, model, float(timeout)))
