@@ -557,3 +557,42 @@ def test_the_example_agent_runs_as_shipped(tiny, tmp_path: Path, monkeypatch: py
     row = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["episodes/errors"] == 0.0 and row["episodes/turns_mean"] >= 1.0
     assert "rewards/environment/mean" in row
+
+
+# ---------------------------------------------------------------------------- an agent framework
+
+
+def langchain_agent(row, *, base_url, api_key, model):
+    """LangChain's ChatOpenAI, as its users write it: tools bound, the
+    conversation kept as LangChain messages, one answer streamed."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return key.upper()
+
+    llm = ChatOpenAI(model=model, base_url=base_url, api_key=api_key, max_tokens=6, max_retries=0)
+    chat = llm.bind_tools([lookup])
+    messages = [SystemMessage("Be brief."), HumanMessage(row["question"])]
+    for follow_up in ("Go on.", "Finish."):
+        reply = chat.invoke(messages)
+        assert isinstance(reply, AIMessage)
+        messages.append(reply)
+        for call in reply.tool_calls:  # the tiny model rarely calls; a real one would
+            messages.append(ToolMessage(lookup.invoke(call["args"]), tool_call_id=call["id"]))
+        messages.append(HumanMessage(follow_up))
+    text = "".join(chunk.content for chunk in chat.stream(messages))
+    return float(len(text) % 2)
+
+
+def test_a_langchain_agent_trains_on_the_engines_ids(tiny, tmp_path: Path) -> None:
+    pytest.importorskip("langchain_openai")
+    groups, recorder, logs, _ = play(tiny, tmp_path, langchain_agent, [{"question": "What is 2 + 2?"}], n=2)
+    assert logs == []
+    for c in groups[0].completions:
+        assert c.episode.turns == 3 and c.episode.history_rewrites == 0, "LangChain's history matched the sampled turns"
+        assert rebuild(groups[0], c, recorder) == 3
+        assert c.episode.ended_by in ("environment", "length") and c.episode.scored
