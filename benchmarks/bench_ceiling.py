@@ -5,7 +5,8 @@ this CPU's ceilings, all measured in one run (issue #27).
     nice -n 10 .venv/bin/python benchmarks/bench_ceiling.py --vllm            # + a float32 vLLM server of its own
     .venv/bin/python benchmarks/bench_ceiling.py --base-url http://127.0.0.1:PORT --api-key KEY  # reuse one
     nice -n 10 .venv/bin/python benchmarks/bench_ceiling.py --precision bf16  # the trainer as bf16 runs it
-    .venv/bin/python benchmarks/bench_ceiling.py --precision bf16 --vllm --vllm-dtype bfloat16  # both as 'auto' runs them on AMX
+    # both as 'auto' runs them on AMX:
+    .venv/bin/python benchmarks/bench_ceiling.py --precision bf16 --vllm --vllm-dtype bfloat16
 
 The process keeps freed memory for reuse, as a grpo run on a CPU does
 (``reuse_freed_memory``, :mod:`grpo_core.runtime.heap`). Prints, in order:
@@ -232,7 +233,7 @@ def compute_context(precision: str, model=None) -> Callable[[], contextlib.Abstr
 
 def grpo_pass(model, ids: torch.Tensor, completion: int, share: bool, compute=contextlib.nullcontext) -> torch.Tensor:
     """grpo's log-prob path as the trainer calls it (entropy on), then backward."""
-    from grpo_core.training.logprobs import token_logprobs
+    from grpo_core.optimization.logprobs import token_logprobs
 
     with compute():
         logps, _ = token_logprobs(model, ids, torch.ones_like(ids), completion, with_entropy=True, share_prompts=share)
@@ -261,7 +262,8 @@ def trainer_ways(
 
 
 def time_interleaved(model, ways: dict[str, Callable[[], torch.Tensor]], repeats: int):
-    """Seconds of each way per round, the ways alternating (the first round, warm-up, not kept), and each one's log-probs."""
+    """Seconds of each way per round, the ways alternating (the first round, warm-up, not kept), and each one's
+    log-probs."""
     times: dict[str, list[float]] = {name: [] for name in ways}
     logps: dict[str, torch.Tensor] = {}
     for round_ in range(repeats + 1):
@@ -399,7 +401,8 @@ def print_trainer(rows: list[dict], precision: str) -> None:
     print(f"{'way':<48}{'s':>7}{'GFLOP':>8}{'GFLOP/s':>9}{'% ceiling':>11}")
     for r in rows:
         print(
-            f"{r['label']:<48}{r['seconds']:>7.2f}{r['gflop']:>8.0f}{r['gflops']:>9.0f}{r['ceiling_share'] * 100:>10.0f}%"
+            f"{r['label']:<48}{r['seconds']:>7.2f}{r['gflop']:>8.0f}{r['gflops']:>9.0f}"
+            f"{r['ceiling_share'] * 100:>10.0f}%"
         )
 
 
@@ -539,8 +542,9 @@ def main() -> None:
             f"\n== one generation: {PROMPTS} prompts x {SAMPLES} x {COMPLETION_TOKENS} tokens, vLLM ({g['server']}) =="
         )
         print(
-            f"requests: 1 token {g['request_1_token_s']:.2f} s, {COMPLETION_TOKENS} tokens {g['request_48_tokens_s']:.2f} s; "
-            f"{g['ms_per_decode_step']:.0f} ms per decode step of {PROMPTS * SAMPLES} sequences"
+            f"requests: 1 token {g['request_1_token_s']:.2f} s, {COMPLETION_TOKENS} tokens "
+            f"{g['request_48_tokens_s']:.2f} s; {g['ms_per_decode_step']:.0f} ms per decode step of "
+            f"{PROMPTS * SAMPLES} sequences"
         )
         print(
             f"bounds: reading {g['weight_MB']:.0f} MB of weights {g['bandwidth_bound_ms']:.0f} ms; "

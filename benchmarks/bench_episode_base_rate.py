@@ -61,10 +61,10 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
     from grpo_core.contract.context import RunContext
     from grpo_core.contract.types import Prompt, SamplingSettings
+    from grpo_core.data.prompts import tokenize_prompt
+    from grpo_core.generation.episodes import EpisodeDriver
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_core.modeling.precision import cpu_flag_summary
-    from grpo_core.training.data import tokenize_prompt
-    from grpo_core.training.episodes import EpisodeDriver
     from grpo_plugins.environments.tools import ToolEnvironment, ToolSettings
     from grpo_plugins.vllm.rollout import VLLMRollout
 

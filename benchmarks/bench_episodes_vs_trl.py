@@ -598,9 +598,11 @@ def report(
     lines = [
         f"CPU flags: {flags}",
         f"load (uptime) before/between/after the sides: {' | '.join(loads)}",
-        f"batch: {a.prompts} prompts x {a.generations} episodes = {a.prompts * a.generations} episodes/step, micro-batch {a.micro_batch}, "
-        f"task {a.task}, <= {a.turns} model turns of {'exactly' if a.exact_turn_tokens else 'at most'} {a.turn_tokens} tokens each, episode budget {a.max_completion_length} tokens, "
-        f"lr {a.lr}, LoRA r{LORA_R} all-linear, {'bf16' if a.bf16 else 'float32'} training, {a.steps} steps (first = warm-up)",
+        f"batch: {a.prompts} prompts x {a.generations} episodes = {a.prompts * a.generations} episodes/step, "
+        f"micro-batch {a.micro_batch}, task {a.task}, <= {a.turns} model turns of "
+        f"{'exactly' if a.exact_turn_tokens else 'at most'} {a.turn_tokens} tokens each, episode budget "
+        f"{a.max_completion_length} tokens, lr {a.lr}, LoRA r{LORA_R} all-linear, {'bf16' if a.bf16 else 'float32'} "
+        f"training, {a.steps} steps (first = warm-up)",
         f"prompt tokens of one row: TRL {tokens.get('trl')}, grpo {tokens.get('grpo')}",
     ]
     summary: dict[str, Any] = {
@@ -610,7 +612,10 @@ def report(
         "args": vars(a),
         "sides": {},
     }
-    header = f"{'side':<6}{'steps':>6}{'s/step':>9}{'s/1k model tok':>16}{'model tok/step':>16}{'turns/step':>12}{'episodes':>10}{'start-up s':>12}"
+    header = (
+        f"{'side':<6}{'steps':>6}{'s/step':>9}{'s/1k model tok':>16}{'model tok/step':>16}{'turns/step':>12}"
+        f"{'episodes':>10}{'start-up s':>12}"
+    )
     lines.append(header)
     for name, res in results.items():
         s = summarise(res["steps"])
@@ -643,11 +648,13 @@ def report(
             g = res["games"]
             lines.append(
                 f"       {name} games: {g['games']}, {100 * g['with_a_guess']:.0f}% made a valid guess, "
-                f"{g['guesses_per_game']:.2f} guesses/game, {100 * g['solved']:.0f}% solved, mean reward {g['mean_reward']:.3f}"
+                f"{g['guesses_per_game']:.2f} guesses/game, {100 * g['solved']:.0f}% solved, mean reward "
+                f"{g['mean_reward']:.3f}"
             )
         if s["left_completions_out"]:
             lines.append(
-                f"       {name}: {s['skipped_completions']:.0f} zero-advantage completions left out over those steps (not in the ratio)"
+                f"       {name}: {s['skipped_completions']:.0f} zero-advantage completions left out over those steps "
+                "(not in the ratio)"
             )
     trl = summary["sides"].get("trl", {}).get("trained_every_completion")
     grpo = summary["sides"].get("grpo", {}).get("trained_every_completion")
@@ -655,10 +662,11 @@ def report(
         per_step = trl["sec_per_step"] / grpo["sec_per_step"]
         per_token = trl["sec_per_1k_model_tokens"] / grpo["sec_per_1k_model_tokens"]
         summary["speedup_per_step"], summary["speedup_per_model_token"] = per_step, per_token
+        equal_work = abs(trl["turns_per_step"] - grpo["turns_per_step"]) < 0.5
         lines.append(
             f"grpo speed-up over TRL: {per_step:.2f}x per step, {per_token:.2f}x per model token "
             f"(turns/step TRL {trl['turns_per_step']:.1f}, grpo {grpo['turns_per_step']:.1f}: "
-            f"{'equal work per step' if abs(trl['turns_per_step'] - grpo['turns_per_step']) < 0.5 else 'per-token is the like-for-like ratio'})"
+            f"{'equal work per step' if equal_work else 'per-token is the like-for-like ratio'})"
         )
     else:
         lines.append("grpo speed-up over TRL: not computed (a side has no timed step that trained every completion)")
@@ -671,7 +679,8 @@ def report(
         rewards_text = ", ".join(f"{r:.2f}" for r in rewards)
         if hit:
             lines.append(
-                f"{name}: reward moving mean ({a.window} steps) reached {a.threshold} at step {hit[0]}, {hit[1]:.0f} s of steps; rewards {rewards_text}"
+                f"{name}: reward moving mean ({a.window} steps) reached {a.threshold} at step {hit[0]}, {hit[1]:.0f} s "
+                f"of steps; rewards {rewards_text}"
             )
         else:
             lines.append(
@@ -694,12 +703,13 @@ def threshold_ratio(sides: dict[str, Any]) -> list[str]:
     grpo_seconds = grpo["threshold"][1]
     if trl.get("threshold"):
         return [
-            f"time to the threshold: TRL {trl['threshold'][1]:.0f} s / grpo {grpo_seconds:.0f} s = {trl['threshold'][1] / grpo_seconds:.2f}x"
+            f"time to the threshold: TRL {trl['threshold'][1]:.0f} s / grpo {grpo_seconds:.0f} s = "
+            f"{trl['threshold'][1] / grpo_seconds:.2f}x"
         ]
     trl_seconds = sum(st["seconds"] for st in trl["raw"])
     return [
-        f"time to the threshold: grpo {grpo_seconds:.0f} s; TRL not there after {trl_seconds:.0f} s of steps, so at least "
-        f"{trl_seconds / grpo_seconds:.2f}x"
+        f"time to the threshold: grpo {grpo_seconds:.0f} s; TRL not there after {trl_seconds:.0f} s of steps, so at "
+        f"least {trl_seconds / grpo_seconds:.2f}x"
     ]
 
 
@@ -743,7 +753,8 @@ def main() -> None:
     parser.add_argument(
         "--train-zero-advantage",
         action="store_true",
-        help="grpo trains zero-advantage completions too (as TRL does): every step is identical work and enters the ratio",
+        help="grpo trains zero-advantage completions too (as TRL does): every step is identical work and enters the "
+        "ratio",
     )
     parser.add_argument(
         "--log-completions", action="store_true", help="grpo: keep a few logged episodes in the results"

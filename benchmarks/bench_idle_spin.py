@@ -35,7 +35,7 @@ def measure(spin: str | None, model_dir: str, policy, repeats: int) -> dict[str,
     from transformers import AutoTokenizer
     from vllm_session import make_config
 
-    from grpo_core.training.sync_check import probe_ids, trainer_logprobs
+    from grpo_core.sync.verify import probe_ids, trainer_logprobs
     from grpo_plugins.vllm.client import VLLMClient
     from grpo_plugins.vllm.command_line import server_spec
     from grpo_plugins.vllm.idle_spin import IDLE_SPIN_ENV

@@ -4,14 +4,14 @@ arithmetic example's 4 prompts x 8 completions, prompts shared
 (``share_prompt_prefix``), three ways:
 
 * ``sorted 2x16``: grpo's layout for ``micro_batch_size = 16``,
-  ``gradient_accumulation_steps = 2`` (:func:`grpo_core.training.batch.micro_batches`:
+  ``gradient_accumulation_steps = 2`` (:func:`grpo_core.optimization.batch.micro_batches`:
   sorted by length, so each micro-batch pads little, but each holds rows of
   every prompt, and each prompt runs once per micro-batch);
 * ``grouped 2x16``: two whole groups per micro-batch (each prompt runs once
   per step, completions pad to the longest of two groups);
 * ``1x32``: ``micro_batch_size = 32``, ``gradient_accumulation_steps = 1``;
 * ``balanced 2``: sorted, two micro-batches cut where they pad least
-  (:func:`grpo_core.training.batch.least_padding_cuts`; grpo's layout for
+  (:func:`grpo_core.optimization.batch.least_padding_cuts`; grpo's layout for
   the token-sum losses, ``dapo`` by default).
 
 Completion lengths are drawn uniformly from ``--lengths`` ranges (an early
@@ -61,8 +61,8 @@ def main() -> None:
 
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_core.modeling.precision import cpu_flag_summary
-    from grpo_core.training.batch import Sample, collate, micro_batches
-    from grpo_core.training.logprobs import token_logprobs
+    from grpo_core.optimization.batch import Sample, collate, micro_batches
+    from grpo_core.optimization.logprobs import token_logprobs
 
     torch.manual_seed(0)
     rng = random.Random(0)

@@ -34,7 +34,8 @@ for mib in (1, 16, 64):
         dist.barrier(); start = time.perf_counter(); dist.all_reduce(t); times.append(time.perf_counter() - start)
     if dist.get_rank() == 0:
         s = statistics.median(times)
-        print(json.dumps({"setup": os.environ["SETUP"], "mib": mib, "seconds": round(s, 4), "mib_per_s": round(mib / s, 1)}), flush=True)
+        row = {"setup": os.environ["SETUP"], "mib": mib, "seconds": round(s, 4), "mib_per_s": round(mib / s, 1)}
+        print(json.dumps(row), flush=True)
 dist.destroy_process_group()
 """
 

@@ -67,7 +67,8 @@ def main() -> None:
     for name, xs in timings.items():
         xs.sort()
         print(
-            f"{name:5s}: median {1000 * statistics.median(xs):.1f} ms, p90 {1000 * xs[int(0.9 * len(xs))]:.1f} ms ({len(xs)} calls)"
+            f"{name:5s}: median {1000 * statistics.median(xs):.1f} ms, p90 {1000 * xs[int(0.9 * len(xs))]:.1f} ms "
+            f"({len(xs)} calls)"
         )
     print(f"{args.episodes} episodes, {args.threads} at a time: {wall:.2f} s wall")
 

@@ -1,5 +1,5 @@
 """The gap the same weights show between a vLLM server and the trainer, per
-precision pair: what the sync check's bounds (grpo_core/training/sync_check.py)
+precision pair: what the sync check's bounds (grpo_core/sync/verify.py)
 are set from.
 
     .venv/bin/python benchmarks/bench_probe_noise.py float32|bfloat16
@@ -55,7 +55,10 @@ server.start()
 try:
     server.wait_ready(600)
     tok = AutoTokenizer.from_pretrained(MODEL)
-    text = "The quick brown fox jumps over the lazy dog. 17 + 25 = 42, and the capital of France is Paris. Water boils at 100 degrees Celsius at sea level; ice melts at zero."
+    text = (
+        "The quick brown fox jumps over the lazy dog. 17 + 25 = 42, and the capital of France is Paris. Water boils "
+        "at 100 degrees Celsius at sea level; ice melts at zero."
+    )
     ids = tok(text, add_special_tokens=False)["input_ids"][:48]
     print("n ids", len(ids))
     c = httpx.Client(headers={"Authorization": "Bearer k"})

@@ -16,7 +16,7 @@ differences between them.
 ``--compare head-checkpoint`` times, on the same micro-batch with shared
 prompts, the LM head's chunks recomputed in backward (activation
 checkpointing, ``checkpoint_above = 0``) against kept for backward (grpo's
-default below 128 Mi logit elements, :mod:`grpo_core.training.logprobs`).
+default below 128 Mi logit elements, :mod:`grpo_core.optimization.logprobs`).
 
 ``--compare lora-forward`` times peft's LoRA forward against a candidate that
 was tried for #13 and not adopted (RESULTS.md), kept here so that it can be
@@ -31,7 +31,7 @@ this benchmark runs (one adapter, no dropout, not merged, one dtype).
 ``--compare head-selection`` times the LM head's log-softmax, target
 selection and entropy as autograd composes them (``log_softmax``, ``gather``,
 ``-(p * log p).sum()``: grpo's path before #27) against
-:class:`grpo_core.training.logprobs.SelectedLogSoftmax` (grpo's default),
+:class:`grpo_core.optimization.logprobs.SelectedLogSoftmax` (grpo's default),
 prompts shared in both.
 
 ``--compare head-chunks`` times the LM head in chunks of 256 rows (grpo's
@@ -174,8 +174,8 @@ def main() -> None:
     from peft.tuners.lora.layer import Linear as LoraLinear
 
     from grpo_core.modeling.precision import cpu_flag_summary, native_bf16
-    from grpo_core.training import logprobs
-    from grpo_core.training.logprobs import token_logprobs
+    from grpo_core.optimization import logprobs
+    from grpo_core.optimization.logprobs import token_logprobs
 
     torch.manual_seed(0)
     if args.precision == "bf16" and not native_bf16("cpu"):
@@ -227,13 +227,14 @@ def main() -> None:
         row["speedup"] = row[f"{a}_seconds"] / row[f"{b}_seconds"]
         if args.compare == "shared-prompts":
             row["tokens"] = (
-                f"{args.rows * (args.prompt_tokens + completion)} -> {args.prompts * args.prompt_tokens + args.rows * completion}"
+                f"{args.rows * (args.prompt_tokens + completion)} -> "
+                f"{args.prompts * args.prompt_tokens + args.rows * completion}"
             )
         results.append(row)
     flags = cpu_flag_summary()
     print(
-        f"CPU flags: {flags}; {torch.get_num_threads()} threads; {args.precision}; LoRA r16 forward+backward of {args.rows} rows, "
-        f"{args.prompts} distinct prompts of {args.prompt_tokens} tokens, median of {args.repeats}"
+        f"CPU flags: {flags}; {torch.get_num_threads()} threads; {args.precision}; LoRA r16 forward+backward of "
+        f"{args.rows} rows, {args.prompts} distinct prompts of {args.prompt_tokens} tokens, median of {args.repeats}"
     )
     print(
         f"{'completion tokens':>18}{a + ' s':>14}{b + ' s':>14}{'speed-up':>10}{'tokens':>16}{'max |dlogp|':>13}"

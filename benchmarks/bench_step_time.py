@@ -230,7 +230,8 @@ def main() -> None:
 
     base = summary.get("trl")
     print(
-        f"\n{'runner':<24}{'s/step':>10}{'gen tok/s':>12}{'speed-up vs TRL':>18}{'generate s':>12}{'sync s':>9}{'skipped rows':>13}{'start-up s':>12}"
+        f"\n{'runner':<24}{'s/step':>10}{'gen tok/s':>12}{'speed-up vs TRL':>18}{'generate s':>12}{'sync s':>9}"
+        f"{'skipped rows':>13}{'start-up s':>12}"
     )
     for name, row in summary.items():
         ratio = base["sec_per_step"] / row["sec_per_step"] if base else float("nan")

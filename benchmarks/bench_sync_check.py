@@ -8,7 +8,7 @@ Starts one managed server (SmolLM2-135M-Instruct, LoRA loading on, the
 differ from the base) ``--syncs`` times with each of grpo's two filesystem
 syncs, ``lora_filesystem`` (adapter load) and ``full_filesystem`` (merged
 reload), each followed by the check ``verify_weight_sync`` runs
-(:class:`grpo_core.training.sync_check.SyncVerifier`: the trainer's probe
+(:class:`grpo_core.sync.verify.SyncVerifier`: the trainer's probe
 forward plus the server's ``prompt_logprobs`` request). After each verified
 sync the policy's B moves by one small random step without a sync, and the
 same probe is scored again: the gap a sync that never arrived shows.
@@ -50,7 +50,7 @@ def main() -> None:
     from grpo_core.contract.types import ADAPTER_FROM_PATH, WEIGHTS_FROM_PATH
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
     from grpo_core.modeling.precision import Precision, cpu_flag_summary
-    from grpo_core.training.sync_check import SyncVerifier, compare, probe_ids, trainer_logprobs
+    from grpo_core.sync.verify import SyncVerifier, compare, probe_ids, trainer_logprobs
     from grpo_plugins.vllm.engine import VLLMServerEngine
     from grpo_plugins.weight_sync_files import FullFilesystemSync, LoraFilesystemSync
 
@@ -127,13 +127,14 @@ def main() -> None:
     trainer = "bf16 autocast" if args.trainer_bf16 else "float32"
     for kind, r in results.items():
         print(
-            f"{kind:<16} sync {r['sync_s']:.3f}s  check {r['check_s']:.3f}s  ({100 * r['check_over_sync']:.0f}% of the sync)  "
-            f"same-weight gap mean {max(r['gap_mean']):.2g} max {max(r['gap_max']):.2g} (bound {min(r['bound']):.2g})  "
-            f"stale gap mean {min(r['stale_gap_mean']):.2g}-{max(r['stale_gap_mean']):.2g}; alone: trainer probe "
-            f"{r['trainer_probe_s']:.3f}s, engine probe {r['engine_probe_s']:.3f}s"
+            f"{kind:<16} sync {r['sync_s']:.3f}s  check {r['check_s']:.3f}s  ({100 * r['check_over_sync']:.0f}% of the "
+            f"sync)  same-weight gap mean {max(r['gap_mean']):.2g} max {max(r['gap_max']):.2g} (bound "
+            f"{min(r['bound']):.2g})  stale gap mean {min(r['stale_gap_mean']):.2g}-{max(r['stale_gap_mean']):.2g}; "
+            f"alone: trainer probe {r['trainer_probe_s']:.3f}s, engine probe {r['engine_probe_s']:.3f}s"
         )
     print(
-        f"server dtype {args.dtype}, trainer {trainer}, probe {len(ids)} tokens, step std {args.step}; cpu flags: {cpu_flag_summary()}"
+        f"server dtype {args.dtype}, trainer {trainer}, probe {len(ids)} tokens, step std {args.step}; cpu flags: "
+        f"{cpu_flag_summary()}"
     )
     print(
         "RESULT "

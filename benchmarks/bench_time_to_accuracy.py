@@ -363,7 +363,8 @@ def summarize(raw: dict, out: Path | None = None) -> None:
     ]
     peers = [r for r in rows if r["runner"].startswith("trl")]  # TRL in each precision run
     print(
-        f"\nCPU flags: {raw['cpu_flags']}; {raw.get('cores', '?')} cores; started {raw['started']}; seed {raw.get('seed', 42)}"
+        f"\nCPU flags: {raw['cpu_flags']}; {raw.get('cores', '?')} cores; started {raw['started']}; "
+        f"seed {raw.get('seed', 42)}"
     )
     print(f"base model held-out accuracy: {base:.1%}")
     print(
@@ -384,20 +385,20 @@ def summarize(raw: dict, out: Path | None = None) -> None:
             cells += f"{cell:>20}"
         print(f"{row['runner']:<12}{cells}")
     print(
-        f"\n{'runner':<12}{'best acc':>10}{'trained s/step':>18}{'skipped s/step':>16}{'median s/step':>15}{'start-up s':>12}"
-        f"{'load avg':>14}{'CPU stolen':>12}"
+        f"\n{'runner':<12}{'best acc':>10}{'trained s/step':>18}{'skipped s/step':>16}{'median s/step':>15}"
+        f"{'start-up s':>12}{'load avg':>14}{'CPU stolen':>12}"
     )
     for row in rows:
         skipped = f"{row['skipped_step_seconds']:.2f} ({row['skipped_steps']})" if row["skipped_steps"] else "-"
         load = f"{row['load_average']['mean']:.1f} / {row['load_average']['max']:.1f}" if row["load_average"] else "-"
         steal = f"{row['steal_share']:.1%}" if row.get("steal_share") is not None else "-"
         print(
-            f"{row['runner']:<12}{max(row['accuracy'].values()):>10.1%}{row['trained_step_seconds']:>12.2f} ({row['trained_steps']})"
-            f"{skipped:>16}{row['median_step_seconds']:>15.2f}{row['startup_seconds']:>12.0f}{load:>14}{steal:>12}"
+            f"{row['runner']:<12}{max(row['accuracy'].values()):>10.1%}{row['trained_step_seconds']:>12.2f} "
+            f"({row['trained_steps']}){skipped:>16}{row['median_step_seconds']:>15.2f}{row['startup_seconds']:>12.0f}"
+            f"{load:>14}{steal:>12}"
         )
-        print(
-            f"    precision: {'bf16 autocast' if row['bf16'] else 'float32' if row['bf16'] is False else 'not recorded'}"
-        )
+        precision = "bf16 autocast" if row["bf16"] else "float32" if row["bf16"] is False else "not recorded"
+        print(f"    precision: {precision}")
         print("    accuracy by step: " + ", ".join(f"{k}: {v:.0%}" for k, v in row["accuracy"].items()))
     speeds = raw.get("machine_speed") or []
     if len(speeds) == len(rows) + 1:
@@ -411,8 +412,8 @@ def summarize(raw: dict, out: Path | None = None) -> None:
         rates = [s["mm_gflops"] for s in speeds]
         if max(rates) > 1.1 * min(rates):
             print(
-                f"the machine's matmul rate moved {max(rates) / min(rates) - 1:.0%} during the run: not a steady machine, "
-                "and the ratios above carry that change"
+                f"the machine's matmul rate moved {max(rates) / min(rates) - 1:.0%} during the run: not a steady "
+                "machine, and the ratios above carry that change"
             )
     stolen = [r["steal_share"] for r in rows if r.get("steal_share") is not None]
     if len(stolen) > 1 and max(stolen) - min(stolen) > 0.05:

@@ -65,7 +65,8 @@ def main() -> None:
     for _ in range(args.rounds):
         prefill, whole = seconds(1), seconds(48)
         print(
-            f"  1 token {prefill:.3f} s  48 tokens {whole:.3f} s  per decode step {(whole - prefill) / 47 * 1000:.0f} ms",
+            f"  1 token {prefill:.3f} s  48 tokens {whole:.3f} s  per decode step {(whole - prefill) / 47 * 1000:.0f} "
+            "ms",
             flush=True,
         )
     if args.profile:
@@ -114,7 +115,8 @@ def warm_engine(args: argparse.Namespace, kernels: str):
 
     seconds(48)  # warm-up
     print(
-        f"CPU flags: {cpu_flag_summary()}; {args.dtype}, block size {args.block_size}, {'eager' if args.eager else 'compiled'}",
+        f"CPU flags: {cpu_flag_summary()}; {args.dtype}, block size {args.block_size}, "
+        f"{'eager' if args.eager else 'compiled'}",
         end="; ",
     )
     return llm, seconds
@@ -161,7 +163,8 @@ def compare_kernels(args: argparse.Namespace) -> None:
     vllm = statistics.median(steps["vllm"])
     for kernels, ms in steps.items():
         print(
-            f"{kernels:8s} median {statistics.median(ms):.0f} ms per decode step: {vllm / statistics.median(ms):.2f}x vLLM's"
+            f"{kernels:8s} median {statistics.median(ms):.0f} ms per decode step: {vllm / statistics.median(ms):.2f}x "
+            "vLLM's"
         )
 
 

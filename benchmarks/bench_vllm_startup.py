@@ -81,7 +81,8 @@ def main() -> None:
         )
     e, c = rows["eager"], rows["compiled"]
     print(
-        f"eager vs compiled: start {c['startup_s'] / e['startup_s']:.1f}x faster, warm generation {e['warm_tok_s'] / c['warm_tok_s']:.2f}x"
+        f"eager vs compiled: start {c['startup_s'] / e['startup_s']:.1f}x faster, warm generation "
+        f"{e['warm_tok_s'] / c['warm_tok_s']:.2f}x"
     )
 
 

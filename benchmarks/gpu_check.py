@@ -67,7 +67,9 @@ def fixed_rollout(prompts, trainer):
         ids = tok.encode(prompt, add_special_tokens=False)
         for k in range(trainer.num_generations):
             out["prompt_ids"].append(list(ids))
-            out["completion_ids"].append([100 + (i * 31 + k * 17 + j * 7) % 900 for j in range(48)] + [tok.eos_token_id])
+            out["completion_ids"].append(
+                [100 + (i * 31 + k * 17 + j * 7) % 900 for j in range(48)] + [tok.eos_token_id]
+            )
             out["logprobs"].append(None)
     return out
 '''
@@ -150,7 +152,7 @@ def check_liger(tmp: Path) -> dict:
     import torch
 
     from grpo_core.contract.types import PolicyLossInputs
-    from grpo_core.training.loss import LossSettings
+    from grpo_core.optimization.loss import LossSettings
     from grpo_plugins.liger_loss import LigerPolicyLoss
     from grpo_plugins.policy_loss import GRPOPolicyLoss
 
@@ -409,7 +411,10 @@ def main() -> int:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
-        reason = f"no CUDA device (torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        reason = (
+            f"no CUDA device (torch {torch.__version__}, "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
         Path(args.out).write_text(json.dumps({**results, "ok": False, "error": reason}, indent=2))
         print(
             f"gpu_check: {reason}: nothing was checked. Run it on a CUDA machine (benchmarks/gpu_check.sh).",

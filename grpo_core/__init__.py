@@ -6,8 +6,8 @@ helpers); the contract itself is :mod:`grpo_core.contract.hookspecs`. The
 folders are the layers, lowest first, each importing only itself and those
 before it: ``contract``, ``runtime``, ``config``, ``host``, ``modeling``,
 ``observability``, ``validation`` (the config's checks, which ask the rules
-of the layers below), ``scoring``, ``training``, ``interface``. Modules that once sat at this top level keep their old import
-paths (:mod:`grpo_core.moved`).
+of the layers below), ``scoring``, ``training``, ``interface``. Modules that
+once sat at this top level keep their old import paths (:mod:`grpo_core.moved`).
 """
 
 from grpo_core import moved

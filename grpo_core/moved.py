@@ -27,14 +27,16 @@ MOVED_MODULES: dict[str, str] = {
         "host": ("plugin_host", "user_code", "script_objects"),
         "modeling": ("models", "model_files", "quantization", "fp8", "compile", "precision", "engine_weights"),
         "scoring": ("rewards", "reward_calls", "reward_workers"),
-        "training": ("loss", "logprobs", "data", "observe", "evaluation"),
+        "optimization": ("loss", "logprobs"),
+        "generation": ("evaluation",),
+        "training": ("observe",),
         "observability": ("alerts", "tracking", "report"),
         "interface": ("cli", "cli_common", "cli_tools", "tools", "api", "launch"),
         "runtime": ("atomic", "cpu_affinity", "lifelong_thread", "processes", "scratch"),
     }.items()
     for name in names
 } | {
-    "grpo_core.config.deepspeed_file": "grpo_core.training.deepspeed_file",  # the DeepSpeed backend's file
+    "grpo_core.config.deepspeed_file": "grpo_core.parallel.deepspeed_file",  # the DeepSpeed backend's file
     "grpo_core.training.logging": "grpo_core.observability.logging",  # the metrics log
     "grpo_core.config.checks": "grpo_core.validation.checks",  # above the layers whose rules it asks
 }

@@ -91,7 +91,7 @@ HOMES: dict[str, tuple[str, ...]] = {
     # helpers: scratch space, files written whole, user code by import path
     "grpo_core.runtime.scratch": ("make_scratch_dir", "remove_scratch_dir"),
     "grpo_core.runtime.atomic": ("atomic_directory",),
-    "grpo_core.training.data": ("import_from_cwd",),
+    "grpo_core.data.prompts": ("import_from_cwd",),
     # helpers for an inference engine: what a weight sync sends, its process's life and cores
     "grpo_core.modeling.engine_weights": ("merged_weights", "in_dtype", "save_adapter", "adapter_body"),
     "grpo_core.runtime.lifelong_thread": ("in_lifelong_thread", "set_parent_death_signal"),
@@ -99,11 +99,11 @@ HOMES: dict[str, tuple[str, ...]] = {
     "grpo_core.modeling.model_files": ("resolve_model_dir", "cache_root"),
     "grpo_core.modeling.precision": ("resolve_precision",),
     # helpers for a policy loss, a tracker and the function rollout
-    "grpo_core.training.loss": ("policy_loss",),
-    "grpo_core.training.logprobs": ("DEFAULT_CHUNK_SIZE",),
+    "grpo_core.optimization.loss": ("policy_loss",),
+    "grpo_core.optimization.logprobs": ("DEFAULT_CHUNK_SIZE",),
     "grpo_core.observability.tracking": ("MissingTrackerLibrary",),
     "grpo_core.host.plugin_host": ("PluginHost",),
-    "grpo_core.training.rollout_function": ("RolloutFuncTrainer", "groups_from_output", "import_rollout_func"),
+    "grpo_core.generation.user_rollout": ("RolloutFuncTrainer", "groups_from_output", "import_rollout_func"),
 }
 """Each public name by the module it lives in (its home may change; the name stays)."""
 
@@ -188,6 +188,12 @@ if TYPE_CHECKING:  # what a type checker and an editor see; tests/test_plugin_ap
         engine_cpu_cores,
         token_scorer,
     )
+    from grpo_core.data.prompts import import_from_cwd
+    from grpo_core.generation.user_rollout import (
+        RolloutFuncTrainer,
+        groups_from_output,
+        import_rollout_func,
+    )
     from grpo_core.host.plugin_host import PluginHost
     from grpo_core.modeling.engine_weights import (
         adapter_body,
@@ -198,6 +204,8 @@ if TYPE_CHECKING:  # what a type checker and an editor see; tests/test_plugin_ap
     from grpo_core.modeling.model_files import cache_root, resolve_model_dir
     from grpo_core.modeling.precision import resolve_precision
     from grpo_core.observability.tracking import MissingTrackerLibrary
+    from grpo_core.optimization.logprobs import DEFAULT_CHUNK_SIZE
+    from grpo_core.optimization.loss import policy_loss
     from grpo_core.runtime.atomic import atomic_directory
     from grpo_core.runtime.cpu_affinity import format_cpu_list, process_cpus
     from grpo_core.runtime.lifelong_thread import (
@@ -205,11 +213,3 @@ if TYPE_CHECKING:  # what a type checker and an editor see; tests/test_plugin_ap
         set_parent_death_signal,
     )
     from grpo_core.runtime.scratch import make_scratch_dir, remove_scratch_dir
-    from grpo_core.training.data import import_from_cwd
-    from grpo_core.training.logprobs import DEFAULT_CHUNK_SIZE
-    from grpo_core.training.loss import policy_loss
-    from grpo_core.training.rollout_function import (
-        RolloutFuncTrainer,
-        groups_from_output,
-        import_rollout_func,
-    )

@@ -44,7 +44,10 @@ def liger_problem() -> str | None:
     try:
         from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss  # noqa: F401
     except ImportError as exc:
-        return f"trl.use_liger_loss = true needs the liger-kernel package, which is not importable here ({exc}): {PACKAGE_HINT}."
+        return (
+            f"trl.use_liger_loss = true needs the liger-kernel package, which is not importable here ({exc}): "
+            f"{PACKAGE_HINT}."
+        )
     return None
 
 

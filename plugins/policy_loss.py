@@ -1,4 +1,4 @@
-"""``grpo.policy_loss:grpo``: the built-in GRPO loss (:func:`grpo_core.training.loss.policy_loss`).
+"""``grpo.policy_loss:grpo``: the built-in GRPO loss (:func:`grpo_core.optimization.loss.policy_loss`).
 
 Log-probs (and entropies) from the chunked LM-head path, the run's
 importance-sampling correction, then every TRL 1.16 loss variant grpo

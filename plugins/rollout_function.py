@@ -4,7 +4,7 @@ With ``trl.use_vllm = false`` the function samples the trainer's live model
 itself (``trainer.model``), so the weights it samples are current without a
 sync. TRL's return convention (``prompt_ids``, ``completion_ids``,
 ``logprobs``, optional ``env_mask``, extra reward columns) and its checks
-are :mod:`grpo_core.training.rollout_function`'s, shared with the run that
+are :mod:`grpo_core.generation.user_rollout`'s, shared with the run that
 drives the function over an engine (``trl.use_vllm = true``), where
 ``trainer.generate`` samples through the engine.
 """

@@ -148,7 +148,8 @@ class _HttpSync:
         port: int = Field(0, ge=0, le=65535, description="Its port; 0 picks a free one.")
         advertise_host: str | None = Field(
             None,
-            description="The address the vLLM servers use to reach the trainer. Default: host (this machine's name when host is 0.0.0.0).",
+            description="The address the vLLM servers use to reach the trainer. Default: host (this machine's name "
+            "when host is 0.0.0.0).",
         )
 
     def __init__(self, context: RunContext, settings: _HttpSync.Settings | None = None) -> None:

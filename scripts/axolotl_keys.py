@@ -68,7 +68,10 @@ def main(repo: str, commit: str = "HEAD") -> None:
     data = {
         "source": "https://github.com/axolotl-ai-cloud/axolotl",
         "commit": commit,
-        "schema": f"{SCHEMA_DIR}/config.py AxolotlInputConfig (with its mixins), TRLConfig, VllmConfig, SFTDataset (a datasets: entry)",
+        "schema": (
+            f"{SCHEMA_DIR}/config.py AxolotlInputConfig (with its mixins), TRLConfig, VllmConfig, SFTDataset (a "
+            "datasets: entry)"
+        ),
         "top_level": sorted(_fields("AxolotlInputConfig", classes)),
         "trl": sorted(_fields("TRLConfig", classes)),
         "vllm": sorted(_fields("VllmConfig", classes)),
@@ -77,7 +80,8 @@ def main(repo: str, commit: str = "HEAD") -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     print(
-        f"{OUT}: {len(data['top_level'])} top-level, {len(data['trl'])} trl, {len(data['vllm'])} vllm, {len(data['datasets'])} datasets keys at {commit}"
+        f"{OUT}: {len(data['top_level'])} top-level, {len(data['trl'])} trl, {len(data['vllm'])} vllm, "
+        f"{len(data['datasets'])} datasets keys at {commit}"
     )
 
 

@@ -1,13 +1,13 @@
-"""The README's TRL -> grpo table: every field of TRL's ``GRPOConfig`` and the grpo key for it.
+"""The TRL -> grpo table of docs/from-trl.md: every field of TRL's ``GRPOConfig`` and the grpo key for it.
 
 Generated from both schemas so it stays true: the rows are TRL's own
 ``GRPOConfig`` fields (read from the installed ``trl``) and the
 ``TrainingArguments`` fields grpo has a key for; the grpo column is checked
 against grpo's schema (a renamed or removed key fails here, not in a user's
-script). ``tests/test_trl_mapping.py`` fails when the README is out of date.
+script). ``tests/test_trl_mapping.py`` fails when docs/from-trl.md is out of date.
 
     python scripts/trl_mapping.py          # print the table
-    python scripts/trl_mapping.py --write  # rewrite it in README.md
+    python scripts/trl_mapping.py --write  # rewrite it in docs/from-trl.md
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "from-trl.md"
 START, END = "<!-- trl-mapping:start -->", "<!-- trl-mapping:end -->"
 
 # TRL names that differ from grpo's. Everything else maps by name: a field of
@@ -104,7 +104,7 @@ def readme_with_table(text: str) -> str:
     head, _, rest = text.partition(START)
     _, _, tail = rest.partition(END)
     if not rest:
-        raise SystemExit(f"README.md has no {START} marker")
+        raise SystemExit(f"{README} has no {START} marker")
     return f"{head}{START}\n{render()}\n{END}{tail}"
 
 

@@ -28,7 +28,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--extended",
         action="store_true",
         default=False,
-        help=f"also run the tests marked `extended` (or set {EXTENDED_ENV}=1): the long end-to-end scenarios CI leaves out",
+        help=f"also run the tests marked `extended` (or set {EXTENDED_ENV}=1): the long end-to-end scenarios CI leaves "
+        "out",
     )
 
 

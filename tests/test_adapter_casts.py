@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_core.modeling.adapter_casts import adapter_inputs_uncast
 from grpo_core.modeling.precision import Precision
-from grpo_core.training.logprobs import token_logprobs
+from grpo_core.optimization.logprobs import token_logprobs
 
 BF16 = Precision(torch.bfloat16, torch.bfloat16, "test: bf16 compute")
 

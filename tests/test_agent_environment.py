@@ -27,9 +27,9 @@ from tiny_model import build_tiny_model
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.types import Prompt, SamplingSettings
+from grpo_core.data.prompts import tokenize_prompt
+from grpo_core.generation.episodes import EpisodeDriver, episode_metrics, unscored_rows
 from grpo_core.host.script_objects import hold
-from grpo_core.training.data import tokenize_prompt
-from grpo_core.training.episodes import EpisodeDriver, episode_metrics, unscored_rows
 from grpo_plugins.agent.conversation import ToolFormat
 from grpo_plugins.agent.environment import AgentEnvironment, AgentSettings
 from grpo_plugins.rollout_transformers import TransformersRollout

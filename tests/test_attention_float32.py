@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpo_core.config.loader import validate
 from grpo_core.modeling.attention import SDPA_FLOAT32, register_sdpa_float32, sdpa_float32_forward
 from grpo_core.modeling.models import resolve_attn_implementation
-from grpo_core.training.logprobs import token_logprobs
+from grpo_core.optimization.logprobs import token_logprobs
 
 AVX2 = {"avx", "avx2", "fma"}
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl"}

@@ -26,7 +26,7 @@ from grpo_core.config.compat import compat_keys
 from grpo_core.config.loader import read_raw, validate
 from grpo_core.config.schema import DatasetSpec, GRPOConfig, TrlSettings, VllmSettings
 from grpo_core.contract.errors import ConfigError
-from grpo_core.training.config_check import check_run_config
+from grpo_core.validation.run_check import check_run_config
 
 DATA = Path(__file__).resolve().parent / "data" / "axolotl"
 KEYS = json.loads((DATA / "keys.json").read_text())
@@ -210,7 +210,7 @@ def test_attn_implementation_is_validated_and_flash_falls_back_to_sdpa_without_c
 def test_optimizer_and_scheduler_keys_reach_torch_and_transformers() -> None:
     import torch
 
-    from grpo_core.training.optim import build_optimizer, build_scheduler
+    from grpo_core.optimization.optimizer import build_optimizer, build_scheduler
 
     model = torch.nn.Linear(4, 4)
     cfg = validate(

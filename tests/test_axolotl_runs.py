@@ -30,7 +30,8 @@ def test_gdpo_example_is_gdpo() -> None:
     assert len(cfg.trl.reward_funcs or []) == 2
 
 
-@pytest.mark.extended  # a GDPO run of Axolotl's example (~26 s); GDPO and the Axolotl config are tested in the default tier
+@pytest.mark.extended  # a GDPO run of Axolotl's example (~26 s); GDPO and the Axolotl config are tested in the default
+# tier
 def test_axolotl_gdpo_example_runs_with_a_local_model_and_dataset(tmp_path: Path, smollm2_dir: str) -> None:
     out = tmp_path / "out"
     result = subprocess.run(
@@ -84,7 +85,8 @@ def test_qlora_with_attn_implementation_and_bin_weights_trains(
     monkeypatch.chdir(tmp_path)
     # a reward that always varies within a group, so the step has gradients to apply
     (tmp_path / "qlora_rewards.py").write_text(
-        "def length(completions, **kwargs):\n    return [float(len(c[0]['content'] if isinstance(c, list) else c)) for c in completions]\n"
+        "def length(completions, **kwargs):\n"
+        "    return [float(len(c[0]['content'] if isinstance(c, list) else c)) for c in completions]\n"
     )
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"What is {a} + 2?", "answer": str(a + 2)}) + "\n" for a in range(8)))

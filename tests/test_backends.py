@@ -1,4 +1,4 @@
-"""Training backends (grpo_core/training/backends): the table picks one by
+"""Training backends (grpo_core/parallel): the table picks one by
 config and process count, each implements the whole interface, and a new
 backend needs nothing but its class and a table entry: the trainer calls
 the interface and never asks which backend runs (a real run on the tiny
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from tiny_model import build_tiny_model
 
+from grpo_core import parallel as backends
 from grpo_core.config.loader import validate
-from grpo_core.training import backends
-from grpo_core.training.backends import BACKENDS, backend_for
-from grpo_core.training.backends.base import TrainingBackend
-from grpo_core.training.backends.replicated import ReplicatedBackend
+from grpo_core.parallel import BACKENDS, backend_for
+from grpo_core.parallel.base import TrainingBackend
+from grpo_core.parallel.replicated import ReplicatedBackend
 from grpo_core.training.run import run_training
 
 REWARD = """
@@ -105,8 +105,8 @@ def test_a_new_backends_config_rules_reach_the_check_with_no_change_elsewhere(tm
     backend in the table, each with the chosen implementations' traits; the
     config layer's check_config knows no backend and asks none unless told."""
     from grpo_core.contract.errors import ConfigError
-    from grpo_core.training.config_check import check_run_config
     from grpo_core.validation.checks import check_config
+    from grpo_core.validation.run_check import check_run_config
 
     (tmp_path / "backend_rewards.py").write_text(REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -1,4 +1,4 @@
-"""grpo_core/training/batch.py on hand-built groups of uneven lengths.
+"""grpo_core/optimization/batch.py on hand-built groups of uneven lengths.
 
 Every token id below is unique, so each row of a micro-batch can be traced
 back to the completion it came from and every value (advantage, mask,
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpo_core.contract.types import Completion, Prompt, RolloutGroup, ScoredGroup
-from grpo_core.training.batch import Sample, collate, completion_tokens, flatten, micro_batches, with_signal_first
+from grpo_core.optimization.batch import Sample, collate, completion_tokens, flatten, micro_batches, with_signal_first
 
 PAD = 0
 

@@ -14,18 +14,20 @@ import dataclasses
 import datetime
 import json
 import random
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from grpo_core.checkpointing import checkpoint as ckpt
+from grpo_core.checkpointing.safe_load import UnsafeCheckpoint, unloadable_reason
 from grpo_core.contract.errors import GrpoError
 from grpo_core.contract.types import Completion, Prompt, RolloutGroup, ScoredGroup
-from grpo_core.training import checkpoint as ckpt
-from grpo_core.training.producer import ScoredBatch
-from grpo_core.training.safe_load import UnsafeCheckpoint, unloadable_reason
+from grpo_core.generation.producer import ScoredBatch
 
 STATE_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pt", "extra_state.pt")
 
@@ -180,6 +182,21 @@ def test_a_checkpoint_from_before_the_modules_moved_still_loads(
     monkeypatch.undo()
     assert b"grpo_core.types" in (path / "extra_state.pt").read_bytes()
 
+    assert ckpt.read_checkpoint(path).extra["pending_batch"] == a_batch()
+
+
+def test_a_pending_batch_from_before_training_was_split_still_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The producer's batch type was ``grpo_core.training.producer.ScoredBatch``
+    until the loop's modules moved into role packages: such a checkpoint loads
+    as today's class."""
+    path, _, _ = save(tmp_path)
+    monkeypatch.setattr(ScoredBatch, "__module__", "grpo_core.training.producer")
+    monkeypatch.setitem(sys.modules, "grpo_core.training.producer", SimpleNamespace(ScoredBatch=ScoredBatch))
+    torch.save({"pending_batch": a_batch()}, path / "extra_state.pt")
+    monkeypatch.undo()
+    assert b"grpo_core.training.producer" in (path / "extra_state.pt").read_bytes()
     assert ckpt.read_checkpoint(path).extra["pending_batch"] == a_batch()
 
 

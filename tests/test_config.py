@@ -23,8 +23,8 @@ from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig, TrlSettings
 from grpo_core.contract.errors import ConfigError, GrpoError, NotImplementedYet
 from grpo_core.contract.types import SAMPLES_TRAINER_MODEL
 from grpo_core.host.plugin_host import EntryPointInfo, PluginHost
-from grpo_core.training.config_check import check_run_config
 from grpo_core.validation.checks import implementation_names
+from grpo_core.validation.run_check import check_run_config
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart"
@@ -423,7 +423,7 @@ def test_deepspeed_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 def test_deepspeed_autos_are_filled_from_grpo_config(tmp_path: Path, monkeypatch) -> None:
     import grpo_core.modeling.precision as precision
-    from grpo_core.training.zero import engine_config, fill_model_autos
+    from grpo_core.parallel.zero import engine_config, fill_model_autos
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: set())
     ds = write(
@@ -490,7 +490,8 @@ def test_zero3_refuses_a_reference_model_it_cannot_partition(tmp_path: Path) -> 
         ({"trl": {"use_vllm": False, "vllm_lora_sync": True}, "adapter": "lora"}, "no effect without trl.use_vllm"),
         (
             {"trl": {"use_vllm": True, "vllm_mode": "colocate", "vllm_lora_sync": True}, "adapter": "lora"},
-            "weight sync 'vllm_in_memory' sends merged weights, not the adapter (the engine lives in the trainer's process)",
+            "weight sync 'vllm_in_memory' sends merged weights, not the adapter (the engine lives in the trainer's "
+            "process)",
         ),
         ({"datasets": [{"path": "./missing.jsonl"}]}, "does not exist"),
         ({"gradient_checkpointing_kwargs": {"use_reentrant": False}}, "gradient_checkpointing is false"),

@@ -74,7 +74,16 @@ def spy_site(tmp_path: Path) -> Path:
     return site
 
 
-CONFIG = 'base_model = "m"\nmicro_batch_size = 4\n[[datasets]]\npath = "org/data"\n{datasets}[trl]\nnum_generations = 4\n{trl}\n{extra}'
+CONFIG = (
+    'base_model = "m"\n'
+    "micro_batch_size = 4\n"
+    "[[datasets]]\n"
+    'path = "org/data"\n'
+    "{datasets}[trl]\n"
+    "num_generations = 4\n"
+    "{trl}\n"
+    "{extra}"
+)
 
 
 def test_a_config_cannot_widen_the_environments_allowlist(spy_site: Path, tmp_path: Path) -> None:
@@ -112,8 +121,13 @@ def test_a_config_cannot_widen_the_environments_allowlist(spy_site: Path, tmp_pa
 def user_tree(root: Path) -> None:
     """Modules for every key that names code, each marking its execution."""
     (root / "myrewards.py").write_text(
-        marking("myrewards")
-        + "\n\ndef accuracy(completions, **kwargs):\n    return [0.0] * len(completions)\n\n\ndef transform(cfg):\n    return lambda row: row\n",
+        marking("myrewards") + "\n\n"
+        "def accuracy(completions, **kwargs):\n"
+        "    return [0.0] * len(completions)\n"
+        "\n"
+        "\n"
+        "def transform(cfg):\n"
+        "    return lambda row: row\n",
         encoding="utf-8",
     )
     pkg = root / "agentpkg"
@@ -135,7 +149,8 @@ def test_config_check_lists_each_module_with_its_file_without_running_it(tmp_pat
     path.write_text(
         CONFIG.format(
             datasets='type = "myrewards.transform"\n',
-            trl='reward_funcs = ["myrewards.accuracy", "last_number_match", "missing_mod.reward"]\nrollout_func = "agentpkg.rollout.rollout"',
+            trl='reward_funcs = ["myrewards.accuracy", "last_number_match", "missing_mod.reward"]\n'
+            'rollout_func = "agentpkg.rollout.rollout"',
             extra="",
         ),
         encoding="utf-8",

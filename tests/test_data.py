@@ -10,8 +10,8 @@ import pytest
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.errors import DataError
+from grpo_core.data.prompts import common_columns, load_prompts
 from grpo_core.modeling.models import load_tokenizer
-from grpo_core.training.data import common_columns, load_prompts
 
 ROWS = [
     {"prompt": f"What is {a} + {b}?", "answer": str(a + b)}

@@ -67,7 +67,10 @@ def rollout(prompts, trainer):
 
 def gated(completion_ids, prompts, **kwargs):
     # the two completions of a group differ in parity (17 x 3 apart): a signal exactly where SIGNAL says
-    return [float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) in SIGNAL else 1.0 for ids, p in zip(completion_ids, prompts)]
+    return [
+        float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) in SIGNAL else 1.0
+        for ids, p in zip(completion_ids, prompts)
+    ]
 """
 
 ZERO2 = {
@@ -152,7 +155,8 @@ def assert_matches_one_process(
     return a
 
 
-@pytest.mark.extended  # two 2-process DeepSpeed runs and their resumes (~80 s); the ZeRO-3 LoRA test runs in the default tier
+@pytest.mark.extended  # two 2-process DeepSpeed runs and their resumes (~80 s); the ZeRO-3 LoRA test runs in the
+# default tier
 @needs_deepspeed
 def test_zero2_and_zero3_full_finetune_match_one_process_and_resume_exactly(dsdir: tuple[Path, str]) -> None:
     tmp, model = dsdir
@@ -227,10 +231,10 @@ def test_zero3_lora_with_async_prefetch_matches_one_process_and_resumes_exactly(
 def test_a_deepspeed_checkpoint_is_refused_on_another_process_count_or_without_deepspeed(tmp_path: Path) -> None:
     """ZeRO partitions are per rank: another process count (or no DeepSpeed) is refused with the fix, before
     DeepSpeed reads anything (light: no engine runs)."""
+    from grpo_core.checkpointing.checkpoint import LoadedCheckpoint
     from grpo_core.contract.errors import GrpoError
-    from grpo_core.training.backends.deepspeed_zero import DeepSpeedBackend
-    from grpo_core.training.backends.replicated import ReplicatedBackend
-    from grpo_core.training.checkpoint import LoadedCheckpoint
+    from grpo_core.parallel.deepspeed_zero import DeepSpeedBackend
+    from grpo_core.parallel.replicated import ReplicatedBackend
 
     (tmp_path / "deepspeed").mkdir()
     loaded = LoadedCheckpoint(tmp_path, {"step": 2}, None, {}, {}, {"deepspeed_world_size": 2})
@@ -251,8 +255,8 @@ class _NotPlain:
 
 
 def test_deepspeed_files_are_read_with_the_restricted_unpickler_before_deepspeed_reads_them(tmp_path: Path) -> None:
-    from grpo_core.training.safe_load import UnsafeCheckpoint
-    from grpo_core.training.zero import CHECKPOINT_TAG, check_files
+    from grpo_core.checkpointing.safe_load import UnsafeCheckpoint
+    from grpo_core.parallel.zero import CHECKPOINT_TAG, check_files
 
     files = tmp_path / CHECKPOINT_TAG
     files.mkdir()

@@ -306,8 +306,8 @@ def test_a_dead_server_is_a_clear_error_and_restarted_at_the_next_episode(tmp_pa
         assert doomed.restarts == 1 and doomed.server.pid != first_pid and doomed.server.port != first_port
         restarted = [line for line in log if "restarting it" in line]
         assert restarted == [
-            f"OpenEnv: the managed server (pid {first_pid}) exited with code -9; restarting it (restart 1 of at most 3, "
-            "plugins.openenv.max_restarts); the episodes it was playing end with an error"
+            f"OpenEnv: the managed server (pid {first_pid}) exited with code -9; restarting it (restart 1 of at most "
+            "3, plugins.openenv.max_restarts); the episodes it was playing end with an error"
         ]
         assert f"OpenEnv: server restarted at http://127.0.0.1:{doomed.server.port} (pid {doomed.server.pid})" in log
         for fresh in starts:
@@ -357,7 +357,7 @@ def test_a_server_that_dies_at_every_restart_ends_the_run(tmp_path, smollm2_toke
     driver lets it end the run instead of failing one episode after another."""
     from grpo_core.contract.errors import EnvironmentLost
     from grpo_core.contract.types import SamplingSettings
-    from grpo_core.training.episodes import EpisodeDriver
+    from grpo_core.generation.episodes import EpisodeDriver
     from grpo_plugins.environments.openenv import OpenEnvServerLost
 
     command = FLAKY.replace("MARKER", str(tmp_path / "started"))
@@ -433,7 +433,8 @@ def test_a_server_that_cannot_start_shows_its_log(tmp_path):
     )
     with pytest.raises(
         EnvironmentLost,
-        match="(?s)failed to start: the managed server .* exited with code \\d+; last lines of .*no_such_module.*The run ends",
+        match="(?s)failed to start: the managed server .* exited with code \\d+; last lines of .*no_such_module.*The "
+        "run ends",
     ):
         broken.grpo_environment_episode(prompt(0), 0)
     with pytest.raises(OpenEnvUnavailable, match="failed to start"):

@@ -41,7 +41,7 @@ def _cfg(tmp_path: Path):
 
 def test_config_check_refuses_fp8_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from grpo_core.contract.errors import ConfigError
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match=r"fp8 = true needs an NVIDIA GPU of compute capability >= 8.9.*no CUDA"):
@@ -51,7 +51,7 @@ def test_config_check_refuses_fp8_without_cuda(tmp_path: Path, monkeypatch: pyte
 def test_config_check_fp8_on_faked_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import grpo_core.modeling.fp8 as fp8
     from grpo_core.contract.errors import ConfigError
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))

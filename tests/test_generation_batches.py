@@ -23,9 +23,9 @@ from tiny_model import build_tiny_model
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.errors import ConfigError
-from grpo_core.training.batch import generation_batch_size, steps_per_batch, steps_per_generation
-from grpo_core.training.config_check import check_run_config
+from grpo_core.optimization.batch import generation_batch_size, steps_per_batch, steps_per_generation
 from grpo_core.training.run import run_training
+from grpo_core.validation.run_check import check_run_config
 
 REWARDS = "def parity(completion_ids, **kwargs):\n    return [float(sum(ids) % 2) for ids in completion_ids]\n"
 

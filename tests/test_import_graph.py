@@ -13,7 +13,9 @@ so the test takes well under a second. What it holds the code to:
   plugin (what two plugins share is a typed part of the contract);
 * grpo_core's layers are its folders (:data:`LAYERS`, lowest first: the
   contract, runtime utilities, the config, the plugin host, models,
-  observability, the config's validation, scoring, training, the command line): a
+  observability, scoring, data, the policy update, generation, checkpoints,
+  the training backends, weight syncs, the config's validation, the loop,
+  the command line): a
   module imports only its own layer and lower ones, and the error and data
   types import nothing of grpo_core. Imports that still run from a lower layer up are listed in
   :data:`UPWARD`, each with why; the list must match the code exactly, so a
@@ -52,9 +54,10 @@ FOUNDATION = {"grpo_core.contract.errors", "grpo_core.contract.types"}
 # grpo_core's folders are its layers, lowest first: a module imports (at
 # module level or inside a function) only modules of its own layer or lower
 # ones. The config (schema, loading, the facts every layer reads) sits low;
-# its validation sits above the layers whose rules it asks (the plugin host's
-# settings, model options, trackers and alerts) and below the scoring and
-# training that read what it decides.
+# the run's parts follow in the order a step uses them (scoring, data, the
+# policy update, generation, checkpoints, the training backends, weight
+# syncs); validation sits above every layer whose rules it asks (the
+# backends' included), and the loop and the command line on top.
 LAYERS = [
     "contract",
     "runtime",
@@ -62,8 +65,14 @@ LAYERS = [
     "host",
     "modeling",
     "observability",
-    "validation",
     "scoring",
+    "data",
+    "optimization",
+    "generation",
+    "checkpointing",
+    "parallel",
+    "sync",
+    "validation",
     "training",
     "interface",
 ]
@@ -395,3 +404,18 @@ def test_no_core_rule_compares_against_a_built_in_implementations_name() -> None
         if isinstance(const, ast.Constant) and const.value in names
     ]
     assert offenders == []
+
+
+def test_every_package_is_a_layer_and_listed_for_installation() -> None:
+    """A new folder under grpo_core/ is a layer (in :data:`LAYERS`) and a
+    package pyproject.toml installs; a folder missing from either would import
+    from a checkout and fail from a wheel, or sit outside the rules above."""
+    import tomllib
+
+    folders = {p.name for p in (REPO / "grpo_core").iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(LAYERS), f"layers without a folder or folders without a layer: {folders ^ set(LAYERS)}"
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    plugin_folders = {p.name for p in (REPO / "plugins").iterdir() if (p / "__init__.py").exists()}
+    wanted = {"grpo", "grpo_core", "grpo_plugins"} | {f"grpo_core.{f}" for f in folders}
+    wanted |= {f"grpo_plugins.{f}" for f in plugin_folders}
+    assert listed == wanted, f"pyproject.toml's packages differ from the folders: {sorted(listed ^ wanted)}"

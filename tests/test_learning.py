@@ -95,7 +95,7 @@ def log_p_even_first_token(model_dir: str | Path, cfg) -> float:
     even): the trained policy's log-probability of the rewarded answer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_core.training.data import load_prompts
+    from grpo_core.data.prompts import load_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -315,7 +315,7 @@ def test_replay_recompute_logps_gives_replayed_rows_no_is_weight(tmp_path: Path)
     is_correction implementation, loaded through the plugin host."""
     from grpo_core.contract.context import RunContext
     from grpo_core.host.plugin_host import PluginHost
-    from grpo_core.training.batch import Sample, collate
+    from grpo_core.optimization.batch import Sample, collate
     from grpo_core.training.trainer import GRPOTrainer
 
     def weights(recompute: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,5 @@
 """``trl.use_liger_loss``: Liger-Kernel's fused GRPO loss (plugins/liger_loss.py)
-against grpo's own loss (grpo_core/training/loss.py), on the same inputs.
+against grpo's own loss (grpo_core/optimization/loss.py), on the same inputs.
 
 Liger's GRPO loss is plain PyTorch (chunked; torch.compile only on CUDA
 here), so the parity tests run on CPU wherever the package is installed;
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from grpo_core.contract.types import PolicyLossInputs
-from grpo_core.training.loss import LossSettings
+from grpo_core.optimization.loss import LossSettings
 
 B, C, H, V = 4, 6, 16, 50
 
@@ -133,7 +133,7 @@ def _cfg(tmp_path: Path, **trl):
 
 def test_config_check_refuses_liger_without_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from grpo_core.contract.errors import ConfigError
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     # Faked absence: importing liger_kernel raises ImportError whatever is installed.
     for name in [m for m in sys.modules if m.startswith("liger_kernel")]:
@@ -146,7 +146,7 @@ def test_config_check_refuses_liger_without_the_package(tmp_path: Path, monkeypa
 def test_config_check_refuses_options_liger_does_not_have(tmp_path: Path) -> None:
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
     from grpo_core.contract.errors import ConfigError
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     with pytest.raises(ConfigError, match="top_entropy_quantile.*use_liger_loss = false"):
         check_run_config(_cfg(tmp_path, top_entropy_quantile=0.2))
@@ -160,7 +160,7 @@ def test_sequence_level_importance_sampling_warns_however_liger_was_chosen(tmp_p
     built-in loss never does."""
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
     from grpo_core.config.loader import validate
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     fragile = "importance_sampling_level = 'sequence' is numerically fragile with the Liger loss"
     assert any(fragile in w for w in check_run_config(_cfg(tmp_path, importance_sampling_level="sequence")))
@@ -178,7 +178,7 @@ def test_liger_is_accepted_without_cuda(tmp_path: Path, monkeypatch: pytest.Monk
     and the built-in is not chosen instead."""
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
     from grpo_core.contract.extension_points import chosen_implementations
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = _cfg(tmp_path)
@@ -202,7 +202,8 @@ def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(
     from grpo_core.training.run import run_training
 
     (tmp_path / "liger_rewards.py").write_text(
-        "def even_first(completion_ids, **kwargs):\n    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
+        "def even_first(completion_ids, **kwargs):\n"
+        "    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
     )
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(8)))
     monkeypatch.syspath_prepend(str(tmp_path))

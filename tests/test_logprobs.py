@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpo_core.contract.errors import GrpoError
-from grpo_core.training.logprobs import SelectedLogSoftmax, token_logprobs
+from grpo_core.optimization.logprobs import SelectedLogSoftmax, token_logprobs
 
 TEMPERATURE = 0.7
 
@@ -418,7 +418,7 @@ def test_shared_prompts_under_fsdp2_match_naive_values_and_gradients(model, grou
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from grpo_core.training.policy_forward import PolicyLogprobs
+    from grpo_core.optimization.policy_forward import PolicyLogprobs
 
     ids, mask, cmask, c = grouped_batch
     reference = copy.deepcopy(model).train()

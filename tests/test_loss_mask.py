@@ -30,9 +30,9 @@ from tiny_model import build_tiny_model
 
 from grpo_core.contract.errors import GrpoError
 from grpo_core.contract.types import Completion, PolicyLossInputs, Prompt, RolloutGroup, ScoredGroup
-from grpo_core.training.batch import MicroBatch, collate, completion_tokens, flatten, with_signal_first
-from grpo_core.training.logprobs import token_logprobs
-from grpo_core.training.loss import LossSettings
+from grpo_core.optimization.batch import MicroBatch, collate, completion_tokens, flatten, with_signal_first
+from grpo_core.optimization.logprobs import token_logprobs
+from grpo_core.optimization.loss import LossSettings
 from grpo_plugins import is_correction as isc
 from grpo_plugins.policy_loss import GRPOPolicyLoss
 

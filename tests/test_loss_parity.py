@@ -21,7 +21,7 @@ import torch
 from grpo_core.config.loader import apply_effective_defaults
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import ConfigError
-from grpo_core.training.loss import LOSS_TYPES, LossSettings, policy_loss
+from grpo_core.optimization.loss import LOSS_TYPES, LossSettings, policy_loss
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # TRL warns about the vLLM version at import

@@ -19,8 +19,8 @@ import pytest
 import torch
 from test_zero_advantage_inert import VARIANTS, inputs, settings_for
 
-from grpo_core.training.batch import LEAST_PADDING_MIN_SAVING, Sample, least_padding_cuts, micro_batches
-from grpo_core.training.loss import LOSS_TYPES, LossSettings, micro_batch_split_is_free, policy_loss
+from grpo_core.optimization.batch import LEAST_PADDING_MIN_SAVING, Sample, least_padding_cuts, micro_batches
+from grpo_core.optimization.loss import LOSS_TYPES, LossSettings, micro_batch_split_is_free, policy_loss
 
 
 def step_loss_and_grad(settings: LossSettings, data: dict, split: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +53,8 @@ def test_unequal_micro_batches_change_nothing_exactly_where_the_split_is_free(lo
     close = abs(float(equal_loss) - float(unequal_loss)) <= 1e-12 * max(abs(float(equal_loss)), 1e-30)
     same = torch.equal(equal_grad, unequal_grad) and close
     assert same == free, (
-        f"{loss_type}/{variant}: micro_batch_split_is_free says {free}, but the split {'changes nothing' if same else 'changes the step'}"
+        f"{loss_type}/{variant}: micro_batch_split_is_free says {free}, but the split "
+        f"{'changes nothing' if same else 'changes the step'}"
     )
 
 

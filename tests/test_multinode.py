@@ -201,7 +201,7 @@ def test_two_hosts_torchrun_ddp_matches_two_processes_on_one_host_and_resumes_on
         "the weights did not move: the match proves nothing"
     )
 
-    # Resume on one host (the README's table: "DDP 2 -> 1 process, the same up to summation order"),
+    # Resume on one host (docs/multi-gpu.md's table: "DDP 2 -> 1 process, the same up to summation order"),
     # host 0's checkpoint-2, 1 process with gradient_accumulation_steps 2 (the same global batch of 4).
     write_config(
         folders[0],

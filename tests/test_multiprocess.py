@@ -100,7 +100,8 @@ def workdir(smollm2_dir: str, tmp_path: Path) -> tuple[Path, str]:
     return tmp_path, build_tiny_model(smollm2_dir, tmp_path / "tiny")
 
 
-@pytest.mark.extended  # DDP against one process also runs in test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly and test_multinode
+@pytest.mark.extended  # DDP against one process also runs in
+# test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly and test_multinode
 def test_two_processes_match_one_on_the_same_global_batch(workdir: tuple[Path, str]) -> None:
     tmp, model = workdir
     one = write_config(tmp, "one", model, gradient_accumulation_steps=2)  # 1 x 2 x 2 = 4 completions per step
@@ -155,7 +156,9 @@ def rollout(prompts, trainer):
     return out
 
 def gated(completion_ids, prompts, **kwargs):
-    return [float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) % 2 else 1.0 for ids, p in zip(completion_ids, prompts)]
+    return [
+        float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) % 2 else 1.0 for ids, p in zip(completion_ids, prompts)
+    ]
 """
 
 
@@ -169,7 +172,8 @@ def shares_by_step(shares: Path) -> dict[int, dict[int, list[str]]]:
     return out
 
 
-@pytest.mark.extended  # ~65 s; test_multinode's two-host DDP run (matches two processes, resumes on one) and test_loss_mask's two-process episodes run in the default tier
+@pytest.mark.extended  # ~65 s; test_multinode's two-host DDP run (matches two processes, resumes on one) and
+# test_loss_mask's two-process episodes run in the default tier
 def test_ranks_train_disjoint_shares_with_async_prefetch_and_resume_exactly(workdir: tuple[Path, str]) -> None:
     tmp, model = workdir
     (tmp / "mp_env.py").write_text(ENV)
@@ -254,7 +258,8 @@ def weights_of(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(file if file.is_file() else out / "model.safetensors"))
 
 
-@pytest.mark.extended  # five FSDP runs (~75 s); the FSDP run of the sharded transformers rollout test is the default tier's
+@pytest.mark.extended  # five FSDP runs (~75 s); the FSDP run of the sharded transformers rollout test is the default
+# tier's
 def test_fsdp_two_processes_match_one_and_resume_exactly_or_onto_another_count(workdir: tuple[Path, str]) -> None:
     """FSDP2 (full_shard + auto_wrap of the decoder layers) through accelerate, full fine-tuning: the
     same steps as 1 process on the same global batch, full weights in checkpoints, exact resume on 2
@@ -392,7 +397,8 @@ def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_proce
 # ----------------------------------------------------------------------------- light: shapes and checks
 
 
-@pytest.mark.extended  # FSDP runs in the default tier through the sharded transformers rollout test; async prefetch on 2 processes through the DDP disjoint-shares test
+@pytest.mark.extended  # FSDP runs in the default tier through the sharded transformers rollout test; async prefetch on
+# 2 processes through the DDP disjoint-shares test
 def test_fsdp_with_async_prefetch_does_not_deadlock_and_matches_one_process(workdir: tuple[Path, str]) -> None:
     """The reference's documented deadlock (a background thread issuing FSDP collectives): grpo's producer
     thread issues none, so an FSDP run with async_prefetch finishes (a hang fails at TIMEOUT) and trains the
@@ -588,7 +594,7 @@ def test_optimizer_state_is_rekeyed_between_sharded_and_unsharded_runs() -> None
     other kind of run, matched by name (DDP's ``module.`` prefix dropped),
     and a state from another model is refused by name, not mis-assigned."""
     from grpo_core.contract.errors import GrpoError
-    from grpo_core.training.sharding import optimizer_state_by_index, optimizer_state_by_name
+    from grpo_core.parallel.sharding import optimizer_state_by_index, optimizer_state_by_name
 
     class Wrapper(torch.nn.Module):  # the policy inside a DDP-like wrapper: names start with "module."
         def __init__(self) -> None:

@@ -17,11 +17,11 @@ from grpo_core.config.schema import AlertSettings
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import ConfigError, DataError
 from grpo_core.contract.types import Prompt, Tracker
+from grpo_core.generation.evaluation import split_validation
 from grpo_core.host.plugin_host import PluginHost
 from grpo_core.observability.alerts import HealthMonitor
 from grpo_core.observability.tracking import TrackerSet, requested_trackers
-from grpo_core.training.config_check import check_run_config
-from grpo_core.training.evaluation import split_validation
+from grpo_core.validation.run_check import check_run_config
 
 
 def minimal(**top: Any) -> dict[str, Any]:

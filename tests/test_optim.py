@@ -7,7 +7,7 @@ import warnings
 import torch
 from transformers import get_scheduler
 
-from grpo_core.training.optim import advance_schedule
+from grpo_core.optimization.optimizer import advance_schedule
 
 
 def _schedule() -> tuple[torch.optim.Optimizer, object]:

@@ -90,6 +90,9 @@ def test_the_type_checking_imports_list_exactly_the_surface() -> None:
 def test_importing_the_surface_imports_no_heavy_library() -> None:
     """Names load on first use: a plugin listing (``grpo plugins``) that
     imports a plugin module does not pay for torch through the surface."""
-    code = "import sys, grpo_core.plugin_api; print(sorted({'torch', 'transformers', 'datasets', 'peft'} & set(sys.modules)))"
+    code = (
+        "import sys, grpo_core.plugin_api; print(sorted({'torch', 'transformers', 'datasets', 'peft'} & "
+        "set(sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

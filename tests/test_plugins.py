@@ -34,7 +34,7 @@ from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import ConfigError, PluginError
 from grpo_core.host import plugin_host
 from grpo_core.host.plugin_host import ALLOW_ENV, PluginHost
-from grpo_core.training.config_check import check_run_config
+from grpo_core.validation.run_check import check_run_config
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "grpo-plugin-example"
@@ -459,7 +459,11 @@ def twin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {TWIN_DIST}\nVersion: 0.1\n", encoding="utf-8")
     (info / "entry_points.txt").write_text(
-        "[grpo.advantage_aggregation]\nrank = grpo_rank_twin:Twin\n\n[grpo.plugins]\ntwin_hello = grpo_rank_twin:Hello\n",
+        "[grpo.advantage_aggregation]\n"
+        "rank = grpo_rank_twin:Twin\n"
+        "\n"
+        "[grpo.plugins]\n"
+        "twin_hello = grpo_rank_twin:Hello\n",
         encoding="utf-8",
     )
     return site
@@ -506,7 +510,14 @@ def test_cli_says_ambiguous_not_broken_for_a_name_published_twice(example_site: 
 def write_config(tmp_path: Path, trl: str, extra: str = "") -> Path:
     path = tmp_path / "c.toml"
     path.write_text(
-        f'base_model = "m"\nmicro_batch_size = 4\n[[datasets]]\npath = "org/data"\n[trl]\nnum_generations = 4\n{trl}\n{extra}',
+        'base_model = "m"\n'
+        "micro_batch_size = 4\n"
+        "[[datasets]]\n"
+        'path = "org/data"\n'
+        "[trl]\n"
+        "num_generations = 4\n"
+        f"{trl}\n"
+        f"{extra}",
         encoding="utf-8",
     )
     return path
@@ -634,8 +645,8 @@ def test_settings_for_an_unused_implementation_are_named(example_site: Path, tmp
         ({"plugins": {"advantage_aggregation": "missing_module"}}, "ModuleNotFoundError"),
         (
             {"plugins": {"weight_sync": "full_filesystem"}},
-            "weight sync 'full_filesystem' (plugins.weight_sync) needs ['weights_from_path'] from the rollout's inference engine, "
-            "but rollout 'transformers'",
+            "weight sync 'full_filesystem' (plugins.weight_sync) needs ['weights_from_path'] from the rollout's "
+            "inference engine, but rollout 'transformers'",
         ),
         (
             {"trl": {"use_vllm": True}, "plugins": {"weight_sync": "in_process"}},

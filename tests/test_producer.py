@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_core.contract.types import Prompt, TrainingProgress
-from grpo_core.training.producer import PrefetchingProducer, PromptStream, ScoredBatch
+from grpo_core.generation.producer import PrefetchingProducer, PromptStream, ScoredBatch
 
 
 class VersionStampingProducer:
@@ -105,7 +105,7 @@ def test_sampling_options_reach_the_engine_fields() -> None:
     what vLLM is asked for (their effect on real sampling:
     tests/vllm/test_vllm_server.py::test_sampling_settings_reach_the_server)."""
     from grpo_core.config.loader import validate
-    from grpo_core.training.producer import sampling_from_config
+    from grpo_core.generation.producer import sampling_from_config
     from grpo_plugins.vllm.sampling import sampling_fields
 
     cfg = validate(

@@ -1,4 +1,4 @@
-"""``grpo.train``: the README's example runs as written, a script in TRL's style
+"""``grpo.train``: the example of docs/from-trl.md runs as written, a script in TRL's style
 (reward function objects, a ``datasets.Dataset``) trains end to end, and the
 checks ``grpo run`` applies stop a script the same way, before the model loads.
 
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def readme_example() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## From a Python script", 1)[1]
+    page = (ROOT / "docs" / "from-trl.md").read_text(encoding="utf-8")
+    section = page.split("## From a Python script", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
 
 
@@ -184,9 +184,9 @@ def test_trl_style_script_trains_end_to_end(tmp_path: Path, smollm2_dir: str) ->
 
 def test_code_objects_without_an_import_path_are_held_and_loaded_like_any_user_code() -> None:
     from grpo_core.contract.errors import ConfigError
+    from grpo_core.data.prompts import import_from_cwd
+    from grpo_core.generation.user_rollout import import_rollout_func
     from grpo_core.interface.api import _code_spec
-    from grpo_core.training.data import import_from_cwd
-    from grpo_core.training.rollout_function import import_rollout_func
     from grpo_plugins.rewards.builtin import last_number_match
 
     def rollout(prompts, trainer):  # a closure: no import path reaches it

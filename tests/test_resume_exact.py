@@ -23,7 +23,10 @@ from grpo_core.training.run import run_training
 
 # Rare reward: most groups are all-zero, so the replay buffer substitutes
 # groups and re-roll queues prompts at every step.
-REWARDS = "def rare(completion_ids, **kwargs):\n    return [float(ids[0] % 5 == 0) if ids else 0.0 for ids in completion_ids]\n"
+REWARDS = (
+    "def rare(completion_ids, **kwargs):\n"
+    "    return [float(ids[0] % 5 == 0) if ids else 0.0 for ids in completion_ids]\n"
+)
 
 
 def config(tmp: Path, model: str, out: str, **top):
@@ -251,7 +254,7 @@ def test_async_split_run_equals_straight_run(smollm2_dir: str, tmp_path: Path, m
 
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.training.safe_load import safe_load
+    from grpo_core.checkpointing.safe_load import safe_load
 
     (tmp_path / "async_env.py").write_text(ASYNC_ENV)
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"prompt": f"Item {i}:"}) for i in range(10)))
@@ -325,9 +328,9 @@ def test_a_run_stopped_by_a_failure_under_async_prefetch_keeps_the_batch_made_ah
     from plugin_set import failing_sync_source, write_distribution
     from transformers import AutoModelForCausalLM
 
+    from grpo_core.checkpointing.safe_load import safe_load
     from grpo_core.contract.errors import PluginError
     from grpo_core.host import plugin_host
-    from grpo_core.training.safe_load import safe_load
 
     site = write_distribution(
         tmp_path / "site",

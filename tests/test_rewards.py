@@ -32,7 +32,11 @@ def exact(completions, answer, **kwargs):
     return [1.0 if (c[0]["content"] if isinstance(c, list) else c) == a else 0.0 for c, a in zip(completions, answer)]
 
 def record(prompts, completions, completion_ids, answer, **kwargs):
-    RECORDED.append(dict(prompts=prompts, completions=completions, completion_ids=completion_ids, answer=answer, extra=sorted(kwargs)))
+    RECORDED.append(
+        dict(
+            prompts=prompts, completions=completions, completion_ids=completion_ids, answer=answer, extra=sorted(kwargs)
+        )
+    )
     return [float(len(ids)) for ids in completion_ids]
 
 def length(completions, **kwargs):

@@ -17,7 +17,9 @@ def rollout(prompts, trainer):
     tok = trainer.processing_class
     out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_score": []}
     for p in prompts:
-        ids = tok.encode(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+        ids = tok.encode(
+            tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+        )
         for k in range(trainer.num_generations):
             answer = tok.encode(str(k), add_special_tokens=False) + [tok.eos_token_id]
             out["prompt_ids"].append(list(ids))

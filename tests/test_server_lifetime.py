@@ -84,7 +84,10 @@ def test_server_temporary_files_live_and_die_with_it() -> None:
     from grpo_plugins.vllm.server import ManagedServer
     from grpo_plugins.vllm.server_temp import SERVER_TMP_PREFIX
 
-    writer = "import os, tempfile, time; open(os.path.join(tempfile.gettempdir(), 'vllm_dist_x'), 'w').close(); time.sleep(600)"
+    writer = (
+        "import os, tempfile, time; open(os.path.join(tempfile.gettempdir(), 'vllm_dist_x'), 'w').close(); "
+        "time.sleep(600)"
+    )
     server = ManagedServer(
         ServerSpec(argv=[sys.executable, "-c", writer], env={}, host="127.0.0.1", port=1), log=lambda _m: None
     )

@@ -1,4 +1,4 @@
-"""Generation spread over the training processes (grpo_core.training.spread_generation),
+"""Generation spread over the training processes (grpo_core.generation.spread),
 in two real processes joined over gloo, with the real ScatteringProducer on each.
 
 Only the rollout is a stand-in (it records what it was asked and may fail on
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from grpo_core.training.spread_generation import prompt_shares
+from grpo_core.generation.spread import prompt_shares
 
 TIMEOUT = 120
 
@@ -66,7 +66,7 @@ class Producer:
 
     def produce(self, progress: Any) -> Any:
         from grpo_core.contract.types import Prompt, SamplingSettings, ScoredGroup
-        from grpo_core.training.producer import ScoredBatch
+        from grpo_core.generation.producer import ScoredBatch
 
         sampling = SamplingSettings(max_tokens=4, seed=1)
         first = self.hook.grpo_rollout_generate(
@@ -86,9 +86,9 @@ def _process(rank: int, rendezvous: str, fail_on: int | None, out: Any) -> None:
     import torch.distributed
 
     from grpo_core.contract.types import TrainingProgress
-    from grpo_core.training.distributed import Distributed
-    from grpo_core.training.producer import ScatteringProducer
-    from grpo_core.training.spread_generation import SampledModel, SpreadGeneration
+    from grpo_core.generation.producer import ScatteringProducer
+    from grpo_core.generation.spread import SampledModel, SpreadGeneration
+    from grpo_core.runtime.distributed import Distributed
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
     dist = Distributed(rank, 2)

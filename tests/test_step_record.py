@@ -21,7 +21,10 @@ from grpo_core.contract.errors import PluginError
 from grpo_core.host import plugin_host
 from grpo_core.training.run import run_training
 
-REWARDS = "def even(completion_ids, **kwargs):\n    return [sum(t % 2 == 0 for t in ids) / max(1, len(ids)) for ids in completion_ids]\n"
+REWARDS = (
+    "def even(completion_ids, **kwargs):\n"
+    "    return [sum(t % 2 == 0 for t in ids) / max(1, len(ids)) for ids in completion_ids]\n"
+)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The weight-sync check's judgement (grpo_core/training/sync_check.py) on
+"""The weight-sync check's judgement (grpo_core/sync/verify.py) on
 made-up numbers: which precision class a trainer/engine pair is in, the first
 check's ceiling, the bound later checks are held to, one retry then a stop,
 and the ``sync/*`` metrics. The real engines and runs are in
@@ -16,7 +16,7 @@ from plugin_set import write_distribution
 from grpo_core.contract.errors import EngineUnavailable, GrpoError, WeightSyncUnverified
 from grpo_core.contract.types import SCORES_TOKENS, EngineScore
 from grpo_core.modeling.precision import Precision
-from grpo_core.training.sync_check import (
+from grpo_core.sync.verify import (
     FLOAT32,
     HALF,
     Floors,
@@ -108,7 +108,7 @@ def fake(monkeypatch: pytest.MonkeyPatch):
     """A verifier over a FakeEngine with two servers; the trainer's side is
     fixed log-probs (its forward is tested against vLLM in the real runs)."""
     trainer = [-1.0, -2.0, -0.5, -3.0]
-    monkeypatch.setattr("grpo_core.training.sync_check.trainer_logprobs", lambda model, ids, precision: list(trainer))
+    monkeypatch.setattr("grpo_core.sync.verify.trainer_logprobs", lambda model, ids, precision: list(trainer))
     engine = FakeEngine(["server A", "server B"], trainer)
     logs: list[str] = []
     verifier = SyncVerifier("every", engine, [1, 2, 3, 4, 5], FP32, logs.append)
@@ -179,7 +179,7 @@ def one_server(monkeypatch: pytest.MonkeyPatch):
     """A verifier over one fake server that may check syncs on the sampled
     tokens (``sampled=True``, as the trainer builds it for a plain run)."""
     trainer = [-1.0, -2.0, -0.5, -3.0]
-    monkeypatch.setattr("grpo_core.training.sync_check.trainer_logprobs", lambda model, ids, precision: list(trainer))
+    monkeypatch.setattr("grpo_core.sync.verify.trainer_logprobs", lambda model, ids, precision: list(trainer))
     engine = FakeEngine(["server"], trainer)
     logs: list[str] = []
     return SyncVerifier("every", engine, [1, 2, 3, 4, 5], FP32, logs.append, sampled=True), engine, logs
@@ -314,7 +314,7 @@ def test_a_models_configured_attention_dropout_counts(smollm2_dir: str, tmp_path
     from tiny_model import build_tiny_model
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.training.sync_check import dropout_active
+    from grpo_core.sync.verify import dropout_active
 
     path = build_tiny_model(smollm2_dir, tmp_path / "tiny")
     assert not dropout_active(AutoModelForCausalLM.from_pretrained(path))
@@ -390,7 +390,7 @@ def test_config_check_refuses_an_explicit_check_the_rollouts_engine_cannot_run(
     path_only_rollout, setting: str | None
 ) -> None:
     from grpo_core.config.loader import validate
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     data = {
         "base_model": "m",
@@ -415,7 +415,7 @@ def test_the_trainers_side_is_the_eval_mode_forward_and_leaves_the_mode_alone(sm
     from tiny_model import build_tiny_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_core.training.sync_check import PROBE_TOKENS, probe_ids, trainer_logprobs
+    from grpo_core.sync.verify import PROBE_TOKENS, probe_ids, trainer_logprobs
 
     path = build_tiny_model(smollm2_dir, tmp_path / "tiny")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attention_dropout=0.9)

@@ -20,7 +20,10 @@ from tiny_model import build_tiny_model
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
 
-REWARDS = "def even_first(completion_ids, **kwargs):\n    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
+REWARDS = (
+    "def even_first(completion_ids, **kwargs):\n"
+    "    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]\n"
+)
 
 # float32 on CPU: inductor fuses and reorders reductions; measured differences are ~1e-6 relative.
 LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-5
@@ -110,7 +113,7 @@ def test_compiled_run_matches_eager_and_its_checkpoint_resumes_eager(
 
 def test_unknown_backend_is_refused_by_config_check(tiny: str, tmp_path: Path) -> None:
     from grpo_core.contract.errors import ConfigError
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     with pytest.raises(ConfigError, match="torch_compile_backend = 'nope'.*inductor"):
         check_run_config(config(tmp_path, tiny, "x", "lora", torch_compile=True, torch_compile_backend="nope"))

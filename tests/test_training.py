@@ -133,7 +133,8 @@ def test_short_run_writes_metrics_checkpoints_and_a_loadable_adapter(workdir: Pa
     assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "training left every LoRA B at zero"
 
 
-@pytest.mark.extended  # exact resume is the default tier's through tests/test_resume_exact.py (split runs equal a straight run)
+@pytest.mark.extended  # exact resume is the default tier's through tests/test_resume_exact.py (split runs equal a
+# straight run)
 def test_resume_continues_identically(workdir: Path, smollm2_dir: str) -> None:
     straight = validate(tiny_config(workdir, smollm2_dir, max_steps=3, output_dir=str(workdir / "straight")))
     run_training(straight)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_core.training.loss import LOSS_TYPES, LossSettings, policy_loss, zero_advantage_rows_are_inert
+from grpo_core.optimization.loss import LOSS_TYPES, LossSettings, policy_loss, zero_advantage_rows_are_inert
 
 B, C = 6, 5
 KEPT = [0, 1, 2, 3]  # rows 4 and 5 have advantage 0
@@ -79,9 +79,11 @@ def test_zero_advantage_rows_change_nothing_exactly_where_inert(loss_type: str, 
     without, grad_kept = loss_and_grad(settings, data, KEPT)
     assert float(without) != 0.0  # the kept rows carry a loss: a difference could show
     same = torch.equal(with_all, without) and torch.equal(grad_all[KEPT], grad_kept)
+    change = (
+        "changes nothing" if same else f"changes the loss {float(with_all)!r} -> {float(without)!r} or its gradient"
+    )
     assert same == inert, (
-        f"{loss_type}/{variant}: zero_advantage_rows_are_inert says {inert}, but leaving the rows out "
-        f"{'changes nothing' if same else f'changes the loss {float(with_all)!r} -> {float(without)!r} or its gradient'}"
+        f"{loss_type}/{variant}: zero_advantage_rows_are_inert says {inert}, but leaving the rows out {change}"
     )
     if inert:
         assert torch.equal(grad_all[4:], torch.zeros_like(grad_all[4:]))  # the rows left out had no gradient either

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from grpo_core import hookimpl
 from grpo_core.contract.types import EnvironmentReply, Prompt
-from grpo_core.training.data import import_from_cwd
+from grpo_core.data.prompts import import_from_cwd
 
 
 class GymTextEpisode:

@@ -29,7 +29,10 @@ from grpo_core.contract.errors import ConfigError
 
 # ----------------------------------------------------------------- reasons
 
-_SFT_DPO = "a setting of Axolotl's preference / supervised trainers (DPO, KTO, ORPO, SimPO, reward models); grpo trains GRPO and GDPO only"
+_SFT_DPO = (
+    "a setting of Axolotl's preference / supervised trainers (DPO, KTO, ORPO, SimPO, reward models); grpo trains GRPO "
+    "and GDPO only"
+)
 _PACKING = (
     "Axolotl packs or streams fixed training text; a GRPO batch is completions grpo generates itself, padded per "
     "micro-batch, so packing and pretraining streams do not apply"
@@ -60,7 +63,10 @@ _PEFT = (
     "grpo's LoRA takes adapter, lora_r, lora_alpha, lora_dropout, lora_target_modules and lora_target_linear; "
     "other PEFT options are not built"
 )
-_MODEL = "a model-loading option grpo does not build: it loads base_model with AutoModelForCausalLM and AutoTokenizer as published"
+_MODEL = (
+    "a model-loading option grpo does not build: it loads base_model with AutoModelForCausalLM and AutoTokenizer as "
+    "published"
+)
 _TOKENS = "vocabulary edits beyond special_tokens are not built (grpo never resizes embeddings for training)"
 _MULTIMODAL = "vision and multimodal models are not supported (grpo trains text causal LMs)"
 _DATA_PREP = (
@@ -71,7 +77,10 @@ _HUB = "grpo saves to output_dir; pushing to the Hugging Face Hub is not built"
 _SAMPLES = "Axolotl's sample generation during SFT; a GRPO run generates every step (see trl.num_completions_to_print)"
 _UI = "Axolotl's Gradio inference UI is not part of grpo"
 _NOISE = "embedding noise (NEFTune) is an SFT technique; grpo does not build it"
-_CHECKPOINTS = "grpo checkpoints every save_steps steps, at the end and when interrupted; resume with resume_from_checkpoint = 'latest'"
+_CHECKPOINTS = (
+    "grpo checkpoints every save_steps steps, at the end and when interrupted; resume with resume_from_checkpoint = "
+    "'latest'"
+)
 _INTERNAL = "set by Axolotl itself at run time (not a user option)"
 _MODEL_FAMILY = "Axolotl's old model-family flags; grpo reads the architecture from the model's config.json"
 
@@ -94,10 +103,10 @@ _add(
     _PACKING,
     "batch_flattening curriculum_sampling eval_sample_packing excess_length_strategy group_by_length "
     "max_packed_sequence_len min_sample_len multipack_real_batches pad_to_multiple_of pose_max_context_len "
-    "pose_num_chunks pose_split_on_token_ids pretrain_multipack_attn pretrain_multipack_buffer_size pretraining_dataset "
-    "pretraining_sample_concatenation sample_packing_bin_size sample_packing_eff_est sample_packing_group_size "
-    "sample_packing_mp_start_method sample_packing_sequentially streaming streaming_multipack_buffer_size use_pose "
-    "total_num_tokens total_supervised_tokens",
+    "pose_num_chunks pose_split_on_token_ids pretrain_multipack_attn pretrain_multipack_buffer_size "
+    "pretraining_dataset pretraining_sample_concatenation sample_packing_bin_size sample_packing_eff_est "
+    "sample_packing_group_size sample_packing_mp_start_method sample_packing_sequentially streaming "
+    "streaming_multipack_buffer_size use_pose total_num_tokens total_supervised_tokens",
 )
 _add(
     _EVAL,
@@ -162,7 +171,8 @@ _add(
 )
 _add(
     _TOKENS,
-    "added_tokens_overrides tokens fix_untrained_tokens eot_tokens resize_token_embeddings_to_32x mean_resizing_embeddings shrink_embeddings",
+    "added_tokens_overrides tokens fix_untrained_tokens eot_tokens resize_token_embeddings_to_32x "
+    "mean_resizing_embeddings shrink_embeddings",
 )
 _add(_MULTIMODAL, "image_resize_algorithm image_size processor_kwargs processor_type")
 _add(
@@ -185,8 +195,13 @@ _add(_INTERNAL, "axolotl_config_path is_preprocess")
 _add(_MODEL_FAMILY, "is_falcon_derived_model is_llama_derived_model is_mistral_derived_model is_qwen_derived_model")
 REFUSED.update(
     {
-        "default_system_message": "grpo does not insert a system message: put it in the prompts your dataset transform builds",
-        "chat_template_kwargs": "at the top level it shapes Axolotl's SFT templating; for generation prompts write it as trl.chat_template_kwargs",
+        "default_system_message": (
+            "grpo does not insert a system message: put it in the prompts your dataset transform builds"
+        ),
+        "chat_template_kwargs": (
+            "at the top level it shapes Axolotl's SFT templating; for generation prompts write it as "
+            "trl.chat_template_kwargs"
+        ),
         "dataset_processes": "write dataset_num_proc (grpo's name for the same thing)",
     }
 )
@@ -194,10 +209,16 @@ REFUSED.update(
 # ``vllm:`` keys Axolotl has and grpo does not.
 REFUSED_VLLM: dict[str, str] = {
     "device": "grpo's managed server picks its device; pass vLLM's own flags through vllm.extra_args",
-    "enable_reasoning": "pass vLLM's reasoning flags through vllm.extra_args (e.g. ['--reasoning-parser', 'deepseek_r1'])",
-    "reasoning_parser": "pass vLLM's reasoning flags through vllm.extra_args (e.g. ['--reasoning-parser', 'deepseek_r1'])",
+    "enable_reasoning": (
+        "pass vLLM's reasoning flags through vllm.extra_args (e.g. ['--reasoning-parser', 'deepseek_r1'])"
+    ),
+    "reasoning_parser": (
+        "pass vLLM's reasoning flags through vllm.extra_args (e.g. ['--reasoning-parser', 'deepseek_r1'])"
+    ),
     "serve_module": "Axolotl's own serve module; grpo runs vLLM's OpenAI-compatible server (`grpo vllm-serve`)",
-    "worker_extension_cls": "Axolotl's NCCL weight-sync worker extension; grpo syncs weights through its weight_sync plugins",
+    "worker_extension_cls": (
+        "Axolotl's NCCL weight-sync worker extension; grpo syncs weights through its weight_sync plugins"
+    ),
 }
 
 # ``datasets:`` entry keys of Axolotl's SFT datasets.
@@ -288,7 +309,8 @@ def _rewrite(data: dict[str, Any], errors: list[str], notes: list[str]) -> None:
         trl = data.setdefault("trl", {}) if isinstance(data.get("trl", {}), dict) else {}
         if trl.get("max_prompt_length") not in (None, max_prompt):
             errors.append(
-                f"max_prompt_len ({max_prompt}) and trl.max_prompt_length ({trl['max_prompt_length']}) differ: keep one."
+                f"max_prompt_len ({max_prompt}) and trl.max_prompt_length ({trl['max_prompt_length']}) "
+                "differ: keep one."
             )
         trl["max_prompt_length"] = max_prompt
     jinja = data.pop("chat_template_jinja", None)

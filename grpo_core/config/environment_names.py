@@ -2,7 +2,7 @@
 
 A run with several environments (``[plugins] environment`` as a list, or
 ``trl.environment_factory`` as a table, TRL 1.16's dict) routes each row by
-its ``environment`` column (:mod:`grpo_core.training.environment_routes`).
+its ``environment`` column (:mod:`grpo_core.generation.environment_routes`).
 Which names exist is decided here, from the config and the implementations'
 classes alone, so ``grpo run`` checks every row before training and the
 checks refuse a name two implementations both serve.

@@ -1,5 +1,5 @@
 """When evaluation runs, as the config says: a rule the config check and
-the run's observer both read (:mod:`grpo_core.training.evaluation` does the work)."""
+the run's observer both read (:mod:`grpo_core.generation.evaluation` does the work)."""
 
 from __future__ import annotations
 

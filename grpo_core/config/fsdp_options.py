@@ -1,7 +1,7 @@
 """``fsdp`` / ``fsdp_config`` as the config spells them (Axolotl's and the HF
 Trainer's names), and what in them cannot run: judged by the config checks
 before anything starts, read by the FSDP backend
-(:mod:`grpo_core.training.sharding`) when it builds accelerate's plugin.
+(:mod:`grpo_core.parallel.sharding`) when it builds accelerate's plugin.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from grpo_core.config.schema import GRPOConfig
 
 FSDP_OPTIONS = {"full_shard", "shard_grad_op", "auto_wrap", "offload"}
 FSDP_REFUSED = {
-    "hybrid_shard": "hybrid sharding needs a 2-D device mesh (shard within a node, replicate across nodes), which is not wired",
+    "hybrid_shard": (
+        "hybrid sharding needs a 2-D device mesh (shard within a node, replicate across nodes), which is not wired"
+    ),
     "hybrid_shard_zero2": "hybrid sharding needs a 2-D device mesh, which is not wired",
     "no_shard": "FSDP without sharding is DDP: leave `fsdp` unset",
 }
@@ -57,7 +59,8 @@ def fsdp_problems(cfg: GRPOConfig) -> list[str]:
     unknown = sorted(set(cfg.fsdp_config or {}) - FSDP_CONFIG_KEYS)
     if unknown:
         problems.append(
-            f"fsdp_config keys {unknown} are not supported; known: {', '.join(sorted(k for k in FSDP_CONFIG_KEYS if k.startswith('fsdp_')))}."
+            f"fsdp_config keys {unknown} are not supported; known: "
+            f"{', '.join(sorted(k for k in FSDP_CONFIG_KEYS if k.startswith('fsdp_')))}."
         )
     if cfg.fsdp_config and not cfg.fsdp:
         problems.append(

@@ -43,63 +43,86 @@ class VllmSettings(_Table):
         "127.0.0.1", description="Bind address. Loopback by default: the server loads adapters from its own filesystem."
     )
     port: int = Field(8000, ge=0, le=65535, description="Port; 0 picks a free one (managed mode).")
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    gpu_memory_utilization: float = Field(
+        0.85,
+        gt=0,
+        le=1,
+        description="Fraction of each GPU's memory vLLM may take (colocate mode: of the trainer's own GPU).",
+    )
     dtype: str = Field("auto", description="Model dtype in vLLM (auto, bfloat16, float16, float32).")
-    max_model_len: int | None = Field(None, gt=0)
-    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int | None = Field(
+        None,
+        gt=0,
+        description="Engine context length. Unset: max(sequence_len, trl.max_prompt_length + "
+        "trl.max_completion_length).",
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="GPUs each vLLM engine shards the model over (vLLM's tensor parallelism)."
+    )
     data_parallel_size: int = Field(
         1,
         ge=1,
-        description="Managed mode: start this many separate vLLM servers (each its own process and socket); prompt groups are spread across them. `grpo vllm-serve` passes it to vLLM's own data parallelism.",
+        description="Managed mode: start this many separate vLLM servers (each its own process and socket); prompt "
+        "groups are spread across them. `grpo vllm-serve` passes it to vLLM's own data parallelism.",
     )
     devices: list[int] | None = Field(
         None,
-        description="GPU indices (of those this process sees) the managed servers get: server i takes the i-th tensor_parallel_size of them (CUDA_VISIBLE_DEVICES). Unset: vLLM's default (all visible).",
+        description="GPU indices (of those this process sees) the managed servers get: server i takes the i-th "
+        "tensor_parallel_size of them (CUDA_VISIBLE_DEVICES). Unset: vLLM's default (all visible).",
     )
     trainer_devices: list[int] | None = Field(
         None,
-        description="GPU indices the trainer keeps (its CUDA_VISIBLE_DEVICES is narrowed to them before CUDA starts). Unset: the trainer uses its default device (index 0).",
+        description="GPU indices the trainer keeps (its CUDA_VISIBLE_DEVICES is narrowed to them before CUDA starts). "
+        "Unset: the trainer uses its default device (index 0).",
     )
-    enable_prefix_caching: bool | None = None
+    enable_prefix_caching: bool | None = Field(
+        None, description="Turn vLLM's prefix caching on or off. Unset: vLLM's default."
+    )
     block_size: int | None = Field(
         None,
         ge=1,
-        description="Tokens per KV cache block: prefix caching shares whole blocks only, so a group's samples share their "
-        "prompt's prefill only up to its last full block. Default: 32 on CPU (the smallest vLLM's CPU attention takes; "
-        "its own default, 128, shares nothing of a prompt under 128 tokens), vLLM's own on GPU.",
+        description="Tokens per KV cache block: prefix caching shares whole blocks only, so a group's samples share "
+        "their prompt's prefill only up to its last full block. Default: 32 on CPU (the smallest vLLM's CPU "
+        "attention takes; its own default, 128, shares nothing of a prompt under 128 tokens), vLLM's own on GPU.",
     )
     enforce_eager: bool | None = Field(
         None,
-        description="Skip vLLM's graph compilation: much faster engine start, slightly slower generation. Default: true on CPU, vLLM's own on GPU.",
+        description="Skip vLLM's graph compilation: much faster engine start, slightly slower generation. Default: "
+        "true on CPU, vLLM's own on GPU.",
     )
     cpu_kernels: bool = Field(
         True,
-        description="On a CPU, give the engines grpo starts (managed servers, colocated) a sampler that draws one number "
-        "per sequence instead of one per vocabulary entry (the same distribution), log-prob ranks counted without a "
-        "3 s compilation and, when eager, vLLM's own C++ RMSNorm kernels in place of their PyTorch forms. Off: vLLM's "
-        "CPU defaults. No effect on a GPU or an external server.",
+        description="On a CPU, give the engines grpo starts (managed servers, colocated) a sampler that draws one "
+        "number per sequence instead of one per vocabulary entry (the same distribution), log-prob ranks counted "
+        "without a 3 s compilation and, when eager, vLLM's own C++ RMSNorm kernels in place of their PyTorch forms. "
+        "Off: vLLM's CPU defaults. No effect on a GPU or an external server.",
     )
     api_key: str | None = Field(
         None,
-        description="Require this key on every request but /health (default: VLLM_API_KEY, else one made up per TCP server); the trainer sends it.",
+        description="Require this key on every request but /health (default: VLLM_API_KEY, else one made up per TCP "
+        "server); the trainer sends it.",
     )
     transport: Literal["unix", "tcp"] | None = Field(
         None,
-        description="How `grpo run` reaches the server it starts: 'unix' (default where available) is a socket in a private directory, no TCP port; 'tcp' binds host:port with a per-run API key.",
+        description="How `grpo run` reaches the server it starts: 'unix' (default where available) is a socket in a "
+        "private directory, no TCP port; 'tcp' binds host:port with a per-run API key.",
     )
     expose_dev_endpoints: bool = Field(
         False,
-        description="Serve vLLM's dev endpoints (/collective_rpc: load weights from any path) on a non-loopback host. Off: such a bind is refused for full-weight sync.",
+        description="Serve vLLM's dev endpoints (/collective_rpc: load weights from any path) on a non-loopback host. "
+        "Off: such a bind is refused for full-weight sync.",
     )
     cpu_kvcache_space: int | None = Field(
         None,
         ge=1,
-        description="GiB of KV cache on CPU (VLLM_CPU_KVCACHE_SPACE). Default 2: vLLM would otherwise take 85% of host memory.",
+        description="GiB of KV cache on CPU (VLLM_CPU_KVCACHE_SPACE). Default 2: vLLM would otherwise take 85% of "
+        "host memory.",
     )
     engine_cpus: str | None = Field(
         None,
         description="CPU cores a managed server computes on ('0-3', '0,2'); the trainer keeps the others. "
-        "Unset: with trl.async_prefetch on a CPU machine, the first half of the cores; a synchronous run splits nothing. 'all': no split.",
+        "Unset: with trl.async_prefetch on a CPU machine, the first half of the cores; a synchronous run splits "
+        "nothing. 'all': no split.",
     )
     extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` command-line arguments.")
 
@@ -109,11 +132,13 @@ class DatasetSpec(_Table):
 
     path: str = Field(description="Hub id, local directory, or a .json/.jsonl/.csv/.parquet file.")
     name: str | None = Field(None, description="Dataset configuration name (e.g. 'main' for gsm8k).")
-    split: str = "train"
+    split: str = Field("train", description="Split to read: 'train', or a slice such as 'train[:100]'.")
     type: str | None = Field(
         None, description="'module.function' transform: fn(cfg) -> map_fn or (map_fn, {'remove_columns': [...]})."
     )
-    data_files: str | list[str] | None = None
+    data_files: str | list[str] | None = Field(
+        None, description="Files of a directory or hub dataset to read (datasets' data_files)."
+    )
 
 
 class _PluginTable(BaseModel):
@@ -190,10 +215,11 @@ class AlertSettings(_Table):
     (:mod:`grpo_core.observability.alerts`). Thresholds follow the reference guide's quick
     health checks; ``silence`` lists alert names not to print."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="Run the health alerts at all; false mutes every one.")
     silence: list[str] = Field(
         default_factory=list,
-        description="Alert names never to print: reward_zero, no_signal, entropy_collapse, entropy_explosion, grad_norm_high, grad_norm_zero, is_ratio.",
+        description="Alert names never to print: reward_zero, no_signal, entropy_collapse, entropy_explosion, "
+        "grad_norm_high, grad_norm_zero, is_ratio.",
     )
     window: int = Field(10, ge=1, description="Steps the windowed checks average over.")
     reward_zero_steps: int = Field(20, ge=1, description="Steps after which a mean reward still ~0 fires reward_zero.")
@@ -210,7 +236,8 @@ class AlertSettings(_Table):
     logp_gap_max: float = Field(
         0.7,
         gt=0,
-        description="Mean |trainer - sampler| log-prob gap above this (IS ratio beyond ~2x): stale or broken weight sync.",
+        description="Mean |trainer - sampler| log-prob gap above this (IS ratio beyond ~2x): stale or broken weight "
+        "sync.",
     )
 
 
@@ -225,12 +252,14 @@ class EpisodeSettings(_Table):
     max_tokens_per_turn: int | None = Field(
         None,
         ge=1,
-        description="Tokens one model turn may sample. Unset: what is left of trl.max_completion_length, which bounds the whole episode.",
+        description="Tokens one model turn may sample. Unset: what is left of trl.max_completion_length, which bounds "
+        "the whole episode.",
     )
     step_timeout: float = Field(
         60.0,
         gt=0,
-        description="Seconds one environment step may take; a step still running then ends its episode (ended_by = 'timeout').",
+        description="Seconds one environment step may take; a step still running then ends its episode (ended_by = "
+        "'timeout').",
     )
     max_concurrent_steps: int = Field(
         32, ge=1, description="Environment steps run at once (threads), across the episodes in flight."
@@ -245,37 +274,59 @@ class TrlSettings(_Table):
     """
 
     # --- core GRPO
-    use_vllm: bool = False
-    vllm_mode: Literal["server", "colocate"] | None = None
-    vllm_server_host: str = "0.0.0.0"
-    vllm_server_port: int = 8000
+    use_vllm: bool = Field(
+        False,
+        description="Generate with vLLM (a server, or in-process with vllm_mode = 'colocate'); false: the trained "
+        "model generates.",
+    )
+    vllm_mode: Literal["server", "colocate"] | None = Field(
+        None,
+        description="'server' (vLLM in its own process) or 'colocate' (inside the trainer's). Default 'server' with "
+        "use_vllm.",
+    )
+    vllm_server_host: str = Field(
+        "0.0.0.0", description="Host of the vLLM server reached over TCP (0.0.0.0: this machine's loopback)."
+    )
+    vllm_server_port: int = Field(
+        8000, description="Port of the vLLM server reached over TCP (a server already answering there may be adopted)."
+    )
     vllm_server_timeout: int | None = Field(
         None, gt=0, description="Seconds to wait for a vLLM response (and for it to come up). Default 240."
     )
     vllm_server_base_url: str | None = Field(
         None,
-        description="Full base URL of an external server (http://host:port, or unix:/path/to/socket); overrides host/port.",
+        description="Full base URL of an external server (http://host:port, or unix:/path/to/socket); overrides "
+        "host/port.",
     )
     vllm_server_base_urls: list[str] | None = Field(
         None,
-        description="Several external servers (base URLs as in vllm_server_base_url): prompt groups are spread across them, weights are synced to all.",
+        description="Several external servers (base URLs as in vllm_server_base_url): prompt groups are spread across "
+        "them, weights are synced to all.",
     )
     vllm_managed: bool | None = Field(
         None,
-        description="Start and own the vLLM server as a subprocess. Default: true unless a server already answers at host:port.",
+        description="Start and own the vLLM server as a subprocess. Default: true unless a server already answers at "
+        "host:port.",
     )
     num_generations: int | None = Field(None, ge=1, description="Completions per prompt. Default 8.")
     generation_batch_size: int | None = Field(
         None,
         ge=1,
-        description="Completions per generation (TRL's meaning): a multiple of micro_batch_size x gradient_accumulation_steps; each multiple is one optimizer step fed by the same generation. Default micro_batch_size x gradient_accumulation_steps.",
+        description="Completions per generation (TRL's meaning): a multiple of micro_batch_size x "
+        "gradient_accumulation_steps; each multiple is one optimizer step fed by the same generation. Default "
+        "micro_batch_size x gradient_accumulation_steps.",
     )
     steps_per_generation: int | None = Field(
         None,
         ge=1,
-        description="Micro-batches per generation (TRL's meaning; generation_batch_size = micro_batch_size x this). Exclusive with generation_batch_size. Default gradient_accumulation_steps.",
+        description="Micro-batches per generation (TRL's meaning; generation_batch_size = micro_batch_size x this). "
+        "Exclusive with generation_batch_size. Default gradient_accumulation_steps.",
     )
-    max_completion_length: int | None = Field(None, ge=1, description="Default 256.")
+    max_completion_length: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens a completion may sample (a whole episode with tools or an environment). Default 256.",
+    )
     max_prompt_length: int | None = Field(
         None,
         ge=1,
@@ -291,39 +342,65 @@ class TrlSettings(_Table):
         None, gt=0, description="Two-sided clipping of the ratio for negative advantages (INTELLECT-2)."
     )
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] | None = Field(
-        None, description="Default dapo."
+        None,
+        description="Policy loss: grpo, bnpo, dr_grpo, dapo, cispo or sapo (how tokens are weighted and normalised). "
+        "Default dapo.",
     )
     scale_rewards: ScaleRewards | bool = Field(
-        True, validate_default=True, description="true/'group', 'batch', false/'none'."
+        True,
+        validate_default=True,
+        description="Divide advantages by the reward std of the group (true/'group'), of the batch ('batch'), or not "
+        "(false/'none').",
     )
-    mask_truncated_completions: bool = False
-    top_entropy_quantile: float = Field(1.0, gt=0, le=1)
-    sapo_temperature_pos: float = Field(1.0, gt=0)
-    sapo_temperature_neg: float = Field(1.05, gt=0)
+    mask_truncated_completions: bool = Field(
+        False, description="Leave completions cut off at max_completion_length out of the loss."
+    )
+    top_entropy_quantile: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Train only on the tokens whose entropy is in this top fraction of the micro-batch's; 1.0: all.",
+    )
+    sapo_temperature_pos: float = Field(
+        1.0, gt=0, description="SAPO's gate temperature for positive advantages (loss_type = 'sapo')."
+    )
+    sapo_temperature_neg: float = Field(
+        1.05, gt=0, description="SAPO's gate temperature for negative advantages (loss_type = 'sapo')."
+    )
 
     # --- rewards
-    reward_funcs: list[str] | None = None
-    reward_weights: list[float] | None = None
+    reward_funcs: list[str] | None = Field(
+        None,
+        description="Reward functions: 'module.function' import paths, names published under grpo.reward, or a "
+        "sequence-classification reward model (directory or hub id).",
+    )
+    reward_weights: list[float] | None = Field(
+        None, description="One weight per reward function, in order. Default 1.0 each."
+    )
     multi_objective_aggregation: str | None = Field(
         None, description="'sum_then_normalize' (default) or 'normalize_then_sum' (GDPO), or a plugin's name."
     )
     rollout_func: str | None = Field(
         None,
-        description="'module.function' custom rollout: f(prompts, trainer) -> dict with prompt_ids, completion_ids, logprobs.",
+        description="'module.function' custom rollout: f(prompts, trainer) -> dict with prompt_ids, completion_ids, "
+        "logprobs.",
     )
     tools: list[str] | None = Field(
         None,
-        description="'module.function' tools the model may call during an episode (TRL's tools): schemas from their signatures and docstrings.",
+        description="'module.function' tools the model may call during an episode (TRL's tools): schemas from their "
+        "signatures and docstrings.",
     )
     environment_factory: str | dict[str, str] | None = Field(
         None,
-        description="'module.Class' environment (TRL's environment_factory): reset(**row) -> str | None, public methods are tools, optional get_reward(). "
-        "A table of name = 'module.Class': several environments, each row naming its own in an 'environment' column (TRL's dict).",
+        description="'module.Class' environment (TRL's environment_factory): reset(**row) -> str | None, public "
+        "methods are tools, optional get_reward(). A table of name = 'module.Class': several environments, each row "
+        "naming its own in an 'environment' column (TRL's dict).",
     )
     max_tool_calling_iterations: int | None = Field(
         None,
         ge=0,
-        description="Tool-calling rounds per episode (TRL's meaning). Unset: until the model answers without a call or [episodes] max_turns.",
+        description="Tool-calling rounds per episode (TRL's meaning). Unset: until the model answers without a call "
+        "or [episodes] max_turns.",
     )
     reward_timeout: float | None = Field(
         None, gt=0, description="Seconds a reward call may take before it counts as failed."
@@ -333,52 +410,135 @@ class TrlSettings(_Table):
     )
 
     # --- generation
-    temperature: float | None = Field(None, ge=0, description="Default 1.0.")
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = Field(None, ge=0, description="Sampling temperature of training rollouts. Default 1.0.")
+    top_p: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Nucleus sampling: sample from the most likely tokens up to this probability mass. Default 1.0 "
+        "(off).",
+    )
     top_k: int | None = Field(None, ge=0, description="0 or unset: no top-k.")
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
-    generation_kwargs: dict[str, Any] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    vllm_guided_decoding_regex: str | None = None
+    min_p: float | None = Field(
+        None, ge=0, le=1, description="Drop tokens less likely than min_p times the most likely one. Unset: off."
+    )
+    repetition_penalty: float | None = Field(
+        None, gt=0, description="Penalty on tokens already in the prompt or completion; 1.0 is none. Default 1.0."
+    )
+    generation_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra sampling parameters for the engine (vLLM SamplingParams, e.g. stop_token_ids)."
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="Extra arguments of the chat template when prompts are rendered (e.g. enable_thinking = false).",
+    )
+    vllm_guided_decoding_regex: str | None = Field(
+        None,
+        description="Constrain vLLM's sampling to this regular expression (TRL's vllm_structured_outputs_regex); vLLM "
+        "only.",
+    )
 
     # --- async pipeline
-    use_data_producer: bool = False
-    async_prefetch: bool = False
-    prefetch_depth: int | None = Field(None, ge=1, description="Default 1.")
+    use_data_producer: bool = Field(
+        False, description="Accepted, no effect: grpo always runs through its data producer."
+    )
+    async_prefetch: bool = Field(
+        False,
+        description="Generate the next batch in a background thread while the current one trains (one sync behind).",
+    )
+    prefetch_depth: int | None = Field(
+        None, ge=1, description="Batches generated ahead with async_prefetch. Default 1."
+    )
     vllm_sync_interval: int | None = Field(None, ge=1, description="Sync weights every N optimizer steps. Default 1.")
-    vllm_lora_sync: bool = False
-    streaming_partial_batch: bool | None = None
-    streaming_min_groups: int | None = Field(None, ge=1)
-    skip_zero_advantage_batches: bool = True
-    reward_num_workers: int = Field(1, ge=1)
-    vllm_enable_sleep_mode: bool | None = None
+    vllm_lora_sync: bool = Field(
+        False,
+        description="With adapter = 'lora': sync the adapter alone (lora_filesystem) instead of merged weights "
+        "(full_filesystem).",
+    )
+    streaming_partial_batch: bool | None = Field(
+        None,
+        description="Score each chunk of prompt groups as soon as it is generated, not the whole batch at once. "
+        "Default false.",
+    )
+    streaming_min_groups: int | None = Field(
+        None, ge=1, description="Prompt groups per chunk with streaming_partial_batch. Default 1."
+    )
+    skip_zero_advantage_batches: bool = Field(
+        True, description="Leave completions with advantage 0 out of the forward/backward where the loss allows it."
+    )
+    reward_num_workers: int = Field(
+        1, ge=1, description="Subprocess workers that run the reward functions; 1: in the trainer's process."
+    )
+    vllm_enable_sleep_mode: bool | None = Field(
+        None, description="Colocate mode: free vLLM's GPU memory between generations (CUDA only). Default false."
+    )
 
     # --- importance sampling
-    vllm_importance_sampling_correction: bool | None = None
-    importance_sampling_level: Literal["token", "sequence"] | None = None
+    vllm_importance_sampling_correction: bool | None = Field(
+        None,
+        description="Weight the loss by sampler/trainer importance ratios (vllm_importance_sampling_mode). Default: "
+        "use_vllm.",
+    )
+    importance_sampling_level: Literal["token", "sequence"] | None = Field(
+        None, description="PPO ratio per token, or one per sequence (GSPO). Default 'token'."
+    )
     vllm_importance_sampling_mode: (
         Literal["token_mask", "token_truncate", "sequence_mask", "sequence_truncate"] | None
-    ) = None
-    vllm_importance_sampling_cap: float | None = Field(None, gt=0)
-    off_policy_mask_threshold: float | None = Field(None, gt=0)
-    use_bias_correction_kl: bool | None = None
+    ) = Field(
+        None,
+        description="How importance weights above the cap are handled: truncated or masked, per token or sequence.",
+    )
+    vllm_importance_sampling_cap: float | None = Field(
+        None, gt=0, description="The cap of the importance weights. Default 3.0."
+    )
+    off_policy_mask_threshold: float | None = Field(
+        None,
+        gt=0,
+        description="OPSM: drop negative-advantage completions whose mean sampler-trainer log-prob drift exceeds this.",
+    )
+    use_bias_correction_kl: bool | None = Field(
+        None, description="Weight the per-token KL term by the importance ratio too. Default true."
+    )
 
     # --- replay and re-roll
-    replay_buffer_size: int = Field(0, ge=0)
-    replay_recompute_logps: bool = True
-    reroll_start_fraction: float = Field(1.0, ge=0, le=1)
-    reroll_max_groups: int = Field(1, ge=0)
+    replay_buffer_size: int = Field(
+        0, ge=0, description="Groups with learning signal kept to replace later groups without it; 0: no replay."
+    )
+    replay_recompute_logps: bool = Field(
+        True, description="Recompute a replayed group's old log-probs with the current policy."
+    )
+    reroll_start_fraction: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="From this fraction of training on, prompts that scored 0 everywhere are retried later; 1.0: off.",
+    )
+    reroll_max_groups: int = Field(1, ge=0, description="Queued prompts swapped into one batch at most (re-rolling).")
 
     # --- reference model
-    sync_ref_model: bool = False
-    ref_model_mixup_alpha: float = Field(0.9, ge=0, le=1)
-    ref_model_sync_steps: int = Field(64, ge=1)
+    sync_ref_model: bool = Field(
+        False, description="Move the reference model toward the policy every ref_model_sync_steps (used when beta > 0)."
+    )
+    ref_model_mixup_alpha: float = Field(
+        0.9, ge=0, le=1, description="At each sync: ref = alpha x policy + (1 - alpha) x ref."
+    )
+    ref_model_sync_steps: int = Field(64, ge=1, description="Optimizer steps between reference-model syncs.")
 
     # --- logging
-    log_completions: bool = False
-    num_completions_to_print: int | None = Field(None, ge=0)
-    use_liger_loss: bool | None = None
+    log_completions: bool = Field(
+        False,
+        description="Append each logged step's prompts, completions, rewards and advantages to completions.jsonl and "
+        "trackers.",
+    )
+    num_completions_to_print: int | None = Field(
+        None,
+        ge=0,
+        description="Print this many samples at each logged step. Default 0 (all of them with log_completions).",
+    )
+    use_liger_loss: bool | None = Field(
+        None,
+        description="Liger-Kernel's fused-linear GRPO loss, never holding the [tokens, vocab] logits. Default false.",
+    )
 
     @field_validator("scale_rewards", mode="before")
     @classmethod
@@ -392,7 +552,8 @@ class GRPOConfig(_Table):
     base_model: str = Field(description="Local HF directory, hub id, or a .gguf file (dequantised once and cached).")
     trust_remote_code: bool = Field(
         False,
-        description="Run Python code shipped with the model, tokenizer or reward model (their own modelling files). Off: such models are refused.",
+        description="Run Python code shipped with the model, tokenizer or reward model (their own modelling files). "
+        "Off: such models are refused.",
     )
     rl: Literal["grpo", "gdpo"] = Field(
         "grpo",
@@ -409,14 +570,28 @@ class GRPOConfig(_Table):
         "tokenizer_default",
         description="'tokenizer_default', a template name known to transformers, or an inline Jinja template.",
     )
-    tokenizer_config: str | None = None
+    tokenizer_config: str | None = Field(
+        None, description="Load the tokenizer from this directory or hub id instead of base_model."
+    )
 
-    adapter: Literal["lora"] | None = None
-    lora_r: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
-    lora_target_linear: bool | None = None
-    lora_target_modules: list[str] | None = None
+    adapter: Literal["lora"] | None = Field(
+        None, description="'lora': train a LoRA adapter on the frozen base model. Unset: full fine-tuning."
+    )
+    lora_r: int = Field(16, ge=1, description="LoRA rank.")
+    lora_alpha: int = Field(32, ge=1, description="LoRA scale numerator: the update is scaled by lora_alpha / lora_r.")
+    lora_dropout: float = Field(
+        0.0, ge=0, lt=1, description="Dropout on the LoRA path; above 0 it turns share_prompt_prefix off."
+    )
+    lora_target_linear: bool | None = Field(
+        None,
+        description="Adapt every linear layer but the output head. Default true with adapter = 'lora' and no "
+        "lora_target_modules.",
+    )
+    lora_target_modules: list[str] | None = Field(
+        None,
+        description="Module names to adapt (e.g. ['q_proj', 'v_proj']); added to the linear layers with "
+        "lora_target_linear.",
+    )
     load_in_8bit: bool = Field(
         False, description="Load the frozen base weights in 8 bits (bitsandbytes); needs adapter = 'lora'."
     )
@@ -427,8 +602,13 @@ class GRPOConfig(_Table):
         None, description="Extra transformers BitsAndBytesConfig arguments (e.g. bnb_4bit_quant_type)."
     )
 
-    datasets: list[DatasetSpec] = Field(default_factory=list)
-    skip_prepare_dataset: bool = False
+    datasets: list[DatasetSpec] = Field(
+        default_factory=list,
+        description="Training prompts: one [[datasets]] table per source; their rows are used together.",
+    )
+    skip_prepare_dataset: bool = Field(
+        False, description="Axolotl's key: accepted, no effect (prompts are prepared once at start)."
+    )
     dataset_prepared_path: str | None = Field(
         None, description="Axolotl's prepared-dataset cache: accepted, no effect (prompts are prepared at start)."
     )
@@ -441,41 +621,58 @@ class GRPOConfig(_Table):
     val_set_size: float = Field(
         0.0,
         ge=0,
-        description="Held-out prompts for evaluation during training: a fraction (< 1) or a count (>= 1) of the dataset, split off with `seed`.",
+        description="Held-out prompts for evaluation during training: a fraction (< 1) or a count (>= 1) of the "
+        "dataset, split off with `seed`.",
     )
     test_datasets: list[DatasetSpec] = Field(
         default_factory=list,
         description="A separate evaluation dataset (same entry format as [[datasets]]); used instead of val_set_size.",
     )
-    shuffle_dataset: bool = True
-    dataset_num_proc: int | None = Field(None, ge=1)
+    shuffle_dataset: bool = Field(True, description="Shuffle the prompts with seed before training.")
+    dataset_num_proc: int | None = Field(
+        None, ge=1, description="Processes for the dataset transform (datasets' map num_proc)."
+    )
 
-    sequence_len: int = Field(1024, ge=8)
+    sequence_len: int = Field(
+        1024,
+        ge=8,
+        description="Default trl.max_prompt_length, and the least context length of a vLLM engine grpo starts.",
+    )
     sample_packing: bool | None = Field(
         None, description="Axolotl's SFT packing: only false is accepted (completions are padded per micro-batch)."
     )
     pad_to_sequence_len: bool | None = Field(
         None,
-        description="Axolotl's padding choice: accepted, no effect (each micro-batch is padded to its longest sequence).",
+        description="Axolotl's padding choice: accepted, no effect (each micro-batch is padded to its longest "
+        "sequence).",
     )
     micro_batch_size: int = Field(
         1,
         ge=1,
-        description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo) a step's micro-batches are cut where they pad least: as many passes, none larger in padded tokens than the largest of micro_batch_size rows each.",
+        description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo) a step's "
+        "micro-batches are cut where they pad least: as many passes, none larger in padded tokens than the "
+        "largest of micro_batch_size rows each.",
     )
-    gradient_accumulation_steps: int = Field(1, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-batches per optimizer step, per process.")
     max_steps: int = Field(
         100, ge=1, description="Optimizer steps. Takes precedence over num_epochs when both are set (as in Axolotl)."
     )
     num_epochs: float | None = Field(
         None,
         gt=0,
-        description="Passes over the prompts; used when max_steps is not set: max_steps = ceil(num_epochs x prompts / prompts per step) x num_iterations.",
+        description="Passes over the prompts; used when max_steps is not set: max_steps = ceil(num_epochs x prompts / "
+        "prompts per step) x num_iterations.",
     )
-    learning_rate: float = Field(1e-6, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    optimizer: str = "adamw_torch"
+    learning_rate: float = Field(
+        1e-6, gt=0, description="Peak learning rate (after warmup) of the lr_scheduler schedule."
+    )
+    weight_decay: float = Field(0.0, ge=0, description="The optimizer's weight decay (decoupled in AdamW).")
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, description="Clip the global gradient norm to this before each optimizer step; unset: no clipping."
+    )
+    optimizer: str = Field(
+        "adamw_torch", description="adamw_torch, adamw_torch_fused, adamw_torch_foreach, sgd or adafactor."
+    )
     adam_beta1: float | None = Field(None, ge=0, lt=1, description="AdamW beta1 (default 0.9).")
     adam_beta2: float | None = Field(None, ge=0, lt=1, description="AdamW beta2 (default 0.999).")
     adam_epsilon: float | None = Field(None, gt=0, description="AdamW epsilon (default 1e-8).")
@@ -492,27 +689,39 @@ class GRPOConfig(_Table):
         "inverse_sqrt",
         "cosine_with_min_lr",
         "warmup_stable_decay",
-    ] = "cosine"
+    ] = Field("cosine", description="Learning-rate schedule over max_steps (transformers' schedules by name).")
     lr_scheduler_kwargs: dict[str, Any] | None = Field(
         None, description="Extra arguments of the transformers schedule (e.g. num_cycles, power, min_lr_rate)."
     )
     cosine_min_lr_ratio: float | None = Field(
         None, ge=0, le=1, description="Cosine decays to this fraction of learning_rate instead of 0."
     )
-    warmup_steps: int = Field(0, ge=0)
-    warmup_ratio: float | None = Field(None, ge=0, lt=1)
-    seed: int = 42
+    warmup_steps: int = Field(0, ge=0, description="Steps of linear warmup to learning_rate.")
+    warmup_ratio: float | None = Field(
+        None, ge=0, lt=1, description="Warmup as a fraction of max_steps; used when warmup_steps is 0."
+    )
+    seed: int = Field(
+        42, description="Seeds the prompt order, the val_set_size split and the random number generators."
+    )
 
-    bf16: bool | Literal["auto"] = False
-    fp16: bool = False
-    tf32: bool | None = None
+    bf16: bool | Literal["auto"] = Field(
+        False,
+        description="bf16 compute with float32 trained weights; 'auto': only where the hardware computes bf16 "
+        "natively.",
+    )
+    fp16: bool = Field(False, description="float16 compute as bf16 does it, without loss scaling.")
+    tf32: bool | None = Field(
+        None, description="Allow TF32 matmuls on CUDA; no effect on a CPU. Unset: torch's default."
+    )
     fp8: bool = Field(
         False,
-        description="FP8 matmuls (torchao through accelerate); needs a CUDA GPU of compute capability >= 8.9 and torchao, refused elsewhere.",
+        description="FP8 matmuls (torchao through accelerate); needs a CUDA GPU of compute capability >= 8.9 and "
+        "torchao, refused elsewhere.",
     )
     torch_compile: bool = Field(
         False,
-        description="torch.compile the decoder body for the training forward/backward and log-prob passes (CPU and GPU; the model, its state-dict keys and checkpoints are unchanged).",
+        description="torch.compile the decoder body for the training forward/backward and log-prob passes (CPU and "
+        "GPU; the model, its state-dict keys and checkpoints are unchanged).",
     )
     torch_compile_backend: str | None = Field(
         None, description="torch.compile backend (default inductor; e.g. aot_eager, cudagraphs)."
@@ -520,30 +729,41 @@ class GRPOConfig(_Table):
     torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = (
         Field(None, description="torch.compile mode (default 'default').")
     )
-    flash_attention: bool = False
-    sdp_attention: bool | None = None
+    flash_attention: bool = Field(
+        False, description="Axolotl's flag for attn_implementation = 'flash_attention_2' (sdpa without CUDA)."
+    )
+    sdp_attention: bool | None = Field(
+        None, description="Axolotl's flag: true is attn_implementation = 'sdpa', false is 'eager'."
+    )
     attn_implementation: str | None = Field(
         None,
-        description="transformers' attn_implementation (eager, sdpa, flash_attention_2, ...) or grpo's sdpa_float32 (sdpa on float32 q/k/v inside a bf16 pass); flash kernels fall back to sdpa without CUDA. Unset: sdpa_float32 for bf16 compute on a CPU, transformers' default (sdpa) elsewhere.",
+        description="transformers' attn_implementation (eager, sdpa, flash_attention_2, ...) or grpo's sdpa_float32 "
+        "(sdpa on float32 q/k/v inside a bf16 pass); flash kernels fall back to sdpa without CUDA. Unset: "
+        "sdpa_float32 for bf16 compute on a CPU, transformers' default (sdpa) elsewhere.",
     )
-    gradient_checkpointing: bool = False
-    gradient_checkpointing_kwargs: dict[str, Any] | None = None
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward to save memory (turns share_prompt_prefix off)."
+    )
+    gradient_checkpointing_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="Gradient checkpointing's arguments; use_reentrant defaults to true under ZeRO-3, false elsewhere.",
+    )
     share_prompt_prefix: bool = Field(
         True,
-        description="Run each distinct prompt of a micro-batch through the trainer's model once and reuse its keys/values "
-        "for all its completions (a group's completions share their prompt): the same log-probs and gradients to float "
-        "rounding for fewer tokens. Not applied with gradient_checkpointing, torch_compile, active dropout, or models "
-        "whose cache is not a plain per-layer key/value cache.",
+        description="Run each distinct prompt of a micro-batch through the trainer's model once and reuse its "
+        "keys/values for all its completions (a group's completions share their prompt): the same log-probs and "
+        "gradients to float rounding for fewer tokens. Not applied with gradient_checkpointing, torch_compile, "
+        "active dropout, or models whose cache is not a plain per-layer key/value cache.",
     )
     verify_weight_sync: Literal["every", "every_probe", "first", "never"] = Field(
         "every",
         description="After a weight sync, check that the inference engine serves the weights just synced: each server "
         "scores a fixed 48-token probe and its log-probs must match the trainer's within what both precisions explain; "
         "a sync that fails is repeated once, then the run stops with a checkpoint. 'every' sync (default: after the "
-        "first syncs, a single-process run with plain sampling compares the engine's log-probs of the tokens it sampled "
-        "with the next step's training forward instead, at no cost, before that step's optimizer step), 'every_probe' "
-        "(the probe right after every sync), the 'first' only, or 'never'. Engines that cannot score tokens are not "
-        "checked (an error only when this key is set).",
+        "first syncs, a single-process run with plain sampling compares the engine's log-probs of the tokens it "
+        "sampled with the next step's training forward instead, at no cost, before that step's optimizer step), "
+        "'every_probe' (the probe right after every sync), the 'first' only, or 'never'. Engines that cannot score "
+        "tokens are not checked (an error only when this key is set).",
     )
     reuse_freed_memory: bool | Literal["auto"] = Field(
         "auto",
@@ -552,21 +772,34 @@ class GRPOConfig(_Table):
         "faults, at the price of the process keeping its peak heap. 'auto' (default): when the trainer runs on a CPU. "
         "No effect where the C library is not glibc.",
     )
-    special_tokens: dict[str, str] | None = None
-
-    fsdp: list[str] | None = None
-    fsdp_config: dict[str, Any] | None = None
-    deepspeed: str | None = Field(
+    special_tokens: dict[str, str] | None = Field(
         None,
-        description="A DeepSpeed JSON, ZeRO stage 2 or 3; its 'auto' values come from this config (see Scaling out).",
+        description="Tokens set on the tokenizer (pad_token, eos_token, ...; other names become extra special tokens).",
     )
 
-    output_dir: Path = Path("./grpo-output")
-    logging_steps: int = Field(1, ge=1)
+    fsdp: list[str] | None = Field(
+        None,
+        description="Shard the policy over the training processes (FSDP2): full_shard or shard_grad_op, auto_wrap, "
+        "offload.",
+    )
+    fsdp_config: dict[str, Any] | None = Field(
+        None, description="FSDP options: fsdp_version, fsdp_transformer_layer_cls_to_wrap, reshard_after_forward, ..."
+    )
+    deepspeed: str | None = Field(
+        None,
+        description=(
+            "A DeepSpeed JSON, ZeRO stage 2 or 3; its 'auto' values come from this config (docs: multi-GPU, DeepSpeed)."
+        ),
+    )
+
+    output_dir: Path = Field(
+        Path("./grpo-output"), description="Where metrics, checkpoints, logs and the final model are written."
+    )
+    logging_steps: int = Field(1, ge=1, description="Log metrics every N optimizer steps, and at the last.")
     save_steps: int | None = Field(
         None, ge=1, description="Checkpoint every N steps; also at the end and on interruption."
     )
-    save_total_limit: int | None = Field(None, ge=1)
+    save_total_limit: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
     save_safetensors: bool = Field(True, description="Save weights as safetensors (false: PyTorch .bin files).")
     resume_from_checkpoint: str | None = Field(
         None, description="A checkpoint directory, or 'latest' for the newest in output_dir."
@@ -574,11 +807,13 @@ class GRPOConfig(_Table):
     use_wandb: bool = Field(False, description="Same as adding 'wandb' to report_to.")
     report_to: list[str] | None = Field(
         None,
-        description="Trackers besides output_dir/metrics.jsonl: a list of tensorboard, wandb, mlflow, trackio (or any grpo.tracker plugin), 'all' (every installed one) or 'none'.",
+        description="Trackers besides output_dir/metrics.jsonl: a list of tensorboard, wandb, mlflow, trackio (or any "
+        "grpo.tracker plugin), 'all' (every installed one) or 'none'.",
     )
     eval_strategy: Literal["no", "steps"] | None = Field(
         None,
-        description="'steps': evaluate every eval_steps and at the end. Default: 'steps' when there is evaluation data, else 'no'.",
+        description="'steps': evaluate every eval_steps and at the end. Default: 'steps' when there is evaluation "
+        "data, else 'no'.",
     )
     eval_steps: int | None = Field(None, ge=1, description="Evaluate every N optimizer steps. Default: logging_steps.")
     eval_temperature: float = Field(0.0, ge=0, description="Sampling temperature of evaluation; 0 is greedy.")

@@ -50,7 +50,7 @@ class WeightSyncUnverified(GrpoError):
     """After a weight sync (and one retry) the engine still does not serve
     the weights just synced: its log-probs of a fixed probe differ from the
     trainer's by more than the two precisions explain
-    (:mod:`grpo_core.training.sync_check`). The message names the engine,
+    (:mod:`grpo_core.sync.verify`). The message names the engine,
     the policy version and the measured gap."""
 
     exit_code = 3

@@ -213,7 +213,7 @@ optional (defaults in the extension-point table):
     ``True`` when the rollout calls ``trl.rollout_func`` itself (the
     built-in ``function``); otherwise, with ``trl.rollout_func`` set, the
     core calls the function and its ``trainer.generate`` samples through
-    this rollout (:mod:`grpo_core.training.rollout_function`).
+    this rollout (:mod:`grpo_core.generation.user_rollout`).
 ``concurrent_generate: bool`` (rollout)
     ``True`` when :func:`grpo_rollout_generate` may run in several threads at
     once. Streaming scoring (``trl.streaming_partial_batch``) then keeps
@@ -511,7 +511,7 @@ def grpo_sync_weights(model: Any, version: int, engine: InferenceEngine | None) 
     log-probs must match the trainer's within what the two precisions
     explain, right after this returns, or the engine's log-probs of the
     tokens it then samples are compared with the next step's training
-    forward (:mod:`grpo_core.training.sync_check`; config
+    forward (:mod:`grpo_core.sync.verify`; config
     ``verify_weight_sync``). A sync that returned without the engine
     serving the new weights is called once more with the same arguments
     (so it must be safe to repeat), checked again, and then the run stops
@@ -541,14 +541,14 @@ def grpo_policy_loss(inputs: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, 
     ``inputs.accumulation_steps`` micro-batches gives one optimizer step's
     (the core calls ``backward`` on it). Metrics are logged averaged over the
     step's micro-batches; the built-in ``grpo`` implementation
-    (:func:`grpo_core.training.loss.policy_loss`) logs ``entropy``, ``kl`` and the
+    (:func:`grpo_core.optimization.loss.policy_loss`) logs ``entropy``, ``kl`` and the
     ``clip_ratio/*`` family, and another should log those it can.
 
     Which completions reach it: with ``trl.skip_zero_advantage_batches``
     (the default) and a token-sum ``loss_type`` (``dapo``, ``cispo``), no
     ``beta`` and no ``top_entropy_quantile``, the core leaves completions
     whose advantage is 0 out of the micro-batches
-    (:func:`grpo_core.training.loss.zero_advantage_rows_are_inert`):
+    (:func:`grpo_core.optimization.loss.zero_advantage_rows_are_inert`):
     ``num_items_in_batch`` still counts their tokens, so a loss that sums
     per-token terms weighted by the advantage is unchanged. An
     implementation whose value depends on which other completions share its

@@ -79,7 +79,7 @@ class EpisodeStats:
     environment gave, ``None`` when it gave none (or failed).
     ``template_mismatch`` is true when the chat template renders the
     conversation differently from the concatenated ids the model saw (the
-    ids are kept; see :mod:`grpo_core.training.turn_tokens`).
+    ids are kept; see :mod:`grpo_core.generation.turn_tokens`).
     ``environment`` is the name the episode's row chose (several
     environments in one run), for per-environment metrics.
 
@@ -235,7 +235,7 @@ class PolicyLossInputs:
     ``[B]``) on the training device. The policy's forward is given as
     callables, not results, so an implementation runs only the part it
     needs: ``logprobs`` (per-token log-probs and, when asked, entropies, with
-    gradient, as :func:`grpo_core.training.logprobs.token_logprobs` computes them) or
+    gradient, as :func:`grpo_core.optimization.logprobs.token_logprobs` computes them) or
     ``hidden_states`` (the decoder's hidden states that predict the
     completion tokens, ``[B, C, H]`` with gradient, and the LM head module:
     for losses that fuse the head, such as Liger's). Either runs under the
@@ -248,9 +248,10 @@ class PolicyLossInputs:
     mask)``; it logs the ``is/*`` metrics itself.
     """
 
-    settings: Any  # grpo_core.training.loss.LossSettings
+    settings: Any  # grpo_core.optimization.loss.LossSettings
     targets: Any  # completion token ids [B, C]
-    mask: Any  # 0/1 completion mask [B, C], float: 1 on the policy's tokens (0 on padding, environment tokens, masked truncations)
+    # 0/1 completion mask [B, C], float: 1 on the policy's tokens (0 on padding, environment tokens, masked truncations)
+    mask: Any
     advantages: Any  # [B]
     old_logps: Any = None
     ref_logps: Any = None
@@ -478,7 +479,7 @@ SCORES_TOKENS = "scores_tokens"
 """Engine capability: :meth:`InferenceEngine.score_tokens` (the engine's
 log-prob of each token of a sequence, per server). The core uses it to
 verify every weight sync (``verify_weight_sync``,
-:mod:`grpo_core.training.sync_check`); no sync needs it."""
+:mod:`grpo_core.sync.verify`); no sync needs it."""
 SAMPLES_TRAINER_MODEL = "samples_trainer_model"
 """Rollout capability without an engine: it samples the trainer's live model,
 so the weights are current the moment the optimizer steps."""

@@ -152,7 +152,8 @@ def _module_spec(module: str) -> tuple[importlib.machinery.ModuleSpec | None, li
 
 
 def _top_level_line(path: str, attr: str) -> int | None:
-    """The line defining ``attr`` at the top level of the source file ``path``, found by parsing it (never running it)."""
+    """The line defining ``attr`` at the top level of the source file ``path``, found by parsing it (never
+    running it)."""
     if not path.endswith(".py"):
         return None
     try:

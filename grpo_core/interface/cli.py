@@ -122,7 +122,7 @@ def _add_run_command(app: typer.Typer) -> None:
             "--num-processes",
             min=1,
             help="Training processes (one per GPU; on CPU they share the cores), started "
-            "with accelerate's launcher. Several machines: see the README's \"Scaling out\".",
+            "with accelerate's launcher. Several machines: see docs/multi-gpu.md.",
         ),
     ) -> None:
         """Train: load and check CONFIG, then run GRPO for max_steps optimizer steps.
@@ -398,7 +398,8 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
     ]
     if cfg.trust_remote_code:
         lines.append(
-            "trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward models runs"
+            "trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward "
+            "models runs"
         )
     return "\n".join(lines)
 
@@ -407,13 +408,13 @@ def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
     """Per-process and global batch shapes (TRL's definitions: micro_batch_size is per process)."""
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.config.batch_shape import global_step_batch
-    from grpo_core.training.backends import backend_for
+    from grpo_core.parallel import backend_for
 
     n = max(1, int(cfg.trl.num_generations or 1))
     per_step = cfg.micro_batch_size * cfg.gradient_accumulation_steps
     return (
-        f"processes:    {world} ({backend_for(cfg, world).describe(cfg, world)}); per process: {cfg.micro_batch_size} x "
-        f"{cfg.gradient_accumulation_steps} = {per_step} completions per optimizer step, {batch // world} "
+        f"processes:    {world} ({backend_for(cfg, world).describe(cfg, world)}); per process: {cfg.micro_batch_size} "
+        f"x {cfg.gradient_accumulation_steps} = {per_step} completions per optimizer step, {batch // world} "
         f"({batch // world // n} groups) per generation; global: {global_step_batch(cfg, world)} per optimizer step, "
         f"{batch} ({batch // n} prompts) per generation"
     )
@@ -422,7 +423,7 @@ def _processes_line(cfg: GRPOConfig, world: int, batch: int) -> str:
 def _generation_line(cfg: GRPOConfig, host: Any, world: int) -> str:
     """Which processes generate (several processes only)."""
     # imported when the command runs, so `grpo --help` stays fast
-    from grpo_core.training.generation_placement import where_generation_runs
+    from grpo_core.parallel.generation_placement import where_generation_runs
 
     return f"generates on: {where_generation_runs(cfg, host, world)}"
 

@@ -73,7 +73,7 @@ def load_and_check(
     plugins registered, checked; the warnings come back as notes."""
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.config.loader import load_config
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     import_from_cwd()
     cfg = load_config(config, overrides or [])

@@ -10,7 +10,7 @@ exit code instead of elastic's ``ChildFailedError`` dump: the child has
 already printed its one-line error. Machines beyond one
 are the launchers' own options (``--num_machines``/``--machine_rank``/
 ``--main_process_ip`` or torchrun's ``--nnodes``/``--rdzv_endpoint``),
-documented in the README's "Scaling out".
+documented in docs/multi-gpu.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 They reuse the run's own pieces (dataset loading, reward resolution, the
 ``transformers`` rollout through the plugin host, the evaluation of
-:mod:`grpo_core.training.evaluation`) so what they measure is what a run would see.
+:mod:`grpo_core.generation.evaluation`) so what they measure is what a run would see.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ class _Local:
         if adapter:
             if not (Path(adapter) / "adapter_config.json").is_file():
                 raise ConfigError(
-                    f"--adapter {adapter}: no adapter_config.json there; give a run's output_dir or a checkpoint directory."
+                    f"--adapter {adapter}: no adapter_config.json there; give a run's output_dir or a checkpoint "
+                    "directory."
                 )
             # imported when the command runs (peft), so `grpo --help` stays fast
             from peft import PeftModel
@@ -132,9 +133,9 @@ def rewards_test(
 ) -> tuple[list[RewardReport], list[RolloutGroup]]:
     """Score ``samples`` dataset rows with each reward function on its own."""
     # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.data.prompts import load_prompts
+    from grpo_core.generation.producer import sampling_from_config
     from grpo_core.scoring.reward_calls import build_batch, function_name, run_functions
-    from grpo_core.training.data import load_prompts
-    from grpo_core.training.producer import sampling_from_config
 
     local = _Local.open(cfg, host)
     prompts = load_prompts(local.cfg, local.tokenizer)[: max(1, samples)]
@@ -169,9 +170,9 @@ def rewards_test(
 def run_eval(cfg: GRPOConfig, host: PluginHost, adapter: str | None) -> dict[str, float]:
     """The in-training evaluation, standalone, on the base model or an adapter."""
     # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.data.prompts import load_prompts
+    from grpo_core.generation.evaluation import evaluate, load_eval_prompts
     from grpo_core.scoring.rewards import RewardScorer
-    from grpo_core.training.data import load_prompts
-    from grpo_core.training.evaluation import evaluate, load_eval_prompts
 
     local = _Local.open(cfg, host)
     if not cfg.test_datasets and cfg.val_set_size <= 0:

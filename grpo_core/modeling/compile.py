@@ -1,13 +1,13 @@
 """``torch_compile``: torch.compile of the policy's decoder body.
 
 What is compiled, and why only that: a GRPO step never calls the model's
-``forward`` (see :mod:`grpo_core.training.logprobs`); it runs the decoder body once
+``forward`` (see :mod:`grpo_core.optimization.logprobs`); it runs the decoder body once
 and applies the LM head chunk by chunk under activation checkpointing. The
 body is where the time goes, so the body is compiled, for the training
 forward/backward and the no-grad log-prob passes alike.
 
 The compiled body is a separate handle the trainer keeps and passes to
-:func:`~grpo_core.training.logprobs.token_logprobs`; the model itself is left as it
+:func:`~grpo_core.optimization.logprobs.token_logprobs`; the model itself is left as it
 was (never replaced by an ``OptimizedModule``, whose state-dict keys would
 gain an ``_orig_mod.`` prefix). So its parameter names, ``state_dict`` keys,
 PEFT's adapter saving, the weight syncs and checkpoints are exactly those of

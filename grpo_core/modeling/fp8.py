@@ -46,7 +46,10 @@ def fp8_problem(capability: tuple[int, int] | None | str = "detect", torchao: bo
     pass others."""
     cap = _cuda_capability() if capability == "detect" else capability
     if cap is None:
-        return f"fp8 = true needs {GPUS}; this machine has no CUDA device. Set fp8 = false (bf16 = true is the fastest here)."
+        return (
+            f"fp8 = true needs {GPUS}; this machine has no CUDA device. Set fp8 = false "
+            "(bf16 = true is the fastest here)."
+        )
     if tuple(cap) < MIN_CAPABILITY:
         return (
             f"fp8 = true needs {GPUS}; this GPU has compute capability {cap[0]}.{cap[1]}, which has no FP8 matmul. "

@@ -50,7 +50,8 @@ NAMED_CHAT_TEMPLATES: dict[str, str] = {
     # Meta's Llama 3 chat format (Axolotl's `chat_template: llama3`), written from its model card.
     "llama3": (
         "{{ bos_token }}{% for message in messages %}"
-        "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+        "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim"
+        " + '<|eot_id|>' }}"
         "{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
     ),
@@ -240,7 +241,8 @@ def load_policy(cfg: GRPOConfig, model_dir: str, tokenizer: Any) -> nn.Module:
         if cfg.adapter == "lora":
             warnings.warn(
                 f"special_tokens added {len(tokenizer) - model.config.vocab_size} token(s) beyond the base vocabulary; "
-                "with LoRA their embeddings stay at their initial value (mean of the others) and are saved with the adapter.",
+                "with LoRA their embeddings stay at their initial value (mean of the others) and are saved with "
+                "the adapter.",
                 stacklevel=2,
             )
     model.config.pad_token_id = tokenizer.pad_token_id

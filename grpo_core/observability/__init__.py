@@ -1,4 +1,2 @@
 """What a run reports about itself: health alerts, trackers and the
-completion log, the per-step observer, held-out evaluation, and
-``grpo report`` over a run's files.
-"""
+completion log, the metrics log, and ``grpo report`` over a run's files."""

@@ -92,7 +92,10 @@ def describe_failure(name: str, problem: str, batch: Batch, sample: int = 0) -> 
     sample = min(max(sample, 0), max(len(batch) - 1, 0))
     where = ""
     if len(batch):
-        where = f" Sample {sample}: prompt {_excerpt(batch.prompts[sample])!r}, completion {_excerpt(batch.completions[sample])!r}."
+        where = (
+            f" Sample {sample}: prompt {_excerpt(batch.prompts[sample])!r}, completion "
+            f"{_excerpt(batch.completions[sample])!r}."
+        )
     return f"reward function '{name}' {problem} at step {batch.step}.{where} {FIX_HINT}"
 
 

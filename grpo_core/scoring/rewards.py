@@ -29,6 +29,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from grpo_core.config.reward_weights import reward_weights
 from grpo_core.contract.errors import DataError, RewardError
 from grpo_core.contract.types import RolloutGroup
 from grpo_core.scoring.reward_calls import (
@@ -40,7 +41,6 @@ from grpo_core.scoring.reward_calls import (
     run_functions,
 )
 from grpo_core.scoring.reward_workers import WorkerPool
-from grpo_core.validation.checks import reward_weights
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig

@@ -1,5 +1,3 @@
-"""The training loop: the data, the producer of scored batches, log-probs and
-the loss, the trainer, the training backends (one process/DDP, FSDP,
-DeepSpeed ZeRO), checkpoints and resume, and :func:`run.run_training`, the
-table of contents of a run.
-"""
+"""The loop itself: :func:`run.run_training` builds a run from the config, the
+trainer turns scored batches into optimizer steps and weight syncs, and the
+observer reports each step."""

@@ -3,7 +3,7 @@ trainer loop: :meth:`RunObserver.start`, :meth:`RunObserver.step_end` and
 :meth:`RunObserver.close`.
 
 Per optimizer step, in order: evaluation when due
-(:mod:`grpo_core.training.evaluation`), health alerts (:mod:`grpo_core.observability.alerts`),
+(:mod:`grpo_core.generation.evaluation`), health alerts (:mod:`grpo_core.observability.alerts`),
 ``metrics.jsonl`` and the progress bar
 (:class:`~grpo_core.observability.logging.MetricsLogger`), the trackers
 (:mod:`grpo_core.observability.tracking`), the completion log (``trl.log_completions``) and
@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_core.config.eval_schedule import eval_enabled, eval_every
+from grpo_core.generation.evaluation import eval_rows, evaluate
 from grpo_core.observability.alerts import HealthMonitor
 from grpo_core.observability.logging import MetricsLogger, print_completions
 from grpo_core.observability.tracking import CompletionLog, TrackerSet, completion_rows
-from grpo_core.training.evaluation import eval_rows, evaluate
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.config.environment_names import check_rows, route_table
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
@@ -39,38 +40,37 @@ from grpo_core.contract.types import (
     TrainingProgress,
     engine_cpu_cores,
 )
-from grpo_core.host.plugin_host import ERROR_LOG, PluginHost
-from grpo_core.modeling.fp8 import accelerator_kwargs
-from grpo_core.modeling.model_files import resolve_model_dir
-from grpo_core.modeling.models import load_policy, load_tokenizer, reference_model
-from grpo_core.runtime.collector import StartupCollector
-from grpo_core.runtime.cpu_affinity import format_cpu_list, keep_off_engine_cores
-from grpo_core.runtime.heap import RetainedHeap
-from grpo_core.scoring.rewards import RewardScorer
-from grpo_core.training import checkpoint as ckpt
-from grpo_core.training.backends import TrainingBackend, backend_for
-from grpo_core.training.batch import generation_batch_size, steps_per_batch
-from grpo_core.training.config_check import check_run_config
-from grpo_core.training.data import common_columns, load_prompts
-from grpo_core.training.distributed import Distributed, process_rank, world_size
-from grpo_core.training.environment_routes import EnvironmentRouter
-from grpo_core.training.episodes import EpisodeDriver, RolloutDriver
-from grpo_core.training.evaluation import load_eval_prompts
-from grpo_core.training.generation_placement import generation_spreads
-from grpo_core.training.observe import RunObserver
-from grpo_core.training.optim import build_optimizer, build_scheduler
-from grpo_core.training.policy_forward import inner_policy
-from grpo_core.training.producer import (
+from grpo_core.data.prompts import common_columns, load_prompts
+from grpo_core.generation.environment_routes import EnvironmentRouter
+from grpo_core.generation.episodes import EpisodeDriver, RolloutDriver
+from grpo_core.generation.evaluation import load_eval_prompts
+from grpo_core.generation.producer import (
     PrefetchingProducer,
     PromptStream,
     RolloutProducer,
     ScatteringProducer,
     sampling_from_config,
 )
-from grpo_core.training.rollout_function import RolloutFunctionDriver
-from grpo_core.training.spread_generation import SampledModel, SpreadGeneration
+from grpo_core.generation.spread import SampledModel, SpreadGeneration
+from grpo_core.generation.user_rollout import RolloutFunctionDriver
+from grpo_core.host.plugin_host import ERROR_LOG, PluginHost
+from grpo_core.modeling.fp8 import accelerator_kwargs
+from grpo_core.modeling.model_files import resolve_model_dir
+from grpo_core.modeling.models import load_policy, load_tokenizer, reference_model
+from grpo_core.optimization.batch import generation_batch_size, steps_per_batch
+from grpo_core.optimization.optimizer import build_optimizer, build_scheduler
+from grpo_core.optimization.policy_forward import inner_policy
+from grpo_core.parallel import TrainingBackend, backend_for
+from grpo_core.parallel.generation_placement import generation_spreads
+from grpo_core.runtime.collector import StartupCollector
+from grpo_core.runtime.cpu_affinity import format_cpu_list, keep_off_engine_cores
+from grpo_core.runtime.distributed import Distributed, process_rank, world_size
+from grpo_core.runtime.heap import RetainedHeap
+from grpo_core.scoring.rewards import RewardScorer
+from grpo_core.training.observe import RunObserver
 from grpo_core.training.trainer import GRPOTrainer, TrainerParts
 from grpo_core.validation.checks import chosen_environment_classes, environment_is_episodic
+from grpo_core.validation.run_check import check_run_config
 
 
 def seed_everything(seed: int) -> None:
@@ -266,7 +266,7 @@ def _make_producer(
 
 def make_accelerator(cfg: GRPOConfig, backend: type[TrainingBackend] | None = None) -> Any:
     """accelerate's Accelerator for this process, configured by the run's
-    training backend (:mod:`grpo_core.training.backends`). Under a launcher
+    training backend (:mod:`grpo_core.parallel`). Under a launcher
     (``accelerate launch``, ``torchrun``, ``grpo run --num-processes``) it
     joins the other processes: NCCL on GPUs, gloo without them."""
     # heavy (accelerate): loaded on first use, not with this module
@@ -287,7 +287,7 @@ class ModelParts:
     accelerator: Any
     backend: TrainingBackend  # how the policy is spread over the processes: backward, step, full weights, checkpoints
     model: torch.nn.Module  # the policy (under FSDP/ZeRO-3 holding this rank's shards)
-    forward: Any  # the prepared log-prob module the loop calls (grpo_core.training.policy_forward)
+    forward: Any  # the prepared log-prob module the loop calls (grpo_core.optimization.policy_forward)
     optimizer: Any
     scheduler: Any
     reference: Any  # grpo_core.modeling.models reference handle when beta > 0, else None
@@ -385,7 +385,8 @@ def _joined_processes(cfg: GRPOConfig, context: RunContext, loaded: ModelParts) 
     dist = Distributed.from_accelerator(loaded.accelerator)
     if dist.active:
         context.log(
-            f"process {dist.rank} of {dist.world} ({loaded.backend.describe(cfg, dist.world)}, {loaded.accelerator.device})"
+            f"process {dist.rank} of {dist.world} ({loaded.backend.describe(cfg, dist.world)}, "
+            f"{loaded.accelerator.device})"
         )
     return dist
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import (
@@ -29,7 +30,6 @@ from grpo_core.contract.errors import (
     RewardError,
     TrainingInterrupted,
     WeightSyncUnverified,
-    shareable_error,
 )
 from grpo_core.contract.types import (
     Checkpointable,
@@ -37,13 +37,12 @@ from grpo_core.contract.types import (
     PolicyLossInputs,
     TrainingProgress,
 )
+from grpo_core.generation.producer import Producer, PromptStream, ScoredBatch
 from grpo_core.modeling.compile import compile_policy
 from grpo_core.modeling.models import save_final
 from grpo_core.modeling.precision import resolve_precision
 from grpo_core.modeling.structure import decoder_and_head
-from grpo_core.training import checkpoint as ckpt
-from grpo_core.training.backends import TrainingBackend
-from grpo_core.training.batch import (
+from grpo_core.optimization.batch import (
     MicroBatch,
     Sample,
     completion_tokens,
@@ -55,17 +54,18 @@ from grpo_core.training.batch import (
     steps_per_generation,
     with_signal_first,
 )
-from grpo_core.training.distributed import Distributed, shares
-from grpo_core.training.logprobs import head_is_plain, token_logprobs
-from grpo_core.training.loss import (
+from grpo_core.optimization.logprobs import head_is_plain, token_logprobs
+from grpo_core.optimization.loss import (
     LossSettings,
     micro_batch_split_is_free,
     zero_advantage_rows_are_inert,
 )
+from grpo_core.optimization.optimizer import advance_schedule
+from grpo_core.parallel import TrainingBackend
+from grpo_core.runtime.distributed import Distributed
+from grpo_core.sync.policy_sync import PolicySync, run_verifier
 from grpo_core.training.observe import RunObserver
-from grpo_core.training.optim import advance_schedule
-from grpo_core.training.producer import Producer, PromptStream, ScoredBatch
-from grpo_core.training.sync_check import SyncVerifier, sampled_tokens_can_check
+from grpo_core.training.run_checkpoint import LoopPosition, RunCheckpoints
 from grpo_core.training.timing import StepClock, dominant_phases
 
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from grpo_core.modeling.models import ReferenceModel
+    from grpo_core.optimization.policy_forward import PolicyLogprobs
     from grpo_core.scoring.rewards import RewardScorer
-    from grpo_core.training.policy_forward import PolicyLogprobs
 
 
 @dataclass
@@ -92,7 +92,7 @@ class TrainerParts:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     producer: Producer
     scorer: RewardScorer | None  # rank 0 scores; None on the other ranks
-    backend: TrainingBackend  # how the policy is spread over the processes (grpo_core.training.backends)
+    backend: TrainingBackend  # how the policy is spread over the processes (grpo_core.parallel)
     stream: PromptStream | None = None  # restored on resume
     reference: ReferenceModel | None = None  # when beta > 0
     engine: InferenceEngine | None = None  # the rollout's engine, handed to the weight sync
@@ -139,7 +139,6 @@ class GRPOTrainer:
         self.output_dir = Path(cfg.output_dir)
         self.step = 0
         self.policy_version = 0
-        self.last_sync_version = -1
         self.skipped_zero_adv_batches = 0
         self.skipped_zero_adv_samples = 0
         # With a token-sum loss a zero-advantage completion adds nothing: leave it out of the micro-batches
@@ -165,21 +164,20 @@ class GRPOTrainer:
         self.backend = parts.backend  # backward, the optimizer step, full weights and checkpoints
         self.compiled_body = compile_policy(cfg, parts.model)  # None unless torch_compile
         self.share_prompts = bool(cfg.share_prompt_prefix)
-        # rank 0 syncs, so rank 0 checks each sync (verify_weight_sync); the other ranks only wait
-        mode = cfg.verify_weight_sync if self.dist.is_main else "never"
-        why_not = sampled_tokens_can_check(cfg, parts.model, not self.dist.active) if mode == "every" else None
-        self.verifier = SyncVerifier.build(
-            mode,
-            parts.engine,
-            parts.tokenizer,
-            self.precision,
-            parts.context.log,
-            sampled=mode == "every" and why_not is None,
+        self.verifier = run_verifier(
+            cfg, parts.model, parts.engine, parts.tokenizer, self.precision, self.dist, parts.context.log
         )
-        if why_not is not None and self.verifier.active:
-            parts.context.log(
-                f"verify_weight_sync = 'every': the probe checks every sync (the sampled tokens cannot stand in for it: {why_not})"
-            )
+        self.syncer = PolicySync(parts.hook, parts.engine, self.backend, self.dist, parts.producer, self.verifier)
+        self.checkpoints = RunCheckpoints(
+            cfg,
+            self.backend,
+            self.dist,
+            parts.producer,
+            parts.stateful,
+            parts.tokenizer,
+            parts.optimizer,
+            parts.scheduler,
+        )
         if self.compiled_body is not None:
             parts.context.log(
                 f"torch_compile: the decoder body is compiled (backend "
@@ -188,183 +186,34 @@ class GRPOTrainer:
 
     # ---------------------------------------------------------------- state
 
-    def trainer_state(self) -> dict[str, Any]:
-        return {
-            "policy_version": self.policy_version,
-            "skipped_zero_adv_batches": self.skipped_zero_adv_batches,
-            "skipped_zero_adv_samples": self.skipped_zero_adv_samples,
-            "stream": self._stream_state,
-            "max_steps": self.cfg.max_steps,
-        }
+    def position(self) -> LoopPosition:
+        return LoopPosition(
+            self.step,
+            self.policy_version,
+            self.skipped_zero_adv_batches,
+            self.skipped_zero_adv_samples,
+            self._stream_state,
+        )
 
     def save(self) -> Path:
-        """Checkpoint everything a resume needs to be exact (every rank calls
-        this; rank 0 writes, the others wait).
-
-        *Exact* means: the resumed run trains on the very same batches
-        (prompts, completion token ids, sampler log-probs, rewards,
-        advantages, the policy version each was sampled with) in the same
-        order, with the same old log-probs, so its per-step metrics
-        (rewards, advantages, loss, IS and staleness metrics) and its final
-        weights equal those of the run that never stopped.
-
-        Two kinds of batch are already made when a checkpoint is taken: the
-        one later steps still train on (``num_iterations`` or
-        ``steps_per_generation > 1``), and, with ``async_prefetch``, the ones
-        the prefetch thread finished ahead of training. Both are saved; a
-        batch the thread is still making is finished first (the state is read
-        inside :meth:`~grpo_core.training.producer.PrefetchingProducer.paused`),
-        so the saved batches, the prompt stream and the replay state stand at
-        the same point. On resume the prefetched batches are handed out
-        before anything is generated, and the thread goes on from the batch
-        after them. What a resume cannot
-        restore is the engine's weights: it syncs the resumed policy, which is
-        what the engine held in the straight run only if the checkpoint step
-        had a weight sync (``vllm_sync_interval`` divides ``save_steps``);
-        and the rollout must sample alike given the same seed and weights.
-
-        With several processes the pending batch is saved whole (every
-        rank's share, in rank order) with each rank's old log-probs, so a
-        resume onto the same process count is exact and one onto another
-        count re-splits the batch (its PPO ratios then restart from the
-        resumed policy, with a warning); batches made ahead are rank 0's,
-        saved whole and scattered again when handed out."""
-        with self.parts.producer.paused():
-            return self._save()
-
-    def _save(self) -> Path:
-        pending = self._pending_batch()
-        # The policy the pending batch's updates started from is gone once
-        # the weights moved: keep its log-probs, or a resumed PPO ratio is 1.
-        old_logps = (
-            [None if mb.old_logps is None else mb.old_logps.cpu() for mb in self._micro]
-            if pending is not None
-            else None
-        )
-        if self.dist.active:
-            gathered = self.dist.gather((pending, old_logps))
-            if any(p is None for p, _ in gathered):
-                pending, old_logps = None, None
-            else:
-                first = gathered[0][0]
-                pending = ScoredBatch(
-                    groups=[g for p, _ in gathered for g in p.groups],
-                    policy_version=first.policy_version,
-                    metrics=first.metrics,
-                    stream_state=first.stream_state,
-                )
-                old_logps = [o for _, o in gathered]
-        staging = (
-            self.output_dir / f".tmp-{ckpt.PREFIX}{self.step}-{self.backend.name}"
-        )  # per-rank files, if the backend writes any
-        state = self.backend.checkpoint_parts(staging, self.policy_version)
-        path = self.output_dir / f"{ckpt.PREFIX}{self.step}"
-        if self.dist.is_main:
-            extra = {name: obj.state_dict() for name, obj in self.parts.stateful.items()}
-            extra["pending_batch"] = pending
-            extra["pending_old_logps"] = old_logps
-            extra["pending_world_size"] = self.dist.world
-            extra["prefetched_batches"] = self._prefetched_batches()
-            extra.update(state.extra)
-            path = self._write_checkpoint(extra, state.model, state.optimizer, state.staged)
-        self.dist.barrier()
-        return path
-
-    def _write_checkpoint(
-        self, extra: dict[str, Any], model: Any, optimizer: Any, staged: dict[str, Path] | None = None
-    ) -> Path:
-        return ckpt.save_checkpoint(
-            self.output_dir,
-            self.step,
-            model,
-            self.parts.tokenizer,
-            optimizer,
-            self.parts.scheduler,
-            self.trainer_state(),
-            extra,
-            self.cfg.save_total_limit,
-            extra_dirs=staged,
-        )
-
-    def _pending_batch(self) -> ScoredBatch | None:
-        """The batch later steps still train on (``num_iterations`` or ``steps_per_generation > 1``),
-        to checkpoint. A batch that cannot be read back without running code
-        (a dataset column of a type such as ``datetime``) is left out with a
-        warning: resuming then samples a fresh batch instead."""
-        if self._batch is None or not self.step % self.steps_per_batch:
-            return None
-        reason = ckpt.unloadable_reason(self._batch)
-        if reason is not None:
-            warnings.warn(
-                f"checkpoint at step {self.step} leaves out the batch still being trained on: it holds {reason}, "
-                "which loading would need code to rebuild. Resuming from it samples a new batch (not an exact resume).",
-                stacklevel=2,
-            )
-            return None
-        return self._batch
-
-    def _prefetched_batches(self) -> list[ScoredBatch]:
-        """The batches the producer made ahead of training (``async_prefetch``),
-        oldest first, to checkpoint. From the first one that could not be
-        read back without running code on, they are left out with a warning
-        (not an exact resume: resuming makes them again)."""
-        batches = self.parts.producer.prefetched()
-        for i, batch in enumerate(batches):
-            reason = ckpt.unloadable_reason(batch)
-            if reason is not None:
-                warnings.warn(
-                    f"checkpoint at step {self.step} leaves out {len(batches) - i} batch(es) generated ahead of "
-                    f"training: one holds {reason}, which loading would need code to rebuild. Resuming from it "
-                    "generates them again (not an exact resume).",
-                    stacklevel=2,
-                )
-                return batches[:i]
-        return batches
+        """Checkpoint everything an exact resume needs
+        (:mod:`grpo_core.training.run_checkpoint`); every rank calls this."""
+        pending = None if self._batch is None or not self.step % self.steps_per_batch else self._batch
+        old_logps = [mb.old_logps for mb in self._micro] if pending is not None else None
+        return self.checkpoints.save(self.position(), pending, old_logps)
 
     def resume(self, path: Path, loaded: ckpt.LoadedCheckpoint | None = None) -> None:
         """Continue from checkpoint ``path``; ``loaded`` is its
-        :func:`~grpo_core.training.checkpoint.read_checkpoint` result when the
+        :func:`~grpo_core.checkpointing.checkpoint.read_checkpoint` result when the
         caller checked it early (before the model loaded)."""
-        loaded = loaded or ckpt.read_checkpoint(path)
-        self.backend.resume(path, loaded)  # weights and optimizer state, in the backend's layout
-        ckpt.restore_checkpoint(loaded, self.parts.optimizer, self.parts.scheduler)
-        state, extra = loaded.trainer_state, loaded.extra
-        self.step = int(state["step"])
-        self.policy_version = int(state["policy_version"])
-        self.skipped_zero_adv_batches = int(state.get("skipped_zero_adv_batches", 0))
-        self.skipped_zero_adv_samples = int(state.get("skipped_zero_adv_samples", 0))
-        self._stream_state = state.get("stream") or {}
-        if self._stream_state:
-            self.parts.stream.load_state_dict(self._stream_state)
-        for name, obj in self.parts.stateful.items():
-            if name in extra:
-                obj.load_state_dict(extra[name])
-        pending = extra.get("pending_batch")
-        if pending is not None:
-            old_logps = extra.get("pending_old_logps")
-            saved_world = int(extra.get("pending_world_size", 1))
-            if saved_world > 1:  # one list per rank
-                old_logps = old_logps[self.dist.rank] if saved_world == self.dist.world else None
-            elif self.dist.world > 1:
-                old_logps = None
-            if old_logps is None and saved_world != self.dist.world:
-                warnings.warn(
-                    f"the checkpoint was taken with {saved_world} process(es) in the middle of a batch and this run "
-                    f"has {self.dist.world}: the batch is re-split and its PPO ratios start from the resumed "
-                    "policy (not an exact resume; a checkpoint at a batch boundary resumes exactly)",
-                    stacklevel=2,
-                )
-            if self.dist.active:
-                part = shares(pending.groups, self.dist.world)[self.dist.rank]
-                pending = ScoredBatch(
-                    groups=part,
-                    policy_version=pending.policy_version,
-                    metrics=pending.metrics,
-                    stream_state=pending.stream_state,
-                )
-            self._set_batch(pending, old_logps=old_logps)
-        # After the stream: restoring moves it past these batches.
-        self.parts.producer.restore(list(extra.get("prefetched_batches") or []))
+        resumed = self.checkpoints.resume(path, loaded, self.parts.stream)
+        at = resumed.position
+        self.step, self.policy_version = at.step, at.policy_version
+        self.skipped_zero_adv_batches = at.skipped_zero_adv_batches
+        self.skipped_zero_adv_samples = at.skipped_zero_adv_samples
+        self._stream_state = at.stream
+        if resumed.pending is not None:
+            self._set_batch(resumed.pending, old_logps=resumed.old_logps)
 
     # ---------------------------------------------------------------- pieces
 
@@ -438,7 +287,7 @@ class GRPOTrainer:
 
     def _rows_to_train(self, parts: list[list[Sample]]) -> list[list[Sample]]:
         """Each step's samples minus its zero-advantage ones, where they are
-        inert (:func:`grpo_core.training.loss.zero_advantage_rows_are_inert`). A rank
+        inert (:func:`grpo_core.optimization.loss.zero_advantage_rows_are_inert`). A rank
         that would then run fewer micro-batches than the busiest one keeps
         just enough of its zero-advantage rows to run as many (each backward
         pass is a collective)."""
@@ -455,7 +304,8 @@ class GRPOTrainer:
         mask = mb.completion_mask.to(self.device)
         if mb.sampler_logps is None:
             return None, mask
-        # the sync check on the sampled tokens (sync_check.py): a batch the engine sampled from the trainer's weights now
+        # the sync check on the sampled tokens (sync_check.py): a batch the engine sampled from the trainer's
+        # weights now
         if self.verifier.sampled and (batch := self._batch) is not None and batch.policy_version == self.policy_version:
             fresh_rows = ~mb.replayed.to(self.device)[:, None]  # a replayed row was sampled by an older policy
             self.verifier.observe(
@@ -480,9 +330,9 @@ class GRPOTrainer:
         plain_body, head = decoder_and_head(model)
         if not head_is_plain(model):
             raise GrpoError(
-                f"policy_loss '{self.cfg.plugins.policy_loss or 'liger'}' fuses the LM head as a plain linear layer, but "
-                "this model scales or soft-caps its logits after the head (logit_scale / final_logit_softcapping): "
-                "set trl.use_liger_loss = false (the built-in loss applies them)."
+                f"policy_loss '{self.cfg.plugins.policy_loss or 'liger'}' fuses the LM head as a plain linear layer, "
+                "but this model scales or soft-caps its logits after the head (logit_scale / "
+                "final_logit_softcapping): set trl.use_liger_loss = false (the built-in loss applies them)."
             )
         body = self.compiled_body if self.compiled_body is not None else plain_body
         c = mb.num_completion_tokens
@@ -628,39 +478,20 @@ class GRPOTrainer:
                 self.parts.context.log(f"step {self.step}'s metrics could not be written either: {lost}")
             raise
 
+    @property
+    def last_sync_version(self) -> int:
+        return self.syncer.last_version
+
     def sync_weights(self) -> None:
-        """Push the weights to the engine: every rank calls this (FSDP/ZeRO-3
-        gather the full weights together), rank 0 alone calls the weight_sync
-        plugin, the others wait for its outcome: a sync that raises on rank 0
-        raises on every rank (the others would otherwise go on to the next
-        step's collectives while rank 0 checkpoints, and hang)."""
-        if self.policy_version == self.last_sync_version:
-            return
-        version = self.policy_version
-        failure: Exception | None = None
-        model = self.backend.full_model(version)  # a collective under FSDP/ZeRO-3
-        if self.dist.is_main:  # the sync, then its check (grpo_core.training.sync_check)
-            try:
-                self.verifier.sync(
-                    lambda: self.parts.hook.grpo_sync_weights(model=model, version=version, engine=self.parts.engine),
-                    model,
-                    version,
-                )
-            except Exception as exc:
-                failure = exc
-        if self.dist.active:  # instead of a barrier: every rank learns whether the sync took
-            shared = self.dist.broadcast(None if failure is None else shareable_error(failure))  # every rank calls it
-            failure = failure if failure is not None else shared
-        if failure is not None:  # every rank raises, so all stop and checkpoint together
-            raise failure
-        self.last_sync_version = self.policy_version
-        self.parts.producer.weights_synced(self.policy_version)
+        """Push the current policy to the engine (:class:`~grpo_core.sync.policy_sync.PolicySync`):
+        every rank calls this; a sync that fails on rank 0 raises on every rank."""
+        self.syncer.sync(self.policy_version)
 
     def verify_engine_now(self) -> None:
         """Check a sync still waiting for its sampled-token check with the
         probe now (rank 0; one process): before the engine samples for
         anything but training."""
-        self.verifier.flush()
+        self.syncer.verify_now()
 
     def save_final(self) -> Path:
         """The trained model in the standard format, written by rank 0."""
@@ -724,7 +555,8 @@ class GRPOTrainer:
                     if self.dist.any([stop.signal is not None])[0]:  # a signal on any rank stops all together
                         path = saved or self.save()
                         raise TrainingInterrupted(
-                            f"stopped by signal {stop.signal or 'on another rank'} at step {self.step}; checkpoint saved to {path}. "
+                            f"stopped by signal {stop.signal or 'on another rank'} at step {self.step}; checkpoint "
+                            f"saved to {path}. "
                             f'Resume with resume_from_checkpoint = "{path}".'
                         )
             try:

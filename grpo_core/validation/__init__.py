@@ -1,6 +1,3 @@
-"""Judging a config before anything loads: every rule of the config itself,
-of the plugins chosen (their settings, their declared capabilities), of the
-model options, trackers and alerts. It sits above the layers whose rules it
-asks and below scoring and training, which read what it decides; the
-training backends add their own rules (:mod:`grpo_core.training.config_check`).
-"""
+"""Judging a config before anything loads, in one layer: the config's own
+rules, the chosen plugins' settings and declared capabilities, model options,
+trackers and alerts, and what each training backend says it cannot run."""

@@ -27,6 +27,7 @@ from grpo_core.config.batch_shape import (
 from grpo_core.config.compat import compat_warnings
 from grpo_core.config.environment_names import route_table
 from grpo_core.config.eval_schedule import eval_enabled
+from grpo_core.config.reward_weights import reward_weights
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.contract.extension_points import (
@@ -51,6 +52,7 @@ from grpo_core.host.plugin_host import (
     table_ref,
     validate_settings,
 )
+from grpo_core.host.traits import ChosenTraits
 from grpo_core.modeling.compile import compile_problem
 from grpo_core.modeling.fp8 import fp8_problem
 from grpo_core.modeling.quantization import bitsandbytes_problem
@@ -82,20 +84,6 @@ def implementation_names(cfg: GRPOConfig) -> dict[str, str]:
     """The implementation each extension point will load, by name: the
     trainer's own choice, so the checks judge exactly what will run."""
     return chosen_implementations(cfg)
-
-
-@dataclass(frozen=True)
-class ChosenTraits:
-    """What the chosen implementations declare (their classes imported, never
-    built), for the rules below: a rule asks what an implementation can do,
-    never which one it is, so a third-party rollout or sync is judged like a
-    built-in one. An implementation that cannot be imported declares
-    nothing here; :func:`import_chosen` reports it."""
-
-    names: dict[str, str]
-    engine_in_process: bool = False  # the rollout's engine lives in the trainer's process
-    sync_sends: str | None = None  # the weight sync's ``sends``: "merged_weights", "adapter" or "nothing"
-    loss_uses_hidden_states: bool = False  # the policy loss runs the decoder itself (a fused LM head)
 
 
 ChosenClasses = dict[str, tuple[Any, Any]]
@@ -177,7 +165,10 @@ def _generation_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) 
         return
     if trl.steps_per_generation is not None:
         batch = cfg.micro_batch_size * trl.steps_per_generation
-        source = f"micro_batch_size ({cfg.micro_batch_size}) x trl.steps_per_generation ({trl.steps_per_generation}) = {batch}"
+        source = (
+            f"micro_batch_size ({cfg.micro_batch_size}) x trl.steps_per_generation ({trl.steps_per_generation}) = "
+            f"{batch}"
+        )
     elif trl.generation_batch_size is not None:
         batch, source = trl.generation_batch_size, f"trl.generation_batch_size = {trl.generation_batch_size}"
     else:
@@ -250,26 +241,6 @@ def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
     return a
-
-
-def reward_weights(cfg: GRPOConfig) -> list[float]:
-    """One weight per reward function (all 1.0 unless ``trl.reward_weights``);
-    a :class:`ConfigError` naming the fix when the lists do not pair up."""
-    funcs = cfg.trl.reward_funcs or []
-    if not funcs:
-        raise ConfigError(
-            "trl.reward_funcs is empty: name at least one reward function, a registered name (see `grpo plugins`) "
-            "or an import path such as 'rewards.accuracy_reward'."
-        )
-    weights = cfg.trl.reward_weights
-    if weights is None:
-        return [1.0] * len(funcs)
-    if len(weights) != len(funcs):
-        raise ConfigError(
-            f"trl.reward_weights has {len(weights)} weight(s) but trl.reward_funcs has {len(funcs)} "
-            "function(s): give one weight per function, in the same order, or drop reward_weights (all 1.0)."
-        )
-    return [float(w) for w in weights]
 
 
 def _reward_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> None:
@@ -513,7 +484,7 @@ def _speed_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> No
 
 
 def _observability_checks(cfg: GRPOConfig, host: PluginHost | None, errors: list[str], warnings: list[str]) -> None:
-    """Evaluation data, alert names and trackers (see grpo_core.training.evaluation / alerts / tracking)."""
+    """Evaluation data, alert names and trackers (see grpo_core.generation.evaluation / alerts / tracking)."""
     try:
         eval_enabled(cfg)
     except ConfigError as exc:
@@ -563,10 +534,10 @@ def _plugin_checks(
         missing = declared(sync_cls, BY_NAME["weight_sync"], "required_capabilities") - offered
         if missing:
             errors.append(
-                f"weight sync '{sync.name}' ({source_key(cfg, BY_NAME['weight_sync'])}) needs {sorted(missing)} from the "
-                f"rollout's inference engine, but rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) offers "
-                f"{sorted(offered) or 'none'}: choose a weight sync made for that rollout (see `grpo plugins`), or "
-                "remove plugins.weight_sync to get the default one."
+                f"weight sync '{sync.name}' ({source_key(cfg, BY_NAME['weight_sync'])}) needs {sorted(missing)} from "
+                f"the rollout's inference engine, but rollout '{rollout.name}' "
+                f"({source_key(cfg, BY_NAME['rollout'])}) offers {sorted(offered) or 'none'}: choose a weight sync "
+                "made for that rollout (see `grpo plugins`), or remove plugins.weight_sync to get the default one."
             )
     if "rollout" in classes and "verify_weight_sync" in cfg.model_fields_set and cfg.verify_weight_sync != "never":
         rollout, rollout_cls = classes["rollout"]
@@ -655,7 +626,7 @@ def _provides_reward(cfg: GRPOConfig, environment_cls: Any | None) -> bool:
 
 BackendRules = Callable[[GRPOConfig, ChosenTraits], list[str]]
 """The training backends' own rules: what in ``cfg`` a backend cannot run
-(:func:`grpo_core.training.backends.config_problems`). The config layer sits
+(:func:`grpo_core.parallel.config_problems`). The config layer sits
 below the backends and never imports them, so the caller passes them in."""
 
 
@@ -675,7 +646,7 @@ def check_config(
     the run will have (default: this process's launcher environment).
     ``backend_rules``: the training backends' problems with ``cfg``, judged
     with the same traits and reported in the same list;
-    :func:`grpo_core.training.config_check.check_run_config` passes them, as
+    :func:`grpo_core.validation.run_check.check_run_config` passes them, as
     ``grpo run`` and ``grpo config check`` do.
     """
 

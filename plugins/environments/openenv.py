@@ -92,7 +92,8 @@ class OpenEnvSettings(BaseModel):
     startup_timeout: float = Field(
         120.0,
         gt=0,
-        description="Seconds the server (command's, or base_url's) may take to answer /health, waited for at the first episode.",
+        description="Seconds the server (command's, or base_url's) may take to answer /health, waited for at the "
+        "first episode.",
     )
     max_restarts: int = Field(
         3,
@@ -110,7 +111,8 @@ class OpenEnvSettings(BaseModel):
     action_field: str | None = Field(
         None,
         min_length=1,
-        description="The action field the model's turn text goes into. Unset: the action class's only required field (from the server's /schema).",
+        description="The action field the model's turn text goes into. Unset: the action class's only required field "
+        "(from the server's /schema).",
     )
     action_function: str | None = Field(
         None, description="'module.function' text -> action dict (overrides action_field)."
@@ -121,12 +123,14 @@ class OpenEnvSettings(BaseModel):
     )
     observation_function: str | None = Field(
         None,
-        description="'module.function' observation dict -> message text (or chat messages); overrides observation_field.",
+        description="'module.function' observation dict -> message text (or chat messages); overrides "
+        "observation_field.",
     )
     role: str = Field("user", min_length=1, description="Role of the environment's messages in the chat template.")
     reset_observation: Literal["append", "ignore"] = Field(
         "append",
-        description="'append': the reset observation is added to the prompt's last user message; 'ignore': the prompt alone.",
+        description="'append': the reset observation is added to the prompt's last user message; 'ignore': the prompt "
+        "alone.",
     )
     reset_columns: list[str] = Field(
         default_factory=list, description="Dataset columns passed to the server's reset as keyword arguments."
@@ -241,7 +245,8 @@ class OpenEnvEpisode:
             action = self.to_action(text)
         except Exception as exc:  # noqa: BLE001 - the user's function: report it, don't crash the run
             raise OpenEnvError(
-                f"plugins.openenv.action_function raised {type(exc).__name__}: {exc} ({self.session.where}, step {self.steps})."
+                f"plugins.openenv.action_function raised {type(exc).__name__}: {exc} ({self.session.where}, step "
+                f"{self.steps})."
             ) from None
         if not isinstance(action, dict):
             raise OpenEnvError(
@@ -330,12 +335,14 @@ class OpenEnvEnvironment:
             ) from None
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(
-                f"OpenEnv server at {self.base_url}: could not read its action schema from {url} ({type(exc).__name__}: {exc}); "
-                "set plugins.openenv.action_field (the action field the model's text goes into) or action_function."
+                f"OpenEnv server at {self.base_url}: could not read its action schema from {url} "
+                f"({type(exc).__name__}: {exc}); set plugins.openenv.action_field (the action field the model's text "
+                "goes into) or action_function."
             ) from None
         if not isinstance(schema, dict):
             raise ConfigError(
-                f"OpenEnv server at {self.base_url}: {url} has no action schema object; set plugins.openenv.action_field or action_function."
+                f"OpenEnv server at {self.base_url}: {url} has no action schema object; set "
+                "plugins.openenv.action_field or action_function."
             )
         required = [f for f in schema.get("required", []) if f != "metadata"]
         if len(required) == 1:
@@ -404,7 +411,10 @@ class OpenEnvEnvironment:
         try:
             status = httpx.get(f"{self.server.base_url}/health", timeout=timeout, trust_env=False).status_code
         except httpx.HTTPError as exc:
-            return f"the managed server (pid {self.server.pid}) did not answer GET /health within {timeout:g} s ({type(exc).__name__})"
+            return (
+                f"the managed server (pid {self.server.pid}) did not answer GET /health within {timeout:g} s "
+                f"({type(exc).__name__})"
+            )
         return (
             None if status == 200 else f"the managed server (pid {self.server.pid}) answered GET /health with {status}"
         )
@@ -468,8 +478,8 @@ class OpenEnvEnvironment:
                 problem = f"{type(exc).__name__}: {exc}"
             if time.monotonic() > deadline:
                 raise OpenEnvUnavailable(
-                    f"OpenEnv server at {self.base_url} did not answer {url} within {self.settings.startup_timeout:g} s "
-                    f"({problem}): check plugins.openenv.base_url, or raise plugins.openenv.startup_timeout."
+                    f"OpenEnv server at {self.base_url} did not answer {url} within {self.settings.startup_timeout:g} "
+                    f"s ({problem}): check plugins.openenv.base_url, or raise plugins.openenv.startup_timeout."
                 )
             time.sleep(0.5)
 

@@ -178,7 +178,8 @@ class ToolEnvironment:
         self.factory = self.factories.get(None)
         if not self.functions and not self.factories:
             raise ConfigError(
-                "the 'tools' environment needs trl.tools = ['module.function'] or trl.environment_factory = 'module.Class'"
+                "the 'tools' environment needs trl.tools = ['module.function'] or trl.environment_factory = "
+                "'module.Class'"
             )
         self.max_rounds = trl.max_tool_calling_iterations
         # each environment's tools: the functions, then its class's methods (a probe instance, checked now)

@@ -98,7 +98,8 @@ def reward_model_from_hub(spec: str, context: RunContext) -> Any:
             ) from None
         raise PluginError(
             f"reward function '{spec}' looks like a hub id of a reward model but could not be fetched "
-            f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}). Download it where a hub is reachable and give its local directory."
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}). Download it where a hub is reachable and "
+            "give its local directory."
         ) from exc
     archs = list(getattr(config, "architectures", None) or [])
     if not any(a.endswith(SEQ_CLS_SUFFIX) for a in archs):
@@ -148,7 +149,8 @@ class RewardModelFunction:
                 raise
             raise PluginError(
                 f"reward model '{self.__name__}' ({self.source}) ships its own Python code, which grpo does not run "
-                "unless the config says `trust_remote_code = true`. Read that code first: it runs with your permissions."
+                "unless the config says `trust_remote_code = true`. Read that code first: it runs with your "
+                "permissions."
             ) from None
         model = model.to(device).eval()
         if model.config.pad_token_id is None:

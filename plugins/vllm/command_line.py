@@ -198,7 +198,8 @@ def server_spec(
             f"vLLM would bind {host}, reachable from the network, and this run {what} through vLLM's "
             "dev-mode endpoint /collective_rpc (which makes the server load weights from any path it can read). "
             "Bind [vllm] host = '127.0.0.1' (reach it across hosts through an SSH tunnel, docs/security.md), "
-            "sync a LoRA adapter instead (adapter = 'lora', which needs no dev endpoints), or accept the risk by name "
+            "sync a LoRA adapter from a path instead (adapter = 'lora' with trl.vllm_lora_sync = true: "
+            "lora_filesystem, the one sync that needs no dev endpoints), or accept the risk by name "
             "with [vllm] expose_dev_endpoints = true."
         )
     dev_mode = not network or v.expose_dev_endpoints

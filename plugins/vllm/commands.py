@@ -90,7 +90,8 @@ def serve_foreground(
             stop.wait(0.5)
         if not stop.is_set():
             raise EngineUnavailable(
-                f"vLLM server at {spec.base_url} exited on its own with code {server.process.returncode if server.process else '?'}"
+                f"vLLM server at {spec.base_url} exited on its own with code "
+                f"{server.process.returncode if server.process else '?'}"
             )
     finally:
         if spec.api_key and not spec.uds:

@@ -325,7 +325,8 @@ class VLLMServerEngine:
             if not paths:
                 raise EngineRequestError(
                     f"vLLM server at {self.client.base_url} did not fetch the adapter from {url} (answer: {answer!r}); "
-                    f"it needs --worker-extension-cls {WORKER_EXTENSION} (grpo vllm-serve and managed servers have it).",
+                    f"it needs --worker-extension-cls {WORKER_EXTENSION} (grpo vllm-serve and managed servers have "
+                    "it).",
                     500,
                 )
             self.client.load_lora_adapter(POLICY_ADAPTER, paths[0], inplace=True)
@@ -353,7 +354,8 @@ class VLLMServerEngine:
             if not loaded or not all(str(n).isdigit() and int(n) > 0 for n in loaded):
                 raise EngineRequestError(
                     f"vLLM server at {self.client.base_url} did not load the weights from {url} (answer: {answer!r}); "
-                    f"it needs --worker-extension-cls {WORKER_EXTENSION} (grpo vllm-serve and managed servers have it).",
+                    f"it needs --worker-extension-cls {WORKER_EXTENSION} (grpo vllm-serve and managed servers have "
+                    "it).",
                     500,
                 )
             self.client.reset_prefix_cache()
@@ -474,7 +476,8 @@ class VLLMServerEngine:
             self.log(
                 f"WARNING: {self.description} has no grpo worker extension ({str(exc).splitlines()[0][:200]}); "
                 "after a full fine-tuning sync a model with tied embeddings may sample with its old LM head on "
-                f"vLLM's CPU backend. Start the server with `grpo vllm-serve` (or --worker-extension-cls {WORKER_EXTENSION})."
+                "vLLM's CPU backend. Start the server with `grpo vllm-serve` (or --worker-extension-cls "
+                f"{WORKER_EXTENSION})."
             )
 
     def _models(self) -> list[dict[str, Any]]:
@@ -515,8 +518,8 @@ class VLLMServerEngine:
                 raise ConfigError(
                     f"{where} has no LoRA layers, and weight sync {sync} loads "
                     f"the adapter into it: restart it with --enable-lora --max-lora-rank {rank} and "
-                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment (`trl vllm-serve` passes extra flags on to "
-                    "vLLM), or set trl.vllm_lora_sync = false to send the merged weights instead."
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment (`trl vllm-serve` passes extra flags on "
+                    "to vLLM), or set trl.vllm_lora_sync = false to send the merged weights instead."
                 )
             if facts.max_lora_rank is not None and rank > int(facts.max_lora_rank):
                 raise ConfigError(

@@ -109,8 +109,8 @@ def logprobs_problem(mode: str | None, temperature: float, where: str) -> str | 
         return None  # nothing processes the logits at temperature 1 but top-k/top-p, which the trainer ignores too
     return (
         f"{where} returns log-probs in --logprobs-mode {mode}, but grpo's trainer computes them after the temperature "
-        f"({temperature:g}), so the importance-sampling ratio would compare different distributions. Restart the server "
-        f"with --logprobs-mode {MATCHING_LOGPROBS_MODE} (`trl vllm-serve` and `grpo vllm-serve` pass it)."
+        f"({temperature:g}), so the importance-sampling ratio would compare different distributions. Restart the "
+        f"server with --logprobs-mode {MATCHING_LOGPROBS_MODE} (`trl vllm-serve` and `grpo vllm-serve` pass it)."
     )
 
 

@@ -78,7 +78,9 @@ REQUEST_GRACE_S = 5.0
 the watchdog, not the HTTP client, reports a late step."""
 
 STEP_NAMES = {
-    "/init_weight_transfer_engine": "the handshake, server side: /init_weight_transfer_engine (the vLLM workers joining the NCCL group)",
+    "/init_weight_transfer_engine": (
+        "the handshake, server side: /init_weight_transfer_engine (the vLLM workers joining the NCCL group)"
+    ),
     "/start_weight_update": "the server's /start_weight_update",
     "/update_weights": "the server's /update_weights (its workers receiving the broadcast)",
     "/finish_weight_update": "the server's /finish_weight_update (loading the received weights)",
@@ -108,7 +110,10 @@ def nccl_problem(cuda: bool | None = None) -> str | None:
             NCCLTrainerWeightTransferEngine,  # noqa: F401
         )
     except ImportError as exc:
-        return f"weight sync 'nccl' needs vLLM >= 0.32's weight-transfer API on the trainer (pip install 'grpo[vllm]'): {exc}"
+        return (
+            "weight sync 'nccl' needs vLLM >= 0.32's weight-transfer API on the trainer (pip install 'grpo[vllm]'): "
+            f"{exc}"
+        )
     return None
 
 
@@ -270,7 +275,8 @@ def _check_weight_transfer(endpoint: ControlEndpoint) -> None:
         backend = (config.get("weight_transfer_config") or {}).get("backend")
         if backend != "nccl":
             raise ConfigError(
-                f"weight sync 'nccl': {endpoint.description} has no NCCL weight-transfer engine (backend {backend!r}): restart "
+                f"weight sync 'nccl': {endpoint.description} has no NCCL weight-transfer engine "
+                f"(backend {backend!r}): restart "
                 'it with --weight-transfer-config \'{"backend": "nccl"}\' (`trl vllm-serve` passes it; grpo\'s own '
                 "servers do with plugins.weight_sync = 'nccl')."
             )
@@ -284,7 +290,8 @@ class NcclSync:
     class Settings(BaseModel):
         master_address: str | None = Field(
             None,
-            description="The trainer's address as the vLLM server reaches it (default 127.0.0.1: a server on this machine).",
+            description="The trainer's address as the vLLM server reaches it (default 127.0.0.1: a server on this "
+            "machine).",
         )
         master_port: int = Field(
             51216, ge=1, le=65535, description="TCP port of the NCCL rendezvous (free on the trainer)."
@@ -293,7 +300,8 @@ class NcclSync:
             None,
             ge=1,
             description="GPU workers of all vLLM servers together, split evenly over them (default: "
-            "vllm.tensor_parallel_size x vllm.data_parallel_size for one server; tensor_parallel_size per server for several).",
+            "vllm.tensor_parallel_size x vllm.data_parallel_size for one server; tensor_parallel_size per server for "
+            "several).",
         )
         packed: bool = Field(
             True, description="Broadcast in packed buffers (vLLM's default) rather than tensor by tensor."
@@ -336,8 +344,9 @@ class NcclSync:
         per, rest = divmod(self.settings.inference_world_size, servers)
         if rest or not per:
             raise ConfigError(
-                f"[plugins.nccl] inference_world_size = {self.settings.inference_world_size} does not split evenly over "
-                f"the {servers} vLLM servers: set it to their GPU workers in all (each server's tensor_parallel_size, summed)."
+                f"[plugins.nccl] inference_world_size = {self.settings.inference_world_size} does not split evenly "
+                f"over the {servers} vLLM servers: set it to their GPU workers in all (each server's "
+                "tensor_parallel_size, summed)."
             )
         return [per] * servers
 
@@ -352,7 +361,8 @@ class NcclSync:
         if CONTROL_ENDPOINTS not in engine.capabilities:
             raise ConfigError(
                 f"weight sync 'nccl' talks to a vLLM server's weight-transfer routes, but the engine "
-                f"({engine.description}) takes no control requests: use the 'vllm' rollout (trl.use_vllm = true, server mode)."
+                f"({engine.description}) takes no control requests: use the 'vllm' rollout (trl.use_vllm = true, "
+                "server mode)."
             )
         endpoints = engine.control_endpoints()
         for endpoint in endpoints:

@@ -89,9 +89,9 @@ def placement_problems(cfg: GRPOConfig) -> list[str]:
                 else "the trainer's default GPU (index 0; set [vllm] trainer_devices)"
             )
             problems.append(
-                f"[vllm] devices and {whose} share GPU {', '.join(map(str, shared))}, where vLLM would claim {worst:.0%} "
-                f"of the memory (gpu_memory_utilization = {v.gpu_memory_utilization}) and the trainer would run out. "
-                f"Give them different GPUs (e.g. devices = [0], trainer_devices = [1]), or lower "
+                f"[vllm] devices and {whose} share GPU {', '.join(map(str, shared))}, where vLLM would claim "
+                f"{worst:.0%} of the memory (gpu_memory_utilization = {v.gpu_memory_utilization}) and the trainer "
+                "would run out. Give them different GPUs (e.g. devices = [0], trainer_devices = [1]), or lower "
                 f"[vllm] gpu_memory_utilization to at most {TRAINER_SHARE_MAX} to share one."
             )
     return problems

@@ -66,11 +66,13 @@ def build_members(context: RunContext) -> list[VLLMServerEngine]:
     if urls:
         if trl.vllm_server_base_url:
             raise ConfigError(
-                "trl.vllm_server_base_url and trl.vllm_server_base_urls are both set: keep one (the list may hold one URL)."
+                "trl.vllm_server_base_url and trl.vllm_server_base_urls are both set: keep one (the list may hold one "
+                "URL)."
             )
         if trl.vllm_managed:
             raise ConfigError(
-                "trl.vllm_managed = true starts its own servers; remove trl.vllm_server_base_urls (or set trl.vllm_managed = false)."
+                "trl.vllm_managed = true starts its own servers; remove trl.vllm_server_base_urls (or set "
+                "trl.vllm_managed = false)."
             )
         if len(set(urls)) != len(urls):
             raise ConfigError(f"trl.vllm_server_base_urls lists a server twice: {urls}.")

@@ -100,11 +100,13 @@ class VLLMRollout:
             raise ConfigError("trl.vllm_server_base_urls is empty: list at least one server, or remove the key.")
         if trl.vllm_server_base_urls and trl.vllm_server_base_url:
             raise ConfigError(
-                "trl.vllm_server_base_url and trl.vllm_server_base_urls are both set: keep one (the list may hold one URL)."
+                "trl.vllm_server_base_url and trl.vllm_server_base_urls are both set: keep one (the list may hold one "
+                "URL)."
             )
         if trl.vllm_server_base_urls and trl.vllm_managed:
             raise ConfigError(
-                "trl.vllm_managed = true starts its own servers; remove trl.vllm_server_base_urls (or set trl.vllm_managed = false)."
+                "trl.vllm_managed = true starts its own servers; remove trl.vllm_server_base_urls (or set "
+                "trl.vllm_managed = false)."
             )
         return []
 

@@ -114,8 +114,8 @@ def uninterrupted(server: Any, smollm2_dir: str, tmp_path_factory: pytest.TempPa
 def test_an_interrupted_async_run_trains_every_prompt_once(
     runner: Runner, server: Any, uninterrupted: dict[str, Any], fault: str
 ) -> None:
-    from grpo_core.training.checkpoint import resolve_resume
-    from grpo_core.training.safe_load import safe_load
+    from grpo_core.checkpointing.checkpoint import resolve_resume
+    from grpo_core.checkpointing.safe_load import safe_load
 
     reference = uninterrupted["prompts"]
     assert sorted(reference) == list(range(1, MAX_STEPS + 1))

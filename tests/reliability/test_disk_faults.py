@@ -95,8 +95,8 @@ def test_disk_full_mid_run_fails_cleanly_and_keeps_the_last_checkpoint(runner: R
     assert f"error: could not write checkpoint {out / 'checkpoint-2'}: " in output
     assert "File too large" in output and f"Make room in output_dir {out}" in output
     assert (
-        f'The previous checkpoint {out / "checkpoint-1"} is intact: resume with resume_from_checkpoint = "{out / "checkpoint-1"}"'
-        in output
+        f"The previous checkpoint {out / 'checkpoint-1'} is intact: resume with resume_from_checkpoint = "
+        f'"{out / "checkpoint-1"}"' in output
     )
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", "."))) == [
         "checkpoint-1"

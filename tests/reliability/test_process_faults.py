@@ -26,7 +26,7 @@ import torch
 from fault_harness import Runner, checkpoint_step, complete_checkpoint, last_per_step, metrics, populate, resume_hint
 from safetensors.torch import load_file
 
-from grpo_core.training.checkpoint import list_checkpoints, recover_interrupted_saves, resolve_resume
+from grpo_core.checkpointing.checkpoint import list_checkpoints, recover_interrupted_saves, resolve_resume
 
 MAX_STEPS = 4
 TIMINGS = {"step_time", "time/generation", "time/scoring", "time/weight_sync"}
@@ -148,7 +148,7 @@ def test_kill_9_then_resume_matches_an_uninterrupted_run(runner: Runner, uninter
 DRIVER = """
 import sys, time
 from pathlib import Path
-from grpo_core.training import checkpoint
+from grpo_core.checkpointing import checkpoint
 
 ready, config = Path(sys.argv[1]), sys.argv[2]
 flush = checkpoint._fsync_tree  # the last thing a save does before renaming its .tmp- directory
@@ -167,7 +167,8 @@ sys.exit(main(["run", config]))
 """
 
 
-@pytest.mark.extended  # ~55 s; test_a_crash_while_replacing_a_checkpoint_keeps_the_old_copy (the same atomic replace) and test_kill_9_then_resume_matches_an_uninterrupted_run run in the default tier
+@pytest.mark.extended  # ~55 s; test_a_crash_while_replacing_a_checkpoint_keeps_the_old_copy (the same atomic replace)
+# and test_kill_9_then_resume_matches_an_uninterrupted_run run in the default tier
 def test_kill_9_while_saving_never_leaves_a_valid_looking_checkpoint(runner: Runner, uninterrupted) -> None:
     out = runner.workdir / "out"
     driver = runner.workdir / "crash_while_saving.py"

@@ -34,7 +34,8 @@ def _stopped_at(runner: Runner, code: int, output: str, step: int, fragments: li
     return str(checkpoint)
 
 
-@pytest.mark.extended  # ~70 s; test_reward_faults_scored_none_and_the_run_goes_on (reward faults in a real run) and test_plugin_contract_vllm's raising-hook test (stop with one error and a checkpoint) run in the default tier
+@pytest.mark.extended  # ~70 s; test_reward_faults_scored_none_and_the_run_goes_on (reward faults in a real run) and
+# test_plugin_contract_vllm's raising-hook test (stop with one error and a checkpoint) run in the default tier
 def test_reward_faults_stop_with_a_checkpoint_that_resumes(runner: Runner) -> None:
     """Three faults in a row, each stopping a run that resumed from the
     checkpoint the previous one left and trained on: a function that raises
@@ -103,10 +104,13 @@ def test_reward_faults_scored_none_and_the_run_goes_on(runner: Runner) -> None:
     assert "Traceback" not in output
     expected = [
         "warning: reward function 'reward_raises' raised ValueError: injected failure at step 0. Sample 0:",
-        "warning: reward function 'reward_nan' returned nan as value 1 (rewards must be finite; use None to abstain) at step 0. Sample 1:",
-        "warning: reward function 'reward_short' returned 3 values for 4 completions (one per completion expected) at step 0.",
+        "warning: reward function 'reward_nan' returned nan as value 1 (rewards must be finite; use None to abstain) "
+        "at step 0. Sample 1:",
+        "warning: reward function 'reward_short' returned 3 values for 4 completions (one per completion expected) at "
+        "step 0.",
         "warning: reward function 'reward_string' returned a non-number (str 'high') as value 0 at step 0. Sample 0:",
-        "warning: reward function 'reward_hangs' took longer than trl.reward_timeout = 3.0s; its worker was killed at step 1.",
+        "warning: reward function 'reward_hangs' took longer than trl.reward_timeout = 3.0s; its worker was killed at "
+        "step 1.",
         "warning: reward function 'reward_exits' was not run (its worker was lost) at step 1.",
         "warning: reward function 'reward_exits' crashed: its reward worker process died (exit code 17) at step 2.",
     ]

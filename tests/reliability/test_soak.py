@@ -22,7 +22,8 @@ if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-@pytest.mark.extended  # the soak starts its managed server twice and runs 24 steps (~190 s); benchmarks/bench_soak.py is its long form
+@pytest.mark.extended  # the soak starts its managed server twice and runs 24 steps (~190 s); benchmarks/bench_soak.py
+# is its long form
 def test_a_short_soak_with_a_server_kill_and_worker_kills_stays_flat(tmp_path: Path, smollm2_dir: str) -> None:
     result = soak(tmp_path / "soak", steps=24, restart_every=12, worker_kill_every=6, sample_s=1.0, timeout_s=1500)
     assert result.exit_code == 0, result.output_tail

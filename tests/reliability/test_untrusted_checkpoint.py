@@ -22,7 +22,7 @@ import torch
 from fault_harness import Runner, assert_clean_failure, assert_no_model_loaded, last_per_step, populate
 from safetensors.torch import load_file
 
-from grpo_core.training.safe_load import safe_load
+from grpo_core.checkpointing.safe_load import safe_load
 
 SETTINGS: dict[str, Any] = {"max_steps": 1, "save_steps": 1, "trl": {"num_iterations": 2}}
 
@@ -46,7 +46,8 @@ def mid_batch_checkpoint(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: 
         runner.close()
 
 
-@pytest.mark.extended  # ~70 s; test_resume_exact's split runs (a resumed run equals a straight one) run in the default tier
+@pytest.mark.extended  # ~70 s; test_resume_exact's split runs (a resumed run equals a straight one) run in the default
+# tier
 def test_a_checkpoint_saved_mid_batch_resumes_exactly(mid_batch_checkpoint: tuple[Runner, Path]) -> None:
     """The pending batch (grpo dataclasses) reads back under the safe rules,
     and the resumed step 2 matches a run that was never stopped."""

@@ -115,7 +115,8 @@ sys.exit(main(["run", sys.argv[1]]))
 """
 
 
-@pytest.mark.extended  # three server starts (~170 s); test_vllm_server's restart test kills and restarts a server mid-run in the default tier
+@pytest.mark.extended  # three server starts (~170 s); test_vllm_server's restart test kills and restarts a server
+# mid-run in the default tier
 def test_managed_server_killed_mid_run_is_restarted_and_resynced(runner: Runner) -> None:
     """Two kills in one run: one while the trainer waits for generation (the
     rollout restarts the server), one just before a weight sync (the sync
@@ -199,7 +200,7 @@ class FaultyProxy:
         body = handler.rfile.read(length) if length else None
         action = "pass"
         # Generation requests follow the plan; the weight-sync check's probe
-        # (prompt_logprobs, grpo_core.training.sync_check) passes through uncounted.
+        # (prompt_logprobs, grpo_core.sync.verify) passes through uncounted.
         if handler.path.startswith("/v1/completions") and b'"prompt_logprobs"' not in (body or b""):
             with self._lock:
                 action = self._plan(len(self.served) + 1)

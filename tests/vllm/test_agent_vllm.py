@@ -22,9 +22,9 @@ import pytest
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.types import Prompt, SamplingSettings
+from grpo_core.data.prompts import tokenize_prompt
+from grpo_core.generation.episodes import EpisodeDriver
 from grpo_core.host.script_objects import hold
-from grpo_core.training.data import tokenize_prompt
-from grpo_core.training.episodes import EpisodeDriver
 from grpo_core.training.run import run_training
 from grpo_plugins.agent.environment import AgentEnvironment, AgentSettings
 from grpo_plugins.vllm.rollout import VLLMRollout

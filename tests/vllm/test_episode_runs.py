@@ -150,7 +150,9 @@ def test_malformed_and_failing_tool_calls_are_answered_and_counted(
                 "tools": ["calculator.calculate"],
                 "max_tool_calling_iterations": 1,
                 "reward_funcs": ["rewards.final_answer_correct"],
-                "vllm_guided_decoding_regex": r'<tool_call>(calculate\(expression="1/0"\)|calculate\(expression=)</tool_call>',
+                "vllm_guided_decoding_regex": (
+                    r'<tool_call>(calculate\(expression="1/0"\)|calculate\(expression=)</tool_call>'
+                ),
             },
             plugins={"tools": {"format": "python"}},
         )
@@ -358,7 +360,9 @@ def episodes(prompts, trainer):
     starts = [tok(s, add_special_tokens=False)["input_ids"] for s in starts]
     first = trainer.generate(starts, trainer.num_generations, max_tokens=6)
     CALLS.append(len(first))
-    reply = tok("<|im_end|>\\n<|im_start|>user\\nAgain.<|im_end|>\\n<|im_start|>assistant\\n", add_special_tokens=False)["input_ids"]
+    reply = tok(
+        "<|im_end|>\\n<|im_start|>user\\nAgain.<|im_end|>\\n<|im_start|>assistant\\n", add_special_tokens=False
+    )["input_ids"]
     second = trainer.generate([f["prompt_ids"] + f["completion_ids"] + reply for f in first], 1, max_tokens=6)
     CALLS.append(len(second))
     for f, s in zip(first, second):
@@ -433,7 +437,8 @@ def server_pids(completions, openenv_observation=None, **kwargs):
 '''
 
 
-@pytest.mark.extended  # an OpenEnv server killed mid-run (~15 s each); test_environment_openenv restarts a dead one in the default tier
+@pytest.mark.extended  # an OpenEnv server killed mid-run (~15 s each); test_environment_openenv restarts a dead one in
+# the default tier
 @pytest.mark.parametrize("restarts", ["succeed", "keep_failing"])
 def test_a_killed_openenv_server_is_restarted_and_the_run_goes_on(
     vllm_server, smollm2_dir: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], restarts: str

@@ -14,9 +14,9 @@ from dataclasses import replace
 import pytest
 
 from grpo_core.contract.types import EnvironmentReply, Prompt, SamplingSettings, ScoredGroup
-from grpo_core.training.batch import collate, flatten
-from grpo_core.training.data import tokenize_prompt
-from grpo_core.training.episodes import EpisodeDriver
+from grpo_core.data.prompts import tokenize_prompt
+from grpo_core.generation.episodes import EpisodeDriver
+from grpo_core.optimization.batch import collate, flatten
 from grpo_plugins.vllm.rollout import VLLMRollout
 
 pytestmark = pytest.mark.vllm

@@ -82,7 +82,8 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-@pytest.mark.extended  # starts its own server with `grpo vllm-serve` (~60 s); tests/test_key_handoff.py covers the handoff's rules
+@pytest.mark.extended  # starts its own server with `grpo vllm-serve` (~60 s); tests/test_key_handoff.py covers the
+# handoff's rules
 def test_grpo_run_uses_the_server_grpo_vllm_serve_started_and_refuses_a_key_it_cannot_prove(
     smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -215,7 +215,7 @@ def test_nccl_sync_runs_vllms_protocol_in_order(tmp_path: Path, mocked_nccl: lis
 
 def test_nccl_sync_is_refused_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from grpo_core.contract.errors import ConfigError
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # faked: whatever this machine has
     (tmp_path / "x.jsonl").write_text('{"prompt": "hi"}\n')
@@ -382,7 +382,9 @@ def _timed_out(sync: Any, model: Any, engine: Any, step: str) -> float:
 
 
 SERVER_STEPS = {
-    "/init_weight_transfer_engine": "the handshake, server side: /init_weight_transfer_engine (the vLLM workers joining the NCCL group)",
+    "/init_weight_transfer_engine": (
+        "the handshake, server side: /init_weight_transfer_engine (the vLLM workers joining the NCCL group)"
+    ),
     "/start_weight_update": "the server's /start_weight_update",
     "/finish_weight_update": "the server's /finish_weight_update (loading the received weights)",
 }

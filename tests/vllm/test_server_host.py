@@ -39,7 +39,8 @@ KEY = "server-host-key"
 SERVER_PORT = 8000  # free in a fresh namespace
 WEIGHTS_PORT = 8100  # the trainer's weight server, on host0's address
 GRPO = str(Path(sys.executable).with_name("grpo"))
-READY = "vLLM server ready at"  # grpo vllm-serve's line, once per start (the managed server's own "vLLM: server ready" differs)
+# grpo vllm-serve's line, once per start (the managed server's own "vLLM: server ready" differs)
+READY = "vLLM server ready at"
 REWARDS = """
 def varied(completions, **kwargs):
     return [float(len(c[0]["content"]) % 3) / 2.0 for c in completions]

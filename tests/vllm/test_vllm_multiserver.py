@@ -89,7 +89,8 @@ def written_by(action, roots: list[Path]) -> list[str]:
     return sorted(p for p, mtime in after.items() if before.get(p) != mtime)
 
 
-@pytest.mark.extended  # a second real server (~35 s to start); the pool runs in the default tier through test_sync_verification's two-URL pool
+@pytest.mark.extended  # a second real server (~35 s to start); the pool runs in the default tier through
+# test_sync_verification's two-URL pool
 def test_two_servers_share_the_groups_and_both_serve_the_http_synced_weights(
     make_context, vllm_server, server_b, prompts, peft_model, tmp_path: Path, monkeypatch
 ) -> None:
@@ -161,14 +162,16 @@ def test_two_servers_share_the_groups_and_both_serve_the_http_synced_weights(
     assert sync.server is None
 
 
-@pytest.mark.extended  # a second real server (~35 s to start); the pool runs in the default tier through test_sync_verification's two-URL pool
+@pytest.mark.extended  # a second real server (~35 s to start); the pool runs in the default tier through
+# test_sync_verification's two-URL pool
 def test_episodes_run_through_a_pool_of_two_servers(
     make_context, vllm_server, server_b, smollm2_tokenizer, smollm2_dir, tmp_path
 ) -> None:
-    # Before the test that kills server B. The episode driver asks the pool turn by turn: every distinct context goes out at once,
+    # Before the test that kills server B. The episode driver asks the pool turn by turn: every distinct context goes
+    # out at once,
     # the pool spreads them, and both servers answer turns.
     from grpo_core.contract.types import EnvironmentReply
-    from grpo_core.training.episodes import EpisodeDriver
+    from grpo_core.generation.episodes import EpisodeDriver
 
     class Twice:
         def __init__(self) -> None:

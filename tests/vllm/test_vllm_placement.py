@@ -79,7 +79,7 @@ def test_placement_refuses_overlaps_that_would_run_out_of_memory(model_dir, tmp_
 
 def test_config_check_refuses_a_bad_placement_with_the_keys(model_dir, tmp_path) -> None:
     from grpo_core.host.plugin_host import PluginHost
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     host = PluginHost()
     host.load_always_on()
@@ -121,7 +121,10 @@ def test_trainer_devices_narrow_this_process(model_dir, tmp_path, monkeypatch) -
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
 
 
-STAND_IN = "import os, sys, time; print('CUDA_VISIBLE_DEVICES=' + os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>'), flush=True); time.sleep(60)"
+STAND_IN = (
+    "import os, sys, time; print('CUDA_VISIBLE_DEVICES=' + os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>'), "
+    "flush=True); time.sleep(60)"
+)
 
 
 def test_managed_data_parallel_starts_separate_servers_on_their_gpus(model_dir, tmp_path, monkeypatch) -> None:
@@ -213,7 +216,7 @@ def test_full_http_is_a_weight_sync_the_server_rollout_accepts(model_dir, tmp_pa
     """Chosen by name through the entry points, with its settings table
     validated; refused with colocated vLLM (no server to pull anything)."""
     from grpo_core.host.plugin_host import PluginHost
-    from grpo_core.training.config_check import check_run_config
+    from grpo_core.validation.run_check import check_run_config
 
     host = PluginHost()
     host.load_always_on()

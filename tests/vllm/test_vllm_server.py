@@ -335,7 +335,7 @@ def test_a_managed_server_killed_under_the_sync_check_is_restarted_and_checked_a
     import signal
 
     from grpo_core.contract.types import ADAPTER_FROM_PATH
-    from grpo_core.training.sync_check import probe_ids
+    from grpo_core.sync.verify import probe_ids
 
     ctx = make_context(vllm_managed=True, vllm_server_base_url=None, vllm_server_timeout=300)
     ctx.engine_requirements = frozenset({ADAPTER_FROM_PATH})  # what `grpo run` reads from the LoRA sync

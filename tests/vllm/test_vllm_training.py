@@ -151,7 +151,7 @@ def test_streaming_scores_chunks_while_others_generate(
     land together, leaving nothing to overlap), so one chunk of each batch is
     held back 1.5 s after the server answered it: a request that runs long.
     The three others, scored 0.4 s each, must be scored meanwhile."""
-    from grpo_core.training.producer import RolloutProducer
+    from grpo_core.generation.producer import RolloutProducer
 
     (tmp_path / "slow_rewards.py").write_text(SLOW_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -202,7 +202,9 @@ SYNCED_MAX_TOL = 1e-3
 @pytest.mark.parametrize(
     "sync",
     [pytest.param("merged", marks=pytest.mark.extended), pytest.param("lora", marks=pytest.mark.extended), "full"],
-)  # merged: test_merged_weight_sync_run_and_server_reuse; lora: test_sync_verification's LoRA test checks the server's log-probs after every LoRA sync
+    # merged: test_merged_weight_sync_run_and_server_reuse; lora: test_sync_verification's LoRA test checks the server's
+    # log-probs after every LoRA sync
+)
 def test_server_samples_the_policy_just_synced(
     vllm_server, smollm2_dir: str, tmp_path: Path, monkeypatch, sync: str
 ) -> None:

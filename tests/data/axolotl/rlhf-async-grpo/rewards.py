@@ -34,7 +34,10 @@ def prompt_transform(cfg, *args, **kwargs):
             "prompt": [
                 {
                     "role": "system",
-                    "content": "Solve the math problem. Show your reasoning in <think> tags and your final numerical answer in <answer> tags.",
+                    "content": (
+                        "Solve the math problem. Show your reasoning in <think> tags and your final numerical answer "
+                        "in <answer> tags."
+                    ),
                 },
                 {"role": "user", "content": example["question"]},
             ],

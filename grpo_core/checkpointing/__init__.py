@@ -1,0 +1,2 @@
+"""Checkpoints that are complete or absent, read back without running code
+from them."""

@@ -1,0 +1,1 @@
+"""Weight syncs that prove themselves: the engine serves what was synced."""
