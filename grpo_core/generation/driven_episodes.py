@@ -236,6 +236,7 @@ class DrivenRecord:
     truncated: bool
     history_rewrites: int
     untrained_tokens: int
+    tool_calls: int = 0  # in the chain's answers (the endpoint sets each turn's message)
 
 
 class DrivenModel:
@@ -415,8 +416,11 @@ class DrivenModel:
                 return None
             sampled = sum(len(n.turn.ids) for n in self._nodes)
             messages = None if node.conversation is None else [*node.conversation, dict(node.turn.message)]
-            root = node
-            while root.parent is not None:
+            root, calls = node, 0
+            while True:  # the chain's first turn, and the tool calls its answers made
+                calls += len(root.turn.message.get("tool_calls") or [])
+                if root.parent is None:
+                    break
                 root = root.parent
             return DrivenRecord(
                 context=node.ids[: node.root],
@@ -430,6 +434,7 @@ class DrivenModel:
                 truncated=node.at_budget,
                 history_rewrites=self.rewrites,
                 untrained_tokens=sampled - sum(node.mask),
+                tool_calls=calls,
             )
 
     def _check_open(self) -> None:

@@ -446,6 +446,7 @@ class EpisodeDriver:
             e.stats.environment_tokens = len(record.mask) - sum(record.mask)
             e.stats.history_rewrites = record.history_rewrites
             e.stats.untrained_tokens = record.untrained_tokens
+            e.stats.tool_calls = record.tool_calls
         kind, value = job.outcome
         turn = e.stats.turns
         if model.problem is not None:

@@ -357,3 +357,71 @@ def test_a_mixed_run_trains_each_environment(vllm_server, smollm2_dir, tmp_path)
         assert 0.0 <= row[f"environments/{name}/solve_rate"] <= 1.0
     assert row["environments/agent/turns_mean"] == 1.0
     assert row["environments/shouter/reward_mean"] == 0.0  # Shouter has no get_reward: its reward is None
+
+
+LOOKUP = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+        },
+    }
+]
+
+
+TOOL_CALLS: list = []
+
+
+def tool_user(row, *, base_url, api_key, model):
+    """Runs every tool call the model makes and sends the results back."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = [{"role": "user", "content": "Look up the word 'cat'."}]
+    calls = []
+    for _ in range(2):
+        reply = client.chat.completions.create(model=model, messages=messages, tools=LOOKUP, max_tokens=40)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        messages.append(choice.message.model_dump(exclude_none=True))
+        for call in choice.message.tool_calls:
+            calls.append(json.loads(call.function.arguments))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "a small animal"})
+    TOOL_CALLS.extend(calls)
+    return 1.0
+
+
+def test_tool_calls_come_back_as_tool_calls_and_their_results_continue_the_ids(
+    make_context, smollm2_tokenizer, tmp_path
+):
+    """SmolLM2's template renders no tools: grpo's text format. Guided
+    decoding makes each answer a call, so the test does not hang on what a
+    135M model chooses to write."""
+    tok = smollm2_tokenizer
+    ctx = make_context(max_completion_length=200)
+    recording = Recording(VLLMRollout(ctx))
+    env = AgentEnvironment(ctx, AgentSettings(function=hold(tool_user, "tool_user")))
+    messages = [{"role": "user", "content": "x"}]
+    prompt = Prompt(messages, tokenize_prompt(messages, tok), {}, index=0)
+    driver = EpisodeDriver(lambda p, s: env.grpo_environment_episode(p, s), tok, ctx.config, "agent", print, True)
+    sampling = SamplingSettings(
+        max_tokens=200,
+        temperature=1.0,
+        seed=3,
+        guided_regex=r'<tool_call>\{"name": "lookup", "arguments": \{"word": "cat"\}\}</tool_call>',
+    )
+    try:
+        group = driver.run([prompt], 2, sampling, recording)[0]
+    finally:
+        env.endpoint.stop()
+    assert TOOL_CALLS == [{"word": "cat"}] * 4, "two calls per episode, parsed into OpenAI tool_calls"
+    for c in group.completions:
+        assert c.episode.ended_by == "environment" and c.episode.history_rewrites == 0
+        assert c.episode.tool_calls == 2 and c.episode.turns == 2
+        assert len(sampled_runs(group, c, recording)) == 2
+        text = tok.decode(c.token_ids)
+        assert "<|im_start|>tool\na small animal<|im_end|>" in text, "the tool's result, rendered by the template"
+        # the model was told about the tool in grpo's text format (the system message of the first request)
+        assert "lookup(word: string)" in tok.decode(group.prompt.prompt_ids)
