@@ -64,7 +64,7 @@ def _all_too_long(workdir: Path) -> Path:
         (
             "missing_file",
             lambda w: w / "absent.jsonl",
-            ["datasets[0]", "absent.jsonl", "no such file or directory", "Fix `path`"],
+            ["datasets[0]", "absent.jsonl", "does not exist", "beside the config"],  # the config check names it
         ),
         ("empty_file", _empty_jsonl, ["datasets[0]", "empty.jsonl", "the dataset is empty", "Fix `path`"]),
         (
