@@ -2,7 +2,7 @@
 to, when a checkpoint may be saved after it, what the one line says, the
 exit code of each class of failure, and the same net around every ``grpo``
 command and ``grpo.train``. The end-to-end runs (real faults in real
-``grpo run`` processes) are in ``tests/reliability/test_safety_net.py``.
+``grpo run`` processes) are in ``tests/reliability/test_safety_net_runs.py``.
 """
 
 from __future__ import annotations
