@@ -130,16 +130,20 @@ def _cap(context: RunContext) -> float:
 
 
 def token_truncate(context: RunContext) -> ImportanceSamplingCorrection:
+    """Per-token sampler/trainer ratio, clipped from above at trl.vllm_importance_sampling_cap (TIS)."""
     return ImportanceSamplingCorrection("token_truncate", _cap(context))
 
 
 def token_mask(context: RunContext) -> ImportanceSamplingCorrection:
+    """Per-token ratio, weight 0 where above the cap (MIS)."""
     return ImportanceSamplingCorrection("token_mask", _cap(context))
 
 
 def sequence_truncate(context: RunContext) -> ImportanceSamplingCorrection:
+    """One ratio per sequence (the product of its tokens'), clipped from above at the cap."""
     return ImportanceSamplingCorrection("sequence_truncate", _cap(context))
 
 
 def sequence_mask(context: RunContext) -> ImportanceSamplingCorrection:
+    """One ratio per sequence (the product of its tokens'), weight 0 where above the cap."""
     return ImportanceSamplingCorrection("sequence_mask", _cap(context))

@@ -15,6 +15,12 @@ from grpo_core.plugin_api import PolicyLossInputs, hookimpl, policy_loss
 
 
 class GRPOPolicyLoss:
+    """grpo's own clipped policy loss, every trl.loss_type.
+
+    ``grpo.policy_loss:grpo``."""
+
+    per_token_advantages = True  # policy_loss takes [B, C] advantages (per-turn credit) as TRL's does
+
     def __init__(self, context: Any = None) -> None:
         self.context = context
 

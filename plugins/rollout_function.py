@@ -26,7 +26,9 @@ from grpo_core.plugin_api import (
 
 
 class FunctionRollout:
-    """``grpo.rollout:function``: delegates generation to ``trl.rollout_func``."""
+    """Generation by your trl.rollout_func.
+
+    ``grpo.rollout:function``."""
 
     engine_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
     runs_rollout_func = True

@@ -205,7 +205,7 @@ def _hook_target(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class TransformersRollout:
-    """``grpo.rollout`` implementation ``transformers``.
+    """Generation with transformers' generate on the trainer's own model.
 
     ``chunk_size`` caps the sequences (prompts x generations) of one
     ``generate`` call; a prompt's completions may span several calls.

@@ -19,6 +19,7 @@ logged after the step, and each says so when there is some.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -33,6 +34,19 @@ def _require(tracker: str, module: str, package: str) -> Any:
         return importlib.import_module(module)
     except ImportError:
         raise MissingTrackerLibrary(tracker, package) from None
+
+
+def _needs(tracker: str, module: str, package: str) -> Any:
+    """The tracker class's own config check: its library is installed (found,
+    not imported), so ``grpo config check`` refuses ``report_to`` naming a
+    tracker that could not start."""
+
+    def grpo_validate_config(config: Any) -> list[str]:
+        if importlib.util.find_spec(module) is None:
+            raise MissingTrackerLibrary(tracker, package)
+        return []
+
+    return staticmethod(grpo_validate_config)
 
 
 def _run_name(context: RunContext) -> str:
@@ -95,6 +109,8 @@ class TensorBoardTracker:
     """``report_to = ["tensorboard"]``: event files in ``output_dir/runs``.
     A table is written as markdown text under its name, one entry per step."""
 
+    grpo_validate_config = _needs("tensorboard", "tensorboard", "tensorboard")
+
     def __init__(self, context: RunContext) -> None:
         _require("tensorboard", "tensorboard", "tensorboard")
         # tensorboard is optional: imported only when the tracker is chosen
@@ -127,6 +143,8 @@ class WandbTracker:
     files in ``output_dir/wandb`` (``wandb sync`` uploads them later). Set
     ``WANDB_MODE=online`` and ``WANDB_PROJECT`` to log live. The completion
     table is one incremental table: each step appends its rows."""
+
+    grpo_validate_config = _needs("wandb", "wandb", "wandb")
 
     def __init__(self, context: RunContext) -> None:
         self.wandb = _require("wandb", "wandb", "wandb")
@@ -177,6 +195,8 @@ class MlflowTracker:
     unless ``MLFLOW_TRACKING_URI`` is set; experiment ``MLFLOW_EXPERIMENT_NAME``
     (default ``grpo``). A table is one JSON artifact per name that every
     step appends to (``mlflow.log_table``)."""
+
+    grpo_validate_config = _needs("mlflow", "mlflow", "mlflow-skinny")
 
     def __init__(self, context: RunContext) -> None:
         self.mlflow = _require("mlflow", "mlflow", "mlflow-skinny")
@@ -240,6 +260,8 @@ class TrackioTracker:
     """``report_to = ["trackio"]``: trackio's local store (its own default
     directory, or ``TRACKIO_DIR``); project ``TRACKIO_PROJECT`` (default
     ``grpo``). A table is logged per step with every row so far."""
+
+    grpo_validate_config = _needs("trackio", "trackio", "trackio")
 
     def __init__(self, context: RunContext) -> None:
         self.trackio = _require("trackio", "trackio", "trackio")

@@ -210,7 +210,9 @@ class _HttpSync:
 
 
 class FullHttpSync(_HttpSync):
-    """``grpo.weight_sync:full_http``."""
+    """Full weights served over HTTP for vLLM servers on other hosts.
+
+    ``grpo.weight_sync:full_http``."""
 
     kind = "full_http"
     required_capabilities = frozenset({WEIGHTS_FROM_URL})
@@ -231,7 +233,9 @@ class FullHttpSync(_HttpSync):
 
 
 class LoraHttpSync(_HttpSync):
-    """``grpo.weight_sync:lora_http``."""
+    """The LoRA adapter served over HTTP for vLLM servers on other hosts.
+
+    ``grpo.weight_sync:lora_http``."""
 
     kind = "lora_http"
     required_capabilities = frozenset({ADAPTER_FROM_URL})

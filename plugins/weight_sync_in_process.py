@@ -21,7 +21,9 @@ from grpo_core.plugin_api import (
 
 
 class InProcessSync:
-    """``grpo.weight_sync`` implementation ``in_process``."""
+    """Nothing to send: the rollout samples the trained model itself.
+
+    ``grpo.weight_sync:in_process``."""
 
     required_capabilities = frozenset({SAMPLES_TRAINER_MODEL})
     sends = "nothing"  # the rollout samples the trained model itself

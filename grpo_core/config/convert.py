@@ -1,4 +1,4 @@
-"""YAML (the reference's layout) -> grpo's TOML, for ``grpo config convert``.
+"""YAML (the reference's layout, Axolotl's, or TRL's CLI file) -> grpo's TOML, for ``grpo config convert``.
 
 The layouts map one to one: top-level keys stay top-level, ``vllm:`` and
 ``trl:`` become ``[vllm]`` and ``[trl]``, the ``datasets:`` list becomes
@@ -18,6 +18,7 @@ from typing import Any
 import tomli_w
 
 from grpo_core.config.axolotl import explain as axolotl_explain
+from grpo_core.config.trl_cli import Converted
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -91,17 +92,32 @@ def _render_table(
             _render_table(item, path, out, explain, f"{where}.{key}[{i}]" if where else f"{key}[{i}]")
 
 
-def to_toml_text(data: dict[str, Any], explain: bool = False) -> str:
+def to_toml_text(data: dict[str, Any], explain: bool = False, trl: Converted | None = None) -> str:
     """Render a raw config dict (as read from YAML) as TOML text.
 
     ``explain``: comment every key another framework's layout brings (Axolotl's)
     with what grpo does with it, and write refused keys commented out with
-    the reason (:func:`grpo_core.config.axolotl.explain`).
+    the reason (:func:`grpo_core.config.axolotl.explain`). ``trl``: ``data``
+    was converted from TRL's CLI layout (:func:`grpo_core.config.trl_cli.from_trl_cli`):
+    its notes go on their keys' lines, what it left out goes first, commented.
     """
     dropped: list[str] = []
     clean = _drop_none(data, "", dropped)
     out: list[str] = []
+    if trl is not None:
+        out.append("# Converted from TRL's CLI layout (trl grpo --config); TRL's defaults that grpo sets otherwise")
+        out.append("# are written out, so this trains as the TRL run would (docs/trl-differences.md).")
+        for key, value, why in trl.left_out:
+            out.append(f"# {key} = {json.dumps(value, ensure_ascii=False, default=str)}  # left out: {why}")
     if dropped:
         out.append("# null in the source (left out; the default applies): " + ", ".join(dropped))
-    _render_table(clean, [], out, axolotl_explain if explain else None)
+    if trl is not None:
+        notes = trl.notes
+
+        def explain_trl(path: str, value: Any) -> tuple[str | None, bool]:
+            return notes.get(path), False
+
+        _render_table(clean, [], out, explain_trl)
+    else:
+        _render_table(clean, [], out, axolotl_explain if explain else None)
     return "\n".join(out).lstrip("\n") + "\n"

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from grpo_core.config.axolotl import adapt
 from grpo_core.config.ranges import range_problems
 from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig
+from grpo_core.config.trl_names import unknown_key_hint
 from grpo_core.contract.errors import ConfigError
 
 
@@ -161,7 +162,10 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             tables = [part for part in loc[:-1] if not isinstance(part, int)]
             home = _where_else(key) if len(tables) <= 1 else None
-            if home == "the top level" and tables:
+            trl_hint = unknown_key_hint(tables[0] if tables else None, key) if len(tables) <= 1 else None
+            if trl_hint is not None:  # TRL's name for a grpo key: its grpo name, never the nearest spelling
+                hint = trl_hint
+            elif home == "the top level" and tables:
                 hint = (
                     f"it belongs at the top level, not in [{tables[0]}]: move '{key}' above the first [table] "
                     "header (in TOML, keys written after a header belong to that table)."

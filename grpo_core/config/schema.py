@@ -30,6 +30,15 @@ from pydantic import (
 
 from grpo_core.contract.extension_points import EXTENSION_POINTS
 
+COLOCATE_GPU_MEMORY_UTILIZATION = 0.3
+"""``vllm.gpu_memory_utilization`` when vLLM runs in the trainer's process
+(``trl.vllm_mode = 'colocate'``) and the config leaves it unset: TRL's
+colocate default, leaving the trainer 70% of the GPU."""
+
+
+DEFAULT_SAVE_STEPS = 50
+"""``save_steps`` unless the config says otherwise (why: its description)."""
+
 
 class _Table(BaseModel):
     # extra="forbid" is what turns a typo into an error naming the key.
@@ -47,7 +56,12 @@ class VllmSettings(_Table):
         0.85,
         gt=0,
         le=1,
-        description="Fraction of each GPU's memory vLLM may take (colocate mode: of the trainer's own GPU).",
+        description="Fraction of each GPU's memory vLLM may take (colocate mode: of the trainer's own GPU). Default "
+        "0.85 for a server (it has its GPU to itself), "
+        f"{COLOCATE_GPU_MEMORY_UTILIZATION} with trl.vllm_mode = 'colocate': vLLM then shares the "
+        "GPU with the trainer's weights, gradients, optimizer state and activations (a full fine-tune's AdamW state "
+        "alone is twice the fp32 weights), so it takes what TRL's colocate default takes, well under the half a "
+        "shared GPU may give vLLM.",
     )
     dtype: str = Field("auto", description="Model dtype in vLLM (auto, bfloat16, float16, float32).")
     max_model_len: int | None = Field(
@@ -332,10 +346,12 @@ class TrlSettings(_Table):
     delta: float | None = Field(
         None, gt=0, description="Two-sided clipping of the ratio for negative advantages (INTELLECT-2)."
     )
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] | None = Field(
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"] | None = Field(
         None,
-        description="Policy loss: grpo, bnpo, dr_grpo, dapo, cispo or sapo (how tokens are weighted and normalised). "
-        "Default dapo.",
+        description="Policy loss: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo or vespo (how tokens are weighted "
+        "and normalised). Default dapo. 'luspo' (length-unbiased GSPO: each sequence's loss times its length) wants "
+        "importance_sampling_level = 'sequence'; 'vespo' (gamma-weighted sequence ratio) takes a token-level "
+        "vllm_importance_sampling_mode.",
     )
     scale_rewards: ScaleRewards | bool = Field(
         True,
@@ -358,6 +374,10 @@ class TrlSettings(_Table):
     sapo_temperature_neg: float = Field(
         1.05, gt=0, description="SAPO's gate temperature for negative advantages (loss_type = 'sapo')."
     )
+    vespo_k_pos: float = Field(2.0, description="VESPO: power k of the weight for advantages >= 0 (TRL 1.16).")
+    vespo_lambda_pos: float = Field(3.0, description="VESPO: decay lambda of the weight for advantages >= 0.")
+    vespo_k_neg: float = Field(3.0, description="VESPO: power k of the weight for negative advantages.")
+    vespo_lambda_neg: float = Field(2.0, description="VESPO: decay lambda of the weight for negative advantages.")
 
     # --- rewards
     reward_funcs: list[str] | None = Field(
@@ -639,7 +659,7 @@ class GRPOConfig(_Table):
     micro_batch_size: int = Field(
         1,
         ge=1,
-        description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo) a step's "
+        description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo, vespo) a step's "
         "micro-batches are cut where they pad least: as many passes, none larger in padded tokens than the "
         "largest of micro_batch_size rows each.",
     )
@@ -787,7 +807,14 @@ class GRPOConfig(_Table):
     )
     logging_steps: int = Field(1, ge=1, description="Log metrics every N optimizer steps, and at the last.")
     save_steps: int | None = Field(
-        None, ge=1, description="Checkpoint every N steps; also at the end and on interruption."
+        DEFAULT_SAVE_STEPS,
+        ge=0,
+        description="Checkpoint every N steps; also at the end and on interruption. Default "
+        f"{DEFAULT_SAVE_STEPS}: a crash loses at most that many steps, while a run of the reference guide's length "
+        "(100-200 steps) writes 2-4 checkpoints (TRL's 500 would write none before the end of such a run). A "
+        "checkpoint holds the trained weights (the adapter alone with LoRA) and the optimizer state: bound the disk "
+        "it takes with save_total_limit. 0 or null: only at the end and on interruption (`grpo config check` warns "
+        f"for a run longer than {DEFAULT_SAVE_STEPS} steps).",
     )
     save_total_limit: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
     save_safetensors: bool = Field(True, description="Save weights as safetensors (false: PyTorch .bin files).")
@@ -839,12 +866,22 @@ class GRPOConfig(_Table):
             self.lora_target_linear = True
         return self
 
+    @model_validator(mode="after")
+    def _colocate_memory(self) -> GRPOConfig:
+        """vLLM in the trainer's process shares its GPU: a smaller default (the user's value always wins)."""
+        v = self.vllm
+        if self.trl.vllm_mode == "colocate" and "gpu_memory_utilization" not in v.model_fields_set:
+            written = set(v.model_fields_set)
+            v.gpu_memory_utilization = COLOCATE_GPU_MEMORY_UTILIZATION
+            object.__setattr__(v, "__pydantic_fields_set__", written)  # still unset: derived again from the mode
+        return self
+
 
 # Concrete values behind the reference's ``null`` defaults (TRL 1.16's,
 # unless noted). Filled in after validation so every consumer reads a value.
 EFFECTIVE_DEFAULTS: dict[str, Any] = {
     "num_generations": 8,
-    "max_completion_length": 256,
+    "max_completion_length": 256,  # TRL 1.16's is 512 (docs/trl-differences.md)
     "beta": 0.0,
     "num_iterations": 1,
     "epsilon": 0.2,
@@ -860,7 +897,7 @@ EFFECTIVE_DEFAULTS: dict[str, Any] = {
     "streaming_partial_batch": False,
     "streaming_min_groups": 1,
     "importance_sampling_level": "token",
-    "vllm_importance_sampling_mode": "token_truncate",
+    "vllm_importance_sampling_mode": "token_truncate",  # TRL 1.16's is sequence_mask (docs/trl-differences.md)
     "vllm_importance_sampling_cap": 3.0,
     "use_bias_correction_kl": True,
     "num_completions_to_print": 0,

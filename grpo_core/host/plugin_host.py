@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import os
+import re
 import traceback
 import warnings
 from collections.abc import Callable
@@ -81,6 +82,7 @@ class EntryPointInfo:
     target: str
     distribution: str
     error: str | None = None
+    summary: str = ""  # what it does: the first sentence of its docstring (``grpo plugins``), once loaded
 
     @property
     def qualified(self) -> str:
@@ -354,13 +356,25 @@ def _qualifies(key: str, info: EntryPointInfo) -> bool:
     return dist is not None and name == info.name and normalise(dist) == normalise(info.distribution)
 
 
-def own_checks(cls: Any, cfg: Any) -> list[str]:
+def docstring_summary(obj: Any) -> str:
+    """The first sentence of ``obj``'s docstring, as plain text: what
+    ``grpo plugins`` shows beside a name ('' when it has none)."""
+    doc = inspect.getdoc(obj) or ""
+    paragraph = " ".join(doc.split("\n\n", 1)[0].split())
+    sentence = re.split(r"(?<=[.!?])\s", paragraph, maxsplit=1)[0]
+    return sentence.replace("``", "`")
+
+
+def own_checks(cls: Any, cfg: Any, num_processes: int = 1) -> list[str]:
     """An implementation class's own ``grpo_validate_config`` (a static or
-    class method: it runs before anything is built). Returns its warnings."""
+    class method: it runs before anything is built), given ``num_processes``
+    when it takes that argument. Returns its warnings."""
     raw = inspect.getattr_static(cls, "grpo_validate_config", None)
     if not isinstance(raw, (staticmethod, classmethod)):
         return []
-    result = cls.grpo_validate_config(config=cfg)
+    accepts = inspect.signature(cls.grpo_validate_config).parameters
+    extra = {"num_processes": num_processes} if "num_processes" in accepts else {}
+    result = cls.grpo_validate_config(config=cfg, **extra)
     return [result] if isinstance(result, str) else [str(item) for item in result or []]
 
 
@@ -471,6 +485,7 @@ class PluginHost:
                 if error is None and len(usable) > 1:
                     others = ", ".join(p.distribution for p in usable if p is not info)
                     error = f"{AMBIGUOUS} '{name}' is also published by {others}; choose '{info.qualified}'"
+                summary = ""
                 if self._refusal(info) is None:  # refused ones are never imported
                     try:
                         obj = ep.load()
@@ -478,7 +493,8 @@ class PluginHost:
                         error = f"{type(exc).__name__}: {exc}{_api_hint(exc)}"
                     else:
                         error = contract_problem(group, obj) or error
-                out.append(EntryPointInfo(group, name, info.target, info.distribution, error))
+                        summary = docstring_summary(obj)
+                out.append(EntryPointInfo(group, name, info.target, info.distribution, error, summary))
         return out
 
     def names(self, point: str) -> list[str]:
@@ -572,7 +588,10 @@ class PluginHost:
         info, factory = self.implementation_class(point, spec)
         settings = validate_settings(factory, *_settings_table(context, info))
         if getattr(context, "config", None) is not None:
-            own_checks(factory, context.config)  # raises for a config it cannot run
+            # torch (through processes): loaded when a run builds its plugins, not with the host
+            from grpo_core.runtime.processes import world_size
+
+            own_checks(factory, context.config, world_size())  # raises for a config it cannot run
         try:
             obj = factory(context) if settings is None else factory(context, settings)
         except GrpoError:

@@ -17,6 +17,11 @@ from typing import Any
 
 PREFIX = f"{__name__}."
 
+CALLABLE_PREFIX = "python:"
+"""``trl.reward_funcs`` entries for reward callables a script handed to
+:func:`grpo.train` that no import path reaches (answered by an in-memory
+plugin, :mod:`grpo_core.interface.api`)."""
+
 
 def hold(obj: Any, name: str) -> str:
     """Keep ``obj`` here under ``name`` (or ``name_2``, ... when that is

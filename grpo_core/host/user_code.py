@@ -149,30 +149,76 @@ def _module_spec(module: str) -> tuple[importlib.machinery.ModuleSpec | None, li
     return spec, runs_first, None
 
 
-def _top_level_line(path: str, attr: str) -> int | None:
-    """The line defining ``attr`` at the top level of the source file ``path``, found by parsing it (never
-    running it)."""
+@dataclass(frozen=True)
+class ModuleNames:
+    """The names a source file defines at its top level, found by parsing it."""
+
+    lines: dict[str, int]  # name -> the first line defining it
+    conclusive: bool  # False when importing it may define names reading cannot see (see :func:`module_names`)
+
+
+_BLOCKS = (ast.If, ast.Try, ast.With, ast.For, ast.While, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))
+
+
+def _defined(node: ast.stmt) -> list[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    targets: list[ast.expr] = []
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        targets = [node.target]
+    elif isinstance(node, (ast.For, ast.With)):
+        targets = (
+            [node.target] if isinstance(node, ast.For) else [i.optional_vars for i in node.items if i.optional_vars]
+        )
+    names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        names += [a.asname or a.name.split(".")[0] for a in node.names if a.name != "*"]
+    return names
+
+
+def module_names(path: str) -> ModuleNames | None:
+    """What the source file ``path`` defines at its top level (inside
+    top-level ``if``/``try``/``with``/``for`` blocks too, never inside a
+    function or class), or None when it cannot be read. Not conclusive when
+    the module can make names at import time that reading does not see: a
+    ``from x import *``, a module-level ``__getattr__``, or a call to
+    ``globals()``/``setattr``."""
     if not path.endswith(".py"):
         return None
     try:
         tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return None
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attr:
-            return node.lineno
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-            targets = [node.target]
-        if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
-            return node.lineno
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
-            (a.asname or a.name.split(".")[0]) == attr for a in node.names
-        ):
-            return node.lineno
-    return None
+    lines: dict[str, int] = {}
+    conclusive = True
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop(0)
+        for name in _defined(node):
+            lines.setdefault(name, node.lineno)
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            conclusive = False
+        if isinstance(node, _BLOCKS):
+            for field in ("body", "orelse", "finalbody"):
+                pending.extend(getattr(node, field, []) or [])
+            for handler in getattr(node, "handlers", []) or []:
+                pending.extend(handler.body)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+                if isinstance(call.func, ast.Name) and call.func.id in {"globals", "setattr", "exec", "vars"}:
+                    conclusive = False
+    if "__getattr__" in lines:
+        conclusive = False
+    return ModuleNames(lines, conclusive)
+
+
+def _top_level_line(path: str, attr: str) -> int | None:
+    """The line defining ``attr`` at the top level of the source file ``path``, found by parsing it (never
+    running it)."""
+    found = module_names(path)
+    return found.lines.get(attr) if found is not None else None
 
 
 def locate(key: str, spec: str) -> UserCode:

@@ -16,8 +16,10 @@ entry, so what was trained on stays beside the model.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 import json
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +28,7 @@ from typing import Any
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import ConfigError
 from grpo_core.contract.hookspecs import hookimpl
-from grpo_core.host.script_objects import hold
-
-CALLABLE_PREFIX = "python:"
+from grpo_core.host.script_objects import CALLABLE_PREFIX, hold
 
 
 @dataclass
@@ -142,12 +142,81 @@ def _code_spec(obj: str | Any, key: str) -> str:
     return hold(obj, getattr(obj, "__name__", None) or type(obj).__name__)
 
 
-def _save_dataset(dataset: Any, output_dir: Path) -> str:
-    target = output_dir / "train_dataset"
+def _save_dataset(dataset: Any, output_dir: Path, name: str = "train_dataset") -> str:
+    target = output_dir / name
     if not hasattr(dataset, "save_to_disk"):
-        raise ConfigError(f"train_dataset must be a datasets.Dataset, not {type(dataset).__name__}")
+        raise ConfigError(f"{name} must be a datasets.Dataset, not {type(dataset).__name__}")
     output_dir.mkdir(parents=True, exist_ok=True)
     dataset.save_to_disk(str(target))
+    return str(target.resolve())
+
+
+_LORA_KEYS = {"r": "lora_r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout"}
+_LORA_IGNORED = {"task_type", "peft_type", "auto_mapping", "peft_version", "base_model_name_or_path", "revision"}
+
+
+def _peft_keys(peft_config: Any) -> dict[str, Any]:
+    """``GRPOTrainer``'s ``peft_config`` (a ``peft.LoraConfig``) as grpo's
+    LoRA keys; any option grpo does not build, set away from peft's default,
+    is refused by name rather than dropped."""
+    if isinstance(peft_config, Mapping):
+        raise ConfigError(
+            "peft_config: pass a peft.LoraConfig, or write adapter = 'lora' and lora_* keys in the config"
+        )
+    kind = str(getattr(getattr(peft_config, "peft_type", None), "value", getattr(peft_config, "peft_type", "")))
+    if kind != "LORA" or not dataclasses.is_dataclass(peft_config):
+        raise ConfigError(
+            f"peft_config: {type(peft_config).__name__} is not supported; grpo trains LoRA adapters (peft.LoraConfig)."
+        )
+    task = getattr(peft_config, "task_type", None)
+    if task is not None and str(getattr(task, "value", task)) != "CAUSAL_LM":
+        raise ConfigError(f"peft_config.task_type = {task}: grpo trains causal LMs (task_type 'CAUSAL_LM' or None).")
+    default = type(peft_config)()
+    keys: dict[str, Any] = {"adapter": "lora"}
+    keys.update({grpo: getattr(peft_config, name) for name, grpo in _LORA_KEYS.items()})
+    targets = peft_config.target_modules
+    if targets == "all-linear" or targets is None:
+        keys["lora_target_linear"] = True
+        if targets is None:
+            warnings.warn(
+                "peft_config.target_modules is None, where peft picks modules for the model's architecture: grpo "
+                "trains LoRA on every linear layer instead (lora_target_linear); set target_modules to choose.",
+                stacklevel=3,
+            )
+    elif isinstance(targets, str):
+        raise ConfigError(
+            f"peft_config.target_modules = {targets!r}: a regular expression is not supported; list the module names."
+        )
+    else:
+        keys["lora_target_linear"] = False
+        keys["lora_target_modules"] = sorted(targets)
+    unsupported = [
+        f"{f.name}={getattr(peft_config, f.name)!r}"
+        for f in dataclasses.fields(peft_config)
+        if f.name not in {*_LORA_KEYS, "target_modules", *_LORA_IGNORED}
+        and getattr(peft_config, f.name) != getattr(default, f.name)
+    ]
+    if unsupported:
+        raise ConfigError(
+            f"peft_config sets {', '.join(unsupported)}, which grpo's LoRA does not build (it takes r, lora_alpha, "
+            "lora_dropout and target_modules): leave them at peft's defaults."
+        )
+    return keys
+
+
+def _processing_class(processing_class: Any, output_dir: Path) -> str:
+    """``GRPOTrainer``'s ``processing_class``: a tokenizer (saved beside the
+    run, with its chat template, and loaded from there) or its name/path."""
+    if isinstance(processing_class, (str, Path)):
+        return str(processing_class)
+    if hasattr(processing_class, "image_processor") or not hasattr(processing_class, "save_pretrained"):
+        raise ConfigError(
+            f"processing_class: {type(processing_class).__name__} is not a tokenizer; grpo trains text models, so "
+            "pass a tokenizer (or its name or folder)."
+        )
+    target = output_dir / "processing_class"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    processing_class.save_pretrained(str(target))
     return str(target.resolve())
 
 
@@ -156,6 +225,9 @@ def train(
     *,
     reward_funcs: Sequence[str | Callable[..., Any]] | None = None,
     train_dataset: Any = None,
+    eval_dataset: Any = None,
+    peft_config: Any = None,
+    processing_class: Any = None,
     rollout_func: str | Callable[..., Any] | None = None,
     environment_factory: str | type | Callable[..., Any] | None = None,
     tools: Sequence[str | Callable[..., Any]] | None = None,
@@ -171,6 +243,15 @@ def train(
     columns in, one float per completion out) and/or names; they replace
     ``trl.reward_funcs``. ``train_dataset``: a ``datasets.Dataset`` with a
     ``prompt`` column; it replaces the config's ``datasets``.
+    ``eval_dataset``: a ``datasets.Dataset`` of held-out prompts; it replaces
+    ``test_datasets`` (evaluated every ``eval_steps``). ``peft_config``: a
+    ``peft.LoraConfig``; it sets ``adapter = "lora"``, ``lora_r``,
+    ``lora_alpha``, ``lora_dropout`` and the target modules (``None`` or
+    ``"all-linear"``: every linear layer), and refuses by name an option grpo's
+    LoRA does not build. ``processing_class``: a tokenizer, or its name or
+    folder; it becomes ``tokenizer_config`` (a tokenizer object is saved
+    into ``output_dir/processing_class`` first, chat template included).
+    These are ``GRPOTrainer``'s arguments of the same names.
     ``rollout_func``, ``environment_factory`` (a class), ``tools`` (functions):
     TRL's arguments of the same names, as objects or import paths; they
     replace ``trl.rollout_func`` / ``trl.environment_factory`` / ``trl.tools``.
@@ -188,7 +269,18 @@ def train(
     from grpo_core.runtime import failure
 
     try:
-        return _train(config, reward_funcs, train_dataset, rollout_func, environment_factory, tools, overrides)
+        return _train(
+            config,
+            reward_funcs,
+            train_dataset,
+            rollout_func,
+            environment_factory,
+            tools,
+            overrides,
+            eval_dataset=eval_dataset,
+            peft_config=peft_config,
+            processing_class=processing_class,
+        )
     except Exception as exc:
         report = failure.unexpected(exc, None, "grpo.train")
         if report is exc:
@@ -204,6 +296,10 @@ def _train(
     environment_factory: str | type | Callable[..., Any] | None,
     tools: Sequence[str | Callable[..., Any]] | None,
     overrides: dict[str, Any],
+    *,
+    eval_dataset: Any = None,
+    peft_config: Any = None,
+    processing_class: Any = None,
 ) -> TrainResult:
     # the training stack loads when a run starts, so `import grpo` stays fast
     from grpo_core.config.loader import anchor_to_config_dir, validate
@@ -225,9 +321,18 @@ def _train(
         if isinstance(tools, str):
             raise ConfigError("tools: expected a list of functions or 'module.function' paths, got one string")
         raw.setdefault("trl", {})["tools"] = [_code_spec(tool, "tools") for tool in tools]
+    output_dir = Path(str(raw.get("output_dir", GRPOConfig.model_fields["output_dir"].default)))
     if train_dataset is not None:
-        output_dir = Path(str(raw.get("output_dir", GRPOConfig.model_fields["output_dir"].default)))
         raw["datasets"] = [{"path": _save_dataset(train_dataset, output_dir)}]
+    if eval_dataset is not None:
+        raw["test_datasets"] = [{"path": _save_dataset(eval_dataset, output_dir, "eval_dataset")}]
+    if peft_config is not None:
+        keys = _peft_keys(peft_config)
+        if keys["lora_target_linear"]:
+            raw.pop("lora_target_modules", None)  # the peft_config's choice replaces the config's
+        raw.update(keys)
+    if processing_class is not None:
+        raw["tokenizer_config"] = _processing_class(processing_class, output_dir)
     cfg = validate(raw, str(config) if isinstance(config, (str, Path)) else "config")
     if config_dir is not None:
         cfg = anchor_to_config_dir(cfg, config_dir)

@@ -16,6 +16,7 @@ per class of failure (:data:`~grpo_core.contract.errors.EXIT_CODES`,
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -88,7 +89,8 @@ def build_app(host: PluginHost | None = None) -> typer.Typer:
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     config_app = typer.Typer(
-        help="Validate a config, print its JSON schema, or convert the reference's YAML to TOML.",
+        help="Validate a config, print its JSON schema, or convert a YAML config (the reference's, Axolotl's or "
+        "TRL's CLI file) to TOML.",
         no_args_is_help=True,
     )
     app.add_typer(config_app, name="config")
@@ -98,7 +100,35 @@ def build_app(host: PluginHost | None = None) -> typer.Typer:
     _add_config_commands(config_app)
     register_tools(app)  # report, rewards test, eval, merge
     _add_plugin_commands(app, host)
+    _plain_help(app)
     return app
+
+
+def _plain_help(app: typer.Typer) -> None:
+    """Help texts are plain text: typer renders them as rich markup, which
+    would swallow ``[trl]``, ``[[datasets]]`` and ``[vllm]`` as style tags.
+    Every command's docstring and every option's help is escaped once, the
+    plugins' commands included."""
+    # rich comes with typer; imported when the app is built, so `import grpo_core` stays light
+    from rich.markup import escape
+
+    def plain(text: Any) -> Any:
+        return escape(inspect.cleandoc(text)) if isinstance(text, str) else text
+
+    for command in app.registered_commands:
+        command.help = plain(command.help if isinstance(command.help, str) else inspect.getdoc(command.callback))
+        for parameter in inspect.signature(command.callback).parameters.values() if command.callback else []:
+            info = parameter.default
+            if isinstance(getattr(info, "help", None), str):
+                info.help = plain(info.help)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            info = group.typer_instance.info
+            if isinstance(info.help, str):
+                info.help = plain(info.help)
+            if isinstance(group.help, str):
+                group.help = plain(group.help)
+            _plain_help(group.typer_instance)
 
 
 def _add_root_options(app: typer.Typer) -> None:
@@ -214,8 +244,9 @@ def _add_plugins_command(app: typer.Typer) -> None:
     ) -> None:
         """List every installed implementation of every extension point.
 
-        Shows each implementation's name, entry point target and the
-        distribution that publishes it; one that cannot load, breaks the hook
+        Shows each implementation's name, the distribution that publishes it,
+        its entry point target and, below, what it does (the first sentence
+        of its docstring); one that cannot load, breaks the hook
         contract, is ambiguous (published by two distributions) or is not in
         the allowlist (GRPO_PLUGINS_ALLOW) is listed with the reason instead
         of failing the command.
@@ -235,6 +266,8 @@ def _add_plugins_command(app: typer.Typer) -> None:
                 detail = str(impl["error"] or "").removeprefix(AMBIGUOUS).strip()
                 status = f"  {impl['status']}: {detail}" if impl["error"] else ""
                 typer.echo(f"  {impl['name']:<24} {impl['distribution']:<24} {impl['target']}{status}")
+                if impl["summary"]:
+                    typer.echo(f"      {impl['summary']}")
 
 
 def _add_config_commands(config_app: typer.Typer) -> None:
@@ -251,34 +284,63 @@ def _add_config_commands(config_app: typer.Typer) -> None:
             min=1,
             help="Check for this many training processes (default: the launcher's, else 1).",
         ),
+        import_code: bool = typer.Option(
+            False,
+            "--import",
+            help="Also import every module the config names and look its function up (this runs their top-level "
+            "code: only for a config you trust).",
+        ),
     ) -> None:
         """Validate CONFIG and print the effective settings and any warnings.
 
-        Each chosen implementation is imported and checked against the plugin
-        contract, its settings and the other choices, so OK means `grpo run`
-        gets past wiring. The summary lists every module the config names by
-        import path (reward functions, rollout_func, environment_factory,
-        tools, dataset transforms) with its file, found without running it:
-        read them before `grpo run` runs them. Exit code 0 when the config
-        can run (warnings included), 2 when it cannot; the message names each
-        offending key and the fix.
+        Checked without running any of your code: every key and value; the
+        combinations a run refuses; each chosen implementation, imported and
+        checked against the plugin contract, its settings table and the other
+        choices; the paths (a local base_model, datasets, resume_from_checkpoint,
+        the DeepSpeed JSON) exist; each module the config names by import path
+        (reward functions, tools, rollout_func, environment_factory, dataset
+        transforms) is found and its source defines the name (read, not run;
+        listed with its file, so you can read it before `grpo run` runs it);
+        the trackers in report_to are installed; [vllm] GPU placement fits
+        --num-processes training processes; what output_dir already holds (a
+        run in progress, checkpoints a fresh start would overwrite). Not checked: a hub id's existence,
+        what your code does when it runs (--import runs its imports), and
+        whether the model fits in memory.
+
+        The last line is `OK`, `OK with N warnings` (exit code 0: the run can
+        start), or the errors, each naming the key and the fix (exit code 2).
         """
         cfg, host, notes = load_and_check(config, set_, num_processes)
+        # imported when the command runs, so `grpo --help` stays fast
+        from grpo_core.contract.extension_points import REWARD_GROUP
+        from grpo_core.host.user_code import user_code, user_code_text
+
+        code = user_code(cfg, host.published(REWARD_GROUP))
+        if import_code:
+            # imported when the command runs, so `grpo --help` stays fast
+            from grpo_core.validation.references import import_problems
+
+            problems = import_problems(code)
+            if problems:
+                raise ConfigError(
+                    problems[0]
+                    if len(problems) == 1
+                    else f"{len(problems)} problems importing the config's code:\n"
+                    + "\n".join(f"  - {p}" for p in problems)
+                )
         if full:
             # imported when the command runs, so `grpo --help` stays fast
             from grpo_core.config.convert import to_toml_text
 
             typer.echo(to_toml_text(cfg.model_dump(mode="json")), nl=False)
         else:
-            # imported when the command runs, so `grpo --help` stays fast
-            from grpo_core.contract.extension_points import REWARD_GROUP
-            from grpo_core.host.user_code import user_code, user_code_text
-
             typer.echo(summary(cfg, num_processes, host))
-            typer.echo(user_code_text(user_code(cfg, host.published(REWARD_GROUP))))
+            imported = " (each imported: --import)" if import_code and code else ""
+            typer.echo(user_code_text(code) + imported)
         for note in notes:
             warn(note)
-        typer.echo(f"{config}: OK" + (f" ({len(notes)} warning(s))" if notes else ""))
+        count = len(notes)
+        typer.echo(f"{config}: OK" + (f" with {count} warning{'s' if count > 1 else ''}" if count else ""))
 
     @config_app.command("schema")
     def schema_cmd() -> None:
@@ -290,25 +352,41 @@ def _add_config_commands(config_app: typer.Typer) -> None:
 
     @config_app.command("convert")
     def convert_cmd(
-        config: Path = typer.Argument(..., help="A config in the reference's YAML layout.", show_default=False),
+        config: Path = typer.Argument(
+            ..., help="A YAML config: the reference's layout, Axolotl's, or TRL's CLI file.", show_default=False
+        ),
         output: Path | None = typer.Option(None, "--output", "-o", help="Write the TOML here instead of printing it."),
     ) -> None:
-        """Convert a YAML config (the reference layout) to grpo's TOML.
+        """Convert a YAML config to grpo's TOML.
 
-        Keys map one to one: `trl:` becomes [trl], `vllm:` [vllm], the
-        `datasets:` list [[datasets]]. null values are left out (TOML has no
-        null; they mean the default) and listed in a comment. Keys of
-        Axolotl's layout get a comment saying what grpo does with them;
-        refused ones are written commented out, with the reason.
+        The reference's (and Axolotl's) layout maps one to one: `trl:` becomes
+        [trl], `vllm:` [vllm], the `datasets:` list [[datasets]]. null values are
+        left out (TOML has no null; they mean the default) and listed in a
+        comment. Keys of Axolotl's layout get a comment saying what grpo does
+        with them; refused ones are written commented out, with the reason.
+
+        A `trl grpo --config` file (flat: model_name_or_path, dataset_name,
+        per_device_train_batch_size, ...) is recognised by model_name_or_path
+        or dataset_name without base_model: each key becomes its grpo name
+        (GRPOConfig's own fields under [trl]), what grpo does not have is
+        written commented out with the reason, and TRL's defaults that grpo
+        sets otherwise are written out so the run trains as TRL's would.
+        The TOML is validated: what still stops it is printed as a warning.
         """
         # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.config.convert import to_toml_text
         from grpo_core.config.loader import read_raw, validate
+        from grpo_core.config.trl_cli import from_trl_cli, looks_like_trl_cli
 
         if config.suffix not in {".yaml", ".yml"}:
             raise ConfigError(f"{config}: expected a .yaml or .yml file to convert (grpo configs are TOML already).")
         data = read_raw(config)
-        text = to_toml_text(data, explain=True)
+        if looks_like_trl_cli(data):
+            converted = from_trl_cli(data)
+            data = converted.data
+            text = to_toml_text(data, trl=converted)
+        else:
+            text = to_toml_text(data, explain=True)
         try:
             validate(json.loads(json.dumps(data, default=str)), str(config))
         except ConfigError as exc:
@@ -391,7 +469,14 @@ def list_plugins() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for point, group in groups.items():
         impls = [
-            {"name": i.name, "target": i.target, "distribution": i.distribution, "error": i.error, "status": i.status}
+            {
+                "name": i.name,
+                "target": i.target,
+                "distribution": i.distribution,
+                "summary": i.summary,
+                "error": i.error,
+                "status": i.status,
+            }
             for i in host.list_group(group)
         ]
         out[point] = {"group": group, "implementations": impls}
@@ -413,6 +498,7 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
     trl = cfg.trl
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.config.batch_shape import generation_batch_size, steps_per_generation
+    from grpo_core.config.trl_names import default_differences
 
     batch = generation_batch_size(cfg, world)
     per_generation = steps_per_generation(cfg, world)
@@ -445,10 +531,19 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
         f"async:        async_prefetch {trl.async_prefetch}, sync every {trl.vllm_sync_interval} step(s)",
         f"precision:    {resolve_precision(cfg).reason}",
         "plugins:      " + ", ".join(f"{p}={n}" for p, n in implementation_names(cfg).items()),
-        f"output_dir:   {cfg.output_dir}",
+        f"output_dir:   {cfg.output_dir}; "
+        + (
+            f"a checkpoint every {cfg.save_steps} steps (save_steps)"
+            + (f", the newest {cfg.save_total_limit} kept" if cfg.save_total_limit else ", all kept")
+            if cfg.save_steps
+            else "checkpoints only at the end and on interruption (save_steps = 0)"
+        ),
         start_line(cfg),
         _observe_summary(cfg),
     ]
+    differences = default_differences(cfg)
+    if differences:
+        lines.append("vs TRL:       " + "; ".join(differences) + " (defaults left unset here; docs/trl-differences.md)")
     if cfg.trust_remote_code:
         lines.append(
             "trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward "

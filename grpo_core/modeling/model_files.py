@@ -75,6 +75,31 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
         cfg_path.write_text(json.dumps(cfg, indent=2))
 
 
+def model_location_problem(base_model: str) -> str | None:
+    """Why ``base_model`` cannot be found here, without loading or converting
+    anything (what :func:`resolve_model_dir` would refuse); None when it is
+    a file or directory that exists, or a hub id (not looked up: a hub may
+    be reachable only where the run goes)."""
+    try:
+        path = (
+            resolve_package_file(base_model) if base_model.startswith(PACKAGE_SCHEME) else Path(base_model).expanduser()
+        )
+    except ConfigError as exc:
+        return str(exc)
+    if path.suffix == ".gguf":
+        return None if path.is_file() else f"base_model: GGUF file not found: {path} (relative to {Path.cwd()})"
+    if path.exists():
+        if not (path / "config.json").is_file():
+            return f"base_model: {path} has no config.json; expected a Hugging Face model directory or a .gguf file"
+        return None
+    if base_model.count("/") == 1 and not base_model.startswith((".", "/", "~")):
+        return None  # a hub id
+    return (
+        f"base_model: '{base_model}' does not exist (relative to {Path.cwd()}), and it is not a hub id (org/name): "
+        "give a local model directory, a .gguf file, or a hub id"
+    )
+
+
 def resolve_model_dir(base_model: str) -> str:
     """What ``from_pretrained`` should be given for ``base_model``: a local
     directory (GGUF converted and cached on first use) or a hub id."""

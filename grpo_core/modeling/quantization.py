@@ -10,6 +10,7 @@ does not is refused before the model loads, with the hardware it needs.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,38 @@ if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
 
 HARDWARE = "a CUDA GPU, or an x86-64 CPU that bitsandbytes' CPU backend supports (bitsandbytes >= 0.48)"
+
+
+KERNEL_NOTICE_LOGGER = "bitsandbytes.backends.cpu.ops"
+KERNEL_NOTICE = "Failed to load CPU gemm_4bit_forward from kernels-community"
+"""What bitsandbytes logs when it is imported on a CPU with AVX512-BF16 and
+the optional ``kernels`` package is absent. peft imports bitsandbytes
+whenever it is installed, so every CPU run printed it, 4-bit model or not;
+it only matters to ``load_in_4bit`` on a CPU, where :func:`cpu_kernel_note`
+says it once, in grpo's words."""
+
+
+class _KernelNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(KERNEL_NOTICE)
+
+
+def quiet_kernel_notice() -> None:
+    """Drop :data:`KERNEL_NOTICE` (only that record of bitsandbytes' logger); safe to call again."""
+    logger = logging.getLogger(KERNEL_NOTICE_LOGGER)
+    if not any(isinstance(f, _KernelNotice) for f in logger.filters):
+        logger.addFilter(_KernelNotice())
+
+
+def cpu_kernel_note(cfg: GRPOConfig, cuda: bool, flags: set[str]) -> str | None:
+    """The warning :data:`KERNEL_NOTICE` stood for, where it applies: 4-bit
+    on a CPU with AVX512-BF16 and no ``kernels`` package."""
+    if not cfg.load_in_4bit or cuda or "avx512_bf16" not in flags or importlib.util.find_spec("kernels") is not None:
+        return None
+    return (
+        "load_in_4bit on this CPU: bitsandbytes' faster 4-bit matmul for AVX512-BF16 comes from the `kernels` package "
+        "(pip install kernels); without it bitsandbytes uses its built-in CPU kernel."
+    )
 
 
 @lru_cache(maxsize=1)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_core.contract.errors import ConfigError, PluginError, StorageError
+from grpo_core.host.plugin_host import own_checks
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -54,15 +55,33 @@ def requested_trackers(cfg: GRPOConfig, available: list[str]) -> list[str]:
     return out
 
 
+def _tracker_problem(cfg: GRPOConfig, host: PluginHost, name: str) -> str | None:
+    """Why tracker ``name`` could not start: not published, not allowed,
+    ambiguous, or its own check (the library it needs is not installed)."""
+    try:
+        _info, factory = host.import_entry_point(TRACKER_GROUP, name, key="report_to")
+        own_checks(factory, cfg)
+    except (PluginError, ConfigError) as exc:
+        return str(exc)
+    return None
+
+
+def installed_trackers(cfg: GRPOConfig, host: PluginHost) -> list[str]:
+    """What ``report_to = "all"`` means: every published tracker that can start here."""
+    return [name for name in host.published(TRACKER_GROUP) if _tracker_problem(cfg, host, name) is None]
+
+
 def check_report_to(cfg: GRPOConfig, host: PluginHost) -> list[str]:
-    """Config-check errors: every requested tracker is published, allowed and
-    unambiguous (cheap: nothing is imported)."""
+    """Config-check errors: every tracker ``report_to`` names is published,
+    allowed, unambiguous, and passes its own check (its library installed:
+    found, not imported)."""
     errors = []
     for name in requested_trackers(cfg, []):
-        try:
-            host.resolve(TRACKER_GROUP, name, key="report_to")
-        except PluginError as exc:
-            errors.append(f"{exc} '{ALWAYS}' (metrics.jsonl) is always written; 'none' turns the others off.")
+        problem = _tracker_problem(cfg, host, name)
+        if problem is not None:
+            errors.append(
+                f"{problem.rstrip('.')}. '{ALWAYS}' (metrics.jsonl) is always written; 'none' turns the others off."
+            )
     return errors
 
 
@@ -85,10 +104,7 @@ class TrackerSet:
 
     @classmethod
     def build(cls, cfg: GRPOConfig, host: PluginHost, context: RunContext) -> TrackerSet:
-        available = [
-            name for name, infos in host.published(TRACKER_GROUP).items() if any(i.error is None for i in infos)
-        ]
-        names = requested_trackers(cfg, available)
+        names = requested_trackers(cfg, installed_trackers(cfg, host) if "all" in (cfg.report_to or []) else [])
         built: dict[str, Tracker] = {}
         try:
             for name in names:

@@ -14,10 +14,12 @@ silently ignoring. Remove an entry when its feature lands.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+import torch
 
 from grpo_core.config.batch_shape import (
     generation_batch_size,
@@ -27,8 +29,9 @@ from grpo_core.config.batch_shape import (
 from grpo_core.config.compat import compat_warnings
 from grpo_core.config.eval_schedule import eval_enabled
 from grpo_core.config.implementations import chosen_implementations, source_key
+from grpo_core.config.loss_rules import loss_level_warnings, vespo_correction_problem
 from grpo_core.config.reward_weights import reward_weights
-from grpo_core.config.schema import GRPOConfig
+from grpo_core.config.schema import DEFAULT_SAVE_STEPS, GRPOConfig
 from grpo_core.contract.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.contract.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, declared
 from grpo_core.contract.types import (
@@ -47,11 +50,13 @@ from grpo_core.host.plugin_host import (
 from grpo_core.host.traits import ChosenTraits
 from grpo_core.modeling.compile import compile_problem
 from grpo_core.modeling.fp8 import fp8_problem
-from grpo_core.modeling.quantization import bitsandbytes_problem
+from grpo_core.modeling.precision import cpu_flags
+from grpo_core.modeling.quantization import bitsandbytes_problem, cpu_kernel_note
 from grpo_core.observability.alerts import ALERT_NAMES
 from grpo_core.observability.tracking import check_report_to
 from grpo_core.runtime.processes import world_size
 from grpo_core.validation.output_dir import output_dir_checks
+from grpo_core.validation.references import code_problems, path_problems, reward_name_problems
 
 
 @dataclass(frozen=True)
@@ -173,9 +178,17 @@ def _generation_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) 
             fix = f"trl.generation_batch_size = {max(1, batch // n) * n}"
         else:
             fix = f"gradient_accumulation_steps = {n // _gcd(n, cfg.micro_batch_size)}"
+        unset = [k for k in ("micro_batch_size", "gradient_accumulation_steps") if k not in cfg.model_fields_set]
+        defaults = (
+            f" ({' and '.join(f'{k} = {getattr(cfg, k)}' for k in unset)}: grpo's default"
+            f"{'s' if len(unset) > 1 else ''}, the reference guide's; TRL's per_device_train_batch_size defaults to "
+            "8, so a config written for TRL sets micro_batch_size = 8 to keep its batch)"
+            if "micro_batch_size" in unset
+            else ""
+        )
         errors.append(
-            f"the generation batch, {source} completions, is not divisible by trl.num_generations = {n}: every "
-            f"prompt needs a whole group. Make the batch a multiple of {n} (e.g. {fix}) or set "
+            f"the generation batch, {source} completions{defaults}, is not divisible by trl.num_generations = {n}: "
+            f"every prompt needs a whole group. Make the batch a multiple of {n} (e.g. {fix}) or set "
             f"trl.num_generations to a divisor of {batch} ({fits})."
         )
     if trl.temperature == 0:
@@ -226,6 +239,15 @@ def _reward_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> N
         errors.append(str(exc))
     if len(set(funcs)) != len(funcs):
         warnings.append("trl.reward_funcs lists the same function twice: its reward counts double.")
+
+
+def _loss_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], warnings: list[str]) -> None:
+    """TRL 1.16's rules on the loss type with the importance-sampling options."""
+    loss_type = str(cfg.trl.loss_type or "dapo")
+    warnings += loss_level_warnings(loss_type, str(cfg.trl.importance_sampling_level or "token"))
+    problem = vespo_correction_problem(loss_type, names["is_correction"])
+    if problem is not None:
+        errors.append(problem)
 
 
 def _async_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warnings: list[str]) -> None:
@@ -375,15 +397,13 @@ def _accumulation_note(cfg: GRPOConfig, world: int, warnings: list[str]) -> None
 def _training_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> None:
     if not cfg.datasets:
         errors.append("datasets is empty: add at least one [[datasets]] entry with a path.")
-    for i, ds in enumerate(cfg.datasets):
-        looks_local = ds.path.startswith((".", "/", "~")) or Path(ds.path).suffix in {
-            ".json",
-            ".jsonl",
-            ".csv",
-            ".parquet",
-        }
-        if looks_local and not Path(ds.path).expanduser().exists():
-            warnings.append(f"datasets[{i}].path '{ds.path}' does not exist (relative to {Path.cwd()}).")
+    periodic = bool(cfg.save_steps) and cfg.save_steps < cfg.max_steps
+    if not periodic and cfg.num_epochs is None and cfg.max_steps > DEFAULT_SAVE_STEPS:
+        why = "save_steps = 0" if not cfg.save_steps else f"save_steps = {cfg.save_steps} >= max_steps"
+        warnings.append(
+            f"{why}: no checkpoint before step {cfg.max_steps} (only at the end, and on Ctrl-C/SIGTERM), so a crash "
+            f"loses every step: set save_steps (e.g. {DEFAULT_SAVE_STEPS}, the default) to resume from one."
+        )
     if cfg.bf16 is True and cfg.fp16:
         errors.append("bf16 and fp16 are both true: choose one.")
     if cfg.gradient_checkpointing_kwargs and not cfg.gradient_checkpointing:
@@ -442,6 +462,9 @@ def _model_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warn
     problem = bitsandbytes_problem()
     if problem is not None:
         errors.append(f"{bits} cannot run here: {problem}")
+    note = cpu_kernel_note(cfg, torch.cuda.is_available(), cpu_flags())
+    if note is not None:
+        warnings.append(note)
 
 
 def _speed_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> None:
@@ -484,7 +507,12 @@ def _unimplemented(cfg: GRPOConfig) -> list[NotImplementedYet]:
 
 
 def _plugin_checks(
-    cfg: GRPOConfig, host: PluginHost, classes: ChosenClasses, errors: list[str], warnings: list[str]
+    cfg: GRPOConfig,
+    host: PluginHost,
+    classes: ChosenClasses,
+    num_processes: int,
+    errors: list[str],
+    warnings: list[str],
 ) -> None:
     """Check each imported implementation against its settings, the other
     choices and its own rules, so that "OK" means ``grpo run`` gets past
@@ -499,7 +527,7 @@ def _plugin_checks(
         used.add(table)
         try:
             validate_settings(cls, table, cfg.plugins.settings_table(table))
-            warnings += own_checks(cls, cfg)
+            warnings += own_checks(cls, cfg, num_processes)
         except (PluginError, ConfigError) as exc:
             errors.append(str(exc))
     if "rollout" in classes and "weight_sync" in classes:
@@ -534,7 +562,22 @@ def _plugin_checks(
                 names_used.add(info.name)
             except (PluginError, ConfigError) as exc:
                 errors.append(str(exc))
+    published = {n for point in EXTENSION_POINTS for n in host.published(point.group)} | set(
+        host.published(REWARD_GROUP)
+    )
+    chosen = {split_qualified(n)[1] for n in implementation_names(cfg).values()} | {
+        split_qualified(spec)[1] for spec in cfg.trl.reward_funcs or []
+    }  # a chosen name that is not installed is reported where it is chosen
     for name in sorted(set(tables) - used):
+        if split_qualified(name)[1] not in published | chosen:
+            close = difflib.get_close_matches(split_qualified(name)[1], sorted(published), n=1, cutoff=0.6)
+            errors.append(
+                f"[{table_ref(name)}] configures '{name}', which no installed package publishes: "
+                + (f"did you mean [{table_ref(close[0])}]? " if close else "")
+                + "a [plugins.<name>] table holds the settings of the implementation or reward function of that "
+                "name (`grpo plugins` lists them)."
+            )
+            continue
         warnings.append(
             f"[{table_ref(name)}] configures '{name}', which this run does not use (implementations: "
             f"{', '.join(sorted(names_used))}): it has no effect."
@@ -583,6 +626,53 @@ def add_environment_reward(cfg: GRPOConfig, environment_cls: Any | None) -> None
     cfg.trl.reward_funcs = [*funcs, ENVIRONMENT_REWARD]
 
 
+def _declared_for(cfg: GRPOConfig, cls: Any, point: str, attribute: str) -> bool:
+    """An implementation's declared flag, which may be decided from the config (``f(config) -> bool``)."""
+    value = declared(cls, BY_NAME[point], attribute)
+    return bool(value(cfg) if callable(value) else value)
+
+
+def _turn_credit_checks(cfg: GRPOConfig, classes: ChosenClasses, errors: list[str]) -> None:
+    """An ``advantage_aggregation`` that credits each turn (``needs_turn_rewards``)
+    needs multi-turn episodes whose environment gives a reward per turn, that
+    reward among the reward functions, and a loss that takes per-token
+    advantages: each missing piece is refused by name, before anything loads."""
+    if "advantage_aggregation" not in classes:
+        return
+    info, aggregation = classes["advantage_aggregation"]
+    if not _declared_for(cfg, aggregation, "advantage_aggregation", "needs_turn_rewards"):
+        return
+    chosen = f"{source_key(cfg, BY_NAME['advantage_aggregation'])} = '{info.name}'"
+    environment = classes["environment"][1] if "environment" in classes else None
+    if "environment" in classes and not _episodic(environment):
+        errors.append(
+            f"{chosen} credits each turn of a multi-turn episode, but this run is single-turn (no environment: "
+            "plugins.environment, trl.tools or trl.environment_factory): give it an environment, or remove "
+            "plugins.advantage_aggregation for the default (one advantage per completion)."
+        )
+        return
+    if environment is not None and not _declared_for(cfg, environment, "environment", "turn_rewards"):
+        errors.append(
+            f"{chosen} needs a reward per turn, but environment '{classes['environment'][0].name}' "
+            f"({source_key(cfg, BY_NAME['environment'])}) does not declare turn_rewards (its replies carry no "
+            "per-turn reward): use an environment that gives EnvironmentReply.reward each turn, or remove "
+            "plugins.advantage_aggregation for the default (one advantage per completion)."
+        )
+    if ENVIRONMENT_REWARD not in (cfg.trl.reward_funcs or []):
+        errors.append(
+            f"{chosen} reads the per-turn rewards through the '{ENVIRONMENT_REWARD}' reward function, which "
+            f"trl.reward_funcs does not list: add '{ENVIRONMENT_REWARD}' to trl.reward_funcs."
+        )
+    if "policy_loss" in classes and not _declared_for(
+        cfg, classes["policy_loss"][1], "policy_loss", "per_token_advantages"
+    ):
+        errors.append(
+            f"{chosen} gives one advantage per token, which policy loss '{classes['policy_loss'][0].name}' "
+            f"({source_key(cfg, BY_NAME['policy_loss'])}) cannot take: set trl.use_liger_loss = false (the built-in "
+            "loss takes them), or remove plugins.advantage_aggregation."
+        )
+
+
 BackendRules = Callable[[GRPOConfig, ChosenTraits], list[str]]
 """The training backends' own rules: what in ``cfg`` a backend cannot run
 (:func:`grpo_core.parallel.config_problems`). The config layer sits
@@ -614,6 +704,7 @@ def check_config(
 
     errors: list[str] = []
     warnings: list[str] = []
+    world = num_processes or world_size()
     plugins = host or PluginHost(allow=set(cfg.plugins.allow) if cfg.plugins.allow else None)
     names = implementation_names(cfg)
     classes, import_problems = import_chosen(cfg, plugins, names)
@@ -621,6 +712,14 @@ def check_config(
     environment_cls = classes["environment"][1] if "environment" in classes else None
     add_environment_reward(cfg, environment_cls)
     traits = chosen_traits(names, classes)
+    errors += path_problems(cfg)
+    registered = set(plugins.published(REWARD_GROUP))
+    for found_errors, found_warnings in (
+        code_problems(cfg, plugins, registered),
+        reward_name_problems(cfg, plugins, registered),
+    ):
+        errors += found_errors
+        warnings += found_warnings
     _reward_checks(cfg, errors, warnings)
     if cfg.trl.rollout_func and (cfg.trl.tools or cfg.trl.environment_factory or _episodic(environment_cls)):
         errors.append(
@@ -629,7 +728,9 @@ def check_config(
             "with trainer.generate for the engine and env_mask for what the environment wrote)."
         )
     _generation_checks(cfg, errors, warnings)
-    _process_checks(cfg, names, num_processes or world_size(), errors)
+    _loss_checks(cfg, names, errors, warnings)
+    _turn_credit_checks(cfg, classes, errors)
+    _process_checks(cfg, names, world, errors)
     if backend_rules is not None:
         errors += backend_rules(cfg, traits)
     _async_checks(cfg, traits, errors, warnings)
@@ -637,11 +738,11 @@ def check_config(
     if trains:
         output_dir_checks(cfg, errors, warnings)  # what output_dir already holds: a live run, checkpoints
     _no_effect_checks(cfg, traits, warnings)
-    _ignored_option_checks(cfg, num_processes or world_size(), warnings)
+    _ignored_option_checks(cfg, world, warnings)
     _model_checks(cfg, traits, errors, warnings)
     _speed_checks(cfg, errors, warnings)
     _observability_checks(cfg, host, errors, warnings)
-    _plugin_checks(cfg, plugins, classes, errors, warnings)
+    _plugin_checks(cfg, plugins, classes, world, errors, warnings)
     warnings += compat_warnings(cfg)
     unimplemented = _unimplemented(cfg)
     if unimplemented and not errors and len(unimplemented) == 1:
@@ -652,7 +753,7 @@ def check_config(
             raise ConfigError(errors[0])
         raise ConfigError(f"{len(errors)} problems in the config:\n" + "\n".join(f"  - {e}" for e in errors))
     if host is not None:
-        warnings += _plugin_warnings(host.hook.grpo_validate_config(config=cfg))
+        warnings += _plugin_warnings(host.hook.grpo_validate_config(config=cfg, num_processes=world))
     return warnings
 
 

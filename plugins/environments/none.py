@@ -9,7 +9,9 @@ from grpo_core.plugin_api import Prompt, RunContext, hookimpl
 
 
 class NoEnvironment:
-    """``grpo.environment:none``: declares ``episodic = False``, so the core
+    """Single-turn: one completion per sample, no episode.
+
+    ``grpo.environment:none`` declares ``episodic = False``, so the core
     samples single-turn completions and never asks for an episode."""
 
     episodic = False

@@ -274,10 +274,13 @@ class OpenEnvEpisode:
 
 
 class OpenEnvEnvironment:
-    """``grpo.environment:openenv``: one OpenEnv session per episode."""
+    """Episodes against an OpenEnv server, one session per episode.
+
+    ``grpo.environment:openenv``."""
 
     episodic = True
     provides_reward = True
+    turn_rewards = True  # each observation's reward is its step's
     Settings = OpenEnvSettings
 
     def __init__(self, context: RunContext, settings: OpenEnvSettings | None = None) -> None:

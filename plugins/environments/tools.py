@@ -159,7 +159,9 @@ class ToolEpisode:
 
 
 class ToolEnvironment:
-    """``grpo.environment:tools``."""
+    """Tool calls: the model calls trl.tools functions or environment_factory methods.
+
+    ``grpo.environment:tools``."""
 
     Settings = ToolSettings
 
@@ -209,6 +211,12 @@ class ToolEnvironment:
         trl = config.trl
         if not trl.tools and not trl.environment_factory:
             raise ConfigError("plugins.environment = 'tools' needs trl.tools or trl.environment_factory")
+        if config.episodes.max_turns < 2:
+            return [
+                f"episodes.max_turns = {config.episodes.max_turns} with tools: an episode ends after the model's first "
+                "turn, so a tool it calls runs but its result never reaches the model. Set episodes.max_turns to at "
+                "least 2 (a call, then the answer written after the result)."
+            ]
         return []
 
     @hookimpl

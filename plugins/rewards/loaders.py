@@ -27,7 +27,7 @@ SEQ_CLS_SUFFIX = "ForSequenceClassification"
 
 
 class RewardLoaders:
-    """The plugin object; stateless."""
+    """Loads reward functions by import path and reward models by folder or hub id (stateless)."""
 
     @hookimpl
     def grpo_load_reward(self, spec: str, context: RunContext) -> Any:

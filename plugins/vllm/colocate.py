@@ -60,6 +60,7 @@ from grpo_plugins.vllm.engine_settings import (
     resolve_dtype,
 )
 from grpo_plugins.vllm.machine import cuda_available
+from grpo_plugins.vllm.placement import TRAINER_SHARE_MAX
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 from grpo_plugins.vllm.worker_ext import retie_output_embeddings
 
@@ -359,7 +360,9 @@ def _completions(output: Any) -> list[Completion]:
 
 
 class VLLMColocateRollout:
-    """``grpo.rollout:vllm_colocate``."""
+    """Generation with vLLM inside the trainer's process, on its GPU.
+
+    ``grpo.rollout:vllm_colocate``."""
 
     engine_capabilities = frozenset({WEIGHTS_IN_MEMORY, SCORES_TOKENS})
     concurrent_generate = False  # one in-process engine, one call at a time
@@ -382,7 +385,21 @@ class VLLMColocateRollout:
                 "the trainer's process on the same device, so they would only take turns: use vllm_mode = 'server' "
                 "(a managed server, still one command) or trl.async_prefetch = false."
             )
-        return []
+        warnings = []
+        v = config.vllm
+        if v.devices is not None or v.trainer_devices is not None:
+            warnings.append(
+                "[vllm] devices / trainer_devices place managed vLLM servers; they have no effect with "
+                "trl.vllm_mode = 'colocate', where vLLM runs in the trainer's process on its GPU."
+            )
+        if v.gpu_memory_utilization > TRAINER_SHARE_MAX:
+            warnings.append(
+                f"[vllm] gpu_memory_utilization = {v.gpu_memory_utilization} with trl.vllm_mode = 'colocate': vLLM "
+                f"takes that much of the GPU the trainer runs on, leaving it {1 - v.gpu_memory_utilization:.0%} for "
+                f"the model, gradients, optimizer state and activations; keep it at most {TRAINER_SHARE_MAX} (the "
+                "default there is 0.3, TRL's)."
+            )
+        return warnings
 
     @hookimpl
     def grpo_inference_engine(self) -> InferenceEngine:
@@ -414,9 +431,10 @@ class VLLMColocateRollout:
 
 
 class InMemorySync:
-    """``grpo.weight_sync:vllm_in_memory``: the trainer's weights (a LoRA
-    merged in, only what training changes) copied into an engine in the
-    same process."""
+    """The trainer's weights copied into the colocated vLLM engine in memory.
+
+    ``grpo.weight_sync:vllm_in_memory``: a LoRA merged in, only what
+    training changes, into an engine in the same process."""
 
     required_capabilities = frozenset({WEIGHTS_IN_MEMORY})
 

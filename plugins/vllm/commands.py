@@ -104,7 +104,9 @@ def serve_foreground(
 
 
 class VLLMCommands:
-    """``grpo.plugins:vllm_commands``: adds ``vllm-serve``."""
+    """Adds the ``grpo vllm-serve`` command.
+
+    ``grpo.plugins:vllm_commands``."""
 
     @hookimpl
     def grpo_register_commands(self, app: Any) -> None:

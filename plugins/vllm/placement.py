@@ -33,12 +33,39 @@ def placement(cfg: GRPOConfig) -> list[list[int]] | None:
     return [list(v.devices[i * per : (i + 1) * per]) for i in range(v.data_parallel_size)]
 
 
-def placement_problems(cfg: GRPOConfig) -> list[str]:
-    """Why ``[vllm] devices`` / ``trainer_devices`` would not fit (each
-    message names the keys and the fix); empty when they do."""
+def local_processes(num_processes: int) -> int:
+    """Training processes on this machine: a launcher's ``LOCAL_WORLD_SIZE``
+    (several machines), else ``num_processes`` (``grpo run --num-processes``
+    starts them all here)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    return int(local) if local.isdigit() and int(local) > 0 else max(1, num_processes)
+
+
+def trainer_gpus(cfg: GRPOConfig, processes: int) -> list[int]:
+    """The GPUs the training processes of this machine use: ``[vllm]
+    trainer_devices`` for one process, else one per process by local rank
+    (accelerate's placement: process i on GPU i of those visible)."""
+    if cfg.vllm.trainer_devices is not None and processes == 1:
+        return list(cfg.vllm.trainer_devices)
+    return list(range(processes))
+
+
+def placement_problems(cfg: GRPOConfig, num_processes: int = 1) -> list[str]:
+    """Why ``[vllm] devices`` / ``trainer_devices`` would not fit beside
+    ``num_processes`` training processes (each message names the keys and
+    the fix); empty when they do."""
     v = cfg.vllm
     problems: list[str] = []
+    processes = local_processes(num_processes)
     if v.devices is None and v.trainer_devices is None:
+        return problems
+    if v.trainer_devices is not None and processes > 1:
+        problems.append(
+            f"[vllm] trainer_devices narrows the GPUs of one training process, but this run has {processes}: each "
+            f"trains on the GPU of its local rank (GPUs 0-{processes - 1} of those visible). Remove trainer_devices "
+            f"and give the servers GPUs after them (e.g. devices = [{processes}]), or start the run with "
+            "CUDA_VISIBLE_DEVICES listing the trainers' GPUs first."
+        )
         return problems
     if any(d < 0 for d in (v.devices or []) + (v.trainer_devices or [])):
         problems.append("[vllm] devices and trainer_devices are GPU indices (0, 1, ...); negative ones mean nothing.")
@@ -78,20 +105,22 @@ def placement_problems(cfg: GRPOConfig) -> list[str]:
                 f"give each server its own GPU, or lower [vllm] gpu_memory_utilization to at most "
                 f"{SERVERS_SHARE_MAX / round(claimed / v.gpu_memory_utilization):.2f}."
             )
-    trainer = v.trainer_devices if v.trainer_devices is not None else [0]
+    trainer = trainer_gpus(cfg, processes)
     shared = sorted(set(trainer) & set(claims))
     if shared and v.devices is not None:
         worst = max(claims[d] for d in shared)
         if worst > TRAINER_SHARE_MAX:
-            whose = (
-                "[vllm] trainer_devices"
-                if v.trainer_devices is not None
-                else "the trainer's default GPU (index 0; set [vllm] trainer_devices)"
-            )
+            if v.trainer_devices is not None:
+                whose = "[vllm] trainer_devices"
+            elif processes > 1:
+                whose = f"the {processes} training processes (GPUs 0-{processes - 1}, one per local rank)"
+            else:
+                whose = "the trainer's default GPU (index 0; set [vllm] trainer_devices)"
+            example = f"devices = [{processes}]" if processes > 1 else "devices = [0], trainer_devices = [1]"
             problems.append(
                 f"[vllm] devices and {whose} share GPU {', '.join(map(str, shared))}, where vLLM would claim "
                 f"{worst:.0%} of the memory (gpu_memory_utilization = {v.gpu_memory_utilization}) and the trainer "
-                "would run out. Give them different GPUs (e.g. devices = [0], trainer_devices = [1]), or lower "
+                f"would run out. Give them different GPUs (e.g. {example}), or lower "
                 f"[vllm] gpu_memory_utilization to at most {TRAINER_SHARE_MAX} to share one."
             )
     return problems

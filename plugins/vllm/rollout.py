@@ -55,7 +55,9 @@ MAX_SEEDED_REQUESTS_IN_FLIGHT = 64
 
 
 class VLLMRollout:
-    """``grpo.rollout:vllm``."""
+    """Generation on vLLM servers, managed by grpo or external.
+
+    ``grpo.rollout:vllm``."""
 
     engine_capabilities = frozenset(
         {
@@ -79,7 +81,7 @@ class VLLMRollout:
         self._known_fields: set[str] | None = None
 
     @staticmethod
-    def grpo_validate_config(config: GRPOConfig) -> list[str]:
+    def grpo_validate_config(config: GRPOConfig, num_processes: int = 1) -> list[str]:
         if config.trl.vllm_mode == "colocate":
             raise ConfigError(
                 "plugins.rollout = 'vllm' talks to a vLLM server, but trl.vllm_mode = 'colocate'. Remove "
@@ -93,7 +95,7 @@ class VLLMRollout:
                 "(trl.vllm_server_base_urls, or trl.vllm_managed = false): start those on the GPUs you want "
                 "(CUDA_VISIBLE_DEVICES=... grpo vllm-serve CONFIG) and remove the keys, or let grpo start them."
             )
-        problems = placement_problems(config)
+        problems = placement_problems(config, num_processes)
         if problems:
             raise ConfigError(" ".join(problems))
         if trl.vllm_server_base_urls is not None and not trl.vllm_server_base_urls:
