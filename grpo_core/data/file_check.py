@@ -52,23 +52,27 @@ def _json_document_problem(text: str) -> str | None:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         cut = " (the file ends there: cut short?)" if exc.pos >= len(text.rstrip()) - 1 else ""
-        return f"it is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}{cut}"
+        return f"it is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}){cut}"
     bad = _not_unicode(document)
     return None if bad is None else f"it holds {bad!r}, an escape that is no Unicode character (a lone surrogate)"
 
 
-def _is_one_document(text: str) -> bool:
+def _is_one_document(text: str, suffix: str) -> bool:
     """A file ``datasets`` reads as one JSON document rather than JSON Lines:
-    it opens a list, or it is a single object spread over lines."""
+    not a ``.jsonl`` file, and either it opens a list or none of its first
+    lines is a whole JSON object (a JSON Lines row is whole on its line; an
+    object spread over lines is not)."""
+    if suffix == ".jsonl":
+        return False
     stripped = text.lstrip()
     if stripped.startswith("["):
         return True
-    if not stripped.startswith("{"):
-        return False
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
+    for line in [line for line in stripped.splitlines() if line.strip()][:50]:
+        try:
+            if isinstance(json.loads(line), dict):
+                return False
+        except json.JSONDecodeError:
+            continue
     return True
 
 
@@ -140,14 +144,30 @@ def diagnose(path: Path) -> str | None:
         if problem is not None:
             return f"{problem}. Save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`), or fix that line"
         text = path.read_text(encoding="utf-8")
+        if not text.strip():
+            return "it is empty. Write it again"
         if suffix == ".csv":
             problem = csv_problem(text)
-        elif _is_one_document(text):
+        elif _is_one_document(text, suffix):
             problem = _json_document_problem(text)
         else:
             problem = _json_lines_problem(text)
         if problem is not None:
             return f"{problem}. Fix " + ("the file" if problem.startswith("it ") else "or delete that line")
+        return None
+    if suffix == ".arrow":
+        try:
+            # heavy (pyarrow): loaded on first use, not with this module
+            import pyarrow as pa
+
+            with pa.memory_map(str(path)) as source:
+                try:
+                    pa.ipc.open_stream(source).read_all()  # datasets' save_to_disk writes the stream format
+                except pa.ArrowInvalid:
+                    source.seek(0)
+                    pa.ipc.open_file(source).read_all()
+        except Exception as exc:  # pyarrow's ArrowInvalid / OSError
+            return f"it is not a readable Arrow file ({type(exc).__name__}: {str(exc)[:200]}); it may be cut short"
         return None
     if suffix == ".parquet":
         try:

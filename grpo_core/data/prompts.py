@@ -78,7 +78,9 @@ def _local_data_files(path: Path) -> list[Path]:
     """The data files ``datasets`` would read for a local ``path``."""
     if path.is_file():
         return [path]
-    if path.is_dir() and not _is_saved_dataset(path):
+    if path.is_dir() and _is_saved_dataset(path):  # save_to_disk's own files: its JSON and Arrow
+        return sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in (".json", ".arrow"))[:1000]
+    if path.is_dir():
         return sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in FILE_BUILDERS)[:1000]
     return []
 
@@ -113,7 +115,9 @@ def _diagnosed(files: list[Path], label: str) -> DataError | None:
         except OSError:
             continue
         if problem is not None:
-            return DataError(f"{label}: {file}: {problem}.")
+            saved = next((p for p in file.parents if _is_saved_dataset(p)), None)
+            again = f" It is part of the dataset saved in {saved}: save it again (save_to_disk)." if saved else ""
+            return DataError(f"{label}: {file}: {problem}.{again}")
     return None
 
 

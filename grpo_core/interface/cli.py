@@ -20,6 +20,7 @@ import inspect
 import json
 import os
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -597,11 +598,16 @@ def _observe_summary(cfg: GRPOConfig) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point (``sys.exit(main())``): run the CLI and
     turn user errors into a message and an exit code."""
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.runtime.failure import install_thread_hook
+
     library_format, warnings.formatwarning = warnings.formatwarning, _format_warning
+    thread_hook = install_thread_hook(lambda line: stderr(f"warning: {line}"))  # a dying thread: one line too
     try:
         return _main(argv)
     finally:
         warnings.formatwarning = library_format
+        threading.excepthook = thread_hook
 
 
 def _main(argv: list[str] | None) -> int:

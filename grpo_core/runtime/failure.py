@@ -17,9 +17,11 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
+import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from grpo_core.contract.errors import (
     EXIT_INTERNAL,
@@ -120,9 +122,38 @@ def one_line(text: str, limit: int = 600) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+_run_directory: Path | None = None  # the running command's output_dir, once it is known
+
+
+def set_run_directory(directory: Path | None) -> None:
+    """Where tracebacks of this process go from now on (a run's ``output_dir``)."""
+    global _run_directory
+    _run_directory = directory
+
+
 def default_directory() -> Path:
     """Where a command that has no ``output_dir`` writes its traceback."""
     return Path(tempfile.gettempdir())
+
+
+def install_thread_hook(say: Callable[[str], None]) -> Callable[[Any], None]:
+    """Report an exception that ends a thread (a tracker's, a server's
+    watcher; the prefetch thread hands its own to the trainer) in one line
+    through ``say``, its traceback in the run's file, instead of Python's
+    default printout. Returns the previous hook, to put back."""
+    previous = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if args.exc_type is SystemExit:
+            return
+        name = getattr(args.thread, "name", "a thread")
+        where = f"thread '{name}'"
+        path = write_traceback(args.exc_value, _run_directory, where) if args.exc_value is not None else None
+        shown = f"{args.exc_type.__name__}: {one_line(args.exc_value, 300)}"
+        say(f"{where} stopped: {shown}" + (f" (full traceback in {path})" if path else ""))
+
+    threading.excepthook = hook
+    return previous
 
 
 def write_traceback(exc: BaseException, directory: Path | None, where: str | None) -> Path | None:

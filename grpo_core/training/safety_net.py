@@ -41,6 +41,7 @@ class SafetyNet:
 
     def __init__(self, output_dir: Path) -> None:
         self.output_dir = output_dir
+        failure.set_run_directory(output_dir)  # a thread's failure goes to the run's traceback file too
         self.trainer: Any = None
         self.start_step = 0
         self.saved: tuple[int, Path] | None = None  # the last successful save: (step, path)

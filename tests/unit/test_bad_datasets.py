@@ -327,3 +327,18 @@ def test_a_chat_template_that_fails_on_a_row_names_the_row(tmp_path: Path, smoll
     assert isinstance(result, DataError), result
     assert f"row {BAD_ROW}, column 'prompt': the tokenizer's chat template failed" in str(result), result
     assert "no tool turns here" in str(result)
+
+
+@pytest.mark.parametrize("name", ("state.json", "dataset_info.json", "data-00000-of-00001.arrow"))
+@pytest.mark.parametrize("fraction", (0.0, 0.5))
+def test_a_saved_dataset_with_a_cut_file_is_named(
+    tmp_path: Path, smollm2_tokenizer: Any, name: str, fraction: float
+) -> None:
+    """A ``save_to_disk`` folder (what ``grpo.train(train_dataset=...)`` writes)
+    with one of its files cut: named, with "save it again", not "check `split`"."""
+    path = write(tmp_path, "saved", rows_with("answer", "1"))
+    file = path / name
+    file.write_bytes(file.read_bytes()[: int(file.stat().st_size * fraction)])
+    result, _ = load(path, smollm2_tokenizer)
+    assert isinstance(result, DataError), result
+    assert str(file) in str(result) and "save it again" in str(result) and "check `split`" not in str(result), result

@@ -194,3 +194,28 @@ def test_grpo_train_raises_one_grpo_error(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert info.value.exit_code == EXIT_INTERNAL and isinstance(info.value.original, IndexError)
     assert str(info.value).startswith("grpo.train: IndexError: list index out of range.")
     assert info.value.__suppress_context__  # printed alone if a script does not catch it
+
+
+def test_a_thread_that_dies_is_one_line_too(tmp_path: Path) -> None:
+    """An exception that ends a background thread (not the prefetch thread,
+    which hands its own to the trainer): one line, the traceback in the run's
+    file, not Python's printout."""
+    import threading
+
+    said: list[str] = []
+    failure.set_run_directory(tmp_path)
+    previous = failure.install_thread_hook(said.append)
+    try:
+
+        def work() -> None:
+            raise ConnectionResetError("tracker went away")
+
+        thread = threading.Thread(target=work, name="grpo-tracker")
+        thread.start()
+        thread.join()
+    finally:
+        threading.excepthook = previous
+        failure.set_run_directory(None)
+    log = tmp_path / failure.TRACEBACK_FILE
+    assert said == [f"thread 'grpo-tracker' stopped: ConnectionResetError: tracker went away (full traceback in {log})"]
+    assert "tracker went away" in log.read_text()

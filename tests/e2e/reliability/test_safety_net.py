@@ -33,7 +33,7 @@ PLUGINS = '''
 """Plugins that raise on purpose."""
 from pathlib import Path
 
-from grpo_core import hookimpl
+from grpo_core.plugin_api import hookimpl
 from grpo_plugins.replay import SignalReplay
 from grpo_plugins.weight_sync_in_process import InProcessSync
 
