@@ -19,6 +19,8 @@ class GRPOPolicyLoss:
 
     ``grpo.policy_loss:grpo``."""
 
+    per_token_advantages = True  # policy_loss takes [B, C] advantages (per-turn credit) as TRL's does
+
     def __init__(self, context: Any = None) -> None:
         self.context = context
 

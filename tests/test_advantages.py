@@ -159,7 +159,12 @@ def test_loads_through_entry_point(name):
     obj = host.load_implementation("advantage_aggregation", name, ctx)
     assert isinstance(obj, CLASSES[name])
     adv = host.hook.grpo_aggregate_advantages(
-        rewards=torch.tensor([[1.0], [0.0]]), weights=torch.ones(1), group_size=2, scale_rewards="group"
+        rewards=torch.tensor([[1.0], [0.0]]),
+        weights=torch.ones(1),
+        group_size=2,
+        scale_rewards="group",
+        completions=[],  # the per-completion aggregations do not read them
+        reward_names=["r"],
     )
     assert adv[0] > 0 > adv[1]
 

@@ -98,6 +98,14 @@ def save(tmp_path: Path, extra: dict[str, Any] | None = None) -> tuple[Path, tor
     return path, optimizer, scheduler
 
 
+def written_before_the_manifest(path: Path) -> Path:
+    """The checkpoint as grpo wrote it before each one carried manifest.json
+    (the state files below are rewritten the old way, which its checksums
+    would rightly call damaged)."""
+    (path / "manifest.json").unlink()
+    return path
+
+
 def test_a_checkpoint_reads_back_whole_without_unpickling(tmp_path: Path) -> None:
     path, optimizer, scheduler = save(tmp_path)
     draws_after_save = (random.random(), float(np.random.rand()), float(torch.rand(1)))
@@ -147,7 +155,7 @@ def test_a_plain_pickle_file_is_refused_too(tmp_path: Path) -> None:
 def test_a_checkpoint_from_before_safe_loading_still_loads(tmp_path: Path) -> None:
     """The previous format: numpy's RNG state as an array, the pending batch
     pickled as grpo dataclasses; both are data, so it loads under the rules."""
-    path, _, _ = save(tmp_path)
+    path = written_before_the_manifest(save(tmp_path)[0])
     random.seed(3)
     np.random.seed(3)
     old_rng = {
@@ -177,7 +185,7 @@ def test_a_checkpoint_from_before_the_modules_moved_still_loads(
 
     from grpo_core.contract import types as contract_types
 
-    path, _, _ = save(tmp_path)
+    path = written_before_the_manifest(save(tmp_path)[0])
     monkeypatch.setitem(sys.modules, "grpo_core.types", contract_types)  # what pickling by the old name needs
     for kind in (Prompt, Completion, RolloutGroup, ScoredGroup):
         monkeypatch.setattr(kind, "__module__", "grpo_core.types")
@@ -195,7 +203,7 @@ def test_a_pending_batch_from_before_training_was_split_still_loads(
     """The producer's batch type was ``grpo_core.training.producer.ScoredBatch``
     until the loop's modules moved into role packages: such a checkpoint loads
     as today's class."""
-    path, _, _ = save(tmp_path)
+    path = written_before_the_manifest(save(tmp_path)[0])
     monkeypatch.setattr(ScoredBatch, "__module__", "grpo_core.training.producer")
     monkeypatch.setitem(sys.modules, "grpo_core.training.producer", SimpleNamespace(ScoredBatch=ScoredBatch))
     torch.save({"pending_batch": a_batch()}, path / "extra_state.pt")

@@ -37,9 +37,12 @@ READ_ATTRIBUTES = {
     "generates_on_every_rank",
     "episodic",
     "provides_reward",
+    "turn_rewards",
     "required_capabilities",
     "sends",
+    "needs_turn_rewards",
     "uses_hidden_states",
+    "per_token_advantages",
 }
 """What the core reads from an implementation besides its hooks (and the
 state_dict / load_state_dict pair, checked by the host: test_plugins.py)."""

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpo_core.config.loader import validate
 from grpo_core.host import plugin_host
@@ -71,3 +72,62 @@ def test_transformers_rollout_runs_episodes_and_a_rewriting_template_is_counted(
     replied = row["episodes/environment_tokens_mean"] > 0
     assert replied and row["episodes/template_mismatch"] >= 1
     assert "grpo trains on the ids as the engine sampled them" in capsys.readouterr().out
+
+
+def test_turn_credit_trains_guessing_games_end_to_end(
+    smollm2_dir: str, tmp_path: Path, guess_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``advantage_aggregation = "turn_returns"`` through a real run: SmolLM2
+    plays the guessing game through the transformers rollout, the environment
+    rewards each guess the hints allow (``hint_reward``, at its own turn), and
+    the loss receives one advantage per token, different turns of one episode
+    getting different ones (docs/turn-credit.md)."""
+    import grpo_plugins.policy_loss as builtin_loss
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    real = builtin_loss.policy_loss
+
+    def recording(settings, logps, advantages, mask, **kwargs):
+        seen.append((advantages.detach().clone(), mask.detach().clone()))
+        return real(settings, logps, advantages, mask, **kwargs)
+
+    monkeypatch.setattr(builtin_loss, "policy_loss", recording)
+    out = tmp_path / "out"
+    cfg = validate(
+        {
+            "base_model": smollm2_dir,
+            "adapter": "lora",
+            "lora_r": 8,
+            "sequence_len": 256,
+            "datasets": [{"path": str(GUESS / "data" / "train.jsonl")}],
+            "micro_batch_size": 4,
+            "max_steps": 1,
+            "learning_rate": 1e-4,
+            "output_dir": str(out),
+            "seed": 5,
+            "plugins": {
+                "environment": "guess_number",
+                "advantage_aggregation": "turn_returns",
+                "guess_number": {"hint_reward": 0.2, "closeness": 0.5},
+            },
+            "episodes": {"max_turns": 3, "max_tokens_per_turn": 4},
+            "trl": {"num_generations": 4, "max_completion_length": 48, "scale_rewards": "none"},
+        }
+    )
+    sys.path.insert(0, str(guess_site))
+    plugin_host.rescan()
+    try:
+        assert run_training(cfg) == "completed"
+    finally:
+        sys.path.remove(str(guess_site))
+        sys.modules.pop("grpo_guess_number", None)
+        plugin_host.rescan()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["episodes/turns_mean"] > 1 and rows[0]["grad_norm"] > 0
+    assert seen and all(advantages.dim() == 2 for advantages, _ in seen)  # [B, C]: per token
+    credited = 0
+    for advantages, mask in seen:
+        for row, row_mask in zip(advantages, mask, strict=True):
+            values = {round(float(a), 6) for a, m in zip(row, row_mask, strict=True) if m}
+            credited += len(values) > 1  # this episode's turns were credited apart
+    assert credited > 0, "no trained episode had turns with different advantages"

@@ -11,6 +11,7 @@ relying on this machine.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -88,7 +89,14 @@ CASES = [
     LossSettings(loss_type="sapo"),
     LossSettings(loss_type="grpo", importance_sampling_level="sequence"),
     LossSettings(loss_type="dapo", delta=1.3),
+    LossSettings(loss_type="luspo", importance_sampling_level="sequence"),
+    LossSettings(loss_type="vespo"),
+    LossSettings(loss_type="vespo", beta=0.04, use_bias_correction_kl=True),
 ]
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # TRL's (and grpo's) warning: LUSPO is meant for sequence-level ratios
+    # token-level ratios and a KL term: where liger-kernel's own luspo reduction is not TRL 1.16's
+    CASES.append(LossSettings(loss_type="luspo", beta=0.04))
 
 
 @pytest.mark.parametrize(
@@ -104,6 +112,10 @@ def test_liger_matches_builtin_loss_and_gradients(settings: LossSettings) -> Non
     from grpo_plugins.policy_loss import GRPOPolicyLoss
 
     data = _batch()
+    if settings.loss_type == "vespo":
+        # VESPO sums the sampler weights' logs over every column in liger (as in TRL); grpo's
+        # is_correction makes them 1 outside the mask, where the built-in loss leaves them out
+        data["is_weights"] = torch.where(data["mask"].bool(), data["is_weights"], 1.0)
     ours = _loss_and_grads(GRPOPolicyLoss(), data, settings, accumulation=2)
     liger = _loss_and_grads(LigerPolicyLoss(), data, settings, accumulation=2)
     # float32 on both sides; liger computes the log-softmax in its own chunks.
@@ -113,8 +125,11 @@ def test_liger_matches_builtin_loss_and_gradients(settings: LossSettings) -> Non
     assert float(ours[0]) != 0.0
     if settings.beta:
         assert liger[3]["kl"] == pytest.approx(ours[3]["kl"], rel=1e-4)
-    if settings.loss_type in ("grpo", "bnpo", "dr_grpo", "dapo") and settings.importance_sampling_level == "token":
-        assert liger[3]["clip_ratio/region_mean"] == pytest.approx(ours[3]["clip_ratio/region_mean"], abs=1e-6)
+    if settings.loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
+        if settings.importance_sampling_level == "token":
+            assert liger[3]["clip_ratio/region_mean"] == pytest.approx(ours[3]["clip_ratio/region_mean"], abs=1e-6)
+    else:
+        assert not any(key.startswith("clip_ratio") for key in liger[3])  # the losses that do not clip
 
 
 def _cfg(tmp_path: Path, **trl):
@@ -152,6 +167,26 @@ def test_config_check_refuses_options_liger_does_not_have(tmp_path: Path) -> Non
         check_run_config(_cfg(tmp_path, top_entropy_quantile=0.2))
     with pytest.raises(ConfigError, match="off_policy_mask_threshold"):
         check_run_config(_cfg(tmp_path, off_policy_mask_threshold=0.5))
+
+
+def test_liger_refuses_what_it_cannot_run_for_the_new_loss_types(tmp_path: Path) -> None:
+    """Sequence-level ratios with vespo (liger raises on them; TRL only
+    warns), and per-token advantages, which liger's loss cannot take."""
+    pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
+    from grpo_core.contract.errors import ConfigError, GrpoError
+    from grpo_core.validation.run_check import check_run_config
+    from grpo_plugins.liger_loss import LigerPolicyLoss
+
+    with pytest.raises(ConfigError, match="'sequence' with trl.loss_type = 'vespo' is refused by the Liger loss"):
+        check_run_config(_cfg(tmp_path, loss_type="vespo", importance_sampling_level="sequence"))
+    warned = check_run_config(_cfg(tmp_path, loss_type="luspo", importance_sampling_level="sequence"))
+    assert not any("numerically fragile" in w for w in warned)  # LUSPO is meant for sequence level
+    data = _batch()
+    data["advantages"] = data["advantages"].unsqueeze(1).expand(B, C)
+    head = data["head"]
+    inputs = _inputs(data, LossSettings(), data["hidden"], head, 1)
+    with pytest.raises(GrpoError, match="one advantage per completion.*use_liger_loss = false"):
+        LigerPolicyLoss().grpo_policy_loss(inputs=inputs)
 
 
 def test_sequence_level_importance_sampling_warns_however_liger_was_chosen(tmp_path: Path) -> None:

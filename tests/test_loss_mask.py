@@ -238,6 +238,13 @@ CASES = {
     "bnpo-is-token_mask": (LossSettings(loss_type="bnpo"), "token_mask"),
     "grpo-is-sequence_truncate": (LossSettings(loss_type="grpo", beta=0.04), "sequence_truncate"),
     "cispo-is-sequence_mask": (LossSettings(loss_type="cispo", epsilon_high=5.0), "sequence_mask"),
+    "luspo-sequence-kl": (LossSettings(loss_type="luspo", importance_sampling_level="sequence", beta=0.04), None),
+    "luspo-is-token_truncate": (
+        LossSettings(loss_type="luspo", importance_sampling_level="sequence"),
+        "token_truncate",
+    ),
+    "vespo": (LossSettings(loss_type="vespo"), None),
+    "vespo-is-token_mask": (LossSettings(loss_type="vespo", beta=0.04), "token_mask"),
 }
 
 
@@ -653,6 +660,10 @@ def test_two_processes_with_episodes_match_one(rundir) -> None:
     run_grpo(tmp, ["run", str(two), "--num-processes", "2"])
     a, b = metrics(tmp / "ddp_one"), metrics(tmp / "ddp_two")
     assert [r["world_size"] for r in b] == [2, 2]
+    # output_dir was locked once, by rank 0 (the other rank ran beside it): one run recorded, no lock left
+    runs = [json.loads(line) for line in (tmp / "ddp_two" / "lineage.jsonl").read_text().splitlines()]
+    assert [(r["event"], r.get("status")) for r in runs] == [("start", None), ("end", "completed")]
+    assert not (tmp / "ddp_two" / "run.lock").exists()
     for ra, rb in zip(a, b, strict=True):
         assert rb["reward"] == ra["reward"]
         for key in ("loss", "grad_norm", "kl"):

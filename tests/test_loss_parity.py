@@ -55,6 +55,7 @@ class TrlLoss:
     _compute_loss = GRPOTrainer._compute_loss
     get_high_entropy_mask = GRPOTrainer.get_high_entropy_mask
     get_off_policy_mask = staticmethod(GRPOTrainer.get_off_policy_mask)
+    get_gamma_weights = staticmethod(GRPOTrainer.get_gamma_weights)
 
     def __init__(self, s: LossSettings, logps, entropy, use_is: bool, accumulation_steps: int):
         self.loss_type = s.loss_type
@@ -78,6 +79,10 @@ class TrlLoss:
             use_bias_correction_kl=s.use_bias_correction_kl,
             sapo_temperature_pos=s.sapo_temperature_pos,
             sapo_temperature_neg=s.sapo_temperature_neg,
+            vespo_k_pos=s.vespo_k_pos,
+            vespo_lambda_pos=s.vespo_lambda_pos,
+            vespo_k_neg=s.vespo_k_neg,
+            vespo_lambda_neg=s.vespo_lambda_neg,
             steps_per_generation=accumulation_steps,
         )
         self._logps, self._entropy = logps, entropy
@@ -106,7 +111,9 @@ def make_data(seed: int = 0, empty_row: bool = False) -> dict[str, torch.Tensor]
         "mask": mask,
         "advantages": torch.tensor([1.3, -0.7, 0.0, -1.9, 0.4, 2.2]),
         "entropy": torch.rand(B, C, generator=g) * 5,
-        "is_token": torch.rand(B, C, generator=g) * 1.5 + 0.25,
+        # 1 outside the mask, as TRL's producer and grpo's is_correction make them (the difference
+        # of log-probs is masked before exp): VESPO sums the weights' logs over every column
+        "is_token": torch.where(mask.bool(), torch.rand(B, C, generator=g) * 1.5 + 0.25, 1.0),
         "is_seq": torch.rand(B, 1, generator=g) * 1.5 + 0.25,
     }
 
@@ -196,6 +203,8 @@ def base_settings(loss_type: str) -> LossSettings:
     # CISPO's epsilon_high is a cap on the raw ratio (ScaleRL uses ~5); the
     # data's ratios reach ~3, so 1.4 makes the cap bite.
     eps_high = 1.4 if loss_type == "cispo" else 0.28
+    # VESPO keeps TRL's default gamma shape: its weights of these sequences
+    # range from 0.4 to 1.2 (0.18 to 1.1 with the sampler weights folded in).
     return LossSettings(loss_type=loss_type, epsilon=0.2, epsilon_high=eps_high, max_completion_length=9)
 
 
@@ -231,6 +240,7 @@ def test_matches_trl(loss_type, scenario):
         "clip_ratio/high_mean",
         "clip_ratio/region_mean",
         "cispo_clip_ratio",
+        "vespo/phi_seq_mean",
         "kl",
         "entropy",
     ):
@@ -291,3 +301,80 @@ def test_bad_settings_and_missing_inputs_fail_clearly():
         policy_loss(LossSettings(beta=0.1), d["logps"], d["advantages"], d["mask"])
     with pytest.raises(ValueError, match="entropy"):
         policy_loss(LossSettings(top_entropy_quantile=0.5), d["logps"], d["advantages"], d["mask"])
+
+
+def test_vespo_shape_and_sampler_weights_change_the_result():
+    """VESPO's four shape parameters each move the loss, and the sampler
+    weights enter its sequence weight (not as a factor: the loss with
+    weights differs from the loss without them times any one weight)."""
+    d = make_data()
+    opts = {"on_policy": False, "is_key": None, "sampler": False, "accumulation_steps": 1, "num_items": None}
+    base, base_grad, metrics = run_ours(base_settings("vespo"), d, **opts)
+    assert 0.0 < metrics["vespo/phi_seq_mean"] < 1.0
+    # advantages of both signs: each parameter reaches some row
+    for changes in ({"vespo_k_pos": 1.0}, {"vespo_lambda_pos": 1.5}, {"vespo_k_neg": 1.5}, {"vespo_lambda_neg": 4.0}):
+        loss, grad, _ = run_ours(replace(base_settings("vespo"), **changes), d, **opts)
+        assert (grad - base_grad).abs().max() > 1e-4, changes
+    weighted, weighted_grad, _ = run_ours(base_settings("vespo"), d, **{**opts, "is_key": "is_token"})
+    assert not torch.allclose(weighted_grad, base_grad * d["is_token"], atol=1e-4)
+    # outside the mask a sampler weight does not count (its log-probs are padding there)
+    d_padded = dict(d, is_token=torch.where(d["mask"].bool(), d["is_token"], 7.0))
+    again, again_grad, _ = run_ours(base_settings("vespo"), d_padded, **{**opts, "is_key": "is_token"})
+    torch.testing.assert_close(again_grad, weighted_grad)
+
+
+def test_luspo_weights_each_sequence_by_its_length():
+    """On-policy at sequence level every ratio is 1, unclipped: LUSPO's loss
+    is -mean(advantage x length) over the micro-batch, GRPO's -mean(advantage)."""
+    d = make_data()
+    opts = {"on_policy": True, "is_key": None, "sampler": False, "accumulation_steps": 1, "num_items": None}
+    luspo = LossSettings(loss_type="luspo", importance_sampling_level="sequence", epsilon_high=0.28)
+    loss, grad, _ = run_ours(luspo, d, **opts)
+    lengths = d["mask"].sum(-1)
+    assert float(loss) == pytest.approx(float(-(d["advantages"] * lengths).mean()), rel=1e-6)
+    # d loss / d logp of a real token: -advantage / B, whatever the row's length (length-unbiased)
+    expected = (-d["advantages"] / B).unsqueeze(1).expand(B, C) * d["mask"]
+    torch.testing.assert_close(grad, expected)
+
+
+def test_trl_warnings_and_refusal_for_luspo_and_vespo(tmp_path):
+    """TRL 1.16 warns on LUSPO without sequence-level ratios and on VESPO
+    with them, and refuses VESPO with a sequence-level vLLM importance-sampling
+    mode: grpo says the same, in the config check (before anything loads)
+    and, for the warnings, when the loss is built."""
+    from grpo_core.config.loader import validate
+    from grpo_core.validation.run_check import check_run_config
+
+    with pytest.warns(UserWarning, match="luspo.*importance_sampling_level = 'sequence'"):
+        LossSettings(loss_type="luspo")
+    with pytest.warns(UserWarning, match="vespo.*should be 'token'"):
+        LossSettings(loss_type="vespo", importance_sampling_level="sequence")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        LossSettings(loss_type="luspo", importance_sampling_level="sequence")
+        LossSettings(loss_type="vespo")
+
+    (tmp_path / "train.jsonl").write_text('{"prompt": "hi"}\n')
+
+    def cfg(**trl):
+        return validate(
+            {
+                "base_model": str(tmp_path),
+                "datasets": [{"path": str(tmp_path / "train.jsonl")}],
+                "micro_batch_size": 4,
+                "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **trl},
+            }
+        )
+
+    assert any("luspo" in w for w in check_run_config(cfg(loss_type="luspo")))
+    assert not any("luspo" in w for w in check_run_config(cfg(loss_type="luspo", importance_sampling_level="sequence")))
+    assert any("vespo" in w for w in check_run_config(cfg(loss_type="vespo", importance_sampling_level="sequence")))
+    ok = {"loss_type": "vespo", "use_vllm": True, "vllm_importance_sampling_mode": "token_mask"}
+    assert not any("vespo" in w for w in check_run_config(cfg(**ok)))
+    for mode in ("sequence_mask", "sequence_truncate"):
+        with pytest.raises(ConfigError, match=f"loss_type = 'vespo'.*'{mode}'.*token_truncate, token_mask"):
+            check_run_config(cfg(**{**ok, "vllm_importance_sampling_mode": mode}))
+    # without the correction there is nothing to fold in: accepted, as TRL does
+    check_run_config(
+        cfg(**{**ok, "vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_correction": False})
+    )

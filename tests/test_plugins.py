@@ -310,6 +310,7 @@ def test_cli_lists_the_example_plugin_with_its_distribution(example_site: Path) 
     assert {i["name"] for i in plain["advantage_aggregation"]["implementations"]} == {
         "normalize_then_sum",
         "sum_then_normalize",
+        "turn_returns",
     }
     assert "length_bonus" not in {i["name"] for i in plain["reward"]["implementations"]}
 
@@ -341,7 +342,12 @@ def test_example_reward_and_aggregation_load_and_run(example_site: Path, tmp_pat
             ]
         )  # group 2: no signal
         advantages = host.hook.grpo_aggregate_advantages(
-            rewards=rewards, weights=torch.tensor([1.0, 0.5]), group_size=4, scale_rewards="group"
+            rewards=rewards,
+            weights=torch.tensor([1.0, 0.5]),
+            group_size=4,
+            scale_rewards="group",
+            completions=[],
+            reward_names=["a", "b"],
         )
         # group 1 totals 0.7, 0.9, 5.5, 0.0 -> ranks 1, 2, 3, 0 -> centred on [-1, 1]
         assert advantages[:4].tolist() == pytest.approx([-1 / 3, 1 / 3, 1.0, -1.0])
@@ -875,7 +881,12 @@ def test_a_raising_hook_is_one_error_naming_hook_implementation_and_distribution
         host.load_implementation("advantage_aggregation", "sum_then_normalize", context(tmp_path))
         with pytest.raises(PluginError) as info:
             host.hook.grpo_aggregate_advantages(
-                rewards="not a tensor", weights=torch.ones(1), group_size=2, scale_rewards="group"
+                rewards="not a tensor",
+                weights=torch.ones(1),
+                group_size=2,
+                scale_rewards="group",
+                completions=[],
+                reward_names=["r"],
             )
     message = str(info.value)
     assert "hook grpo_aggregate_advantages of advantage_aggregation implementation 'sum_then_normalize'" in message

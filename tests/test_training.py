@@ -30,6 +30,9 @@ def last_digit_even(completions, **kwargs):
 def length_score(completions, completion_ids, **kwargs):
     return [len(ids) / 8.0 for ids in completion_ids]
 
+def first_id_even(completion_ids, **kwargs):
+    return [float(ids[0] % 2 == 0) if ids else 0.0 for ids in completion_ids]
+
 def broken(completions, **kwargs):
     raise ValueError("boom")
 """
@@ -204,3 +207,40 @@ def test_num_iterations_and_beta_run_with_reference(
     assert "kl" in records[0] and records[0]["kl"] is not None
     # the second iteration reuses the batch: its ratio differs from 1 after an update
     assert records[1]["kl"] >= 0.0
+
+
+@pytest.mark.parametrize("loss_type", ["luspo", "vespo"])
+def test_luspo_and_vespo_train_through_the_loop(workdir: Path, smollm2_dir: str, loss_type: str) -> None:
+    """The loop with the two loss types TRL 1.16 added (parity with TRL's loss
+    code: tests/test_loss_parity.py): on the tiny model, two steps over one
+    batch (num_iterations = 2), so the second step's ratios differ from 1 and
+    VESPO's weight moves off 1; each logs TRL's metrics for it."""
+    from tiny_model import build_tiny_model
+
+    model = build_tiny_model(smollm2_dir, workdir / "tiny")
+    level = "sequence" if loss_type == "luspo" else "token"
+    cfg = validate(
+        tiny_config(
+            workdir,
+            smollm2_dir,
+            base_model=model,
+            adapter=None,
+            learning_rate=1e-3,
+            trl={
+                "loss_type": loss_type,
+                "importance_sampling_level": level,
+                "num_iterations": 2,
+                "reward_funcs": ["tiny_rewards.first_id_even"],  # what the tiny model can vary
+                "reward_weights": [1.0],
+            },
+        )
+    )
+    assert run_training(cfg) == "completed"
+    records = read_metrics(workdir / "out")
+    assert len(records) == 2 and all(r["grad_norm"] > 0 for r in records)
+    if loss_type == "vespo":
+        assert records[0]["vespo/phi_seq_mean"] == pytest.approx(1.0)  # on-policy: w = 1, phi(1) = 1
+        assert records[1]["vespo/phi_seq_mean"] != pytest.approx(1.0, abs=1e-6)
+        assert not any(k.startswith("clip_ratio") for k in records[1])
+    else:
+        assert "clip_ratio/region_mean" in records[1] and "vespo/phi_seq_mean" not in records[1]

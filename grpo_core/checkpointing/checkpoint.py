@@ -18,6 +18,11 @@ plugin state, the batch still being trained on and, with ``async_prefetch``, the
 batches generated ahead of training) are read with torch's restricted unpickler
 (:mod:`grpo_core.checkpointing.safe_load`). Saving checks that each plugin's state
 reads back under the same rule, so grpo never writes what it would refuse.
+
+Each checkpoint also holds ``manifest.json``: every file's size and CRC-32 and
+how the run was made (:mod:`grpo_core.checkpointing.integrity`,
+:mod:`grpo_core.checkpointing.record`). Reading checks them before the model
+loads: a file cut short or changed is named, never a library's traceback.
 """
 
 from __future__ import annotations
@@ -28,13 +33,15 @@ import random
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from grpo_core.checkpointing.integrity import MANIFEST, RESUME_OUT, check_files, differs_from_manifest, write_manifest
+from grpo_core.checkpointing.record import RECORD_KEY
 from grpo_core.checkpointing.safe_load import numpy_array_types, safe_load, unloadable_reason
 from grpo_core.contract.errors import ConfigError, GrpoError, StorageError
 
@@ -149,6 +156,8 @@ def save_checkpoint(
     there still shows its traceback.
     """
     final = output_dir / f"{PREFIX}{step}"
+    made_with = extra_state.get(RECORD_KEY)  # the run's record goes to manifest.json
+    extra_state = {name: state for name, state in extra_state.items() if name != RECORD_KEY}
     check_state_is_plain(extra_state)
     optimizer_state = optimizer.state_dict()
     scheduler_state = scheduler.state_dict()
@@ -166,6 +175,7 @@ def save_checkpoint(
         torch.save(extra_state, tmp / "extra_state.pt")
         for name, directory in (extra_dirs or {}).items():
             shutil.move(str(directory), str(tmp / name))
+        write_manifest(tmp, made_with)  # every file's size and checksum, before the state file that completes it
         (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=2))
         _fsync_tree(tmp)
         _move_into_place(tmp, final)
@@ -284,6 +294,7 @@ class LoadedCheckpoint:
     scheduler: dict[str, Any]
     rng: dict[str, Any]
     extra: dict[str, Any]
+    notes: list[str] = field(default_factory=list)  # damaged files a resume does not need, skipped
 
 
 def read_checkpoint(path: Path) -> LoadedCheckpoint:
@@ -293,9 +304,14 @@ def read_checkpoint(path: Path) -> LoadedCheckpoint:
     refused in seconds (:class:`~grpo_core.checkpointing.safe_load.UnsafeCheckpoint`,
     naming the file) and nothing has been restored from it. Checkpoints
     written before this rule load too: theirs hold the same data, with
-    numpy's RNG key as an array, allowed for that file only."""
+    numpy's RNG key as an array, allowed for that file only.
+
+    Every file is then checked against the checkpoint's manifest (sizes and
+    checksums) and every safetensors file against its header
+    (:func:`~grpo_core.checkpointing.integrity.check_files`): a damaged file a
+    resume needs is a :class:`GrpoError` naming it; others become ``notes``."""
     try:
-        trainer_state = json.loads((path / STATE_FILE).read_text())
+        trainer_state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise GrpoError(f"could not read {path / STATE_FILE}: {exc}. Resume from another checkpoint.") from None
     if not isinstance(trainer_state, dict) or not isinstance(trainer_state.get("step"), int):
@@ -308,14 +324,27 @@ def read_checkpoint(path: Path) -> LoadedCheckpoint:
         raise GrpoError(
             f"checkpoint {path} is incomplete: {', '.join(missing)} missing. Resume from another checkpoint."
         )
-    return LoadedCheckpoint(
+    state: dict[str, Any] = {}
+    for name, file in files.items():  # the safe loader first: a file that would run code is named as such
+        try:
+            state[name] = safe_load(file, allow=numpy_array_types() if name == "rng_state" else ())
+        except GrpoError as exc:
+            if not differs_from_manifest(path, file.name):
+                raise
+            raise type(exc)(
+                f"{exc} Its bytes also differ from those saved with the checkpoint ({MANIFEST}): it was damaged "
+                "or replaced after saving."
+            ) from None
+    loaded = LoadedCheckpoint(
         path=path,
         trainer_state=trainer_state,
-        optimizer=safe_load(files["optimizer"]),
-        scheduler=safe_load(files["scheduler"]),
-        rng=safe_load(files["rng_state"], allow=numpy_array_types()),
-        extra=safe_load(files["extra_state"]),
+        optimizer=state["optimizer"],
+        scheduler=state["scheduler"],
+        rng=state["rng_state"],
+        extra=state["extra_state"],
     )
+    loaded.notes = check_files(path)
+    return loaded
 
 
 def restore_checkpoint(loaded: LoadedCheckpoint, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
@@ -338,26 +367,55 @@ def load_checkpoint(
     return loaded.trainer_state, loaded.extra
 
 
-def load_model_weights(model: Any, path: Path) -> None:
-    """Load checkpointed weights into ``model`` in place (adapter or full)."""
-    model_dir = path / "model"
+def _read_weights(file: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors, or a :class:`GrpoError` naming it."""
     # heavy (safetensors): loaded on first use, not with this module
     from safetensors.torch import load_file
 
+    try:
+        return load_file(str(file))
+    except Exception as exc:  # safetensors' own SafetensorError, OSError, a JSON error in the header
+        raise GrpoError(
+            f"could not read {file}: {type(exc).__name__}: {str(exc).strip()[:300]}. The file is damaged (cut short "
+            f"by a full disk or an interrupted copy?). {RESUME_OUT}"
+        ) from None
+
+
+def _shape_mismatch(path: Path, exc: RuntimeError) -> GrpoError:
+    """The weights of ``path`` do not fit the model this config builds."""
+    sizes = [line.strip() for line in str(exc).splitlines() if "size mismatch" in line]
+    shown = "; ".join(sizes[:3]) + (f" (and {len(sizes) - 3} more)" if len(sizes) > 3 else "")
+    return GrpoError(
+        f"checkpoint {path}'s weights do not fit the model this config builds: {shown or str(exc)[:300]}. Set "
+        "base_model, adapter, lora_r, lora_target_modules and special_tokens as they were when it was saved, or "
+        "start without resume_from_checkpoint."
+    )
+
+
+def load_model_weights(model: Any, path: Path) -> None:
+    """Load checkpointed weights into ``model`` in place (adapter or full)."""
+    model_dir = path / "model"
     adapter = model_dir / "adapter_model.safetensors"
     if adapter.is_file():
         # heavy (peft): loaded on first use, not with this module
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(model, load_file(str(adapter)))
+        weights = _read_weights(adapter)
+        try:
+            set_peft_model_state_dict(model, weights)
+        except RuntimeError as exc:  # torch: "Error(s) in loading state_dict ... size mismatch"
+            raise _shape_mismatch(path, exc) from None
         return
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise GrpoError(f"checkpoint {path} has no weights in {model_dir}")
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        state.update(load_file(str(file)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
+        state.update(_read_weights(file))
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:
+        raise _shape_mismatch(path, exc) from None
     real_missing = [k for k in missing if "lm_head" not in k]  # tied embeddings are not saved twice
     if real_missing or unexpected:
         raise GrpoError(

@@ -108,9 +108,10 @@ def safe_load(path: Path, allow: Iterable[Any] = ()) -> Any:
             "state_dict(); if it came from someone else, do not resume from it (start without "
             "resume_from_checkpoint)."
         ) from None
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+    except Exception as exc:  # a damaged pickle: OSError, EOFError, a KeyError from a broken memo, a struct.error...
+        said = str(exc).strip()[:300] or ("the file ends early" if isinstance(exc, EOFError) else "no detail")
         raise GrpoError(
-            f"could not read {path}: {type(exc).__name__}: {str(exc).strip()[:300]}. The checkpoint is damaged or "
+            f"could not read {path}: {type(exc).__name__}: {said}. The checkpoint is damaged or "
             "not a grpo checkpoint: resume from an earlier one, or start without resume_from_checkpoint."
         ) from None
 

@@ -42,6 +42,34 @@ FSDP_CONFIG_KEYS = {
 }
 
 
+BOOLEAN_KEYS = (
+    "offload_params",
+    "reshard_after_forward",
+    "activation_checkpointing",
+    "cpu_ram_efficient_loading",
+    "sync_module_states",
+    "use_orig_params",
+)
+TEXT_KEYS = ("state_dict_type", "auto_wrap_policy")
+
+
+def _kind_problems(options: dict[str, Any]) -> list[str]:
+    """``fsdp_config`` values of the wrong kind: a string where true/false
+    is meant (``bool("false")`` is true), a class list that is not text."""
+    problems = []
+    for key, value in options.items():
+        name = key.removeprefix("fsdp_")
+        if name in BOOLEAN_KEYS and not isinstance(value, bool):
+            problems.append(f"fsdp_config.{key} = {value!r}: write true or false.")
+        elif name in TEXT_KEYS and not isinstance(value, str):
+            problems.append(f"fsdp_config.{key} = {value!r}: it must be a string.")
+        elif name == "transformer_layer_cls_to_wrap" and not (
+            isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+        ):
+            problems.append(f"fsdp_config.{key} = {value!r}: name the layer classes as a string or a list of strings.")
+    return problems
+
+
 def fsdp_value(cfg: GRPOConfig, name: str, default: Any = None) -> Any:
     """``fsdp_config.fsdp_<name>`` or ``fsdp_config.<name>`` (both spellings exist in the wild)."""
     options = cfg.fsdp_config or {}
@@ -62,13 +90,17 @@ def fsdp_problems(cfg: GRPOConfig) -> list[str]:
             f"fsdp_config keys {unknown} are not supported; known: "
             f"{', '.join(sorted(k for k in FSDP_CONFIG_KEYS if k.startswith('fsdp_')))}."
         )
+    problems += _kind_problems(cfg.fsdp_config or {})
     if cfg.fsdp_config and not cfg.fsdp:
         problems.append(
             'fsdp_config is set but fsdp is not: set fsdp = ["full_shard", "auto_wrap"] to shard the model.'
         )
-    version = int(fsdp_value(cfg, "version", 2) or 2)
+    raw_version = fsdp_value(cfg, "version", 2) or 2
+    version = raw_version if isinstance(raw_version, int) and not isinstance(raw_version, bool) else None
+    if isinstance(raw_version, str) and raw_version.strip().isdigit():
+        version = int(raw_version)
     if version not in (1, 2):
-        problems.append(f"fsdp_config.fsdp_version = {version}: use 2 (torch's fully_shard) or 1.")
+        problems.append(f"fsdp_config.fsdp_version = {raw_version!r}: use 2 (torch's fully_shard) or 1.")
     policy = str(fsdp_value(cfg, "auto_wrap_policy", "TRANSFORMER_BASED_WRAP")).upper()
     if policy not in ("TRANSFORMER_BASED_WRAP", "NO_WRAP"):
         problems.append(f"fsdp_config.fsdp_auto_wrap_policy = {policy}: use TRANSFORMER_BASED_WRAP.")

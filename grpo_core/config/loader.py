@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from grpo_core.config.axolotl import adapt
+from grpo_core.config.ranges import range_problems
 from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig
 from grpo_core.config.trl_names import unknown_key_hint
 from grpo_core.contract.errors import ConfigError
@@ -39,7 +40,16 @@ def read_raw(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path} is not UTF-8 text: line {line} (byte {exc.start}) holds byte 0x{exc.object[exc.start]:02x}. "
+            "Save the config as UTF-8."
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config {path}: {exc.strerror or exc}.") from None
     if path.suffix in {".yaml", ".yml"}:
         try:
             data = yaml.load(text, Loader=_Yaml12Floats) or {}
@@ -221,6 +231,11 @@ def validate(data: dict[str, Any], source: str = "config") -> GRPOConfig:
         cfg = GRPOConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, source)) from None
+    problems = range_problems(cfg)
+    if problems:
+        raise ConfigError(
+            "\n".join([f"{source}: {len(problems)} problem(s) in the config:", *(f"  - {p}" for p in problems)])
+        )
     cfg._notes = notes
     return apply_effective_defaults(cfg)
 

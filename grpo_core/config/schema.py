@@ -346,10 +346,12 @@ class TrlSettings(_Table):
     delta: float | None = Field(
         None, gt=0, description="Two-sided clipping of the ratio for negative advantages (INTELLECT-2)."
     )
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] | None = Field(
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"] | None = Field(
         None,
-        description="Policy loss: grpo, bnpo, dr_grpo, dapo, cispo or sapo (how tokens are weighted and normalised). "
-        "Default dapo.",
+        description="Policy loss: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo or vespo (how tokens are weighted "
+        "and normalised). Default dapo. 'luspo' (length-unbiased GSPO: each sequence's loss times its length) wants "
+        "importance_sampling_level = 'sequence'; 'vespo' (gamma-weighted sequence ratio) takes a token-level "
+        "vllm_importance_sampling_mode.",
     )
     scale_rewards: ScaleRewards | bool = Field(
         True,
@@ -372,6 +374,10 @@ class TrlSettings(_Table):
     sapo_temperature_neg: float = Field(
         1.05, gt=0, description="SAPO's gate temperature for negative advantages (loss_type = 'sapo')."
     )
+    vespo_k_pos: float = Field(2.0, description="VESPO: power k of the weight for advantages >= 0 (TRL 1.16).")
+    vespo_lambda_pos: float = Field(3.0, description="VESPO: decay lambda of the weight for advantages >= 0.")
+    vespo_k_neg: float = Field(3.0, description="VESPO: power k of the weight for negative advantages.")
+    vespo_lambda_neg: float = Field(2.0, description="VESPO: decay lambda of the weight for negative advantages.")
 
     # --- rewards
     reward_funcs: list[str] | None = Field(
@@ -653,7 +659,7 @@ class GRPOConfig(_Table):
     micro_batch_size: int = Field(
         1,
         ge=1,
-        description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo) a step's "
+        description="Completions per forward/backward pass. With a token-sum loss (dapo, cispo, vespo) a step's "
         "micro-batches are cut where they pad least: as many passes, none larger in padded tokens than the "
         "largest of micro_batch_size rows each.",
     )

@@ -69,6 +69,8 @@ class EnvironmentImplementation(Implementation, Protocol):
     """``False`` turns episodes off (the built-in ``none``): the run is single-turn."""
     provides_reward: ClassVar[bool | ConfigPredicate] = False
     """Add the ``environment`` reward function to ``reward_funcs``; or a static ``provides_reward(config) -> bool``."""
+    turn_rewards: ClassVar[bool | ConfigPredicate] = False
+    """Its replies carry a reward per turn (``EnvironmentReply.reward``): what per-turn credit needs."""
 
 
 class WeightSyncImplementation(Implementation, Protocol):
@@ -81,7 +83,12 @@ class WeightSyncImplementation(Implementation, Protocol):
 
 
 class AdvantageAggregationImplementation(Implementation, Protocol):
-    """``grpo.advantage_aggregation``: rewards -> group-relative advantages (no attributes of its own)."""
+    """``grpo.advantage_aggregation``: rewards -> group-relative advantages."""
+
+    needs_turn_rewards: ClassVar[bool] = False
+    """It credits each turn from the episodes' per-turn rewards (``turn_returns``): refused on a single-turn run,
+    with an environment without ``turn_rewards``, without the ``environment`` reward function, or with a loss
+    without ``per_token_advantages``."""
 
 
 class IsCorrectionImplementation(Implementation, Protocol):
@@ -93,6 +100,8 @@ class PolicyLossImplementation(Implementation, Protocol):
 
     uses_hidden_states: ClassVar[bool] = False
     """The loss reads ``inputs.hidden_states`` (a fused LM head) instead of ``inputs.logprobs``; not under DeepSpeed."""
+    per_token_advantages: ClassVar[bool] = False
+    """The loss takes ``inputs.advantages`` of shape ``[B, C]`` (one per token, per-turn credit) as well as ``[B]``."""
 
 
 class ReplayImplementation(Implementation, Protocol):

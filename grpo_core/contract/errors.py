@@ -2,19 +2,46 @@
 
 Every error a user can cause or fix (a config typo, a broken reward
 function, a server that went away) is a :class:`GrpoError`. The CLI prints
-its message and exits non-zero without a traceback; anything else is a bug
-and keeps its traceback.
+its message and exits non-zero without a traceback. Anything else is what no
+rule foresaw: it ends the command as an :class:`UnexpectedFailure`, one line
+naming the phase and the exception, its traceback written to a file
+(:mod:`grpo_core.runtime.failure`).
+
+Exit codes, one per class of failure (:data:`EXIT_CODES`): 0 success;
+2 a user error (config, data, checkpoint, plugin, reward function, disk);
+3 an engine, environment or weight sync that could not be reached or
+verified; 4 out of memory; 5 a system call failed (a file, a socket, a
+process) where no rule expected it; 70 any other unexpected exception (a bug);
+130 interrupted (Ctrl-C, SIGTERM), after a checkpoint.
 """
 
 from __future__ import annotations
 
 import pickle
 
+EXIT_USER = 2
+EXIT_UNREACHABLE = 3
+EXIT_OUT_OF_MEMORY = 4
+EXIT_SYSTEM = 5
+EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES: dict[int, str] = {
+    0: "the command succeeded",
+    EXIT_USER: "a user error: config, data, checkpoint, plugin, reward function, disk (named, with the fix)",
+    EXIT_UNREACHABLE: "an inference engine, environment or weight sync could not be reached or verified",
+    EXIT_OUT_OF_MEMORY: "out of memory (an unexpected MemoryError or CUDA/CPU allocator failure)",
+    EXIT_SYSTEM: "a system call failed where no rule expected it (an OSError: a file, a socket, a process)",
+    EXIT_INTERNAL: "any other unexpected exception: a bug in grpo or in code the run calls",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM), after a checkpoint where the run had started training",
+}
+"""What each exit code of a ``grpo`` command means (docs/reliability.md has the table)."""
+
 
 class GrpoError(Exception):
     """An error with a message meant for the user, not a bug."""
 
-    exit_code = 2
+    exit_code = EXIT_USER
 
 
 class ConfigError(GrpoError):
@@ -43,7 +70,7 @@ class StorageError(GrpoError):
 class EngineUnavailable(GrpoError):
     """The inference engine could not be reached after retries."""
 
-    exit_code = 3
+    exit_code = EXIT_UNREACHABLE
 
 
 class WeightSyncUnverified(GrpoError):
@@ -53,7 +80,7 @@ class WeightSyncUnverified(GrpoError):
     (:mod:`grpo_core.sync.verify`). The message names the engine,
     the policy version and the measured gap."""
 
-    exit_code = 3
+    exit_code = EXIT_UNREACHABLE
 
 
 class EnvironmentLost(GrpoError):
@@ -61,7 +88,7 @@ class EnvironmentLost(GrpoError):
     never came up). Raised when an episode is made or reset, it ends the
     run, where any other error there ends only that episode."""
 
-    exit_code = 3
+    exit_code = EXIT_UNREACHABLE
 
 
 class NotImplementedYet(ConfigError):
@@ -76,7 +103,21 @@ class NotImplementedYet(ConfigError):
 class TrainingInterrupted(GrpoError):
     """SIGINT/SIGTERM stopped training after a checkpoint was saved."""
 
-    exit_code = 130
+    exit_code = EXIT_INTERRUPTED
+
+
+class UnexpectedFailure(GrpoError):
+    """An exception no rule foresaw, in one line: the phase, the exception,
+    what happened to the checkpoint, the traceback file. ``exit_code`` is its
+    class (:data:`EXIT_CODES`); ``original`` is the exception itself."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_INTERNAL, original: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.original = original
+
+    def __reduce__(self) -> tuple[type, tuple[str, int]]:  # crosses processes without the original
+        return (type(self), (str(self), self.exit_code))
 
 
 def shareable_error(exc: BaseException) -> BaseException:

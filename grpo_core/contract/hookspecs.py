@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # imported for annotations only: keep plugin import cheap
 
     from grpo_core.contract.context import RunContext
     from grpo_core.contract.types import (
+        Completion,
         Episode,
         InferenceEngine,
         PolicyLossInputs,
@@ -96,8 +97,13 @@ def grpo_load_reward(spec: str, context: RunContext) -> RewardFunction | None:
 
 @hookspec(firstresult=True)
 def grpo_aggregate_advantages(
-    rewards: torch.Tensor, weights: torch.Tensor, group_size: int, scale_rewards: str
-) -> torch.Tensor:
+    rewards: torch.Tensor,
+    weights: torch.Tensor,
+    group_size: int,
+    scale_rewards: str,
+    completions: list[Completion],
+    reward_names: list[str],
+) -> torch.Tensor | list[list[float]]:
     """Called once per scored batch to combine rewards into group-relative advantages.
 
     :param rewards: ``[num_completions, num_functions]`` float, ``NaN`` where a function returned
@@ -105,7 +111,12 @@ def grpo_aggregate_advantages(
     :param weights: ``[num_functions]`` reward weights.
     :param group_size: Completions per group.
     :param scale_rewards: ``"group"``, ``"batch"`` or ``"none"``: divide by the group's std, the batch's, or not.
-    :return: ``[num_completions]`` advantages without ``NaN`` (0 where every reward is ``NaN``).
+    :param completions: The rows' completions, in order (an episode's turns and per-turn rewards:
+        :class:`~grpo_core.contract.types.EpisodeStats`).
+    :param reward_names: The reward functions' names, one per column.
+    :return: ``[num_completions]`` advantages without ``NaN`` (0 where every reward is ``NaN``); or, to
+        credit tokens apart (per turn), one list per completion with one float per entry of its
+        ``token_ids`` (an implementation reading per-turn rewards declares ``needs_turn_rewards``).
     """
 
 

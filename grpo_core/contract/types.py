@@ -81,6 +81,13 @@ class EpisodeStats:
     ``template_mismatch`` is true when the chat template renders the
     conversation differently from the concatenated ids the model saw (the
     ids are kept; see :mod:`grpo_core.generation.turn_tokens`).
+
+    Per model turn, in order (one entry each, ``turns`` in all):
+    ``turn_starts`` is where the turn's ids begin in the completion's
+    ``token_ids`` (they run, loss mask 1, up to the environment's ids that
+    follow), and ``turn_rewards`` the ``reward`` of the environment's reply
+    to that turn (``None`` where it gave none, or no reply came). What
+    per-turn credit assignment reads (``docs/turn-credit.md``).
     """
 
     turns: int = 0
@@ -92,6 +99,8 @@ class EpisodeStats:
     error: str | None = None
     reward: float | None = None
     template_mismatch: bool = False
+    turn_starts: list[int] = field(default_factory=list)
+    turn_rewards: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -155,17 +164,24 @@ class ScoredGroup:
 
     ``rewards`` has one row per completion and one column per reward function;
     ``None`` marks a value a function chose not to give. ``advantages`` is one
-    float per completion.
+    float per completion. ``token_advantages``, when the run's
+    ``advantage_aggregation`` gives one advantage per token (per-turn credit),
+    holds them: one list per completion, one float per entry of its
+    ``token_ids`` (0 where the loss mask is 0); ``advantages`` then holds each
+    completion's mean over its policy tokens, for logs.
     """
 
     group: RolloutGroup
     rewards: list[list[float | None]]
     advantages: list[float]
     replayed: bool = False
+    token_advantages: list[list[float]] | None = None
 
     @property
     def has_signal(self) -> bool:
         """True when some advantage is non-zero, i.e. the group can teach."""
+        if self.token_advantages is not None:
+            return any(abs(a) > 1e-8 for row in self.token_advantages for a in row)
         return any(abs(a) > 1e-8 for a in self.advantages)
 
     @property
@@ -209,6 +225,7 @@ class ScoredGroup:
             rewards=[list(row) for row in data["rewards"]],
             advantages=list(data["advantages"]),
             replayed=bool(data["replayed"]),
+            token_advantages=data.get("token_advantages"),
         )
 
 
@@ -256,7 +273,9 @@ class PolicyLossInputs:
     (:func:`grpo_core.contract.hookspecs.grpo_policy_loss`).
 
     Tensors are ``[B, C]`` over the completion tokens (``advantages``:
-    ``[B]``) on the training device. The policy's forward is given as
+    ``[B]``, or ``[B, C]`` when the run's ``advantage_aggregation`` gives one
+    per token; an implementation that cannot take that declares
+    ``per_token_advantages = False``) on the training device. The policy's forward is given as
     callables, not results, so an implementation runs only the part it
     needs: ``logprobs`` (per-token log-probs and, when asked, entropies, with
     gradient, as :func:`grpo_core.optimization.logprobs.token_logprobs` computes them) or
@@ -276,7 +295,7 @@ class PolicyLossInputs:
     targets: Any  # completion token ids [B, C]
     # 0/1 completion mask [B, C], float: 1 on the policy's tokens (0 on padding, environment tokens, masked truncations)
     mask: Any
-    advantages: Any  # [B]
+    advantages: Any  # [B], or [B, C] (per-token credit)
     old_logps: Any = None
     ref_logps: Any = None
     sampler_logps: Any = None

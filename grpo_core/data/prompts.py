@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_core.contract.errors import DataError
 from grpo_core.contract.types import Prompt
+from grpo_core.data.file_check import TEXT_SUFFIXES, csv_problem, diagnose, encoding_problem
 from grpo_core.host.user_code import make_cwd_importable
 
 if TYPE_CHECKING:
@@ -68,13 +69,75 @@ def _load_saved(path: Path, split: str, label: str) -> Any:
     return loaded
 
 
+PRESCAN_LIMIT = 4 << 30
+"""Local text data files up to this many bytes in all are checked to be
+UTF-8 before ``datasets`` reads them (about a second per GB)."""
+
+
+def _local_data_files(path: Path) -> list[Path]:
+    """The data files ``datasets`` would read for a local ``path``."""
+    if path.is_file():
+        return [path]
+    if path.is_dir() and not _is_saved_dataset(path):
+        return sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in FILE_BUILDERS)[:1000]
+    return []
+
+
+def _check_encoding(files: list[Path], label: str) -> None:
+    """Refuse a local text file that is not UTF-8 (``datasets`` would read
+    it into strings that fail when a row is read) or a CSV row with another
+    number of fields than its header (pandas takes a first row with one too
+    many as an index column and shifts every column), naming the line."""
+    text_files = [f for f in files if f.suffix.lower() in TEXT_SUFFIXES]
+    if sum(f.stat().st_size for f in text_files) > PRESCAN_LIMIT:
+        return
+    for file in text_files:
+        problem = encoding_problem(file)
+        if problem is not None:
+            raise DataError(
+                f"{label}: {file}: {problem}. Save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`), or fix "
+                "that line."
+            )
+        if file.suffix.lower() == ".csv":
+            problem = csv_problem(file.read_text(encoding="utf-8"))
+            if problem is not None:
+                raise DataError(f"{label}: {file}: {problem}. Fix or delete that line.")
+
+
+def _diagnosed(files: list[Path], label: str) -> DataError | None:
+    """After ``datasets`` failed on local files: the first line that is
+    wrong in one of them, in the user's terms."""
+    for file in files:
+        try:
+            problem = diagnose(file)
+        except OSError:
+            continue
+        if problem is not None:
+            return DataError(f"{label}: {file}: {problem}.")
+    return None
+
+
 def load_raw(spec: DatasetSpec, index: int = 0) -> Any:
-    """One entry as a ``datasets.Dataset``, before any transform."""
+    """One entry as a ``datasets.Dataset``, before any transform. A local
+    file that is not UTF-8, or one ``datasets`` cannot parse, is named with
+    its first bad line (:mod:`grpo_core.data.file_check`)."""
+    label = _label(index, spec)
+    path = Path(spec.path).expanduser()
+    files = _local_data_files(path)
+    try:
+        return _load_raw(spec, path, label, files)
+    except DataError as exc:
+        if exc.__cause__ is not None and not isinstance(exc.__cause__, DataError):
+            found = _diagnosed(files, label)
+            if found is not None:
+                raise found from exc.__cause__
+        raise
+
+
+def _load_raw(spec: DatasetSpec, path: Path, label: str, files: list[Path]) -> Any:
     # heavy (datasets): loaded on first use, not with this module
     from datasets import load_dataset
 
-    label = _label(index, spec)
-    path = Path(spec.path).expanduser()
     try:
         if path.is_file():
             if path.stat().st_size == 0:
@@ -82,6 +145,7 @@ def load_raw(spec: DatasetSpec, index: int = 0) -> Any:
             builder = FILE_BUILDERS.get(path.suffix.lower())
             if builder is None:
                 raise DataError(f"{label}: unsupported file type '{path.suffix}'; use .json, .jsonl, .csv or .parquet.")
+            _check_encoding(files, label)
             try:
                 return load_dataset(builder, data_files={_base_split(spec.split): str(path)}, split=spec.split)
             except ValueError as exc:
@@ -95,6 +159,7 @@ def load_raw(spec: DatasetSpec, index: int = 0) -> Any:
         if path.is_dir():
             if _is_saved_dataset(path):
                 return _load_saved(path, spec.split, label)
+            _check_encoding(files, label)
             return load_dataset(str(path), name=spec.name, split=spec.split, data_files=spec.data_files)
         if spec.path.startswith((".", "/", "~")) or path.suffix.lower() in FILE_BUILDERS:
             raise DataError(f"{label}: no such file or directory: {path}. Fix `path`.")
@@ -182,18 +247,84 @@ def apply_transform(cfg: GRPOConfig, dataset: Any, spec: DatasetSpec, tokenizer:
     try:
         return dataset.map(map_fn, **map_kwargs)
     except Exception as exc:
-        raise DataError(f"{label}: transform '{spec.type}' failed on the data: {type(exc).__name__}: {exc}") from exc
+        where = _failing_row(dataset, map_fn, map_kwargs)
+        raise DataError(
+            f"{label}: transform '{spec.type}' failed on {where or 'the data'}: {type(exc).__name__}: "
+            f"{str(exc)[:300]}. Fix the transform (or that row)."
+        ) from exc
+
+
+def _failing_row(dataset: Any, map_fn: Callable[..., Any], map_kwargs: dict[str, Any]) -> str | None:
+    """After a transform failed: the first row it fails on (called row by
+    row, as ``datasets`` does without ``batched``), shown in short."""
+    if map_kwargs.get("batched") or map_kwargs.get("with_indices") or map_kwargs.get("with_rank"):
+        return None
+    fn_kwargs = dict(map_kwargs.get("fn_kwargs") or {})
+    try:
+        for row, example in enumerate(dataset):
+            try:
+                out = map_fn(dict(example), **fn_kwargs)
+            except Exception:
+                return f"row {row} {_short(example)}"
+            if out is not None and not isinstance(out, dict):
+                return f"row {row} {_short(example)} (it returned {type(out).__name__}, not a dict of columns)"
+    except Exception:  # the rows themselves cannot be read: the caller's message stands
+        return None
+    return None
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ----------------------------------------------------------------------------- prompts
 
 
-def _check_messages(value: list[Any], label: str, row: int) -> None:
-    for message in value:
+def _is_text_content(message: dict[str, Any]) -> bool:
+    """Text, a list of content parts (multimodal), or nothing beside tool calls."""
+    content = message["content"]
+    if isinstance(content, str):
+        return True
+    if isinstance(content, list):
+        return all(isinstance(part, dict) for part in content)
+    return content is None and bool(message.get("tool_calls"))
+
+
+def _source_of(value: Any, source: dict[str, Any] | None) -> str:
+    """Which column of the row as loaded (before the transform) holds ``value``."""
+    for column, held in (source or {}).items():
+        if held is value or (type(held) is type(value) and held == value):
+            return column
+    return ""
+
+
+def _check_messages(
+    value: list[Any], label: str, row: int, source: dict[str, Any] | None = None, transform: str | None = None
+) -> None:
+    for i, message in enumerate(value):
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
             raise DataError(
-                f"{label}: row {row}: a list prompt must be chat messages [{{'role': ..., 'content': ...}}], got "
-                f"{str(value)[:200]}"
+                f"{label}: row {row}, column 'prompt': a list prompt must be chat messages "
+                f"[{{'role': ..., 'content': ...}}], got {str(value)[:200]}"
+            )
+        if not isinstance(message["role"], str):
+            raise DataError(
+                f"{label}: row {row}, column 'prompt': message {i}'s role is {_short(message['role'], 60)} "
+                f"({type(message['role']).__name__}), not a string such as 'user'."
+            )
+        if not _is_text_content(message):
+            content = message["content"]
+            column = _source_of(content, source)
+            held = f" It comes from column '{column}' of the data." if column else ""
+            fix = (
+                f"Make the transform '{transform}' turn it into text (str(...)), or fix row {row} of the data."
+                if transform
+                else f"Make it a string in row {row} of the data."
+            )
+            raise DataError(
+                f"{label}: row {row}, column 'prompt': message {i} ({message['role']}) has content "
+                f"{_short(content, 80)} of type {type(content).__name__}, not text.{held} {fix}"
             )
 
 
@@ -217,29 +348,86 @@ def tokenize_prompt(
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _to_prompts(dataset: Any, tokenizer: Any, cfg: GRPOConfig, label: str) -> list[Prompt]:
+def _unreadable_row(dataset: Any, row: int, label: str, exc: Exception) -> DataError:
+    """A row ``datasets`` cannot hand out (bytes that are not UTF-8 in a
+    string column, a value its column type cannot hold): which column."""
+    for column in dataset.column_names:
+        try:
+            dataset.data.table.slice(row, 1).column(column).to_pylist()
+        except Exception as inner:
+            return DataError(
+                f"{label}: row {row}, column '{column}' cannot be read: {type(inner).__name__}: {str(inner)[:200]}. "
+                "Fix that row (text must be UTF-8)."
+            )
+    return DataError(f"{label}: row {row} cannot be read: {type(exc).__name__}: {str(exc)[:200]}. Fix that row.")
+
+
+def _rows(dataset: Any, label: str) -> Any:
+    """``dataset``'s rows, a row that cannot be read named with its column."""
+    iterator = iter(dataset)
+    row = 0
+    while True:
+        try:
+            example = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:  # pyarrow's UnicodeDecodeError, ArrowInvalid, ...
+            raise _unreadable_row(dataset, row, label, exc) from exc
+        yield row, example
+        row += 1
+
+
+def _template_failure(label: str, row: int, cfg: GRPOConfig, exc: Exception) -> DataError:
+    chosen = cfg.chat_template not in (None, "tokenizer_default")
+    where = f"chat_template = '{str(cfg.chat_template)[:80]}'" if chosen else "the tokenizer's chat template"
+    return DataError(
+        f"{label}: row {row}, column 'prompt': {where} failed on this prompt: {type(exc).__name__}: "
+        f"{str(exc)[:300]}. Fix the row's messages (roles, text contents) or the template."
+    )
+
+
+def _to_prompts(
+    dataset: Any, tokenizer: Any, cfg: GRPOConfig, label: str, source: Any = None, transform: str | None = None
+) -> list[Prompt]:
+    """Each row's prompt, checked (chat messages with text contents, or a
+    string) and tokenised; ``source`` is the dataset as loaded, before
+    ``transform``, to say which of its columns a bad value came from."""
     if "prompt" not in dataset.column_names:
         raise DataError(
             f"{label}: no 'prompt' column (columns: {dataset.column_names}). Rename the column holding the prompt to "
             "'prompt', or set `type` to a transform that returns {'prompt': ...}."
         )
-    if tokenizer.chat_template is None and dataset.num_rows and isinstance(dataset[0]["prompt"], list):
-        raise DataError(
-            f"{label}: prompts are chat messages but the tokenizer has no chat template; set `chat_template`."
-        )
     kwargs = cfg.trl.chat_template_kwargs or {}
     out = []
-    for row, example in enumerate(dataset):
+    for row, example in _rows(dataset, label):
         prompt = example.pop("prompt")
         if isinstance(prompt, list):
-            _check_messages(prompt, label, row)
+            if tokenizer.chat_template is None:
+                raise DataError(
+                    f"{label}: prompts are chat messages but the tokenizer has no chat template; set `chat_template`."
+                )
+            _check_messages(prompt, label, row, _source_row(source, row), transform)
         elif not isinstance(prompt, str):
             raise DataError(
-                f"{label}: row {row}: 'prompt' must be a string or a list of chat messages, got "
-                f"{type(prompt).__name__}."
+                f"{label}: row {row}, column 'prompt': must be a string or a list of chat messages, got "
+                f"{type(prompt).__name__}{'' if prompt is None else f' ({_short(prompt, 60)})'}. Fix that row"
+                + (f" or the transform '{transform}'." if transform else ".")
             )
-        out.append(Prompt(prompt=prompt, prompt_ids=tokenize_prompt(prompt, tokenizer, kwargs), columns=example))
+        try:
+            ids = tokenize_prompt(prompt, tokenizer, kwargs)
+        except Exception as exc:  # a Jinja error, a template that indexes a missing key, a tokenizer error
+            raise _template_failure(label, row, cfg, exc) from exc
+        out.append(Prompt(prompt=prompt, prompt_ids=ids, columns=example))
     return out
+
+
+def _source_row(source: Any, row: int) -> dict[str, Any] | None:
+    if source is None or row >= getattr(source, "num_rows", 0):
+        return None
+    try:
+        return dict(source[row])
+    except Exception:
+        return None
 
 
 def load_prompts(cfg: GRPOConfig, tokenizer: Any) -> list[Prompt]:
@@ -256,9 +444,10 @@ def load_prompts(cfg: GRPOConfig, tokenizer: Any) -> list[Prompt]:
             raise DataError(
                 f"{label}: the dataset is empty (split '{spec.split}'). Check `path`, `split` and `data_files`."
             )
+        source = None
         if spec.type:
-            dataset = apply_transform(cfg, dataset, spec, tokenizer, index)
-        prompts.extend(_to_prompts(dataset, tokenizer, cfg, label))
+            source, dataset = dataset, apply_transform(cfg, dataset, spec, tokenizer, index)
+        prompts.extend(_to_prompts(dataset, tokenizer, cfg, label, source, spec.type))
 
     limit = cfg.trl.max_prompt_length
     if limit is not None:

@@ -321,6 +321,8 @@ class EpisodeDriver:
 
     def _take_turn(self, e: _Live, completion: Completion) -> None:
         ids = list(completion.token_ids[: max(0, e.budget)])
+        e.stats.turn_starts.append(len(e.ids))  # into e.ids; the completion's own start is added at the end
+        e.stats.turn_rewards.append(None)  # until the environment answers this turn
         e.ids += ids
         e.mask += [1] * len(ids)
         if e.logprobs is not None and completion.logprobs is not None:
@@ -364,6 +366,7 @@ class EpisodeDriver:
     def _record(self, e: _Live, reply: EnvironmentReply) -> None:
         if reply.reward is not None:
             e.stats.reward = (e.stats.reward or 0.0) + float(reply.reward)
+            e.stats.turn_rewards[-1] = float(reply.reward)  # the reply to the episode's last model turn
         e.stats.tool_calls += int(reply.tool_calls)
         e.stats.tool_failures += int(reply.tool_failures)
         e.info.update(reply.info)
@@ -447,6 +450,7 @@ class EpisodeDriver:
         own_start = e.context[shared:]
         extra = dict(e.info)
         extra["environment_reward"] = e.stats.reward
+        e.stats.turn_starts = [len(own_start) + start for start in e.stats.turn_starts]  # into token_ids
         return Completion(
             token_ids=own_start + e.ids,
             text=self.tokenizer.decode(e.ids, skip_special_tokens=True),

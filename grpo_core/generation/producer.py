@@ -26,6 +26,7 @@ import torch
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.errors import EngineUnavailable, PluginError, RewardError
 from grpo_core.contract.types import (
+    Completion,
     Prompt,
     RolloutGroup,
     SamplingSettings,
@@ -313,19 +314,61 @@ class RolloutProducer:
         rows = [[math.nan if v is None else float(v) for v in row] for per_group in rewards for row in per_group]
         tensor = torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(self.scorer.names))
         weights = torch.tensor(self.scorer.weights, dtype=torch.float32)
+        completions = [c for group in groups for c in group.completions]
         advantages = self.hook.grpo_aggregate_advantages(
             rewards=tensor,
             weights=weights,
             group_size=self.num_generations,
             scale_rewards=str(self.cfg.trl.scale_rewards),
+            completions=completions,
+            reward_names=list(self.scorer.names),
         )
-        flat = advantages.tolist()
+        flat, per_token = per_completion_advantages(advantages, completions)
         scored, k = [], 0
         for group, per_group in zip(groups, rewards, strict=True):
             n = len(group.completions)
-            scored.append(ScoredGroup(group=group, rewards=per_group, advantages=flat[k : k + n]))
+            tokens = None if per_token is None else per_token[k : k + n]
+            scored.append(
+                ScoredGroup(group=group, rewards=per_group, advantages=flat[k : k + n], token_advantages=tokens)
+            )
             k += n
         return scored
+
+
+def per_completion_advantages(
+    result: Any, completions: list[Completion]
+) -> tuple[list[float], list[list[float]] | None]:
+    """What ``grpo_aggregate_advantages`` returned, as one advantage per
+    completion and, when it gave one per token, those (zero where the loss
+    mask is 0); each completion's own advantage is then the mean over its
+    policy tokens (for logs). Refused with a sentence when the shape is not
+    one the contract allows."""
+    if isinstance(result, torch.Tensor) and result.dim() == 1 and result.numel() == len(completions):
+        return [float(a) for a in result.tolist()], None
+    if isinstance(result, (list, tuple)) and all(isinstance(a, (int, float)) for a in result):
+        if len(result) == len(completions):
+            return [float(a) for a in result], None
+    if isinstance(result, (list, tuple)) and len(result) == len(completions):
+        per_token: list[list[float]] = []
+        means: list[float] = []
+        for i, (row, completion) in enumerate(zip(result, completions, strict=True)):
+            values = [float(a) for a in (row.tolist() if isinstance(row, torch.Tensor) else row)]
+            if len(values) != len(completion.token_ids) or not all(math.isfinite(a) for a in values):
+                raise PluginError(
+                    f"advantage_aggregation: completion {i} got {len(values)} per-token advantages for "
+                    f"{len(completion.token_ids)} tokens (or a non-finite one); the contract is one finite float "
+                    "per entry of token_ids"
+                )
+            mask = completion.loss_mask or [1] * len(values)
+            values = [a if m else 0.0 for a, m in zip(values, mask, strict=True)]
+            per_token.append(values)
+            policy = [a for a, m in zip(values, mask, strict=True) if m]
+            means.append(sum(policy) / len(policy) if policy else 0.0)
+        return means, per_token
+    raise PluginError(
+        f"advantage_aggregation returned {type(result).__name__} for {len(completions)} completions: the contract "
+        "is a [num_completions] tensor, or one list of per-token advantages per completion"
+    )
 
 
 class PrefetchingProducer:

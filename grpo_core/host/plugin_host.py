@@ -53,13 +53,14 @@ from grpo_core.contract.extension_points import (
     ExtensionPoint,
     declared,
 )
+from grpo_core.runtime.failure import TRACEBACK_FILE
 
 SELF_DISTRIBUTION = "grpo"
 ALLOW_ENV = "GRPO_PLUGINS_ALLOW"
 AMBIGUOUS = "ambiguous:"  # how an ambiguity's error starts (EntryPointInfo.status reads it)
 NOT_ALLOWED = "not in the plugin allowlist"
 QUALIFIER = ":"
-ERROR_LOG = "grpo-error.log"
+ERROR_LOG = TRACEBACK_FILE  # one file per run collects every traceback (grpo_core.runtime.failure)
 
 
 def group_for(point: str) -> str:
@@ -306,6 +307,19 @@ def validate_settings(obj: Any, name: str, table: dict[str, Any] | None) -> Base
         return None
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         raise PluginError(f"'{name}' declares Settings = {model!r}, which is not a pydantic model")
+    if model.model_config.get("extra") in (
+        None,
+        "ignore",
+    ):  # pydantic's default drops an unknown key: a typo went unseen
+        known = {key for field_name, field in model.model_fields.items() for key in (field_name, field.alias) if key}
+        unknown = sorted(str(key) for key in (table or {}) if key not in known)
+        if unknown:
+            fields = ", ".join(sorted(model.model_fields)) or "none"
+            raise ConfigError(
+                "; ".join(
+                    f"{ref}.{key}: Extra inputs are not permitted (settings of '{name}': {fields})" for key in unknown
+                )
+            )
     try:
         return model.model_validate(table or {})
     except ValidationError as exc:

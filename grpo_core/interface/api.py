@@ -260,7 +260,38 @@ def train(
 
     Runs the checks ``grpo run`` runs and raises the same errors
     (:class:`~grpo_core.contract.errors.ConfigError` and friends) before anything heavy.
+    Every failure is a :class:`~grpo_core.contract.errors.GrpoError` whose message
+    is the line ``grpo run`` prints: one no rule foresaw is an
+    :class:`~grpo_core.contract.errors.UnexpectedFailure` naming the phase, with
+    the exception as its ``original`` and its traceback in ``output_dir/grpo-error.log``.
     """
+    # the training stack loads when a run starts, so `import grpo` stays fast
+    from grpo_core.runtime import failure
+
+    try:
+        trainer_args = {"eval_dataset": eval_dataset, "peft_config": peft_config, "processing_class": processing_class}
+        return _train(
+            config, reward_funcs, train_dataset, rollout_func, environment_factory, tools, overrides, **trainer_args
+        )
+    except Exception as exc:
+        report = failure.unexpected(exc, None, "grpo.train")
+        if report is exc:
+            raise
+        raise report from None
+
+
+def _train(
+    config: str | Path | Mapping[str, Any] | GRPOConfig,
+    reward_funcs: Sequence[str | Callable[..., Any]] | None,
+    train_dataset: Any,
+    rollout_func: str | Callable[..., Any] | None,
+    environment_factory: str | type | Callable[..., Any] | None,
+    tools: Sequence[str | Callable[..., Any]] | None,
+    overrides: dict[str, Any],
+    eval_dataset: Any = None,
+    peft_config: Any = None,
+    processing_class: Any = None,
+) -> TrainResult:
     # the training stack loads when a run starts, so `import grpo` stays fast
     from grpo_core.config.loader import anchor_to_config_dir, validate
     from grpo_core.host.plugin_host import PluginHost
@@ -307,7 +338,8 @@ def train(
                 "into a module and pass them from there, or drop those two options."
             )
         host.pm.register(_CallableRewards(in_memory), name="grpo.api.reward_funcs")
-    status = run_training(cfg, host)
+    config_path = str(Path(config).resolve()) if isinstance(config, (str, Path)) else None
+    status = run_training(cfg, host, config_path=config_path)  # the path names the run in output_dir's lock
     output_dir = Path(cfg.output_dir)
     checkpoints = sorted(
         output_dir.glob("checkpoint-*"),

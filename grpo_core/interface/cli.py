@@ -8,7 +8,10 @@ reported on stderr and skipped, never fatal to the other commands.
 
 Every :class:`~grpo_core.contract.errors.GrpoError` ends the program with its message
 on stderr and its ``exit_code``, without a traceback; Ctrl-C exits with 130.
-Anything else is a bug and keeps its traceback.
+Anything else (a bug) ends the same way: one line naming the command and the
+exception, its traceback written to a file whose path is printed, an exit code
+per class of failure (:data:`~grpo_core.contract.errors.EXIT_CODES`,
+:mod:`grpo_core.runtime.failure`).
 """
 
 from __future__ import annotations
@@ -605,12 +608,17 @@ def _main(argv: list[str] | None) -> int:
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.host.plugin_host import PluginHost
 
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.runtime import failure
+
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = bare_resume_as_latest(list(sys.argv[1:] if argv is None else argv))
+        args = bare_resume_as_latest(args)
         allow = allowlist_of_command_line(args)
         command = typer.main.get_command(build_app(PluginHost(allow=allow)))
         command.main(args=args, prog_name="grpo", standalone_mode=True)
     except GrpoError as exc:
+        exc = failure.annotate(exc, None, f"running `{_command_line(args)}`")
         stderr(f"error: {exc}")
         return exc.exit_code
     except KeyboardInterrupt:
@@ -621,7 +629,21 @@ def _main(argv: list[str] | None) -> int:
             return exc.code or 0
         stderr(str(exc.code))
         return 1
+    except Exception as exc:  # what no rule foresaw: one line, the traceback in a file
+        report = failure.unexpected(exc, None, f"running `{_command_line(args)}`")
+        stderr(f"error: {report}")
+        return report.exit_code
     return 0
+
+
+def _command_line(args: list[str]) -> str:
+    """``grpo`` and its subcommand words (not their arguments), for messages."""
+    words = ["grpo"]
+    for arg in args:
+        if arg.startswith("-") or "/" in arg or "." in arg:
+            break
+        words.append(arg)
+    return " ".join(words[:3])
 
 
 if __name__ == "__main__":

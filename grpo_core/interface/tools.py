@@ -63,14 +63,18 @@ class _Local:
         from transformers import AutoModelForCausalLM
 
         from grpo_core.modeling.models import resolve_dtype
+        from grpo_core.modeling.weight_files import check_weight_folder
 
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=resolve_dtype(self.cfg))
         if adapter:
             if not (Path(adapter) / "adapter_config.json").is_file():
                 raise ConfigError(
                     f"--adapter {adapter}: no adapter_config.json there; give a run's output_dir or a checkpoint "
                     "directory."
                 )
+            check_weight_folder(adapter, f"--adapter {adapter}")
+        check_weight_folder(self.model_dir, "base_model")
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=resolve_dtype(self.cfg))
+        if adapter:
             # imported when the command runs (peft), so `grpo --help` stays fast
             from peft import PeftModel
 
@@ -209,6 +213,10 @@ def merge_adapter(adapter_dir: Path, output: Path | None = None, base: str | Non
             f"{adapter_dir}: no adapter_config.json. grpo merge takes a LoRA run's output_dir (or a "
             "checkpoint); a full fine-tune is already a plain model directory."
         )
+    # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.modeling.weight_files import check_weight_folder
+
+    check_weight_folder(adapter_dir, f"grpo merge {adapter_dir}")  # a cut adapter or a damaged adapter_config.json
     base = base or json.loads(config_file.read_text(encoding="utf-8")).get("base_model_name_or_path")
     if not base:
         raise ConfigError(f"{config_file} does not name its base model: pass --base MODEL_DIR.")
@@ -216,6 +224,7 @@ def merge_adapter(adapter_dir: Path, output: Path | None = None, base: str | Non
     from grpo_core.modeling.model_files import resolve_model_dir
 
     base_dir = resolve_model_dir(base)
+    check_weight_folder(base_dir, "--base")
     output = Path(output) if output is not None else adapter_dir / "merged"
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()

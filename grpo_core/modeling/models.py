@@ -33,6 +33,8 @@ from grpo_core.contract.errors import ConfigError, NotImplementedYet
 from grpo_core.modeling.attention import SDPA_FLOAT32, register_sdpa_float32
 from grpo_core.modeling.precision import resolve_precision
 from grpo_core.modeling.quantization import quantization_config
+from grpo_core.modeling.tokenizer_files import damaged_file, template_problem
+from grpo_core.modeling.weight_files import check_weight_folder
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -79,7 +81,12 @@ def _resolve_chat_template(tokenizer: Any, choice: str | None) -> str | None:
         return NAMED_CHAT_TEMPLATES[choice]
     path = Path(choice).expanduser()
     if path.suffix == ".jinja" and path.is_file():
-        return path.read_text(encoding="utf-8")
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"chat_template '{choice}': the file is not UTF-8 text (byte {exc.start}). Save it as UTF-8."
+            ) from None
     known = sorted({TOKENIZER_DEFAULT, *own, *NAMED_CHAT_TEMPLATES})
     raise ConfigError(
         f"chat_template '{choice}' is not a known template name ({', '.join(known)}), a .jinja file, "
@@ -108,14 +115,22 @@ def load_tokenizer(cfg: GRPOConfig, model_dir: str) -> Any:
     key = "tokenizer_config" if cfg.tokenizer_config else "base_model"
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise remote_code_error(key, source, exc) or ConfigError(
-            f"{key}: cannot load a tokenizer from '{source}': {exc}"
+    except Exception as exc:  # OSError, ValueError, UnicodeDecodeError, the tokenizers library's own Exception
+        refused = remote_code_error(key, source, exc) if isinstance(exc, (OSError, ValueError)) else None
+        damaged = damaged_file(source)
+        if refused is None and damaged is not None:
+            refused = ConfigError(
+                f"{key}: cannot load a tokenizer from '{source}': {damaged}. Restore that file (copy it again from "
+                "where the model came from)."
+            )
+        raise refused or ConfigError(
+            f"{key}: cannot load a tokenizer from '{source}': {type(exc).__name__}: {str(exc)[:300]}"
         ) from exc
 
     template = _resolve_chat_template(tokenizer, cfg.chat_template)
     if template is not None:
         tokenizer.chat_template = template
+    _check_template(tokenizer, cfg, source)
 
     if cfg.special_tokens:
         for key, token in cfg.special_tokens.items():
@@ -134,6 +149,24 @@ def load_tokenizer(cfg: GRPOConfig, model_dir: str) -> Any:
         tokenizer.pad_token = fallback
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def _check_template(tokenizer: Any, cfg: GRPOConfig, source: str) -> None:
+    """Refuse a chat template that does not compile, naming where it came
+    from, before any prompt is rendered with it."""
+    own = tokenizer.chat_template
+    templates = own if isinstance(own, dict) else {"": own} if isinstance(own, str) else {}
+    for name, text in templates.items():
+        problem = template_problem(text) if isinstance(text, str) else None
+        if problem is None:
+            continue
+        if cfg.chat_template and cfg.chat_template != TOKENIZER_DEFAULT:
+            where = f"chat_template '{cfg.chat_template}'" if len(cfg.chat_template) < 200 else "chat_template"
+        else:
+            where = f"the chat template of the tokenizer in '{source}'" + (f" ('{name}')" if name else "")
+        raise ConfigError(
+            f"{where} is not a valid Jinja template: {problem}. Fix the template, or set `chat_template`."
+        )
 
 
 # ----------------------------------------------------------------------------- policy
@@ -202,6 +235,7 @@ def _load_causal_lm(cfg: GRPOConfig, model_dir: str) -> nn.Module:
     quantization = quantization_config(cfg, kwargs["dtype"])
     if quantization is not None:
         kwargs["quantization_config"] = quantization
+    check_weight_folder(model_dir, "base_model")  # a cut weights file named, not a SafetensorError
     try:
         return AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     except OSError as exc:

@@ -15,6 +15,12 @@ A completion's ``loss_mask`` (multi-turn episodes: 0 on the tokens the
 environment or the chat template inserted) becomes its row of
 ``completion_mask``, so every loss term, normaliser and importance weight
 downstream sees only the tokens the policy sampled.
+
+Advantages are one per completion (``MicroBatch.advantages`` ``[B]``), or,
+when the run's ``advantage_aggregation`` credits each turn, one per
+completion token (``[B, C]``, aligned with ``completion_mask``; a
+micro-batch holding any such row is ``[B, C]``, the others' one value
+repeated along their row).
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ class Sample:
     truncated: bool = False
     replayed: bool = False
     loss_mask: list[int] | None = None  # 1 = policy token; None: all ones
+    token_advantages: list[float] | None = None  # one per completion token (per-turn credit); None: `advantage`
 
     @property
     def length(self) -> int:
@@ -73,6 +80,8 @@ class Sample:
 
     @property
     def has_signal(self) -> bool:
+        if self.token_advantages is not None:
+            return any(abs(a) > 1e-8 for a in self.token_advantages)
         return abs(self.advantage) > 1e-8
 
 
@@ -83,7 +92,7 @@ class MicroBatch:
     input_ids: torch.Tensor  # [B, P + C]
     attention_mask: torch.Tensor  # [B, P + C]
     completion_mask: torch.Tensor  # [B, C] float, 1 on real completion tokens
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B], or [B, C] when a row has per-token advantages
     sampler_logps: torch.Tensor | None  # [B, C] or None when the engine gave none
     replayed: torch.Tensor  # [B] bool
     old_logps: torch.Tensor | None = None  # filled when num_iterations > 1 or replay needs it
@@ -101,7 +110,8 @@ class MicroBatch:
 def flatten(groups: list[ScoredGroup]) -> list[Sample]:
     samples = []
     for scored in groups:
-        for completion, advantage in zip(scored.group.completions, scored.advantages, strict=True):
+        per_token = scored.token_advantages or [None] * len(scored.advantages)
+        for completion, advantage, tokens in zip(scored.group.completions, scored.advantages, per_token, strict=True):
             samples.append(
                 Sample(
                     prompt_ids=scored.group.prompt.prompt_ids,
@@ -111,9 +121,20 @@ def flatten(groups: list[ScoredGroup]) -> list[Sample]:
                     truncated=completion.truncated,
                     replayed=scored.replayed,
                     loss_mask=_checked_mask(completion.loss_mask, len(completion.token_ids)),
+                    token_advantages=None if tokens is None else _checked_advantages(tokens, len(completion.token_ids)),
                 )
             )
     return samples
+
+
+def _checked_advantages(values: list[float], length: int) -> list[float]:
+    """Per-token advantages, refused with a sentence unless one per completion token."""
+    if len(values) != length:
+        raise GrpoError(
+            f"a completion's per-token advantages have {len(values)} entries for {length} tokens: the "
+            "advantage_aggregation that made them must give one per entry of token_ids"
+        )
+    return [float(a) for a in values]
 
 
 def _checked_mask(mask: list[int] | None, length: int) -> list[int] | None:
@@ -162,6 +183,10 @@ def collate(samples: list[Sample], pad_id: int, mask_truncated: bool) -> MicroBa
     completion_mask = torch.zeros((batch, max_completion), dtype=torch.float32)
     has_sampler = all(s.sampler_logps is not None for s in samples)
     sampler = torch.zeros((batch, max_completion), dtype=torch.float32) if has_sampler else None
+    per_token = any(s.token_advantages is not None for s in samples)
+    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    if per_token:  # [B, C]: each token its own; a row with one advantage repeats it
+        advantages = advantages.unsqueeze(1).repeat(1, max_completion)
     for row, s in enumerate(samples):
         p, c = len(s.prompt_ids), len(s.completion_ids)
         input_ids[row, max_prompt - p : max_prompt] = torch.tensor(s.prompt_ids, dtype=torch.long)
@@ -172,6 +197,9 @@ def collate(samples: list[Sample], pad_id: int, mask_truncated: bool) -> MicroBa
             row_mask = torch.ones(c) if s.loss_mask is None else torch.tensor(s.loss_mask[:c], dtype=torch.float32)
             if not (mask_truncated and s.truncated):
                 completion_mask[row, :c] = row_mask
+            if s.token_advantages is not None:
+                advantages[row, :c] = torch.tensor(s.token_advantages[:c], dtype=torch.float32)
+                advantages[row, c:] = 0.0
             if sampler is not None:
                 logps = torch.tensor(s.sampler_logps[:c], dtype=torch.float32)  # type: ignore[index]
                 # the engine's value at an environment token means nothing (drivers write 0.0): keep it finite
@@ -180,7 +208,7 @@ def collate(samples: list[Sample], pad_id: int, mask_truncated: bool) -> MicroBa
         input_ids=input_ids,
         attention_mask=attention,
         completion_mask=completion_mask,
-        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        advantages=advantages,
         sampler_logps=sampler,
         replayed=torch.tensor([s.replayed for s in samples], dtype=torch.bool),
     )

@@ -9,31 +9,35 @@ carry over between the two:
 * importance ratio ``exp(logp - old_logp)`` per token, or per sequence
   (GSPO: exp of the masked mean log-ratio), clipped PPO-style with
   ``epsilon``/``epsilon_high`` (optionally capped at ``delta``), or CISPO's
-  detached clipped weight, or SAPO's sigmoid soft gate;
+  detached clipped weight, or SAPO's sigmoid soft gate, or VESPO's detached
+  gamma weight of the sequence's whole ratio (which folds the sampler
+  importance weights in, instead of multiplying by them);
 * optional off-policy sequence masking (OPSM), high-entropy token selection,
   sampler importance weights, and a k3 KL penalty to a reference policy;
 * normalisation per ``loss_type`` (per sequence, per token in the micro
-  batch, by ``B x max_completion_length``, or by the tokens of the whole
-  accumulation window).
+  batch, by ``B x max_completion_length``, by the tokens of the whole
+  accumulation window, or LUSPO's per-sequence sum averaged over sequences).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from grpo_core.config.loss_rules import loss_level_warnings
 from grpo_core.config.schema import EFFECTIVE_DEFAULTS
 from grpo_core.contract.errors import ConfigError
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo")
-PPO_CLIP_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-TOKEN_SUM_TYPES = ("dapo", "cispo")  # normalised by the tokens of the whole accumulation window
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+PPO_CLIP_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+TOKEN_SUM_TYPES = ("dapo", "cispo", "vespo")  # normalised by the tokens of the whole accumulation window
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,10 @@ class LossSettings:
     max_completion_length: int = 256
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
     off_policy_mask_threshold: float | None = None
     use_bias_correction_kl: bool = False
 
@@ -72,7 +80,8 @@ class LossSettings:
                 "GSPO's objective is loss_type='grpo'.",
                 stacklevel=3,
             )
-
+        for message in loss_level_warnings(self.loss_type, self.importance_sampling_level):
+            warnings.warn(message, stacklevel=3)
         if self.loss_type == "cispo" and self.epsilon_high < 1.0:
             warnings.warn(
                 f"loss_type='cispo' caps the raw ratio at trl.epsilon_high = {self.epsilon_high} (< 1: most tokens "
@@ -101,6 +110,10 @@ class LossSettings:
             max_completion_length=int(value("max_completion_length")),
             sapo_temperature_pos=float(trl.sapo_temperature_pos),
             sapo_temperature_neg=float(trl.sapo_temperature_neg),
+            vespo_k_pos=float(trl.vespo_k_pos),
+            vespo_lambda_pos=float(trl.vespo_lambda_pos),
+            vespo_k_neg=float(trl.vespo_k_neg),
+            vespo_lambda_neg=float(trl.vespo_lambda_neg),
             off_policy_mask_threshold=trl.off_policy_mask_threshold,
             use_bias_correction_kl=bool(value("use_bias_correction_kl")),
         )
@@ -110,13 +123,14 @@ def zero_advantage_rows_are_inert(settings: LossSettings) -> bool:
     """Whether a completion whose advantage is 0 can be left out of the
     micro-batches without changing the loss or its gradient.
 
-    True for the token-sum losses (``dapo``, ``cispo``) without a KL term or
-    an entropy quantile: such a completion's per-token loss is ``0 x ratio``
-    (exactly 0, whatever the ratio or importance weight), and the normaliser,
+    True for the token-sum losses (``dapo``, ``cispo``, ``vespo``) without a
+    KL term or an entropy quantile: such a completion's per-token loss is
+    ``0 x ratio`` (exactly 0, whatever the ratio, VESPO's weight of its own
+    row, or the importance weight), and the normaliser,
     ``num_items_in_batch``, counts the whole generation batch's tokens
     whichever rows run. The per-sequence and per-micro-batch normalisations
-    (``grpo``, ``bnpo``, ``dr_grpo``, ``sapo``) divide by a count that
-    includes those rows; ``beta > 0`` gives them a KL term; and the entropy
+    (``grpo``, ``bnpo``, ``dr_grpo``, ``sapo``, ``luspo``) divide by a count
+    that includes those rows; ``beta > 0`` gives them a KL term; and the entropy
     quantile is taken over every token of the micro-batch."""
     return settings.loss_type in TOKEN_SUM_TYPES and settings.beta == 0.0 and settings.top_entropy_quantile >= 1.0
 
@@ -126,10 +140,11 @@ def micro_batch_split_is_free(settings: LossSettings) -> bool:
     are split into micro-batches (to float rounding), so that micro-batches
     may be cut unequally where they pad least.
 
-    True for the token-sum losses (``dapo``, ``cispo``): each token's term is
-    divided by ``num_items_in_batch``, the whole batch's count, and a KL term
-    is per token too. False for the per-sequence and per-micro-batch means
-    (``grpo``, ``bnpo``, ``dr_grpo``, ``sapo``), where a row's weight depends on
+    True for the token-sum losses (``dapo``, ``cispo``, ``vespo``): each
+    token's term is divided by ``num_items_in_batch``, the whole batch's
+    count (VESPO's weight depends on its own row only), and a KL term is per
+    token too. False for the per-sequence and per-micro-batch means
+    (``grpo``, ``bnpo``, ``dr_grpo``, ``sapo``, ``luspo``), where a row's weight depends on
     how many rows or tokens share its micro-batch, and for an entropy quantile,
     taken over each micro-batch's tokens."""
     return settings.loss_type in TOKEN_SUM_TYPES and settings.top_entropy_quantile >= 1.0
@@ -183,13 +198,15 @@ def policy_loss(
 
     Shapes: ``logps``, ``mask`` (0/1 float), ``old_logps``, ``ref_logps``,
     ``entropy``, ``sampler_logps`` are ``[B, C]``; ``advantages`` ``[B]`` (or
-    ``[B, C]``); ``is_weights`` ``[B, C]`` or ``[B, 1]`` (sampler
-    importance-sampling weights, from an ``is_correction`` plugin).
+    ``[B, C]``: one per token, e.g. per-turn credit); ``is_weights``
+    ``[B, C]`` or ``[B, 1]`` (sampler importance-sampling weights, from an
+    ``is_correction`` plugin). ``vespo`` does not multiply by them: their
+    log, summed over the real tokens, joins its sequence weight (TRL 1.16).
 
     * ``old_logps=None``: on-policy, the ratio is 1 with gradient (TRL's
       ``logps.detach()``).
     * ``num_items_in_batch``: real tokens in the whole accumulation window,
-      for ``dapo``/``cispo``; default ``mask.sum() * accumulation_steps``.
+      for ``dapo``/``cispo``/``vespo``; default ``mask.sum() * accumulation_steps``.
     * ``sampler_logps``: the inference engine's log-probs, which OPSM prefers
       over ``old_logps`` to see drift from both updates and engine mismatch.
     """
@@ -210,7 +227,13 @@ def policy_loss(
     ratio = _ratio(s, logps, old_logps, mask)
     per_token_kl = _k3_kl(s, logps, ref_logps, ratio) if s.beta != 0.0 else None
 
-    per_token, metrics = _surrogate(s, logps, ratio, advantages, mask)
+    if s.loss_type == "vespo":
+        phi = vespo_weights(s, advantages, logps - old_logps, mask, is_weights)
+        per_token = -phi * advantages * logps
+        metrics = {"vespo/phi_seq_mean": _masked_mean(phi, mask)}
+        is_weights = None  # folded into phi
+    else:
+        per_token, metrics = _surrogate(s, logps, ratio, advantages, mask)
     if opsm is not None:
         per_token = per_token * opsm
         metrics["opsm/dropped_fraction"] = float(1.0 - opsm.float().mean())
@@ -224,6 +247,43 @@ def policy_loss(
     if entropy is not None:
         metrics["entropy"] = _masked_mean(entropy.detach(), mask)
     return _reduce(s, per_token, mask, num_items_in_batch, accumulation_steps), metrics
+
+
+@torch.no_grad()
+def vespo_weights(
+    s: LossSettings,
+    advantages: torch.Tensor,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    is_weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """VESPO's gamma weight of each sequence (TRL 1.16's ``get_gamma_weights``):
+    ``phi(w) = exp(lambda) * w**k * exp(-lambda * w)`` (1 at ``w = 1``), with
+    ``w`` the sequence's whole importance ratio ``prod pi_theta / pi_old``
+    times the sampler correction ``prod pi_old / pi_sampler`` over its real
+    tokens, and ``(k, lambda)`` chosen by the advantage's sign. Computed in
+    log space, detached: a gradient scale, never differentiated. ``[B, 1]``
+    (``[B, C]`` with per-token advantages, whose sign may vary).
+
+    Differs from TRL only where TRL's inputs cannot reach: a log-ratio or a
+    weight outside the mask (padding, environment tokens) counts as 0 here,
+    where TRL multiplies the log-ratio by the mask (``0 x nan`` would be
+    NaN) and sums the weights' logs over every column (its weights are 1
+    outside the mask, as grpo's ``is_correction`` makes them)."""
+    lower = math.log(1e-8)
+    real = mask.bool()
+    seq_log_ratio = torch.where(real, torch.clamp(log_ratio, -20.0, 20.0), 0.0).sum(-1, keepdim=True)
+    if is_weights is not None:
+        log_is = torch.clamp(torch.log(is_weights), lower, 20.0)
+        if log_is.shape[-1] != 1:
+            log_is = torch.where(real, log_is, 0.0)
+        seq_log_ratio = seq_log_ratio + log_is.sum(-1, keepdim=True)
+    log_w = torch.clamp(seq_log_ratio, lower, 20.0)
+    nonneg = advantages >= 0
+    k = torch.where(nonneg, s.vespo_k_pos, s.vespo_k_neg)
+    lam = torch.where(nonneg, s.vespo_lambda_pos, s.vespo_lambda_neg).clamp(min=1e-4)
+    log_phi = lam + k * log_w - lam * torch.exp(log_w)
+    return torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _entropy_mask(s: LossSettings, entropy: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor | None:
@@ -293,7 +353,9 @@ def _reduce(
         return masked.sum() / mask.sum().clamp(min=1.0) / accumulation_steps
     if s.loss_type == "dr_grpo":
         return masked.sum() / (per_token.size(0) * s.max_completion_length) / accumulation_steps
-    # dapo, cispo: the whole accumulation window's token count
+    if s.loss_type == "luspo":  # each sequence's sum (its mean times its length), averaged over sequences
+        return masked.sum(-1).mean() / accumulation_steps
+    # dapo, cispo, vespo: the whole accumulation window's token count
     if num_items_in_batch is None:
         num_items_in_batch = mask.sum() * accumulation_steps
     normaliser = torch.as_tensor(num_items_in_batch, dtype=masked.dtype, device=masked.device).clamp(min=1.0)

@@ -45,10 +45,44 @@ def precision_flags(cfg: GRPOConfig) -> tuple[bool, bool]:
     return dtype == torch.bfloat16, dtype == torch.float16
 
 
+INTEGER_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
+NUMBER_KEYS = ("gradient_clipping",)
+SECTIONS = ("zero_optimization", "bf16", "fp16")
+
+
+def _is_count(value: Any, integer: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return value >= 0 and (value == int(value) if integer else value == value and value != float("inf"))
+
+
+def shape_problems(where: str, raw: dict[str, Any]) -> list[str]:
+    """Values of the wrong kind: a section that is not an object, a count or
+    a number that is neither a number nor "auto" (DeepSpeed would fail on
+    them later, or grpo's own comparisons would)."""
+    problems = []
+    for section in SECTIONS:
+        if section in raw and not isinstance(raw[section], dict):
+            problems.append(f'{where}: "{section}" must be an object ({{...}}), not {json.dumps(raw[section])}.')
+    zero = raw.get("zero_optimization") if isinstance(raw.get("zero_optimization"), dict) else {}
+    for offload in ("offload_optimizer", "offload_param"):
+        if offload in zero and zero[offload] is not None and not isinstance(zero[offload], dict):
+            problems.append(f'{where}: zero_optimization.{offload} must be an object ({{"device": ...}}).')
+    checks = [(key, raw.get(key), key in INTEGER_KEYS) for key in (*INTEGER_KEYS, *NUMBER_KEYS)]
+    checks += [(f"zero_optimization.{key}", zero.get(key), True) for key in ("stage", *HIDDEN_SIZE_AUTOS)]
+    for key, value, integer in checks:
+        if value is not None and not is_auto(value) and not _is_count(value, integer):
+            kind = "a whole number" if integer else "a number"
+            problems.append(f'{where}: {key} = {json.dumps(value)} must be {kind} (>= 0) or "auto".')
+    return problems
+
+
 def config_problems(cfg: GRPOConfig, raw: dict[str, Any]) -> list[str]:
     """What in the DeepSpeed JSON grpo cannot run as it says, each with its fix."""
-    problems = []
     where = f'{KEY} = "{cfg.deepspeed}"'
+    problems = shape_problems(where, raw)
+    if problems:  # the rules below read these values
+        return problems
     zero = raw.get("zero_optimization")
     stage = zero.get("stage") if isinstance(zero, dict) else None
     if stage not in SUPPORTED_STAGES:

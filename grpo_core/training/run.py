@@ -22,6 +22,7 @@ import torch
 
 from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.checkpointing import lineage
+from grpo_core.checkpointing.record import RECORD_KEY, RunRecord, check_resume, describe
 from grpo_core.config.implementations import chosen_implementations
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
@@ -63,6 +64,8 @@ from grpo_core.runtime.heap import RetainedHeap
 from grpo_core.runtime.output_lock import OutputLock, new_run_id
 from grpo_core.scoring.rewards import RewardScorer
 from grpo_core.training.observe import RunObserver
+from grpo_core.training.safety_net import SafetyNet
+from grpo_core.training.state_guard import GuardedState
 from grpo_core.training.trainer import GRPOTrainer, TrainerParts
 from grpo_core.validation.checks import environment_is_episodic
 from grpo_core.validation.run_check import check_run_config
@@ -85,6 +88,8 @@ def prompts_per_batch(cfg: GRPOConfig) -> int:
     generation_batch = generation_batch_size(cfg)
     return max(1, generation_batch // int(cfg.trl.num_generations))  # type: ignore[arg-type]
 
+
+MAX_STEPS = 2**53  # steps are counted in floats along the way (schedules, progress): beyond this they are not exact
 
 OUTPUT_PROBE_BYTES = 1 << 20
 """What :func:`check_output_dir` writes: less than the smallest checkpoint
@@ -117,8 +122,14 @@ def check_output_dir(output_dir: Path) -> None:
 def steps_for_epochs(cfg: GRPOConfig, num_prompts: int) -> int:
     """``num_epochs`` in optimizer steps: each generation batch takes
     prompts_per_batch prompts and num_iterations optimizer steps."""
-    batches = math.ceil(float(cfg.num_epochs or 0) * num_prompts / prompts_per_batch(cfg))
-    return max(1, batches * int(cfg.trl.num_iterations or 1))
+    batches = float(cfg.num_epochs or 0) * num_prompts / prompts_per_batch(cfg)
+    steps = batches * int(cfg.trl.num_iterations or 1)
+    if not math.isfinite(steps) or steps > MAX_STEPS:
+        raise ConfigError(
+            f"num_epochs = {cfg.num_epochs:g} over {num_prompts} prompts is {steps:.3g} optimizer steps, more than a "
+            f"run can count: lower num_epochs, or set max_steps."
+        )
+    return max(1, math.ceil(batches) * int(cfg.trl.num_iterations or 1))
 
 
 @dataclass
@@ -311,7 +322,19 @@ def _resume_point(cfg: GRPOConfig, context: RunContext) -> tuple[Path | None, ck
     for action in ckpt.recover_interrupted_saves(context.output_dir):
         context.log(action)
     resume = ckpt.resolve_resume(cfg.resume_from_checkpoint, context.output_dir)
-    return resume, (ckpt.read_checkpoint(resume) if resume is not None else None)
+    if resume is None:
+        return None, None
+    loaded = ckpt.read_checkpoint(resume)
+    for note in loaded.notes:
+        context.log(f"warning: {note}")
+    return resume, loaded
+
+
+def _check_resume_matches(cfg: GRPOConfig, context: RunContext, resume: Path, model_dir: str) -> None:
+    """The checkpoint's record of how it was made against this config, before
+    the model loads (:mod:`grpo_core.checkpointing.record`)."""
+    for warning in check_resume(resume, cfg, model_dir, context.tokenizer, world_size()):
+        context.log(f"warning: {warning}")
 
 
 def _prompts(
@@ -370,6 +393,7 @@ def _trainer_parts(
     observer: RunObserver | None,
     prompts: list[Prompt],
     spread: SpreadGeneration | None = None,
+    made_with: dict[str, Any] | None = None,
 ) -> TrainerParts:
     """Everything the trainer drives, wired: the prompt stream, the producer
     (with the episode driver, if the run has episodes, and generation spread
@@ -392,12 +416,21 @@ def _trainer_parts(
         stream=stream,
         reference=loaded.reference,
         engine=impls.engine,
-        stateful=impls.checkpointable(),
+        stateful=_checkpointed_state(impls, loaded, made_with or {}),
         observer=observer,
         forward=loaded.forward,
         dist=dist,
         backend=loaded.backend,
     )
+
+
+def _checkpointed_state(impls: Implementations, loaded: ModelParts, made_with: dict[str, Any]) -> dict[str, Any]:
+    """What each checkpoint saves beside the weights: every implementation's
+    state (a failing ``state_dict`` named as that plugin's error) and the
+    record of how the run was made (:mod:`grpo_core.checkpointing.record`)."""
+    state: dict[str, Any] = {name: GuardedState(name, obj) for name, obj in impls.checkpointable().items()}
+    state[RECORD_KEY] = RunRecord(made_with, loaded.model)
+    return state
 
 
 def _alone_sampler(loaded: ModelParts, impls: Implementations) -> Callable[[], Any]:
@@ -439,9 +472,20 @@ def run_training(
     can fail (checks, plugins, data, reward columns) happens before a model
     loads or a server starts. No automatic garbage collection while the run
     starts (:mod:`grpo_core.runtime.collector`); freed memory kept for reuse
-    (``reuse_freed_memory``, :mod:`grpo_core.runtime.heap`)."""
-    with RetainedHeap(retains_freed_memory(cfg)), StartupCollector() as collector:
-        return _run_training(cfg, host, warn, collector, config_path)
+    (``reuse_freed_memory``, :mod:`grpo_core.runtime.heap`).
+
+    Whatever escapes the run ends as one :class:`GrpoError` line naming the
+    phase, with the traceback in ``output_dir/grpo-error.log`` and a
+    checkpoint where the phase allows (:mod:`grpo_core.training.safety_net`)."""
+    net = SafetyNet(Path(cfg.output_dir))
+    try:
+        with RetainedHeap(retains_freed_memory(cfg)), StartupCollector() as collector:
+            return _run_training(cfg, host, warn, collector, net, config_path)
+    except Exception as exc:
+        report = net.report(exc)
+        if report is exc:
+            raise
+        raise report from None
 
 
 def retains_freed_memory(cfg: GRPOConfig) -> bool:
@@ -457,14 +501,18 @@ def _run_training(
     host: PluginHost | None,
     warn: Callable[[str], None] | None,
     collector: StartupCollector,
+    net: SafetyNet,
     config_path: str | None = None,
 ) -> str:
-    host = _checked_plugins(cfg, host, warn)
-    output_dir = _prepared_output(cfg, host)
+    with net.phase("checking the config"):
+        host = _checked_plugins(cfg, host, warn)
+    with net.phase("preparing output_dir"):
+        output_dir = _prepared_output(cfg, host)
     context = RunContext(config=cfg, output_dir=output_dir, engine_requirements=host.engine_requirements(cfg))
-    lock = _lock_output(context, config_path)  # the writing process alone; None on the others
+    with net.phase("taking output_dir's lock"):
+        lock = _lock_output(context, config_path)  # the writing process alone; None on the others
     try:
-        return _train_locked(cfg, host, context, collector, lock, config_path)
+        return _train_locked(cfg, host, context, collector, lock, config_path, net)
     finally:
         if lock is not None:
             lock.release()
@@ -518,61 +566,84 @@ def _train_locked(
     collector: StartupCollector,
     lock: OutputLock | None,
     config_path: str | None,
+    net: SafetyNet,
 ) -> str:
     output_dir = context.output_dir
-    resume, resume_state = _resume_point(cfg, context)
-    if lock is not None:
-        _one_history(cfg, context, lock, resume, resume_state, config_path)
-    elif resume_state is not None:
-        context.start_step = int(resume_state.trainer_state["step"])
-    model_dir = resolve_model_dir(cfg.base_model)
-    context.tokenizer = load_tokenizer(cfg, model_dir)
+    with net.phase("reading the checkpoint to resume from"):
+        resume, resume_state = _resume_point(cfg, context)
+    with net.phase("loading the tokenizer"):
+        model_dir = resolve_model_dir(cfg.base_model)
+        context.tokenizer = load_tokenizer(cfg, model_dir)
+    if resume is not None:  # before the history is set aside: a refused resume leaves output_dir as it was
+        with net.phase("comparing the checkpoint with the config"):
+            _check_resume_matches(cfg, context, resume, model_dir)
+    with net.phase("recording the run in output_dir's history"):
+        if lock is not None:
+            _one_history(cfg, context, lock, resume, resume_state, config_path)
+        elif resume_state is not None:
+            context.start_step = int(resume_state.trainer_state["step"])
     main = process_rank() == 0  # rank 0 alone drives the producer: prompts, rewards, logs and saves
     spread = generation_spreads(cfg, host, world_size())  # every rank generates a share of each call
-    scorer = RewardScorer(cfg, host, context) if main else None
-    prompts, eval_prompts = _prompts(cfg, host, context, scorer)
+    with net.phase("loading the reward functions"):
+        scorer = RewardScorer(cfg, host, context) if main else None
+    with net.phase("loading data"):
+        prompts, eval_prompts = _prompts(cfg, host, context, scorer)
     sampled = SampledModel()  # the model a rollout samples, once it has loaded
     context.get_model = sampled
     status = "failed"
     observer: RunObserver | None = None
     trainer: GRPOTrainer | None = None
     try:
-        # trackers: before the model loads; rank 0 alone logs
-        observer = RunObserver.build(cfg, host, context, eval_prompts, _stop_ids(context.tokenizer)) if main else None
-        impls = build_implementations(host, cfg, context, main=main, spread=spread)  # a managed engine starts here
-        _keep_trainer_off_engine_cores(context, impls)
-        loaded = _load_model_parts(cfg, context, model_dir)
-        dist = _joined_processes(cfg, context, loaded)
-        sampled.alone = _alone_sampler(loaded, impls)
-        if not spread:
-            sampled()  # rank 0 samples alone throughout: place its model now, on this (the main) thread
-        trainer = GRPOTrainer(
-            _trainer_parts(
-                cfg,
-                host,
-                context,
-                loaded,
-                impls,
-                dist,
-                scorer,
-                observer,
-                prompts,
-                _spread_generation(spread, host, context, loaded, dist, sampled),
+        with net.phase("starting the trackers"):
+            # trackers: before the model loads; rank 0 alone logs
+            observer = (
+                RunObserver.build(cfg, host, context, eval_prompts, _stop_ids(context.tokenizer)) if main else None
             )
-        )
+        with net.phase("starting the plugins and the inference engine"):
+            impls = build_implementations(host, cfg, context, main=main, spread=spread)  # a managed engine starts here
+            _keep_trainer_off_engine_cores(context, impls)
+        with net.phase("loading the model"):
+            loaded = _load_model_parts(cfg, context, model_dir)
+            dist = _joined_processes(cfg, context, loaded)
+            sampled.alone = _alone_sampler(loaded, impls)
+            if not spread:
+                sampled()  # rank 0 samples alone throughout: place its model now, on this (the main) thread
+        with net.phase("setting up the trainer"):
+            trainer = GRPOTrainer(
+                _trainer_parts(
+                    cfg,
+                    host,
+                    context,
+                    loaded,
+                    impls,
+                    dist,
+                    scorer,
+                    observer,
+                    prompts,
+                    _spread_generation(spread, host, context, loaded, dist, sampled),
+                    describe(cfg, model_dir, world_size()),
+                )
+            )
         if resume is not None:
-            trainer.resume(resume, resume_state)
+            with net.phase(f"resuming from {resume}"):
+                trainer.resume(resume, resume_state)
             context.log(f"resumed from {resume} at step {trainer.step}")
+        net.watch(trainer)
         collector.settle()  # an engine's own collections while it starts scan only what it makes
-        host.hook.grpo_train_start(context=context)
+        with net.phase("starting training (the grpo_train_start hooks)"):
+            host.hook.grpo_train_start(context=context)
         collector.started()
         status = trainer.train()
-        trainer.save_final()
+        with net.phase("saving the final model"):
+            trainer.save_final()
         if observer is not None:
             context.log(observer.summary_line(status, trainer.step, output_dir))
         return status
     except (KeyboardInterrupt, TrainingInterrupted):
         status = "interrupted"
+        raise
+    except Exception as exc:
+        net.on_failure(exc)  # a checkpoint where the phase allows, while the engine is still up
         raise
     finally:
         if observer is not None:

@@ -374,7 +374,7 @@ class GRPOTrainer:
         for i, mb in enumerate(step_micro):
             if i not in to_train:
                 self.skipped_zero_adv_batches += 1
-                self.skipped_zero_adv_samples += int(mb.advantages.numel())
+                self.skipped_zero_adv_samples += int(mb.advantages.shape[0])
                 continue
             with clock.phase("forward_backward"):
                 loss, m = self._micro_batch_loss(model, mb, accumulation_steps, step_metrics, last=i == to_train[-1])

@@ -29,6 +29,7 @@ from grpo_core.config.batch_shape import (
 from grpo_core.config.compat import compat_warnings
 from grpo_core.config.eval_schedule import eval_enabled
 from grpo_core.config.implementations import chosen_implementations, source_key
+from grpo_core.config.loss_rules import loss_level_warnings, vespo_correction_problem
 from grpo_core.config.reward_weights import reward_weights
 from grpo_core.config.schema import DEFAULT_SAVE_STEPS, GRPOConfig
 from grpo_core.contract.errors import ConfigError, NotImplementedYet, PluginError
@@ -238,6 +239,15 @@ def _reward_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> N
         errors.append(str(exc))
     if len(set(funcs)) != len(funcs):
         warnings.append("trl.reward_funcs lists the same function twice: its reward counts double.")
+
+
+def _loss_checks(cfg: GRPOConfig, names: dict[str, str], errors: list[str], warnings: list[str]) -> None:
+    """TRL 1.16's rules on the loss type with the importance-sampling options."""
+    loss_type = str(cfg.trl.loss_type or "dapo")
+    warnings += loss_level_warnings(loss_type, str(cfg.trl.importance_sampling_level or "token"))
+    problem = vespo_correction_problem(loss_type, names["is_correction"])
+    if problem is not None:
+        errors.append(problem)
 
 
 def _async_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warnings: list[str]) -> None:
@@ -616,6 +626,53 @@ def add_environment_reward(cfg: GRPOConfig, environment_cls: Any | None) -> None
     cfg.trl.reward_funcs = [*funcs, ENVIRONMENT_REWARD]
 
 
+def _declared_for(cfg: GRPOConfig, cls: Any, point: str, attribute: str) -> bool:
+    """An implementation's declared flag, which may be decided from the config (``f(config) -> bool``)."""
+    value = declared(cls, BY_NAME[point], attribute)
+    return bool(value(cfg) if callable(value) else value)
+
+
+def _turn_credit_checks(cfg: GRPOConfig, classes: ChosenClasses, errors: list[str]) -> None:
+    """An ``advantage_aggregation`` that credits each turn (``needs_turn_rewards``)
+    needs multi-turn episodes whose environment gives a reward per turn, that
+    reward among the reward functions, and a loss that takes per-token
+    advantages: each missing piece is refused by name, before anything loads."""
+    if "advantage_aggregation" not in classes:
+        return
+    info, aggregation = classes["advantage_aggregation"]
+    if not _declared_for(cfg, aggregation, "advantage_aggregation", "needs_turn_rewards"):
+        return
+    chosen = f"{source_key(cfg, BY_NAME['advantage_aggregation'])} = '{info.name}'"
+    environment = classes["environment"][1] if "environment" in classes else None
+    if "environment" in classes and not _episodic(environment):
+        errors.append(
+            f"{chosen} credits each turn of a multi-turn episode, but this run is single-turn (no environment: "
+            "plugins.environment, trl.tools or trl.environment_factory): give it an environment, or remove "
+            "plugins.advantage_aggregation for the default (one advantage per completion)."
+        )
+        return
+    if environment is not None and not _declared_for(cfg, environment, "environment", "turn_rewards"):
+        errors.append(
+            f"{chosen} needs a reward per turn, but environment '{classes['environment'][0].name}' "
+            f"({source_key(cfg, BY_NAME['environment'])}) does not declare turn_rewards (its replies carry no "
+            "per-turn reward): use an environment that gives EnvironmentReply.reward each turn, or remove "
+            "plugins.advantage_aggregation for the default (one advantage per completion)."
+        )
+    if ENVIRONMENT_REWARD not in (cfg.trl.reward_funcs or []):
+        errors.append(
+            f"{chosen} reads the per-turn rewards through the '{ENVIRONMENT_REWARD}' reward function, which "
+            f"trl.reward_funcs does not list: add '{ENVIRONMENT_REWARD}' to trl.reward_funcs."
+        )
+    if "policy_loss" in classes and not _declared_for(
+        cfg, classes["policy_loss"][1], "policy_loss", "per_token_advantages"
+    ):
+        errors.append(
+            f"{chosen} gives one advantage per token, which policy loss '{classes['policy_loss'][0].name}' "
+            f"({source_key(cfg, BY_NAME['policy_loss'])}) cannot take: set trl.use_liger_loss = false (the built-in "
+            "loss takes them), or remove plugins.advantage_aggregation."
+        )
+
+
 BackendRules = Callable[[GRPOConfig, ChosenTraits], list[str]]
 """The training backends' own rules: what in ``cfg`` a backend cannot run
 (:func:`grpo_core.parallel.config_problems`). The config layer sits
@@ -671,6 +728,8 @@ def check_config(
             "with trainer.generate for the engine and env_mask for what the environment wrote)."
         )
     _generation_checks(cfg, errors, warnings)
+    _loss_checks(cfg, names, errors, warnings)
+    _turn_credit_checks(cfg, classes, errors)
     _process_checks(cfg, names, world, errors)
     if backend_rules is not None:
         errors += backend_rules(cfg, traits)

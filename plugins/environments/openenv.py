@@ -280,6 +280,7 @@ class OpenEnvEnvironment:
 
     episodic = True
     provides_reward = True
+    turn_rewards = True  # each observation's reward is its step's
     Settings = OpenEnvSettings
 
     def __init__(self, context: RunContext, settings: OpenEnvSettings | None = None) -> None:

@@ -4,7 +4,10 @@ Each dataset row holds a ``secret`` (and its range in the prompt). The model
 guesses; the environment says "Higher." or "Lower." until the guess is
 right or the turns run out. The episode's reward is 1.0 for a right guess,
 less ``turn_penalty`` for each extra turn it took; a lost game earns up to
-``closeness`` for how near its last guess came.
+``closeness`` for how near its last guess came. With ``hint_reward`` each
+guess the hints so far allow (above every "Higher.", below every "Lower.")
+earns that much at its own turn: the hints as a reward per turn, what
+per-turn credit (``advantage_aggregation = "turn_returns"``) can use.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ class Settings(BaseModel):
         "signal: following the hints is learnable before winning is).",
     )
     span: int = Field(15, ge=1, description="The distance of the farthest possible guess (for closeness).")
+    hint_reward: float = Field(
+        0.0,
+        ge=0,
+        description="Reward, at its own turn, for each guess the hints so far allow (a per-turn signal: following "
+        "'Higher.'/'Lower.' is rewarded where it happens, not only through the game's end).",
+    )
 
 
 class GuessEpisode:
@@ -39,6 +48,7 @@ class GuessEpisode:
         self.secret = secret
         self.settings = settings
         self.guesses: list[int] = []
+        self.low, self.high = -(10**9), 10**9  # what the hints so far allow
 
     def reset(self) -> None:
         return None  # the dataset's prompt states the game
@@ -55,12 +65,16 @@ class GuessEpisode:
             return EnvironmentReply(messages=[{"role": "user", "content": "Answer with one number."}])
         guess = int(found[-1])
         self.guesses.append(guess)
+        followed = self.settings.hint_reward if self.low <= guess <= self.high else 0.0
         if guess == self.secret:
             reward = max(0.0, 1.0 - self.settings.turn_penalty * (len(self.guesses) - 1))
-            return EnvironmentReply(done=True, reward=reward, info={"guesses": len(self.guesses)})
-        hint = "Higher." if guess < self.secret else "Lower."
+            return EnvironmentReply(done=True, reward=reward + followed, info={"guesses": len(self.guesses)})
+        if guess < self.secret:
+            hint, self.low = "Higher.", max(self.low, guess + 1)
+        else:
+            hint, self.high = "Lower.", min(self.high, guess - 1)
         return EnvironmentReply(
-            messages=[{"role": "user", "content": hint}], reward=0.0, info={"guesses": len(self.guesses)}
+            messages=[{"role": "user", "content": hint}], reward=followed, info={"guesses": len(self.guesses)}
         )
 
 
@@ -69,6 +83,7 @@ class GuessNumber:
 
     Settings = Settings
     provides_reward = True  # its reward joins reward_funcs as 'environment'
+    turn_rewards = True  # each step's reply carries the turn's reward (per-turn credit may use it)
 
     def __init__(self, context, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
