@@ -6,7 +6,7 @@ docs/multi-node.md's cost model uses the numbers. Run as root (namespaces):
     .venv/bin/python benchmarks/bench_netns_allreduce.py            # prints one JSON line per size and setup
 
 Each setup starts two torchrun agents (``--nnodes 2 --nproc_per_node 1``, c10d
-rendezvous), the same ones tests/test_multinode.py starts; each worker times
+rendezvous), the same ones tests/e2e/test_multinode.py starts; each worker times
 ``all_reduce`` of float32 tensors of 1, 16 and 64 MiB (3 repeats after a
 warm-up, the median reported). A veth pair is a kernel copy, not a wire: the
 two-host numbers bound what loopback-like links give, not what a NIC gives.

@@ -19,7 +19,7 @@ live descendant processes, and the bytes under its private temporary folder
 The verdict compares the worst value of each series in the first third after
 warm-up with the worst in the last third; :data:`BOUNDS` says how much growth
 is allowed. Prints a table and the verdict, writes every sample to ``--out``
-(JSON). ``tests/reliability/test_soak.py`` runs a short version and asserts
+(JSON). ``tests/e2e/reliability/test_soak.py`` runs a short version and asserts
 the same bounds.
 """
 

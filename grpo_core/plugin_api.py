@@ -12,7 +12,7 @@ validates, and a few named helpers that more than one implementation needs
 (the scratch directory, the weights a sync sends, the log-prob chunk size,
 ...). Its names keep working when a module behind them moves; a name that is
 not here is grpo's own business and may change without
-notice. ``tests/test_plugin_api.py`` holds the built-in plugins to it.
+notice. ``tests/unit/test_plugin_api.py`` holds the built-in plugins to it.
 
 The names are listed once, as the imports of the ``TYPE_CHECKING`` block at
 the end (what type checkers and editors read; ``from m import x as x`` marks

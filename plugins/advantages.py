@@ -183,7 +183,7 @@ class TurnReturns(_Aggregation):
     then exactly unbiased. Turns dropped that way are counted in the log.
     With ``group``/``batch`` scaling, the division by a standard deviation
     that includes the episode's own return makes it biased, as GRPO's is.
-    ``tests/test_turn_credit.py`` checks the statement by exact enumeration.
+    ``tests/unit/test_turn_credit.py`` checks the statement by exact enumeration.
 
     Needs episodes with per-turn rewards: the config check refuses it on a
     single-turn run, with an environment that does not declare

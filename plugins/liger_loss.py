@@ -28,7 +28,7 @@ sequences) as soon as a per-token term enters (token-level ratios, a KL
 term, token-level sampler weights). LUSPO's surrogate is the PPO clip of
 ``dr_grpo``, and ``dr_grpo``'s reduction with ``max_completion_length = 1``
 is exactly TRL 1.16's: that is what is asked of liger. Parity with the
-built-in loss (itself parity-tested against TRL): tests/test_liger_loss.py.
+built-in loss (itself parity-tested against TRL): tests/unit/test_liger_loss.py.
 """
 
 from __future__ import annotations

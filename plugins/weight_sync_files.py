@@ -97,7 +97,7 @@ class _FilesystemSync:
         path, may be scheduled after the next sync, and vLLM loads a LoRA
         from its path only then: a deleted directory kills the server's
         engine (FileNotFoundError for adapter_config.json, seen in
-        tests/reliability/test_async_resume.py). So the versions a batch made
+        tests/e2e/reliability/test_async_resume.py). So the versions a batch made
         ahead may still be generating with stay too."""
         trl = self.context.config.trl
         return 1 + (int(trl.prefetch_depth or 1) if trl.async_prefetch else 0)

@@ -4,7 +4,7 @@ Reads the schema's source (``src/axolotl/utils/schemas/*.py``) from a git
 checkout of Axolotl with :mod:`ast` (Axolotl is not imported or installed)
 and writes the top-level keys of ``AxolotlInputConfig`` (its own fields and
 every mixin's) and the keys of its ``trl:`` and ``vllm:`` tables, with the
-commit they came from. ``tests/test_axolotl_compat.py`` walks the list, so a
+commit they came from. ``tests/unit/test_axolotl_compat.py`` walks the list, so a
 key Axolotl adds shows up as a failing test after a refresh instead of as a
 "remove it" for the first user who writes it.
 

@@ -14,7 +14,7 @@
 #
 #   scripts/gpu_wheels.sh            # needs PyPI; re-running skips what is already there
 #
-# tests/test_gpu_check.py reads GPU_WHEELS below and checks it against
+# tests/e2e/test_gpu_check.py reads GPU_WHEELS below and checks it against
 # grpo's imports: keep one `name==version` per line.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -7,7 +7,7 @@ Generated from both schemas so they stay true: the rows are TRL's own
 against grpo's schema (a renamed or removed key fails here, not in a user's
 script). The names TRL and grpo spell differently live in
 ``grpo_core/config/trl_names.py``, which the config loader also uses to
-answer a TRL name with its grpo key. ``tests/test_trl_mapping.py`` fails
+answer a TRL name with its grpo key. ``tests/unit/test_trl_mapping.py`` fails
 when docs/from-trl.md's table or docs/trl-differences.md is out of date, or when a
 default differs without a word about why.
 

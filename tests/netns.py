@@ -1,6 +1,6 @@
 """Two (or more) "hosts" on one machine: Linux network namespaces on a veth link.
 
-Used by tests/test_multinode.py to run trainers that rendezvous over a real
+Used by tests/e2e/test_multinode.py to run trainers that rendezvous over a real
 network (their own addresses, their own loopback, no route to the machine's
 interfaces). Only the network is isolated: the namespaces share the
 filesystem, the process table and the CPU with this machine; a test gives

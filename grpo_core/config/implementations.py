@@ -67,7 +67,7 @@ DEFAULT_RULES: dict[str, DefaultRule] = {
     "policy_loss": DefaultRule(lambda cfg: "liger" if cfg.trl.use_liger_loss else "grpo", "trl.use_liger_loss"),
     "replay": DefaultRule(lambda cfg: "default", "plugins.replay"),
 }
-"""Extension point -> its rule (one per point: ``tests/test_declarations.py`` holds them equal)."""
+"""Extension point -> its rule (one per point: ``tests/unit/test_declarations.py`` holds them equal)."""
 
 
 def chosen_implementations(cfg: GRPOConfig) -> dict[str, str]:

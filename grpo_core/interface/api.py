@@ -269,9 +269,17 @@ def train(
     from grpo_core.runtime import failure
 
     try:
-        trainer_args = {"eval_dataset": eval_dataset, "peft_config": peft_config, "processing_class": processing_class}
         return _train(
-            config, reward_funcs, train_dataset, rollout_func, environment_factory, tools, overrides, **trainer_args
+            config,
+            reward_funcs,
+            train_dataset,
+            rollout_func,
+            environment_factory,
+            tools,
+            overrides,
+            eval_dataset=eval_dataset,
+            peft_config=peft_config,
+            processing_class=processing_class,
         )
     except Exception as exc:
         report = failure.unexpected(exc, None, "grpo.train")
@@ -288,6 +296,7 @@ def _train(
     environment_factory: str | type | Callable[..., Any] | None,
     tools: Sequence[str | Callable[..., Any]] | None,
     overrides: dict[str, Any],
+    *,
     eval_dataset: Any = None,
     peft_config: Any = None,
     processing_class: Any = None,

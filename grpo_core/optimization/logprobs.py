@@ -86,7 +86,7 @@ class SelectedLogSoftmax(torch.autograd.Function):
     ``-grad * p``, plus ``grad`` at each target. The arithmetic micro-batch's
     forward+backward: 1.05-1.07x (benchmarks/RESULTS.md, "The LM head's
     selection"); log-probs equal, gradients and entropy to float32 rounding
-    (tests/test_logprobs.py)."""
+    (tests/unit/test_logprobs.py)."""
 
     @staticmethod
     def forward(

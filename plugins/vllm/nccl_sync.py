@@ -35,7 +35,7 @@ sync fails with an error naming the step (:mod:`.nccl_watchdog`).
 
 Needs CUDA on both sides: refused by ``grpo config check`` on a trainer
 without CUDA. **Unverified on GPU**: the protocol sequence is unit-tested with
-NCCL mocked (tests/vllm/test_nccl_sync.py); ``benchmarks/gpu_check.sh`` is the
+NCCL mocked (tests/unit/vllm/test_nccl_sync.py); ``benchmarks/gpu_check.sh`` is the
 prepared check against a real CUDA vLLM server, not yet run.
 """
 
