@@ -107,10 +107,10 @@ def test_a_new_backends_config_rules_reach_the_check_with_no_change_elsewhere(tm
     (tmp_path / "backend_rewards.py").write_text(REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(backends, "BACKENDS", (RefusingBackend, *BACKENDS))
-    refused = _config(tmp_path, str(tmp_path), seed=13)
+    refused = _config(tmp_path, "org/model", seed=13)  # a hub id: the check does not look for it offline
     with pytest.raises(ConfigError, match=r"backend 'refusing' cannot run seed = 13 \(policy 'grpo'\)"):
         check_run_config(refused)
-    assert check_run_config(_config(tmp_path, str(tmp_path), seed=12)) == []
+    assert check_run_config(_config(tmp_path, "org/model", seed=12)) == []
     assert check_config(refused) == []  # the config layer alone: no backend's rules
 
 
