@@ -138,7 +138,7 @@ def _cfg(tmp_path: Path, **trl):
     (tmp_path / "train.jsonl").write_text('{"prompt": "hi"}\n')
     return validate(
         {
-            "base_model": str(tmp_path),
+            "base_model": "org/model",  # a hub id: the config check does not look for it offline
             "datasets": [{"path": str(tmp_path / "train.jsonl")}],
             "micro_batch_size": 4,
             "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_liger_loss": True, **trl},

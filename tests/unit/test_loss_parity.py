@@ -359,7 +359,7 @@ def test_trl_warnings_and_refusal_for_luspo_and_vespo(tmp_path):
     def cfg(**trl):
         return validate(
             {
-                "base_model": str(tmp_path),
+                "base_model": "org/model",  # a hub id: the config check does not look for it offline
                 "datasets": [{"path": str(tmp_path / "train.jsonl")}],
                 "micro_batch_size": 4,
                 "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **trl},

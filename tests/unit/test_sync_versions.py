@@ -22,7 +22,7 @@ def _sync(tmp_path: Path, **trl: object):
 
     cfg = validate(
         {
-            "base_model": str(tmp_path),
+            "base_model": "org/model",  # a hub id: the config check does not look for it offline
             "datasets": [{"path": "x.jsonl"}],
             "micro_batch_size": 4,
             "trl": {

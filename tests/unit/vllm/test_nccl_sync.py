@@ -160,7 +160,7 @@ def _sync(tmp_path: Path, data_parallel_size: int = 1, **settings: Any) -> Any:
 
     cfg = validate(
         {
-            "base_model": str(tmp_path),
+            "base_model": "org/model",  # a hub id: the config check does not look for it offline
             "datasets": [{"path": "x.jsonl"}],
             "micro_batch_size": 4,
             "vllm": {"tensor_parallel_size": 2, "data_parallel_size": data_parallel_size},
@@ -221,7 +221,7 @@ def test_nccl_sync_is_refused_without_cuda(tmp_path: Path, monkeypatch: pytest.M
     (tmp_path / "x.jsonl").write_text('{"prompt": "hi"}\n')
     cfg = validate(
         {
-            "base_model": str(tmp_path),
+            "base_model": "org/model",  # a hub id: the config check does not look for it offline
             "datasets": [{"path": str(tmp_path / "x.jsonl")}],
             "micro_batch_size": 4,
             "plugins": {"weight_sync": "nccl"},
@@ -294,7 +294,7 @@ def test_the_colocated_engine_refuses_control_requests(tmp_path: Path) -> None:
 
     cfg = validate(
         {
-            "base_model": str(tmp_path),
+            "base_model": "org/model",  # a hub id: the config check does not look for it offline
             "datasets": [{"path": "x.jsonl"}],
             "micro_batch_size": 4,
             "trl": {
