@@ -29,7 +29,7 @@ ahead are rank 0's, saved whole and scattered again when handed out.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,13 +121,7 @@ class RunCheckpoints:
             if any(p is None for p, _ in gathered):
                 pending, old_logps = None, None
             else:
-                first = gathered[0][0]
-                pending = ScoredBatch(
-                    groups=[g for p, _ in gathered for g in p.groups],
-                    policy_version=first.policy_version,
-                    metrics=first.metrics,
-                    stream_state=first.stream_state,
-                )
+                pending = replace(gathered[0][0], groups=[g for p, _ in gathered for g in p.groups])
                 old_logps = [o for _, o in gathered]
         staging = self.output_dir / f".tmp-{ckpt.PREFIX}{position.step}-{self.backend.name}"  # per-rank files, if any
         state = self.backend.checkpoint_parts(staging, position.policy_version)
@@ -247,10 +241,5 @@ class RunCheckpoints:
                 stacklevel=3,
             )
         if self.dist.active:
-            pending = ScoredBatch(
-                groups=shares(pending.groups, self.dist.world)[self.dist.rank],
-                policy_version=pending.policy_version,
-                metrics=pending.metrics,
-                stream_state=pending.stream_state,
-            )
+            pending = replace(pending, groups=shares(pending.groups, self.dist.world)[self.dist.rank])
         return pending, old_logps
