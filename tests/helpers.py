@@ -12,8 +12,10 @@ SmolLM2-135M-Instruct, for tests about what a model learns or samples) and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tomllib
@@ -56,7 +58,35 @@ def grpo(
 
         full_env[SITES_ENV] = os.pathsep.join(str(site) for site in plugins_from)
         command = subprocess_command(args)
-    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return run_group(command, cwd=cwd, env=full_env, timeout=timeout)
+
+
+class Finished(subprocess.CompletedProcess):
+    """A finished command, with the pid it had (tests that count the processes a command started)."""
+
+    def __init__(self, command: list[str], returncode: int, stdout: str, stderr: str, pid: int) -> None:
+        super().__init__(command, returncode, stdout, stderr)
+        self.pid = pid
+
+
+def run_group(command: list[str], timeout: float, **popen: Any) -> Finished:
+    """``subprocess.run(command, capture_output=True, text=True)`` in a
+    process group of its own, killed whole when ``timeout`` passes: a
+    launcher's training processes must not outlive a test that gave up on
+    them (they would hold locks and CPUs through the rest of the suite)."""
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **popen
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as expired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, out, err) from expired
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # what the finished command left running
+    return Finished(command, process.returncode, out, err, process.pid)
 
 
 def no_traceback(output: str | subprocess.CompletedProcess[str]) -> None:

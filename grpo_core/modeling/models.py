@@ -35,6 +35,7 @@ from grpo_core.modeling.precision import resolve_precision
 from grpo_core.modeling.quantization import quantization_config
 from grpo_core.modeling.tokenizer_files import damaged_file, template_problem
 from grpo_core.modeling.weight_files import check_weight_folder
+from grpo_core.runtime.failure import one_line
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
@@ -124,7 +125,7 @@ def load_tokenizer(cfg: GRPOConfig, model_dir: str) -> Any:
                 "where the model came from)."
             )
         raise refused or ConfigError(
-            f"{key}: cannot load a tokenizer from '{source}': {type(exc).__name__}: {str(exc)[:300]}"
+            f"{key}: cannot load a tokenizer from '{source}': {type(exc).__name__}: {one_line(exc, 300)}"
         ) from exc
 
     template = _resolve_chat_template(tokenizer, cfg.chat_template)

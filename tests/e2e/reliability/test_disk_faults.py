@@ -72,13 +72,16 @@ def test_unwritable_output_dir_fails_before_the_model_loads(runner: Runner, faul
 
 def test_disk_full_mid_run_fails_cleanly_and_keeps_the_last_checkpoint(runner: Runner) -> None:
     out = runner.workdir / "out"
-    config = runner.config(max_steps=3, save_steps=1)
+    rewards = ["faulty_rewards.good", "faulty_rewards.reward_waits"]
+    config = runner.config(max_steps=3, save_steps=1, trl={"reward_funcs": rewards})
 
-    # 1. The disk fills up after checkpoint-1: the next write (step 2's metrics line) fails.
-    run = runner.start(config, preexec_fn=file_size_limit(resource.RLIM_INFINITY))
-    run.wait_until(complete_checkpoint(out, 1), "checkpoint-1")
+    # 1. The disk fills up after checkpoint-1, while step 2 is scored (its reward holds there until told to go
+    #    on): the next write, step 2's metrics line, fails.
+    run = runner.start(config, env={"FAULT_AT_WAITS": "2"}, preexec_fn=file_size_limit(resource.RLIM_INFINITY))
+    run.wait_until(lambda: complete_checkpoint(out, 1)() and (runner.workdir / "waiting").exists(), "step 2's reward")
     size = (out / "metrics.jsonl").stat().st_size
     resource.prlimit(run.pid, resource.RLIMIT_FSIZE, (size, size))
+    (runner.workdir / "go").touch()
     code = run.finish()
     assert_clean_failure(code, run.output)
     assert (
