@@ -346,9 +346,9 @@ def _add_config_commands(config_app: typer.Typer) -> None:
     def schema_cmd() -> None:
         """Print the JSON schema of the config (every key, type and default)."""
         # imported when the command runs, so `grpo --help` stays fast
-        from grpo_core.config.schema import GRPOConfig
+        from grpo_core.config.schema import config_model
 
-        typer.echo(json.dumps(GRPOConfig.model_json_schema(), indent=2))
+        typer.echo(json.dumps(config_model().model_json_schema(), indent=2))  # with the plugins' tables ([vllm])
 
     @config_app.command("convert")
     def convert_cmd(
