@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import warnings
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -37,6 +37,7 @@ from grpo_core.config.allowlist import ALLOW_ENV, effective_allowlist, normalise
 from grpo_core.contract.errors import ConfigError
 
 TABLE_GROUP = "grpo.settings"
+_warned: set[str] = set()  # the unusable claims already warned about
 
 
 @dataclass(frozen=True)
@@ -81,17 +82,20 @@ def rescan() -> None:
     """Forget the claims (packages installed, or ``sys.path`` changed, in this process)."""
     published_claims.cache_clear()
     _load.cache_clear()
+    _warned.clear()
 
 
 @dataclass(frozen=True)
 class Tables:
-    """The claimed tables a config may have: ``models`` usable, ``refused`` with why not."""
+    """The claimed tables a config may have: ``models`` usable, ``refused``
+    (a broken claim) and ``excluded`` (by the allowlist) with why not."""
 
     models: dict[str, type[BaseModel]]
     refused: dict[str, str]
+    excluded: dict[str, str]
 
 
-def claimed_tables(config_allow: Iterable[str] | None, own_keys: Iterable[str]) -> Tables:
+def claimed_tables(config_allow: Iterable[str] | None, own_keys: Collection[str]) -> Tables:
     """The tables plugins claim, under the allowlist (``GRPO_PLUGINS_ALLOW``
     narrowed by the config's ``plugins.allow``); ``own_keys`` are grpo's own
     top-level keys, which no plugin may claim."""
@@ -99,19 +103,20 @@ def claimed_tables(config_allow: Iterable[str] | None, own_keys: Iterable[str]) 
     own = set(own_keys)
     models: dict[str, type[BaseModel]] = {}
     refused: dict[str, str] = {}
+    excluded: dict[str, str] = {}
     for name, claims in sorted(published_claims().items()):
         usable = [c for c in claims if allow is None or normalise(c.distribution) in allow]
         if name in own:
             refused[name] = f"{claims[0].describe()} claims '{name}', which is one of grpo's own keys"
         elif not usable:
-            refused[name] = (
+            excluded[name] = (
                 f"[{name}] is the table of distribution '{claims[0].distribution}', which the plugin allowlist "
                 f"leaves out: add it to plugins.allow (and to {ALLOW_ENV} where that is set), or remove the table"
             )
         elif len(usable) > 1:
             refused[name] = (
                 f"[{name}] is claimed by "
-                + " and ".join(f"'{c.distribution}' ({c.target})" for c in usable)
+                + " and ".join(f"'{c.distribution}' ({c.target})" for c in sorted(usable, key=lambda c: c.distribution))
                 + ": uninstall one, or leave one out of plugins.allow"
             )
         else:
@@ -120,7 +125,7 @@ def claimed_tables(config_allow: Iterable[str] | None, own_keys: Iterable[str]) 
                 refused[name] = loaded
             else:
                 models[name] = loaded
-    return Tables(models, refused)
+    return Tables(models, refused, excluded)
 
 
 def allow_in(data: dict[str, Any]) -> list[str] | None:
@@ -131,7 +136,7 @@ def allow_in(data: dict[str, Any]) -> list[str] | None:
 
 
 def validate_tables(
-    data: dict[str, Any], config: Any, own_keys: Iterable[str]
+    data: dict[str, Any], config: Any, own_keys: Collection[str]
 ) -> tuple[dict[str, BaseModel], list[dict[str, Any]]]:
     """Validate every claimed table ``data`` has, and default those it has
     not. Returns the tables and the problems as pydantic error dicts (``loc``
@@ -142,10 +147,11 @@ def validate_tables(
         tables = claimed_tables(None, own_keys)
     values: dict[str, BaseModel] = {}
     errors: list[dict[str, Any]] = []
-    for name, why in tables.refused.items():
+    for name, why in (tables.refused | tables.excluded).items():
         if name in data and name not in own_keys:
             errors.append({"type": "value_error", "loc": (name,), "msg": f"Value error, {why}.", "input": data[name]})
-        elif name not in own_keys:
+        elif name in tables.refused and why not in _warned:  # once: every validation would repeat it
+            _warned.add(why)
             warnings.warn(f"grpo ignores [{name}]: {why}.", stacklevel=2)
     for name, model in tables.models.items():
         raw = data.get(name, {})

@@ -826,16 +826,19 @@ class GRPOConfig(_Table):
         return found
 
 
-@cache
 def config_model() -> type[GRPOConfig]:
     """The schema with the plugin tables installed now as fields, for what
     describes the config (``grpo config schema``, the configuration
     reference, the hints of an unknown key). Configs are validated by
     :class:`GRPOConfig` itself, which finds the same tables."""
-    models = plugin_tables.claimed_tables(None, GRPOConfig.model_fields).models
+    return _with_tables(tuple(plugin_tables.claimed_tables(None, GRPOConfig.model_fields).models.items()))
+
+
+@cache
+def _with_tables(tables: tuple[tuple[str, type[BaseModel]], ...]) -> type[GRPOConfig]:
     fields: dict[str, Any] = {
         name: (model, Field(default_factory=model, description=(model.__doc__ or "").strip().split("\n")[0]))
-        for name, model in models.items()
+        for name, model in tables
     }
     return create_model("GRPOConfig", __base__=GRPOConfig, __doc__=GRPOConfig.__doc__, **fields)  # type: ignore[call-overload]
 
