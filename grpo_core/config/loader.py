@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from grpo_core.config.axolotl import adapt
 from grpo_core.config.ranges import range_problems
-from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig
+from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig, config_model
 from grpo_core.config.trl_names import unknown_key_hint
 from grpo_core.contract.errors import ConfigError
 
@@ -116,7 +116,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class that owns the field at ``loc``'s parent."""
-    model: Any = GRPOConfig
+    model: Any = config_model()  # with the tables plugins claim
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
@@ -141,8 +141,10 @@ def _key_path(loc: tuple[Any, ...]) -> str:
 
 def _where_else(key: str) -> str | None:
     """A key written in the wrong table: say which table has it."""
-    for table in ("trl", "vllm", "plugins"):
-        cls = GRPOConfig.model_fields[table].annotation
+    schema = config_model()
+    tables = ["trl", *(name for name in schema.model_fields if name not in GRPOConfig.model_fields), "plugins"]
+    for table in tables:  # the plugins' own tables ([vllm]) between [trl] and [plugins]
+        cls = schema.model_fields[table].annotation
         if key in cls.model_fields:  # type: ignore[union-attr]
             return table
     if key in GRPOConfig.model_fields:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_core.config.schema import GRPOConfig
+from grpo_core.config.schema import config_model
 from grpo_core.config.trl_names import RENAMES, grpo_key
 
 TRL_REWARDS = {
@@ -219,6 +219,6 @@ def from_trl_cli(raw: dict[str, Any]) -> Converted:
     _rewards(work, conv)
     _fields(work, conv)
     _kept_defaults(source, conv)
-    order = list(GRPOConfig.model_fields)
+    order = list(config_model().model_fields)  # [vllm], the vLLM plugin's table, included
     conv.data = dict(sorted(conv.data.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     return conv

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_core.config.schema import GRPOConfig
+from grpo_core.config.schema import GRPOConfig, config_model
 
 TRL_VERSION = "1.16"
 """The TRL release whose names and defaults these tables hold (tested against the installed one)."""
@@ -64,7 +64,7 @@ SCRIPT_KEYS: dict[str, ScriptKey] = {
 
 def schema_field(key: str) -> Any | None:
     """The schema's field at a dotted key (``trl.beta``), or None."""
-    model: Any = GRPOConfig
+    model: Any = config_model()  # [vllm] is the vLLM plugin's table
     field = None
     for part in key.split("."):
         fields = getattr(model, "model_fields", {})

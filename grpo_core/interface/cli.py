@@ -346,9 +346,9 @@ def _add_config_commands(config_app: typer.Typer) -> None:
     def schema_cmd() -> None:
         """Print the JSON schema of the config (every key, type and default)."""
         # imported when the command runs, so `grpo --help` stays fast
-        from grpo_core.config.schema import GRPOConfig
+        from grpo_core.config.schema import config_model
 
-        typer.echo(json.dumps(GRPOConfig.model_json_schema(), indent=2))
+        typer.echo(json.dumps(config_model().model_json_schema(), indent=2))  # with the plugins' tables ([vllm])
 
     @config_app.command("convert")
     def convert_cmd(
@@ -459,12 +459,14 @@ def list_plugins() -> dict[str, dict[str, Any]]:
 
     host = PluginHost()
     # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.config.plugin_tables import TABLE_GROUP
     from grpo_core.observability.tracking import TRACKER_GROUP
 
     groups = {point.name: point.group for point in EXTENSION_POINTS} | {
         "reward": REWARD_GROUP,
         "plugins": ALWAYS_ON_GROUP,
         "tracker": TRACKER_GROUP,
+        "settings": TABLE_GROUP,  # the top-level config tables plugins own ([vllm])
     }
     out: dict[str, dict[str, Any]] = {}
     for point, group in groups.items():

@@ -48,7 +48,7 @@ from grpo_core.host.plugin_host import (
     validate_settings,
 )
 from grpo_core.host.traits import ChosenTraits
-from grpo_core.modeling.compile import compile_problem
+from grpo_core.modeling.compile import CompileOptions, compile_problem
 from grpo_core.modeling.fp8 import fp8_problem
 from grpo_core.modeling.precision import cpu_flags
 from grpo_core.modeling.quantization import bitsandbytes_problem, cpu_kernel_note
@@ -462,14 +462,14 @@ def _model_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warn
     problem = bitsandbytes_problem()
     if problem is not None:
         errors.append(f"{bits} cannot run here: {problem}")
-    note = cpu_kernel_note(cfg, torch.cuda.is_available(), cpu_flags())
+    note = cpu_kernel_note(cfg.load_in_4bit, torch.cuda.is_available(), cpu_flags())
     if note is not None:
         warnings.append(note)
 
 
 def _speed_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> None:
     """torch_compile, fp8, the Liger loss: each refused where it cannot run, naming what it needs."""
-    problem = compile_problem(cfg)
+    problem = compile_problem(CompileOptions.of(cfg))
     if problem is not None:
         errors.append(problem)
     if cfg.fp8:

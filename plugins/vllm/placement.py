@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from grpo_core.plugin_api import ConfigError
+from grpo_plugins.vllm.settings import vllm_settings
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig
@@ -26,7 +27,7 @@ def placement(cfg: GRPOConfig) -> list[list[int]] | None:
     """The GPU indices of each managed server (``[vllm] devices`` cut into
     ``tensor_parallel_size`` pieces, one per server), or ``None`` when
     ``devices`` is unset."""
-    v = cfg.vllm
+    v = vllm_settings(cfg)
     if v.devices is None:
         return None
     per = v.tensor_parallel_size
@@ -45,8 +46,8 @@ def trainer_gpus(cfg: GRPOConfig, processes: int) -> list[int]:
     """The GPUs the training processes of this machine use: ``[vllm]
     trainer_devices`` for one process, else one per process by local rank
     (accelerate's placement: process i on GPU i of those visible)."""
-    if cfg.vllm.trainer_devices is not None and processes == 1:
-        return list(cfg.vllm.trainer_devices)
+    if vllm_settings(cfg).trainer_devices is not None and processes == 1:
+        return list(vllm_settings(cfg).trainer_devices)
     return list(range(processes))
 
 
@@ -54,7 +55,7 @@ def placement_problems(cfg: GRPOConfig, num_processes: int = 1) -> list[str]:
     """Why ``[vllm] devices`` / ``trainer_devices`` would not fit beside
     ``num_processes`` training processes (each message names the keys and
     the fix); empty when they do."""
-    v = cfg.vllm
+    v = vllm_settings(cfg)
     problems: list[str] = []
     processes = local_processes(num_processes)
     if v.devices is None and v.trainer_devices is None:
@@ -160,7 +161,7 @@ def narrow_trainer_devices(cfg: GRPOConfig) -> str | None:
     before CUDA starts; returns the new ``CUDA_VISIBLE_DEVICES`` (``None``
     when unset). Server environments are computed before this, from the
     devices the process saw at start."""
-    wanted = cfg.vllm.trainer_devices
+    wanted = vllm_settings(cfg).trainer_devices
     if wanted is None:
         return None
     value = physical_devices(wanted)

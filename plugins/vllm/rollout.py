@@ -45,6 +45,7 @@ from grpo_plugins.vllm.engine import VLLMServerEngine
 from grpo_plugins.vllm.placement import placement_problems
 from grpo_plugins.vllm.pool import VLLMEnginePool
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
+from grpo_plugins.vllm.settings import vllm_settings
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig, RunContext
@@ -87,7 +88,7 @@ class VLLMRollout:
                 "plugins.rollout = 'vllm' talks to a vLLM server, but trl.vllm_mode = 'colocate'. Remove "
                 "plugins.rollout (colocate mode picks 'vllm_colocate'), or set trl.vllm_mode = 'server'."
             )
-        trl, v = config.trl, config.vllm
+        trl, v = config.trl, vllm_settings(config)
         external = bool(trl.vllm_server_base_urls) or trl.vllm_managed is False
         if (v.devices is not None or v.trainer_devices is not None) and external:
             raise ConfigError(

@@ -146,7 +146,7 @@ def test_plugins_json_lists_every_point_and_the_builtins() -> None:
     no_traceback(result)
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
-    assert set(listing) == {*POINTS, "reward", "plugins", "tracker"}
+    assert set(listing) == {*POINTS, "reward", "plugins", "tracker", "settings"}
     assert (
         len(POINTS) == 7
     )  # rollout, environment, weight_sync, advantage_aggregation, is_correction, policy_loss, replay

@@ -414,9 +414,11 @@ def test_bitsandbytes_kernel_notice_is_dropped_and_nothing_else(caplog: pytest.L
         logger.warning("another bitsandbytes warning")
     assert [r.getMessage() for r in caplog.records] == ["another bitsandbytes warning"]
     four_bit = validate({"base_model": "org/model", "adapter": "lora", "load_in_4bit": True})
-    assert "pip install kernels" in (cpu_kernel_note(four_bit, cuda=False, flags={"avx512_bf16"}) or "")
-    assert cpu_kernel_note(four_bit, cuda=True, flags={"avx512_bf16"}) is None
-    assert cpu_kernel_note(validate({"base_model": "org/model"}), cuda=False, flags={"avx512_bf16"}) is None
+    assert "pip install kernels" in (cpu_kernel_note(four_bit.load_in_4bit, cuda=False, flags={"avx512_bf16"}) or "")
+    assert cpu_kernel_note(four_bit.load_in_4bit, cuda=True, flags={"avx512_bf16"}) is None
+    assert (
+        cpu_kernel_note(validate({"base_model": "org/model"}).load_in_4bit, cuda=False, flags={"avx512_bf16"}) is None
+    )
 
 
 def test_the_example_plugin_installs_from_the_clone_without_fetching_grpo(tmp_path: Path) -> None:
