@@ -55,6 +55,7 @@ from grpo_core.modeling.quantization import bitsandbytes_problem, cpu_kernel_not
 from grpo_core.observability.alerts import ALERT_NAMES
 from grpo_core.observability.tracking import check_report_to
 from grpo_core.runtime.processes import world_size
+from grpo_core.validation.dataset_sources import dataset_source_problems
 from grpo_core.validation.output_dir import output_dir_checks
 from grpo_core.validation.references import code_problems, path_problems, reward_name_problems
 
@@ -715,6 +716,7 @@ def check_config(
     errors += path_problems(cfg)
     registered = set(plugins.published(REWARD_GROUP))
     for found_errors, found_warnings in (
+        dataset_source_problems(cfg),
         code_problems(cfg, plugins, registered),
         reward_name_problems(cfg, plugins, registered),
     ):

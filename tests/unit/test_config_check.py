@@ -168,6 +168,63 @@ def minimal(here: Path, **extra: Any) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------ datasets: data_files and hub ids
+
+
+def test_data_files_must_match_a_file_where_datasets_will_look(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (here / "rows" / "train").mkdir(parents=True)
+    (here / "rows" / "train" / "part-0.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    (here / "local.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    # a folder's data_files are relative to the folder; globs as datasets takes them
+    for found in ("train/part-0.jsonl", "train/*.jsonl", ["train/**/*.jsonl"]):
+        check_run_config(validate(minimal(here, datasets=[{"path": "./rows", "data_files": found}])))
+    with pytest.raises(ConfigError, match=r"datasets\[0\]\.data_files: 'train/part-1\.jsonl' match no file in rows"):
+        check_run_config(validate(minimal(here, datasets=[{"path": "./rows", "data_files": "train/part-1.jsonl"}])))
+    # a packaged builder reads them from the working directory, or beside the config
+    check_run_config(validate(minimal(here, datasets=[{"path": "json", "data_files": "local.jsonl"}])))
+    with pytest.raises(ConfigError, match=r"test_datasets\[0\]\.data_files: 'test\.jsonl' match no file"):
+        check_run_config(
+            validate(minimal(here, test_datasets=[{"path": "json", "data_files": ["local.jsonl", "test.jsonl"]}]))
+        )
+    with pytest.raises(ConfigError, match=r"datasets\[0\]\.path = 'csv' reads data_files, and none are given"):
+        check_run_config(validate(minimal(here, datasets=[{"path": "csv"}])))
+    elsewhere = here / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    (here / "c.toml").write_text(
+        (here / "c.toml").read_text().replace('path = "org/data"', 'path = "json"\ndata_files = "local.jsonl"')
+    )
+    assert cli.main(["config", "check", str(here / "c.toml")]) == 0  # anchored beside the config by the loader
+    # a file is read as it is: data_files beside it would be ignored
+    warnings = check_run_config(
+        validate(minimal(here, datasets=[{"path": str(here / "local.jsonl"), "data_files": "x"}]))
+    )
+    assert any("datasets[0].data_files has no effect" in w for w in warnings), warnings
+
+
+def test_a_hub_dataset_not_in_the_cache_warns_or_offline_is_an_error(
+    here: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(here / "hub"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(here / "prepared"))
+    cfg = validate(minimal(here, datasets=[{"path": "someone/numbers"}]))
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what tests/conftest.py sets for the whole session
+    with pytest.raises(ConfigError, match=r"datasets\[0\]\.path = 'someone/numbers' is a hub dataset that is not in"):
+        check_run_config(cfg)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")  # datasets' own variable wins over the hub's
+    warnings = check_run_config(cfg)
+    assert [w for w in warnings if "someone/numbers" in w] == [
+        "datasets[0].path = 'someone/numbers' is not a local file or folder nor in the hub cache: it will be fetched "
+        "from the Hugging Face hub when the run starts (a misspelt name fails only then)."
+    ]
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    (here / "prepared" / "someone___numbers").mkdir(parents=True)  # prepared by datasets on an earlier run
+    assert not [w for w in check_run_config(cfg) if "someone/numbers" in w]
+    (here / "hub" / "datasets--someone--Other-Set").mkdir(parents=True)  # downloaded by huggingface_hub
+    check_run_config(validate(minimal(here, datasets=[{"path": "someone/Other-Set"}])))
+
+
 def test_names_reading_cannot_rule_out_are_warnings_and_held_objects_are_found(here: Path) -> None:
     (here / "starry.py").write_text("from os.path import *\n", encoding="utf-8")
     (here / "lazy.py").write_text("def __getattr__(name):\n    raise AttributeError(name)\n", encoding="utf-8")
