@@ -302,10 +302,14 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         transforms) is found and its source defines the name (read, not run;
         listed with its file, so you can read it before `grpo run` runs it);
         the trackers in report_to are installed; [vllm] GPU placement fits
-        --num-processes training processes; what output_dir already holds (a
-        run in progress, checkpoints a fresh start would overwrite). Not checked: a hub id's existence,
-        what your code does when it runs (--import runs its imports), and
-        whether the model fits in memory.
+        --num-processes training processes and the GPUs this machine shows (on
+        a machine without GPUs: a warning that the indices were not checked);
+        datasets' data_files match files; a hub dataset not in the local cache
+        is a warning (it is fetched when the run starts), or an error with
+        HF_HUB_OFFLINE=1; what output_dir already holds (a run in progress,
+        checkpoints a fresh start would overwrite). Not checked: whether a hub
+        id exists on the hub, what your code does when it runs (--import runs
+        its imports), and whether the model fits in memory.
 
         The last line is `OK`, `OK with N warnings` (exit code 0: the run can
         start), or the errors, each naming the key and the fix (exit code 2).

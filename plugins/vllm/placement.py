@@ -50,10 +50,67 @@ def trainer_gpus(cfg: GRPOConfig, processes: int) -> list[int]:
     return list(range(processes))
 
 
-def placement_problems(cfg: GRPOConfig, num_processes: int = 1) -> list[str]:
+def visible_gpu_count() -> int:
+    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES`` applied), the
+    ones the indices of ``[vllm] devices`` count: ``torch.cuda.device_count()``,
+    which counts without starting CUDA here (so ``trainer_devices`` can
+    still narrow them); 0 on a machine without GPUs."""
+    import torch  # imported when a config places GPUs: the plugin's other checks need no torch
+
+    return int(torch.cuda.device_count())
+
+
+def _visible_text() -> str:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return f"CUDA_VISIBLE_DEVICES={visible}" if visible is not None else "CUDA_VISIBLE_DEVICES unset"
+
+
+def missing_gpu_problems(cfg: GRPOConfig, processes: int, gpus: int) -> list[str]:
+    """GPU indices the placement names that this machine's ``gpus`` visible
+    GPUs do not have: the servers', ``trainer_devices``', and the training
+    processes' own (one per local rank)."""
+    v = cfg.vllm
+    out = []
+    if v.trainer_devices is not None and processes == 1:
+        trainer = ("[vllm] trainer_devices asks", list(v.trainer_devices))
+    elif processes == 1:
+        trainer = ("the training process (on the first visible GPU) asks", trainer_gpus(cfg, processes))
+    else:
+        trainer = (f"the {processes} training processes (one per local rank) ask", trainer_gpus(cfg, processes))
+    for whose, indices in (("[vllm] devices asks", v.devices or []), trainer):
+        missing = sorted({i for i in indices if i >= gpus})
+        if missing:
+            out.append(
+                f"{whose} for GPU {', '.join(map(str, missing))}, but this machine shows {gpus} GPU"
+                f"{'s' if gpus != 1 else ''} (indices 0-{gpus - 1}; torch.cuda.device_count() with "
+                f"{_visible_text()}). Use indices below {gpus}, or fewer processes; a config for another machine is "
+                "checked there (`grpo run` checks it again before loading anything)."
+            )
+    return out
+
+
+def unchecked_gpus_note(cfg: GRPOConfig, gpus: int | None = None) -> str | None:
+    """A warning that ``[vllm] devices`` / ``trainer_devices`` were not
+    checked against real GPUs because this machine shows none; ``None``
+    when they were (or nothing is placed)."""
+    v = cfg.vllm
+    if v.devices is None and v.trainer_devices is None:
+        return None
+    if (visible_gpu_count() if gpus is None else gpus) > 0:
+        return None
+    return (
+        "[vllm] devices / trainer_devices were not checked against real GPUs: this machine shows none "
+        f"(torch.cuda.device_count() = 0, {_visible_text()}). Only how they fit together was checked; `grpo run` on "
+        "the GPU machine checks that each index exists there."
+    )
+
+
+def placement_problems(cfg: GRPOConfig, num_processes: int = 1, gpus: int | None = None) -> list[str]:
     """Why ``[vllm] devices`` / ``trainer_devices`` would not fit beside
     ``num_processes`` training processes (each message names the keys and
-    the fix); empty when they do."""
+    the fix); empty when they do. ``gpus``: the GPUs this machine shows
+    (default: :func:`visible_gpu_count`); an index past them is refused,
+    and on a machine with none that is not checked (:func:`unchecked_gpus_note`)."""
     v = cfg.vllm
     problems: list[str] = []
     processes = local_processes(num_processes)
@@ -123,6 +180,9 @@ def placement_problems(cfg: GRPOConfig, num_processes: int = 1) -> list[str]:
                 f"would run out. Give them different GPUs (e.g. {example}), or lower "
                 f"[vllm] gpu_memory_utilization to at most {TRAINER_SHARE_MAX} to share one."
             )
+    gpus = visible_gpu_count() if gpus is None else gpus
+    if gpus > 0 and not problems:
+        problems += missing_gpu_problems(cfg, processes, gpus)
     return problems
 
 

@@ -266,7 +266,15 @@ def test_import_runs_the_imports_and_reports_what_they_raise(
 def test_help_promises_what_is_checked_and_what_is_not(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["config", "check", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    for promise in ("`OK`, `OK with N warnings`", "exit code 2", "--import", "Not checked", "[vllm] GPU placement"):
+    for promise in (
+        "`OK`, `OK with N warnings`",
+        "exit code 2",
+        "--import",
+        "Not checked",
+        "[vllm] GPU placement",
+        "GPUs this machine shows",
+        "HF_HUB_OFFLINE",
+    ):
         assert promise in text, promise
     assert "gets past wiring" not in text
 
@@ -309,8 +317,17 @@ def placed(here: Path, **vllm: Any) -> Any:
     )
 
 
+def fake_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """This machine has no GPU: torch.cuda.device_count(), which the vLLM
+    plugin's placement check reads, is faked to answer ``count``."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
 def test_gpu_placement_is_judged_for_the_process_count(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    fake_gpus(monkeypatch, 8)  # enough for every index below: this test is about how they fit together
     plugins = host()
     check_run_config(placed(here, devices=[1]), plugins, num_processes=1)  # trainer on GPU 0, server on GPU 1
     with pytest.raises(ConfigError, match=r"the 2 training processes \(GPUs 0-1, one per local rank\) share GPU 1"):
@@ -323,6 +340,35 @@ def test_gpu_placement_is_judged_for_the_process_count(here: Path, monkeypatch: 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # 16 processes over 2 machines: 8 here
     with pytest.raises(ConfigError, match="the 8 training processes"):
         check_run_config(placed(here, devices=[7]), plugins, num_processes=16)
+
+
+def test_gpu_indices_this_machine_does_not_have_are_refused(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    plugins = host()
+    fake_gpus(monkeypatch, 2)  # a machine showing 2 GPUs (CUDA_VISIBLE_DEVICES=4,5): indices 0 and 1
+    assert check_run_config(placed(here, devices=[1]), plugins, num_processes=1) == []
+    with pytest.raises(
+        ConfigError, match=r"\[vllm\] devices asks for GPU 2, but this machine shows 2 GPUs \(indices 0-1"
+    ):
+        check_run_config(placed(here, devices=[2]), plugins, num_processes=2)
+    with pytest.raises(ConfigError, match=r"CUDA_VISIBLE_DEVICES=4,5\)\. Use indices below 2"):
+        check_run_config(placed(here, devices=[2]), plugins, num_processes=2)
+    with pytest.raises(ConfigError, match=r"\[vllm\] trainer_devices asks for GPU 3, but this machine shows 2 GPUs"):
+        check_run_config(placed(here, devices=[0], trainer_devices=[3]), plugins, num_processes=1)
+    with pytest.raises(ConfigError, match=r"the 3 training processes \(one per local rank\) ask for GPU 2"):
+        check_run_config(
+            placed(here, devices=[1, 0], data_parallel_size=2, gpu_memory_utilization=0.2), plugins, num_processes=3
+        )
+    fake_gpus(monkeypatch, 0)  # no GPU (this machine as it is): not checked, and said so
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    warnings = check_run_config(placed(here, devices=[5]), plugins, num_processes=1)
+    assert [w for w in warnings if "GPU" in w] == [
+        "[vllm] devices / trainer_devices were not checked against real GPUs: this machine shows none "
+        "(torch.cuda.device_count() = 0, CUDA_VISIBLE_DEVICES unset). Only how they fit together was checked; "
+        "`grpo run` on the GPU machine checks that each index exists there."
+    ]
+    assert check_run_config(placed(here), plugins, num_processes=1) == []  # nothing placed: nothing to say
 
 
 # ------------------------------------------------------------ defaults that protect
