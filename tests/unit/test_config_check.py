@@ -522,22 +522,26 @@ def test_bitsandbytes_kernel_notice_is_dropped_and_nothing_else(caplog: pytest.L
     assert cpu_kernel_note(validate({"base_model": "org/model"}), cuda=False, flags={"avx512_bf16"}) is None
 
 
-def test_the_example_plugin_installs_from_the_clone_without_fetching_grpo(tmp_path: Path) -> None:
-    """`pip install -e ./examples/grpo-plugin-example` after grpo is installed
-    from this clone: `grpo>=0.1` is met by it; with --no-index pip could not
-    fetch anything, so a dependency the clone does not satisfy fails here."""
+def test_no_example_package_depends_on_a_grpo_from_the_index(tmp_path: Path) -> None:
+    """grpo is installed from its clone, not from a package index: an example
+    plugin package that listed `grpo` would send pip to the index for a
+    project of that name wherever grpo is not installed yet. None lists it,
+    and `pip install -e ./examples/grpo-plugin-example` resolves with
+    --no-index (nothing could be fetched) to that package alone."""
     import json
     import shutil
     import subprocess
-    from importlib.metadata import version
 
     from packaging.requirements import Requirement
 
+    packages = sorted(p.parent for p in (REPO / "examples").glob("*/pyproject.toml"))
+    assert {p.name for p in packages} >= {"grpo-plugin-example", "guess-number", "my-rewards"}
+    for package in packages:
+        project = tomllib.loads((package / "pyproject.toml").read_text())["project"]
+        needs = {Requirement(d).name for d in project.get("dependencies", [])}
+        assert "grpo" not in needs, f"{package.name}: remove grpo from dependencies (pyproject.toml says why)"
     source = tmp_path / "example"
     shutil.copytree(REPO / "examples" / "grpo-plugin-example", source, ignore=shutil.ignore_patterns("*.egg-info"))
-    requirement = Requirement(tomllib.loads((source / "pyproject.toml").read_text())["project"]["dependencies"][0])
-    root = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert requirement.name == root["name"] == "grpo" and version("grpo") in requirement.specifier
     report = tmp_path / "report.json"
     args = ["--dry-run", "--no-index", "--no-build-isolation", "--quiet", "--report", str(report), "-e", str(source)]
     result = subprocess.run(
