@@ -547,7 +547,7 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
     ]
     differences = default_differences(cfg)
     if differences:
-        lines.append("vs TRL:       " + "; ".join(differences) + " (defaults left unset here; docs/trl-differences.md)")
+        lines.append("vs TRL:       " + "; ".join(differences) + " (defaults left unset here; docs/from-trl.md)")
     if cfg.trust_remote_code:
         lines.append(
             "trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward "
