@@ -284,6 +284,13 @@ def _add_config_commands(config_app: typer.Typer) -> None:
             min=1,
             help="Check for this many training processes (default: the launcher's, else 1).",
         ),
+        gpus: int | None = typer.Option(
+            None,
+            "--gpus",
+            min=1,
+            help="Check for a machine with this many GPUs per node (another machine than this one; default: the GPUs "
+            "this machine shows).",
+        ),
         import_code: bool = typer.Option(
             False,
             "--import",
@@ -302,8 +309,9 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         transforms) is found and its source defines the name (read, not run;
         listed with its file, so you can read it before `grpo run` runs it);
         the trackers in report_to are installed; [vllm] GPU placement fits
-        --num-processes training processes and the GPUs this machine shows (on
-        a machine without GPUs: a warning that the indices were not checked);
+        --num-processes training processes and the GPUs this machine shows, or
+        --gpus N for another machine (without GPUs: a warning that the indices
+        were not checked), and so do the training processes, one per GPU;
         datasets' data_files match files; a hub dataset not in the local cache
         is a warning (it is fetched when the run starts), or an error with
         HF_HUB_OFFLINE=1; what output_dir already holds (a run in progress,
@@ -314,7 +322,11 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         The last line is `OK`, `OK with N warnings` (exit code 0: the run can
         start), or the errors, each naming the key and the fix (exit code 2).
         """
-        cfg, host, notes = load_and_check(config, set_, num_processes)
+        # imported when the command runs, so `grpo --help` stays fast
+        from grpo_core.runtime.gpus import assume_gpus
+
+        with assume_gpus(gpus):
+            cfg, host, notes = load_and_check(config, set_, num_processes)
         # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.contract.extension_points import REWARD_GROUP
         from grpo_core.host.user_code import user_code, user_code_text

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from grpo_core.plugin_api import ConfigError
+from grpo_core.plugin_api import ConfigError, gpu_count_source, visible_gpus
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig
@@ -50,41 +50,22 @@ def trainer_gpus(cfg: GRPOConfig, processes: int) -> list[int]:
     return list(range(processes))
 
 
-def visible_gpu_count() -> int:
-    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES`` applied), the
-    ones the indices of ``[vllm] devices`` count: ``torch.cuda.device_count()``,
-    which counts without starting CUDA here (so ``trainer_devices`` can
-    still narrow them); 0 on a machine without GPUs."""
-    import torch  # imported when a config places GPUs: the plugin's other checks need no torch
-
-    return int(torch.cuda.device_count())
-
-
-def _visible_text() -> str:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return f"CUDA_VISIBLE_DEVICES={visible}" if visible is not None else "CUDA_VISIBLE_DEVICES unset"
-
-
 def missing_gpu_problems(cfg: GRPOConfig, processes: int, gpus: int) -> list[str]:
-    """GPU indices the placement names that this machine's ``gpus`` visible
-    GPUs do not have: the servers', ``trainer_devices``', and the training
-    processes' own (one per local rank)."""
+    """GPU indices of ``[vllm] devices`` / ``trainer_devices`` that this
+    machine's ``gpus`` visible GPUs do not have. (The training processes'
+    own GPUs, one per local rank, are the core's check: they need no vLLM.)"""
     v = cfg.vllm
     out = []
-    if v.trainer_devices is not None and processes == 1:
-        trainer = ("[vllm] trainer_devices asks", list(v.trainer_devices))
-    elif processes == 1:
-        trainer = ("the training process (on the first visible GPU) asks", trainer_gpus(cfg, processes))
-    else:
-        trainer = (f"the {processes} training processes (one per local rank) ask", trainer_gpus(cfg, processes))
-    for whose, indices in (("[vllm] devices asks", v.devices or []), trainer):
+    wanted = [("[vllm] devices", v.devices or [])]
+    if processes == 1:
+        wanted.append(("[vllm] trainer_devices", v.trainer_devices or []))
+    for key, indices in wanted:
         missing = sorted({i for i in indices if i >= gpus})
         if missing:
             out.append(
-                f"{whose} for GPU {', '.join(map(str, missing))}, but this machine shows {gpus} GPU"
-                f"{'s' if gpus != 1 else ''} (indices 0-{gpus - 1}; torch.cuda.device_count() with "
-                f"{_visible_text()}). Use indices below {gpus}, or fewer processes; a config for another machine is "
-                "checked there (`grpo run` checks it again before loading anything)."
+                f"{key} asks for GPU {', '.join(map(str, missing))}, but the machine shows {gpus} GPU"
+                f"{'s' if gpus != 1 else ''} (indices 0-{gpus - 1}; {gpu_count_source()}). Use indices below "
+                f"{gpus} (`grpo run` checks them again on the machine it runs on)."
             )
     return out
 
@@ -96,12 +77,12 @@ def unchecked_gpus_note(cfg: GRPOConfig, gpus: int | None = None) -> str | None:
     v = cfg.vllm
     if v.devices is None and v.trainer_devices is None:
         return None
-    if (visible_gpu_count() if gpus is None else gpus) > 0:
+    if (visible_gpus() if gpus is None else gpus) > 0:
         return None
     return (
-        "[vllm] devices / trainer_devices were not checked against real GPUs: this machine shows none "
-        f"(torch.cuda.device_count() = 0, {_visible_text()}). Only how they fit together was checked; `grpo run` on "
-        "the GPU machine checks that each index exists there."
+        f"[vllm] devices / trainer_devices were not checked against real GPUs: this machine shows none "
+        f"({gpu_count_source()}). Only how they fit together was checked; `grpo run` on the GPU machine checks "
+        "that each index exists there."
     )
 
 
@@ -109,7 +90,7 @@ def placement_problems(cfg: GRPOConfig, num_processes: int = 1, gpus: int | None
     """Why ``[vllm] devices`` / ``trainer_devices`` would not fit beside
     ``num_processes`` training processes (each message names the keys and
     the fix); empty when they do. ``gpus``: the GPUs this machine shows
-    (default: :func:`visible_gpu_count`); an index past them is refused,
+    (default: ``visible_gpus()``); an index past them is refused,
     and on a machine with none that is not checked (:func:`unchecked_gpus_note`)."""
     v = cfg.vllm
     problems: list[str] = []
@@ -180,7 +161,7 @@ def placement_problems(cfg: GRPOConfig, num_processes: int = 1, gpus: int | None
                 f"would run out. Give them different GPUs (e.g. {example}), or lower "
                 f"[vllm] gpu_memory_utilization to at most {TRAINER_SHARE_MAX} to share one."
             )
-    gpus = visible_gpu_count() if gpus is None else gpus
+    gpus = visible_gpus() if gpus is None else gpus
     if gpus > 0 and not problems:
         problems += missing_gpu_problems(cfg, processes, gpus)
     return problems

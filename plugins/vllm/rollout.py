@@ -39,10 +39,11 @@ from grpo_core.plugin_api import (
     RolloutGroup,
     SamplingSettings,
     hookimpl,
+    visible_gpus,
 )
 from grpo_plugins.vllm.client import ModelNotLoaded
 from grpo_plugins.vllm.engine import VLLMServerEngine
-from grpo_plugins.vllm.placement import placement_problems, unchecked_gpus_note, visible_gpu_count
+from grpo_plugins.vllm.placement import placement_problems, unchecked_gpus_note
 from grpo_plugins.vllm.pool import VLLMEnginePool
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
 
@@ -95,7 +96,7 @@ class VLLMRollout:
                 "(trl.vllm_server_base_urls, or trl.vllm_managed = false): start those on the GPUs you want "
                 "(CUDA_VISIBLE_DEVICES=... grpo vllm-serve CONFIG) and remove the keys, or let grpo start them."
             )
-        gpus = visible_gpu_count() if v.devices is not None or v.trainer_devices is not None else 0
+        gpus = visible_gpus() if v.devices is not None or v.trainer_devices is not None else 0
         problems = placement_problems(config, num_processes, gpus)
         if problems:
             raise ConfigError(" ".join(problems))

@@ -342,33 +342,60 @@ def test_gpu_placement_is_judged_for_the_process_count(here: Path, monkeypatch: 
         check_run_config(placed(here, devices=[7]), plugins, num_processes=16)
 
 
-def test_gpu_indices_this_machine_does_not_have_are_refused(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_indices_this_machine_does_not_have_are_refused(
+    here: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     plugins = host()
     fake_gpus(monkeypatch, 2)  # a machine showing 2 GPUs (CUDA_VISIBLE_DEVICES=4,5): indices 0 and 1
     assert check_run_config(placed(here, devices=[1]), plugins, num_processes=1) == []
     with pytest.raises(
-        ConfigError, match=r"\[vllm\] devices asks for GPU 2, but this machine shows 2 GPUs \(indices 0-1"
+        ConfigError, match=r"\[vllm\] devices asks for GPU 2, but the machine shows 2 GPUs \(indices 0-1"
     ):
         check_run_config(placed(here, devices=[2]), plugins, num_processes=2)
-    with pytest.raises(ConfigError, match=r"CUDA_VISIBLE_DEVICES=4,5\)\. Use indices below 2"):
+    with pytest.raises(
+        ConfigError, match=r"torch.cuda.device_count\(\) with CUDA_VISIBLE_DEVICES=4,5; --gpus N checks"
+    ):
         check_run_config(placed(here, devices=[2]), plugins, num_processes=2)
-    with pytest.raises(ConfigError, match=r"\[vllm\] trainer_devices asks for GPU 3, but this machine shows 2 GPUs"):
+    with pytest.raises(ConfigError, match=r"\[vllm\] trainer_devices asks for GPU 3, but the machine shows 2 GPUs"):
         check_run_config(placed(here, devices=[0], trainer_devices=[3]), plugins, num_processes=1)
-    with pytest.raises(ConfigError, match=r"the 3 training processes \(one per local rank\) ask for GPU 2"):
-        check_run_config(
-            placed(here, devices=[1, 0], data_parallel_size=2, gpu_memory_utilization=0.2), plugins, num_processes=3
-        )
+    warnings = check_run_config(  # before a launch the 3 processes may be on several machines: a warning
+        placed(here, devices=[1, 0], data_parallel_size=2, gpu_memory_utilization=0.2), plugins, num_processes=3
+    )
+    assert any(
+        "3 training processes, each on the GPU of its local rank, but the machine shows 2 GPUs" in w for w in warnings
+    )
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # launched: 4 processes on this machine, known
+    with pytest.raises(ConfigError, match=r"4 training processes on this machine \(LOCAL_WORLD_SIZE\) each train on"):
+        check_run_config(validate(minimal(here)), plugins, num_processes=4)  # no vLLM: the core counts them
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 4 processes over 2 machines: 2 here
+    assert check_run_config(validate(minimal(here)), plugins, num_processes=4) == []
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+
     fake_gpus(monkeypatch, 0)  # no GPU (this machine as it is): not checked, and said so
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     warnings = check_run_config(placed(here, devices=[5]), plugins, num_processes=1)
     assert [w for w in warnings if "GPU" in w] == [
         "[vllm] devices / trainer_devices were not checked against real GPUs: this machine shows none "
-        "(torch.cuda.device_count() = 0, CUDA_VISIBLE_DEVICES unset). Only how they fit together was checked; "
-        "`grpo run` on the GPU machine checks that each index exists there."
+        "(torch.cuda.device_count() with CUDA_VISIBLE_DEVICES unset; --gpus N checks for another machine). Only how "
+        "they fit together was checked; `grpo run` on the GPU machine checks that each index exists there."
     ]
     assert check_run_config(placed(here), plugins, num_processes=1) == []  # nothing placed: nothing to say
+    check_run_config(validate(minimal(here)), plugins, num_processes=4)  # CPU processes: nothing to count
+
+    # --gpus N: the check is for another machine, whatever this one has
+    (here / "c.toml").write_text((here / "c.toml").read_text() + "\n[vllm]\ndevices = [4]\n")
+    code, out, err = check(capsys, "--set", "trl.use_vllm=true", "--gpus", "4")
+    assert code == 2 and "[vllm] devices asks for GPU 4, but the machine shows 4 GPUs" in err, err
+    assert "--gpus 4: the machine the check is for" in err
+    code, out, err = check(capsys, "--set", "trl.use_vllm=true", "--gpus", "8")
+    assert code == 0 and "not checked against real GPUs" not in err, err
+    code, out, err = check(capsys, "--gpus", "8", "--num-processes", "16")
+    assert code == 0 and "16 training processes, each on the GPU of its local rank, but the machine shows 8" in err
+    assert "--gpus 8: the machine the check is for" in err and "OK with 1 warning" in out, (out, err)
+    code, out, err = check(capsys, "--set", "trl.use_vllm=true")  # this machine again, after --gpus
+    assert code == 0 and "not checked against real GPUs" in err, err
 
 
 # ------------------------------------------------------------ defaults that protect
