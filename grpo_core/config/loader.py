@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import glob
 import json
 import re
 import sys
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from grpo_core.config.axolotl import adapt
 from grpo_core.config.ranges import range_problems
-from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig, config_model
+from grpo_core.config.schema import EFFECTIVE_DEFAULTS, DatasetSpec, GRPOConfig, config_model
 from grpo_core.config.trl_names import unknown_key_hint
 from grpo_core.contract.errors import ConfigError
 
@@ -256,9 +257,31 @@ def anchor_to_config_dir(cfg: GRPOConfig, config_dir: Path) -> GRPOConfig:
         candidate = config_dir / spec.path
         if not Path(spec.path).is_absolute() and not Path(spec.path).exists() and candidate.exists():
             spec.path = str(candidate)
+        _anchor_data_files(spec, config_dir)
     if str(config_dir) not in sys.path:
         sys.path.append(str(config_dir))
     return cfg
+
+
+def _anchor_data_files(spec: DatasetSpec, config_dir: Path) -> None:
+    """``path = "json"`` (a packaged builder of ``datasets``) reads
+    ``data_files`` from the working directory; like a dataset path, one that
+    is not there but is beside the config is taken from there."""
+    if spec.data_files is None or "/" in spec.path or Path(spec.path).exists():
+        return
+    # imported only for a config whose path may name a builder: `datasets` is slow to import
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+    if spec.path not in _PACKAGED_DATASETS_MODULES:
+        return
+    files = [spec.data_files] if isinstance(spec.data_files, str) else list(spec.data_files)
+    anchored = [
+        str(config_dir / f)
+        if not Path(f).is_absolute() and "://" not in f and not glob.glob(f) and glob.glob(str(config_dir / f))
+        else f
+        for f in files
+    ]
+    spec.data_files = anchored[0] if isinstance(spec.data_files, str) else anchored
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> GRPOConfig:

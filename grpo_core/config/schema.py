@@ -847,7 +847,7 @@ def _with_tables(tables: tuple[tuple[str, type[BaseModel]], ...]) -> type[GRPOCo
 # unless noted). Filled in after validation so every consumer reads a value.
 EFFECTIVE_DEFAULTS: dict[str, Any] = {
     "num_generations": 8,
-    "max_completion_length": 256,  # TRL 1.16's is 512 (docs/trl-differences.md)
+    "max_completion_length": 256,  # TRL 1.16's is 512 (docs/from-trl.md)
     "beta": 0.0,
     "num_iterations": 1,
     "epsilon": 0.2,
@@ -863,7 +863,7 @@ EFFECTIVE_DEFAULTS: dict[str, Any] = {
     "streaming_partial_batch": False,
     "streaming_min_groups": 1,
     "importance_sampling_level": "token",
-    "vllm_importance_sampling_mode": "token_truncate",  # TRL 1.16's is sequence_mask (docs/trl-differences.md)
+    "vllm_importance_sampling_mode": "token_truncate",  # TRL 1.16's is sequence_mask (docs/from-trl.md)
     "vllm_importance_sampling_cap": 3.0,
     "use_bias_correction_kl": True,
     "num_completions_to_print": 0,

@@ -57,7 +57,9 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 # ------------------------------------------------------------------ quickstart
 
 
-def test_quickstart_yaml_and_toml_twin_validate_to_the_same_config() -> None:
+def test_quickstart_yaml_and_toml_twin_validate_to_the_same_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # checked as where the hub is reachable
+        monkeypatch.delenv(variable, raising=False)
     from_yaml = load_config(QUICKSTART / "config.yaml")
     from_toml = load_config(QUICKSTART / "config.toml")
     assert from_yaml.model_dump() == from_toml.model_dump()
@@ -65,6 +67,7 @@ def test_quickstart_yaml_and_toml_twin_validate_to_the_same_config() -> None:
     assert from_yaml.trl.num_generations == 8 and from_yaml.learning_rate == pytest.approx(5e-6)
     warnings = check_run_config(from_yaml)
     assert all(isinstance(w, str) for w in warnings)
+    assert any("'openai/gsm8k'" in w and "fetched from the Hugging Face hub" in w for w in warnings), warnings
 
 
 def test_convert_of_quickstart_yaml_reads_back_as_the_same_data() -> None:
