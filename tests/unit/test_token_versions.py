@@ -104,3 +104,52 @@ def test_the_nccl_sync_is_refused_and_a_vllm_server_is_accepted(tmp_path: Path) 
     nccl.plugins.weight_sync = "nccl"
     with pytest.raises(ConfigError, match="weight sync 'nccl'"):
         check_run_config(nccl, trains=False)
+
+
+class _Engine:
+    """An engine that records what the sync did inside its in-flight update."""
+
+    def __init__(self, capabilities: frozenset[str]) -> None:
+        self.capabilities = capabilities
+        self.description = "fake engine"
+        self.events: list[str] = []
+
+    def update_in_flight(self, version: int, load) -> None:
+        self.events.append(f"pause for {version}")
+        load()
+        self.events.append("resume")
+
+
+def _sync_with(engine: _Engine, in_flight: bool):
+    from types import SimpleNamespace
+
+    from grpo_core.sync.policy_sync import PolicySync
+
+    hook = SimpleNamespace(grpo_sync_weights=lambda model, version, engine: engine.events.append(f"load {version}"))
+    return PolicySync(
+        hook,
+        engine,
+        backend=SimpleNamespace(full_model=lambda version: "model"),
+        dist=SimpleNamespace(is_main=True, active=False),
+        producer=SimpleNamespace(weights_synced=lambda version: engine.events.append(f"producer at {version}")),
+        verifier=SimpleNamespace(sync=lambda run, model, version: run()),
+        in_flight=in_flight,
+    )
+
+
+def test_with_in_flight_updates_the_sync_runs_inside_the_engines_update() -> None:
+    from grpo_core.contract.types import PAUSES_GENERATION
+
+    engine = _Engine(frozenset({PAUSES_GENERATION}))
+    _sync_with(engine, in_flight=True).sync(4)
+    assert engine.events == ["pause for 4", "load 4", "resume", "producer at 4"]
+    plain = _Engine(frozenset({PAUSES_GENERATION}))
+    _sync_with(plain, in_flight=False).sync(4)
+    assert plain.events == ["load 4", "producer at 4"]
+
+
+def test_an_engine_that_cannot_pause_is_refused_at_the_sync_too() -> None:
+    from grpo_core.contract.errors import GrpoError
+
+    with pytest.raises(GrpoError, match="does not declare 'pauses_generation'"):
+        _sync_with(_Engine(frozenset()), in_flight=True).sync(1)

@@ -107,3 +107,53 @@ def test_a_pause_mid_generation_splits_every_completion_by_the_weights_that_samp
     print(f"tokens told apart by the two weights: {decided}; largest sampler-vs-forward gap {noise:.4f}")
     assert decided[0] >= 3 and decided[1] >= 3, decided  # both sides of the pause were checked
     assert rollout.engine.in_flight.version == 1
+
+
+@pytest.mark.extended(reason="a whole training run (~1-2 min on 2 shared cores); the pause itself is tested above")
+def test_an_async_run_with_in_flight_updates_reports_staleness_per_token(vllm_server, smollm2_dir, tmp_path):
+    from helpers import REPO, metrics
+
+    from grpo_core.config.loader import validate
+    from grpo_core.training.run import run_training
+
+    cfg = validate(
+        {
+            "base_model": smollm2_dir,
+            "adapter": "lora",
+            "lora_r": 8,
+            "datasets": [{"path": str(REPO / "examples" / "arithmetic" / "data" / "train.jsonl")}],
+            "sequence_len": 512,
+            "micro_batch_size": 8,
+            "max_steps": 3,
+            "learning_rate": 1e-3,
+            "output_dir": str(tmp_path / "run"),
+            "seed": 3,
+            "vllm": {"host": "127.0.0.1", "port": 0, "dtype": "float32", "max_model_len": 512, "api_key": API_KEY},
+            "trl": {
+                "use_vllm": True,
+                "vllm_managed": False,
+                "vllm_server_base_url": vllm_server.base_url,
+                "vllm_server_timeout": 120,
+                "vllm_lora_sync": True,
+                "num_generations": 4,
+                # long samples: generating the next batch outlasts a training step, so each sync lands mid-generation
+                "max_completion_length": 160,
+                "generation_kwargs": {"ignore_eos": True},
+                "reward_funcs": ["last_number_match"],
+                "async_prefetch": True,
+                "in_flight_weight_updates": True,
+                "vllm_importance_sampling_correction": True,
+            },
+        }
+    )
+    assert run_training(cfg) == "completed"
+    records = metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        print({k: r[k] for k in r if k.startswith(("token_staleness", "inflight/", "staleness", "policy_version"))})
+        assert 0 <= r["token_staleness/mean"] <= r["token_staleness/max"] <= 1  # prefetch_depth 1 bounds every token
+        assert r["inflight/dropped_stale_samples"] == 0
+        assert r["inflight/tokens_across_update"] <= 8 * 160
+    assert records[0]["token_staleness/max"] == 0  # the first batch: sampled by the weights synced at start
+    # a sync landed while a batch was generating: its samples hold tokens of two versions, the older ones 1 behind
+    assert sum(r["inflight/samples_across_update"] for r in records) > 0, records
