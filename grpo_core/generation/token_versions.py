@@ -14,6 +14,10 @@ the trainer (the bound async prefetch keeps per batch). A sample whose
 (loss mask and advantage zeroed, so it trains nothing and counts in no
 normaliser; its group's other samples keep the advantages they were given)
 and counted in ``inflight/dropped_stale_samples``.
+
+Replayed groups (``ScoredGroup.replayed``, ``trl.replay_buffer_size``) are
+older on purpose and corrected by the replay's own rule
+(``replay_recompute_logps``): they are left out of both.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ def staleness_metrics(groups: list[ScoredGroup], trainer_version: int) -> dict[s
     worst = 0
     across = samples_across = 0
     for scored in groups:
+        if scored.replayed:
+            continue
         for completion in scored.group.completions:
             versions = policy_token_versions(completion, scored.group.policy_version)
             if not versions:
@@ -77,6 +83,9 @@ def drop_stale(groups: list[ScoredGroup], trainer_version: int, bound: int) -> t
     out: list[ScoredGroup] = []
     dropped = 0
     for scored in groups:
+        if scored.replayed:
+            out.append(scored)
+            continue
         stale = [
             bool(versions) and trainer_version - min(versions) > bound
             for versions in (policy_token_versions(c, scored.group.policy_version) for c in scored.group.completions)

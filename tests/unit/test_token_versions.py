@@ -60,6 +60,10 @@ def test_a_sample_whose_oldest_token_is_too_old_is_dropped_and_counted() -> None
     # a sample recorded with one version for all its tokens (its newest) would wrongly be kept
     assert drop_stale([group(3, completion([5, 5, 5, 5]))], 5, bound=1)[1] == 0
     assert drop_stale(batch, 5, bound=2)[1] == 0
+    replayed = group(3, completion([1, 1, 1, 1]))
+    replayed.replayed = True  # old on purpose: the replay's own rule corrects it
+    assert drop_stale([replayed], 5, bound=1)[1] == 0
+    assert staleness_metrics([replayed], 5)["token_staleness/max"] == 0.0
 
 
 def test_versions_must_cover_every_token() -> None:
