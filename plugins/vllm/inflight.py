@@ -37,6 +37,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_core.plugin_api import GrpoError
+
 
 class InFlightGate:
     """The version the engine's servers sample, and the pause window.
@@ -144,7 +146,7 @@ def settle(
     ambiguous (see the module's docstring) and starts again."""
     aborted = any(piece.get("finish_reason") == "abort" for piece in pieces)
     if aborted and not crossed:
-        raise RuntimeError(
+        raise GrpoError(
             "the vLLM server aborted a request that no weight update of this run paused: another client paused or "
             "aborted it (a shared server?)"
         )

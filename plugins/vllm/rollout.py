@@ -126,6 +126,12 @@ class VLLMRollout:
 
     @hookimpl
     def grpo_train_end(self) -> None:
+        regenerated = self.engine.in_flight.regenerated
+        if regenerated:
+            self.context.log(
+                f"vLLM: in-flight weight updates: {regenerated} sample(s) generated again (an answer read across a "
+                "pause, with nothing aborted, cannot tell which weights sampled it)"
+            )
         self.engine.shutdown()
 
     # ------------------------------------------------------------------ generation

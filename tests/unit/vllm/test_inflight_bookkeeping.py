@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_core.contract.errors import GrpoError
 from grpo_plugins.vllm.inflight import InFlightGate, generate_across_updates
 
 PROMPT = [1, 2, 3]
@@ -80,7 +81,7 @@ def test_an_answer_read_across_a_pause_with_nothing_aborted_is_sampled_again() -
 
 def test_an_abort_no_update_of_ours_caused_is_an_error() -> None:
     gate = InFlightGate()
-    with pytest.raises(RuntimeError, match="no weight update of this run paused"):
+    with pytest.raises(GrpoError, match="no weight update of this run paused"):
         generate_across_updates(gate, Script(gate, [[[choice([5], "abort")]]], set()), [PROMPT], 1, max_tokens=4)
 
 
