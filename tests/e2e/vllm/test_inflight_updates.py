@@ -7,11 +7,15 @@ rollout's bookkeeping: the trainer-side PEFT model scores every sampled
 token with the adapter and without it (a transformers forward, not the
 server), and a token whose two log-probs differ clearly belongs to the
 weights whose log-prob equals the sampler's. The recorded versions must
-agree token by token; a rollout that records one version per sample fails.
+agree token by token; a rollout that records one version per sample fails
+(checked by mutation). grpo's importance weights (``token_truncate``) for a
+trainer at the new version are then 1 on the new tokens and the capped
+ratio of the two forwards on the old ones, as the test computes.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -83,6 +87,11 @@ def test_a_pause_mid_generation_splits_every_completion_by_the_weights_that_samp
         if rollout.engine.served_model == "policy":
             rollout.client.unload_lora_adapter("policy")  # the session's server serves the base model again
 
+    import torch
+
+    from grpo_plugins.is_correction import DEFAULT_CAP, ImportanceSamplingCorrection
+
+    correction = ImportanceSamplingCorrection("token_truncate", DEFAULT_CAP)
     decided = {0: 0, 1: 0}
     noise = 0.0
     for group in out[0]:
@@ -96,6 +105,16 @@ def test_a_pause_mid_generation_splits_every_completion_by_the_weights_that_samp
             adapted = logprobs_of(peft_model, group.prompt.prompt_ids, c.token_ids)
             with peft_model.disable_adapter():
                 base = logprobs_of(peft_model, group.prompt.prompt_ids, c.token_ids)
+            # grpo's IS weights for a trainer now at version 1 (the adapter), from the rollout's sampler log-probs:
+            # 1 on the tokens version 1 sampled, min(p_adapter / p_base, cap) on those version 0 sampled
+            weights = correction.grpo_is_correction(
+                trainer_logps=torch.tensor([adapted]),
+                sampler_logps=torch.tensor([c.logprobs]),
+                mask=torch.ones(1, MAX_TOKENS),
+            )[0][0].tolist()
+            for i, (w, v, a, b) in enumerate(zip(weights, versions, adapted, base, strict=True)):
+                expected = 1.0 if v == 1 else min(math.exp(a - b), DEFAULT_CAP)
+                assert w == pytest.approx(expected, rel=1e-3), f"token {i} (version {v}): IS weight {w}, not {expected}"
             for i, (s, a, b) in enumerate(zip(c.logprobs, adapted, base, strict=True)):
                 if abs(a - b) < DECISIVE:
                     continue
