@@ -91,6 +91,7 @@ if TYPE_CHECKING:
         Tracker as Tracker,
         token_scorer as token_scorer,
         engine_cpu_cores as engine_cpu_cores,
+        in_flight_updater as in_flight_updater,
         ENGINE_CAPABILITIES as ENGINE_CAPABILITIES,
         WEIGHTS_FROM_PATH as WEIGHTS_FROM_PATH,
         WEIGHTS_FROM_URL as WEIGHTS_FROM_URL,
@@ -101,6 +102,7 @@ if TYPE_CHECKING:
         ADAPTER_LOADS as ADAPTER_LOADS,
         CONTROL_ENDPOINTS as CONTROL_ENDPOINTS,
         SCORES_TOKENS as SCORES_TOKENS,
+        PAUSES_GENERATION as PAUSES_GENERATION,
         SAMPLES_TRAINER_MODEL as SAMPLES_TRAINER_MODEL,
     )
     from grpo_core.contract.declarations import (

@@ -365,6 +365,13 @@ class TrlSettings(_Table):
     prefetch_depth: int | None = Field(
         None, ge=1, description="Batches generated ahead with async_prefetch. Default 1."
     )
+    in_flight_weight_updates: bool = Field(
+        False,
+        description="With async_prefetch on a vLLM server: a weight sync pauses the engine without waiting for the "
+        "requests in flight, loads the new weights and resumes; every sampled token records the policy version "
+        "that produced it (per-token staleness metrics; a sample with a token more than prefetch_depth versions "
+        "behind the trainer is dropped from training and counted). Engines that cannot pause are refused by name.",
+    )
     vllm_sync_interval: int | None = Field(None, ge=1, description="Sync weights every N optimizer steps. Default 1.")
     vllm_lora_sync: bool = Field(
         False,

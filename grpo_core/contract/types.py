@@ -123,7 +123,13 @@ class Completion:
     environment or the chat template inserted it (no gradient, no count,
     no KL, no entropy, no importance weight). ``None`` means every token is
     the policy's (single-turn). ``logprobs`` entries at mask-0 positions are
-    ignored (the drivers write 0.0). ``episode`` records what happened;
+    ignored (the drivers write 0.0). ``token_versions``: the policy version
+    whose weights sampled each entry of ``token_ids``, when an engine took a
+    weight update while the completion was generating
+    (``trl.in_flight_weight_updates``: the tokens before the update carry the
+    old version, those after it the new one); ``None`` means every token was
+    sampled by its group's ``policy_version``. Entries at mask-0 positions
+    are not read. ``episode`` records what happened;
     ``messages`` is the episode after the prompt as chat messages (model
     turns and the environment's replies): what conversational reward
     functions receive as the completion, as in TRL.
@@ -141,6 +147,7 @@ class Completion:
     episode: EpisodeStats | None = None
     messages: Messages | None = None
     environment: Any = field(default=None, repr=False, compare=False)
+    token_versions: list[int] | None = None
 
     @property
     def model_token_count(self) -> int:
@@ -403,6 +410,16 @@ SCORES_TOKENS = "scores_tokens"
 log-prob of each token of a sequence, per server). The core uses it to
 verify every weight sync (``verify_weight_sync``,
 :mod:`grpo_core.sync.verify`); no sync needs it."""
+PAUSES_GENERATION = "pauses_generation"
+"""Engine capability: ``update_in_flight(version, load)`` (read with
+:func:`in_flight_updater`; not a member of :class:`InferenceEngine`, so
+engines written before it still satisfy ``isinstance``). It pauses
+generation without waiting for the requests in flight, runs ``load`` (the
+weight sync, which calls the ``load_*`` methods), resumes, and from then on
+records ``version`` for every token it samples: a completion that was
+generating across the update carries ``Completion.token_versions`` (its
+tokens before the pause the version served before, those after it
+``version``). Used with ``trl.in_flight_weight_updates``."""
 SAMPLES_TRAINER_MODEL = "samples_trainer_model"
 """Rollout capability without an engine: it samples the trainer's live model,
 so the weights are current the moment the optimizer steps."""
@@ -417,6 +434,7 @@ ENGINE_CAPABILITIES: frozenset[str] = frozenset(
         CONTROL_ENDPOINTS,
         WEIGHTS_IN_MEMORY,
         SCORES_TOKENS,
+        PAUSES_GENERATION,
         SAMPLES_TRAINER_MODEL,
     }
 )
@@ -596,6 +614,14 @@ def token_scorer(engine: object) -> Callable[[Sequence[int]], list[EngineScore]]
     if engine is None or SCORES_TOKENS not in getattr(engine, "capabilities", ()):
         return None
     return getattr(engine, "score_tokens", None)
+
+
+def in_flight_updater(engine: object) -> Callable[[int, Callable[[], None]], None] | None:
+    """The engine's ``update_in_flight(version, load)`` when it declares
+    :data:`PAUSES_GENERATION` (``None`` otherwise, or without an engine)."""
+    if engine is None or PAUSES_GENERATION not in getattr(engine, "capabilities", ()):
+        return None
+    return getattr(engine, "update_in_flight", None)
 
 
 def engine_cpu_cores(engine: object) -> frozenset[int] | None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from grpo_core.contract.errors import shareable_error
+from grpo_core.contract.errors import GrpoError, shareable_error
+from grpo_core.contract.types import PAUSES_GENERATION, in_flight_updater
 from grpo_core.sync.verify import SyncVerifier, sampled_tokens_can_check
 
 if TYPE_CHECKING:
@@ -61,8 +62,10 @@ class PolicySync:
         dist: Distributed,
         producer: Producer,
         verifier: SyncVerifier,
+        in_flight: bool = False,
     ) -> None:
         self.hook = hook
+        self.in_flight = in_flight  # trl.in_flight_weight_updates: the engine pauses, loads and resumes
         self.engine = engine
         self.backend = backend
         self.dist = dist
@@ -78,11 +81,7 @@ class PolicySync:
         model = self.backend.full_model(version)  # a collective under FSDP/ZeRO-3
         if self.dist.is_main:
             try:
-                self.verifier.sync(
-                    lambda: self.hook.grpo_sync_weights(model=model, version=version, engine=self.engine),
-                    model,
-                    version,
-                )
+                self.verifier.sync(lambda: self._push(model, version), model, version)
             except Exception as exc:
                 failure = exc
         if self.dist.active:  # instead of a barrier: every rank learns whether the sync took
@@ -92,6 +91,25 @@ class PolicySync:
             raise failure
         self.last_version = version
         self.producer.weights_synced(version)
+
+    def _push(self, model: Any, version: int) -> Any:
+        """The weight_sync hook; with in-flight updates, inside the engine's
+        pause (requests in flight keep what they sampled with the old
+        weights and go on with the new ones, their tokens versioned)."""
+        if not self.in_flight:
+            return self.hook.grpo_sync_weights(model=model, version=version, engine=self.engine)
+        update = in_flight_updater(self.engine)
+        if update is None:
+            raise GrpoError(
+                f"trl.in_flight_weight_updates: the rollout's engine ({getattr(self.engine, 'description', None)}) "
+                f"does not declare '{PAUSES_GENERATION}': set trl.in_flight_weight_updates = false."
+            )
+        result: list[Any] = []
+        update(
+            version,
+            lambda: result.append(self.hook.grpo_sync_weights(model=model, version=version, engine=self.engine)),
+        )
+        return result[0] if result else None
 
     def verify_now(self) -> None:
         """Check a sync still waiting for its sampled-token check with the

@@ -11,6 +11,7 @@ correction and the PPO-clip loss, accumulate gradients, step, and every
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import warnings
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from grpo_core.contract.types import (
     TrainingProgress,
 )
 from grpo_core.generation.producer import Producer, PromptStream, ScoredBatch
+from grpo_core.generation.token_versions import drop_stale, staleness_metrics
 from grpo_core.modeling.compile import CompileOptions, compile_policy
 from grpo_core.modeling.models import save_final
 from grpo_core.modeling.precision import resolve_precision
@@ -149,6 +151,7 @@ class GRPOTrainer:
         self.balances_micro_batches = micro_batch_split_is_free(self.loss_settings)
         self._left_out: list[tuple[int, int]] = []  # per step of the batch: (micro-batches, samples) left out
         self._batch: ScoredBatch | None = None
+        self._token_metrics: dict[str, float] = {}  # per-token staleness of the batch (in-flight weight updates)
         self._micro: list[MicroBatch] = []
         self._micro_per_step: list[list[MicroBatch]] = []
         self.dist = parts.dist
@@ -167,7 +170,15 @@ class GRPOTrainer:
         self.verifier = run_verifier(
             cfg, parts.model, parts.engine, parts.tokenizer, self.precision, self.dist, parts.context.log
         )
-        self.syncer = PolicySync(parts.hook, parts.engine, self.backend, self.dist, parts.producer, self.verifier)
+        self.syncer = PolicySync(
+            parts.hook,
+            parts.engine,
+            self.backend,
+            self.dist,
+            parts.producer,
+            self.verifier,
+            in_flight=bool(self.trl.in_flight_weight_updates),
+        )
         self.checkpoints = RunCheckpoints(
             cfg,
             self.backend,
@@ -244,6 +255,12 @@ class GRPOTrainer:
         """Make ``batch`` the one the next steps train on. ``old_logps`` (one
         per micro-batch, from a checkpoint) are used instead of recomputing
         them, which after a resume would give the already-updated policy's."""
+        self._token_metrics = {}
+        if self.trl.in_flight_weight_updates:  # per-token versions: metrics, and the staleness bound per token
+            groups, dropped = drop_stale(batch.groups, self.policy_version, int(self.trl.prefetch_depth or 1))
+            self._token_metrics = staleness_metrics(batch.groups, self.policy_version)
+            self._token_metrics["inflight/dropped_stale_samples"] = float(dropped)
+            batch = dataclasses.replace(batch, groups=groups) if dropped else batch
         self._batch = batch
         self._stream_state = batch.stream_state
         samples = flatten(batch.groups)
@@ -439,7 +456,7 @@ class GRPOTrainer:
         num_tokens: int,
         trained: int,
     ) -> dict[str, float]:
-        metrics = dict(batch.metrics) if fresh else {}
+        metrics = {**batch.metrics, **self._token_metrics} if fresh else {}
         local = {k: sum(v) / len(v) for k, v in step_metrics.items()}
         # each rank's loss is its share of the global one after the gradient average: the mean is the global loss
         local.update(loss=loss_total, num_tokens=float(num_tokens))

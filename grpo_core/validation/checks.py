@@ -36,6 +36,8 @@ from grpo_core.config.schema import DEFAULT_SAVE_STEPS, GRPOConfig
 from grpo_core.contract.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.contract.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, declared
 from grpo_core.contract.types import (
+    CONTROL_ENDPOINTS,
+    PAUSES_GENERATION,
     SAMPLES_TRAINER_MODEL,
     SCORES_TOKENS,
     WEIGHTS_IN_MEMORY,
@@ -288,6 +290,14 @@ def _async_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warn
             "trl.async_prefetch samples from weights one sync behind; enable "
             "trl.vllm_importance_sampling_correction to correct for it."
         )
+    if trl.in_flight_weight_updates:
+        errors += in_flight_problems(cfg)
+        if cfg.verify_weight_sync == "every_probe":
+            warnings.append(
+                "verify_weight_sync = 'every_probe' with trl.in_flight_weight_updates: each sync's probe waits until "
+                "no generation request is in flight, so every sync waits for the batch being generated; 'every' "
+                "probes only the first syncs."
+            )
     if trl.vllm_lora_sync and cfg.adapter is None:
         errors.append(
             "trl.vllm_lora_sync syncs a LoRA adapter, but no adapter is trained: set adapter = 'lora' or "
@@ -313,6 +323,37 @@ def _async_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warn
         )
     if trl.epsilon_high is not None and trl.epsilon is not None and trl.epsilon_high < trl.epsilon:
         warnings.append(f"trl.epsilon_high ({trl.epsilon_high}) is below trl.epsilon ({trl.epsilon}).")
+
+
+OUTPUT_PENALTIES = ("presence_penalty", "frequency_penalty")
+
+
+def in_flight_problems(cfg: GRPOConfig) -> list[str]:
+    """What ``trl.in_flight_weight_updates`` cannot run with: a generation
+    cut by a pause goes on as a new request whose prompt ends with the
+    tokens sampled so far, which is only the same sampling when nothing
+    depends on where the output began."""
+    trl = cfg.trl
+    problems = []
+    if not trl.async_prefetch:
+        problems.append(
+            "trl.in_flight_weight_updates needs trl.async_prefetch = true: without it nothing is generating while "
+            "the weights are synced, so there is nothing to update in flight."
+        )
+    if trl.vllm_guided_decoding_regex:
+        problems.append(
+            "trl.in_flight_weight_updates cannot run with trl.vllm_guided_decoding_regex: a generation cut by a "
+            "weight update goes on as a new request, and vLLM would start the regular expression again there. "
+            "Remove one of the two."
+        )
+    penalties = [k for k in OUTPUT_PENALTIES if (trl.generation_kwargs or {}).get(k)]
+    if penalties:
+        problems.append(
+            f"trl.in_flight_weight_updates cannot run with trl.generation_kwargs {penalties}: vLLM counts them over "
+            "the output only, and a generation cut by a weight update goes on with its output so far in the prompt. "
+            "Remove them, or use repetition_penalty (it counts prompt and output alike)."
+        )
+    return problems
 
 
 def _no_effect_checks(cfg: GRPOConfig, traits: ChosenTraits, warnings: list[str]) -> None:
@@ -572,6 +613,25 @@ def _plugin_checks(
                 f"({source_key(cfg, BY_NAME['rollout'])}) offers {sorted(offered) or 'none'}: choose a weight sync "
                 "made for that rollout (see `grpo plugins`), or remove plugins.weight_sync to get the default one."
             )
+    if "weight_sync" in classes and cfg.trl.in_flight_weight_updates:
+        sync, sync_cls = classes["weight_sync"]
+        if CONTROL_ENDPOINTS in declared(sync_cls, BY_NAME["weight_sync"], "required_capabilities"):
+            errors.append(
+                f"trl.in_flight_weight_updates pauses the engine around the weight sync's load calls, but weight sync "
+                f"'{sync.name}' ({source_key(cfg, BY_NAME['weight_sync'])}) drives the servers itself through their "
+                "control endpoints, so no pause would bracket its update: choose a sync that loads through the engine "
+                "(full_filesystem, lora_filesystem, full_http, lora_http), or set trl.in_flight_weight_updates = false."
+            )
+    if "rollout" in classes and cfg.trl.in_flight_weight_updates:
+        rollout, rollout_cls = classes["rollout"]
+        if PAUSES_GENERATION not in declared(rollout_cls, BY_NAME["rollout"], "engine_capabilities"):
+            errors.append(
+                f"trl.in_flight_weight_updates pauses the inference engine mid-generation to load new weights, but "
+                f"rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) declares no "
+                f"'{PAUSES_GENERATION}' capability (vLLM in the trainer's process and the transformers rollout cannot "
+                "pause; only the vLLM server rollout can): set trl.in_flight_weight_updates = false, or use a vLLM "
+                "server (trl.use_vllm = true, trl.vllm_mode = 'server')."
+            )
     if "rollout" in classes and "verify_weight_sync" in cfg.model_fields_set and cfg.verify_weight_sync != "never":
         rollout, rollout_cls = classes["rollout"]
         offered = declared(rollout_cls, BY_NAME["rollout"], "engine_capabilities")
@@ -758,6 +818,12 @@ def check_config(
             "trl.rollout_func and an environment (trl.tools, trl.environment_factory or plugins.environment) both "
             "drive the rollout: keep one (an environment runs the episodes itself; a rollout_func runs its own loop, "
             "with trainer.generate for the engine and env_mask for what the environment wrote)."
+        )
+    if cfg.trl.in_flight_weight_updates and (cfg.trl.rollout_func or _episodic(environment_cls)):
+        errors.append(
+            "trl.in_flight_weight_updates is not implemented yet for multi-turn episodes or trl.rollout_func: their "
+            "completions are put together from several generation calls, which do not carry each token's policy "
+            "version through yet. Set trl.in_flight_weight_updates = false for this run."
         )
     _generation_checks(cfg, errors, warnings)
     _loss_checks(cfg, names, errors, warnings)

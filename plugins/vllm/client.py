@@ -249,6 +249,28 @@ class VLLMClient:
                 f"vLLM server at {self.base_url} has no /collective_rpc: {DEV_MODE_HINT}.", exc.status
             ) from None
 
+    def pause(self) -> None:
+        """POST /pause?mode=abort&clear_cache=false (dev mode): every request in flight ends
+        now with ``finish_reason = "abort"`` and what it sampled so far;
+        requests arriving while paused are queued until :meth:`resume`
+        (vllm/entrypoints/rl/online/api_router.py; plugins/vllm/inflight.py
+        says why not ``mode=keep``). Sent once, never retried."""
+        try:
+            # clear_cache=false: vLLM's cache clearing made each pause take 5-10 s here (an idle server, measured
+            # with curl); the loads drop stale prefixes themselves (reset_prefix_cache after a full reload; a LoRA
+            # adapter's blocks are cached under its own id)
+            self.request("POST", "/pause", params={"mode": "abort", "clear_cache": "false"}, retry=False)
+        except EndpointMissing as exc:
+            raise EngineRequestError(
+                f"vLLM server at {self.base_url} has no /pause (trl.in_flight_weight_updates needs it): "
+                f"{DEV_MODE_HINT}.",
+                exc.status,
+            ) from None
+
+    def resume(self) -> None:
+        """POST /resume: queued requests run, new ones are scheduled again."""
+        self.request("POST", "/resume")
+
     def reset_prefix_cache(self) -> bool:
         """Drop cached KV blocks computed with older weights (dev mode only)."""
         return bool(self.request("POST", "/reset_prefix_cache", parse=lambda r: r.json().get("success", True)))

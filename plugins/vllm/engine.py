@@ -21,6 +21,7 @@ from grpo_core.plugin_api import (
     ADAPTER_FROM_URL,
     ADAPTER_LOADS,
     CONTROL_ENDPOINTS,
+    PAUSES_GENERATION,
     SCORES_TOKENS,
     WEIGHTS_FROM_PATH,
     WEIGHTS_FROM_URL,
@@ -137,6 +138,7 @@ class VLLMServerEngine:
             WEIGHTS_OVER_NCCL,
             CONTROL_ENDPOINTS,
             SCORES_TOKENS,
+            PAUSES_GENERATION,
         }
     )
 

@@ -39,6 +39,7 @@ from grpo_core.plugin_api import (
     EngineUnavailable,
 )
 from grpo_plugins.vllm.engine import VLLMServerEngine
+from grpo_plugins.vllm.inflight import InFlightGate
 from grpo_plugins.vllm.placement import narrow_trainer_devices, placement_problems
 from grpo_plugins.vllm.settings import vllm_settings
 
@@ -108,6 +109,8 @@ class VLLMEnginePool:
         self.dropped: list[VLLMServerEngine] = []
         self._lock = threading.RLock()
         self._down_since: dict[int, float] = {}
+        self.in_flight = InFlightGate()  # the version every server samples; an in-flight update's pause window
+        self._updating_to: int | None = None  # inside update_in_flight: the version its loads install
         for member in self.members:
             if member.server is None and member.client.dead_check is None:
                 # A request to an external server that went away stops retrying once the
@@ -269,19 +272,53 @@ class VLLMEnginePool:
         self.each(lambda m: m.ensure_weights())
 
     def load_weights_from_path(self, path: Path) -> None:
-        self.each(lambda m: m.load_weights_from_path(path))
+        self._load_each(lambda m: m.load_weights_from_path(path))
 
     def load_adapter(self, path: Path) -> None:
-        self.each(lambda m: m.load_adapter(path))
+        self._load_each(lambda m: m.load_adapter(path))
 
     def load_adapter_from_url(self, url: str, token: str) -> None:
-        self.each(lambda m: m.load_adapter_from_url(url, token))
+        self._load_each(lambda m: m.load_adapter_from_url(url, token))
 
     def load_weights_from_url(self, url: str, token: str) -> None:
-        self.each(lambda m: m.load_weights_from_url(url, token))
+        self._load_each(lambda m: m.load_weights_from_url(url, token))
 
     def load_weights(self, weights: Mapping[str, Any]) -> None:
         raise NotImplementedError(f"{self.description} cannot take weights in memory; use load_weights_from_path")
+
+    def update_in_flight(self, version: int, load: Callable[[], None]) -> None:
+        """``PAUSES_GENERATION``: run ``load`` (the weight sync) with every
+        ``load_*`` call it makes inside a pause of every live server, so the
+        pause lasts the server-side load alone, not the sync's own work
+        (merging, writing files). Requests in flight end with what they
+        sampled so far and the rollout goes on with them after the resume
+        (:mod:`grpo_plugins.vllm.inflight`); tokens sampled from then on are
+        recorded as ``version``. A failed load resumes on the old weights
+        and raises. A sync that changes the weights without a ``load_*``
+        call (``nccl``) is refused with in-flight updates by the config check."""
+        self._updating_to = version
+        try:
+            load()
+        finally:
+            self._updating_to = None
+
+    def _load_each(self, action: Callable[[VLLMServerEngine], None]) -> None:
+        """``action`` on every live server; inside :meth:`update_in_flight`,
+        between a pause and a resume of all of them."""
+        version = self._updating_to
+        if version is None:
+            self.each(action)
+            return
+        with self.in_flight.update(version):
+            paused: list[VLLMServerEngine] = []
+            try:
+                for member in self.live():
+                    member.client.pause()
+                    paused.append(member)
+                self.each(action)
+            finally:
+                for member in paused:
+                    member.client.resume()
 
     def fused_modules(self) -> tuple[tuple[str, ...], ...]:
         return self.live()[0].fused_modules()

@@ -27,6 +27,7 @@ from grpo_core.plugin_api import (
     ADAPTER_FROM_PATH,
     ADAPTER_FROM_URL,
     CONTROL_ENDPOINTS,
+    PAUSES_GENERATION,
     SCORES_TOKENS,
     WEIGHTS_FROM_PATH,
     WEIGHTS_FROM_URL,
@@ -43,6 +44,7 @@ from grpo_core.plugin_api import (
 )
 from grpo_plugins.vllm.client import ModelNotLoaded
 from grpo_plugins.vllm.engine import VLLMServerEngine
+from grpo_plugins.vllm.inflight import choices_by_prompt, generate_across_updates
 from grpo_plugins.vllm.placement import placement_problems, unchecked_gpus_note
 from grpo_plugins.vllm.pool import VLLMEnginePool
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
@@ -70,6 +72,7 @@ class VLLMRollout:
             WEIGHTS_OVER_NCCL,
             CONTROL_ENDPOINTS,
             SCORES_TOKENS,
+            PAUSES_GENERATION,
         }
     )
     concurrent_generate = True
@@ -81,6 +84,7 @@ class VLLMRollout:
         self._counter_lock = threading.Lock()
         self._calls = 0
         self._known_fields: set[str] | None = None
+        self.in_flight = bool(context.config.trl.in_flight_weight_updates)  # requests go on across weight updates
 
     @staticmethod
     def grpo_validate_config(config: GRPOConfig, num_processes: int = 1) -> list[str]:
@@ -126,6 +130,12 @@ class VLLMRollout:
 
     @hookimpl
     def grpo_train_end(self) -> None:
+        regenerated = self.engine.in_flight.regenerated
+        if regenerated:
+            self.context.log(
+                f"vLLM: in-flight weight updates: {regenerated} sample(s) generated again (an answer read across a "
+                "pause, with nothing aborted, cannot tell which weights sampled it)"
+            )
         self.engine.shutdown()
 
     # ------------------------------------------------------------------ generation
@@ -195,8 +205,40 @@ class VLLMRollout:
         first: int,
     ) -> list[list[Completion]]:
         payload = self._payload(engine, prompt_ids, n, sampling, call, first)
+        if self.in_flight:
+            return self._request_across_updates(engine, payload, prompt_ids, n)
         with engine.gate.generation():
             return engine.client.completions(payload, parse=lambda d: self._parse(d, prompt_ids, n))
+
+    def _request_across_updates(
+        self, engine: VLLMServerEngine, payload: dict[str, Any], prompt_ids: list[list[int]], n: int
+    ) -> list[list[Completion]]:
+        """One request that goes on across in-flight weight updates
+        (:mod:`grpo_plugins.vllm.inflight`): each completion records the
+        policy version of every token. A continuation names the model the
+        engine serves now (the adapter, after a first LoRA load), asks for
+        what is left of ``max_tokens`` (and of ``min_tokens``) and drops the
+        seed (every continuation of a request would share it)."""
+        max_tokens = int(payload["max_tokens"])
+
+        def send(prompts: list[list[int]], count: int, already: int) -> list[list[dict[str, Any]]]:
+            body = {**payload, "prompt": prompts, "n": count, "model": engine.served_model}
+            if already:
+                body["max_tokens"] = max_tokens - already
+                body.pop("seed", None)
+                if isinstance(body.get("min_tokens"), int):
+                    body["min_tokens"] = max(0, body["min_tokens"] - already)
+            with engine.gate.generation():
+                return engine.client.completions(body, parse=lambda d: choices_by_prompt(d, prompts, count))
+
+        results = generate_across_updates(self.engine.in_flight, send, prompt_ids, n, max_tokens)
+        return [
+            [
+                Completion(p.token_ids, p.text, p.logprobs, p.finish_reason == "length", token_versions=p.versions)
+                for p in partials
+            ]
+            for partials in results
+        ]
 
     def _generate_chunk(
         self,

@@ -1,0 +1,92 @@
+"""Which version sampled each token when a weight update lands mid-request
+(plugins/vllm/inflight.py), without a server: ``send`` is a script of what
+vLLM 0.32 answers (checked against the real server by
+tests/e2e/vllm/test_inflight_updates.py): an update that lands while a
+request is out aborts it, and its answer carries the tokens sampled so far
+with ``finish_reason = "abort"``."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_core.contract.errors import GrpoError
+from grpo_plugins.vllm.inflight import InFlightGate, generate_across_updates
+
+PROMPT = [1, 2, 3]
+
+
+def choice(ids: list[int], reason: str, base: float = -0.5) -> dict:
+    return {"token_ids": ids, "text": "".join(f"<{t}>" for t in ids), "finish_reason": reason,
+            "logprobs": {"token_logprobs": [base - i for i in range(len(ids))]}}  # fmt: skip
+
+
+class Script:
+    """Answers requests in order; ``update_on`` lists the calls during which
+    a weight update (to the gate's next version) lands."""
+
+    def __init__(self, gate: InFlightGate, answers: list[list[list[dict]]], update_on: set[int]) -> None:
+        self.gate, self.answers, self.update_on = gate, answers, update_on
+        self.sent: list[tuple[list[list[int]], int, int]] = []
+
+    def __call__(self, prompts: list[list[int]], n: int, already: int) -> list[list[dict]]:
+        call = len(self.sent)
+        self.sent.append((prompts, n, already))
+        if call in self.update_on:
+            with self.gate.update(self.gate.version + 1):
+                pass
+        return self.answers[call]
+
+
+def test_tokens_before_the_pause_keep_the_old_version_and_the_rest_get_the_new_one() -> None:
+    gate = InFlightGate(version=3)
+    send = Script(
+        gate,
+        [
+            [[choice([7, 8], "abort"), choice([9], "stop")]],  # a sibling finished before the pause
+            [[choice([10, 11, 12], "length", base=-2.0)]],  # the continuation, under version 4
+        ],
+        update_on={0},
+    )
+    ((first, second),) = generate_across_updates(gate, send, [PROMPT], 2, max_tokens=5)
+    assert first.token_ids == [7, 8, 10, 11, 12]
+    assert first.versions == [3, 3, 4, 4, 4]  # one version per sample ([3] * 5 or [4] * 5) fails here
+    assert first.logprobs == [-0.5, -1.5, -2.0, -3.0, -4.0]  # each token's own sampler log-prob
+    assert first.finish_reason == "length" and first.text == "<7><8><10><11><12>"
+    assert second.token_ids == [9] and second.versions == [3] and second.finish_reason == "stop"
+    # the continuation: the exact ids so far appended to the prompt, one sample, what is left of max_tokens
+    assert send.sent[1] == ([PROMPT + [7, 8]], 1, 2)
+    assert gate.regenerated == 0
+
+
+def test_two_updates_during_one_sample_give_three_versions() -> None:
+    gate = InFlightGate(version=0)
+    send = Script(
+        gate,
+        [[[choice([5], "abort")]], [[choice([6], "abort")]], [[choice([7, 8], "stop")]]],
+        update_on={0, 1},
+    )
+    ((only,),) = generate_across_updates(gate, send, [PROMPT], 1, max_tokens=8)
+    assert only.token_ids == [5, 6, 7, 8] and only.versions == [0, 1, 2, 2]
+    assert [s[0] for s in send.sent[1:]] == [[PROMPT + [5]], [PROMPT + [5, 6]]]
+
+
+def test_an_answer_read_across_a_pause_with_nothing_aborted_is_sampled_again() -> None:
+    # it finished before the pause, or reached the server during it and ran after: which weights is unknown
+    gate = InFlightGate(version=1)
+    send = Script(gate, [[[choice([5, 6], "stop")]], [[choice([7], "stop")]]], update_on={0})
+    ((only,),) = generate_across_updates(gate, send, [PROMPT], 1, max_tokens=4)
+    assert only.token_ids == [7] and only.versions == [2]
+    assert send.sent[1] == ([PROMPT], 1, 0) and gate.regenerated == 1
+
+
+def test_an_abort_no_update_of_ours_caused_is_an_error() -> None:
+    gate = InFlightGate()
+    with pytest.raises(GrpoError, match="no weight update of this run paused"):
+        generate_across_updates(gate, Script(gate, [[[choice([5], "abort")]]], set()), [PROMPT], 1, max_tokens=4)
+
+
+def test_a_failed_load_keeps_the_old_version() -> None:
+    gate = InFlightGate(version=2)
+    with pytest.raises(OSError), gate.update(3):
+        raise OSError("disk full")
+    assert gate.ticket() == (2, 1)  # the pause is counted (answers read across it are judged), the version is not
