@@ -52,11 +52,13 @@ from grpo_core.contract.types import (
 
 GenerateTurn = Callable[[list[Prompt], int, SamplingSettings], list[RolloutGroup]]
 
-GATHER_SECONDS = 0.02
-"""How long the batcher waits after the first request of a batch for the
-others: agents started together send their first requests within a few
-milliseconds, and one call for all of them lets the engine batch them (and
-share their identical first contexts, ``n`` > 1)."""
+GATHER_SECONDS = 0.2
+"""How long the batcher may wait after the first request of a batch for the
+others. It sends the call as soon as every running agent is waiting in a
+request (:meth:`TurnBatcher.set_running`), so this bounds only the wait for
+an agent busy with its own work (a tool, a slow client start on a loaded
+machine): one call for all lets the engine batch them (and share their
+identical first contexts, ``n`` > 1)."""
 
 TOKENIZER_LOCK = threading.Lock()
 """Requests render and decode in the endpoint's threads; a fast tokenizer is
@@ -102,6 +104,8 @@ class TurnBatcher:
         self.base_seed = base_seed
         self.fatal: BaseException | None = None
         self._pending: list[_Request] = []
+        self._running: int | None = None  # agents running now (None: unknown, wait GATHER_SECONDS)
+        self._in_flight = 0  # requests in a call now: their agents are waiting too
         self._cond = threading.Condition()
         self._closed = False
         self._calls = 0
@@ -120,6 +124,12 @@ class TurnBatcher:
             raise request.error
         assert request.result is not None
         return request.result
+
+    def set_running(self, count: int) -> None:
+        """How many agents are running: when that many requests wait, they go out at once."""
+        with self._cond:
+            self._running = count
+            self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:
@@ -142,9 +152,16 @@ class TurnBatcher:
                     self._cond.wait()
                 if self._closed:
                     return
-            time.sleep(GATHER_SECONDS)
-            with self._cond:
+                until = time.monotonic() + GATHER_SECONDS
+                while not self._closed and (
+                    self._running is None or len(self._pending) + self._in_flight < self._running
+                ):
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 batch, self._pending = self._pending, []
+                self._in_flight += len(batch)
             for call in self._plan(batch):
                 if self.concurrent:
                     threading.Thread(target=self._run, args=(call,), name="grpo-driven-call", daemon=True).start()
@@ -196,6 +213,8 @@ class TurnBatcher:
                 for request in members:
                     request.error = EpisodeOver("unavailable", self._unavailable())
         finally:
+            with self._cond:
+                self._in_flight -= sum(len(members) for members in groups)
             for members in groups:
                 for request in members:
                     request.done.set()
@@ -547,5 +566,6 @@ def drive_all(jobs: list[DrivenJob], limit: int, batcher: TurnBatcher) -> None:
                 job.deadline = time.monotonic() + job.timeout
                 running.append(job)
                 threading.Thread(target=work, args=(job,), name="grpo-driven-episode", daemon=True).start()
+            batcher.set_running(sum(not job.done.is_set() for job in running))
             if running:
                 changed.wait(max(0.01, min(j.deadline for j in running) - time.monotonic()))

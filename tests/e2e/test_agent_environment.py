@@ -534,7 +534,7 @@ def test_the_example_agent_runs_as_shipped(tiny, tmp_path: Path, monkeypatch: py
     from grpo_core.config.loader import load_config
     from grpo_core.training.run import run_training
 
-    example = Path(__file__).resolve().parent.parent / "examples" / "agent"
+    example = Path(__file__).resolve().parents[2] / "examples" / "agent"
     model, tok = tiny
     model.save_pretrained(tmp_path / "tiny")
     tok.save_pretrained(tmp_path / "tiny")
