@@ -107,13 +107,27 @@ async def streamer(row, *, base_url, api_key, model):
     return None
 
 
+def langchain_chat(row, *, base_url, api_key, model):
+    """LangChain's ChatOpenAI (an agent framework this project did not write):
+    its own message objects, three requests, the last one streamed."""
+    from langchain_core.messages import HumanMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=model, base_url=base_url, api_key=api_key, max_tokens=12, max_retries=0)
+    messages = [HumanMessage(row["question"])]
+    for follow_up in ("Check it.", "Say only the number."):
+        messages += [llm.invoke(messages), HumanMessage(follow_up)]
+    return float("4" in "".join(str(chunk.content) for chunk in llm.stream(messages)))
+
+
 def test_openai_agents_train_on_the_servers_ids_byte_for_byte(make_context, smollm2_tokenizer, smollm2_dir, tmp_path):
     tok = smollm2_tokenizer
     ctx = make_context(max_completion_length=160)
     recording = Recording(VLLMRollout(ctx))
     logs: list[str] = []
     groups = {}
-    for agent in (chatty, streamer):
+    pytest.importorskip("langchain_openai", reason="langchain-openai (the agents extra, also in test) is not installed")
+    for agent in (chatty, streamer, langchain_chat):
         env = AgentEnvironment(ctx, AgentSettings(function=hold(agent, agent.__name__)))
         messages = [{"role": "user", "content": "What is 2 + 2?"}]
         prompt = Prompt(messages, tokenize_prompt(messages, tok), {"question": "What is 2 + 2?"}, index=0)
@@ -127,9 +141,9 @@ def test_openai_agents_train_on_the_servers_ids_byte_for_byte(make_context, smol
         finally:
             env.endpoint.stop()
     assert logs == []
-    for c in groups["chatty"].completions:
+    for group, c in [(groups[name], c) for name in ("chatty", "langchain_chat") for c in groups[name].completions]:
         assert c.episode.turns == 3 and c.episode.history_rewrites == 0 and c.episode.ended_by == "environment"
-        runs = sampled_runs(groups["chatty"], c, recording)
+        runs = sampled_runs(group, c, recording)
         assert len(runs) == 3 and sum(map(len, runs)) == c.episode.model_tokens == sum(c.loss_mask)
         # between the answers: the template's rendering of the agent's next message, nothing re-tokenised
         assert tok.decode(c.token_ids).count("<|im_start|>user\nCheck it.<|im_end|>") == 1
