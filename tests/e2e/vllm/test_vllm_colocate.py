@@ -192,15 +192,20 @@ def test_narrowed_weight_warnings_are_dropped_and_other_warnings_pass() -> None:
 
 COLOCATED_AGENT = """
 import openai
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_openai import ChatOpenAI
 
 
 def run(row, *, base_url, api_key, model):
+    # the first turn through the openai client, the second streamed through LangChain's ChatOpenAI, which
+    # sends the history back as its own message objects: both clients' requests continue the sampled ids
     client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    messages = list(row["prompt"])
-    reply = client.chat.completions.create(model=model, messages=messages, max_tokens=8)
-    messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Sure?"}]
-    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=8, stream=True)
-    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    reply = client.chat.completions.create(model=model, messages=list(row["prompt"]), max_tokens=8)
+    llm = ChatOpenAI(model=model, base_url=base_url, api_key=api_key, max_tokens=8, max_retries=0)
+    kinds = {"system": SystemMessage, "user": HumanMessage}
+    history = [kinds[m["role"]](m["content"]) for m in row["prompt"]]
+    history += [AIMessage(reply.choices[0].message.content or ""), HumanMessage("Sure?")]
+    text = "".join(str(chunk.content) for chunk in llm.stream(history))
     return float(len(text) % 2)
 """
 
@@ -213,6 +218,7 @@ def test_an_agent_trains_on_the_colocated_engines_ids(smollm2_dir: str, tmp_path
     """The agent environment on colocated vLLM: each request one call of the
     in-process engine (never two at once), and every trained row rebuilt from
     what the engine was asked and answered alone."""
+    pytest.importorskip("langchain_openai", reason="langchain-openai (the agents extra, also in test) is not installed")
     (tmp_path / "colocated_agent.py").write_text(COLOCATED_AGENT)
     cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_mode="colocate", max_completion_length=64)
     cfg["max_steps"] = 1
