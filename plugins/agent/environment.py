@@ -27,13 +27,18 @@ every turn, since GRPO's loss assumes the policy sampled as configured).
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import copy
+import importlib.machinery
 import inspect
 import ipaddress
+import os
 import secrets
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -185,6 +190,18 @@ class AgentEnvironment:
     Settings = AgentSettings
     episodic = True
     provides_reward = True  # run()'s float is the 'environment' reward (None: reward_funcs alone)
+    turn_rewards = False  # one reward per episode, never per turn: per-turn credit is refused by the checks
+
+    @staticmethod
+    @hookimpl
+    def grpo_validate_config(config: Any) -> list[str]:
+        """``grpo config check`` finds the agent's module as ``grpo run`` will, importing nothing."""
+        table = (config.plugins.model_extra or {}).get("agent")
+        spec = table.get("function") if isinstance(table, dict) else None
+        problem = agent_location_problem(spec) if isinstance(spec, str) else None
+        if problem is not None:
+            raise ConfigError(f"plugins.agent.function = '{spec}': {problem}")
+        return []
 
     def __init__(self, context: RunContext, settings: AgentSettings) -> None:
         self.settings = settings
@@ -237,6 +254,44 @@ async def _bounded(awaitable: Any, timeout: float, spec: str) -> Any:
         if scope.expired():
             raise TimeoutError(f"agent '{spec}' ran past plugins.agent.timeout = {timeout:g} s") from None
         raise
+
+
+def agent_location_problem(spec: str) -> str | None:
+    """Why ``spec`` ('module.function') will not import, found without
+    running the module: it is not on the path (the working directory first),
+    or its source defines no such top-level name. ``None`` when it may."""
+    module, _, name = spec.rpartition(".")
+    if not module or not name:
+        return "it must be a 'module.function' path"
+    if module in sys.modules:  # imported already (a script's own object that grpo.train holds, or a library)
+        return None if hasattr(sys.modules[module], name) else f"module '{module}' has no '{name}'"
+    top = module.partition(".")[0]
+    found = importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path])
+    if found is None:
+        return f"no module '{top}' in {os.getcwd()} or on the Python path"
+    if module != top or not (found.origin or "").endswith(".py"):
+        return None  # a package's submodule or compiled code: what importing it says is the check
+    try:
+        tree = ast.parse(Path(found.origin).read_text(encoding="utf-8"))  # type: ignore[arg-type]
+    except (OSError, SyntaxError, ValueError) as exc:
+        return f"{found.origin} cannot be read: {exc}"
+    defined: set[str] = set()
+    functions: list[str] = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+            functions.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None  # a star import may define it
+            defined |= {(alias.asname or alias.name).partition(".")[0] for alias in node.names}
+    if name in defined or "__getattr__" in defined:
+        return None
+    public = ", ".join(n for n in functions if not n.startswith("_")) or "none public"
+    return f"{found.origin} defines no top-level '{name}' (found by reading it; its functions and classes: {public})"
 
 
 def load_agent(spec: str) -> Callable[..., Any]:

@@ -522,8 +522,29 @@ def test_an_agent_config_names_what_is_wrong(tmp_path: Path) -> None:
 
     cfg = validate({**base, "plugins": {"environment": "agent", "agent": {"function": "no_such_module.run"}}})
     ctx = RunContext(config=cfg, output_dir=tmp_path)
-    with pytest.raises(ConfigError, match=r"plugins\.agent\.function = 'no_such_module\.run' cannot be imported"):
+    with pytest.raises(ConfigError, match=r"plugins\.agent\.function = 'no_such_module\.run'.*no module"):
         PluginHost().load_implementation("environment", "agent", ctx)
+
+
+def test_config_check_finds_the_agent_function_without_importing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``grpo config check`` names a missing module or function as ``grpo run`` would, running none of it."""
+    from grpo_core.validation.checks import check_config
+    from grpo_plugins.agent.environment import agent_location_problem
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_agent_mod.py").write_text(
+        "raise SystemExit('imported!')\n\n\ndef run(row, **kw):\n    return 1.0\n"
+    )
+    assert agent_location_problem("my_agent_mod.run") is None
+    assert "defines no top-level 'walk'" in agent_location_problem("my_agent_mod.walk")
+    assert "its functions and classes: run" in agent_location_problem("my_agent_mod.walk")
+    assert "no module 'absent_agent_mod'" in agent_location_problem("absent_agent_mod.run")
+    assert agent_location_problem("run") == "it must be a 'module.function' path"
+    plugins = {"environment": "agent", "agent": {"function": "my_agent_mod.walk"}}
+    with pytest.raises(Exception, match=r"plugins\.agent\.function = 'my_agent_mod\.walk': .*defines no top-level"):
+        check_config(validate({"base_model": "org/model", "output_dir": str(tmp_path), "plugins": plugins}))
 
 
 def test_the_example_agent_runs_as_shipped(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
