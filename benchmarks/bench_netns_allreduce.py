@@ -50,7 +50,7 @@ def run_two(argv_for_rank, env_for_rank) -> None:
 
 
 def main() -> int:
-    from netns import Hosts, namespaces_refused
+    from netns import Hosts, namespaces_refused, torchrun_line
 
     refused = namespaces_refused()
     if refused:
@@ -71,29 +71,7 @@ def main() -> int:
         with Hosts(count=2) as hosts:
 
             def argv(rank: int) -> list[str]:
-                return hosts.command(
-                    rank,
-                    [
-                        sys.executable,
-                        "-m",
-                        "torch.distributed.run",
-                        "--nnodes",
-                        "2",
-                        "--node_rank",
-                        str(rank),
-                        "--nproc_per_node",
-                        "1",
-                        "--rdzv-backend",
-                        "c10d",
-                        "--rdzv-endpoint",
-                        "host0:29500",
-                        "--rdzv-id",
-                        "bench",
-                        "--local-addr",
-                        f"host{rank}",
-                        str(worker),
-                    ],
-                )
+                return hosts.command(rank, [*torchrun_line(rank, "bench"), str(worker)])
 
             def env(rank: int) -> dict[str, str]:
                 return {

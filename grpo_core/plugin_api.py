@@ -172,6 +172,10 @@ if TYPE_CHECKING:
         process_cpus as process_cpus,
         format_cpu_list as format_cpu_list,
     )
+    from grpo_core.runtime.gpus import (
+        visible_gpus as visible_gpus,
+        gpu_count_source as gpu_count_source,
+    )
     from grpo_core.modeling.model_files import (
         resolve_model_dir as resolve_model_dir,
         cache_root as cache_root,

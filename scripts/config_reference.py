@@ -1,6 +1,7 @@
 """The configuration reference page, rendered from the config schema.
 
-The rows are ``grpo config schema``'s data (``GRPOConfig.model_json_schema()``):
+The rows are ``grpo config schema``'s data (``config_model().model_json_schema()``,
+with the tables plugins claim, such as the vLLM plugin's ``[vllm]``):
 every key, its type, its default and its description, table by table. Where
 the schema's default is ``null`` and grpo fills in a value after validation
 (``EFFECTIVE_DEFAULTS``, the reference guide's "use the trainer's default"),
@@ -34,23 +35,40 @@ Unknown keys are errors that suggest the closest name; keys of Axolotl's own sch
 warned about or refused with the reason ([Migrating from Axolotl](from-axolotl.md)).
 """
 
-# (title, path of the table in the schema, how the key is written in a config)
-SECTIONS = [
+# (title, path of the table in the schema, how the key is written in a config); the tables
+# plugins claim ([vllm]) follow [[datasets]], titled by their model's docstring (plugin_sections)
+CORE_SECTIONS = [
     ("Top level", (), ""),
     ("`[[datasets]]` and `[[test_datasets]]`", ("datasets",), "datasets[]."),
-    ("`[vllm]`: the inference servers grpo starts", ("vllm",), "vllm."),
     ("`[trl]`: every GRPO option", ("trl",), "trl."),
     ("`[episodes]`: multi-turn episodes", ("episodes",), "episodes."),
     ("`[alerts]`: health alerts", ("alerts",), "alerts."),
     ("`[plugins]`: which implementation of each extension point", ("plugins",), "plugins."),
 ]
+
+
+def plugin_sections() -> list[tuple[str, tuple[str, ...], str]]:
+    """One section per table a plugin claims: its title is the first clause
+    of its model's docstring ("The inference servers grpo starts: ...")."""
+    from grpo_core.config.schema import GRPOConfig, config_model
+
+    out = []
+    for name, field in config_model().model_fields.items():
+        if name not in GRPOConfig.model_fields:
+            clause = (field.description or "").split(":")[0].strip().rstrip(".")
+            title = f"`[{name}]`: {clause[:1].lower()}{clause[1:]}" if clause else f"`[{name}]`"
+            out.append((title, (name,), f"{name}."))
+    return out
+
+
+SECTIONS = [*CORE_SECTIONS[:2], *plugin_sections(), *CORE_SECTIONS[2:]]
 TABLES = {path[0] for _, path, _ in SECTIONS if path}
 
 
 def schema() -> dict[str, Any]:
-    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.config.schema import config_model
 
-    return GRPOConfig.model_json_schema()
+    return config_model().model_json_schema()
 
 
 def effective_defaults() -> dict[str, Any]:
@@ -145,8 +163,8 @@ def render(data: dict[str, Any] | None = None) -> str:
     missing = undocumented(data)
     if missing:
         raise SystemExit(
-            "config keys without a description (add Field(description=...) in grpo_core/config/schema.py): "
-            + ", ".join(missing)
+            "config keys without a description (add Field(description=...) in grpo_core/config/schema.py, or in "
+            "the model of the plugin that claims the table): " + ", ".join(missing)
         )
     parts = [INTRO]
     for title, path, prefix in SECTIONS:

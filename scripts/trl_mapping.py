@@ -1,5 +1,6 @@
-"""The TRL -> grpo table of docs/from-trl.md, and docs/trl-differences.md (every
-default grpo sets otherwise than TRL, with why).
+"""The generated tables of docs/from-trl.md: TRL's fields -> grpo keys, every
+default grpo sets otherwise than TRL (with why), the `trl grpo` command's
+arguments and `GRPOTrainer`'s. One page holds them, each between its markers.
 
 Generated from both schemas so they stay true: the rows are TRL's own
 ``GRPOConfig`` fields (read from the installed ``trl``) and the
@@ -8,11 +9,11 @@ against grpo's schema (a renamed or removed key fails here, not in a user's
 script). The names TRL and grpo spell differently live in
 ``grpo_core/config/trl_names.py``, which the config loader also uses to
 answer a TRL name with its grpo key. ``tests/unit/test_trl_mapping.py`` fails
-when docs/from-trl.md's table or docs/trl-differences.md is out of date, or when a
-default differs without a word about why.
+when a table of docs/from-trl.md is out of date, or when a default differs
+without a word about why.
 
-    python scripts/trl_mapping.py          # print the table
-    python scripts/trl_mapping.py --write  # rewrite it in docs/from-trl.md, and docs/trl-differences.md
+    python scripts/trl_mapping.py          # print the mapping table
+    python scripts/trl_mapping.py --write  # rewrite every generated table in docs/from-trl.md
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from typing import Any
 from grpo_core.config.trl_names import RENAMES, SCRIPT_KEYS, grpo_key
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "docs" / "from-trl.md"  # the mapping table's page (the name is the script's history)
-DIFFERENCES = ROOT / "docs" / "trl-differences.md"
+README = ROOT / "docs" / "from-trl.md"  # the generated tables' page (the name is the script's history)
 START, END = "<!-- trl-mapping:start -->", "<!-- trl-mapping:end -->"
 
 # Fields whose grpo counterpart is not a key of the same shape.
@@ -54,48 +54,65 @@ EQUIVALENT = {
 WHY = {
     "output_dir": "a folder named for grpo; TRL's `None` means `trainer_output`",
     "per_device_train_batch_size": (
-        "the reference guide's default. A generation batch must hold whole groups of `trl.num_generations`, so "
-        "`grpo config check` refuses 1 with the default 8 generations and says so; write `micro_batch_size = 8` for "
-        "TRL's batch"
+        "the reference guide's default: one completion per forward/backward pass per process. A step trains "
+        "`micro_batch_size x gradient_accumulation_steps x processes` completions, which must be whole groups of "
+        "`trl.num_generations` (8 by default) unless `trl.generation_batch_size` says otherwise, so `grpo config "
+        "check` refuses 1 with the default 8 generations, naming the keys; write `micro_batch_size = 8` for TRL's "
+        "batch"
     ),
     "num_train_epochs": (
-        "grpo trains `max_steps` optimizer steps unless `num_epochs` (TRL's `num_train_epochs`) is set; write "
-        "`num_epochs = 3` for TRL's length"
+        "grpo trains `max_steps` optimizer steps unless `num_epochs` (TRL's `num_train_epochs`) is set and "
+        "`max_steps` is not (then `max_steps = ceil(num_epochs x prompts / prompts per step) x num_iterations`, as "
+        "in Axolotl); write `num_epochs = 3` and leave `max_steps` out for TRL's length"
     ),
     "max_steps": "the reference guide's 100 steps; `num_epochs` counts steps from the dataset instead",
-    "lr_scheduler_type": "the reference guide's cosine; write `lr_scheduler = \"linear\"` for TRL's",
-    "optim": ("the reference guide's key with PyTorch's plain AdamW; `optimizer = \"adamw_torch_fused\"` is TRL's"),
+    "lr_scheduler_type": (
+        "the reference guide's cosine decay to 0 over `max_steps` after `warmup_steps`; write "
+        '`lr_scheduler = "linear"` for TRL\'s'
+    ),
+    "optim": (
+        "the reference guide's key with PyTorch's plain AdamW, which runs on CPUs as well (the same update); "
+        '`optimizer = "adamw_torch_fused"` is TRL\'s'
+    ),
     "bf16": (
-        'float32 unless asked: `bf16 = true` computes in bf16 everywhere, `"auto"` only where the hardware has '
-        "native bf16 (an AVX2 CPU emulates it, several times slower than float32); TRL's `None` means true unless "
-        "`fp16`"
+        'float32 unless asked: `bf16 = true` computes in bf16 (float32 trained weights and optimizer state), `"auto"` '
+        "only where the hardware has native bf16 (an AVX2 CPU emulates it, several times slower than float32); "
+        "TRL's `None` means true unless `fp16`"
     ),
     "gradient_checkpointing": (
         "off: recomputing activations costs time (TRL's own estimate: ~20% of a step) and turns off grpo's shared "
-        "prompt prefix (`share_prompt_prefix`); turn it on when memory is short"
+        "prompt prefix (`share_prompt_prefix`, each prompt of a group through the model once); turn it on when "
+        "memory is short"
     ),
-    "logging_steps": "every step: a GRPO step is slow enough that each one's reward is worth a line",
+    "logging_steps": "every step: a GRPO step is slow enough that each one's reward is worth a `metrics.jsonl` line",
     "save_steps": (
         "a GRPO run is often shorter than 500 steps (the reference guide's are 100-200), so TRL's interval would "
-        "write no checkpoint before the end; 50 loses at most 50 steps to a crash"
+        "write no checkpoint before the end; 50 loses at most 50 steps to a crash. `save_steps = 0` keeps only the "
+        "checkpoints at the end and on a fault or signal (`grpo config check` warns for a run longer than 50 steps)"
     ),
     "max_completion_length": (
-        'the reference guide leaves it unset ("TRL\'s default"); grpo fills in 256, TRL 1.16 uses 512: write '
+        'the reference guide leaves it unset ("TRL\'s default"); grpo fills in 256, sized for one machine, often a '
+        "CPU, where sampling time grows with every token a completion may run to; write "
         "`trl.max_completion_length = 512` for TRL's"
     ),
     "vllm_mode": (
-        "grpo starts and owns a vLLM server by default (one command, the trainer's GPU left to training); "
-        '`trl.vllm_mode = "colocate"` runs vLLM in the trainer\'s process as TRL does'
+        "grpo starts and owns a vLLM server by default and talks to it over HTTP (one command; the trainer process "
+        'needs no vLLM and keeps its GPU to itself); `trl.vllm_mode = "colocate"` runs vLLM in the trainer\'s '
+        "process as TRL does"
     ),
     "vllm_gpu_memory_utilization": (
-        "the same 0.3 as TRL's in colocate mode; a server grpo starts has its GPU to itself and takes 0.85 "
-        "(TRL's `trl vllm-serve` takes 0.9)"
+        "the same 0.3 as TRL's in colocate mode, where the key is the share of the trainer's own GPU vLLM takes "
+        "(`grpo config check` warns above 0.5); a server grpo starts has its GPU to itself and takes 0.85, the "
+        "reference guide's (TRL's `trl vllm-serve` takes 0.9), and a managed server placed on the trainer's GPU "
+        "above 0.5 is refused"
     ),
-    "ref_model_mixup_alpha": "the reference guide's 0.9",
-    "ref_model_sync_steps": "the reference guide's 64",
+    "ref_model_mixup_alpha": "the reference guide's 0.9 (used only with `sync_ref_model`)",
+    "ref_model_sync_steps": "the reference guide's 64 (used only with `sync_ref_model`)",
     "vllm_importance_sampling_mode": (
-        "the reference guide leaves it unset; grpo fills in per-token truncation (TIS), TRL 1.16 masks whole "
-        'sequences: `trl.vllm_importance_sampling_mode = "sequence_mask"` for TRL\'s'
+        "the reference guide leaves it unset; grpo fills in per-token truncation (TIS): a sequence mask drops a "
+        "whole completion when the product of its per-token ratios passes the cap, which a product over hundreds "
+        "of tokens does easily, losing learning signal in groups of a few completions. "
+        '`trl.vllm_importance_sampling_mode = "sequence_mask"` for TRL\'s'
     ),
 }
 
@@ -165,12 +182,21 @@ def render() -> str:
     return "\n".join(lines)
 
 
+def _marked(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
 def readme_with_table(text: str) -> str:
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    if not rest:
-        raise SystemExit(f"{README} has no {START} marker")
-    return f"{head}{START}\n{render()}\n{END}{tail}"
+    """docs/from-trl.md's text with every generated table (between its
+    markers) rendered anew."""
+    for name, body in SECTIONS.items():
+        start, end = _marked(name)
+        head, _, rest = text.partition(start)
+        _, found, tail = rest.partition(end)
+        if not rest or not found:
+            raise SystemExit(f"{README} has no {start} ... {end} markers")
+        text = f"{head}{start}\n{body()}\n{end}{tail}"
+    return text
 
 
 # ------------------------------------------------------------ differences
@@ -230,26 +256,28 @@ def _code(value: Any) -> str:
     return f"`{value!r}`" if isinstance(value, str) and not value.startswith("None (") else f"`{value}`"
 
 
+# Defaults that differ only in some configs (the table compares a config that sets nothing), said after it.
+ALSO = {
+    "eval_strategy": (
+        "`eval_strategy` (TRL: `'no'`) is `'steps'` once there is evaluation data (`val_set_size`, "
+        "`[[test_datasets]]`): held-out prompts are evaluated every `eval_steps` (default `logging_steps`) and at the "
+        "end, and `'no'` without them"
+    ),
+    "vllm_importance_sampling_correction": (
+        "`trl.vllm_importance_sampling_correction` (TRL: `True`) follows `trl.use_vllm`: without vLLM the trained "
+        "model samples its own completions, so there is no sampler mismatch to correct; with vLLM it is on, as in TRL"
+    ),
+}
+
+
 def render_differences() -> str:
+    """The table of every default that differs from TRL's, with why."""
     import trl
 
     missing = [name for name, *_ in differences() if name not in WHY]
     if missing:
         raise SystemExit(f"defaults differ without a reason in WHY: {missing}")
     lines = [
-        "# grpo for TRL users: where the defaults differ",
-        "",
-        "<!-- Generated by `python scripts/trl_mapping.py --write`;",
-        "tests/test_trl_mapping.py fails when it is stale. -->",
-        "",
-        "grpo keeps the option names and defaults of the reference GRPO guide",
-        "(`shared/reference/grpo-training-seed.md`), which mostly follow TRL's `GRPOConfig`. Where a default",
-        f"is not TRL {trl.__version__}'s, it is listed here with why and what to write to keep TRL's value.",
-        "`grpo config check` prints the differences that matter for a run in its summary (`vs TRL:`: batch,",
-        "steps, scheduler, precision, completion length, vLLM mode, checkpoints, gradient checkpointing)",
-        "for the keys a config leaves unset, and `grpo config convert` writes TRL's values into the TOML it",
-        "makes from a `trl grpo --config` YAML, so a converted config trains as TRL would.",
-        "",
         f"| TRL {trl.__version__} field and default | grpo key | grpo default | why, and TRL's value in grpo |",
         "| --- | --- | --- | --- |",
     ]
@@ -257,40 +285,46 @@ def render_differences() -> str:
         lines.append(f"| `{name}` = {_code(trl_value)} | `{key}` | {_code(grpo_value)} | {WHY[name]} |")
     lines += [
         "",
-        "Every other `GRPOConfig` field grpo has takes TRL's default (docs/from-trl.md maps every name).",
-        "`vllm_gpu_memory_utilization` (grpo: `vllm.gpu_memory_utilization`) is among them:",
-        f"{WHY['vllm_gpu_memory_utilization']}.",
-        "",
-        "## Names",
-        "",
-        "A TRL name in a grpo config is answered with its grpo key (`grpo config check`:",
-        "\"'per_device_train_batch_size' is TRL's name for grpo's 'micro_batch_size'\"). The renamed fields:",
-        "",
-        "| TRL | grpo |",
-        "| --- | --- |",
-        *(f"| `{name}` | `{key}` |" for name, key in RENAMES.items()),
-        "",
-        "The `trl grpo` command's own arguments (`ScriptArguments`, `ModelConfig`), as `grpo config convert`",
-        "reads them from a `trl grpo --config` YAML:",
-        "",
-        "| `trl grpo` argument | in grpo |",
-        "| --- | --- |",
-        *(f"| `{name}` | {script.write} |" for name, script in SCRIPT_KEYS.items()),
-        "",
-        "## `GRPOTrainer` arguments and `grpo.train`",
-        "",
-        "| `GRPOTrainer(...)` argument | in grpo |",
-        "| --- | --- |",
-        *(f"| `{name}` | {where} |" for name, where in GRPO_TRAINER_ARGUMENTS),
-        "",
+        "Every other `GRPOConfig` field grpo has takes TRL's default. `vllm_gpu_memory_utilization` (grpo:",
+        f"`vllm.gpu_memory_utilization`) is among them: {WHY['vllm_gpu_memory_utilization']}.",
+        *(f"{sentence[0].upper()}{sentence[1:]}." for sentence in ALSO.values()),
     ]
     return "\n".join(lines)
+
+
+def render_script_arguments() -> str:
+    """The `trl grpo` command's own arguments, as `grpo config convert` reads them."""
+    return "\n".join(
+        [
+            "| `trl grpo` argument | in grpo |",
+            "| --- | --- |",
+            *(f"| `{name}` | {script.write} |" for name, script in SCRIPT_KEYS.items()),
+        ]
+    )
+
+
+def render_trainer_arguments() -> str:
+    """`GRPOTrainer`'s arguments and where each goes in grpo."""
+    return "\n".join(
+        [
+            "| `GRPOTrainer(...)` argument | in grpo |",
+            "| --- | --- |",
+            *(f"| `{name}` | {where} |" for name, where in GRPO_TRAINER_ARGUMENTS),
+        ]
+    )
+
+
+SECTIONS = {
+    "trl-differences": render_differences,
+    "trl-script-arguments": render_script_arguments,
+    "trl-trainer-arguments": render_trainer_arguments,
+    "trl-mapping": render,
+}
 
 
 if __name__ == "__main__":
     if "--write" in sys.argv:
         README.write_text(readme_with_table(README.read_text(encoding="utf-8")), encoding="utf-8")
-        DIFFERENCES.write_text(render_differences(), encoding="utf-8")
-        print(f"wrote the TRL mapping table into {README} and the defaults into {DIFFERENCES}")
+        print(f"wrote the generated TRL tables into {README}")
     else:
         print(render())

@@ -9,7 +9,10 @@ writing configs) are in helpers.py.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +21,16 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The session's own hub cache, holding the placeholder hub datasets that test configs name but never load: offline,
+# `grpo config check` refuses a hub dataset that is not cached (grpo_core/validation/dataset_sources.py), so these are
+# "cached" here (an empty folder each; loading one fails as an uncached one would). Nothing else reads the hub cache in
+# the tests (models are local folders), so a machine's own cache is left alone.
+PLACEHOLDER_HUB_DATASETS = ("org/data", "org/d", "my-org/arith", "some/dataset")
+os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="grpo-tests-hub-")
+atexit.register(shutil.rmtree, os.environ["HF_HUB_CACHE"], ignore_errors=True)
+for _placeholder in PLACEHOLDER_HUB_DATASETS:
+    (Path(os.environ["HF_HUB_CACHE"]) / f"datasets--{_placeholder.replace('/', '--')}").mkdir()
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass, field
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
@@ -195,6 +196,31 @@ class Hosts:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def torchrun_line(rank: int, run: str, port: int = 29500) -> list[str]:
+    """Host ``rank``'s launcher line for two hosts of one process each, as on
+    a cluster node: c10d rendezvous at ``host0:port`` (free in a fresh
+    namespace), this host's own address for the group."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--node_rank",
+        str(rank),
+        "--nproc_per_node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"host0:{port}",
+        "--rdzv-id",
+        run,
+        "--local-addr",
+        f"host{rank}",
+    ]
 
 
 def opened_hosts(count: int = 2):

@@ -43,3 +43,32 @@ def build_tiny_model(tokenizer_dir: str, out: Path, seed: int = 0) -> str:
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return str(out)
+
+
+def random_llama(
+    vocab_size: int = 64,
+    hidden_size: int = 16,
+    num_hidden_layers: int = 1,
+    num_attention_heads: int = 2,
+    num_key_value_heads: int = 2,
+    seed: int = 0,
+    **config: object,
+):
+    """A small random ``LlamaForCausalLM`` in memory (MLP twice the width), seeded: for
+    tests of weights, checkpoints and kernels that need a real transformers model but no
+    tokenizer. ``config``: further ``LlamaConfig`` fields (``tie_word_embeddings``, ...)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads,
+            **config,
+        )
+    )

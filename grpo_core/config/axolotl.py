@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from grpo_core.config.compat import COMPATIBILITY_ONLY
-from grpo_core.config.schema import DatasetSpec, GRPOConfig, TrlSettings, VllmSettings
+from grpo_core.config.schema import DatasetSpec, config_model
 from grpo_core.contract.errors import ConfigError
 
 # ----------------------------------------------------------------- reasons
@@ -335,11 +335,12 @@ def adapt(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]
     nulls: list[str] = []
     _rewrite(data, errors, notes)
     _refusals(data, REFUSED, "", errors, unset)
-    _drop_nulls(data, GRPOConfig, nulls, "")
-    for table, model, refused in (("vllm", VllmSettings, REFUSED_VLLM), ("trl", TrlSettings, {})):
-        if isinstance(data.get(table), dict):
+    schema = config_model()  # with the tables plugins claim: [vllm] is the vLLM plugin's
+    _drop_nulls(data, schema, nulls, "")
+    for table, refused in (("vllm", REFUSED_VLLM), ("trl", {})):
+        if isinstance(data.get(table), dict) and table in schema.model_fields:
             _refusals(data[table], refused, f"{table}.", errors, unset)
-            _drop_nulls(data[table], model, nulls, f"{table}.")
+            _drop_nulls(data[table], schema.model_fields[table].annotation, nulls, f"{table}.")
         elif table in data and data[table] is None:
             del data[table]
     datasets = data.get("datasets")

@@ -106,7 +106,7 @@ def to_toml_text(data: dict[str, Any], explain: bool = False, trl: Converted | N
     out: list[str] = []
     if trl is not None:
         out.append("# Converted from TRL's CLI layout (trl grpo --config); TRL's defaults that grpo sets otherwise")
-        out.append("# are written out, so this trains as the TRL run would (docs/trl-differences.md).")
+        out.append("# are written out, so this trains as the TRL run would (docs/from-trl.md).")
         for key, value, why in trl.left_out:
             out.append(f"# {key} = {json.dumps(value, ensure_ascii=False, default=str)}  # left out: {why}")
     if dropped:

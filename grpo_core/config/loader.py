@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import glob
 import json
 import re
 import sys
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from grpo_core.config.axolotl import adapt
 from grpo_core.config.ranges import range_problems
-from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig
+from grpo_core.config.schema import EFFECTIVE_DEFAULTS, DatasetSpec, GRPOConfig, config_model
 from grpo_core.config.trl_names import unknown_key_hint
 from grpo_core.contract.errors import ConfigError
 
@@ -116,7 +117,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class that owns the field at ``loc``'s parent."""
-    model: Any = GRPOConfig
+    model: Any = config_model()  # with the tables plugins claim
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
@@ -141,8 +142,10 @@ def _key_path(loc: tuple[Any, ...]) -> str:
 
 def _where_else(key: str) -> str | None:
     """A key written in the wrong table: say which table has it."""
-    for table in ("trl", "vllm", "plugins"):
-        cls = GRPOConfig.model_fields[table].annotation
+    schema = config_model()
+    tables = ["trl", *(name for name in schema.model_fields if name not in GRPOConfig.model_fields), "plugins"]
+    for table in tables:  # the plugins' own tables ([vllm]) between [trl] and [plugins]
+        cls = schema.model_fields[table].annotation
         if key in cls.model_fields:  # type: ignore[union-attr]
             return table
     if key in GRPOConfig.model_fields:
@@ -254,9 +257,31 @@ def anchor_to_config_dir(cfg: GRPOConfig, config_dir: Path) -> GRPOConfig:
         candidate = config_dir / spec.path
         if not Path(spec.path).is_absolute() and not Path(spec.path).exists() and candidate.exists():
             spec.path = str(candidate)
+        _anchor_data_files(spec, config_dir)
     if str(config_dir) not in sys.path:
         sys.path.append(str(config_dir))
     return cfg
+
+
+def _anchor_data_files(spec: DatasetSpec, config_dir: Path) -> None:
+    """``path = "json"`` (a packaged builder of ``datasets``) reads
+    ``data_files`` from the working directory; like a dataset path, one that
+    is not there but is beside the config is taken from there."""
+    if spec.data_files is None or "/" in spec.path or Path(spec.path).exists():
+        return
+    # imported only for a config whose path may name a builder: `datasets` is slow to import
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+    if spec.path not in _PACKAGED_DATASETS_MODULES:
+        return
+    files = [spec.data_files] if isinstance(spec.data_files, str) else list(spec.data_files)
+    anchored = [
+        str(config_dir / f)
+        if not Path(f).is_absolute() and "://" not in f and not glob.glob(f) and glob.glob(str(config_dir / f))
+        else f
+        for f in files
+    ]
+    spec.data_files = anchored[0] if isinstance(spec.data_files, str) else anchored
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> GRPOConfig:

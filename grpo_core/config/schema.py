@@ -2,8 +2,10 @@
 
 Names, types and defaults follow the reference feature list
 (``shared/reference/grpo-training-seed.md``): training keys at the top
-level, a ``[vllm]`` table for the inference server, a ``[trl]`` table for
-every GRPO option, ``[[datasets]]`` entries. Where the reference's default is
+level, a ``[trl]`` table for every GRPO option, ``[[datasets]]`` entries.
+A plugin may own a top-level table of its own (``[vllm]``, the vLLM
+plugin's): :mod:`grpo_core.config.plugin_tables` finds its model, and
+:func:`config_model` is the schema with those tables in. Where the reference's default is
 ``null`` ("use TRL's default"), the field's default stays ``None`` in the
 schema and :data:`EFFECTIVE_DEFAULTS` fills the concrete value after
 validation, so ``grpo config check`` shows what will actually run.
@@ -15,6 +17,7 @@ by name and restricts which plugin distributions may load.
 from __future__ import annotations
 
 import difflib
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,19 +25,18 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     PrivateAttr,
+    ValidationError,
     create_model,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
+from grpo_core.config import plugin_tables
+from grpo_core.contract.errors import ConfigError
 from grpo_core.contract.extension_points import EXTENSION_POINTS
-
-COLOCATE_GPU_MEMORY_UTILIZATION = 0.3
-"""``vllm.gpu_memory_utilization`` when vLLM runs in the trainer's process
-(``trl.vllm_mode = 'colocate'``) and the config leaves it unset: TRL's
-colocate default, leaving the trainer 70% of the GPU."""
-
 
 DEFAULT_SAVE_STEPS = 50
 """``save_steps`` unless the config says otherwise (why: its description)."""
@@ -43,102 +45,6 @@ DEFAULT_SAVE_STEPS = 50
 class _Table(BaseModel):
     # extra="forbid" is what turns a typo into an error naming the key.
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class VllmSettings(_Table):
-    """``[vllm]``: how ``grpo vllm-serve`` (or a managed server) starts vLLM."""
-
-    host: str = Field(
-        "127.0.0.1", description="Bind address. Loopback by default: the server loads adapters from its own filesystem."
-    )
-    port: int = Field(8000, ge=0, le=65535, description="Port; 0 picks a free one (managed mode).")
-    gpu_memory_utilization: float = Field(
-        0.85,
-        gt=0,
-        le=1,
-        description="Fraction of each GPU's memory vLLM may take (colocate mode: of the trainer's own GPU). Default "
-        "0.85 for a server (it has its GPU to itself), "
-        f"{COLOCATE_GPU_MEMORY_UTILIZATION} with trl.vllm_mode = 'colocate': vLLM then shares the "
-        "GPU with the trainer's weights, gradients, optimizer state and activations (a full fine-tune's AdamW state "
-        "alone is twice the fp32 weights), so it takes what TRL's colocate default takes, well under the half a "
-        "shared GPU may give vLLM.",
-    )
-    dtype: str = Field("auto", description="Model dtype in vLLM (auto, bfloat16, float16, float32).")
-    max_model_len: int | None = Field(
-        None,
-        gt=0,
-        description="Engine context length. Unset: max(sequence_len, trl.max_prompt_length + "
-        "trl.max_completion_length).",
-    )
-    tensor_parallel_size: int = Field(
-        1, ge=1, description="GPUs each vLLM engine shards the model over (vLLM's tensor parallelism)."
-    )
-    data_parallel_size: int = Field(
-        1,
-        ge=1,
-        description="Managed mode: start this many separate vLLM servers (each its own process and socket); prompt "
-        "groups are spread across them. `grpo vllm-serve` passes it to vLLM's own data parallelism.",
-    )
-    devices: list[int] | None = Field(
-        None,
-        description="GPU indices (of those this process sees) the managed servers get: server i takes the i-th "
-        "tensor_parallel_size of them (CUDA_VISIBLE_DEVICES). Unset: vLLM's default (all visible).",
-    )
-    trainer_devices: list[int] | None = Field(
-        None,
-        description="GPU indices the trainer keeps (its CUDA_VISIBLE_DEVICES is narrowed to them before CUDA starts). "
-        "Unset: the trainer uses its default device (index 0).",
-    )
-    enable_prefix_caching: bool | None = Field(
-        None, description="Turn vLLM's prefix caching on or off. Unset: vLLM's default."
-    )
-    block_size: int | None = Field(
-        None,
-        ge=1,
-        description="Tokens per KV cache block: prefix caching shares whole blocks only, so a group's samples share "
-        "their prompt's prefill only up to its last full block. Default: 32 on CPU (the smallest vLLM's CPU "
-        "attention takes; its own default, 128, shares nothing of a prompt under 128 tokens), vLLM's own on GPU.",
-    )
-    enforce_eager: bool | None = Field(
-        None,
-        description="Skip vLLM's graph compilation: much faster engine start, slightly slower generation. Default: "
-        "true on CPU, vLLM's own on GPU.",
-    )
-    cpu_kernels: bool = Field(
-        True,
-        description="On a CPU, give the engines grpo starts (managed servers, colocated) a sampler that draws one "
-        "number per sequence instead of one per vocabulary entry (the same distribution), log-prob ranks counted "
-        "without a 3 s compilation and, when eager, vLLM's own C++ RMSNorm kernels in place of their PyTorch forms. "
-        "Off: vLLM's CPU defaults. No effect on a GPU or an external server.",
-    )
-    api_key: str | None = Field(
-        None,
-        description="Require this key on every request but /health (default: VLLM_API_KEY, else one made up per TCP "
-        "server); the trainer sends it.",
-    )
-    transport: Literal["unix", "tcp"] | None = Field(
-        None,
-        description="How `grpo run` reaches the server it starts: 'unix' (default where available) is a socket in a "
-        "private directory, no TCP port; 'tcp' binds host:port with a per-run API key.",
-    )
-    expose_dev_endpoints: bool = Field(
-        False,
-        description="Serve vLLM's dev endpoints (/collective_rpc: load weights from any path) on a non-loopback host. "
-        "Off: such a bind is refused for full-weight sync.",
-    )
-    cpu_kvcache_space: int | None = Field(
-        None,
-        ge=1,
-        description="GiB of KV cache on CPU (VLLM_CPU_KVCACHE_SPACE). Default 2: vLLM would otherwise take 85% of "
-        "host memory.",
-    )
-    engine_cpus: str | None = Field(
-        None,
-        description="CPU cores a managed server computes on ('0-3', '0,2'); the trainer keeps the others. "
-        "Unset: with trl.async_prefetch on a CPU machine, the first half of the cores; a synchronous run splits "
-        "nothing. 'all': no split.",
-    )
-    extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` command-line arguments.")
 
 
 class DatasetSpec(_Table):
@@ -569,6 +475,9 @@ class TrlSettings(_Table):
 class GRPOConfig(_Table):
     """A whole run: the top-level TOML table."""
 
+    # extra="allow" holds the tables plugins claim; any other unknown key is refused by _plugin_tables.
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
     base_model: str = Field(description="Local HF directory, hub id, or a .gguf file (dequantised once and cached).")
     trust_remote_code: bool = Field(
         False,
@@ -852,7 +761,6 @@ class GRPOConfig(_Table):
     eval_temperature: float = Field(0.0, ge=0, description="Sampling temperature of evaluation; 0 is greedy.")
     alerts: AlertSettings = Field(default_factory=AlertSettings)
 
-    vllm: VllmSettings = Field(default_factory=VllmSettings)
     episodes: EpisodeSettings = Field(default_factory=EpisodeSettings)
     trl: TrlSettings = Field(default_factory=TrlSettings)
     plugins: PluginSettings = Field(default_factory=PluginSettings)  # type: ignore[valid-type]
@@ -876,22 +784,80 @@ class GRPOConfig(_Table):
             self.lora_target_linear = True
         return self
 
-    @model_validator(mode="after")
-    def _colocate_memory(self) -> GRPOConfig:
-        """vLLM in the trainer's process shares its GPU: a smaller default (the user's value always wins)."""
-        v = self.vllm
-        if self.trl.vllm_mode == "colocate" and "gpu_memory_utilization" not in v.model_fields_set:
-            written = set(v.model_fields_set)
-            v.gpu_memory_utilization = COLOCATE_GPU_MEMORY_UTILIZATION
-            object.__setattr__(v, "__pydantic_fields_set__", written)  # still unset: derived again from the mode
-        return self
+    @model_validator(mode="wrap")
+    @classmethod
+    def _plugin_tables(cls, data: Any, handler: ModelWrapValidatorHandler[GRPOConfig]) -> GRPOConfig:
+        """The top-level tables plugins claim (``[vllm]``) are validated by
+        their own models, their problems listed with the core's; any other
+        key the schema does not have is unknown, as ``extra="forbid"`` says."""
+        if not isinstance(data, dict):  # an instance, or an assignment
+            return handler(data)
+        own = set(cls.model_fields)
+        tables = set(plugin_tables.published_claims())  # usable or not: validate_tables says why not
+        core = {key: value for key, value in data.items() if key in own}
+        errors: list[dict[str, Any]] = [
+            {"type": "extra_forbidden", "loc": (key,), "msg": "Extra inputs are not permitted", "input": value}
+            for key, value in data.items()
+            if key not in own and key not in tables
+        ]
+        cfg: GRPOConfig | None = None
+        try:
+            cfg = handler(core)
+        except ValidationError as exc:
+            if not errors and not (data.keys() & tables):
+                raise
+            errors = [*exc.errors(), *errors]
+        values, table_errors = plugin_tables.validate_tables(data, cfg, own)
+        errors += table_errors
+        if errors or cfg is None:
+            raise ValidationError.from_exception_data(
+                cls.__name__,
+                [
+                    {"type": PydanticCustomError(e["type"], e["msg"]), "loc": e["loc"], "input": e["input"]}
+                    for e in errors
+                ],
+            )
+        assert cfg.__pydantic_extra__ is not None  # extra="allow": the claimed tables live there
+        cfg.__pydantic_extra__.update(values)
+        cfg.__pydantic_fields_set__.update(data.keys() & values.keys())
+        return cfg
+
+    def table(self, name: str) -> BaseModel:
+        """The validated top-level table ``[name]`` a plugin claims (its
+        defaults when the config leaves it out): a plugin's narrow view of
+        the config, e.g. ``config.table("vllm").port``."""
+        found = (self.__pydantic_extra__ or {}).get(name)
+        if not isinstance(found, BaseModel):
+            claimed = ", ".join(sorted(self.__pydantic_extra__ or {})) or "none"
+            raise ConfigError(
+                f"no plugin claims a [{name}] table (claimed: {claimed}); a plugin claims one through the "
+                f"'{plugin_tables.TABLE_GROUP}' entry point group (docs/plugins.md)."
+            )
+        return found
+
+
+def config_model() -> type[GRPOConfig]:
+    """The schema with the plugin tables installed now as fields, for what
+    describes the config (``grpo config schema``, the configuration
+    reference, the hints of an unknown key). Configs are validated by
+    :class:`GRPOConfig` itself, which finds the same tables."""
+    return _with_tables(tuple(plugin_tables.claimed_tables(None, GRPOConfig.model_fields).models.items()))
+
+
+@cache
+def _with_tables(tables: tuple[tuple[str, type[BaseModel]], ...]) -> type[GRPOConfig]:
+    fields: dict[str, Any] = {
+        name: (model, Field(default_factory=model, description=(model.__doc__ or "").strip().split("\n")[0]))
+        for name, model in tables
+    }
+    return create_model("GRPOConfig", __base__=GRPOConfig, __doc__=GRPOConfig.__doc__, **fields)  # type: ignore[call-overload]
 
 
 # Concrete values behind the reference's ``null`` defaults (TRL 1.16's,
 # unless noted). Filled in after validation so every consumer reads a value.
 EFFECTIVE_DEFAULTS: dict[str, Any] = {
     "num_generations": 8,
-    "max_completion_length": 256,  # TRL 1.16's is 512 (docs/trl-differences.md)
+    "max_completion_length": 256,  # TRL 1.16's is 512 (docs/from-trl.md)
     "beta": 0.0,
     "num_iterations": 1,
     "epsilon": 0.2,
@@ -907,7 +873,7 @@ EFFECTIVE_DEFAULTS: dict[str, Any] = {
     "streaming_partial_batch": False,
     "streaming_min_groups": 1,
     "importance_sampling_level": "token",
-    "vllm_importance_sampling_mode": "token_truncate",  # TRL 1.16's is sequence_mask (docs/trl-differences.md)
+    "vllm_importance_sampling_mode": "token_truncate",  # TRL 1.16's is sequence_mask (docs/from-trl.md)
     "vllm_importance_sampling_cap": 3.0,
     "use_bias_correction_kl": True,
     "num_completions_to_print": 0,

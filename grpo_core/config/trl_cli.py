@@ -9,7 +9,7 @@ a vLLM one under ``[vllm]``. What grpo does not have is written commented
 out with the reason, never dropped silently. Where the file relies on a
 TRL default grpo sets otherwise (batch, epochs, scheduler, precision, ...),
 TRL's value is written out with a comment, so the converted config trains
-as the TRL run would (docs/trl-differences.md).
+as the TRL run would (docs/from-trl.md).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_core.config.schema import GRPOConfig
+from grpo_core.config.schema import config_model
 from grpo_core.config.trl_names import RENAMES, grpo_key
 
 TRL_REWARDS = {
@@ -45,7 +45,7 @@ written into a converted config that leaves the TRL field unset."""
 TRL_EPOCHS = 3
 """TRL's ``num_train_epochs`` default: a TRL run without ``max_steps`` trains 3 epochs."""
 
-_NOT_BUILT = "not in grpo (docs/trl-differences.md)"
+_NOT_BUILT = "not in grpo (docs/from-trl.md)"
 _SCRIPT_ONLY = {
     "dataset_streaming": "streaming datasets are not built: grpo loads the prompts once at start",
     "ignore_bias_buffers": "a DDP setting of TRL's script; grpo's DDP needs none",
@@ -197,7 +197,7 @@ def _kept_defaults(source: dict[str, Any], conv: Converted) -> None:
         if key == "trl.vllm_importance_sampling_mode" and not source.get("use_vllm"):
             continue
         _put(data, key, value)
-        conv.notes[key] = "TRL's default, kept (grpo's own default differs: docs/trl-differences.md)"
+        conv.notes[key] = "TRL's default, kept (grpo's own default differs: docs/from-trl.md)"
     if "max_steps" not in source and "num_train_epochs" not in source:
         data["num_epochs"] = TRL_EPOCHS
         conv.notes["num_epochs"] = "TRL's default num_train_epochs, kept (grpo's own default is max_steps = 100)"
@@ -219,6 +219,6 @@ def from_trl_cli(raw: dict[str, Any]) -> Converted:
     _rewards(work, conv)
     _fields(work, conv)
     _kept_defaults(source, conv)
-    order = list(GRPOConfig.model_fields)
+    order = list(config_model().model_fields)  # [vllm], the vLLM plugin's table, included
     conv.data = dict(sorted(conv.data.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     return conv

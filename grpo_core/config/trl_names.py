@@ -8,8 +8,8 @@ Most of ``GRPOConfig``'s own fields keep their name under ``[trl]``
 grpo name instead of the nearest spelling (``dataset_name`` is not
 ``dataset_num_proc``), ``grpo config convert`` can read TRL's CLI YAML
 (:mod:`grpo_core.config.trl_cli`), and ``grpo config check`` can say which
-of grpo's defaults are not TRL's. ``scripts/trl_mapping.py`` builds README's
-mapping table and docs/trl-differences.md from the same tables;
+of grpo's defaults are not TRL's. ``scripts/trl_mapping.py`` builds the
+generated tables of docs/from-trl.md from the same tables;
 ``tests/test_trl_mapping.py`` holds them against the installed TRL.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_core.config.schema import GRPOConfig
+from grpo_core.config.schema import GRPOConfig, config_model
 
 TRL_VERSION = "1.16"
 """The TRL release whose names and defaults these tables hold (tested against the installed one)."""
@@ -64,7 +64,7 @@ SCRIPT_KEYS: dict[str, ScriptKey] = {
 
 def schema_field(key: str) -> Any | None:
     """The schema's field at a dotted key (``trl.beta``), or None."""
-    model: Any = GRPOConfig
+    model: Any = config_model()  # [vllm] is the vLLM plugin's table
     field = None
     for part in key.split("."):
         fields = getattr(model, "model_fields", {})
@@ -192,7 +192,7 @@ DEFAULT_DIFFERENCES: tuple[DefaultDifference, ...] = (
 """What ``grpo config check`` names for a config that leaves these keys unset
 (``vllm.gpu_memory_utilization`` is not among them: in colocate mode grpo's
 default is TRL's 0.3). Every difference, with the reasons:
-docs/trl-differences.md."""
+docs/from-trl.md."""
 
 
 def default_differences(cfg: GRPOConfig) -> list[str]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
-import os
 import re
 import traceback
 import warnings
@@ -39,6 +38,12 @@ from typing import Any
 import pluggy
 from pydantic import BaseModel, ValidationError
 
+from grpo_core.config import plugin_tables
+from grpo_core.config.allowlist import (  # re-exported: the host's callers read them here
+    ALLOW_ENV,
+    effective_allowlist,
+    normalise,
+)
 from grpo_core.config.implementations import chosen_implementations, source_key
 from grpo_core.contract import hookspecs
 from grpo_core.contract.declarations import declaration_problems
@@ -55,8 +60,6 @@ from grpo_core.contract.extension_points import (
 )
 from grpo_core.runtime.failure import TRACEBACK_FILE
 
-SELF_DISTRIBUTION = "grpo"
-ALLOW_ENV = "GRPO_PLUGINS_ALLOW"
 AMBIGUOUS = "ambiguous:"  # how an ambiguity's error starts (EntryPointInfo.status reads it)
 NOT_ALLOWED = "not in the plugin allowlist"
 QUALIFIER = ":"
@@ -66,10 +69,6 @@ ERROR_LOG = TRACEBACK_FILE  # one file per run collects every traceback (grpo_co
 def group_for(point: str) -> str:
     """The entry point group of an extension point (``grpo.<point>``)."""
     return GROUP_PREFIX + point
-
-
-def normalise(dist: str) -> str:
-    return dist.lower().replace("_", "-").replace(".", "-")
 
 
 @dataclass(frozen=True)
@@ -127,45 +126,13 @@ def rescan() -> None:
     ``sys.path`` changes inside a running process (tests, notebooks)."""
     importlib.invalidate_caches()
     published_entry_points.cache_clear()
+    plugin_tables.rescan()
 
 
 def split_qualified(spec: str) -> tuple[str | None, str]:
     """``"dist:name"`` -> ("dist", "name"); ``"name"`` -> (None, "name")."""
     dist, sep, name = spec.rpartition(QUALIFIER)
     return (dist, name) if sep and dist else (None, spec)
-
-
-def allowlist_from_env() -> set[str] | None:
-    """``GRPO_PLUGINS_ALLOW`` as a set of names; ``None`` when unset or empty."""
-    raw = os.environ.get(ALLOW_ENV, "").strip()
-    if not raw:
-        return None
-    return {part.strip() for part in raw.split(",") if part.strip()}
-
-
-def effective_allowlist(config_allow: set[str] | None) -> set[str] | None:
-    """The normalised distributions that may load (grpo's own included), or
-    ``None`` for no restriction.
-
-    The environment's list bounds the config's: with both set the result is
-    their intersection, and a config naming a distribution the environment
-    does not allow is a :class:`ConfigError` naming both, so a downloaded
-    config can narrow an administrator's list but never widen it."""
-    env = {normalise(d) for d in allowlist_from_env() or ()}
-    config = {normalise(d) for d in config_allow or ()}
-    if env and config:
-        outside = sorted(config - env - {SELF_DISTRIBUTION})
-        if outside:
-            raise ConfigError(
-                f"plugins.allow names {', '.join(repr(d) for d in outside)}, which {ALLOW_ENV} "
-                f"({os.environ.get(ALLOW_ENV, '').strip()}) does not allow: the environment's list is an upper bound a "
-                f"config can only narrow. Remove {'them' if len(outside) > 1 else 'it'} from plugins.allow, or have "
-                f"whoever sets {ALLOW_ENV} add {'them' if len(outside) > 1 else 'it'} there."
-            )
-    if not (env or config):
-        return None
-    chosen = (config & env) if (env and config) else (config or env)
-    return chosen | {SELF_DISTRIBUTION}  # never None here: an empty intersection still restricts
 
 
 def _unknown_hooks(pm: pluggy.PluginManager, obj: Any) -> list[str]:

@@ -284,6 +284,13 @@ def _add_config_commands(config_app: typer.Typer) -> None:
             min=1,
             help="Check for this many training processes (default: the launcher's, else 1).",
         ),
+        gpus: int | None = typer.Option(
+            None,
+            "--gpus",
+            min=1,
+            help="Check for a machine with this many GPUs per node (another machine than this one; default: the GPUs "
+            "this machine shows).",
+        ),
         import_code: bool = typer.Option(
             False,
             "--import",
@@ -302,15 +309,24 @@ def _add_config_commands(config_app: typer.Typer) -> None:
         transforms) is found and its source defines the name (read, not run;
         listed with its file, so you can read it before `grpo run` runs it);
         the trackers in report_to are installed; [vllm] GPU placement fits
-        --num-processes training processes; what output_dir already holds (a
-        run in progress, checkpoints a fresh start would overwrite). Not checked: a hub id's existence,
-        what your code does when it runs (--import runs its imports), and
-        whether the model fits in memory.
+        --num-processes training processes and the GPUs this machine shows, or
+        --gpus N for another machine (without GPUs: a warning that the indices
+        were not checked), and so do the training processes, one per GPU;
+        datasets' data_files match files; a hub dataset not in the local cache
+        is a warning (it is fetched when the run starts), or an error with
+        HF_HUB_OFFLINE=1; what output_dir already holds (a run in progress,
+        checkpoints a fresh start would overwrite). Not checked: whether a hub
+        id exists on the hub, what your code does when it runs (--import runs
+        its imports), and whether the model fits in memory.
 
         The last line is `OK`, `OK with N warnings` (exit code 0: the run can
         start), or the errors, each naming the key and the fix (exit code 2).
         """
-        cfg, host, notes = load_and_check(config, set_, num_processes)
+        # imported when the command runs, so `grpo --help` stays fast
+        from grpo_core.runtime.gpus import assume_gpus
+
+        with assume_gpus(gpus):
+            cfg, host, notes = load_and_check(config, set_, num_processes)
         # imported when the command runs, so `grpo --help` stays fast
         from grpo_core.contract.extension_points import REWARD_GROUP
         from grpo_core.host.user_code import user_code, user_code_text
@@ -346,9 +362,9 @@ def _add_config_commands(config_app: typer.Typer) -> None:
     def schema_cmd() -> None:
         """Print the JSON schema of the config (every key, type and default)."""
         # imported when the command runs, so `grpo --help` stays fast
-        from grpo_core.config.schema import GRPOConfig
+        from grpo_core.config.schema import config_model
 
-        typer.echo(json.dumps(GRPOConfig.model_json_schema(), indent=2))
+        typer.echo(json.dumps(config_model().model_json_schema(), indent=2))  # with the plugins' tables ([vllm])
 
     @config_app.command("convert")
     def convert_cmd(
@@ -459,12 +475,14 @@ def list_plugins() -> dict[str, dict[str, Any]]:
 
     host = PluginHost()
     # imported when the command runs, so `grpo --help` stays fast
+    from grpo_core.config.plugin_tables import TABLE_GROUP
     from grpo_core.observability.tracking import TRACKER_GROUP
 
     groups = {point.name: point.group for point in EXTENSION_POINTS} | {
         "reward": REWARD_GROUP,
         "plugins": ALWAYS_ON_GROUP,
         "tracker": TRACKER_GROUP,
+        "settings": TABLE_GROUP,  # the top-level config tables plugins own ([vllm])
     }
     out: dict[str, dict[str, Any]] = {}
     for point, group in groups.items():
@@ -543,7 +561,7 @@ def summary(cfg: GRPOConfig, num_processes: int | None = None, host: Any = None)
     ]
     differences = default_differences(cfg)
     if differences:
-        lines.append("vs TRL:       " + "; ".join(differences) + " (defaults left unset here; docs/trl-differences.md)")
+        lines.append("vs TRL:       " + "; ".join(differences) + " (defaults left unset here; docs/from-trl.md)")
     if cfg.trust_remote_code:
         lines.append(
             "trust:        trust_remote_code = true: Python code shipped with the model, tokenizer and reward "

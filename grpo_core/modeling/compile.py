@@ -24,6 +24,7 @@ per length.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from grpo_core.contract.errors import ConfigError
@@ -43,14 +44,27 @@ def compiled_body(model: Any) -> Any:
     return decoder_and_head(unwrap(model))[0]
 
 
-def compile_problem(cfg: GRPOConfig) -> str | None:
-    """Why ``cfg``'s compile options cannot run here (for ``grpo config check``), or ``None``."""
+@dataclass(frozen=True)
+class CompileOptions:
+    """The three keys this module reads: ``torch_compile``, ``torch_compile_backend``, ``torch_compile_mode``."""
+
+    enabled: bool
+    backend: str = "inductor"
+    mode: str | None = None
+
+    @classmethod
+    def of(cls, cfg: GRPOConfig) -> CompileOptions:
+        return cls(cfg.torch_compile, cfg.torch_compile_backend or "inductor", cfg.torch_compile_mode)
+
+
+def compile_problem(options: CompileOptions) -> str | None:
+    """Why the compile options cannot run here (for ``grpo config check``), or ``None``."""
     # heavy (torch): loaded on first use, not with this module
     import torch
 
-    if not cfg.torch_compile:
+    if not options.enabled:
         return None
-    backend = cfg.torch_compile_backend or "inductor"
+    backend = options.backend
     if backend not in torch._dynamo.list_backends(exclude_tags=()):
         return (
             f"torch_compile_backend = '{backend}' is not a torch.compile backend here: use one of "
@@ -59,19 +73,19 @@ def compile_problem(cfg: GRPOConfig) -> str | None:
     return None
 
 
-def compile_policy(cfg: GRPOConfig, model: Any) -> Any:
-    """``model``'s decoder body compiled as ``cfg`` asks (an
+def compile_policy(options: CompileOptions, model: Any) -> Any:
+    """``model``'s decoder body compiled as ``options`` ask (an
     ``OptimizedModule`` sharing the body's parameters), or ``None`` when
     ``torch_compile`` is off. Compilation itself happens at the first call."""
-    if not cfg.torch_compile:
+    if not options.enabled:
         return None
     # heavy (torch): loaded on first use, not with this module
     import torch
 
-    problem = compile_problem(cfg)
+    problem = compile_problem(options)
     if problem is not None:
         raise ConfigError(problem)
-    mode, backend = cfg.torch_compile_mode, cfg.torch_compile_backend or "inductor"
+    mode, backend = options.mode, options.backend
     kwargs: dict[str, Any] = {"backend": backend}
     if mode is not None and mode != "default":
         kwargs["mode"] = mode

@@ -18,10 +18,7 @@ the ``torchao`` package. Anywhere else ``fp8 = true`` is refused by
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
+from typing import Any
 
 MIN_CAPABILITY = (8, 9)
 GPUS = "an NVIDIA GPU of compute capability >= 8.9 (Ada: L4, L40S, RTX 4090; Hopper: H100, H200; Blackwell)"
@@ -60,9 +57,9 @@ def fp8_problem(capability: tuple[int, int] | None | str = "detect", torchao: bo
     return None
 
 
-def accelerator_kwargs(cfg: GRPOConfig) -> dict[str, Any]:
-    """Arguments of ``accelerate.Accelerator`` for ``cfg``'s fp8 choice."""
-    if not cfg.fp8:
+def accelerator_kwargs(fp8: bool) -> dict[str, Any]:
+    """Arguments of ``accelerate.Accelerator`` for the ``fp8`` choice."""
+    if not fp8:
         return {}
     # heavy (accelerate): loaded on first use, not with this module
     from accelerate.utils import AORecipeKwargs

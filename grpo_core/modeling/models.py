@@ -233,7 +233,12 @@ def _load_causal_lm(cfg: GRPOConfig, model_dir: str) -> nn.Module:
     attn = resolve_attn_implementation(cfg)
     if attn is not None:
         kwargs["attn_implementation"] = attn
-    quantization = quantization_config(cfg, kwargs["dtype"])
+    quantization = quantization_config(
+        kwargs["dtype"],
+        load_in_4bit=cfg.load_in_4bit,
+        load_in_8bit=cfg.load_in_8bit,
+        bnb_config_kwargs=cfg.bnb_config_kwargs,
+    )
     if quantization is not None:
         kwargs["quantization_config"] = quantization
     check_weight_folder(model_dir, "base_model")  # a cut weights file named, not a SafetensorError

@@ -12,10 +12,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from grpo_core.config.schema import GRPOConfig
+from typing import Any
 
 HARDWARE = "a CUDA GPU, or an x86-64 CPU that bitsandbytes' CPU backend supports (bitsandbytes >= 0.48)"
 
@@ -41,10 +38,10 @@ def quiet_kernel_notice() -> None:
         logger.addFilter(_KernelNotice())
 
 
-def cpu_kernel_note(cfg: GRPOConfig, cuda: bool, flags: set[str]) -> str | None:
+def cpu_kernel_note(load_in_4bit: bool, cuda: bool, flags: set[str]) -> str | None:
     """The warning :data:`KERNEL_NOTICE` stood for, where it applies: 4-bit
     on a CPU with AVX512-BF16 and no ``kernels`` package."""
-    if not cfg.load_in_4bit or cuda or "avx512_bf16" not in flags or importlib.util.find_spec("kernels") is not None:
+    if not load_in_4bit or cuda or "avx512_bf16" not in flags or importlib.util.find_spec("kernels") is not None:
         return None
     return (
         "load_in_4bit on this CPU: bitsandbytes' faster 4-bit matmul for AVX512-BF16 comes from the `kernels` package "
@@ -72,21 +69,23 @@ def bitsandbytes_problem() -> str | None:
     return None
 
 
-def quantization_config(cfg: GRPOConfig, compute_dtype: Any) -> Any | None:
-    """transformers' BitsAndBytesConfig for the config, or None (no k-bit loading)."""
-    if not (cfg.load_in_4bit or cfg.load_in_8bit):
+def quantization_config(
+    compute_dtype: Any, *, load_in_4bit: bool, load_in_8bit: bool, bnb_config_kwargs: dict[str, Any] | None
+) -> Any | None:
+    """transformers' BitsAndBytesConfig for the config's k-bit keys, or None (no k-bit loading)."""
+    if not (load_in_4bit or load_in_8bit):
         return None
     # heavy (transformers): loaded on first use, not with this module
     from transformers import BitsAndBytesConfig
 
     kwargs: dict[str, Any] = (
         {"load_in_8bit": True}
-        if cfg.load_in_8bit
+        if load_in_8bit
         else {
             "load_in_4bit": True,
             "bnb_4bit_quant_type": "nf4",
             "bnb_4bit_compute_dtype": compute_dtype,
         }
     )
-    kwargs.update(cfg.bnb_config_kwargs or {})
+    kwargs.update(bnb_config_kwargs or {})
     return BitsAndBytesConfig(**kwargs)

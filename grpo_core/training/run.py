@@ -283,7 +283,7 @@ def make_accelerator(cfg: GRPOConfig, backend: type[TrainingBackend] | None = No
     world = world_size()
     backend = backend or backend_for(cfg, world)
     kwargs: dict[str, Any] = backend.accelerator_kwargs(cfg, world)
-    for key, value in accelerator_kwargs(cfg).items():  # fp8: torchao Float8Linear at prepare
+    for key, value in accelerator_kwargs(cfg.fp8).items():  # fp8: torchao Float8Linear at prepare
         kwargs[key] = kwargs.get(key, []) + value if key == "kwargs_handlers" else value
     return Accelerator(**kwargs)
 

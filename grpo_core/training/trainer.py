@@ -38,7 +38,7 @@ from grpo_core.contract.types import (
     TrainingProgress,
 )
 from grpo_core.generation.producer import Producer, PromptStream, ScoredBatch
-from grpo_core.modeling.compile import compile_policy
+from grpo_core.modeling.compile import CompileOptions, compile_policy
 from grpo_core.modeling.models import save_final
 from grpo_core.modeling.precision import resolve_precision
 from grpo_core.modeling.structure import decoder_and_head
@@ -162,7 +162,7 @@ class GRPOTrainer:
         self.device = parts.accelerator.device
         self.precision = resolve_precision(cfg, self.device.type)
         self.backend = parts.backend  # backward, the optimizer step, full weights and checkpoints
-        self.compiled_body = compile_policy(cfg, parts.model)  # None unless torch_compile
+        self.compiled_body = compile_policy(CompileOptions.of(cfg), parts.model)  # None unless torch_compile
         self.share_prompts = bool(cfg.share_prompt_prefix)
         self.verifier = run_verifier(
             cfg, parts.model, parts.engine, parts.tokenizer, self.precision, self.dist, parts.context.log

@@ -15,6 +15,7 @@ silently ignoring. Remove an entry when its feature lands.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,13 +50,15 @@ from grpo_core.host.plugin_host import (
     validate_settings,
 )
 from grpo_core.host.traits import ChosenTraits
-from grpo_core.modeling.compile import compile_problem
+from grpo_core.modeling.compile import CompileOptions, compile_problem
 from grpo_core.modeling.fp8 import fp8_problem
 from grpo_core.modeling.precision import cpu_flags
 from grpo_core.modeling.quantization import bitsandbytes_problem, cpu_kernel_note
 from grpo_core.observability.alerts import ALERT_NAMES
 from grpo_core.observability.tracking import check_report_to
+from grpo_core.runtime.gpus import gpu_count_source, visible_gpus
 from grpo_core.runtime.processes import world_size
+from grpo_core.validation.dataset_sources import dataset_source_problems
 from grpo_core.validation.output_dir import output_dir_checks
 from grpo_core.validation.references import code_problems, path_problems, reward_name_problems
 
@@ -241,6 +244,34 @@ def _process_checks(cfg: GRPOConfig, names: dict[str, str], world: int, errors: 
             f"generation, which is not a whole number of groups of trl.num_generations = {n} (groups stay whole "
             f"on a process: advantages are per group). Make micro_batch_size x gradient_accumulation_steps a "
             f"multiple of {n}, or set trl.generation_batch_size to a multiple of {n * world}."
+        )
+
+
+def _gpu_count_checks(world: int, errors: list[str], warnings: list[str]) -> None:
+    """With GPUs, each training process of a machine trains on the GPU of its
+    local rank (accelerate's placement, which ``grpo run --num-processes``
+    uses): more processes there than visible GPUs cannot start. Inside a
+    launched run the machine's share is known (``LOCAL_WORLD_SIZE``): an
+    error. Before one, the processes may be spread over several machines: a
+    warning. Without GPUs the processes share the CPU: nothing to count."""
+    gpus = visible_gpus()
+    local_text = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    local = int(local_text) if local_text.isdigit() and int(local_text) > 0 else None
+    if gpus == 0 or (local or world) <= gpus:
+        return
+    plural = "s" if gpus != 1 else ""
+    if local is not None:
+        errors.append(
+            f"{local} training processes on this machine (LOCAL_WORLD_SIZE) each train on the GPU of their local "
+            f"rank (GPUs 0-{local - 1}), but the machine shows {gpus} GPU{plural} ({gpu_count_source()}): start at "
+            f"most {gpus} on it, or make more GPUs visible."
+        )
+    else:
+        warnings.append(
+            f"{world} training processes, each on the GPU of its local rank, but the machine shows {gpus} "
+            f"GPU{plural} ({gpu_count_source()}): one machine cannot start them all (`grpo run --num-processes "
+            f"{world}` starts them here, GPUs 0-{world - 1}); across machines each starts its share (at most {gpus}), "
+            "and each process checks its machine when it starts."
         )
 
 
@@ -482,14 +513,14 @@ def _model_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warn
     problem = bitsandbytes_problem()
     if problem is not None:
         errors.append(f"{bits} cannot run here: {problem}")
-    note = cpu_kernel_note(cfg, torch.cuda.is_available(), cpu_flags())
+    note = cpu_kernel_note(cfg.load_in_4bit, torch.cuda.is_available(), cpu_flags())
     if note is not None:
         warnings.append(note)
 
 
 def _speed_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -> None:
     """torch_compile, fp8, the Liger loss: each refused where it cannot run, naming what it needs."""
-    problem = compile_problem(cfg)
+    problem = compile_problem(CompileOptions.of(cfg))
     if problem is not None:
         errors.append(problem)
     if cfg.fp8:
@@ -756,6 +787,7 @@ def check_config(
     errors += path_problems(cfg)
     registered = set(plugins.published(REWARD_GROUP))
     for found_errors, found_warnings in (
+        dataset_source_problems(cfg),
         code_problems(cfg, plugins, registered),
         reward_name_problems(cfg, plugins, registered),
     ):
@@ -772,6 +804,7 @@ def check_config(
     _loss_checks(cfg, names, errors, warnings)
     _turn_credit_checks(cfg, classes, errors)
     _process_checks(cfg, names, world, errors)
+    _gpu_count_checks(world, errors, warnings)
     if backend_rules is not None:
         errors += backend_rules(cfg, traits)
     _async_checks(cfg, traits, errors, warnings)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo_core.plugin_api import ConfigError, make_scratch_dir
+from grpo_plugins.vllm.settings import vllm_settings
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig
@@ -62,7 +63,7 @@ def unix_sockets_available() -> bool:
 def configured_api_key(cfg: GRPOConfig) -> str | None:
     """``[vllm] api_key``, else ``VLLM_API_KEY`` from the environment (the
     variable vLLM itself reads), else ``None``."""
-    return cfg.vllm.api_key or os.environ.get("VLLM_API_KEY") or None
+    return vllm_settings(cfg).api_key or os.environ.get("VLLM_API_KEY") or None
 
 
 def private_socket_dir() -> Path:

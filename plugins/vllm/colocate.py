@@ -62,6 +62,7 @@ from grpo_plugins.vllm.engine_settings import (
 from grpo_plugins.vllm.machine import cuda_available
 from grpo_plugins.vllm.placement import TRAINER_SHARE_MAX
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
+from grpo_plugins.vllm.settings import vllm_settings
 from grpo_plugins.vllm.worker_ext import retie_output_embeddings
 
 if TYPE_CHECKING:
@@ -197,7 +198,7 @@ class ColocatedEngine:
             # vLLM's modules live as long as the process: leave them out of the full collections vLLM makes
             # while it starts (7, ~0.3 s each over this heap; vLLM itself unfreezes at shutdown)
             gc.freeze()
-            cfg, v = self.cfg, self.cfg.vllm
+            cfg, v = self.cfg, vllm_settings(self.cfg)
             kwargs: dict[str, Any] = {
                 "model": resolve_model_dir(cfg.base_model),
                 "dtype": resolve_dtype(v.dtype),
@@ -386,7 +387,7 @@ class VLLMColocateRollout:
                 "(a managed server, still one command) or trl.async_prefetch = false."
             )
         warnings = []
-        v = config.vllm
+        v = vllm_settings(config)
         if v.devices is not None or v.trainer_devices is not None:
             warnings.append(
                 "[vllm] devices / trainer_devices place managed vLLM servers; they have no effect with "

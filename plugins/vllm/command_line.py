@@ -50,6 +50,7 @@ from grpo_plugins.vllm.engine_settings import (
 )
 from grpo_plugins.vllm.idle_spin import CPU_IDLE_SPIN_S, IDLE_SPIN_ENV
 from grpo_plugins.vllm.placement import server_devices
+from grpo_plugins.vllm.settings import vllm_settings
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig
@@ -125,7 +126,7 @@ def server_spec(
     its share of ``[vllm] devices``); ``None``: one server, given every
     device in ``[vllm] devices`` and vLLM's ``--data-parallel-size``.
     """
-    v = cfg.vllm
+    v = vllm_settings(cfg)
     host = host or v.host
     port = v.port if port is None else port
     if uds is None and port == 0:
@@ -258,7 +259,7 @@ def managed_spec(cfg: GRPOConfig, needs: frozenset[str] = frozenset(), replica: 
     ``replica`` (0, 1, ...): one of ``data_parallel_size`` separate servers,
     each with its own socket directory (or, over TCP, its own free port
     after the first)."""
-    transport = cfg.vllm.transport or ("unix" if unix_sockets_available() else "tcp")
+    transport = vllm_settings(cfg).transport or ("unix" if unix_sockets_available() else "tcp")
     flags = engine_flags(needs)
     if transport == "unix":
         if not unix_sockets_available():

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from grpo_core.plugin_api import ConfigError, format_cpu_list
+from grpo_plugins.vllm.settings import vllm_settings
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig
@@ -55,7 +56,7 @@ def plan_cpu_split(cfg: GRPOConfig, usable: frozenset[int], cuda: bool) -> CpuSp
     one core each) and a synchronous run splits nothing: there each side waits
     while the other computes, so each is better off with every core.
     ``"all"`` turns the split off."""
-    wanted = cfg.vllm.engine_cpus
+    wanted = vllm_settings(cfg).engine_cpus
     if cuda or wanted == NO_SPLIT:
         return None
     if wanted is None:

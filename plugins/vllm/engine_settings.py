@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from grpo_plugins.vllm import machine
 from grpo_plugins.vllm.cpu_kernels import IR_OP_PRIORITY
+from grpo_plugins.vllm.settings import vllm_settings
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig
@@ -44,7 +45,7 @@ def resolve_dtype(dtype: str, flags: str | None = None, cuda: bool | None = None
 def known_dtype(cfg: GRPOConfig) -> str | None:
     """The dtype an engine grpo starts from ``cfg`` keeps its weights in, where
     :func:`resolve_dtype` decides it; ``None`` where ``auto`` is left to vLLM (a GPU)."""
-    dtype = resolve_dtype(cfg.vllm.dtype)
+    dtype = resolve_dtype(vllm_settings(cfg).dtype)
     return None if dtype == "auto" else dtype
 
 
@@ -52,7 +53,7 @@ def max_model_len(cfg: GRPOConfig) -> int:
     """The engine's context length: ``[vllm] max_model_len``, else room for
     the longest prompt plus completion the config allows."""
     trl = cfg.trl
-    return cfg.vllm.max_model_len or max(
+    return vllm_settings(cfg).max_model_len or max(
         cfg.sequence_len, (trl.max_prompt_length or 0) + (trl.max_completion_length or 0)
     )
 
@@ -63,15 +64,15 @@ def enforce_eager(cfg: GRPOConfig) -> bool:
     223 vs 239 tokens/s; benchmarks/RESULTS.md), a loss for any run under
     ~170 steps of the arithmetic example. On a GPU vLLM's default (CUDA
     graphs) stands."""
-    if cfg.vllm.enforce_eager is not None:
-        return cfg.vllm.enforce_eager
+    if vllm_settings(cfg).enforce_eager is not None:
+        return vllm_settings(cfg).enforce_eager
     return not machine.cuda_available()
 
 
 def cpu_kernels(cfg: GRPOConfig) -> bool:
     """``[vllm] cpu_kernels`` on a CPU: grpo's sampler, vLLM's C++ RMSNorm and
     an eager rank count in the engines grpo starts (:mod:`grpo_plugins.vllm.cpu_kernels`)."""
-    return cfg.vllm.cpu_kernels and not machine.cuda_available()
+    return vllm_settings(cfg).cpu_kernels and not machine.cuda_available()
 
 
 def ir_op_priority(cfg: GRPOConfig) -> dict[str, list[str]] | None:
@@ -103,8 +104,8 @@ def block_size(cfg: GRPOConfig) -> int | None:
     prefilled it again. 32 (the smallest block vLLM's CPU attention takes)
     made the 4 x 8 prefill 4.5x faster and a 48-token generation 25% faster
     (benchmarks/RESULTS.md, "Sharing a group's prompt in vLLM")."""
-    if cfg.vllm.block_size is not None:
-        return cfg.vllm.block_size
+    if vllm_settings(cfg).block_size is not None:
+        return vllm_settings(cfg).block_size
     return None if machine.cuda_available() else CPU_BLOCK_SIZE
 
 
@@ -118,8 +119,8 @@ def cpu_kvcache_gib(cfg: GRPOConfig) -> int | None:
     Unset, vLLM's CPU backend sizes its cache to ``gpu_memory_utilization``
     of *host* memory (85%), which leaves nothing for a trainer on the same
     machine; grpo asks for a fixed 2 GiB instead unless told otherwise."""
-    if cfg.vllm.cpu_kvcache_space is not None:
-        return cfg.vllm.cpu_kvcache_space
+    if vllm_settings(cfg).cpu_kvcache_space is not None:
+        return vllm_settings(cfg).cpu_kvcache_space
     if machine.cuda_available() or "VLLM_CPU_KVCACHE_SPACE" in os.environ:
         return None
     return DEFAULT_CPU_KVCACHE_GIB

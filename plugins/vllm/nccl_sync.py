@@ -69,6 +69,7 @@ from grpo_plugins.vllm.nccl_watchdog import (
     SyncStepTimeout,
     run_with_deadlines,
 )
+from grpo_plugins.vllm.settings import vllm_settings
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig, RunContext
@@ -337,7 +338,7 @@ class NcclSync:
         says (a server started by hand knows its own parallelism), else
         ``tensor_parallel_size`` per server (times vLLM's own
         ``data_parallel_size`` when there is one server)."""
-        v, servers = self.context.config.vllm, len(endpoints)
+        v, servers = vllm_settings(self.context.config), len(endpoints)
         if self.settings.inference_world_size is None:
             reported = [_reported_world_size(e) for e in endpoints]
             if all(size is not None for size in reported):

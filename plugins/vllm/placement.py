@@ -8,7 +8,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from grpo_core.plugin_api import ConfigError
+from grpo_core.plugin_api import ConfigError, gpu_count_source, visible_gpus
+from grpo_plugins.vllm.settings import vllm_settings
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig
@@ -26,7 +27,7 @@ def placement(cfg: GRPOConfig) -> list[list[int]] | None:
     """The GPU indices of each managed server (``[vllm] devices`` cut into
     ``tensor_parallel_size`` pieces, one per server), or ``None`` when
     ``devices`` is unset."""
-    v = cfg.vllm
+    v = vllm_settings(cfg)
     if v.devices is None:
         return None
     per = v.tensor_parallel_size
@@ -45,16 +46,54 @@ def trainer_gpus(cfg: GRPOConfig, processes: int) -> list[int]:
     """The GPUs the training processes of this machine use: ``[vllm]
     trainer_devices`` for one process, else one per process by local rank
     (accelerate's placement: process i on GPU i of those visible)."""
-    if cfg.vllm.trainer_devices is not None and processes == 1:
-        return list(cfg.vllm.trainer_devices)
+    if vllm_settings(cfg).trainer_devices is not None and processes == 1:
+        return list(vllm_settings(cfg).trainer_devices)
     return list(range(processes))
 
 
-def placement_problems(cfg: GRPOConfig, num_processes: int = 1) -> list[str]:
+def missing_gpu_problems(cfg: GRPOConfig, processes: int, gpus: int) -> list[str]:
+    """GPU indices of ``[vllm] devices`` / ``trainer_devices`` that this
+    machine's ``gpus`` visible GPUs do not have. (The training processes'
+    own GPUs, one per local rank, are the core's check: they need no vLLM.)"""
+    v = vllm_settings(cfg)
+    out = []
+    wanted = [("[vllm] devices", v.devices or [])]
+    if processes == 1:
+        wanted.append(("[vllm] trainer_devices", v.trainer_devices or []))
+    for key, indices in wanted:
+        missing = sorted({i for i in indices if i >= gpus})
+        if missing:
+            out.append(
+                f"{key} asks for GPU {', '.join(map(str, missing))}, but the machine shows {gpus} GPU"
+                f"{'s' if gpus != 1 else ''} (indices 0-{gpus - 1}; {gpu_count_source()}). Use indices below "
+                f"{gpus} (`grpo run` checks them again on the machine it runs on)."
+            )
+    return out
+
+
+def unchecked_gpus_note(cfg: GRPOConfig, gpus: int | None = None) -> str | None:
+    """A warning that ``[vllm] devices`` / ``trainer_devices`` were not
+    checked against real GPUs because this machine shows none; ``None``
+    when they were (or nothing is placed)."""
+    v = vllm_settings(cfg)
+    if v.devices is None and v.trainer_devices is None:
+        return None
+    if (visible_gpus() if gpus is None else gpus) > 0:
+        return None
+    return (
+        f"[vllm] devices / trainer_devices were not checked against real GPUs: this machine shows none "
+        f"({gpu_count_source()}). Only how they fit together was checked; `grpo run` on the GPU machine checks "
+        "that each index exists there."
+    )
+
+
+def placement_problems(cfg: GRPOConfig, num_processes: int = 1, gpus: int | None = None) -> list[str]:
     """Why ``[vllm] devices`` / ``trainer_devices`` would not fit beside
     ``num_processes`` training processes (each message names the keys and
-    the fix); empty when they do."""
-    v = cfg.vllm
+    the fix); empty when they do. ``gpus``: the GPUs this machine shows
+    (default: ``visible_gpus()``); an index past them is refused,
+    and on a machine with none that is not checked (:func:`unchecked_gpus_note`)."""
+    v = vllm_settings(cfg)
     problems: list[str] = []
     processes = local_processes(num_processes)
     if v.devices is None and v.trainer_devices is None:
@@ -123,6 +162,9 @@ def placement_problems(cfg: GRPOConfig, num_processes: int = 1) -> list[str]:
                 f"would run out. Give them different GPUs (e.g. {example}), or lower "
                 f"[vllm] gpu_memory_utilization to at most {TRAINER_SHARE_MAX} to share one."
             )
+    gpus = visible_gpus() if gpus is None else gpus
+    if gpus > 0 and not problems:
+        problems += missing_gpu_problems(cfg, processes, gpus)
     return problems
 
 
@@ -160,7 +202,7 @@ def narrow_trainer_devices(cfg: GRPOConfig) -> str | None:
     before CUDA starts; returns the new ``CUDA_VISIBLE_DEVICES`` (``None``
     when unset). Server environments are computed before this, from the
     devices the process saw at start."""
-    wanted = cfg.vllm.trainer_devices
+    wanted = vllm_settings(cfg).trainer_devices
     if wanted is None:
         return None
     value = physical_devices(wanted)

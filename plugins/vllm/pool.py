@@ -40,6 +40,7 @@ from grpo_core.plugin_api import (
 )
 from grpo_plugins.vllm.engine import VLLMServerEngine
 from grpo_plugins.vllm.placement import narrow_trainer_devices, placement_problems
+from grpo_plugins.vllm.settings import vllm_settings
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import RunContext
@@ -58,7 +59,7 @@ def build_members(context: RunContext) -> list[VLLMServerEngine]:
     not awaited). ``[vllm] trainer_devices`` narrows this process's GPUs
     after the servers' environments were fixed."""
     cfg = context.config
-    trl, v = cfg.trl, cfg.vllm
+    trl, v = cfg.trl, vllm_settings(cfg)
     problems = placement_problems(cfg)
     if problems:
         raise ConfigError(" ".join(problems))

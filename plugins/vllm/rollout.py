@@ -39,12 +39,14 @@ from grpo_core.plugin_api import (
     RolloutGroup,
     SamplingSettings,
     hookimpl,
+    visible_gpus,
 )
 from grpo_plugins.vllm.client import ModelNotLoaded
 from grpo_plugins.vllm.engine import VLLMServerEngine
-from grpo_plugins.vllm.placement import placement_problems
+from grpo_plugins.vllm.placement import placement_problems, unchecked_gpus_note
 from grpo_plugins.vllm.pool import VLLMEnginePool
 from grpo_plugins.vllm.sampling import generation_extra, sampling_fields
+from grpo_plugins.vllm.settings import vllm_settings
 
 if TYPE_CHECKING:
     from grpo_core.plugin_api import GRPOConfig, RunContext
@@ -87,7 +89,7 @@ class VLLMRollout:
                 "plugins.rollout = 'vllm' talks to a vLLM server, but trl.vllm_mode = 'colocate'. Remove "
                 "plugins.rollout (colocate mode picks 'vllm_colocate'), or set trl.vllm_mode = 'server'."
             )
-        trl, v = config.trl, config.vllm
+        trl, v = config.trl, vllm_settings(config)
         external = bool(trl.vllm_server_base_urls) or trl.vllm_managed is False
         if (v.devices is not None or v.trainer_devices is not None) and external:
             raise ConfigError(
@@ -95,9 +97,11 @@ class VLLMRollout:
                 "(trl.vllm_server_base_urls, or trl.vllm_managed = false): start those on the GPUs you want "
                 "(CUDA_VISIBLE_DEVICES=... grpo vllm-serve CONFIG) and remove the keys, or let grpo start them."
             )
-        problems = placement_problems(config, num_processes)
+        gpus = visible_gpus() if v.devices is not None or v.trainer_devices is not None else 0
+        problems = placement_problems(config, num_processes, gpus)
         if problems:
             raise ConfigError(" ".join(problems))
+        unchecked = unchecked_gpus_note(config, gpus)
         if trl.vllm_server_base_urls is not None and not trl.vllm_server_base_urls:
             raise ConfigError("trl.vllm_server_base_urls is empty: list at least one server, or remove the key.")
         if trl.vllm_server_base_urls and trl.vllm_server_base_url:
@@ -110,7 +114,7 @@ class VLLMRollout:
                 "trl.vllm_managed = true starts its own servers; remove trl.vllm_server_base_urls (or set "
                 "trl.vllm_managed = false)."
             )
-        return []
+        return [unchecked] if unchecked else []
 
     @hookimpl
     def grpo_inference_engine(self) -> InferenceEngine:

@@ -18,6 +18,7 @@ from grpo_core.contract.extension_points import EXTENSION_POINTS
 POINTS = [point.name for point in EXTENSION_POINTS]
 
 QUICKSTART = REPO / "examples" / "quickstart"
+HUB_OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")  # tests/conftest.py sets them for the whole session
 
 
 def test_console_script_is_installed() -> None:
@@ -46,16 +47,22 @@ def test_version() -> None:
 
 @pytest.mark.parametrize("name", ["config.yaml", "config.toml"])
 def test_config_check_quickstart_ok(name: str) -> None:
-    result = grpo("config", "check", name, cwd=QUICKSTART)
+    # the guide's dataset is a hub id (openai/gsm8k): checked as where the hub is reachable, it is fetched at run time
+    result = grpo("config", "check", name, cwd=QUICKSTART, unset=HUB_OFFLINE)
     no_traceback(result)
     assert result.returncode == 0, result.stderr
-    assert f"{name}: OK" in result.stdout
+    assert f"{name}: OK with" in result.stdout
+    assert "datasets[0].path = 'openai/gsm8k' is not a local file or folder nor in the hub cache" in result.stderr
+    offline = grpo("config", "check", name, cwd=QUICKSTART, env={"HF_HUB_OFFLINE": "1"}, unset=HUB_OFFLINE)
+    assert offline.returncode == 2 and "HF_HUB_OFFLINE / HF_DATASETS_OFFLINE forbid fetching it" in offline.stderr
     assert "rewards.accuracy_reward x1" in result.stdout and "rollout=vllm" in result.stdout
     assert "weight_sync=lora_filesystem" in result.stdout
 
 
 def test_config_check_full_prints_effective_toml() -> None:
-    result = grpo("config", "check", "config.toml", "--full", "--set", "trl.beta=0.04", cwd=QUICKSTART)
+    result = grpo(
+        "config", "check", "config.toml", "--full", "--set", "trl.beta=0.04", cwd=QUICKSTART, unset=HUB_OFFLINE
+    )
     assert result.returncode == 0, result.stderr
     effective = tomllib.loads(result.stdout.rsplit("\n", 2)[0])
     assert effective["trl"]["beta"] == 0.04 and effective["trl"]["loss_type"] == "dapo"
@@ -146,7 +153,7 @@ def test_plugins_json_lists_every_point_and_the_builtins() -> None:
     no_traceback(result)
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
-    assert set(listing) == {*POINTS, "reward", "plugins", "tracker"}
+    assert set(listing) == {*POINTS, "reward", "plugins", "tracker", "settings"}
     assert (
         len(POINTS) == 7
     )  # rollout, environment, weight_sync, advantage_aggregation, is_correction, policy_loss, replay

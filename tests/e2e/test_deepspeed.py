@@ -43,28 +43,17 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import metrics, run_workdir
-from test_multiprocess import run_grpo, weights_of, write_config
+from test_multiprocess import ROLLOUT, run_grpo, weights_of, write_config
 
 # the `test` extra installs deepspeed; only the launched runs import it (not this process)
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
 
 SIGNAL = {0, 3, 4, 12, 13, 14}  # prompts whose group has a learning signal (see the module docstring)
 
-ENV = f"""
-SIGNAL = {sorted(SIGNAL)!r}
-
-def rollout(prompts, trainer):
-    tok = trainer.processing_class
-    out = {{"prompt_ids": [], "completion_ids": [], "logprobs": []}}
-    for p in prompts:
-        ids = tok.encode(p, add_special_tokens=False)
-        i = int(p.split()[1].rstrip(":"))
-        for k in range(trainer.num_generations):
-            out["prompt_ids"].append(list(ids))
-            out["completion_ids"].append([100 + (i * 31 + k * 17 + j * 7) % 900 for j in range(3)] + [tok.eos_token_id])
-            out["logprobs"].append(None)
-    return out
-
+ENV = (
+    f"SIGNAL = {sorted(SIGNAL)!r}\n"
+    + ROLLOUT
+    + """
 def gated(completion_ids, prompts, **kwargs):
     # the two completions of a group differ in parity (17 x 3 apart): a signal exactly where SIGNAL says
     return [
@@ -72,6 +61,7 @@ def gated(completion_ids, prompts, **kwargs):
         for ids, p in zip(completion_ids, prompts)
     ]
 """
+)
 
 ZERO2 = {
     "zero_optimization": {"stage": 2},

@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import REPO, TESTS, metrics, run_workdir, weights
-from netns import Hosts, namespaces_refused, opened_hosts
+from netns import Hosts, namespaces_refused, opened_hosts, torchrun_line
 from test_multiprocess import ENV, REWARDS, run_grpo, weights_of, write_config
 
 PORT = 29500  # free in a fresh namespace: nothing else listens there
@@ -62,25 +62,7 @@ def host_folder(root: Path, name: str, model_src: Path) -> Path:
 
 def torchrun(rank: int, run: str) -> list[str]:
     """Host ``rank``'s launcher line, as on a cluster node (docs/multi-node.md quotes it)."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "2",
-        "--node_rank",
-        str(rank),
-        "--nproc_per_node",
-        "1",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"host0:{PORT}",
-        "--rdzv-id",
-        run,
-        "--local-addr",
-        f"host{rank}",
-    ]
+    return torchrun_line(rank, run, PORT)
 
 
 def accelerate(rank: int, run: str) -> list[str]:

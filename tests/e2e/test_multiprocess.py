@@ -122,7 +122,7 @@ def weights_at_start(model: str) -> dict[str, torch.Tensor]:
 # constant reward (a group without learning signal), so ranks regularly
 # disagree on whether their micro-batch has signal: a rank that skipped its
 # backward alone would leave the other waiting in the all-reduce (a hang).
-ENV = """
+ROLLOUT = """
 def rollout(prompts, trainer):
     tok = trainer.processing_class
     out = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
@@ -134,12 +134,16 @@ def rollout(prompts, trainer):
             out["completion_ids"].append([100 + (i * 31 + k * 17 + j * 7) % 900 for j in range(3)] + [tok.eos_token_id])
             out["logprobs"].append(None)
     return out
-
+"""
+ENV = (
+    ROLLOUT
+    + """
 def gated(completion_ids, prompts, **kwargs):
     return [
         float(sum(ids) % 2) if int(p.split()[1].rstrip(":")) % 2 else 1.0 for ids, p in zip(completion_ids, prompts)
     ]
 """
+)
 
 
 def shares_by_step(shares: Path) -> dict[int, dict[int, list[str]]]:

@@ -28,6 +28,7 @@ import torch
 from helpers import GRPO, REPO, grpo, no_traceback
 from pip_target import install_into_target
 from plugin_set import only_plugins_from
+from tiny_model import random_llama
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
@@ -971,26 +972,16 @@ class PathLoadingEngine:
 
 def test_example_weight_sync_sends_hf_named_merged_weights(example_site: Path, tmp_path: Path) -> None:
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=96,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
     policy = get_peft_model(
-        LlamaForCausalLM(config), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        random_llama(vocab_size=96, tie_word_embeddings=True),
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
     )  # a non-zero delta
     ids = torch.randint(0, 96, (2, 7))
     with on_path(example_site, "grpo_plugin_example"):
         host = PluginHost()
         sync = host.load_implementation("weight_sync", "safetensors_dir", context(tmp_path))
-        engine = PathLoadingEngine(config)
+        engine = PathLoadingEngine(policy.get_base_model().config)
         result = host.hook.grpo_sync_weights(model=policy, version=1, engine=engine)
         assert result.version == 1 and result.detail.endswith("v000001/model.safetensors")
         assert engine.missing == {"lm_head.weight"}  # tied: written once, as the embedding

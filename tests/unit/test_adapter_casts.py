@@ -9,7 +9,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from peft.tuners.lora.layer import Linear as LoraLinear
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_model import random_llama
 
 from grpo_core.modeling.adapter_casts import adapter_inputs_uncast
 from grpo_core.modeling.precision import Precision
@@ -20,16 +20,7 @@ BF16 = Precision(torch.bfloat16, torch.bfloat16, "test: bf16 compute")
 
 def lora_llama(use_dora: bool = False) -> torch.nn.Module:
     """A tiny Llama as grpo loads a LoRA policy for bf16 compute: frozen base in bf16, adapters float32."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = random_llama(hidden_size=32, num_hidden_layers=2, num_attention_heads=4).to(torch.bfloat16)
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", use_dora=use_dora))
     with torch.no_grad():  # a trained adapter (a fresh one has B = 0 and adds nothing)
         for name, param in model.named_parameters():

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_model import random_llama
+from transformers import LlamaForCausalLM
 
 from grpo_core.config.loader import validate
 from grpo_core.modeling.attention import SDPA_FLOAT32, register_sdpa_float32, sdpa_float32_forward
@@ -61,17 +62,9 @@ def test_the_kernel_sees_float32_and_hands_back_the_input_dtype() -> None:
 
 
 def tiny_llama(attn_implementation: str) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_implementation=attn_implementation,
+    return random_llama(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, attn_implementation=attn_implementation
     )
-    return LlamaForCausalLM(config)
 
 
 @pytest.mark.parametrize("share_prompts", [False, True])

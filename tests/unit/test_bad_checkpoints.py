@@ -32,6 +32,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_model import random_llama
 
 from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.checkpointing.integrity import MANIFEST, needed_for_resume
@@ -50,19 +51,7 @@ FLIPS = {"first": lambda n: 0, "middle": lambda n: n // 2, "last": lambda n: n -
 
 
 def _tiny_llama() -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
-    return LlamaForCausalLM(config)
+    return random_llama(vocab_size=32, max_position_embeddings=32)
 
 
 def _config(kind: str, **changes: Any) -> Any:

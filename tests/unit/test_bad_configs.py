@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from grpo_core.config.loader import load_config, validate
-from grpo_core.config.schema import GRPOConfig
+from grpo_core.config.schema import GRPOConfig, config_model
 from grpo_core.contract.errors import ConfigError, GrpoError
 from grpo_core.validation.run_check import check_run_config
 
@@ -61,7 +61,7 @@ TABLES = ("trl", "vllm", "alerts", "episodes")
 def numeric_keys() -> list[tuple[str, ...]]:
     """Every key of the schema whose type takes a number (tables walked)."""
     keys = []
-    for name, field in GRPOConfig.model_fields.items():
+    for name, field in config_model().model_fields.items():  # [vllm], the vLLM plugin's table, included
         candidates = [field.annotation, *typing.get_args(field.annotation)]
         table = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
         if table is not None and name in TABLES:

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 from helpers import REPO
+from tiny_model import random_llama
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -66,18 +67,10 @@ def test_ceiling_seconds_sums_each_class_at_its_shapes_rate():
 
 def test_decode_bounds_read_each_weight_once_in_the_servers_dtype():
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
+    model = get_peft_model(
+        random_llama(num_key_value_heads=1, tie_word_embeddings=True), LoraConfig(r=2, target_modules="all-linear")
     )
-    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=2, target_modules="all-linear"))
     frozen = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)  # the tied head counted once
     matmul = 16 * 16 * 2 + 16 * 8 * 2 + 16 * 32 * 3 + 64 * 16  # q, o; k, v; the MLP; the tied head
     f32 = decode_bounds(model, read_gbs=1.0, decode_gflops=1.0, sequences=4)

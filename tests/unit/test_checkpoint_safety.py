@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tiny_model import random_llama
 
 from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.checkpointing.safe_load import FORMER_MODULES, UnsafeCheckpoint, unloadable_reason
@@ -50,19 +51,9 @@ class Foreign:
 
 
 def tiny_parts() -> tuple[Any, torch.optim.Optimizer, Any]:
-    from transformers import LlamaConfig, LlamaForCausalLM, get_scheduler
+    from transformers import get_scheduler
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
-    model = LlamaForCausalLM(config)
+    model = random_llama(vocab_size=32, max_position_embeddings=32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
     scheduler = get_scheduler("constant_with_warmup", optimizer, num_warmup_steps=2, num_training_steps=5)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from grpo_core.config.convert import to_toml_text
 from grpo_core.config.loader import apply_overrides, load_config, parse_override, read_raw, validate
-from grpo_core.config.schema import EFFECTIVE_DEFAULTS, GRPOConfig, TrlSettings
+from grpo_core.config.schema import EFFECTIVE_DEFAULTS, TrlSettings, config_model
 from grpo_core.contract.errors import ConfigError, GrpoError, NotImplementedYet
 from grpo_core.contract.types import SAMPLES_TRAINER_MODEL
 from grpo_core.host.plugin_host import EntryPointInfo, PluginHost
@@ -57,7 +57,9 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 # ------------------------------------------------------------------ quickstart
 
 
-def test_quickstart_yaml_and_toml_twin_validate_to_the_same_config() -> None:
+def test_quickstart_yaml_and_toml_twin_validate_to_the_same_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # checked as where the hub is reachable
+        monkeypatch.delenv(variable, raising=False)
     from_yaml = load_config(QUICKSTART / "config.yaml")
     from_toml = load_config(QUICKSTART / "config.toml")
     assert from_yaml.model_dump() == from_toml.model_dump()
@@ -65,6 +67,7 @@ def test_quickstart_yaml_and_toml_twin_validate_to_the_same_config() -> None:
     assert from_yaml.trl.num_generations == 8 and from_yaml.learning_rate == pytest.approx(5e-6)
     warnings = check_run_config(from_yaml)
     assert all(isinstance(w, str) for w in warnings)
+    assert any("'openai/gsm8k'" in w and "fetched from the Hugging Face hub" in w for w in warnings), warnings
 
 
 def test_convert_of_quickstart_yaml_reads_back_as_the_same_data() -> None:
@@ -230,7 +233,7 @@ def test_effective_defaults_are_filled() -> None:
 
 
 def test_json_schema_is_generated_with_every_table() -> None:
-    schema = GRPOConfig.model_json_schema()
+    schema = config_model().model_json_schema()  # [vllm] is the vLLM plugin's table
     assert schema["required"] == ["base_model"]
     assert {"trl", "vllm", "plugins", "datasets"} <= set(schema["properties"])
     trl = schema["$defs"]["TrlSettings"]
@@ -651,7 +654,7 @@ def test_unknown_implementation_names_are_errors_with_a_host() -> None:
 
 # ------------------------------------------------------------------ fuzz
 
-_KNOWN_KEYS = sorted(GRPOConfig.model_fields) + [f"trl.{k}" for k in TrlSettings.model_fields][:40]
+_KNOWN_KEYS = sorted(config_model().model_fields) + [f"trl.{k}" for k in TrlSettings.model_fields][:40]
 _scalars = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=True) | st.text(max_size=12)
 _values = st.recursive(
     _scalars,

@@ -168,6 +168,63 @@ def minimal(here: Path, **extra: Any) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------ datasets: data_files and hub ids
+
+
+def test_data_files_must_match_a_file_where_datasets_will_look(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (here / "rows" / "train").mkdir(parents=True)
+    (here / "rows" / "train" / "part-0.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    (here / "local.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    # a folder's data_files are relative to the folder; globs as datasets takes them
+    for found in ("train/part-0.jsonl", "train/*.jsonl", ["train/**/*.jsonl"]):
+        check_run_config(validate(minimal(here, datasets=[{"path": "./rows", "data_files": found}])))
+    with pytest.raises(ConfigError, match=r"datasets\[0\]\.data_files: 'train/part-1\.jsonl' match no file in rows"):
+        check_run_config(validate(minimal(here, datasets=[{"path": "./rows", "data_files": "train/part-1.jsonl"}])))
+    # a packaged builder reads them from the working directory, or beside the config
+    check_run_config(validate(minimal(here, datasets=[{"path": "json", "data_files": "local.jsonl"}])))
+    with pytest.raises(ConfigError, match=r"test_datasets\[0\]\.data_files: 'test\.jsonl' match no file"):
+        check_run_config(
+            validate(minimal(here, test_datasets=[{"path": "json", "data_files": ["local.jsonl", "test.jsonl"]}]))
+        )
+    with pytest.raises(ConfigError, match=r"datasets\[0\]\.path = 'csv' reads data_files, and none are given"):
+        check_run_config(validate(minimal(here, datasets=[{"path": "csv"}])))
+    elsewhere = here / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    (here / "c.toml").write_text(
+        (here / "c.toml").read_text().replace('path = "org/data"', 'path = "json"\ndata_files = "local.jsonl"')
+    )
+    assert cli.main(["config", "check", str(here / "c.toml")]) == 0  # anchored beside the config by the loader
+    # a file is read as it is: data_files beside it would be ignored
+    warnings = check_run_config(
+        validate(minimal(here, datasets=[{"path": str(here / "local.jsonl"), "data_files": "x"}]))
+    )
+    assert any("datasets[0].data_files has no effect" in w for w in warnings), warnings
+
+
+def test_a_hub_dataset_not_in_the_cache_warns_or_offline_is_an_error(
+    here: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(here / "hub"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(here / "prepared"))
+    cfg = validate(minimal(here, datasets=[{"path": "someone/numbers"}]))
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what tests/conftest.py sets for the whole session
+    with pytest.raises(ConfigError, match=r"datasets\[0\]\.path = 'someone/numbers' is a hub dataset that is not in"):
+        check_run_config(cfg)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")  # datasets' own variable wins over the hub's
+    warnings = check_run_config(cfg)
+    assert [w for w in warnings if "someone/numbers" in w] == [
+        "datasets[0].path = 'someone/numbers' is not a local file or folder nor in the hub cache: it will be fetched "
+        "from the Hugging Face hub when the run starts (a misspelt name fails only then)."
+    ]
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    (here / "prepared" / "someone___numbers").mkdir(parents=True)  # prepared by datasets on an earlier run
+    assert not [w for w in check_run_config(cfg) if "someone/numbers" in w]
+    (here / "hub" / "datasets--someone--Other-Set").mkdir(parents=True)  # downloaded by huggingface_hub
+    check_run_config(validate(minimal(here, datasets=[{"path": "someone/Other-Set"}])))
+
+
 def test_names_reading_cannot_rule_out_are_warnings_and_held_objects_are_found(here: Path) -> None:
     (here / "starry.py").write_text("from os.path import *\n", encoding="utf-8")
     (here / "lazy.py").write_text("def __getattr__(name):\n    raise AttributeError(name)\n", encoding="utf-8")
@@ -209,7 +266,15 @@ def test_import_runs_the_imports_and_reports_what_they_raise(
 def test_help_promises_what_is_checked_and_what_is_not(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["config", "check", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    for promise in ("`OK`, `OK with N warnings`", "exit code 2", "--import", "Not checked", "[vllm] GPU placement"):
+    for promise in (
+        "`OK`, `OK with N warnings`",
+        "exit code 2",
+        "--import",
+        "Not checked",
+        "[vllm] GPU placement",
+        "GPUs this machine shows",
+        "HF_HUB_OFFLINE",
+    ):
         assert promise in text, promise
     assert "gets past wiring" not in text
 
@@ -252,8 +317,17 @@ def placed(here: Path, **vllm: Any) -> Any:
     )
 
 
+def fake_gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """This machine has no GPU: torch.cuda.device_count(), which the vLLM
+    plugin's placement check reads, is faked to answer ``count``."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
 def test_gpu_placement_is_judged_for_the_process_count(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    fake_gpus(monkeypatch, 8)  # enough for every index below: this test is about how they fit together
     plugins = host()
     check_run_config(placed(here, devices=[1]), plugins, num_processes=1)  # trainer on GPU 0, server on GPU 1
     with pytest.raises(ConfigError, match=r"the 2 training processes \(GPUs 0-1, one per local rank\) share GPU 1"):
@@ -266,6 +340,62 @@ def test_gpu_placement_is_judged_for_the_process_count(here: Path, monkeypatch: 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # 16 processes over 2 machines: 8 here
     with pytest.raises(ConfigError, match="the 8 training processes"):
         check_run_config(placed(here, devices=[7]), plugins, num_processes=16)
+
+
+def test_gpu_indices_this_machine_does_not_have_are_refused(
+    here: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    plugins = host()
+    fake_gpus(monkeypatch, 2)  # a machine showing 2 GPUs (CUDA_VISIBLE_DEVICES=4,5): indices 0 and 1
+    assert check_run_config(placed(here, devices=[1]), plugins, num_processes=1) == []
+    with pytest.raises(
+        ConfigError, match=r"\[vllm\] devices asks for GPU 2, but the machine shows 2 GPUs \(indices 0-1"
+    ):
+        check_run_config(placed(here, devices=[2]), plugins, num_processes=2)
+    with pytest.raises(
+        ConfigError, match=r"torch.cuda.device_count\(\) with CUDA_VISIBLE_DEVICES=4,5; --gpus N checks"
+    ):
+        check_run_config(placed(here, devices=[2]), plugins, num_processes=2)
+    with pytest.raises(ConfigError, match=r"\[vllm\] trainer_devices asks for GPU 3, but the machine shows 2 GPUs"):
+        check_run_config(placed(here, devices=[0], trainer_devices=[3]), plugins, num_processes=1)
+    warnings = check_run_config(  # before a launch the 3 processes may be on several machines: a warning
+        placed(here, devices=[1, 0], data_parallel_size=2, gpu_memory_utilization=0.2), plugins, num_processes=3
+    )
+    assert any(
+        "3 training processes, each on the GPU of its local rank, but the machine shows 2 GPUs" in w for w in warnings
+    )
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # launched: 4 processes on this machine, known
+    with pytest.raises(ConfigError, match=r"4 training processes on this machine \(LOCAL_WORLD_SIZE\) each train on"):
+        check_run_config(validate(minimal(here)), plugins, num_processes=4)  # no vLLM: the core counts them
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 4 processes over 2 machines: 2 here
+    assert check_run_config(validate(minimal(here)), plugins, num_processes=4) == []
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+
+    fake_gpus(monkeypatch, 0)  # no GPU (this machine as it is): not checked, and said so
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    warnings = check_run_config(placed(here, devices=[5]), plugins, num_processes=1)
+    assert [w for w in warnings if "GPU" in w] == [
+        "[vllm] devices / trainer_devices were not checked against real GPUs: this machine shows none "
+        "(torch.cuda.device_count() with CUDA_VISIBLE_DEVICES unset; --gpus N checks for another machine). Only how "
+        "they fit together was checked; `grpo run` on the GPU machine checks that each index exists there."
+    ]
+    assert check_run_config(placed(here), plugins, num_processes=1) == []  # nothing placed: nothing to say
+    check_run_config(validate(minimal(here)), plugins, num_processes=4)  # CPU processes: nothing to count
+
+    # --gpus N: the check is for another machine, whatever this one has
+    (here / "c.toml").write_text((here / "c.toml").read_text() + "\n[vllm]\ndevices = [4]\n")
+    code, out, err = check(capsys, "--set", "trl.use_vllm=true", "--gpus", "4")
+    assert code == 2 and "[vllm] devices asks for GPU 4, but the machine shows 4 GPUs" in err, err
+    assert "--gpus 4: the machine the check is for" in err
+    code, out, err = check(capsys, "--set", "trl.use_vllm=true", "--gpus", "8")
+    assert code == 0 and "not checked against real GPUs" not in err, err
+    code, out, err = check(capsys, "--gpus", "8", "--num-processes", "16")
+    assert code == 0 and "16 training processes, each on the GPU of its local rank, but the machine shows 8" in err
+    assert "--gpus 8: the machine the check is for" in err and "OK with 1 warning" in out, (out, err)
+    code, out, err = check(capsys, "--set", "trl.use_vllm=true")  # this machine again, after --gpus
+    assert code == 0 and "not checked against real GPUs" in err, err
 
 
 # ------------------------------------------------------------ defaults that protect
@@ -414,27 +544,33 @@ def test_bitsandbytes_kernel_notice_is_dropped_and_nothing_else(caplog: pytest.L
         logger.warning("another bitsandbytes warning")
     assert [r.getMessage() for r in caplog.records] == ["another bitsandbytes warning"]
     four_bit = validate({"base_model": "org/model", "adapter": "lora", "load_in_4bit": True})
-    assert "pip install kernels" in (cpu_kernel_note(four_bit, cuda=False, flags={"avx512_bf16"}) or "")
-    assert cpu_kernel_note(four_bit, cuda=True, flags={"avx512_bf16"}) is None
-    assert cpu_kernel_note(validate({"base_model": "org/model"}), cuda=False, flags={"avx512_bf16"}) is None
+    assert "pip install kernels" in (cpu_kernel_note(four_bit.load_in_4bit, cuda=False, flags={"avx512_bf16"}) or "")
+    assert cpu_kernel_note(four_bit.load_in_4bit, cuda=True, flags={"avx512_bf16"}) is None
+    assert (
+        cpu_kernel_note(validate({"base_model": "org/model"}).load_in_4bit, cuda=False, flags={"avx512_bf16"}) is None
+    )
 
 
-def test_the_example_plugin_installs_from_the_clone_without_fetching_grpo(tmp_path: Path) -> None:
-    """`pip install -e ./examples/grpo-plugin-example` after grpo is installed
-    from this clone: `grpo>=0.1` is met by it; with --no-index pip could not
-    fetch anything, so a dependency the clone does not satisfy fails here."""
+def test_no_example_package_depends_on_a_grpo_from_the_index(tmp_path: Path) -> None:
+    """grpo is installed from its clone, not from a package index: an example
+    plugin package that listed `grpo` would send pip to the index for a
+    project of that name wherever grpo is not installed yet. None lists it,
+    and `pip install -e ./examples/grpo-plugin-example` resolves with
+    --no-index (nothing could be fetched) to that package alone."""
     import json
     import shutil
     import subprocess
-    from importlib.metadata import version
 
     from packaging.requirements import Requirement
 
+    packages = sorted(p.parent for p in (REPO / "examples").glob("*/pyproject.toml"))
+    assert {p.name for p in packages} >= {"grpo-plugin-example", "guess-number", "my-rewards"}
+    for package in packages:
+        project = tomllib.loads((package / "pyproject.toml").read_text())["project"]
+        needs = {Requirement(d).name for d in project.get("dependencies", [])}
+        assert "grpo" not in needs, f"{package.name}: remove grpo from dependencies (pyproject.toml says why)"
     source = tmp_path / "example"
     shutil.copytree(REPO / "examples" / "grpo-plugin-example", source, ignore=shutil.ignore_patterns("*.egg-info"))
-    requirement = Requirement(tomllib.loads((source / "pyproject.toml").read_text())["project"]["dependencies"][0])
-    root = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert requirement.name == root["name"] == "grpo" and version("grpo") in requirement.specifier
     report = tmp_path / "report.json"
     args = ["--dry-run", "--no-index", "--no-build-isolation", "--quiet", "--report", str(report), "-e", str(source)]
     result = subprocess.run(

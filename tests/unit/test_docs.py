@@ -6,7 +6,10 @@
 * Every ```toml block of README.md and docs/ that is a whole config passes ``grpo config check``
   (in-process, through the CLI's own entry point). Every ```python block compiles and its
   imports run; it runs whole unless marked compile-only.
-* docs/from-trl.md's table of defaults that differ lists exactly the fields whose defaults differ.
+* The docs' configs are checked as for a machine that can reach the hub (``HF_HUB_OFFLINE`` unset
+  for the check: a hub dataset is then a warning that it is fetched at run time, not an error).
+* docs/from-trl.md's generated table of defaults that differ lists exactly the fields whose defaults differ
+  (recomputed here another way), and the few that differ only in some configs are said after it.
 
 Conventions, written as an HTML comment on the line before a block (invisible on the site):
 
@@ -14,8 +17,13 @@ Conventions, written as an HTML comment on the line before a block (invisible on
                                 parsed as TOML, not checked as a config
     <!-- config-dir: PATH -->   check the config as a file in PATH (relative to the repository),
                                 so its relative dataset paths and reward modules resolve there;
-                                options after PATH go to the check (``--num-processes 8``)
+                                options after PATH go to the check (``--num-processes 8``), except
+                                ``installed=PACKAGE``: that package folder (relative to the
+                                repository) is pip-installed into a temporary folder and visible to
+                                the check, as the page tells the reader to install it
     <!-- compile-only: why -->  a Python block that is not run (it trains, or is an excerpt)
+    <!-- fmt: off -->           ruff leaves the block as written (a Python block that is one
+                                ``--8<--`` line, which ruff would reformat); checked as unmarked
 
 A line ``--8<-- "path"`` inside a block is replaced by that file, as the site shows it.
 """
@@ -31,11 +39,14 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from helpers import REPO
+from pip_target import install_into_target
+from plugin_set import only_plugins_from
 
 ROOT = REPO
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -125,7 +136,7 @@ def test_every_config_key_has_a_description() -> None:
 def test_the_blocks_are_found_and_marked() -> None:
     assert len(CONFIGS) >= 5 and len(PYTHON) >= 5, (len(CONFIGS), len(PYTHON))
     for block in TOML + PYTHON:
-        assert block.mark in (None, "fragment", "config-dir", "compile-only"), f"{block.where}: unknown mark"
+        assert block.mark in (None, "fragment", "config-dir", "compile-only", "fmt"), f"{block.where}: unknown mark"
         if block.mark == "config-dir":
             folder = block.mark_value.split()[0]
             assert (ROOT / folder).is_dir(), f"{block.where}: no folder {folder}"
@@ -133,30 +144,100 @@ def test_the_blocks_are_found_and_marked() -> None:
         tomllib.loads(block.text)  # a fragment is TOML too
 
 
-@pytest.mark.parametrize("block", CONFIGS, ids=[b.where for b in CONFIGS])
-def test_each_config_in_the_docs_passes_config_check(
-    block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+INSTALLED = "installed="
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``installed("examples/my-rewards")``: that package, pip-installed
+    (offline, no dependencies) into a temporary site folder once per module;
+    returns the site folder."""
+    sites: dict[str, Path] = {}
+
+    def install(package: str) -> Path:
+        if package not in sites:
+            sites[package] = install_into_target(ROOT / package, tmp_path_factory.mktemp("installed"))
+        return sites[package]
+
+    return install
+
+
+def check_block(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sites: list[Path]) -> int:
+    """``grpo config check`` on ``block`` in process, as its mark says, seeing
+    grpo's own plugins and those installed in ``sites`` (nothing else the
+    venv may hold): its exit code."""
     from grpo_core.interface.cli import main
 
     options: list[str] = []
     if block.mark == "config-dir":
         folder, *options = block.mark_value.split()
+        options = [o for o in options if not o.startswith(INSTALLED)]
         shutil.copytree(ROOT / folder, tmp_path, dirs_exist_ok=True)
     config = tmp_path / "docs-config.toml"
     config.write_text(block.text, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the check puts the config's folder on sys.path
+    monkeypatch.setattr(sys, "path", [*map(str, sites), *sys.path])  # the check puts the config's folder on it
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # a reader's machine reaches the hub
+        monkeypatch.delenv(variable, raising=False)
     for module in tmp_path.glob("*.py"):  # a same-named module another test imported would answer for this one's
         monkeypatch.delitem(sys.modules, module.stem, raising=False)
     try:
-        code = main(["config", "check", str(config), *options])
-    finally:  # the config's own modules (rewards, tools) must not answer for the next block's
+        with only_plugins_from(*sites):
+            return main(["config", "check", str(config), *options])
+    finally:  # the config's own modules (rewards, tools), and the installed packages', must not answer for the next
         for name, module in list(sys.modules.items()):
-            if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            where = str(getattr(module, "__file__", None) or "")
+            if where.startswith(str(tmp_path)) or any(where.startswith(str(site)) for site in sites):
                 del sys.modules[name]
+
+
+def packages(block: Block) -> list[str]:
+    return [o[len(INSTALLED) :] for o in block.mark_value.split()[1:] if o.startswith(INSTALLED)]
+
+
+@pytest.mark.parametrize("block", CONFIGS, ids=[b.where for b in CONFIGS])
+def test_each_config_in_the_docs_passes_config_check(
+    block: Block,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    installed: Callable[[str], Path],
+) -> None:
+    code = check_block(block, tmp_path, monkeypatch, [installed(p) for p in packages(block)])
     output = capsys.readouterr()
     assert code == 0, f"{block.where}: grpo config check exited {code}\n{output.out[-2000:]}{output.err[-2000:]}"
+
+
+def test_the_reward_package_goal_is_checked_with_and_without_the_package(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    installed: Callable[[str], Path],
+) -> None:
+    """The issue's pip-installable reward package: the page's config is a
+    checked config (not a fragment) that names the package's reward; the
+    check passes with the package installed (the parametrized test above)
+    and, without it, fails naming the reward. The installed reward works."""
+    page = ROOT / "docs" / "plugins.md"
+    [block] = [b for b in CONFIGS if b.page == page and packages(b) == ["examples/my-rewards"]]
+    assert "brevity" in tomllib.loads(block.text)["trl"]["reward_funcs"]
+    assert "docs/plugins.md#a-pip-installable-reward-package" in (ROOT / "README.md").read_text(encoding="utf-8")
+    code = check_block(block, tmp_path, monkeypatch, [])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "trl.reward_funcs[1] = 'brevity': no installed package registers a reward function of that name" in err
+    site = installed("examples/my-rewards")
+    assert {p.name for p in site.glob("my_rewards-*.dist-info")}, "pip installed no distribution"
+    monkeypatch.syspath_prepend(str(site))
+    try:
+        from my_rewards.rewards import brevity
+
+        assert brevity([[{"role": "assistant", "content": "short"}]], max_words=3) == [1.0]
+        assert brevity(["one two three four five six"], max_words=3) == [0.0]
+        assert brevity(["one two three four"], max_words=3) == pytest.approx([2 - 4 / 3])
+    finally:
+        for name in [n for n in sys.modules if n.split(".")[0] == "my_rewards"]:
+            del sys.modules[name]
 
 
 @pytest.mark.parametrize("block", PYTHON, ids=[b.where for b in PYTHON])
@@ -210,7 +291,9 @@ def test_the_trl_defaults_table_lists_every_default_that_differs() -> None:
         if any(grpo_value(cfg, key.strip("`")) != theirs for cfg in (plain, with_vllm)):
             differ.add(name)
     page = (ROOT / "docs" / "from-trl.md").read_text(encoding="utf-8")
-    table = page.split("## Defaults that differ from TRL's", 1)[1].split("\n\n| ", 1)[1].split("\n\n", 1)[0]
-    listed = {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split(" | ")[0])}
-    assert differ - listed == set(), f"docs/from-trl.md: add a row for each of {sorted(differ - listed)}"
-    assert listed - differ == set(), f"docs/from-trl.md: the defaults now agree for {sorted(listed - differ)}"
+    section = page.split("<!-- trl-differences:start -->", 1)[1].split("<!-- trl-differences:end -->", 1)[0]
+    rows = {m.group(1) for m in re.finditer(r"^\| `(\w+)` = ", section, re.MULTILINE)}
+    said = {name for name in differ if re.search(rf"`(\w+\.)?{name}`", section)}  # a row, or a sentence after
+    assert differ - said == set(), f"scripts/trl_mapping.py: say why for each of {sorted(differ - said)}"
+    assert rows - differ == set(), f"docs/from-trl.md: the defaults now agree for {sorted(rows - differ)}"
+    assert not (ROOT / "docs" / "trl-differences.md").exists()  # one table of them, generated into from-trl.md

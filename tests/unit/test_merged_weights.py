@@ -6,24 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_model import random_llama
+from transformers import LlamaForCausalLM
 
 from grpo_core.modeling.engine_weights import in_dtype, merged_weights
 from grpo_plugins.vllm.engine import PACKED_GROUPS
 
 
 def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(config)
+    return random_llama(num_hidden_layers=2, num_key_value_heads=1, tie_word_embeddings=True)
 
 
 def lora_model(targets: list[str] | str):

@@ -18,12 +18,17 @@ from pydantic import BaseModel
 
 from grpo_core.config.compat import COMPATIBILITY_ONLY, compat_keys, compat_warnings
 from grpo_core.config.loader import validate
-from grpo_core.config.schema import DatasetSpec, GRPOConfig, PluginSettings, TrlSettings, VllmSettings
+from grpo_core.config.schema import DatasetSpec, GRPOConfig, PluginSettings, TrlSettings
+from grpo_plugins.vllm.settings import VllmSettings
 
-NOT_READERS = {REPO / "grpo_core" / "config" / "schema.py", REPO / "grpo_core" / "config" / "compat.py"}
+NOT_READERS = {
+    REPO / "grpo_core" / "config" / "schema.py",
+    REPO / "grpo_core" / "config" / "compat.py",
+    REPO / "plugins" / "vllm" / "settings.py",  # the [vllm] table's schema, owned by the vLLM plugin
+}
 TABLES: dict[str, type[BaseModel]] = {
     "": GRPOConfig,
-    "vllm.": VllmSettings,
+    "vllm.": VllmSettings,  # the vLLM plugin's table
     "trl.": TrlSettings,
     "plugins.": PluginSettings,
     "datasets[].": DatasetSpec,

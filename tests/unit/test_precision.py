@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_model import random_llama
+from transformers import LlamaForCausalLM
 
 from grpo_core.config.loader import validate
 from grpo_core.modeling.precision import native_bf16, resolve_precision
@@ -48,17 +49,7 @@ def test_bf16_auto_only_where_native_and_trained_weights_stay_float32(
 
 
 def tiny_llama(vocab_size: int = 64) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    )
+    return random_llama(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_key_value_heads=1)
 
 
 def test_lora_in_bf16_loads_a_bf16_base_with_float32_adapters(tmp_path: Path, smollm2_tokenizer) -> None:

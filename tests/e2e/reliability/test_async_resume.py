@@ -86,8 +86,11 @@ def _settings(url: str) -> dict[str, Any]:
 
 
 def rows(out: Path) -> list[dict[str, Any]]:
+    """The whole rows of ``out/completions.jsonl`` (kill -9 may cut the last line mid-write)."""
     path = out / "completions.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    text = path.read_text() if path.is_file() else ""
+    whole = text.splitlines()[: text.count("\n")]
+    return [json.loads(line) for line in whole if line.strip()]
 
 
 def prompts_per_step(records: list[dict[str, Any]]) -> dict[int, Counter]:
@@ -156,15 +159,21 @@ def test_an_interrupted_async_run_trains_every_prompt_once(
     if resumed_at >= MAX_STEPS:  # pragma: no cover - the signal landed in the last step: nothing left to resume
         pytest.skip("the interruption landed after the last step")
     saved = safe_load(checkpoint / "extra_state.pt")["prefetched_batches"]
-    written = len(rows(out))
+    written = rows(out)
 
     code, output = runner.run(config, resume)
     assert code == 0, output[-6000:]
     assert f"resumed from {checkpoint} at step {resumed_at}" in output
 
-    everything = rows(out)
-    before, after_resume = everything[:written], everything[written:]
-    lineage = [r for r in before if r["step"] <= resumed_at] + after_resume
+    # One history: the killed run's rows after the checkpoint it resumed from moved to abandoned/
+    lineage = rows(out)
+    kept = [r for r in written if r["step"] <= resumed_at]
+    assert lineage[: len(kept)] == kept
+    after_resume = lineage[len(kept) :]
+    abandoned = [line for path in sorted(out.glob("abandoned/*/completions.jsonl")) for line in path.open()]
+    moved = [r for r in written if r["step"] > resumed_at]
+    assert [json.loads(line) for line in abandoned[: len(moved)]] == moved  # then at most the line kill -9 cut
+    assert len(abandoned) - len(moved) in (0, 1), abandoned[len(moved) :]
     assert sorted({r["step"] for r in after_resume}) == list(range(resumed_at + 1, MAX_STEPS + 1))
     trained = prompts_per_step(lineage)
     assert trained == reference, (seed, resumed_at)  # per step: none skipped, none twice, none moved

@@ -41,6 +41,7 @@ import httpx
 import pytest
 import torch
 from helpers import REPO
+from tiny_model import random_llama
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
@@ -311,7 +312,6 @@ def test_nccl_sync_against_trl_vllm_serve_with_nccl_mocked(
     on the server for real."""
     pytest.importorskip("vllm.distributed.weight_transfer.nccl_engine")
     import vllm.distributed.weight_transfer.nccl_engine as nccl_engine
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     import grpo_plugins.vllm.nccl_sync as nccl_sync
     from grpo_plugins.vllm.rollout import VLLMRollout
@@ -345,18 +345,7 @@ def test_nccl_sync_against_trl_vllm_serve_with_nccl_mocked(
     rollout.grpo_train_start()
     engine = EngineOverMockedNccl(rollout.engine, calls)
     sync = nccl_sync.NcclSync(ctx, nccl_sync.NcclSync.Settings(packed=False))
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=64,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            tie_word_embeddings=True,
-        )
-    )
+    model = random_llama(tie_word_embeddings=True)
     for version in (1, 2):
         sync.grpo_sync_weights(model=model, version=version, engine=engine)
     sync.grpo_train_end()

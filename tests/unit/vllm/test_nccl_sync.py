@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_model import random_llama
 
 pytest.importorskip("vllm.distributed.weight_transfer.nccl_engine", reason="needs vLLM >= 0.32 (weight-transfer API)")
 
@@ -77,20 +78,8 @@ class RecordingCommunicator:
 
 
 def _tiny_llama(lora: bool) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=64,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            tie_word_embeddings=True,
-        )
-    )
+    model = random_llama(tie_word_embeddings=True)
     if not lora:
         return model
     from peft import LoraConfig, get_peft_model
