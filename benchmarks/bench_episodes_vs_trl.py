@@ -333,7 +333,7 @@ def tool_blocks(tok, task: Task) -> tuple[str, str]:
     use_task(task)
     from transformers.utils import get_json_schema
 
-    from grpo_plugins.environments.tool_calls import example_arguments, instructions
+    from grpo_core.plugin_api import example_arguments, instructions
 
     tool = task.tool()
     marker = "@@SYSTEM@@"

@@ -84,6 +84,9 @@ if TYPE_CHECKING:
         PolicyLossInputs as PolicyLossInputs,
         EnvironmentReply as EnvironmentReply,
         Episode as Episode,
+        DrivenEpisode as DrivenEpisode,
+        EpisodeModel as EpisodeModel,
+        ModelTurn as ModelTurn,
         EngineScore as EngineScore,
         ControlEndpoint as ControlEndpoint,
         InferenceEngine as InferenceEngine,
@@ -127,6 +130,7 @@ if TYPE_CHECKING:
         EngineUnavailable as EngineUnavailable,
         WeightSyncUnverified as WeightSyncUnverified,
         EnvironmentLost as EnvironmentLost,
+        EpisodeOver as EpisodeOver,
         NotImplementedYet as NotImplementedYet,
     )
 
@@ -136,6 +140,16 @@ if TYPE_CHECKING:
         EFFECTIVE_DEFAULTS as EFFECTIVE_DEFAULTS,
     )
     from grpo_core.config.loader import load_config as load_config
+
+    # grpo's text format of tool calls (templates without tools): the tools and agent environments
+    from grpo_core.contract.tool_calls import (
+        ToolCall as ToolCall,
+        parse_calls as parse_calls,
+        render_call as render_call,
+        instructions as instructions,
+        example_arguments as example_arguments,
+        split_calls as split_calls,
+    )
 
     # helpers: scratch space, files written whole, user code by import path
     from grpo_core.runtime.scratch import (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.extension_points import EXTENSION_POINTS, ExtensionPoint
@@ -72,11 +73,28 @@ DEFAULT_RULES: dict[str, DefaultRule] = {
 
 def chosen_implementations(cfg: GRPOConfig) -> dict[str, str]:
     """Extension point -> the implementation name this config runs: the
-    ``[plugins]`` entry, else what the reference options decide."""
+    ``[plugins]`` entry, else what the reference options decide. Where a
+    list names several (environments), the first."""
     return {
-        point.name: getattr(cfg.plugins, point.name) or DEFAULT_RULES[point.name].choose(cfg)
+        point.name: _first(getattr(cfg.plugins, point.name)) or DEFAULT_RULES[point.name].choose(cfg)
         for point in EXTENSION_POINTS
     }
+
+
+def _first(value: Any) -> str | None:
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
+def environment_implementations(cfg: GRPOConfig) -> list[str]:
+    """Every environment implementation the run uses, in order: ``[plugins]
+    environment`` as a list (several environments, rows choose), or the one
+    chosen (:func:`chosen_implementations`)."""
+    value = cfg.plugins.environment
+    if isinstance(value, list) and value:
+        return list(dict.fromkeys(value))
+    return [chosen_implementations(cfg)["environment"]]
 
 
 def source_key(cfg: GRPOConfig, point: ExtensionPoint) -> str:

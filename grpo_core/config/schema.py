@@ -101,16 +101,25 @@ class _PluginTable(BaseModel):
         return dict(self.model_extra or {})
 
 
+MANY_IMPLEMENTATIONS = frozenset({"environment"})
+"""Extension points a run may choose several implementations of, as a list:
+several environments in one run, each dataset row naming its own."""
+
 PluginSettings = create_model(
     "PluginSettings",
     __base__=_PluginTable,
     **{
         point.name: (
-            str | None,
+            (str | list[str] | None) if point.name in MANY_IMPLEMENTATIONS else (str | None),
             Field(
                 None,
-                description=f"{point.summary}: the implementation's name (or 'distribution:name'). "
-                "Unset: decided by the [trl] options (grpo_core/config/implementations.py).",
+                description=f"{point.summary}: the implementation's name (or 'distribution:name')"
+                + (
+                    ", or a list of names: rows choose theirs by their 'environment' column"
+                    if point.name in MANY_IMPLEMENTATIONS
+                    else ""
+                )
+                + ". Unset: decided by the [trl] options (grpo_core/config/implementations.py).",
             ),
         )
         for point in EXTENSION_POINTS
@@ -307,10 +316,11 @@ class TrlSettings(_Table):
         description="'module.function' tools the model may call during an episode (TRL's tools): schemas from their "
         "signatures and docstrings.",
     )
-    environment_factory: str | None = Field(
+    environment_factory: str | dict[str, str] | None = Field(
         None,
         description="'module.Class' environment (TRL's environment_factory): reset(**row) -> str | None, public "
-        "methods are tools, optional get_reward().",
+        "methods are tools, optional get_reward(). A table of name = 'module.Class': several environments, each row "
+        "naming its own in an 'environment' column (TRL's dict).",
     )
     max_tool_calling_iterations: int | None = Field(
         None,

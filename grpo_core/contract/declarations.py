@@ -32,8 +32,10 @@ Sends = Literal["merged_weights", "adapter", "nothing"]
 
 if TYPE_CHECKING:  # a type checker sees a static method (a plain Callable would read as bound to the instance)
     ConfigPredicate = staticmethod[[Any], bool]
+    ConfigNames = staticmethod[[Any], list[str] | None]
 else:  # what the runtime check evaluates: staticmethod is not subscriptable
     ConfigPredicate = collections.abc.Callable[[Any], bool]
+    ConfigNames = collections.abc.Callable[[Any], list[str] | None]
 """A static function ``(config) -> bool``: decided from the config alone (it runs in ``grpo config check``)."""
 
 
@@ -71,6 +73,8 @@ class EnvironmentImplementation(Implementation, Protocol):
     """Add the ``environment`` reward function to ``reward_funcs``; or a static ``provides_reward(config) -> bool``."""
     turn_rewards: ClassVar[bool | ConfigPredicate] = False
     """Its replies carry a reward per turn (``EnvironmentReply.reward``): what per-turn credit needs."""
+    names: ClassVar[list[str] | ConfigNames | None] = None
+    """The names dataset rows choose it by (``environment`` column), or a static ``names(config)``; unset: its name."""
 
 
 class WeightSyncImplementation(Implementation, Protocol):
@@ -163,11 +167,13 @@ def describe(hint: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(repr(arg) for arg in args)
     if origin is collections.abc.Callable:
-        return "a static function (config) -> bool"
+        return f"a static function (config) -> {getattr(args[-1], '__name__', str(args[-1]))}"
     if origin is type:
         return f"a class derived from {args[0].__name__}"
     if origin is frozenset:
         return f"a frozenset of {describe(args[0])}, e.g. frozenset({{...}})"
+    if origin is list:
+        return f"a list of {describe(args[0])}"
     if hint is bool:
         return "True or False"
     return getattr(hint, "__name__", str(hint))

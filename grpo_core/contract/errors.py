@@ -91,6 +91,18 @@ class EnvironmentLost(GrpoError):
     exit_code = EXIT_UNREACHABLE
 
 
+class EpisodeOver(GrpoError):
+    """A model-driven episode asked for a turn it cannot have
+    (:meth:`~grpo_core.contract.types.EpisodeModel.generate`). ``reason``:
+    ``"length"`` (``trl.max_completion_length`` spent on its chain),
+    ``"max_turns"`` (``[episodes] max_turns``), ``"ended"`` (it timed out,
+    failed or returned), ``"unavailable"`` (the engine failed: the run ends)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class NotImplementedYet(ConfigError):
     """An option from the reference feature list whose feature is not built
     yet: refusing is better than silently ignoring it."""

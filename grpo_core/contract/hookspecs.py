@@ -73,7 +73,9 @@ def grpo_environment_episode(prompt: Prompt, sample: int) -> Episode | None:
 
     :param prompt: The prompt; ``prompt.columns`` is the dataset row (TRL's ``reset(**row)``).
     :param sample: Which of the prompt's ``num_generations`` samples (``0 ..``).
-    :return: A new, independent :class:`Episode` (``reset()``, ``step(text) -> EnvironmentReply``).
+    :return: A new, independent :class:`Episode` (``reset()``, ``step(text) -> EnvironmentReply``), or a
+        :class:`DrivenEpisode` (``drive(model)``: it calls the model itself through an :class:`EpisodeModel`).
+        With several environments the row's ``environment`` column picks the implementation (its ``names``).
     """
 
 

@@ -88,6 +88,18 @@ class EpisodeStats:
     follow), and ``turn_rewards`` the ``reward`` of the environment's reply
     to that turn (``None`` where it gave none, or no reply came). What
     per-turn credit assignment reads (``docs/turn-credit.md``).
+
+    ``environment`` is the name the episode's row chose (several
+    environments in one run), for per-environment metrics.
+
+    Model-driven episodes (:class:`DrivenEpisode`) also count
+    ``history_rewrites``: requests that did not continue the episode's
+    latest model turn (the agent dropped, edited or summarised its history,
+    or ran a second conversation); only the chain of the last turn trains,
+    and ``untrained_tokens`` are the tokens sampled off it. ``scored`` is
+    false for a driven episode that failed: the core gives it no reward at
+    all (every reward function's value is ``None``), so it takes no part in
+    its group's advantages.
     """
 
     turns: int = 0
@@ -101,6 +113,10 @@ class EpisodeStats:
     template_mismatch: bool = False
     turn_starts: list[int] = field(default_factory=list)
     turn_rewards: list[float | None] = field(default_factory=list)
+    environment: str | None = None
+    history_rewrites: int = 0
+    untrained_tokens: int = 0
+    scored: bool = True
 
 
 @dataclass
@@ -374,6 +390,126 @@ class Episode(Protocol):
 
     def step(self, text: str) -> EnvironmentReply:
         """Answer one model turn."""
+
+
+@dataclass
+class ModelTurn:
+    """One generation of a model-driven episode
+    (:meth:`EpisodeModel.generate`): what the engine sampled, as it returned it.
+
+    ``ids`` are the sampled token ids (never re-tokenised; a turn that
+    trains, trains on exactly these), ``text`` their text with special
+    tokens removed, ``logprobs`` the engine's (``None`` if it gave none).
+    ``finish_reason`` is ``"stop"`` (the model ended its turn, or a stop
+    string was met) or ``"length"`` (the request's ``max_tokens``, the
+    turn cap or the episode's budget cut it). ``prompt_tokens`` is the
+    length of the context it was sampled on. ``message`` is the assistant
+    message the turn became for the agent (the endpoint sets it once it has
+    parsed tool calls): the recorded conversation that reward functions
+    read holds it. ``index`` is the turn's place in its episode.
+    """
+
+    index: int
+    ids: list[int]
+    text: str
+    logprobs: list[float] | None
+    finish_reason: str
+    prompt_tokens: int
+    message: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class EpisodeModel(Protocol):
+    """The run's policy as one model-driven episode sees it (made by the
+    core for each :class:`DrivenEpisode`, handed to ``drive``).
+
+    A turn's context is given in ids: ``generate(ids, after=turn)`` samples
+    on the ids of the earlier ``turn``'s context and its sampled ids, then
+    ``ids`` (what came after: tool results, a user message, the next
+    generation prompt, rendered by :meth:`render`); ``after=None`` samples
+    on ``ids`` alone (a conversation started from scratch). Each call is
+    one generation through the run's rollout (the engine batches the calls
+    of every episode in flight), limited by ``trl.max_completion_length``
+    over the chain of turns, ``[episodes] max_turns`` and ``max_tokens_per_turn``.
+
+    **The trained sample.** Each turn continues an earlier turn or starts
+    afresh, so an episode's turns form chains. The episode trains the
+    chain that holds its last turn: its context, then each of its turns'
+    sampled ids (loss mask 1) with the ids between them (mask 0). A turn
+    that continues anything but the episode's latest turn (a fork, a fresh
+    start: the agent rewrote its history) counts in
+    ``EpisodeStats.history_rewrites``; tokens sampled off the trained chain
+    in ``untrained_tokens``.
+
+    Thread-safe; ``generate`` blocks until the engine answers. It raises
+    :class:`~grpo_core.contract.errors.EpisodeOver` once the episode cannot
+    go on (its budget or turn limit is spent, it timed out, it failed, it
+    ended).
+    """
+
+    def render(
+        self, messages: Messages, *, after: ModelTurn | None = None, tools: list[Any] | None = None
+    ) -> list[int]:
+        """The ids of ``messages`` with the chat template (``tools`` passed
+        to it), ending with the generation prompt: a whole conversation
+        (``after=None``), or the messages that follow model turn ``after``
+        (its turn closed first), never re-rendering that turn."""
+
+    def encode(self, text: str) -> list[int]:
+        """Plain text as ids, no template, no special tokens added."""
+
+    def generate(
+        self,
+        ids: list[int],
+        *,
+        after: ModelTurn | None = None,
+        conversation: Messages | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+    ) -> ModelTurn:
+        """One model turn on ``after``'s ids then ``ids``. ``conversation``:
+        the messages this context renders (recorded for reward functions).
+        ``max_tokens`` is capped by the turn cap and the episode's budget;
+        ``temperature``/``top_p`` override the run's (``None``: the run's);
+        ``stop``: strings that end the turn (the ids are cut after the token
+        that completes one, as an engine stops)."""
+
+    def fail(self, problem: str) -> None:
+        """End the episode now as failed (``ended_by = "error"``,
+        ``problem`` its error): later calls raise ``EpisodeOver``."""
+
+
+@runtime_checkable
+class DrivenEpisode(Protocol):
+    """An episode whose own code drives the model (an agent), instead of
+    answering the model's turns (:class:`Episode`).
+
+    Returned by :func:`~grpo_core.contract.hookspecs.grpo_environment_episode`
+    like any episode; the core tells them apart by ``drive``. It calls
+    ``drive(model)`` once, in a thread of its own (many episodes at once),
+    and the episode calls ``model.generate`` as often as it likes. What
+    ``drive`` returns is the episode's environment reward (a float, or
+    ``None``: then only ``reward_funcs`` score it). ``drive`` raising ends
+    the episode as failed (``ended_by = "error"``; ``"timeout"`` for a
+    ``TimeoutError``; a :class:`~grpo_core.contract.errors.GrpoError`'s
+    message is logged as it is); so does returning without one call of
+    ``generate``, or a call after ``drive`` returned. A failed driven
+    episode gets no reward at all (``EpisodeStats.scored``), so its group
+    trains on its other episodes.
+
+    Optional members: ``timeout`` (seconds ``drive`` may take, from when it
+    starts; default ``[episodes] step_timeout``: the core then stops
+    waiting, ends the episode with ``"timeout"`` and refuses its later
+    calls), ``max_concurrent`` (driven episodes in flight at once; default
+    ``[episodes] max_concurrent_steps``), ``environment`` (what reward
+    functions get in ``environments=``) and ``close()``, as on :class:`Episode`.
+    """
+
+    def drive(self, model: EpisodeModel) -> float | None:
+        """Run the episode to its end; return its reward or ``None``."""
 
 
 # --------------------------------------------------------------------------

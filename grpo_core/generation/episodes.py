@@ -35,6 +35,8 @@ as its prompt and each completion starts with the rest of its own (mask 0).
 
 from __future__ import annotations
 
+import json
+import numbers
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +54,7 @@ from grpo_core.contract.types import (
     RolloutGroup,
     SamplingSettings,
 )
+from grpo_core.generation.driven_episodes import DrivenJob, DrivenModel, TurnBatcher, drive_all
 from grpo_core.generation.turn_tokens import TemplateError, TurnTokens
 
 GenerateTurn = Callable[[list[Prompt], int, SamplingSettings], list[RolloutGroup]]
@@ -132,6 +135,7 @@ class _Live:
     info: dict[str, Any] = field(default_factory=dict)
     stats: EpisodeStats = field(default_factory=EpisodeStats)
     done: bool = False
+    text: str | None = None  # a driven episode's answer (its last turn's content); else the decoded ids
     failures: _FailureLog = field(default_factory=_FailureLog)  # shared by the episodes of a batch
 
     @property
@@ -173,6 +177,23 @@ def call_each(calls: list[Callable[[], Any]], timeout: float, limit: int) -> lis
     return results
 
 
+def drives_model(episode: Any) -> bool:
+    """A :class:`~grpo_core.contract.types.DrivenEpisode` (its own code calls the model)."""
+    return callable(getattr(episode, "drive", None))
+
+
+def _serialised(generate: GenerateTurn) -> GenerateTurn:
+    """``generate`` for a rollout that must not be called from two threads
+    at once, when driven episodes and stepped ones share a batch."""
+    lock = threading.Lock()
+
+    def call(prompts: list[Prompt], n: int, sampling: SamplingSettings) -> list[RolloutGroup]:
+        with lock:
+            return generate(prompts, n, sampling)
+
+    return call
+
+
 def _common_prefix(sequences: list[list[int]]) -> int:
     first = sequences[0]
     n = min(len(s) for s in sequences)
@@ -194,10 +215,15 @@ class EpisodeDriver:
         environment_name: str,
         log: Callable[[str], None],
         concurrent_turns: bool,
+        name_of: Callable[[Prompt], str | None] | None = None,
     ) -> None:
         self.new_episode = new_episode
+        self.name_of = name_of  # the environment a row chose (several in one run), for metrics and logs
         self.tokenizer = tokenizer
         self.turns = TurnTokens(tokenizer, cfg.trl.chat_template_kwargs)
+        self._template_kwargs = dict(cfg.trl.chat_template_kwargs or {})
+        self.max_context = int(cfg.trl.max_prompt_length or cfg.sequence_len)  # a driven chain's first context
+        self._tool_turns: dict[str, TurnTokens] = {}
         self.settings = cfg.episodes
         self.name = environment_name
         self.log = log
@@ -210,14 +236,35 @@ class EpisodeDriver:
     def run(
         self, prompts: list[Prompt], num_generations: int, sampling: SamplingSettings, generate: GenerateTurn
     ) -> list[RolloutGroup]:
-        """Every episode of ``prompts`` to its end; one group per prompt."""
+        """Every episode of ``prompts`` to its end; one group per prompt.
+        Driven episodes (an agent's) run in the background meanwhile,
+        through the same rollout."""
         live = self._start_all(prompts, num_generations, int(sampling.max_tokens))
+        driven = [e for e in live if not e.done and drives_model(e.episode)]
+        if driven and not self.concurrent_turns:
+            generate = _serialised(generate)
+        background: threading.Thread | None = None
+        fatal: list[BaseException] = []
+        if driven:
+
+            def drive() -> None:
+                try:
+                    self._drive(driven, sampling, generate)
+                except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
+                    fatal.append(exc)
+
+            background = threading.Thread(target=drive, name="grpo-driven-episodes", daemon=True)
+            background.start()
         turn = 0
-        while active := [e for e in live if not e.done]:
+        while active := [e for e in live if not e.done and not drives_model(e.episode)]:
             self._model_turn(active, sampling, generate, turn)
             self._environment_turn([e for e in active if not e.done], turn)
             turn += 1
-        self._final_rewards(live)
+        if background is not None:
+            background.join()
+        if fatal:
+            raise fatal[0]
+        self._final_rewards([e for e in live if not drives_model(e.episode)])
         return [
             self._group(prompt, live[i * num_generations : (i + 1) * num_generations])
             for i, prompt in enumerate(prompts)
@@ -232,7 +279,7 @@ class EpisodeDriver:
             episode = self.new_episode(prompt, sample)
             if episode is None:
                 raise GrpoError(f"environment '{self.name}' returned no episode for prompt {prompt.index}")
-            return episode, episode.reset()
+            return episode, (None if drives_model(episode) else episode.reset())
 
         outcomes = call_each(
             [lambda p=p, s=s: begin(p, s) for p, s in starts],
@@ -247,6 +294,7 @@ class EpisodeDriver:
         for (prompt, sample), (kind, value) in zip(starts, outcomes):
             conversation = list(prompt.prompt) if prompt.is_conversational else None
             e = _Live(prompt, sample, None, list(prompt.prompt_ids), conversation, budget, failures=failures)
+            e.stats.environment = self.name_of(prompt) if self.name_of is not None else None
             if kind == "ok":
                 e.episode, start = value
                 try:
@@ -339,6 +387,97 @@ class EpisodeDriver:
         e.stats.turns += 1
         e.stats.model_tokens += len(ids)
 
+    # ------------------------------------------------------------------ driven episodes
+
+    def _turns_for(self, tools: list[Any] | None) -> TurnTokens:
+        """The renderer for a request's ``tools`` (the template sees them)."""
+        if not tools:
+            return self.turns
+        key = json.dumps(tools, sort_keys=True, default=str)
+        with self._lock:
+            found = self._tool_turns.get(key)
+        if found is None:
+            found = TurnTokens(self.tokenizer, {**self._template_kwargs, "tools": tools})
+            with self._lock:
+                self._tool_turns[key] = found
+        return found
+
+    def _drive(self, driven: list[_Live], sampling: SamplingSettings, generate: GenerateTurn) -> None:
+        """Every driven episode to its end (:mod:`grpo_core.generation.driven_episodes`)."""
+        batcher = TurnBatcher(generate, self.concurrent_turns, sampling.seed)
+        unseeded = replace(sampling, seed=None)  # the batcher seeds each call from the run's seed
+        jobs = []
+        for e in driven:
+            model = DrivenModel(
+                e.prompt,
+                batcher,
+                unseeded,
+                e.budget_total,
+                int(self.settings.max_turns),
+                self.settings.max_tokens_per_turn,
+                self.tokenizer,
+                self._turns_for,
+                max_context=self.max_context,
+            )
+            timeout = getattr(e.episode, "timeout", None) or self.settings.step_timeout
+            jobs.append(DrivenJob(e.episode, model, float(timeout)))
+        limit = min(
+            int(getattr(e.episode, "max_concurrent", None) or self.settings.max_concurrent_steps) for e in driven
+        )
+        try:
+            drive_all(jobs, limit, batcher)
+        finally:
+            batcher.close()
+        for e, job in zip(driven, jobs, strict=True):
+            self._finish_driven(e, job)
+        if batcher.fatal is not None:
+            raise batcher.fatal
+
+    def _finish_driven(self, e: _Live, job: DrivenJob) -> None:
+        """The episode's trained chain and how it ended (failures named and logged)."""
+        model = job.model
+        record = model.record()
+        if record is not None:
+            e.context, e.ids, e.mask, e.logprobs = record.context, record.ids, record.mask, record.logprobs
+            start = record.prompt_messages
+            e.conversation = record.messages[:start] if record.messages is not None else None
+            e.messages = record.messages[start:] if record.messages is not None else []
+            e.text = record.text
+            e.stats.turns = record.turns
+            e.stats.model_tokens = sum(record.mask)
+            e.stats.environment_tokens = len(record.mask) - sum(record.mask)
+            e.stats.history_rewrites = record.history_rewrites
+            e.stats.untrained_tokens = record.untrained_tokens
+            e.stats.tool_calls = record.tool_calls
+        kind, value = job.outcome
+        turn = e.stats.turns
+        if model.problem is not None:
+            self._fail(e, "error", model.problem, turn)
+        elif kind == "timeout":
+            self._fail(e, "timeout", f"the agent ran past its timeout of {job.timeout:g} s", turn)
+        elif kind == "error" and model.ended in ("length", "max_turns"):
+            e.end(str(model.ended))  # it stopped because the episode could not go on: not the agent's fault
+        elif kind == "error":
+            if isinstance(value, TimeoutError):
+                self._fail(e, "timeout", f"the agent raised TimeoutError: {value}", turn)
+            elif isinstance(value, GrpoError):
+                self._fail(e, "error", str(value), turn)
+            else:
+                self._fail(e, "error", f"the agent raised {type(value).__name__}: {value}", turn)
+        elif record is None:
+            self._fail(e, "error", "the agent returned without calling the model", turn)
+        elif model.late_calls:
+            self._fail(e, "error", "the agent called the model after it had returned", turn)
+        elif value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            self._fail(e, "error", f"the agent returned {type(value).__name__}, not a float or None", turn)
+        else:
+            e.stats.reward = None if value is None else float(value)
+            e.end("length" if record.truncated or model.ended == "length" else str(model.ended or "environment"))
+            if e.stats.ended_by == "returned":
+                e.stats.ended_by = "environment"
+        if e.stats.ended_by in ("error", "timeout"):
+            e.stats.scored = False
+
     # ------------------------------------------------------------------ environment steps
 
     def _environment_turn(self, active: list[_Live], turn: int) -> None:
@@ -427,9 +566,10 @@ class EpisodeDriver:
         e.end(kind, problem)
         if e.failures.said < MAX_LOGGED_FAILURES:
             e.failures.said += 1
+            row = f" (row: {_excerpt(e.prompt.prompt)})" if drives_model(e.episode) else ""
             self.log(
-                f"environment '{self.name}': episode {e.sample} of prompt {e.prompt.index} ended at turn {turn}: "
-                f"{problem}"
+                f"environment '{e.stats.environment or self.name}': episode {e.sample} of prompt {e.prompt.index} "
+                f"ended at turn {turn}: {problem}{row}"
             )
 
     # ------------------------------------------------------------------ results
@@ -453,7 +593,7 @@ class EpisodeDriver:
         e.stats.turn_starts = [len(own_start) + start for start in e.stats.turn_starts]  # into token_ids
         return Completion(
             token_ids=own_start + e.ids,
-            text=self.tokenizer.decode(e.ids, skip_special_tokens=True),
+            text=e.text if e.text is not None else self.tokenizer.decode(e.ids, skip_special_tokens=True),
             logprobs=None if e.logprobs is None else [0.0] * len(own_start) + e.logprobs,
             truncated=e.stats.ended_by == "length",
             extra=extra,
@@ -462,6 +602,24 @@ class EpisodeDriver:
             environment=getattr(e.episode, "environment", e.episode),
             messages=list(e.messages),
         )
+
+
+def _excerpt(prompt: Any, limit: int = 120) -> str:
+    """A prompt's last message (or text), short, for a log line naming the row."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
+        prompt = prompt[-1].get("content", "")
+    text = " ".join(str(prompt).split())
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+def unscored_rows(groups: list[RolloutGroup], rewards: list[list[list[float | None]]]) -> None:
+    """A failed driven episode gets no reward from any function (``None``:
+    it takes no part in its group's advantages), whatever the functions
+    made of its partial conversation. In place."""
+    for group, per_group in zip(groups, rewards, strict=True):
+        for i, completion in enumerate(group.completions):
+            if completion.episode is not None and not completion.episode.scored:
+                per_group[i] = [None] * len(per_group[i])
 
 
 def release(groups: list[RolloutGroup]) -> None:
@@ -493,10 +651,37 @@ def episode_metrics(groups: list[Any]) -> dict[str, float]:
         "episodes/tool_failures": float(sum(s.tool_failures for s in stats)),
         "episodes/template_mismatch": float(sum(s.template_mismatch for s in stats)),
         "episodes/errors": float(sum(s.ended_by in ("error", "timeout") for s in stats)),
+        "episodes/history_rewrites": float(sum(s.history_rewrites for s in stats)),
+        "episodes/untrained_tokens": float(sum(s.untrained_tokens for s in stats)),
     }
     rewarded = [s.reward for s in stats if s.reward is not None]
     if rewarded:
         metrics["episodes/environment_reward_mean"] = sum(rewarded) / len(rewarded)
     for reason in ENDINGS:
         metrics[f"episodes/ended_by_{reason}"] = sum(s.ended_by == reason for s in stats) / n
+    return metrics
+
+
+def environment_metrics(groups: list[Any], weights: list[float]) -> dict[str, float]:
+    """``environments/<name>/*`` of a scored batch whose rows chose among
+    several environments: ``reward_mean`` (the weighted reward, as ``reward``),
+    ``solve_rate`` (the fraction of its episodes whose weighted reward is above
+    0), ``turns_mean``, ``failures`` (episodes that ended in an error or a
+    timeout) and ``episodes`` (how many it played). Empty otherwise."""
+    by_name: dict[str, list[tuple[float, EpisodeStats]]] = {}
+    for scored in groups:
+        for row, completion in zip(scored.rewards, scored.group.completions, strict=True):
+            stats = completion.episode
+            if stats is None or stats.environment is None:
+                continue
+            total = sum(w * r for w, r in zip(weights, row, strict=False) if r is not None and r == r)
+            by_name.setdefault(stats.environment, []).append((float(total), stats))
+    metrics: dict[str, float] = {}
+    for name, played in sorted(by_name.items()):
+        n = len(played)
+        metrics[f"environments/{name}/reward_mean"] = sum(t for t, _ in played) / n
+        metrics[f"environments/{name}/solve_rate"] = sum(t > 0 for t, _ in played) / n
+        metrics[f"environments/{name}/turns_mean"] = sum(s.turns for _, s in played) / n
+        metrics[f"environments/{name}/failures"] = float(sum(s.ended_by in ("error", "timeout") for _, s in played))
+        metrics[f"environments/{name}/episodes"] = float(n)
     return metrics

@@ -35,9 +35,11 @@ from grpo_core.contract.types import (
 )
 from grpo_core.generation.episodes import (
     RolloutDriver,
+    environment_metrics,
     episode_metrics,
     release,
     sample_groups,
+    unscored_rows,
 )
 from grpo_core.generation.spread import GenerateShare, SpreadGeneration
 from grpo_core.optimization.batch import steps_per_batch
@@ -237,7 +239,9 @@ class RolloutProducer:
     def _score(self, groups: list[RolloutGroup], step: int) -> tuple[list[list[list[float | None]]], float]:
         started = time.perf_counter()
         try:
-            return self.scorer.score(groups, step), time.perf_counter() - started
+            rewards = self.scorer.score(groups, step)
+            unscored_rows(groups, rewards)  # a failed agent episode takes no part in its group
+            return rewards, time.perf_counter() - started
         finally:
             release(groups)  # episodes are closed once scored; only plain data is kept
 
@@ -302,6 +306,7 @@ class RolloutProducer:
         scored = self.hook.grpo_replay_groups(groups=scored, progress=progress) or scored
         metrics = batch_metrics(scored, self.scorer.names, self.scorer.weights)
         metrics.update(episode_metrics(scored))
+        metrics.update(environment_metrics(scored, self.scorer.weights))
         # generation: wall time until the last chunk landed; scoring: summed
         # time in reward functions. With concurrent streaming they overlap, so
         # their sum exceeds the batch's wall time.

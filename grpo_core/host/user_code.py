@@ -90,7 +90,9 @@ def named_user_code(cfg: GRPOConfig, registered_rewards: Iterable[str] = ()) -> 
             found.append((f"trl.reward_funcs[{i}]", spec))
     if trl.rollout_func:
         found.append(("trl.rollout_func", trl.rollout_func))
-    if trl.environment_factory:
+    if isinstance(trl.environment_factory, dict):
+        found += [(f"trl.environment_factory.{name}", spec) for name, spec in trl.environment_factory.items()]
+    elif trl.environment_factory:
         found.append(("trl.environment_factory", trl.environment_factory))
     found += [(f"trl.tools[{i}]", spec) for i, spec in enumerate(trl.tools or [])]
     for label, specs in (("datasets", cfg.datasets), ("test_datasets", cfg.test_datasets)):

@@ -229,8 +229,9 @@ def train(
     peft_config: Any = None,
     processing_class: Any = None,
     rollout_func: str | Callable[..., Any] | None = None,
-    environment_factory: str | type | Callable[..., Any] | None = None,
+    environment_factory: str | type | Callable[..., Any] | Mapping[str, str | type | Callable[..., Any]] | None = None,
     tools: Sequence[str | Callable[..., Any]] | None = None,
+    agent: str | Callable[..., Any] | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Train with GRPO; return where the model and metrics went.
@@ -252,11 +253,15 @@ def train(
     folder; it becomes ``tokenizer_config`` (a tokenizer object is saved
     into ``output_dir/processing_class`` first, chat template included).
     These are ``GRPOTrainer``'s arguments of the same names.
-    ``rollout_func``, ``environment_factory`` (a class), ``tools`` (functions):
+    ``rollout_func``, ``environment_factory`` (a class, or a dict of name -> class), ``tools`` (functions):
     TRL's arguments of the same names, as objects or import paths; they
     replace ``trl.rollout_func`` / ``trl.environment_factory`` / ``trl.tools``.
     An object defined in the script itself works here (the training process
     runs them), unlike a reward function under reward worker subprocesses.
+    ``agent``: the function the ``agent`` environment calls once per sample
+    (``run(row, *, base_url, api_key, model)``, sync or async); it sets
+    ``[plugins.agent] function`` and, when ``[plugins] environment`` is
+    unset, chooses the ``agent`` environment.
 
     Runs the checks ``grpo run`` runs and raises the same errors
     (:class:`~grpo_core.contract.errors.ConfigError` and friends) before anything heavy.
@@ -280,6 +285,7 @@ def train(
             eval_dataset=eval_dataset,
             peft_config=peft_config,
             processing_class=processing_class,
+            agent=agent,
         )
     except Exception as exc:
         report = failure.unexpected(exc, None, "grpo.train")
@@ -293,13 +299,14 @@ def _train(
     reward_funcs: Sequence[str | Callable[..., Any]] | None,
     train_dataset: Any,
     rollout_func: str | Callable[..., Any] | None,
-    environment_factory: str | type | Callable[..., Any] | None,
+    environment_factory: str | type | Callable[..., Any] | Mapping[str, str | type | Callable[..., Any]] | None,
     tools: Sequence[str | Callable[..., Any]] | None,
     overrides: dict[str, Any],
     *,
     eval_dataset: Any = None,
     peft_config: Any = None,
     processing_class: Any = None,
+    agent: str | Callable[..., Any] | None = None,
 ) -> TrainResult:
     # the training stack loads when a run starts, so `import grpo` stays fast
     from grpo_core.config.loader import anchor_to_config_dir, validate
@@ -315,13 +322,26 @@ def _train(
         raw.setdefault("trl", {})["reward_funcs"] = specs
     if rollout_func is not None:
         raw.setdefault("trl", {})["rollout_func"] = _code_spec(rollout_func, "rollout_func")
-    if environment_factory is not None:
+    if isinstance(environment_factory, Mapping):  # TRL's dict: several environments, rows name theirs
+        raw.setdefault("trl", {})["environment_factory"] = {
+            str(name): _code_spec(cls, f"environment_factory[{name!r}]") for name, cls in environment_factory.items()
+        }
+    elif environment_factory is not None:
         raw.setdefault("trl", {})["environment_factory"] = _code_spec(environment_factory, "environment_factory")
     if tools is not None:
         if isinstance(tools, str):
             raise ConfigError("tools: expected a list of functions or 'module.function' paths, got one string")
         raw.setdefault("trl", {})["tools"] = [_code_spec(tool, "tools") for tool in tools]
     output_dir = Path(str(raw.get("output_dir", GRPOConfig.model_fields["output_dir"].default)))
+    if agent is not None:
+        plugins = raw.setdefault("plugins", {})
+        if not isinstance(plugins, dict):
+            raise ConfigError("agent: the config's 'plugins' is not a table")
+        plugins.setdefault("environment", "agent")
+        settings = plugins.setdefault("agent", {})
+        if not isinstance(settings, dict):
+            raise ConfigError("agent: [plugins.agent] is not a table")
+        settings["function"] = _code_spec(agent, "agent")
     if train_dataset is not None:
         raw["datasets"] = [{"path": _save_dataset(train_dataset, output_dir)}]
     if eval_dataset is not None:

@@ -23,7 +23,8 @@ import torch
 from grpo_core.checkpointing import checkpoint as ckpt
 from grpo_core.checkpointing import lineage
 from grpo_core.checkpointing.record import RECORD_KEY, RunRecord, check_resume, describe
-from grpo_core.config.implementations import chosen_implementations
+from grpo_core.config.environment_names import check_rows, route_table
+from grpo_core.config.implementations import chosen_implementations, environment_implementations
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import ConfigError, PluginError, StorageError, TrainingInterrupted
@@ -37,6 +38,7 @@ from grpo_core.contract.types import (
     engine_cpu_cores,
 )
 from grpo_core.data.prompts import common_columns, load_prompts
+from grpo_core.generation.environment_routes import EnvironmentRouter
 from grpo_core.generation.episodes import EpisodeDriver, RolloutDriver
 from grpo_core.generation.evaluation import load_eval_prompts
 from grpo_core.generation.producer import (
@@ -67,7 +69,7 @@ from grpo_core.training.observe import RunObserver
 from grpo_core.training.safety_net import SafetyNet
 from grpo_core.training.state_guard import GuardedState
 from grpo_core.training.trainer import GRPOTrainer, TrainerParts
-from grpo_core.validation.checks import environment_is_episodic
+from grpo_core.validation.checks import chosen_environment_classes, environment_is_episodic
 from grpo_core.validation.run_check import check_run_config
 
 
@@ -138,6 +140,8 @@ class Implementations:
 
     objects: dict[str, Any]
     engine: InferenceEngine | None
+    environments: dict[str, Any] | None = None
+    """Every environment implementation by name, when ``[plugins] environment`` lists several."""
 
     @property
     def concurrent_generate(self) -> bool:
@@ -179,13 +183,21 @@ def build_implementations(
     }
     if not main:
         return Implementations(objects, None)
+    environments = None
+    extra = environment_implementations(cfg)[1:]
+    if extra and "environment" in objects:  # several environments: each built like the first
+        primary = host.chosen["environment"]
+        environments = {primary: objects["environment"]}
+        for name in extra:
+            environments[name] = host.load_implementation("environment", name, context)
+        host.chosen["environment"] = primary
     engine = host.hook.grpo_inference_engine()
     if engine is not None and not isinstance(engine, InferenceEngine):
         raise PluginError(
             f"rollout '{chosen['rollout']}' returned {type(engine).__name__} from grpo_inference_engine, which is not "
             "an InferenceEngine (grpo_core.contract.types)"
         )
-    return Implementations(objects, engine)
+    return Implementations(objects, engine, environments)
 
 
 def _rollout_driver(
@@ -198,9 +210,23 @@ def _rollout_driver(
     if cfg.trl.rollout_func and rollout is not None and not declared(rollout, BY_NAME["rollout"], "runs_rollout_func"):
         return RolloutFunctionDriver(cfg.trl.rollout_func, context)
     environment = impls.objects.get("environment")
-    if environment is None or not declared(environment, BY_NAME["environment"], "episodic"):
+    point = BY_NAME["environment"]
+    environments = impls.environments or ({host.chosen.get("environment", "environment"): environment})
+    if environment is None or not any(declared(e, point, "episodic") for e in environments.values()):
         return None
     tokenizer, log = context.tokenizer, context.log
+    table = route_table(cfg, [(name, type(obj)) for name, obj in environments.items()])
+    if table.routed:  # rows choose their environment
+        router = EnvironmentRouter(table, environments)
+        return EpisodeDriver(
+            router.new_episode,
+            tokenizer,
+            cfg,
+            "+".join(environments),
+            log,
+            concurrent_turns=impls.concurrent_generate,
+            name_of=router.name_of,
+        )
 
     def new_episode(prompt: Prompt, sample: int) -> Any:
         return host.hook.grpo_environment_episode(prompt=prompt, sample=sample)
@@ -349,6 +375,9 @@ def _prompts(
     if scorer is not None and not cfg.trl.rollout_func and not environment_is_episodic(cfg, host):
         scorer.check_columns(common_columns(prompts))
     prompts, eval_prompts = load_eval_prompts(cfg, context.tokenizer, prompts)
+    table = route_table(cfg, chosen_environment_classes(cfg, host))  # several environments: rows name theirs
+    check_rows(prompts, table)
+    check_rows(eval_prompts, table, "evaluation dataset")
     if cfg.num_epochs is not None and "max_steps" not in cfg.model_fields_set:  # max_steps wins, as in Axolotl
         cfg.max_steps = steps_for_epochs(cfg, len(prompts))
         context.log(f"num_epochs = {cfg.num_epochs:g} over {len(prompts)} prompts: max_steps = {cfg.max_steps}")

@@ -28,8 +28,9 @@ from grpo_core.config.batch_shape import (
     steps_per_generation,
 )
 from grpo_core.config.compat import compat_warnings
+from grpo_core.config.environment_names import route_table
 from grpo_core.config.eval_schedule import eval_enabled
-from grpo_core.config.implementations import chosen_implementations, source_key
+from grpo_core.config.implementations import chosen_implementations, environment_implementations, source_key
 from grpo_core.config.loss_rules import loss_level_warnings, vespo_correction_problem
 from grpo_core.config.reward_weights import reward_weights
 from grpo_core.config.schema import DEFAULT_SAVE_STEPS, GRPOConfig
@@ -105,7 +106,26 @@ def import_chosen(cfg: GRPOConfig, host: PluginHost, names: dict[str, str]) -> t
             classes[point.name] = host.implementation_class(point.name, names[point.name], key=source_key(cfg, point))
         except (PluginError, ConfigError) as exc:
             problems.append(str(exc))
+    point = BY_NAME["environment"]
+    for extra in environment_implementations(cfg)[1:]:  # several environments: each checked like the first
+        try:
+            classes[f"{EXTRA_ENVIRONMENT}{extra}"] = host.implementation_class(point.name, extra, key=point.config_key)
+        except (PluginError, ConfigError) as exc:
+            problems.append(str(exc))
     return classes, problems
+
+
+EXTRA_ENVIRONMENT = "environment:"
+"""How :data:`ChosenClasses` keys the environments after the first of a list."""
+
+
+def environment_classes(classes: ChosenClasses) -> list[tuple[str, Any]]:
+    """Every chosen environment implementation: (its name, its class), first the first."""
+    return [
+        (info.name, cls)
+        for key, (info, cls) in classes.items()
+        if key == "environment" or key.startswith(EXTRA_ENVIRONMENT)
+    ]
 
 
 def chosen_traits(names: dict[str, str], classes: ChosenClasses) -> ChosenTraits:
@@ -591,10 +611,10 @@ def _plugin_checks(
     wiring (:func:`import_chosen` reported the ones that did not import)."""
     tables = cfg.plugins.settings_tables()
     used: set[str] = set()  # the [plugins.<key>] tables some chosen implementation reads
-    for point in EXTENSION_POINTS:
-        if point.name not in classes:
+    for key in [p.name for p in EXTENSION_POINTS] + [k for k in classes if k.startswith(EXTRA_ENVIRONMENT)]:
+        if key not in classes:
             continue
-        info, cls = classes[point.name]
+        info, cls = classes[key]
         table = settings_key(tables, info) or info.name
         used.add(table)
         try:
@@ -680,34 +700,40 @@ ENVIRONMENT_REWARD = "environment"
 
 
 def environment_is_episodic(cfg: GRPOConfig, host: PluginHost) -> bool:
-    """Whether the config's environment runs multi-turn episodes (its class
+    """Whether the config's environments run multi-turn episodes (a class
     declares ``episodic``; imported, not built)."""
+    return any(_episodic(cls) for _, cls in chosen_environment_classes(cfg, host))
+
+
+def chosen_environment_classes(cfg: GRPOConfig, host: PluginHost) -> list[tuple[str, Any]]:
+    """Every chosen environment implementation as (name, class), imported;
+    one that does not import is left out (the checks report it)."""
     point = BY_NAME["environment"]
-    try:
-        _, cls = host.implementation_class(
-            point.name, chosen_implementations(cfg)[point.name], key=source_key(cfg, point)
-        )
-    except (PluginError, ConfigError):
-        return False
-    return _episodic(cls)
+    found = []
+    for i, name in enumerate(environment_implementations(cfg)):
+        try:
+            info, cls = host.implementation_class(
+                point.name, name, key=source_key(cfg, point) if i == 0 else point.config_key
+            )
+        except (PluginError, ConfigError):
+            continue
+        found.append((info.name, cls))
+    return found
 
 
 def _episodic(environment_cls: Any | None) -> bool:
     return environment_cls is not None and bool(declared(environment_cls, BY_NAME["environment"], "episodic"))
 
 
-def add_environment_reward(cfg: GRPOConfig, environment_cls: Any | None) -> None:
+def add_environment_reward(cfg: GRPOConfig, environment_cls: Any | None | list[Any]) -> None:
     """An environment that declares ``provides_reward`` scores its episodes:
     add the ``environment`` reward function (weight 1, as TRL adds
     ``get_reward``) to ``trl.reward_funcs`` unless the config lists it.
     ``environment_cls``: the chosen environment's class (:func:`import_chosen`),
-    ``None`` when it could not be imported (the import's error is reported)."""
-    if not _episodic(environment_cls):
-        return
-    provides = declared(environment_cls, BY_NAME["environment"], "provides_reward")
-    if callable(provides):  # decided from the config (never by importing the user's code)
-        provides = provides(cfg)
-    if not provides:
+    or the classes of several, ``None`` when it could not be imported (the
+    import's error is reported)."""
+    candidates = environment_cls if isinstance(environment_cls, list) else [environment_cls]
+    if not any(_provides_reward(cfg, cls) for cls in candidates):
         return
     funcs = list(cfg.trl.reward_funcs or [])
     if ENVIRONMENT_REWARD in funcs:
@@ -742,13 +768,15 @@ def _turn_credit_checks(cfg: GRPOConfig, classes: ChosenClasses, errors: list[st
             "plugins.advantage_aggregation for the default (one advantage per completion)."
         )
         return
-    if environment is not None and not _declared_for(cfg, environment, "environment", "turn_rewards"):
-        errors.append(
-            f"{chosen} needs a reward per turn, but environment '{classes['environment'][0].name}' "
-            f"({source_key(cfg, BY_NAME['environment'])}) does not declare turn_rewards (its replies carry no "
-            "per-turn reward): use an environment that gives EnvironmentReply.reward each turn, or remove "
-            "plugins.advantage_aggregation for the default (one advantage per completion)."
-        )
+    for name, cls in environment_classes(classes):  # with several environments, every one must give them
+        if not _declared_for(cfg, cls, "environment", "turn_rewards"):
+            errors.append(
+                f"{chosen} needs a reward per turn, but environment '{name}' "
+                f"({source_key(cfg, BY_NAME['environment'])}) does not declare turn_rewards (its replies carry no "
+                "per-turn reward; an agent's episodes never do: the agent returns one reward per episode): use an "
+                "environment that gives EnvironmentReply.reward each turn, or remove plugins.advantage_aggregation "
+                "for the default (one advantage per completion)."
+            )
     if ENVIRONMENT_REWARD not in (cfg.trl.reward_funcs or []):
         errors.append(
             f"{chosen} reads the per-turn rewards through the '{ENVIRONMENT_REWARD}' reward function, which "
@@ -762,6 +790,15 @@ def _turn_credit_checks(cfg: GRPOConfig, classes: ChosenClasses, errors: list[st
             f"({source_key(cfg, BY_NAME['policy_loss'])}) cannot take: set trl.use_liger_loss = false (the built-in "
             "loss takes them), or remove plugins.advantage_aggregation."
         )
+
+
+def _provides_reward(cfg: GRPOConfig, environment_cls: Any | None) -> bool:
+    if not _episodic(environment_cls):
+        return False
+    provides = declared(environment_cls, BY_NAME["environment"], "provides_reward")
+    if callable(provides):  # decided from the config (never by importing the user's code)
+        provides = provides(cfg)
+    return bool(provides)
 
 
 BackendRules = Callable[[GRPOConfig, ChosenTraits], list[str]]
@@ -801,7 +838,11 @@ def check_config(
     classes, import_problems = import_chosen(cfg, plugins, names)
     errors += import_problems
     environment_cls = classes["environment"][1] if "environment" in classes else None
-    add_environment_reward(cfg, environment_cls)
+    add_environment_reward(cfg, [cls for _, cls in environment_classes(classes)])
+    try:  # two environments serving one row name
+        route_table(cfg, environment_classes(classes))
+    except ConfigError as exc:
+        errors.append(str(exc))
     traits = chosen_traits(names, classes)
     errors += path_problems(cfg)
     registered = set(plugins.published(REWARD_GROUP))

@@ -10,14 +10,17 @@ functions' signatures and Google-style docstrings
 (``transformers.utils.get_json_schema``, as TRL does).
 
 Where grpo differs from TRL: SmolLM2-class templates have no tool support,
-so the calls use a text format of their own (:mod:`.tool_calls`, chosen by
+so the calls use a text format of their own (:mod:`grpo_core.contract.tool_calls`, chosen by
 ``[plugins.tools] format``) taught by the system prompt, with a one-shot
 example; results come back as ``tool`` messages (``result_role``). A call
 that cannot be parsed, names no tool, or raises is answered with an error
 message (``tool_failures``), never a crash. ``trl.max_tool_calling_iterations``
 bounds the rounds of calls (TRL's meaning: a turn's calls past the limit
-are not run and the episode ends). A dict of environments (TRL's
-multi-environment mode) is not supported: one class per run.
+are not run and the episode ends). ``trl.environment_factory`` as a table
+of name -> 'module.Class' is TRL's multi-environment mode: each row names
+its class in an ``environment`` column (the core routes rows and refuses an
+unknown name before training; :func:`ToolEnvironment.names`), and each
+episode sees the tools of its own class.
 """
 
 from __future__ import annotations
@@ -36,12 +39,10 @@ from grpo_core.plugin_api import (
     Messages,
     Prompt,
     RunContext,
-    hookimpl,
-    import_from_cwd,
-)
-from grpo_plugins.environments.tool_calls import (
     ToolCall,
     example_arguments,
+    hookimpl,
+    import_from_cwd,
     instructions,
     parse_calls,
 )
@@ -98,9 +99,10 @@ def environment_methods(instance: Any) -> list[Callable[..., Any]]:
 class ToolEpisode:
     """One episode: an environment instance (if any) and the tools."""
 
-    def __init__(self, owner: ToolEnvironment, prompt: Prompt, instance: Any) -> None:
+    def __init__(self, owner: ToolEnvironment, prompt: Prompt, instance: Any, name: str | None = None) -> None:
         self.owner = owner
         self.prompt = prompt
+        self.name = name  # the environment_factory key the row chose (None: the one class)
         self.environment = instance  # what reward functions get as environments=
         self.tools = {
             f.__name__: f for f in owner.functions + (environment_methods(instance) if instance is not None else [])
@@ -111,7 +113,7 @@ class ToolEpisode:
         start = None
         if self.environment is not None and callable(getattr(self.environment, "reset", None)):
             start = self.environment.reset(**{"prompt": self.prompt.prompt, **self.prompt.columns})
-        system = self.owner.system_text()
+        system = self.owner.system_text(self.name)
         prompt = self.prompt.prompt
         messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
         if start is not None:
@@ -123,7 +125,7 @@ class ToolEpisode:
         return [{"role": "system", "content": system}, *shown, *messages]
 
     def step(self, text: str) -> EnvironmentReply:
-        calls = parse_calls(text, self.owner.settings.format, self.owner.schemas_for(self.tools))
+        calls = parse_calls(text, self.owner.settings.format, self.owner.schemas_for(self.tools, self.name))
         if not calls:
             return EnvironmentReply(done=True)
         limit = self.owner.max_rounds
@@ -169,25 +171,34 @@ class ToolEnvironment:
         trl = context.config.trl
         self.settings = settings or ToolSettings()
         self.functions = [_load(spec, "trl.tools") for spec in trl.tools or []]
-        self.factory = _load(trl.environment_factory, "trl.environment_factory") if trl.environment_factory else None
-        if not self.functions and self.factory is None:
+        factory = trl.environment_factory
+        specs = factory if isinstance(factory, dict) else ({None: factory} if factory else {})
+        self.factories: dict[str | None, Any] = {
+            name: _load(spec, "trl.environment_factory" + (f".{name}" if name is not None else ""))
+            for name, spec in specs.items()
+        }
+        self.factory = self.factories.get(None)
+        if not self.functions and not self.factories:
             raise ConfigError(
                 "the 'tools' environment needs trl.tools = ['module.function'] or trl.environment_factory = "
                 "'module.Class'"
             )
         self.max_rounds = trl.max_tool_calling_iterations
-        self._schemas: dict[str, dict[str, Any]] = {}
-        probe = self.factory() if self.factory is not None else None  # the schemas of its methods, checked now
-        self._tool_list = self.functions + (environment_methods(probe) if probe is not None else [])
-        if not self._tool_list:
-            raise ConfigError(
-                f"trl.environment_factory = '{trl.environment_factory}' has no public methods to offer as tools, and "
-                "trl.tools is empty"
-            )
-        for func in self._tool_list:
-            self._schemas[func.__name__] = _schema(
-                func, "trl.environment_factory" if func not in self.functions else "trl.tools"
-            )
+        # each environment's tools: the functions, then its class's methods (a probe instance, checked now)
+        self._tool_lists: dict[str | None, list[Callable[..., Any]]] = {}
+        self._schemas: dict[str | None, dict[str, dict[str, Any]]] = {}
+        for name, cls in (self.factories or {None: None}).items():
+            probe = cls() if cls is not None else None
+            tools = self.functions + (environment_methods(probe) if probe is not None else [])
+            key = "trl.environment_factory" + (f".{name}" if name is not None else "")
+            if not tools:
+                raise ConfigError(
+                    f"{key} = '{specs.get(name)}' has no public methods to offer as tools, and trl.tools is empty"
+                )
+            self._tool_lists[name] = tools
+            self._schemas[name] = {
+                f.__name__: _schema(f, key if f not in self.functions else "trl.tools") for f in tools
+            }
 
     @staticmethod
     def provides_reward(config: Any) -> bool:
@@ -197,11 +208,18 @@ class ToolEnvironment:
         listed, and is ``None`` for a class without ``get_reward``."""
         return bool(config.trl.environment_factory)
 
-    def schemas_for(self, tools: dict[str, Callable[..., Any]]) -> dict[str, dict[str, Any]]:
-        return {name: self._schemas[name] for name in tools if name in self._schemas}
+    @staticmethod
+    def names(config: Any) -> list[str] | None:
+        """The names rows choose by: the keys of an ``environment_factory`` table."""
+        factory = config.trl.environment_factory
+        return list(factory) if isinstance(factory, dict) else None
 
-    def system_text(self) -> str:
-        schemas = [self._schemas[f.__name__] for f in self._tool_list]
+    def schemas_for(self, tools: dict[str, Callable[..., Any]], name: str | None = None) -> dict[str, dict[str, Any]]:
+        schemas = self._schemas[name]
+        return {tool: schemas[tool] for tool in tools if tool in schemas}
+
+    def system_text(self, name: str | None = None) -> str:
+        schemas = [self._schemas[name][f.__name__] for f in self._tool_lists[name]]
         example = (schemas[0]["function"]["name"], example_arguments(schemas[0])) if self.settings.example else None
         text = instructions(schemas, self.settings.format, example)
         return f"{self.settings.instructions}\n{text}" if self.settings.instructions else text
@@ -221,4 +239,12 @@ class ToolEnvironment:
 
     @hookimpl
     def grpo_environment_episode(self, prompt: Prompt, sample: int) -> ToolEpisode:
-        return ToolEpisode(self, prompt, self.factory() if self.factory is not None else None)
+        if None in self.factories or not self.factories:
+            return ToolEpisode(self, prompt, self.factory() if self.factory is not None else None)
+        name = prompt.columns.get("environment")
+        if name not in self.factories:  # the core checks every row first; this is TRL's message
+            raise ConfigError(
+                f"Example has `environment={name!r}`, which is not among the environments passed to "
+                f"`environment_factory`. Expected one of: {list(self.factories)}."
+            )
+        return ToolEpisode(self, prompt, self.factories[name](), name)

@@ -38,6 +38,7 @@ READ_ATTRIBUTES = {
     "episodic",
     "provides_reward",
     "turn_rewards",
+    "names",
     "required_capabilities",
     "sends",
     "needs_turn_rewards",
@@ -128,6 +129,10 @@ def test_the_runtime_check_refuses_what_the_types_refuse() -> None:
     assert d.declaration_problems(type("E", (), {"provides_reward": "yes"}), d.EnvironmentImplementation) == [
         "provides_reward = 'yes': it must be True or False or a static function (config) -> bool"
     ]
+    assert d.declaration_problems(type("E", (), {"names": "tools"}), d.EnvironmentImplementation) == [
+        "names = 'tools': it must be a list of str or a static function (config) -> list[str] | None or None"
+    ]
+    assert d.declaration_problems(type("E", (), {"names": ["a", "b"]}), d.EnvironmentImplementation) == []
 
 
 def test_every_builtin_implementation_keeps_the_contract() -> None:

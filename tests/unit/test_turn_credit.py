@@ -418,6 +418,29 @@ def test_config_check_refuses_turn_credit_by_name(tmp_path) -> None:
         check_run_config(_config(tmp_path, trl={"use_liger_loss": True}, **openenv))
 
 
+def test_agent_episodes_with_turn_credit_are_refused_by_name(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent returns one reward per episode, never one per turn: turn
+    credit is refused naming the agent environment, alone or beside an
+    environment that does give per-turn rewards (each is checked)."""
+    from grpo_core.contract.errors import ConfigError
+    from grpo_core.validation.run_check import check_run_config
+
+    (tmp_path / "my_agent.py").write_text("def run(row, *, base_url, api_key, model):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    agent = {"environment": "agent", "agent": {"function": "my_agent.run"}}
+    with pytest.raises(ConfigError, match="environment 'agent'.*does not declare turn_rewards.*an agent's episodes"):
+        check_run_config(_config(tmp_path, plugins=agent, trl={"reward_funcs": ["environment"]}))
+    mixed = {
+        "environment": ["openenv", "agent"],
+        "openenv": {"base_url": "http://127.0.0.1:9"},
+        "agent": {"function": "my_agent.run"},
+    }
+    with pytest.raises(ConfigError) as refused:
+        check_run_config(_config(tmp_path, plugins=mixed))
+    assert "environment 'agent'" in str(refused.value)
+    assert "environment 'openenv'" not in str(refused.value)  # its replies carry rewards: not refused
+
+
 def test_the_environment_reward_function_must_be_listed(tmp_path) -> None:
     """An environment declaring turn_rewards but not provides_reward gets no
     ``environment`` reward function added: the check names the fix."""

@@ -51,13 +51,13 @@ def main(config_path: str) -> None:
         by_ids = {}
         for scored in batch.groups:
             for c in scored.group.completions:
-                by_ids[tuple(scored.group.prompt.prompt_ids) + tuple(c.token_ids)] = c
+                by_ids[tuple(scored.group.prompt.prompt_ids) + tuple(c.token_ids)] = (scored.group.prompt.prompt_ids, c)
         for mb in self._micro:
             width = mb.completion_mask.shape[1]
             for r in range(mb.input_ids.shape[0]):
                 real = mb.attention_mask[r].bool()
                 ids = mb.input_ids[r][real].tolist()
-                c = by_ids[tuple(ids)]
+                prompt_ids, c = by_ids[tuple(ids)]
                 n = len(c.token_ids)
                 mask = mb.completion_mask[r, :n].tolist()
                 rows.append(
@@ -66,6 +66,7 @@ def main(config_path: str) -> None:
                         "padding_mask_sum": float(mb.completion_mask[r, n:width].sum()),
                         "loss_mask": c.loss_mask,
                         "ids": list(c.token_ids),
+                        "prompt_ids": list(prompt_ids),
                         "turns": c.episode.turns,
                         "model_tokens": c.episode.model_tokens,
                         "environment_tokens": c.episode.environment_tokens,
@@ -84,10 +85,16 @@ def main(config_path: str) -> None:
             in_flight[0] += 1
             overlapping = in_flight[0]
         start = time.perf_counter()
+        answers = []
         try:
-            return generate(
+            groups = generate(
                 self, prompts=prompts, num_generations=num_generations, sampling=sampling, policy_version=policy_version
             )
+            if os.environ.get("GRPO_PROBE_ANSWERS"):  # what the engine was asked and answered, for rebuilding rows
+                answers = [
+                    [list(p.prompt_ids), [list(c.token_ids) for c in g.completions]] for p, g in zip(prompts, groups)
+                ]
+            return groups
         finally:
             with flight_lock:
                 in_flight[0] -= 1
@@ -98,6 +105,7 @@ def main(config_path: str) -> None:
                     "n": num_generations,
                     "overlapping": overlapping,
                     "seconds": time.perf_counter() - start,
+                    "answers": answers,
                 }
             )
 

@@ -188,3 +188,72 @@ def test_narrowed_weight_warnings_are_dropped_and_other_warnings_pass() -> None:
     finally:
         logger.removeHandler(handler)
     assert seen == ["Attempted to load nested weight x"]
+
+
+COLOCATED_AGENT = """
+import openai
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_openai import ChatOpenAI
+
+
+def run(row, *, base_url, api_key, model):
+    # the first turn through the openai client, the second streamed through LangChain's ChatOpenAI, which
+    # sends the history back as its own message objects: both clients' requests continue the sampled ids
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    reply = client.chat.completions.create(model=model, messages=list(row["prompt"]), max_tokens=8)
+    llm = ChatOpenAI(model=model, base_url=base_url, api_key=api_key, max_tokens=8, max_retries=0)
+    kinds = {"system": SystemMessage, "user": HumanMessage}
+    history = [kinds[m["role"]](m["content"]) for m in row["prompt"]]
+    history += [AIMessage(reply.choices[0].message.content or ""), HumanMessage("Sure?")]
+    text = "".join(str(chunk.content) for chunk in llm.stream(history))
+    return float(len(text) % 2)
+"""
+
+
+# extended: the colocated engine starts in a subprocess of its own (the run took ~40-200 s by machine class);
+# the default tier drives agents through the same driver on the transformers rollout
+# (tests/e2e/test_agent_environment.py) and through the vLLM server (tests/e2e/vllm/test_agent_vllm.py).
+@pytest.mark.extended
+def test_an_agent_trains_on_the_colocated_engines_ids(smollm2_dir: str, tmp_path: Path) -> None:
+    """The agent environment on colocated vLLM: each request one call of the
+    in-process engine (never two at once), and every trained row rebuilt from
+    what the engine was asked and answered alone."""
+    pytest.importorskip("langchain_openai", reason="langchain-openai (the agents extra, also in test) is not installed")
+    (tmp_path / "colocated_agent.py").write_text(COLOCATED_AGENT)
+    cfg = run_config(smollm2_dir, tmp_path / "out", None, vllm_mode="colocate", max_completion_length=64)
+    cfg["max_steps"] = 1
+    cfg["trl"].pop("reward_funcs")
+    cfg["plugins"] = {"environment": "agent", "agent": {"function": "colocated_agent.run"}}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(cfg))
+    env = {**ENV, "GRPO_PROBE_ANSWERS": "1", "PYTHONPATH": os.pathsep.join([str(tmp_path), ENV.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, str(HERE / "colocate_episodes_probe.py"), str(config)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=tmp_path,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    probe = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("PROBE "))[6:])
+    assert probe["status"] == "completed"
+    assert max(c["overlapping"] for c in probe["calls"]) == 1, "the in-process engine is never called from two threads"
+    answers: dict[tuple[int, ...], list[list[int]]] = {}
+    for call in probe["calls"]:
+        for prompt_ids, outs in call["answers"]:
+            answers.setdefault(tuple(prompt_ids), []).extend(outs)
+    assert probe["rows"], "no trained row (every group without reward variance?)"
+    for row in probe["rows"]:
+        assert row["mask"] == row["loss_mask"] and row["turns"] == 2
+        ids, mask, start, runs = row["ids"], row["loss_mask"], 0, 0
+        while start < len(ids):
+            if not mask[start]:
+                start += 1
+                continue
+            context = tuple(row["prompt_ids"] + ids[:start])
+            answer = next(a for a in answers[context] if ids[start : start + len(a)] == a)
+            assert mask[start : start + len(answer)] == [1] * len(answer)
+            start, runs = start + len(answer), runs + 1
+        assert runs == 2 and sum(mask) == row["model_tokens"]

@@ -1,4 +1,8 @@
-"""A tool-call format a small model can copy, for chat templates without tools.
+"""grpo's text format for tool calls, for chat templates without tools.
+
+Part of the contract because more than one environment speaks it: the
+``tools`` environment teaches it to the model, and the ``agent``
+environment's endpoint reads it back into OpenAI ``tool_calls``.
 
 SmolLM2's template (like many small models') knows nothing of tools, so the
 format lives in the text: the tools' schemas and one worked example go into
@@ -90,6 +94,28 @@ def parse_calls(text: str, style: Format, schemas: dict[str, dict[str, Any]]) ->
             call.problem = _check(call, schemas)
         calls.append(call)
     return calls
+
+
+def split_calls(text: str, style: Format, schemas: dict[str, dict[str, Any]]) -> tuple[str, list[ToolCall]]:
+    """``text`` as an OpenAI assistant message: the calls that read cleanly
+    (a known tool, arguments that fit) and the content without them. A call
+    that cannot be read stays in the content, as the model wrote it."""
+    calls: list[ToolCall] = []
+    kept: list[str] = []
+    end = 0
+    for match in CALL.finditer(text):
+        body = match.group(1)
+        call = _parse_json(body) if style == "json" else _parse_python(body)
+        if call.problem is None:
+            call.problem = _check(call, schemas)
+        kept.append(text[end : match.start()])
+        if call.problem is None:
+            calls.append(call)
+        else:
+            kept.append(match.group(0))
+        end = match.end()
+    kept.append(text[end:])
+    return "".join(kept).strip(), calls
 
 
 def _parse_json(body: str) -> ToolCall:
