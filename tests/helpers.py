@@ -27,6 +27,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
+HUB_OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+"""tests/conftest.py sets them for the whole session; a child without them checks a config as where the hub is
+reachable (a hub dataset not cached here is then a warning that it is fetched at run time, not an error)."""
 # The console script installed beside this interpreter, as a user runs it.
 GRPO = str(Path(sys.executable).with_name("grpo"))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import TESTS, grpo, no_traceback
+from helpers import HUB_OFFLINE, TESTS, grpo, no_traceback
 
 from grpo_core.config.loader import read_raw
 
@@ -27,7 +27,7 @@ PASSING = [p for p in CONFIGS if p.parent.name != "rlhf-gdpo"]
 
 @pytest.mark.parametrize("path", PASSING, ids=lambda p: p.parent.name)
 def test_axolotl_configs_pass_config_check_unchanged(path: Path, tmp_path: Path) -> None:
-    result = grpo("config", "check", str(path), cwd=tmp_path)
+    result = grpo("config", "check", str(path), cwd=tmp_path, unset=HUB_OFFLINE)
     assert result.returncode == 0, result.stderr
     no_traceback(result)
     assert f"{path}: OK" in result.stdout
@@ -36,7 +36,7 @@ def test_axolotl_configs_pass_config_check_unchanged(path: Path, tmp_path: Path)
 def test_rlhf_gdpo_fragment_is_refused_as_trl_refuses_it(tmp_path: Path) -> None:
     # The guide's GDPO snippet sets no batch size: 1 completion per step cannot hold a group of 4
     # (TRL's GRPOConfig raises for generation_batch_size 1 with num_generations 4 as well).
-    result = grpo("config", "check", str(DATA / "rlhf-gdpo" / "config.yaml"), cwd=tmp_path)
+    result = grpo("config", "check", str(DATA / "rlhf-gdpo" / "config.yaml"), cwd=tmp_path, unset=HUB_OFFLINE)
     assert result.returncode == 2
     assert (
         "not divisible by trl.num_generations = 4" in result.stderr
@@ -49,6 +49,7 @@ def test_rlhf_gdpo_fragment_is_refused_as_trl_refuses_it(tmp_path: Path) -> None
         "--set",
         "gradient_accumulation_steps=4",
         cwd=tmp_path,
+        unset=HUB_OFFLINE,
     )
     assert fixed.returncode == 0, fixed.stderr
     assert "advantage_aggregation=normalize_then_sum" in fixed.stdout
@@ -79,7 +80,7 @@ def test_convert_keeps_or_explains_every_key(path: Path, tmp_path: Path) -> None
         explained = value is None and re.search(rf"^# null in the source.*\b{re.escape(key)}\b", text, re.M)
         assert kept or explained, f"{key} neither kept nor explained"
     if path in PASSING:  # the TOML checks as the YAML does
-        checked = grpo("config", "check", str(out), cwd=path.parent)
+        checked = grpo("config", "check", str(out), cwd=path.parent, unset=HUB_OFFLINE)
         assert checked.returncode == 0, checked.stderr
     assert "# GRPO with trl.multi_objective_aggregation" in text if source.get("rl") == "gdpo" else True
 

@@ -11,14 +11,13 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from helpers import GRPO, REPO, grpo, no_traceback
+from helpers import GRPO, HUB_OFFLINE, REPO, grpo, no_traceback
 
 from grpo_core.contract.extension_points import EXTENSION_POINTS
 
 POINTS = [point.name for point in EXTENSION_POINTS]
 
 QUICKSTART = REPO / "examples" / "quickstart"
-HUB_OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")  # tests/conftest.py sets them for the whole session
 
 
 def test_console_script_is_installed() -> None:
@@ -134,7 +133,7 @@ def test_config_convert_yaml_to_toml(tmp_path: Path) -> None:
     out = tmp_path / "out.toml"
     result = grpo("config", "convert", str(QUICKSTART / "config.yaml"), "-o", str(out))
     assert result.returncode == 0 and f"wrote {out}" in result.stderr
-    converted = grpo("config", "check", str(out), cwd=QUICKSTART)
+    converted = grpo("config", "check", str(out), cwd=QUICKSTART, unset=HUB_OFFLINE)
     assert converted.returncode == 0, converted.stderr
     refused = grpo("config", "convert", "config.toml", cwd=QUICKSTART)
     assert refused.returncode == 2 and "expected a .yaml" in refused.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, TESTS
+from helpers import HUB_OFFLINE, REPO, TESTS
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -58,7 +58,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_quickstart_yaml_and_toml_twin_validate_to_the_same_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # checked as where the hub is reachable
+    for variable in HUB_OFFLINE:  # checked as where the hub is reachable
         monkeypatch.delenv(variable, raising=False)
     from_yaml = load_config(QUICKSTART / "config.yaml")
     from_toml = load_config(QUICKSTART / "config.toml")

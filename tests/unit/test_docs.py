@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import HUB_OFFLINE, REPO
 from pip_target import install_into_target
 from plugin_set import only_plugins_from
 
@@ -177,7 +177,7 @@ def check_block(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s
     config.write_text(block.text, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [*map(str, sites), *sys.path])  # the check puts the config's folder on it
-    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # a reader's machine reaches the hub
+    for variable in HUB_OFFLINE:  # a reader's machine reaches the hub
         monkeypatch.delenv(variable, raising=False)
     for module in tmp_path.glob("*.py"):  # a same-named module another test imported would answer for this one's
         monkeypatch.delitem(sys.modules, module.stem, raising=False)
