@@ -571,7 +571,9 @@ def _one_history(
     been restored), set aside what the output holds after the step this run
     starts from, and record the run's start (:mod:`grpo_core.checkpointing.lineage`)."""
     if resume is None:
-        problem = lineage.fresh_start_problem(cfg)
+        problem = lineage.fresh_start_problem(
+            cfg.output_dir, cfg.max_steps, resuming=cfg.resume_from_checkpoint is not None, start_over=cfg.start_over
+        )
         if problem is not None:
             raise ConfigError(problem)
     start_step = int(resume_state.trainer_state["step"]) if resume_state is not None else 0
