@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from grpo_core.checkpointing.checkpoint import PREFIX, STATE_FILE, list_checkpoints
-from grpo_core.config.schema import GRPOConfig
 from grpo_core.observability.history import ABANDONED, STEP_LOGS, split_log
 
 LINEAGE = "lineage.jsonl"
@@ -171,13 +170,14 @@ def set_aside(output_dir: Path, after_step: int, by_run: str, why: str) -> list[
     return lines
 
 
-def fresh_start_problem(cfg: GRPOConfig) -> str | None:
-    """Why starting ``cfg`` from step 0 would overwrite resumable work, or
-    None: ``output_dir`` holds checkpoints and the config neither resumes
-    nor opts in to starting over."""
-    if cfg.resume_from_checkpoint is not None or cfg.start_over:
+def fresh_start_problem(output_dir: str | Path, max_steps: int, *, resuming: bool, start_over: bool) -> str | None:
+    """Why starting from step 0 would overwrite resumable work, or None:
+    ``output_dir`` holds checkpoints and the config neither resumes
+    (``resume_from_checkpoint`` set) nor opts in to ``start_over``."""
+    if resuming or start_over:
         return None
-    existing = list_checkpoints(Path(cfg.output_dir))
+    output_dir = Path(output_dir)
+    existing = list_checkpoints(output_dir)
     if not existing:
         return None
     newest = existing[-1]
@@ -185,21 +185,21 @@ def fresh_start_problem(cfg: GRPOConfig) -> str | None:
         step = int(json.loads((newest / STATE_FILE).read_text()).get("step", 0))
     except (OSError, ValueError, AttributeError):
         step = int(newest.name[len(PREFIX) :])
-    done = f"; it reached max_steps = {cfg.max_steps}" if step >= cfg.max_steps else ""
+    done = f"; it reached max_steps = {max_steps}" if step >= max_steps else ""
     return (
-        f"output_dir {cfg.output_dir} holds {len(existing)} checkpoint(s) of an earlier run (newest: {newest}, step "
+        f"output_dir {output_dir} holds {len(existing)} checkpoint(s) of an earlier run (newest: {newest}, step "
         f"{step}{done}); a fresh start would train from step 0 and overwrite them. Resume it with `grpo run CONFIG "
         f'--resume` (resume_from_checkpoint = "latest", or a checkpoint\'s path), or set a new output_dir, or start '
         f"over with `grpo run CONFIG --start-over` (start_over = true), which moves the earlier run's checkpoints "
-        f"and logs to {Path(cfg.output_dir) / ABANDONED}/ and deletes nothing."
+        f"and logs to {output_dir / ABANDONED}/ and deletes nothing."
     )
 
 
-def start_over_note(cfg: GRPOConfig) -> str | None:
+def start_over_note(output_dir: str | Path, start_over: bool) -> str | None:
     """What ``start_over`` will move, for ``grpo config check`` (None when nothing)."""
-    if not cfg.start_over:
+    if not start_over:
         return None
-    output_dir = Path(cfg.output_dir)
+    output_dir = Path(output_dir)
     existing = list_checkpoints(output_dir)
     logs = [name for name in STEP_LOGS if (output_dir / name).is_file()]
     if not existing and not logs:

@@ -34,7 +34,7 @@ from grpo_core.generation.producer import sampling_from_config
 
 if TYPE_CHECKING:
     from grpo_core.config.schema import GRPOConfig
-    from grpo_core.contract.types import Prompt, RolloutGroup
+    from grpo_core.contract.types import Prompt, RolloutGroup, SamplingSettings
 
 EVAL_CHUNK = 64  # prompts per rollout call
 
@@ -79,21 +79,24 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def eval_sampling(cfg: GRPOConfig, stop_ids: list[int]) -> SamplingSettings:
+    """The run's sampling settings at ``eval_temperature``."""
+    return replace(sampling_from_config(cfg, stop_ids), temperature=float(cfg.eval_temperature))
+
+
 def evaluate(
-    cfg: GRPOConfig,
+    sampling: SamplingSettings,
     hook: Any,
     scorer: Any,
     prompts: list[Prompt],
-    stop_ids: list[int],
     policy_version: int,
     step: int,
     episodes: Any = None,
 ) -> EvalResult:
-    """Generate one completion per prompt through the rollout hook (one
-    whole episode each, through ``episodes``, when the run has them) and
-    score it."""
+    """Generate one completion per prompt with ``sampling`` (:func:`eval_sampling`)
+    through the rollout hook (one whole episode each, through ``episodes``,
+    when the run has them) and score it."""
     started = time.perf_counter()
-    sampling = replace(sampling_from_config(cfg, stop_ids), temperature=float(cfg.eval_temperature))
     groups: list[RolloutGroup] = []
     for start in range(0, len(prompts), EVAL_CHUNK):
         chunk = prompts[start : start + EVAL_CHUNK]

@@ -16,7 +16,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,7 +42,6 @@ from grpo_core.generation.episodes import (
     unscored_rows,
 )
 from grpo_core.generation.spread import GenerateShare, SpreadGeneration
-from grpo_core.optimization.batch import steps_per_batch
 from grpo_core.runtime.distributed import shares
 
 
@@ -90,6 +89,24 @@ class PromptStream:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self._make_order()
+
+
+@dataclass(frozen=True)
+class ProducerOptions:
+    """The keys a :class:`RolloutProducer` reads, taken once from the config
+    (:meth:`of`): ``trl.num_generations``, ``trl.scale_rewards`` and the streaming pair."""
+
+    num_generations: int
+    scale_rewards: str
+    stream_chunk: int | None = None
+    """Prompts per rollout call with ``trl.streaming_partial_batch`` (``trl.streaming_min_groups``,
+    at least 1); None: the whole batch in one call."""
+
+    @classmethod
+    def of(cls, cfg: GRPOConfig) -> ProducerOptions:
+        trl = cfg.trl
+        chunk = max(1, int(trl.streaming_min_groups or 1)) if trl.streaming_partial_batch else None
+        return cls(int(trl.num_generations), str(trl.scale_rewards), chunk)  # type: ignore[arg-type]
 
 
 def sampling_from_config(cfg: GRPOConfig, stop_token_ids: list[int]) -> SamplingSettings:
@@ -175,7 +192,7 @@ class RolloutProducer:
 
     def __init__(
         self,
-        cfg: GRPOConfig,
+        options: ProducerOptions,
         hook: Any,
         scorer: Any,
         stream: PromptStream,
@@ -184,7 +201,7 @@ class RolloutProducer:
         concurrent_rollout: bool,
         episodes: RolloutDriver | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.options = options
         self.episodes = episodes
         self.hook = hook
         self.scorer = scorer
@@ -192,7 +209,7 @@ class RolloutProducer:
         self.prompts_per_batch = prompts_per_batch
         self.sampling = sampling
         self.concurrent_rollout = concurrent_rollout
-        self.num_generations = int(cfg.trl.num_generations)  # type: ignore[arg-type]
+        self.num_generations = options.num_generations
         self.synced_version = 0  # the policy version the engine samples from
         self._restored: deque[ScoredBatch] = deque()  # from a checkpoint, handed out before anything new
 
@@ -231,9 +248,9 @@ class RolloutProducer:
         return sample_groups(self.hook, prompts, self.num_generations, sampling, version, self.episodes)
 
     def _chunks(self, prompts: list[Prompt]) -> list[list[Prompt]]:
-        if not self.cfg.trl.streaming_partial_batch:
+        size = self.options.stream_chunk
+        if size is None:
             return [prompts]
-        size = max(1, int(self.cfg.trl.streaming_min_groups or 1))
         return [prompts[i : i + size] for i in range(0, len(prompts), size)]
 
     def _score(self, groups: list[RolloutGroup], step: int) -> tuple[list[list[list[float | None]]], float]:
@@ -324,7 +341,7 @@ class RolloutProducer:
             rewards=tensor,
             weights=weights,
             group_size=self.num_generations,
-            scale_rewards=str(self.cfg.trl.scale_rewards),
+            scale_rewards=self.options.scale_rewards,
             completions=completions,
             reward_names=list(self.scorer.names),
         )
@@ -394,10 +411,11 @@ class PrefetchingProducer:
     what makes such a resume exact.
     """
 
-    def __init__(self, inner: RolloutProducer, depth: int, progress_of: Callable[[int], TrainingProgress]) -> None:
+    def __init__(self, inner: RolloutProducer, depth: int, steps_per_batch: int, max_steps: int) -> None:
         self.inner = inner
         self.depth = max(1, depth)
-        self.progress_of = progress_of
+        self.steps_per_batch = steps_per_batch  # batch k is consumed at optimizer step k * steps_per_batch
+        self.max_steps = max_steps
         self._queue: queue.Queue[Any] = queue.Queue()
         self._slots = threading.Semaphore(self.depth)
         self._stop = threading.Event()
@@ -424,7 +442,9 @@ class PrefetchingProducer:
                 if self._stop.is_set():
                     return
                 try:
-                    item: Any = self.inner.produce(self.progress_of(self._produced))
+                    item: Any = self.inner.produce(
+                        TrainingProgress(step=self._produced * self.steps_per_batch, max_steps=self.max_steps)
+                    )
                 except BaseException as exc:  # handed to the trainer's thread
                     item = exc
                 self._produced += 1
@@ -434,7 +454,7 @@ class PrefetchingProducer:
 
     def produce(self, progress: TrainingProgress) -> ScoredBatch:
         if self._thread is None:
-            self.start(progress.step // steps_per_batch(self.inner.cfg))
+            self.start(progress.step // self.steps_per_batch)
         while True:
             try:
                 item = self._queue.get(timeout=1.0)

@@ -175,7 +175,7 @@ def run_eval(cfg: GRPOConfig, host: PluginHost, adapter: str | None) -> dict[str
     """The in-training evaluation, standalone, on the base model or an adapter."""
     # imported when the command runs, so `grpo --help` stays fast
     from grpo_core.data.prompts import load_prompts
-    from grpo_core.generation.evaluation import evaluate, load_eval_prompts
+    from grpo_core.generation.evaluation import eval_sampling, evaluate, load_eval_prompts
     from grpo_core.scoring.rewards import RewardScorer
 
     local = _Local.open(cfg, host)
@@ -189,7 +189,8 @@ def run_eval(cfg: GRPOConfig, host: PluginHost, adapter: str | None) -> dict[str
     scorer = RewardScorer(local.cfg, host, local.context)
     try:
         local.load_model(adapter)
-        result = evaluate(local.cfg, host.hook, scorer, prompts, local.stop_ids(), policy_version=0, step=0)
+        sampling = eval_sampling(local.cfg, local.stop_ids())
+        result = evaluate(sampling, host.hook, scorer, prompts, policy_version=0, step=0)
     finally:
         scorer.close()
     return result.metrics

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_core.config.eval_schedule import eval_enabled, eval_every
-from grpo_core.generation.evaluation import eval_rows, evaluate
+from grpo_core.generation.evaluation import eval_rows, eval_sampling, evaluate
 from grpo_core.observability.alerts import HealthMonitor
 from grpo_core.observability.logging import MetricsLogger, print_completions
 from grpo_core.observability.tracking import CompletionLog, TrackerSet, completion_rows
@@ -121,11 +121,10 @@ class RunObserver:
             trainer.sync_weights()  # no-op when the engine already holds this version
         version = trainer.last_sync_version if trainer.last_sync_version >= 0 else trainer.policy_version
         result = evaluate(
-            self.cfg,
+            eval_sampling(self.cfg, self.stop_ids),
             trainer.parts.hook,
             trainer.parts.scorer,
             self.eval_prompts,
-            self.stop_ids,
             version,
             trainer.step,
             episodes=self.episodes,

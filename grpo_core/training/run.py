@@ -34,7 +34,6 @@ from grpo_core.contract.types import (
     Checkpointable,
     InferenceEngine,
     Prompt,
-    TrainingProgress,
     engine_cpu_cores,
 )
 from grpo_core.data.prompts import common_columns, load_prompts
@@ -43,6 +42,7 @@ from grpo_core.generation.episodes import EpisodeDriver, RolloutDriver
 from grpo_core.generation.evaluation import load_eval_prompts
 from grpo_core.generation.producer import (
     PrefetchingProducer,
+    ProducerOptions,
     PromptStream,
     RolloutProducer,
     ScatteringProducer,
@@ -253,7 +253,7 @@ def _make_producer(
         return ScatteringProducer(None, dist, spread)
     stop_ids = _stop_ids(tokenizer)
     producer: Any = RolloutProducer(
-        cfg,
+        ProducerOptions.of(cfg),
         spread if spread is not None else host.hook,
         scorer,
         stream,
@@ -266,8 +266,8 @@ def _make_producer(
         producer = PrefetchingProducer(
             producer,
             int(cfg.trl.prefetch_depth or 1),
-            # batch k is consumed at optimizer step k * steps_per_batch
-            progress_of=lambda k: TrainingProgress(step=k * steps_per_batch(cfg), max_steps=cfg.max_steps),
+            steps_per_batch=steps_per_batch(cfg),
+            max_steps=cfg.max_steps,
         )
     return ScatteringProducer(producer, dist, spread) if dist.active else producer
 
@@ -571,7 +571,9 @@ def _one_history(
     been restored), set aside what the output holds after the step this run
     starts from, and record the run's start (:mod:`grpo_core.checkpointing.lineage`)."""
     if resume is None:
-        problem = lineage.fresh_start_problem(cfg)
+        problem = lineage.fresh_start_problem(
+            cfg.output_dir, cfg.max_steps, resuming=cfg.resume_from_checkpoint is not None, start_over=cfg.start_over
+        )
         if problem is not None:
             raise ConfigError(problem)
     start_step = int(resume_state.trainer_state["step"]) if resume_state is not None else 0

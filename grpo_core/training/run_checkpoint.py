@@ -40,7 +40,6 @@ from grpo_core.runtime.distributed import shares
 if TYPE_CHECKING:
     import torch
 
-    from grpo_core.config.schema import GRPOConfig
     from grpo_core.contract.types import Checkpointable
     from grpo_core.generation.producer import Producer
     from grpo_core.parallel import TrainingBackend
@@ -76,7 +75,7 @@ class RunCheckpoints:
 
     def __init__(
         self,
-        cfg: GRPOConfig,
+        output_dir: str | Path,
         backend: TrainingBackend,
         dist: Distributed,
         producer: Producer,
@@ -84,9 +83,13 @@ class RunCheckpoints:
         tokenizer: Any,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
+        *,
+        save_total_limit: int | None,
+        max_steps: int,
     ) -> None:
-        self.cfg = cfg
-        self.output_dir = Path(cfg.output_dir)
+        self.output_dir = Path(output_dir)
+        self.save_total_limit = save_total_limit  # the oldest checkpoints beyond it are deleted
+        self.max_steps = max_steps  # recorded in each checkpoint's trainer state
         self.backend = backend
         self.dist = dist
         self.producer = producer
@@ -142,7 +145,7 @@ class RunCheckpoints:
                 self.scheduler,
                 self.trainer_state(position),
                 extra,
-                self.cfg.save_total_limit,
+                self.save_total_limit,
                 extra_dirs=state.staged,
             )
         self.dist.barrier()
@@ -154,7 +157,7 @@ class RunCheckpoints:
             "skipped_zero_adv_batches": position.skipped_zero_adv_batches,
             "skipped_zero_adv_samples": position.skipped_zero_adv_samples,
             "stream": position.stream,
-            "max_steps": self.cfg.max_steps,
+            "max_steps": self.max_steps,
         }
 
     @staticmethod

@@ -180,7 +180,7 @@ class GRPOTrainer:
             in_flight=bool(self.trl.in_flight_weight_updates),
         )
         self.checkpoints = RunCheckpoints(
-            cfg,
+            cfg.output_dir,
             self.backend,
             self.dist,
             parts.producer,
@@ -188,6 +188,8 @@ class GRPOTrainer:
             parts.tokenizer,
             parts.optimizer,
             parts.scheduler,
+            save_total_limit=cfg.save_total_limit,
+            max_steps=cfg.max_steps,
         )
         if self.compiled_body is not None:
             parts.context.log(

@@ -41,10 +41,12 @@ def output_dir_checks(cfg: GRPOConfig, errors: list[str], warnings: list[str]) -
             f'resume_from_checkpoint = "latest": output_dir {output_dir} holds no checkpoint yet, so the run starts '
             "from step 0."
         )
-    problem = fresh_start_problem(cfg)
+    problem = fresh_start_problem(
+        output_dir, cfg.max_steps, resuming=cfg.resume_from_checkpoint is not None, start_over=cfg.start_over
+    )
     if problem is not None:
         errors.append(problem)
-    note = start_over_note(cfg)
+    note = start_over_note(output_dir, cfg.start_over)
     if note is not None:
         warnings.append(note)
 

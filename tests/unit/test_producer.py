@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -18,11 +17,6 @@ class VersionStampingProducer:
     version current when generation *started* (as the real one does)."""
 
     def __init__(self, fail_at: int | None = None, seconds: float = 0.01) -> None:
-        self.cfg = SimpleNamespace(
-            micro_batch_size=1,
-            gradient_accumulation_steps=1,
-            trl=SimpleNamespace(num_iterations=1, generation_batch_size=None, steps_per_generation=None),
-        )
         self.version = 0
         self.lock = threading.Lock()
         self.calls = 0
@@ -45,7 +39,7 @@ class VersionStampingProducer:
 @pytest.mark.parametrize("depth", [1, 2])
 def test_prefetch_depth_bounds_staleness(depth: int) -> None:
     inner = VersionStampingProducer()
-    prefetch = PrefetchingProducer(inner, depth, lambda k: TrainingProgress(k, 10))
+    prefetch = PrefetchingProducer(inner, depth, steps_per_batch=1, max_steps=10)
     stalest = 0
     try:
         for step in range(8):
@@ -64,7 +58,7 @@ def test_a_checkpoint_waits_for_the_batch_being_made() -> None:
     """Inside ``paused()`` no batch is half made: the one in progress when
     a checkpoint starts is finished and listed, and none starts meanwhile."""
     inner = VersionStampingProducer(seconds=0.3)
-    prefetch = PrefetchingProducer(inner, 2, lambda k: TrainingProgress(k, 10))
+    prefetch = PrefetchingProducer(inner, 2, steps_per_batch=1, max_steps=10)
     try:
         prefetch.produce(TrainingProgress(0, 5))  # the thread starts the second batch now
         time.sleep(0.05)
@@ -79,7 +73,7 @@ def test_a_checkpoint_waits_for_the_batch_being_made() -> None:
 
 
 def test_errors_in_the_thread_reach_the_trainer() -> None:
-    prefetch = PrefetchingProducer(VersionStampingProducer(fail_at=2), 1, lambda k: TrainingProgress(k, 10))
+    prefetch = PrefetchingProducer(VersionStampingProducer(fail_at=2), 1, steps_per_batch=1, max_steps=10)
     try:
         prefetch.produce(TrainingProgress(0, 5))
         with pytest.raises(RuntimeError, match="engine exploded"):
