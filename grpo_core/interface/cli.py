@@ -202,9 +202,11 @@ def _add_run_command(app: typer.Typer) -> None:
         host = host_for(cfg)
         for message in load_always_on(host):
             note(message)
+        from grpo_core.runtime.distributed import process_group_left_on_exit
         from grpo_core.training.run import run_training  # heavy: torch, transformers
 
-        run_training(cfg, host, warn=note, config_path=str(config.resolve()))  # the same checks as `grpo config check`
+        with process_group_left_on_exit():  # this process ends with the run
+            run_training(cfg, host, warn=note, config_path=str(config.resolve()))  # the checks of `grpo config check`
 
 
 RESUME_LATEST = "latest"

@@ -31,7 +31,8 @@ the N processes; ``trl.generation_batch_size`` is global (default
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,3 +134,19 @@ class Distributed:
         result = func() if self.is_main else None
         self.barrier()
         return result
+
+
+@contextlib.contextmanager
+def process_group_left_on_exit() -> Iterator[None]:
+    """Destroy the process group this process joined when the block ends,
+    however it ends. Left to interpreter shutdown, gloo's worker threads can
+    be torn down while still joinable, and the process dies with
+    ``terminate called without an active exception`` (SIGABRT) after a
+    clean stop: the launcher then reports a crash instead of the run's own
+    exit code."""
+    try:
+        yield
+    finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            with contextlib.suppress(Exception):  # leaving: a peer that is gone is not this process's error
+                torch.distributed.destroy_process_group()
