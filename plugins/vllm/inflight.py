@@ -39,6 +39,12 @@ from typing import Any
 
 from grpo_core.plugin_api import GrpoError
 
+COSTS = ("pause_seconds", "load_seconds", "resume_seconds", "recomputed_tokens")
+"""What in-flight updates cost, per step (metrics ``inflight/<name>``): the ``/pause`` and ``/resume``
+round trips and the load between them (all servers, summed), and the tokens the continuations' prompts
+hold (the prompt and the ids sampled before the cut: computed again under the new weights, the KV cache
+is not carried over)."""
+
 
 class InFlightGate:
     """The version the engine's servers sample, and the pause window.
@@ -54,6 +60,18 @@ class InFlightGate:
         self.pauses = 0
         self.regenerated = 0  # samples generated again because their answer was ambiguous
         self._updating = False
+        self._costs = dict.fromkeys(COSTS, 0.0)  # since the last take_costs(): what the updates cost
+
+    def add_cost(self, name: str, amount: float) -> None:
+        """Count ``amount`` of one of :data:`COSTS` (any thread)."""
+        with self._cond:
+            self._costs[name] += amount
+
+    def take_costs(self) -> dict[str, float]:
+        """The costs counted since the last call, as ``inflight/<name>`` metrics; the counts start again."""
+        with self._cond:
+            costs, self._costs = self._costs, dict.fromkeys(COSTS, 0.0)
+        return {f"inflight/{name}": value for name, value in costs.items()}
 
     def ticket(self) -> tuple[int, int]:
         """``(version, pauses)`` for a request about to be sent."""
@@ -200,6 +218,7 @@ def generate_across_updates(
 
         def go_on(already: int, group: list[Partial]) -> list[Partial]:
             version, pauses = gate.ticket()
+            gate.add_cost("recomputed_tokens", float(sum(len(p.continuation_prompt()) for p in group)))
             answers = send([p.continuation_prompt() for p in group], 1, already)
             crossed = gate.pauses_now() != pauses
             left: list[Partial] = []

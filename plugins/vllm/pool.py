@@ -309,16 +309,23 @@ class VLLMEnginePool:
         if version is None:
             self.each(action)
             return
-        with self.in_flight.update(version):
+        gate = self.in_flight
+        with gate.update(version):
             paused: list[VLLMServerEngine] = []
             try:
                 for member in self.live():
+                    started = time.perf_counter()
                     member.client.pause()
+                    gate.add_cost("pause_seconds", time.perf_counter() - started)
                     paused.append(member)
+                started = time.perf_counter()
                 self.each(action)
+                gate.add_cost("load_seconds", time.perf_counter() - started)
             finally:
                 for member in paused:
+                    started = time.perf_counter()
                     member.client.resume()
+                    gate.add_cost("resume_seconds", time.perf_counter() - started)
 
     def fused_modules(self) -> tuple[tuple[str, ...], ...]:
         return self.live()[0].fused_modules()

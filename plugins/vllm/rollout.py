@@ -129,6 +129,11 @@ class VLLMRollout:
         self.engine.ensure_ready()
 
     @hookimpl
+    def grpo_step_end(self, metrics: dict[str, float]) -> None:
+        if self.in_flight:  # what the step's in-flight updates cost (plugins/vllm/inflight.py: COSTS)
+            metrics.update(self.engine.in_flight.take_costs())
+
+    @hookimpl
     def grpo_train_end(self) -> None:
         regenerated = self.engine.in_flight.regenerated
         if regenerated:

@@ -68,6 +68,44 @@ def test_two_updates_during_one_sample_give_three_versions() -> None:
     ((only,),) = generate_across_updates(gate, send, [PROMPT], 1, max_tokens=8)
     assert only.token_ids == [5, 6, 7, 8] and only.versions == [0, 1, 2, 2]
     assert [s[0] for s in send.sent[1:]] == [[PROMPT + [5]], [PROMPT + [5, 6]]]
+    # the continuations' prompts are computed again under the new weights: 4 + 5 tokens; counted once
+    assert gate.take_costs()["inflight/recomputed_tokens"] == 9.0
+    assert gate.take_costs()["inflight/recomputed_tokens"] == 0.0
+
+
+def test_an_update_times_its_pause_load_and_resume_on_every_server() -> None:
+    """``inflight/pause_seconds`` etc. (the cost model in benchmarks/RESULTS.md reads them): each
+    phase of the pool's update is timed apart, summed over its servers."""
+    import time
+    from types import SimpleNamespace
+
+    from grpo_plugins.vllm.pool import VLLMEnginePool
+
+    calls: list[str] = []
+
+    class Client:
+        def pause(self) -> None:
+            calls.append("pause")
+            time.sleep(0.05)
+
+        def resume(self) -> None:
+            calls.append("resume")
+            time.sleep(0.02)
+
+    members = [SimpleNamespace(server="managed", client=Client()) for _ in range(2)]
+    pool = VLLMEnginePool(SimpleNamespace(log=print), members=members)  # type: ignore[arg-type]
+
+    def load(member: object) -> None:
+        calls.append("load")
+        time.sleep(0.1)
+
+    pool.update_in_flight(1, lambda: pool._load_each(load))
+    assert calls == ["pause", "pause", "load", "load", "resume", "resume"]
+    costs = pool.in_flight.take_costs()
+    assert 0.1 <= costs["inflight/pause_seconds"] < 0.5  # two pauses of 0.05 s
+    assert 0.04 <= costs["inflight/resume_seconds"] < 0.5
+    assert 0.1 <= costs["inflight/load_seconds"] < 0.5  # the two loads run at once
+    assert pool.in_flight.version == 1
 
 
 def test_an_answer_read_across_a_pause_with_nothing_aborted_is_sampled_again() -> None:
