@@ -34,13 +34,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from machine_note import RunMeter, cpu_description
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "guess-number"
@@ -90,7 +90,9 @@ def summarise(records: list[dict[str, Any]], a: argparse.Namespace) -> dict[str,
     reached = next((i for i, m in enumerate(means) if m is not None and m >= a.threshold), None)
     evals = [(r["step"], r["eval/reward"]) for r in records if "eval/reward" in r]
     return {
+        "steps": len(steps),
         "solve_rate_by_step": solve,
+        "games_won_by_step": [round(rate * a.micro_batch * a.accumulation) for rate in solve],
         "reward_by_step": [float(r.get("reward", 0.0)) for r in steps],
         "step_seconds": seconds,
         "threshold_step": None if reached is None else steps[reached]["step"],
@@ -105,7 +107,8 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> list[str]:
         f"guess-number, SmolLM2 + LoRA through the managed vLLM server; {a.steps} steps, "
         f"{a.micro_batch * a.accumulation} games/step, hint_reward {a.hint_reward}, scale_rewards {a.scale_rewards}; "
         f"threshold: moving mean over {a.window} steps of the training solve rate >= {a.threshold}",
-        f"{'seed':>5}{'arm':>22}{'last-window solve':>19}{'step to thr.':>14}{'s to thr.':>11}{'last eval reward':>18}",
+        f"{'seed':>5}{'arm':>20}{'solve, last window':>19}{'all steps':>10}{'step to thr.':>13}{'s to thr.':>10}"
+        f"{'s/step':>8}{'eval reward':>12}{'others':>8}  games won by step",
     ]
     for seed, arms in results["runs"].items():
         for arm, s in arms.items():
@@ -113,14 +116,27 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> list[str]:
             step = "-" if s["threshold_step"] is None else str(s["threshold_step"])
             secs = "-" if s["seconds_to_threshold"] is None else f"{s['seconds_to_threshold']:.0f}"
             shown_eval = "-" if last_eval is None else f"{last_eval:.3f}"
+            others = results.get("machine", {}).get(seed, {}).get(arm, {}).get("others_cores_mean")
+            per_step = statistics.mean(s["step_seconds"]) if s["step_seconds"] else 0.0
+            overall = statistics.mean(s["solve_rate_by_step"]) if s["solve_rate_by_step"] else 0.0
             lines.append(
-                f"{seed:>5}{arm:>22}{s['last_window_solve_rate'] or 0:>19.3f}{step:>14}{secs:>11}{shown_eval:>18}"
+                f"{seed:>5}{arm:>20}{s['last_window_solve_rate'] or 0:>19.3f}{overall:>10.3f}{step:>13}{secs:>10}"
+                f"{per_step:>8.0f}{shown_eval:>12}{'-' if others is None else f'{others:.2f}':>8}  "
+                f"{' '.join(str(g) for g in s.get('games_won_by_step', []))}"
             )
     for arm in ARMS:
-        rates = [arms[arm]["last_window_solve_rate"] for arms in results["runs"].values() if arm in arms]
-        rates = [r for r in rates if r is not None]
-        if rates:
-            lines.append(f"{arm}: last-window solve rate over seeds {statistics.mean(rates):.3f} ({len(rates)} seeds)")
+        runs = [arms[arm] for arms in results["runs"].values() if arm in arms]
+        if not runs:
+            continue
+        last = [r["last_window_solve_rate"] for r in runs if r["last_window_solve_rate"] is not None]
+        overall = [statistics.mean(r["solve_rate_by_step"]) for r in runs if r["solve_rate_by_step"]]
+        reached = [r["threshold_step"] for r in runs if r["threshold_step"] is not None]
+        lines.append(
+            f"{arm}: over {len(runs)} seeds, last-window solve rate {statistics.mean(last):.3f}, all-steps solve rate "
+            f"{statistics.mean(overall):.3f}, threshold reached in {len(reached)} of {len(runs)}"
+            + (f" (mean step {statistics.mean(reached):.1f} of those)" if reached else "")
+        )
+    lines.append("others: cores that other work on the machine used meanwhile, on average (benchmarks/machine_note.py)")
     return lines
 
 
@@ -138,22 +154,22 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=ROOT / "grpo-output" / "bench-turn-credit")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "turn_credit.json")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--reuse", action="store_true", help="keep the runs already in --out, run the others")
     a = parser.parse_args()
+    a.workdir = a.workdir.resolve()  # the runs start in the example's folder
 
     a.workdir.mkdir(parents=True, exist_ok=True)
     site = None if a.dry_run else guess_site(a.workdir)
     results: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "cpu_flags": sorted(
-            f
-            for f in (Path("/proc/cpuinfo").read_text().split("flags\t\t: ")[1].split("\n")[0].split())
-            if f.startswith(("avx", "amx"))
-        )
-        if platform.system() == "Linux"
-        else [],
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "cpu": cpu_description(),
         "runs": {},
+        "machine": {},
+        "order": [],
     }
+    if a.reuse and a.out.exists():
+        kept = json.loads(a.out.read_text())
+        results.update(runs=kept.get("runs", {}), machine=kept.get("machine", {}), order=kept.get("order", []))
     for k, seed in enumerate(a.seeds):
         order = ARMS if k % 2 == 0 else ARMS[::-1]
         for arm in order:
@@ -162,14 +178,16 @@ def main() -> None:
             print(" ".join(argv), flush=True)
             if a.dry_run:
                 continue
+            if a.reuse and arm in results["runs"].get(str(seed), {}):
+                print(f"seed {seed} {arm}: kept from {a.out} (--reuse)", flush=True)
+                continue
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
-            load = os.getloadavg()[0]
-            started = time.perf_counter()
-            subprocess.run(argv, check=True, env=env, cwd=EXAMPLE)
+            with RunMeter() as meter:
+                subprocess.run(argv, check=True, env=env, cwd=EXAMPLE)
             records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-            summary = summarise(records, a)
-            summary.update(wall_seconds=time.perf_counter() - started, load_average_at_start=load)
-            results["runs"].setdefault(str(seed), {})[arm] = summary
+            results["runs"].setdefault(str(seed), {})[arm] = summarise(records, a)
+            results["machine"].setdefault(str(seed), {})[arm] = meter.record
+            results["order"].append(f"seed{seed}-{arm}")
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(results, indent=1))  # after every run: a stopped invocation keeps what it has
     if not a.dry_run:
