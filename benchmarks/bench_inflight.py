@@ -75,6 +75,10 @@ def command(arm: str, a: argparse.Namespace, data: Path, out: Path) -> list[str]
         "save_steps": a.steps,
         "datasets[0].path": json.dumps(str(data)),
         "sequence_len": 512,
+        # 4 rows a micro-batch: 16 rows of ~300 tokens (the example's 16 are for 48) held 8.7 GB in the
+        # trainer and the OOM killer took it beside other work on a 24 GB machine
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 8,
         "trl.max_completion_length": a.max_completion_length,
         "trl.reward_funcs": '["rewards.correct_answer"]',
         "trl.reward_weights": "[1.0]",
@@ -84,6 +88,8 @@ def command(arm: str, a: argparse.Namespace, data: Path, out: Path) -> list[str]
     argv = [grpo, "run", str(EXAMPLE / "config.toml")]
     for key, value in sets.items():
         argv += ["--set", f"{key}={value}"]
+    for extra in a.set:  # both arms alike, after the script's own
+        argv += ["--set", extra]
     return argv
 
 
@@ -112,6 +118,7 @@ def summarise(records: list[dict[str, Any]], a: argparse.Namespace) -> dict[str,
         "time/rollout",
         "time/forward_backward",
         "time/weight_sync",
+        "sync/verify_seconds",  # the sync's check; its probe waits for the requests in flight (probe_gate.py)
         "time/generation",
         "completions/mean_length",
         "completions/max_length",
@@ -186,6 +193,7 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=0.5, help="training reward (moving mean)")
     parser.add_argument("--workdir", type=Path, default=ROOT / "grpo-output" / "bench-inflight")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "inflight.json")
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE passed to both arms' grpo run")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     a = parser.parse_args()
     a.workdir = a.workdir.resolve()  # the runs start in the example's folder

@@ -82,12 +82,22 @@ def moving(values: list[float], window: int) -> list[float | None]:
     return [None if i + 1 < window else statistics.mean(values[i + 1 - window : i + 1]) for i in range(len(values))]
 
 
+def threshold(solve: list[float], seconds: list[float], a: argparse.Namespace) -> dict[str, Any]:
+    """The first step whose moving mean of the solve rate reaches ``--threshold``, and the step seconds until then
+    (computed when reporting, so runs kept with ``--reuse`` are judged by this invocation's window and threshold)."""
+    means = moving(solve, a.window)
+    reached = next((i for i, m in enumerate(means) if m is not None and m >= a.threshold), None)
+    return {
+        "threshold_step": None if reached is None else reached + 1,
+        "seconds_to_threshold": None if reached is None else sum(seconds[: reached + 1]),
+        "last_window_solve_rate": statistics.mean(solve[-a.window :]) if solve else None,
+    }
+
+
 def summarise(records: list[dict[str, Any]], a: argparse.Namespace) -> dict[str, Any]:
     steps = [r for r in records if "episodes/ended_by_environment" in r]
     solve = [float(r["episodes/ended_by_environment"]) for r in steps]
     seconds = [float(r.get("step_time", 0.0)) for r in steps]
-    means = moving(solve, a.window)
-    reached = next((i for i, m in enumerate(means) if m is not None and m >= a.threshold), None)
     evals = [(r["step"], r["eval/reward"]) for r in records if "eval/reward" in r]
     return {
         "steps": len(steps),
@@ -95,9 +105,6 @@ def summarise(records: list[dict[str, Any]], a: argparse.Namespace) -> dict[str,
         "games_won_by_step": [round(rate * a.micro_batch * a.accumulation) for rate in solve],
         "reward_by_step": [float(r.get("reward", 0.0)) for r in steps],
         "step_seconds": seconds,
-        "threshold_step": None if reached is None else steps[reached]["step"],
-        "seconds_to_threshold": None if reached is None else sum(seconds[: reached + 1]),
-        "last_window_solve_rate": statistics.mean(solve[-a.window :]) if solve else None,
         "eval_reward": evals,
     }
 
@@ -110,6 +117,9 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> list[str]:
         f"{'seed':>5}{'arm':>20}{'solve, last window':>19}{'all steps':>10}{'step to thr.':>13}{'s to thr.':>10}"
         f"{'s/step':>8}{'eval reward':>12}{'others':>8}  games won by step",
     ]
+    for arms in results["runs"].values():
+        for arm, s in arms.items():
+            arms[arm] = {**s, **threshold(s["solve_rate_by_step"], s["step_seconds"], a)}
     for seed, arms in results["runs"].items():
         for arm, s in arms.items():
             last_eval = s["eval_reward"][-1][1] if s["eval_reward"] else None
