@@ -39,7 +39,7 @@ from grpo_core.contract.types import (
     TrainingProgress,
 )
 from grpo_core.generation.producer import Producer, PromptStream, ScoredBatch
-from grpo_core.generation.token_versions import drop_stale, staleness_metrics
+from grpo_core.generation.token_versions import drop_stale, staleness_metrics, token_staleness_bound
 from grpo_core.modeling.compile import CompileOptions, compile_policy
 from grpo_core.modeling.models import save_final
 from grpo_core.modeling.precision import resolve_precision
@@ -157,6 +157,14 @@ class GRPOTrainer:
         self.dist = parts.dist
         self.steps_per_generation = steps_per_generation(cfg, self.dist.world)
         self.steps_per_batch = steps_per_batch(cfg, self.dist.world)
+        # in-flight updates and partial rollouts sample one completion with several policy versions
+        self.versions_per_token = bool(self.trl.in_flight_weight_updates or self.trl.partial_rollout_token_budget)
+        self.token_staleness_bound = token_staleness_bound(
+            int(self.trl.prefetch_depth or 1),
+            self.steps_per_batch,
+            int(self.trl.max_completion_length),  # type: ignore[arg-type]
+            self.trl.partial_rollout_token_budget,
+        )
         self._num_items = 0.0
         self._stream_state: dict[str, Any] = {}
         self.pad_id = int(parts.tokenizer.pad_token_id)
@@ -258,8 +266,8 @@ class GRPOTrainer:
         per micro-batch, from a checkpoint) are used instead of recomputing
         them, which after a resume would give the already-updated policy's."""
         self._token_metrics = {}
-        if self.trl.in_flight_weight_updates:  # per-token versions: metrics, and the staleness bound per token
-            groups, dropped = drop_stale(batch.groups, self.policy_version, int(self.trl.prefetch_depth or 1))
+        if self.versions_per_token:  # per-token versions: metrics, and the staleness bound per token
+            groups, dropped = drop_stale(batch.groups, self.policy_version, self.token_staleness_bound)
             self._token_metrics = staleness_metrics(batch.groups, self.policy_version)
             self._token_metrics["inflight/dropped_stale_samples"] = float(dropped)
             batch = dataclasses.replace(batch, groups=groups) if dropped else batch
