@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import signal
 import warnings
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpo_core.checkpointing import checkpoint as ckpt
+from grpo_core.checkpointing.checkpoint import list_checkpoints
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import (
@@ -29,6 +31,7 @@ from grpo_core.contract.errors import (
     GrpoError,
     PluginError,
     RewardError,
+    TrainingDiverged,
     TrainingInterrupted,
     WeightSyncUnverified,
 )
@@ -420,9 +423,24 @@ class GRPOTrainer:
             lr = float(self.parts.scheduler.get_last_lr()[0])
             advance_schedule(self.parts.scheduler)  # also on a step that trained nothing, without torch's warning
             self.parts.optimizer.zero_grad(set_to_none=True)
+        if trained and not math.isfinite(grad_norm):
+            raise self._diverged(grad_norm, loss_total)
         self.step += 1
         self.policy_version += int(trained > 0)
         return self._step_metrics(batch, fresh, step_metrics, loss_total, grad_norm, lr, num_tokens, trained)
+
+    def _diverged(self, grad_norm: float, loss: float) -> TrainingDiverged:
+        """The error for a step whose gradient is NaN or inf: the update was not
+        applied (DeepSpeed's engine applies it; the run stops before any save
+        either way), so the last checkpoint holds finite weights."""
+        saved = list_checkpoints(self.output_dir)
+        resume = f"resume from {saved[-1]}" if saved else "start again"
+        return TrainingDiverged(
+            f"step {self.step + 1}: the gradient is not finite (grad_norm = {grad_norm}, loss = {loss}): the run "
+            f"stops here rather than train on it, and saves nothing of this step. To go on, {resume} with a lower "
+            "learning_rate or max_grad_norm; a reward or advantage that is inf, or a precision too narrow for the "
+            "model (bf16), are the usual causes."
+        )
 
     def _micro_batch_loss(
         self,
