@@ -860,11 +860,13 @@ def check_config(
             "drive the rollout: keep one (an environment runs the episodes itself; a rollout_func runs its own loop, "
             "with trainer.generate for the engine and env_mask for what the environment wrote)."
         )
-    if cfg.trl.in_flight_weight_updates and (cfg.trl.rollout_func or _episodic(environment_cls)):
+    if cfg.trl.in_flight_weight_updates and cfg.trl.rollout_func:
         errors.append(
-            "trl.in_flight_weight_updates is not implemented yet for multi-turn episodes or trl.rollout_func: their "
-            "completions are put together from several generation calls, which do not carry each token's policy "
-            "version through yet. Set trl.in_flight_weight_updates = false for this run."
+            "trl.in_flight_weight_updates cannot run with trl.rollout_func: the function builds each completion's "
+            "token ids itself from its trainer.generate calls, and its result has no field for the policy version of "
+            "each token, so grpo cannot tell which weights sampled which tokens. Set trl.in_flight_weight_updates = "
+            "false, or run the multi-turn loop as an environment (plugins.environment, trl.environment_factory or "
+            "trl.tools), whose episodes carry each token's version."
         )
     _generation_checks(cfg, errors, warnings)
     _loss_checks(cfg, names, errors, warnings)
