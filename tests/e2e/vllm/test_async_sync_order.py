@@ -78,6 +78,10 @@ def sampled_by(model, group, completion) -> list[int | None]:
     return out
 
 
+@pytest.mark.extended(
+    reason="two 96-token batches, a 0.5 GB full sync and the base reloaded (85-200 s on 2 loaded cores); the ordering "
+    "itself is unit-tested in the default tier (tests/unit/test_sync_between_batches.py)"
+)
 def test_a_sync_during_a_prefetched_batch_waits_for_it_so_every_token_has_the_batchs_version(
     make_context, vllm_server, peft_model, smollm2_tokenizer, smollm2_dir
 ):
