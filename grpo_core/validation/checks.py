@@ -648,9 +648,11 @@ def _plugin_checks(
             errors.append(
                 f"trl.in_flight_weight_updates pauses the inference engine mid-generation to load new weights, but "
                 f"rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) declares no "
-                f"'{PAUSES_GENERATION}' capability (vLLM in the trainer's process and the transformers rollout cannot "
-                "pause; only the vLLM server rollout can): set trl.in_flight_weight_updates = false, or use a vLLM "
-                "server (trl.use_vllm = true, trl.vllm_mode = 'server')."
+                f"'{PAUSES_GENERATION}' capability. Only the vLLM server rollout has one: vLLM in the trainer's "
+                "process (vllm_mode = 'colocate') and the transformers rollout generate in the trainer's own process "
+                "and refuse trl.async_prefetch, so nothing is generating while their weights change and every batch "
+                "already has one version. Set trl.in_flight_weight_updates = false, or use a vLLM server "
+                "(trl.use_vllm = true, trl.vllm_mode = 'server'; managed, it is still one command)."
             )
     if "rollout" in classes and "verify_weight_sync" in cfg.model_fields_set and cfg.verify_weight_sync != "never":
         rollout, rollout_cls = classes["rollout"]
