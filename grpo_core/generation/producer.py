@@ -173,7 +173,8 @@ class Producer(Protocol):
         """The next scored batch, for the optimizer step ``progress`` names."""
 
     def paused(self) -> contextlib.AbstractContextManager[None]:
-        """Hold any background work while the caller reads the state (a checkpoint)."""
+        """Hold any background work while the caller reads the state (a checkpoint)
+        or changes the engine's weights (a sync's load without in-flight updates)."""
 
     def prefetched(self) -> list[ScoredBatch]:
         """Batches made but not handed out yet, for a checkpoint to save."""
@@ -539,7 +540,8 @@ class PrefetchingProducer:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """No batch is being made inside this block: one in progress is
-        finished first (a checkpoint waits for it), the next starts after."""
+        finished first (a checkpoint, or a weight sync's load, waits for
+        it), the next starts after."""
         with self._gate, self._making:
             yield
 

@@ -705,9 +705,11 @@ def _plugin_checks(
             errors.append(
                 f"trl.in_flight_weight_updates pauses the inference engine mid-generation to load new weights, but "
                 f"rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) declares no "
-                f"'{PAUSES_GENERATION}' capability (vLLM in the trainer's process and the transformers rollout cannot "
-                "pause; only the vLLM server rollout can): set trl.in_flight_weight_updates = false, or use a vLLM "
-                "server (trl.use_vllm = true, trl.vllm_mode = 'server')."
+                f"'{PAUSES_GENERATION}' capability. Only the vLLM server rollout has one: vLLM in the trainer's "
+                "process (vllm_mode = 'colocate') and the transformers rollout generate in the trainer's own process "
+                "and refuse trl.async_prefetch, so nothing is generating while their weights change and every batch "
+                "already has one version. Set trl.in_flight_weight_updates = false, or use a vLLM server "
+                "(trl.use_vllm = true, trl.vllm_mode = 'server'; managed, it is still one command)."
             )
     if "rollout" in classes and cfg.trl.partial_rollout_token_budget:
         rollout, rollout_cls = classes["rollout"]
@@ -928,11 +930,13 @@ def check_config(
             "drive the rollout: keep one (an environment runs the episodes itself; a rollout_func runs its own loop, "
             "with trainer.generate for the engine and env_mask for what the environment wrote)."
         )
-    if cfg.trl.in_flight_weight_updates and (cfg.trl.rollout_func or _episodic(environment_cls)):
+    if cfg.trl.in_flight_weight_updates and cfg.trl.rollout_func:
         errors.append(
-            "trl.in_flight_weight_updates is not implemented yet for multi-turn episodes or trl.rollout_func: their "
-            "completions are put together from several generation calls, which do not carry each token's policy "
-            "version through yet. Set trl.in_flight_weight_updates = false for this run."
+            "trl.in_flight_weight_updates cannot run with trl.rollout_func: the function builds each completion's "
+            "token ids itself from its trainer.generate calls, and its result has no field for the policy version of "
+            "each token, so grpo cannot tell which weights sampled which tokens. Set trl.in_flight_weight_updates = "
+            "false, or run the multi-turn loop as an environment (plugins.environment, trl.environment_factory or "
+            "trl.tools), whose episodes carry each token's version."
         )
     if cfg.trl.partial_rollout_token_budget:
         errors += partial_rollout_problems(cfg, world, bool(cfg.trl.rollout_func or _episodic(environment_cls)))
