@@ -12,5 +12,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 fake=/tmp/grpo-cpuinfo-avx2
 sed -E '/^flags/ s/ (avx512[a-z0-9_]*|amx[a-z0-9_]*)//g' /proc/cpuinfo >"$fake"
 export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+# Compiled-code caches of their own: inductor's cache key leaves out the vector ISA, so a kernel it
+# built for this CPU's AVX-512 would be reused by AVX2 code (garbage numbers, seen in test_torch_compile).
+export TORCHINDUCTOR_CACHE_DIR=/tmp/grpo-avx2-inductor TORCH_EXTENSIONS_DIR=/tmp/grpo-avx2-torch-extensions
 export PYTHONPATH="$here/avx2_machine${PYTHONPATH:+:$PYTHONPATH}"
 exec unshare --mount --propagation private sh -c 'mount --bind "$0" /proc/cpuinfo && exec "$@"' "$fake" "$@"

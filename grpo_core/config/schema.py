@@ -382,6 +382,14 @@ class TrlSettings(_Table):
         "that produced it (per-token staleness metrics; a sample with a token more than prefetch_depth versions "
         "behind the trainer is dropped from training and counted). Engines that cannot pause are refused by name.",
     )
+    partial_rollout_token_budget: int | None = Field(
+        None,
+        ge=1,
+        description="Partial rollouts: the most tokens each sample generates per generation batch. A sample not "
+        "finished within it is carried over and continues in the next batch from its exact ids, under the newer "
+        "weights (every token records its policy version); a prompt's group trains in the batch where its last "
+        "member finishes. Unset: every sample generates to the end in its own batch. vLLM server rollout only.",
+    )
     vllm_sync_interval: int | None = Field(None, ge=1, description="Sync weights every N optimizer steps. Default 1.")
     vllm_lora_sync: bool = Field(
         False,

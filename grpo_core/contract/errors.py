@@ -112,6 +112,12 @@ class NotImplementedYet(ConfigError):
         super().__init__(msg + (f": {detail}" if detail else "") + ". Remove it from the config.")
 
 
+class TrainingDiverged(GrpoError):
+    """A step's loss or gradient norm was not finite (NaN or inf). The run
+    stops at that step rather than train on it; the message names the step,
+    the values and the last checkpoint."""
+
+
 class TrainingInterrupted(GrpoError):
     """SIGINT/SIGTERM stopped training after a checkpoint was saved."""
 

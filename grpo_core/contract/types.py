@@ -556,6 +556,14 @@ records ``version`` for every token it samples: a completion that was
 generating across the update carries ``Completion.token_versions`` (its
 tokens before the pause the version served before, those after it
 ``version``). Used with ``trl.in_flight_weight_updates``."""
+CONTINUES_FROM_IDS = "continues_from_ids"
+"""Rollout capability: a prompt's ``prompt_ids`` may end with tokens the
+engine sampled earlier, and the rollout continues from exactly those ids
+(never re-tokenised), returns each new token's sampler log-prob, and marks
+``truncated`` only when a piece stopped at its ``max_tokens`` (an end of
+sequence or stop token sampled as the last allowed token is a stop). What
+partial rollouts (``trl.partial_rollout_token_budget``) need to continue a
+sample in a later batch (:mod:`grpo_core.generation.partial_rollouts`)."""
 SAMPLES_TRAINER_MODEL = "samples_trainer_model"
 """Rollout capability without an engine: it samples the trainer's live model,
 so the weights are current the moment the optimizer steps."""
@@ -571,6 +579,7 @@ ENGINE_CAPABILITIES: frozenset[str] = frozenset(
         WEIGHTS_IN_MEMORY,
         SCORES_TOKENS,
         PAUSES_GENERATION,
+        CONTINUES_FROM_IDS,
         SAMPLES_TRAINER_MODEL,
     }
 )

@@ -227,14 +227,17 @@ class TurnBatcher:
 class _Node:
     """A model turn with the whole chain it ends: ``ids`` (context and
     every turn, in order), ``mask`` (1 on tokens sampled in this chain),
-    ``logprobs`` (the engine's at mask-1 positions, 0.0 elsewhere), and
-    ``root``: where the chain's first context ends."""
+    ``logprobs`` (the engine's at mask-1 positions, 0.0 elsewhere),
+    ``versions`` (the policy version of each token, at mask-1 positions;
+    ``None`` when a turn came without them), and ``root``: where the
+    chain's first context ends."""
 
     turn: ModelTurn
     parent: _Node | None
     ids: list[int]
     mask: list[int]
     logprobs: list[float] | None
+    versions: list[int] | None
     root: int
     conversation: Messages | None
     at_budget: bool = False
@@ -248,6 +251,7 @@ class DrivenRecord:
     ids: list[int]
     mask: list[int]
     logprobs: list[float] | None
+    versions: list[int] | None  # per token (in-flight weight updates); None: the group's version for all
     messages: Messages | None
     prompt_messages: int  # how many of ``messages`` the chain's first request sent (its prompt)
     text: str
@@ -361,6 +365,7 @@ class DrivenModel:
         completion = self.batcher.submit(replace(self.prompt, prompt_ids=context), sampling)
         sampled = list(completion.token_ids[:cap])
         logprobs = None if completion.logprobs is None else [float(x) for x in completion.logprobs[:cap]]
+        versions = None if completion.token_versions is None else [int(v) for v in completion.token_versions[:cap]]
         cut = len(sampled) < len(completion.token_ids)
         finish = "length" if (completion.truncated or cut) else "stop"
         if stop:
@@ -369,6 +374,7 @@ class DrivenModel:
             if at is not None:
                 sampled, cut, finish = sampled[:at], True, "stop"
                 logprobs = None if logprobs is None else logprobs[:at]
+                versions = None if versions is None else versions[:at]
         if cut:
             with TOKENIZER_LOCK:
                 text = self.tokenizer.decode(sampled, skip_special_tokens=True)
@@ -392,6 +398,7 @@ class DrivenModel:
             between = len(context) - (len(parent.ids) if parent is not None else 0)
             base_mask = parent.mask if parent is not None else []
             base_logprobs = parent.logprobs if parent is not None else []
+            base_versions = parent.versions if parent is not None else []
             node = _Node(
                 turn=turn,
                 parent=parent,
@@ -400,6 +407,9 @@ class DrivenModel:
                 logprobs=None
                 if (logprobs is None or base_logprobs is None)
                 else base_logprobs + [0.0] * between + logprobs,
+                versions=None
+                if (versions is None or base_versions is None)
+                else base_versions + [(base_versions or versions or [0])[-1]] * between + versions,  # mask 0: unread
                 root=root,
                 conversation=None if conversation is None else list(conversation),
                 at_budget=finish == "length" and len(sampled) >= left,
@@ -446,6 +456,7 @@ class DrivenModel:
                 ids=node.ids[node.root :],
                 mask=node.mask[node.root :],
                 logprobs=None if node.logprobs is None else node.logprobs[node.root :],
+                versions=None if node.versions is None else node.versions[node.root :],
                 messages=messages,
                 prompt_messages=len(root.conversation or []) if messages is not None else 0,
                 text=str(node.turn.message.get("content") or node.turn.text),

@@ -129,6 +129,7 @@ class _Live:
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = field(default_factory=list)
+    versions: list[int] | None = field(default_factory=list)  # per token, from the rollout (in-flight updates)
     messages: Messages = field(default_factory=list)
     last_ids: list[int] = field(default_factory=list)
     last_text: str = ""
@@ -377,6 +378,7 @@ class EpisodeDriver:
             e.logprobs += [float(x) for x in completion.logprobs[: len(ids)]]
         else:
             e.logprobs = None
+        e.versions = extend_versions(e.versions, completion.token_versions, len(ids))
         text = (
             completion.text
             if len(ids) == len(completion.token_ids)
@@ -439,6 +441,7 @@ class EpisodeDriver:
         record = model.record()
         if record is not None:
             e.context, e.ids, e.mask, e.logprobs = record.context, record.ids, record.mask, record.logprobs
+            e.versions = record.versions
             start = record.prompt_messages
             e.conversation = record.messages[:start] if record.messages is not None else None
             e.messages = record.messages[start:] if record.messages is not None else []
@@ -523,6 +526,8 @@ class EpisodeDriver:
         e.mask += [0] * len(ids)
         if e.logprobs is not None:
             e.logprobs += [0.0] * len(ids)
+        if e.versions is not None:
+            e.versions += [e.versions[-1] if e.versions else 0] * len(ids)  # mask 0: never read
         e.stats.environment_tokens += len(ids)
         e.messages.extend(messages)
         if e.conversation is not None and not e.stats.template_mismatch:
@@ -598,10 +603,23 @@ class EpisodeDriver:
             truncated=e.stats.ended_by == "length",
             extra=extra,
             loss_mask=[0] * len(own_start) + e.mask,
+            token_versions=[e.versions[0]] * len(own_start) + e.versions if e.versions else None,
             episode=e.stats,
             environment=getattr(e.episode, "environment", e.episode),
             messages=list(e.messages),
         )
+
+
+def extend_versions(versions: list[int] | None, turn: list[int] | None, count: int) -> list[int] | None:
+    """An episode's per-token policy versions after a model turn of ``count``
+    tokens whose own are ``turn`` (``trl.in_flight_weight_updates``: the
+    rollout records which weights sampled each token, so a turn after an
+    update, or one an update cut in the middle, carries the newer version).
+    ``None`` once a turn came without them: then the group's version holds
+    for the whole episode, as for any completion without them."""
+    if versions is None or turn is None:
+        return None
+    return versions + [int(v) for v in turn[:count]]
 
 
 def _excerpt(prompt: Any, limit: int = 120) -> str:

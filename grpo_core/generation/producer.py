@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 
 from grpo_core.config.schema import GRPOConfig
-from grpo_core.contract.errors import EngineUnavailable, PluginError, RewardError
+from grpo_core.contract.errors import EngineUnavailable, GrpoError, PluginError, RewardError
 from grpo_core.contract.types import (
     Completion,
     Prompt,
@@ -41,6 +41,7 @@ from grpo_core.generation.episodes import (
     sample_groups,
     unscored_rows,
 )
+from grpo_core.generation.partial_rollouts import PartialRollouts
 from grpo_core.generation.spread import GenerateShare, SpreadGeneration
 from grpo_core.runtime.distributed import shares
 
@@ -101,12 +102,16 @@ class ProducerOptions:
     stream_chunk: int | None = None
     """Prompts per rollout call with ``trl.streaming_partial_batch`` (``trl.streaming_min_groups``,
     at least 1); None: the whole batch in one call."""
+    partial_budget: int | None = None
+    """``trl.partial_rollout_token_budget``: tokens per sample per batch, the rest carried over
+    (:mod:`~grpo_core.generation.partial_rollouts`); None: every sample to its end in its batch."""
 
     @classmethod
     def of(cls, cfg: GRPOConfig) -> ProducerOptions:
         trl = cfg.trl
         chunk = max(1, int(trl.streaming_min_groups or 1)) if trl.streaming_partial_batch else None
-        return cls(int(trl.num_generations), str(trl.scale_rewards), chunk)  # type: ignore[arg-type]
+        budget = trl.partial_rollout_token_budget
+        return cls(int(trl.num_generations), str(trl.scale_rewards), chunk, budget)  # type: ignore[arg-type]
 
 
 def sampling_from_config(cfg: GRPOConfig, stop_token_ids: list[int]) -> SamplingSettings:
@@ -168,13 +173,21 @@ class Producer(Protocol):
         """The next scored batch, for the optimizer step ``progress`` names."""
 
     def paused(self) -> contextlib.AbstractContextManager[None]:
-        """Hold any background work while the caller reads the state (a checkpoint)."""
+        """Hold any background work while the caller reads the state (a checkpoint)
+        or changes the engine's weights (a sync's load without in-flight updates)."""
 
     def prefetched(self) -> list[ScoredBatch]:
         """Batches made but not handed out yet, for a checkpoint to save."""
 
     def restore(self, batches: list[ScoredBatch]) -> None:
         """Hand ``batches`` (from a checkpoint) out first, before anything new."""
+
+    def partial_state(self) -> Any:
+        """The samples carried over to the next batch (partial rollouts), for a
+        checkpoint to save (call inside :meth:`paused`); None without them."""
+
+    def restore_partial(self, state: Any) -> None:
+        """Carry over the samples a checkpoint saved (:meth:`partial_state`)."""
 
     def weights_synced(self, version: int) -> None:
         """The engine now samples policy ``version``."""
@@ -212,6 +225,9 @@ class RolloutProducer:
         self.num_generations = options.num_generations
         self.synced_version = 0  # the policy version the engine samples from
         self._restored: deque[ScoredBatch] = deque()  # from a checkpoint, handed out before anything new
+        self.partial = (
+            None if options.partial_budget is None else PartialRollouts(options.partial_budget, self.num_generations)
+        )
 
     def restore(self, batches: list[ScoredBatch]) -> None:
         """Batches a checkpoint saved before they were trained on: the next
@@ -233,6 +249,20 @@ class RolloutProducer:
         """Nothing runs in the background here: nothing to pause."""
         return contextlib.nullcontext()
 
+    def partial_state(self) -> Any:
+        """The open groups of partial rollouts, after the last batch made."""
+        return None if self.partial is None else self.partial.state_dict()
+
+    def restore_partial(self, state: Any) -> None:
+        """The open groups a checkpoint saved; the next new batch continues them."""
+        if self.partial is not None:
+            self.partial.load_state_dict(state)
+        elif state:
+            raise GrpoError(
+                f"the checkpoint carries {len(state)} unfinished group(s) of partial rollouts, and this run has no "
+                "trl.partial_rollout_token_budget: resume with the budget it was saved with, so they finish"
+            )
+
     def weights_synced(self, version: int) -> None:
         """The trainer synced ``version`` to the engine: rollouts requested
         from now on are stamped with it."""
@@ -241,11 +271,20 @@ class RolloutProducer:
     def close(self) -> None:
         """Nothing runs in the background here: nothing to stop."""
 
-    def _generate(self, prompts: list[Prompt], version: int, seed_offset: int) -> list[RolloutGroup]:
-        sampling = self.sampling
+    def _generate(
+        self,
+        prompts: list[Prompt],
+        version: int,
+        seed_offset: int,
+        n: int = 0,
+        sampling: SamplingSettings | None = None,
+    ) -> list[RolloutGroup]:
+        """``n`` (default ``num_generations``) samples of each prompt, with
+        ``sampling`` (default the run's)."""
+        sampling = sampling or self.sampling
         if sampling.seed is not None:  # a distinct, reproducible seed per request
             sampling = SamplingSettings(**{**sampling.__dict__, "seed": sampling.seed * 1_000_003 + seed_offset})
-        return sample_groups(self.hook, prompts, self.num_generations, sampling, version, self.episodes)
+        return sample_groups(self.hook, prompts, n or self.num_generations, sampling, version, self.episodes)
 
     def _chunks(self, prompts: list[Prompt]) -> list[list[Prompt]]:
         size = self.options.stream_chunk
@@ -306,6 +345,26 @@ class RolloutProducer:
             rewards.extend(chunk_rewards)
         return groups, rewards, gen_seconds, score_seconds
 
+    def _partial_batch(
+        self, prompts: list[Prompt], version: int, base_seed: int, step: int
+    ) -> tuple[list[RolloutGroup], list[Any], float, float, dict[str, float]]:
+        """Partial rollouts: the open samples continued and the new prompts
+        begun, each by at most the budget; the groups that finished are scored."""
+        assert self.partial is not None
+        started = time.perf_counter()
+        finished, metrics = self.partial.generate(
+            prompts,
+            self.sampling,
+            version,
+            lambda requests, n, sampling, offset: self._generate(requests, version, base_seed + offset, n, sampling),
+            self.concurrent_rollout,
+        )
+        gen_seconds = time.perf_counter() - started
+        if not finished:
+            return [], [], gen_seconds, 0.0, metrics
+        rewards, score_seconds = self._score(finished, step)
+        return finished, rewards, gen_seconds, score_seconds, metrics
+
     def produce(self, progress: TrainingProgress) -> ScoredBatch:
         if self._restored:
             return self._restored.popleft()
@@ -316,12 +375,20 @@ class RolloutProducer:
         version = self.synced_version
         chunks = self._chunks(prompts)
         base_seed = progress.step * 1000  # from the step, not a counter: resumed runs sample alike
-        schedule = self._stream_concurrently if len(chunks) > 1 and self.concurrent_rollout else self._one_after_another
-        groups, rewards, gen_seconds, score_seconds = schedule(chunks, version, base_seed, progress.step)
+        partial_metrics: dict[str, float] = {}
+        if self.partial is not None:
+            groups, rewards, gen_seconds, score_seconds, partial_metrics = self._partial_batch(
+                prompts, version, base_seed, progress.step
+            )
+        else:
+            concurrent = len(chunks) > 1 and self.concurrent_rollout
+            schedule = self._stream_concurrently if concurrent else self._one_after_another
+            groups, rewards, gen_seconds, score_seconds = schedule(chunks, version, base_seed, progress.step)
 
-        scored = self._advantages(groups, rewards)
+        scored = self._advantages(groups, rewards) if groups else []
         scored = self.hook.grpo_replay_groups(groups=scored, progress=progress) or scored
         metrics = batch_metrics(scored, self.scorer.names, self.scorer.weights)
+        metrics.update(partial_metrics)
         metrics.update(episode_metrics(scored))
         metrics.update(environment_metrics(scored, self.scorer.weights))
         # generation: wall time until the last chunk landed; scoring: summed
@@ -473,7 +540,8 @@ class PrefetchingProducer:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """No batch is being made inside this block: one in progress is
-        finished first (a checkpoint waits for it), the next starts after."""
+        finished first (a checkpoint, or a weight sync's load, waits for
+        it), the next starts after."""
         with self._gate, self._making:
             yield
 
@@ -494,6 +562,13 @@ class PrefetchingProducer:
         batches, each in a slot, so the batch after them is requested when
         it was in the run that saved them: when the trainer takes the first."""
         self.inner.restore(batches)
+
+    def partial_state(self) -> Any:
+        """The open groups after the last batch the thread made (call inside :meth:`paused`)."""
+        return self.inner.partial_state()
+
+    def restore_partial(self, state: Any) -> None:
+        self.inner.restore_partial(state)
 
     def close(self) -> None:
         self._stop.set()
@@ -568,6 +643,14 @@ class ScatteringProducer:
     def restore(self, batches: list[ScoredBatch]) -> None:
         if self.inner is not None:
             self.inner.restore(batches)
+
+    def partial_state(self) -> Any:
+        """Rank 0's open groups (partial rollouts run with one training process only)."""
+        return self.inner.partial_state() if self.inner is not None else None
+
+    def restore_partial(self, state: Any) -> None:
+        if self.inner is not None:
+            self.inner.restore_partial(state)
 
     def close(self) -> None:
         close = getattr(self.inner, "close", None)

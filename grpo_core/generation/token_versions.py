@@ -18,13 +18,33 @@ and counted in ``inflight/dropped_stale_samples``.
 Replayed groups (``ScoredGroup.replayed``, ``trl.replay_buffer_size``) are
 older on purpose and corrected by the replay's own rule
 (``replay_recompute_logps``): they are left out of both.
+
+With partial rollouts (``trl.partial_rollout_token_budget``) a sample may
+span up to ``ceil(max_completion_length / budget)`` generation batches by
+design, each ``steps_per_batch`` optimizer steps apart, so the bound grows
+by that many versions for each batch after the first
+(:func:`token_staleness_bound`); a token older than that is dropped as above.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from grpo_core.contract.types import Completion, ScoredGroup
+
+
+def token_staleness_bound(
+    prefetch_depth: int, steps_per_batch: int, max_completion_length: int, partial_budget: int | None
+) -> int:
+    """The most versions a policy token may be behind the trainer:
+    ``prefetch_depth``, plus, with partial rollouts, the versions the
+    batches a sample may span add (``steps_per_batch`` for each batch after
+    its first, ``ceil(max_completion_length / budget)`` batches at most)."""
+    if partial_budget is None:
+        return prefetch_depth
+    spans = math.ceil(max_completion_length / partial_budget)
+    return prefetch_depth + (spans - 1) * steps_per_batch
 
 
 def versions_of(completion: Completion, group_version: int) -> list[int]:

@@ -11,6 +11,7 @@ runs: it calls these methods, and each backend module
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -159,11 +160,15 @@ def gloo_on_cpu(world: int) -> dict[str, Any]:
 
 def clip_and_step(accelerator: Any, model: torch.nn.Module, optimizer: Any, max_grad_norm: float | None) -> float:
     """accelerate's clipping (the all-reduced gradients' global norm), then
-    the optimizer's step: what a backend without its own engine does."""
+    the optimizer's step: what a backend without its own engine does. A norm
+    that is not finite skips the step (every rank sees the same global norm),
+    so NaN gradients never reach the weights; the trainer then stops the run."""
     params = [p for p in model.parameters() if p.requires_grad]
     norm = accelerator.clip_grad_norm_(params, max_grad_norm or float("inf"))
-    optimizer.step()
-    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
+    value = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
+    if math.isfinite(value):
+        optimizer.step()
+    return value
 
 
 def refuse_partitioned(path: Path, loaded: ckpt.LoadedCheckpoint) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_core.contract.errors import GrpoError, shareable_error
 from grpo_core.contract.types import PAUSES_GENERATION, in_flight_updater
+from grpo_core.sync.between_batches import between_batches
 from grpo_core.sync.verify import SyncVerifier, sampled_tokens_can_check
 
 if TYPE_CHECKING:
@@ -95,9 +96,14 @@ class PolicySync:
     def _push(self, model: Any, version: int) -> Any:
         """The weight_sync hook; with in-flight updates, inside the engine's
         pause (requests in flight keep what they sampled with the old
-        weights and go on with the new ones, their tokens versioned)."""
+        weights and go on with the new ones, their tokens versioned);
+        without, its load waits for the batch a producer thread is making
+        (:mod:`grpo_core.sync.between_batches`: every token of a batch is
+        its label's version)."""
         if not self.in_flight:
-            return self.hook.grpo_sync_weights(model=model, version=version, engine=self.engine)
+            pause, synced = self.producer.paused, lambda: self.producer.weights_synced(version)
+            with between_batches(self.engine, pause, synced) as engine:
+                return self.hook.grpo_sync_weights(model=model, version=version, engine=engine)
         update = in_flight_updater(self.engine)
         if update is None:
             raise GrpoError(

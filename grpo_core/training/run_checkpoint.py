@@ -9,7 +9,8 @@ that never stopped.
 Two kinds of batch are already made when a checkpoint is taken: the one later
 steps still train on (``num_iterations`` or ``steps_per_generation > 1``), and,
 with ``async_prefetch``, the ones the prefetch thread finished ahead of
-training. Both are saved; a batch the thread is still making is finished first
+training. Both are saved, and with partial rollouts the samples carried over to
+the next batch; a batch the thread is still making is finished first
 (the state is read inside
 :meth:`~grpo_core.generation.producer.PrefetchingProducer.paused`), so the saved
 batches, the prompt stream and the replay state stand at the same point. On
@@ -135,6 +136,7 @@ class RunCheckpoints:
             extra["pending_old_logps"] = old_logps
             extra["pending_world_size"] = self.dist.world
             extra["prefetched_batches"] = self._prefetched_batches(position.step)
+            extra["partial_rollouts"] = self._partial_rollouts(position.step)
             extra.update(state.extra)
             path = ckpt.save_checkpoint(
                 self.output_dir,
@@ -195,6 +197,23 @@ class RunCheckpoints:
                 return batches[:i]
         return batches
 
+    def _partial_rollouts(self, step: int) -> Any:
+        """The samples partial rollouts carry over to the next batch (exact
+        ids, sampler log-probs, per-token versions), standing where the
+        prefetched batches stand; left out with a warning only if they could
+        not be read back without running code (resuming then starts those
+        prompts again: not an exact resume)."""
+        state = self.producer.partial_state()
+        reason = ckpt.unloadable_reason(state) if state else None
+        if reason is None:
+            return state
+        warnings.warn(
+            f"checkpoint at step {step} leaves out the unfinished samples of partial rollouts: they hold {reason}, "
+            "which loading would need code to rebuild. Resuming from it does not continue them (not an exact resume).",
+            stacklevel=3,
+        )
+        return None
+
     # ---------------------------------------------------------------- resume
 
     def resume(self, path: Path, loaded: ckpt.LoadedCheckpoint | None, stream: Any) -> Resumed:
@@ -222,6 +241,7 @@ class RunCheckpoints:
         pending, old_logps = self._pending_share(extra)
         # After the stream: restoring moves it past these batches.
         self.producer.restore(list(extra.get("prefetched_batches") or []))
+        self.producer.restore_partial(extra.get("partial_rollouts"))
         return Resumed(position, pending, old_logps)
 
     def _pending_share(self, extra: dict[str, Any]) -> tuple[ScoredBatch | None, list[Any] | None]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import signal
 import warnings
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpo_core.checkpointing import checkpoint as ckpt
+from grpo_core.checkpointing.checkpoint import list_checkpoints
 from grpo_core.config.schema import GRPOConfig
 from grpo_core.contract.context import RunContext
 from grpo_core.contract.errors import (
@@ -29,6 +31,7 @@ from grpo_core.contract.errors import (
     GrpoError,
     PluginError,
     RewardError,
+    TrainingDiverged,
     TrainingInterrupted,
     WeightSyncUnverified,
 )
@@ -39,7 +42,7 @@ from grpo_core.contract.types import (
     TrainingProgress,
 )
 from grpo_core.generation.producer import Producer, PromptStream, ScoredBatch
-from grpo_core.generation.token_versions import drop_stale, staleness_metrics
+from grpo_core.generation.token_versions import drop_stale, staleness_metrics, token_staleness_bound
 from grpo_core.modeling.compile import CompileOptions, compile_policy
 from grpo_core.modeling.models import save_final
 from grpo_core.modeling.precision import resolve_precision
@@ -157,6 +160,14 @@ class GRPOTrainer:
         self.dist = parts.dist
         self.steps_per_generation = steps_per_generation(cfg, self.dist.world)
         self.steps_per_batch = steps_per_batch(cfg, self.dist.world)
+        # in-flight updates and partial rollouts sample one completion with several policy versions
+        self.versions_per_token = bool(self.trl.in_flight_weight_updates or self.trl.partial_rollout_token_budget)
+        self.token_staleness_bound = token_staleness_bound(
+            int(self.trl.prefetch_depth or 1),
+            self.steps_per_batch,
+            int(self.trl.max_completion_length),  # type: ignore[arg-type]
+            self.trl.partial_rollout_token_budget,
+        )
         self._num_items = 0.0
         self._stream_state: dict[str, Any] = {}
         self.pad_id = int(parts.tokenizer.pad_token_id)
@@ -258,8 +269,8 @@ class GRPOTrainer:
         per micro-batch, from a checkpoint) are used instead of recomputing
         them, which after a resume would give the already-updated policy's."""
         self._token_metrics = {}
-        if self.trl.in_flight_weight_updates:  # per-token versions: metrics, and the staleness bound per token
-            groups, dropped = drop_stale(batch.groups, self.policy_version, int(self.trl.prefetch_depth or 1))
+        if self.versions_per_token:  # per-token versions: metrics, and the staleness bound per token
+            groups, dropped = drop_stale(batch.groups, self.policy_version, self.token_staleness_bound)
             self._token_metrics = staleness_metrics(batch.groups, self.policy_version)
             self._token_metrics["inflight/dropped_stale_samples"] = float(dropped)
             batch = dataclasses.replace(batch, groups=groups) if dropped else batch
@@ -412,9 +423,24 @@ class GRPOTrainer:
             lr = float(self.parts.scheduler.get_last_lr()[0])
             advance_schedule(self.parts.scheduler)  # also on a step that trained nothing, without torch's warning
             self.parts.optimizer.zero_grad(set_to_none=True)
+        if trained and not math.isfinite(grad_norm):
+            raise self._diverged(grad_norm, loss_total)
         self.step += 1
         self.policy_version += int(trained > 0)
         return self._step_metrics(batch, fresh, step_metrics, loss_total, grad_norm, lr, num_tokens, trained)
+
+    def _diverged(self, grad_norm: float, loss: float) -> TrainingDiverged:
+        """The error for a step whose gradient is NaN or inf: the update was not
+        applied (DeepSpeed's engine applies it; the run stops before any save
+        either way), so the last checkpoint holds finite weights."""
+        saved = list_checkpoints(self.output_dir)
+        resume = f"resume from {saved[-1]}" if saved else "start again"
+        return TrainingDiverged(
+            f"step {self.step + 1}: the gradient is not finite (grad_norm = {grad_norm}, loss = {loss}): the run "
+            f"stops here rather than train on it, and saves nothing of this step. To go on, {resume} with a lower "
+            "learning_rate or max_grad_norm; a reward or advantage that is inf, or a precision too narrow for the "
+            "model (bf16), are the usual causes."
+        )
 
     def _micro_batch_loss(
         self,

@@ -37,6 +37,7 @@ from grpo_core.config.schema import DEFAULT_SAVE_STEPS, GRPOConfig
 from grpo_core.contract.errors import ConfigError, NotImplementedYet, PluginError
 from grpo_core.contract.extension_points import BY_NAME, EXTENSION_POINTS, REWARD_GROUP, declared
 from grpo_core.contract.types import (
+    CONTINUES_FROM_IDS,
     CONTROL_ENDPOINTS,
     PAUSES_GENERATION,
     SAMPLES_TRAINER_MODEL,
@@ -376,6 +377,62 @@ def in_flight_problems(cfg: GRPOConfig) -> list[str]:
     return problems
 
 
+def partial_rollout_problems(cfg: GRPOConfig, world: int, multi_call: bool) -> list[str]:
+    """What ``trl.partial_rollout_token_budget`` cannot run with: a sample
+    goes on in a later batch as a new request whose prompt ends with its
+    tokens so far, and a batch is the groups that finished in it
+    (:mod:`grpo_core.generation.partial_rollouts`)."""
+    trl = cfg.trl
+    key = "trl.partial_rollout_token_budget"
+    problems = []
+    if multi_call:
+        problems.append(
+            f"{key} is not implemented for multi-turn episodes or trl.rollout_func: their completions are put "
+            f"together from several generation calls, which partial rollouts cannot cut and resume. Remove {key}."
+        )
+    if trl.streaming_partial_batch:
+        problems.append(
+            f"{key} cannot run with trl.streaming_partial_batch: partial rollouts already score each group in the "
+            "batch where it finishes. Set trl.streaming_partial_batch = false."
+        )
+    if world > 1:
+        problems.append(
+            f"{key} is not implemented for {world} training processes: a batch is the groups that finished in it, "
+            "which varies from batch to batch and cannot always be shared out evenly. Train with one process, or "
+            f"remove {key}."
+        )
+    if trl.vllm_guided_decoding_regex:
+        problems.append(
+            f"{key} cannot run with trl.vllm_guided_decoding_regex: a sample continued in a later batch is a new "
+            "request, and vLLM would start the regular expression again there. Remove one of the two."
+        )
+    extra = trl.generation_kwargs or {}
+    penalties = [k for k in OUTPUT_PENALTIES if extra.get(k)]
+    if penalties:
+        problems.append(
+            f"{key} cannot run with trl.generation_kwargs {penalties}: vLLM counts them over the output only, and a "
+            "sample continued in a later batch has its output so far in the prompt. Remove them, or use "
+            "repetition_penalty (it counts prompt and output alike)."
+        )
+    if extra.get("stop"):
+        problems.append(
+            f"{key} cannot run with trl.generation_kwargs 'stop' (stop strings): vLLM looks for them in each "
+            "request's output, and one that straddles the cut between two batches would be missed. Use stop token "
+            "ids (trl.generation_kwargs stop_token_ids) instead."
+        )
+    return problems
+
+
+def partial_rollout_warnings(cfg: GRPOConfig) -> list[str]:
+    budget, limit = cfg.trl.partial_rollout_token_budget, cfg.trl.max_completion_length
+    if budget is not None and limit is not None and budget >= limit:
+        return [
+            f"trl.partial_rollout_token_budget ({budget}) is not below trl.max_completion_length ({limit}): every "
+            "sample finishes in its own batch, so nothing is carried over."
+        ]
+    return []
+
+
 def _no_effect_checks(cfg: GRPOConfig, traits: ChosenTraits, warnings: list[str]) -> None:
     """Options that are valid but do nothing in this combination: named, so
     none is ignored silently."""
@@ -648,9 +705,22 @@ def _plugin_checks(
             errors.append(
                 f"trl.in_flight_weight_updates pauses the inference engine mid-generation to load new weights, but "
                 f"rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) declares no "
-                f"'{PAUSES_GENERATION}' capability (vLLM in the trainer's process and the transformers rollout cannot "
-                "pause; only the vLLM server rollout can): set trl.in_flight_weight_updates = false, or use a vLLM "
-                "server (trl.use_vllm = true, trl.vllm_mode = 'server')."
+                f"'{PAUSES_GENERATION}' capability. Only the vLLM server rollout has one: vLLM in the trainer's "
+                "process (vllm_mode = 'colocate') and the transformers rollout generate in the trainer's own process "
+                "and refuse trl.async_prefetch, so nothing is generating while their weights change and every batch "
+                "already has one version. Set trl.in_flight_weight_updates = false, or use a vLLM server "
+                "(trl.use_vllm = true, trl.vllm_mode = 'server'; managed, it is still one command)."
+            )
+    if "rollout" in classes and cfg.trl.partial_rollout_token_budget:
+        rollout, rollout_cls = classes["rollout"]
+        if CONTINUES_FROM_IDS not in declared(rollout_cls, BY_NAME["rollout"], "engine_capabilities"):
+            errors.append(
+                f"trl.partial_rollout_token_budget continues unfinished samples in a later batch from their exact "
+                f"ids, but rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) declares no "
+                f"'{CONTINUES_FROM_IDS}' capability (only the vLLM server rollout, managed or external, does; vLLM in "
+                "the trainer's process and the transformers rollout are not supported yet): remove "
+                "trl.partial_rollout_token_budget, or use a vLLM server (trl.use_vllm = true, trl.vllm_mode = "
+                "'server')."
             )
     if "rollout" in classes and "verify_weight_sync" in cfg.model_fields_set and cfg.verify_weight_sync != "never":
         rollout, rollout_cls = classes["rollout"]
@@ -860,12 +930,17 @@ def check_config(
             "drive the rollout: keep one (an environment runs the episodes itself; a rollout_func runs its own loop, "
             "with trainer.generate for the engine and env_mask for what the environment wrote)."
         )
-    if cfg.trl.in_flight_weight_updates and (cfg.trl.rollout_func or _episodic(environment_cls)):
+    if cfg.trl.in_flight_weight_updates and cfg.trl.rollout_func:
         errors.append(
-            "trl.in_flight_weight_updates is not implemented yet for multi-turn episodes or trl.rollout_func: their "
-            "completions are put together from several generation calls, which do not carry each token's policy "
-            "version through yet. Set trl.in_flight_weight_updates = false for this run."
+            "trl.in_flight_weight_updates cannot run with trl.rollout_func: the function builds each completion's "
+            "token ids itself from its trainer.generate calls, and its result has no field for the policy version of "
+            "each token, so grpo cannot tell which weights sampled which tokens. Set trl.in_flight_weight_updates = "
+            "false, or run the multi-turn loop as an environment (plugins.environment, trl.environment_factory or "
+            "trl.tools), whose episodes carry each token's version."
         )
+    if cfg.trl.partial_rollout_token_budget:
+        errors += partial_rollout_problems(cfg, world, bool(cfg.trl.rollout_func or _episodic(environment_cls)))
+        warnings += partial_rollout_warnings(cfg)
     _generation_checks(cfg, errors, warnings)
     _loss_checks(cfg, names, errors, warnings)
     _turn_credit_checks(cfg, classes, errors)

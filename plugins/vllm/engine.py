@@ -20,6 +20,7 @@ from grpo_core.plugin_api import (
     ADAPTER_FROM_PATH,
     ADAPTER_FROM_URL,
     ADAPTER_LOADS,
+    CONTINUES_FROM_IDS,
     CONTROL_ENDPOINTS,
     PAUSES_GENERATION,
     SCORES_TOKENS,
@@ -139,6 +140,7 @@ class VLLMServerEngine:
             CONTROL_ENDPOINTS,
             SCORES_TOKENS,
             PAUSES_GENERATION,
+            CONTINUES_FROM_IDS,
         }
     )
 

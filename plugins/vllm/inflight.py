@@ -41,9 +41,9 @@ from grpo_core.plugin_api import GrpoError
 
 COSTS = ("pause_seconds", "load_seconds", "resume_seconds", "recomputed_tokens")
 """What in-flight updates cost, per step (metrics ``inflight/<name>``): the ``/pause`` and ``/resume``
-round trips and the load between them (all servers, summed), and the tokens the continuations' prompts
-hold (the prompt and the ids sampled before the cut: computed again under the new weights, the KV cache
-is not carried over)."""
+round trips and the load between them (each phase runs on every server at once: its wall time), and
+the tokens the continuations' prompts hold (the prompt and the ids sampled before the cut: computed
+again under the new weights, the KV cache is not carried over)."""
 
 
 class InFlightGate:

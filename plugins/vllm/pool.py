@@ -312,20 +312,43 @@ class VLLMEnginePool:
         gate = self.in_flight
         with gate.update(version):
             paused: list[VLLMServerEngine] = []
+
+            def pause(member: VLLMServerEngine) -> None:
+                member.client.pause()
+                paused.append(member)
+
             try:
-                for member in self.live():
-                    started = time.perf_counter()
-                    member.client.pause()
-                    gate.add_cost("pause_seconds", time.perf_counter() - started)
-                    paused.append(member)
+                self.probe()  # a server that is gone is dropped before the others are paused
+                members = self.live()
+                started = time.perf_counter()
+                # all at once: one slow pause (seconds, docs/engines.md) keeps no other server paused longer
+                with ThreadPoolExecutor(max_workers=len(members), thread_name_prefix="grpo-vllm-pause") as pool:
+                    futures = [pool.submit(pause, m) for m in members]
+                for future in futures:
+                    future.result()  # a server that cannot be paused fails the update (the paused ones resume)
+                gate.add_cost("pause_seconds", time.perf_counter() - started)
                 started = time.perf_counter()
                 self.each(action)
                 gate.add_cost("load_seconds", time.perf_counter() - started)
             finally:
-                for member in paused:
-                    started = time.perf_counter()
-                    member.client.resume()
-                    gate.add_cost("resume_seconds", time.perf_counter() - started)
+                started = time.perf_counter()
+                self._resume(paused)
+                gate.add_cost("resume_seconds", time.perf_counter() - started)
+
+    def _resume(self, paused: list[VLLMServerEngine]) -> None:
+        """Resume every server in ``paused``, all at once, whatever another's
+        resume does: one dropped by the load is resumed too (requests of ours
+        may still be queued on it), one that is gone is dropped. No health
+        probe first: it could wait on a dead server while the others idle."""
+        if not paused:
+            return
+        with ThreadPoolExecutor(max_workers=len(paused), thread_name_prefix="grpo-vllm-resume") as pool:
+            futures = [(m, pool.submit(m.client.resume)) for m in paused]
+        failed = [(m, f.exception()) for m, f in futures if f.exception() is not None]
+        for member, exc in failed:
+            if not isinstance(exc, EngineUnavailable):
+                raise exc  # type: ignore[misc]
+            self.drop(member, exc)
 
     def fused_modules(self) -> tuple[tuple[str, ...], ...]:
         return self.live()[0].fused_modules()

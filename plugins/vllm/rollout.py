@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_core.plugin_api import (
     ADAPTER_FROM_PATH,
     ADAPTER_FROM_URL,
+    CONTINUES_FROM_IDS,
     CONTROL_ENDPOINTS,
     PAUSES_GENERATION,
     SCORES_TOKENS,
@@ -73,6 +74,7 @@ class VLLMRollout:
             CONTROL_ENDPOINTS,
             SCORES_TOKENS,
             PAUSES_GENERATION,
+            CONTINUES_FROM_IDS,
         }
     )
     concurrent_generate = True

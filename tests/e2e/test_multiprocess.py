@@ -372,8 +372,8 @@ def test_the_transformers_rollout_samples_a_sharded_policy_and_matches_one_proce
         for record in (ra, rc):  # sampled from the policy being trained, not an older one
             assert record["is/sampling_logp_difference/max"] < 1e-3, record
     wa, wc = weights_of(tmp / sharding), weights_of(tmp / "single")
-    for key in wc:
-        torch.testing.assert_close(wa[key], wc[key], rtol=1e-4, atol=1e-6)
+    for key in wc:  # float32 sums in another order: one element of 1.5M was 1.45e-6 apart on AVX2 kernels
+        torch.testing.assert_close(wa[key], wc[key], rtol=1e-4, atol=5e-6)
     moved = max(float((wc[k] - weights_at_start(model)[k]).abs().max()) for k in wc)
     assert moved > 1e-3, "the weights barely moved: a stale sampler would go unseen"
 

@@ -4,6 +4,7 @@ batches whose every number is computed here by hand."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -135,7 +136,10 @@ def _sync_with(engine: _Engine, in_flight: bool):
         engine,
         backend=SimpleNamespace(full_model=lambda version: "model"),
         dist=SimpleNamespace(is_main=True, active=False),
-        producer=SimpleNamespace(weights_synced=lambda version: engine.events.append(f"producer at {version}")),
+        producer=SimpleNamespace(
+            weights_synced=lambda version: engine.events.append(f"producer at {version}"),
+            paused=lambda: contextlib.nullcontext(engine.events.append("batch finished")),
+        ),
         verifier=SimpleNamespace(sync=lambda run, model, version: run()),
         in_flight=in_flight,
     )
@@ -149,7 +153,9 @@ def test_with_in_flight_updates_the_sync_runs_inside_the_engines_update() -> Non
     assert engine.events == ["pause for 4", "load 4", "resume", "producer at 4"]
     plain = _Engine(frozenset({PAUSES_GENERATION}))
     _sync_with(plain, in_flight=False).sync(4)
-    assert plain.events == ["load 4", "producer at 4"]
+    # without: the producer learns the version after the batch being made (this sync changes the weights behind the
+    # engine's methods, so it is waited for at its end) and before the next one starts; test_sync_between_batches.py
+    assert plain.events == ["load 4", "batch finished", "producer at 4", "producer at 4"]
 
 
 def test_an_engine_that_cannot_pause_is_refused_at_the_sync_too() -> None:
@@ -157,3 +163,117 @@ def test_an_engine_that_cannot_pause_is_refused_at_the_sync_too() -> None:
 
     with pytest.raises(GrpoError, match="does not declare 'pauses_generation'"):
         _sync_with(_Engine(frozenset()), in_flight=True).sync(1)
+
+
+class _CharTokenizer:
+    """One id per character: what the episode driver needs of a tokenizer."""
+
+    all_special_ids: list[int] = []
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False, **kw):
+        text = "".join(f"<{m['role']}>{m['content']}|" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(ch) for ch in text]}
+
+    def decode(self, ids, skip_special_tokens=True, **kw):
+        return "".join(chr(i) for i in ids)
+
+
+# each model turn's tokens and the version the rollout recorded for each: turn 2 was cut by an update (3 -> 4)
+TURNS = [("ab", [3, 3]), ("cde", [3, 4, 4]), ("fg", [4, 4])]
+
+
+def _scripted_turns():
+    calls: list[int] = []
+
+    def generate(prompts, n, sampling):
+        text, versions = TURNS[len(calls)]
+        calls.append(n)
+        return [
+            RolloutGroup(p, [Completion([ord(c) for c in text], text, [-1.0] * len(text), token_versions=versions)] * n)
+            for p in prompts
+        ]
+
+    return generate
+
+
+def _policy_versions(completion: Completion) -> list[int]:
+    return [v for v, m in zip(completion.token_versions, completion.loss_mask, strict=True) if m]
+
+
+def test_an_episode_keeps_each_turns_token_versions() -> None:
+    """Multi-turn episodes with in-flight updates: every model turn's tokens
+    keep the versions the rollout recorded (an update between turns, one in
+    the middle of a turn); the environment's tokens (mask 0) are not read."""
+    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.contract.types import EnvironmentReply, SamplingSettings
+    from grpo_core.generation.episodes import EpisodeDriver
+
+    class Game:
+        turn = 0
+
+        def reset(self):
+            return None
+
+        def step(self, text):
+            self.turn += 1
+            return EnvironmentReply(done=self.turn == 3, messages=[{"role": "user", "content": "h"}])
+
+    tok = _CharTokenizer()
+    driver = EpisodeDriver(
+        lambda p, s: Game(), tok, GRPOConfig(base_model="m", episodes={"max_turns": 5}), "game", print, False
+    )
+    prompt = Prompt(prompt=[{"role": "user", "content": "go"}], prompt_ids=tok("<user>go|<assistant>")["input_ids"])
+    (group,) = driver.run([prompt], 2, SamplingSettings(max_tokens=200), _scripted_turns())
+    group.policy_version = 3
+    for c in group.completions:
+        assert len(c.token_versions) == len(c.token_ids)
+        assert _policy_versions(c) == [3, 3, 3, 4, 4, 4, 4]  # one version per episode ([3] * 7) fails here
+        assert [c.token_ids[s] for s in c.episode.turn_starts] == [ord("a"), ord("c"), ord("f")]
+    metrics = staleness_metrics([ScoredGroup(group, [[0.0]] * 2, [0.0, 0.0])], trainer_version=4)
+    assert metrics["token_staleness/max"] == 1.0 and metrics["inflight/tokens_across_update"] == 2 * 4
+    assert drop_stale([ScoredGroup(group, [[0.0]] * 2, [1.0, -1.0])], 5, bound=1)[1] == 2  # its oldest token: 3
+
+
+def test_an_agents_episode_keeps_each_turns_token_versions() -> None:
+    """The same for a driven episode (an agent calling the model itself)."""
+    from grpo_core.config.schema import GRPOConfig
+    from grpo_core.contract.types import SamplingSettings
+    from grpo_core.generation.episodes import EpisodeDriver
+
+    class Agent:
+        def drive(self, model):
+            turn = model.generate(model.render([{"role": "user", "content": "go"}]))
+            for _ in range(2):
+                turn = model.generate(model.render([{"role": "user", "content": "h"}], after=turn), after=turn)
+            return 1.0
+
+    tok = _CharTokenizer()
+    driver = EpisodeDriver(
+        lambda p, s: Agent(), tok, GRPOConfig(base_model="m", episodes={"max_turns": 5}), "agent", print, False
+    )
+    prompt = Prompt(prompt=[{"role": "user", "content": "go"}], prompt_ids=tok("<user>go|<assistant>")["input_ids"])
+    (group,) = driver.run([prompt], 1, SamplingSettings(max_tokens=200), _scripted_turns())
+    (c,) = group.completions
+    assert len(c.token_versions) == len(c.token_ids)
+    assert _policy_versions(c) == [3, 3, 3, 4, 4, 4, 4]
+
+
+def test_rollout_func_is_refused_and_environments_are_accepted(tmp_path: Path) -> None:
+    base = {"use_vllm": True, "async_prefetch": True, "in_flight_weight_updates": True}
+    with pytest.raises(
+        ConfigError, match="cannot run with trl.rollout_func.*run the multi-turn loop as an environment"
+    ):
+        check_run_config(config(tmp_path, rollout_func="my_rollout.run", **base), trains=False)
+    (tmp_path / "my_tools.py").write_text("def add(a: int, b: int) -> int:\n    '''Add.\n\n    Args:\n        a: x\n"
+                                          "        b: y\n    '''\n    return a + b\n")  # fmt: skip
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        check_run_config(config(tmp_path, tools=["my_tools.add"], **base), trains=False)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_tools", None)

@@ -50,12 +50,44 @@ def generated_tokens(base_url: str) -> float:
     return sum(float(v) for v in found)
 
 
-def test_a_pause_mid_generation_splits_every_completion_by_the_weights_that_sampled_it(
-    make_context, vllm_server, peft_model, smollm2_tokenizer
-):
-    ctx = make_context(async_prefetch=True, in_flight_weight_updates=True, vllm_server_timeout=240)
+def spy_on_updates(members) -> list[tuple[str, str]]:
+    """``(server URL, "pause" | "load" | "resume")`` for every call the pool
+    makes on each server, in order (the real calls still run)."""
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    for member in members:
+        url = member.client.base_url
+        for owner, name, what in ((member.client, "pause", "pause"), (member.client, "resume", "resume"),
+                                  (member, "load_adapter", "load")):  # fmt: skip
+            real = getattr(owner, name)
+
+            def spy(*args, real=real, url=url, what=what, **kwargs):
+                with lock:
+                    events.append((url, what))
+                return real(*args, **kwargs)
+
+            setattr(owner, name, spy)
+    return events
+
+
+def pause_mid_generation_on_every_server(make_context, urls, peft_model, smollm2_tokenizer) -> None:
+    """Two prompts over a pool of ``urls`` (one prompt's two samples on each
+    server); an in-flight LoRA update once every server is generating; then
+    every server was paused before any load, loaded, and resumed after the
+    loads, and every token of every completion carries the version of the
+    weights that sampled it."""
+    ctx = make_context(
+        vllm_server_base_url=None,
+        vllm_server_base_urls=list(urls),
+        async_prefetch=True,
+        in_flight_weight_updates=True,
+        vllm_server_timeout=240,
+    )
     rollout = VLLMRollout(ctx)
     rollout.grpo_train_start()
+    members = rollout.engine.live()
+    assert [m.client.base_url for m in members] == list(urls)
+    events = spy_on_updates(members)
     sync = LoraFilesystemSync(ctx)
     questions = ["Write a long story about a cat.", "Explain rain to a child, at length."]
     prompts = []
@@ -66,13 +98,15 @@ def test_a_pause_mid_generation_splits_every_completion_by_the_weights_that_samp
     sampling = SamplingSettings(max_tokens=MAX_TOKENS, extra={"ignore_eos": True})
     out: list = []
     worker = threading.Thread(target=lambda: out.append(rollout.grpo_rollout_generate(prompts, 2, sampling, 0)))
+    servers = sorted({url.replace("localhost", "127.0.0.1") for url in urls})  # a server under two names counts once
     try:
         t_start = time.monotonic()
-        before = generated_tokens(vllm_server.base_url)
+        before = {s: generated_tokens(s) for s in servers}
         worker.start()
         deadline = time.monotonic() + 120
-        while generated_tokens(vllm_server.base_url) < before + 4 * 8:  # ~8 tokens of each completion, base weights
-            assert time.monotonic() < deadline, "the server generated nothing in 120 s"
+        # ~8 tokens of each completion on every server, under the base weights
+        while any(generated_tokens(s) < before[s] + 4 * 8 // len(servers) for s in servers):
+            assert time.monotonic() < deadline, "a server generated nothing in 120 s"
             time.sleep(0.05)
         assert worker.is_alive(), "generation finished before the pause: raise max_tokens"
         t0 = time.monotonic()
@@ -84,24 +118,30 @@ def test_a_pause_mid_generation_splits_every_completion_by_the_weights_that_samp
         assert out, "generation did not finish after the resume"
     finally:
         sync.grpo_train_end()
-        if rollout.engine.served_model == "policy":
-            rollout.client.unload_lora_adapter("policy")  # the session's server serves the base model again
+        unloaded = set()
+        for member in members:
+            server = member.client.base_url.replace("localhost", "127.0.0.1")
+            if member.served_model == "policy" and server not in unloaded:
+                member.client.unload_lora_adapter("policy")  # the servers serve the base model again
+                unloaded.add(server)
 
+    print(events)
     import torch
 
     from grpo_plugins.is_correction import DEFAULT_CAP, ImportanceSamplingCorrection
 
     correction = ImportanceSamplingCorrection("token_truncate", DEFAULT_CAP)
-    decided = {0: 0, 1: 0}
-    noise = 0.0
-    for group in out[0]:
+    assert len(out[0]) == len(urls)  # one prompt per server (the pool's contiguous shares)
+    for url, group in zip(urls, out[0], strict=True):
+        decided = {0: 0, 1: 0}
+        noise = 0.0
         for c in group.completions:
             assert len(c.token_ids) == MAX_TOKENS and len(c.logprobs) == MAX_TOKENS and c.truncated
             versions = c.token_versions
             assert versions is not None and len(versions) == MAX_TOKENS
             cut = versions.index(1) if 1 in versions else len(versions)
             assert versions == [0] * cut + [1] * (MAX_TOKENS - cut), versions
-            assert 0 < cut < MAX_TOKENS, f"the pause did not land inside this completion (cut at {cut})"
+            assert 0 < cut < MAX_TOKENS, f"{url}: the pause did not land inside this completion (cut at {cut})"
             adapted = logprobs_of(peft_model, group.prompt.prompt_ids, c.token_ids)
             with peft_model.disable_adapter():
                 base = logprobs_of(peft_model, group.prompt.prompt_ids, c.token_ids)
@@ -119,13 +159,30 @@ def test_a_pause_mid_generation_splits_every_completion_by_the_weights_that_samp
                 if abs(a - b) < DECISIVE:
                     continue
                 sampled_by = 1 if abs(s - a) < abs(s - b) else 0
-                assert sampled_by == versions[i], f"token {i}: sampler {s:.3f}, adapter {a:.3f}, base {b:.3f}"
+                assert sampled_by == versions[i], f"{url}, token {i}: sampler {s:.3f}, adapter {a:.3f}, base {b:.3f}"
                 assert min(abs(s - a), abs(s - b)) < 0.1  # the sampler's log-prob is that weights' own
                 noise = max(noise, min(abs(s - a), abs(s - b)))
                 decided[sampled_by] += 1
-    print(f"tokens told apart by the two weights: {decided}; largest sampler-vs-forward gap {noise:.4f}")
-    assert decided[0] >= 3 and decided[1] >= 3, decided  # both sides of the pause were checked
-    assert rollout.engine.in_flight.version == 1
+        print(f"{url}: tokens told apart by the two weights: {decided}; largest sampler-vs-forward gap {noise:.4f}")
+        assert decided[0] >= 3 and decided[1] >= 3, (url, decided)  # both sides of the pause were checked
+    assert rollout.engine.in_flight.version == 1 and rollout.engine.in_flight.regenerated == 0
+    # every server paused before any load, each loaded, each resumed after every load; each once
+    kinds = [what for _, what in events]
+    assert kinds == ["pause"] * len(urls) + ["load"] * len(urls) + ["resume"] * len(urls), events
+    for what in ("pause", "load", "resume"):
+        assert sorted(url for url, w in events if w == what) == sorted(urls), events
+
+
+def test_a_pause_mid_generation_splits_every_completion_by_the_weights_that_sampled_it(
+    make_context, vllm_server, peft_model, smollm2_tokenizer
+):
+    """Through a pool of two: the session's server under two URLs (each its
+    own pool member, paused, loaded and resumed on its own; an update that
+    skips the second leaves it serving the base model under version 1's
+    label, and fails). Two real servers: test_vllm_multiserver.py (extended)."""
+    port = vllm_server.base_url.rsplit(":", 1)[1]
+    urls = [vllm_server.base_url, f"http://localhost:{port}"]
+    pause_mid_generation_on_every_server(make_context, urls, peft_model, smollm2_tokenizer)
 
 
 @pytest.mark.extended(reason="a whole training run (~1-2 min on 2 shared cores); the pause itself is tested above")
@@ -176,3 +233,92 @@ def test_an_async_run_with_in_flight_updates_reports_staleness_per_token(vllm_se
     assert records[0]["token_staleness/max"] == 0  # the first batch: sampled by the weights synced at start
     # a sync landed while a batch was generating: its samples hold tokens of two versions, the older ones 1 behind
     assert sum(r["inflight/samples_across_update"] for r in records) > 0, records
+
+
+TURN_TOKENS = 32
+
+
+@pytest.mark.extended(
+    reason="an update mid-episode on the real server (~30 s); the pause runs in the default tier above and the "
+    "episode driver's per-token versions in tests/unit/test_token_versions.py"
+)
+def test_an_update_in_the_middle_of_an_episodes_second_turn_splits_that_turn_by_the_weights(
+    make_context, vllm_server, peft_model, smollm2_tokenizer
+):
+    """Multi-turn episodes with in-flight updates, SkyRL-style: the update
+    lands while the second model turn is generating; the first turn's tokens
+    keep version 0, the second's are split at the pause, and every decisive
+    token's recorded version is the weights' whose log-prob the sampler's
+    equals (transformers forwards with and without the adapter)."""
+    from grpo_core.contract.types import EnvironmentReply
+    from grpo_core.generation.episodes import EpisodeDriver
+
+    class TwoTurns:
+        def __init__(self) -> None:
+            self.turns = 0
+
+        def reset(self):
+            return None
+
+        def step(self, text):
+            self.turns += 1
+            if self.turns == 2:
+                return EnvironmentReply(done=True)
+            return EnvironmentReply(messages=[{"role": "user", "content": "Go on, at length."}])
+
+    ctx = make_context(async_prefetch=True, in_flight_weight_updates=True, vllm_server_timeout=240)
+    ctx.config.episodes = ctx.config.episodes.model_copy(update={"max_tokens_per_turn": TURN_TOKENS})
+    rollout = VLLMRollout(ctx)
+    rollout.grpo_train_start()
+    sync = LoraFilesystemSync(ctx)
+    driver = EpisodeDriver(lambda p, s: TwoTurns(), smollm2_tokenizer, ctx.config, "two", print, concurrent_turns=True)
+    q = "Write a long story about a cat."
+    ids = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+    prompt = Prompt([{"role": "user", "content": q}], list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids))
+    # ignore_eos: every turn runs to TURN_TOKENS, so the second is generating when the pause lands
+    sampling = SamplingSettings(max_tokens=4 * TURN_TOKENS, extra={"ignore_eos": True})
+    out: list = []
+
+    def generate(prompts, n, turn_sampling):
+        return rollout.grpo_rollout_generate(prompts, n, turn_sampling, 0)
+
+    worker = threading.Thread(target=lambda: out.append(driver.run([prompt], 2, sampling, generate)))
+    try:
+        before = generated_tokens(vllm_server.base_url)
+        worker.start()
+        deadline = time.monotonic() + 180
+        # both episodes' first turns, and ~8 tokens of each second turn
+        while generated_tokens(vllm_server.base_url) < before + 2 * TURN_TOKENS + 2 * 8:
+            assert time.monotonic() < deadline, "the episodes did not reach their second turn in 180 s"
+            time.sleep(0.05)
+        assert worker.is_alive(), "the episodes ended before the pause"
+        rollout.engine.update_in_flight(1, lambda: sync.grpo_sync_weights(peft_model, 1, rollout.engine))
+        worker.join(300)
+        assert out, "the episodes did not finish after the resume"
+    finally:
+        sync.grpo_train_end()
+        if rollout.engine.served_model == "policy":
+            rollout.client.unload_lora_adapter("policy")
+
+    ((group,),) = out
+    decided = {0: 0, 1: 0}
+    for c in group.completions:
+        assert c.episode.turns == 2 and len(c.token_versions) == len(c.token_ids)
+        starts = c.episode.turn_starts
+        first = c.token_versions[starts[0] : starts[0] + TURN_TOKENS]
+        second = c.token_versions[starts[1] : starts[1] + TURN_TOKENS]
+        assert first == [0] * TURN_TOKENS, first
+        cut = second.index(1) if 1 in second else TURN_TOKENS
+        assert second == [0] * cut + [1] * (TURN_TOKENS - cut) and 0 < cut < TURN_TOKENS, second
+        adapted = logprobs_of(peft_model, group.prompt.prompt_ids, c.token_ids)
+        with peft_model.disable_adapter():
+            base = logprobs_of(peft_model, group.prompt.prompt_ids, c.token_ids)
+        for i, (s, a, b, m) in enumerate(zip(c.logprobs, adapted, base, c.loss_mask, strict=True)):
+            if not m or abs(a - b) < DECISIVE:
+                continue
+            sampled_by = 1 if abs(s - a) < abs(s - b) else 0
+            assert sampled_by == c.token_versions[i], f"token {i}: sampler {s:.3f}, adapter {a:.3f}, base {b:.3f}"
+            assert min(abs(s - a), abs(s - b)) < 0.1
+            decided[sampled_by] += 1
+    print(f"tokens told apart by the two weights: {decided}")
+    assert decided[0] >= 3 and decided[1] >= 3, decided

@@ -8,6 +8,7 @@ folder (TMPDIR), apart from the trainer's. The last test kills B.
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 from conftest import make_config
+from test_inflight_updates import pause_mid_generation_on_every_server
 from test_vllm_server import chat_prompts, mean_abs_diff
 from test_vllm_training import PARITY_REWARD, SYNCED_MAX_TOL, SYNCED_MEAN_TOL, metrics, run_config
 
@@ -41,6 +43,13 @@ def server_b(vllm_server, smollm2_dir: str, tmp_path_factory: pytest.TempPathFac
     private_tmp = out / "tmp"
     private_tmp.mkdir(mode=0o700)
     spec = server_spec(make_config(smollm2_dir, out), port=0, lora=True)
+    external = os.environ.get("GRPO_TEST_VLLM_PORT_B")
+    if external:  # developer shortcut, as GRPO_TEST_VLLM_PORT for server A (the folder tests then see nothing)
+        spec.port = int(external)
+        server = ManagedServer(spec)
+        server.private_tmp = private_tmp  # type: ignore[attr-defined]
+        yield server  # never started, so never stopped by the tests
+        return
     spec.env["TMPDIR"] = str(private_tmp)  # the server's own folder: nothing of the trainer's
     server = ManagedServer(spec, out / "vllm-server.log")
     server.private_tmp = private_tmp  # type: ignore[attr-defined]
@@ -210,6 +219,22 @@ def test_episodes_run_through_a_pool_of_two_servers(
         for c in group.completions:
             assert c.episode.turns == 2 and c.episode.ended_by == "environment"
             assert len(c.loss_mask) == len(c.token_ids) and 0 < sum(c.loss_mask) < len(c.token_ids)
+
+
+@pytest.mark.extended  # a second real server (~35 s to start); the default tier pauses a pool of the session's
+# server under two URLs (test_inflight_updates.py)
+def test_an_in_flight_update_pauses_loads_and_resumes_each_of_two_servers(
+    make_context, vllm_server, server_b, peft_model, smollm2_tokenizer
+) -> None:
+    """``trl.in_flight_weight_updates`` on a pool of two real servers, each
+    generating one prompt's samples: both are paused before either loads,
+    each loads the adapter, both resume after the loads, and every token on
+    each server carries the version of the weights that sampled it (checked
+    against a transformers forward with and without the adapter). Before the
+    test that kills server B."""
+    pause_mid_generation_on_every_server(
+        make_context, [vllm_server.base_url, server_b.base_url], peft_model, smollm2_tokenizer
+    )
 
 
 @pytest.mark.extended  # kills a second server (~40 s); the pool's training runs in the default tier
