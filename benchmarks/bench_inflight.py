@@ -13,9 +13,10 @@ tokens, so a step's generation lasts as long as its longest sample. Both arms ru
 ``trl.async_prefetch = true`` (the next batch generates while the current one trains; the
 weight sync lands while it generates):
 
-- ``boundary``: ``in_flight_weight_updates = false``. The load call reaches the server while
-  requests run; the batch is labelled with the version it began under (staleness per batch;
-  tokens sampled after the load are labelled with the older version).
+- ``boundary``: ``in_flight_weight_updates = false``: the batch is labelled with the version it
+  began under (staleness per batch). Since ``grpo_core/sync/between_batches.py`` the load waits
+  for the batch being generated; before it (the runs in RESULTS.md of 2026-12-05) the load
+  reached the server while requests ran and the sync check's probe waited instead.
 - ``inflight``: ``in_flight_weight_updates = true``. The load runs inside ``/pause?mode=abort``
   ... ``/resume``; cut requests go on from their exact ids; each token records its version.
 - ``sync`` (optional, ``--arms``): no ``async_prefetch``, for reference: generation and training
