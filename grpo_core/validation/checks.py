@@ -313,11 +313,12 @@ def _async_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warn
         )
     if trl.in_flight_weight_updates:
         errors += in_flight_problems(cfg)
-        if cfg.verify_weight_sync == "every_probe":
+        if cfg.verify_weight_sync in ("every", "every_probe"):
             warnings.append(
-                "verify_weight_sync = 'every_probe' with trl.in_flight_weight_updates: each sync's probe waits until "
-                "no generation request is in flight, so every sync waits for the batch being generated; 'every' "
-                "probes only the first syncs."
+                f"verify_weight_sync = '{cfg.verify_weight_sync}' with trl.in_flight_weight_updates: each sync is "
+                "checked with the probe (async batches cannot stand in for it), which waits until no generation "
+                "request is in flight, so every sync waits for the batch being generated (11.8-13.8 s a step in "
+                "benchmarks/RESULTS.md); set verify_weight_sync = 'first' to check the first sync only."
             )
     if trl.vllm_lora_sync and cfg.adapter is None:
         errors.append(

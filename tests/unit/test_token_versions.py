@@ -111,6 +111,15 @@ def test_the_nccl_sync_is_refused_and_a_vllm_server_is_accepted(tmp_path: Path) 
         check_run_config(nccl, trains=False)
 
 
+@pytest.mark.parametrize(("mode", "warned"), [("every", True), ("every_probe", True), ("first", False)])
+def test_a_sync_check_that_probes_every_update_is_warned_about(tmp_path: Path, mode: str, warned: bool) -> None:
+    cfg = config(tmp_path, in_flight_weight_updates=True, use_vllm=True, async_prefetch=True)
+    cfg.verify_weight_sync = mode
+    said = [w for w in check_run_config(cfg, trains=False) if "waits for the batch being generated" in w]
+    assert bool(said) == warned, said
+    assert all(f"verify_weight_sync = '{mode}'" in w and "'first'" in w for w in said)
+
+
 class _Engine:
     """An engine that records what the sync did inside its in-flight update."""
 
