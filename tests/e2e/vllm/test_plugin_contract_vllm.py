@@ -87,6 +87,11 @@ def test_third_party_sync_and_aggregation_drive_a_real_run(
     assert len(calls) == 2 and all(c["scale"] == 0.5 for c in calls)  # [plugins.scaled_group] reached the factory
 
 
+# extended: a second real run of this file through the server (17 s emulating an AVX2-only machine) whose path, a
+# third-party distribution's hook raising (one error line naming the hook, implementation and distribution, the
+# traceback in grpo-error.log, a checkpoint), the default tier runs on the tiny model
+# (tests/e2e/reliability/test_safety_net.py::test_a_plugin_hook_that_raises and ::test_a_weight_sync_that_raises)
+@pytest.mark.extended
 def test_a_raising_plugin_hook_stops_with_one_error_and_a_checkpoint(
     vllm_server, smollm2_dir: str, contract_site: Path, tmp_path: Path
 ) -> None:
