@@ -140,6 +140,22 @@ def raw_config(
     }
 
 
+def minimal_config(**keys: Any) -> dict[str, Any]:
+    """The smallest raw config every check accepts with nothing on disk: a hub model id (never loaded),
+    one of conftest.py's placeholder hub datasets, 4 completions per prompt scored by the built-in
+    ``last_number_match``; ``keys`` as ``merged`` takes them (``trl={...}`` adds to the trl table).
+    For tests of the config and its checks; a run that trains uses ``raw_config``."""
+    return merged(
+        {
+            "base_model": "some/model",
+            "datasets": [{"path": "my-org/arith"}],
+            "micro_batch_size": 4,
+            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
+        },
+        **keys,
+    )
+
+
 def merged(raw: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
     """``raw`` with ``overrides``; a table (``trl = {...}``, ``vllm``,
     ``plugins``) given in both is merged key by key, anything else replaced."""

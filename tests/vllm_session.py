@@ -18,8 +18,10 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from helpers import merged, raw_config
 
 from grpo_core.config.loader import validate
 
@@ -34,6 +36,21 @@ SERVER_TABLE = {
     "api_key": API_KEY,
 }
 """The session server's ``[vllm]`` table: a run configured with it talks to that server."""
+
+
+def server_run(
+    model_dir: str, workdir: Path, base_url: str | None, dataset: str | Path, *, out: str = "out", **keys: Any
+) -> dict[str, Any]:
+    """The raw config of a LoRA run (rank ``LORA_R``) on ``dataset`` that samples from the vLLM server at
+    ``base_url`` (the session's: ``SERVER_TABLE`` holds its key; ``None``: a server the run starts itself), its
+    output in ``workdir/out``; ``keys`` as ``helpers.merged`` takes them (``trl={...}`` adds to the trl table)."""
+    trl: dict[str, Any] = {"use_vllm": True, "vllm_server_timeout": 60}
+    if base_url is not None:
+        trl.update(vllm_managed=False, vllm_server_base_url=base_url)
+    raw = raw_config(
+        model_dir, workdir, out=out, dataset=str(dataset), adapter="lora", lora_r=LORA_R, vllm=dict(SERVER_TABLE)
+    )
+    return merged({**raw, "trl": trl}, **keys)
 
 
 def make_config(model_dir: str, output_dir: Path, **trl: object):

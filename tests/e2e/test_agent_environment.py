@@ -22,7 +22,6 @@ import httpx
 import openai
 import pytest
 import torch
-from tiny_model import build_tiny_model
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.context import RunContext
@@ -36,12 +35,11 @@ from grpo_plugins.rollout_transformers import TransformersRollout
 
 
 @pytest.fixture(scope="module")
-def tiny(smollm2_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+def tiny(tiny_model_dir: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("tiny") / "model")
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 class Recorder:

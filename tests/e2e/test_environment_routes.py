@@ -10,12 +10,11 @@ tests/e2e/vllm/test_agent_vllm.py::test_a_mixed_run_trains_each_environment.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
-from tiny_model import build_tiny_model
+from helpers import metrics, raw_config, write_rows
 
 from grpo_core.config.environment_names import route_table
 from grpo_core.config.loader import validate
@@ -69,25 +68,23 @@ def agent(row, *, base_url, api_key, model):
 
 
 def mixed_config(tmp_path: Path, model_dir: str, rows: list[dict]) -> dict:
-    data = tmp_path / "train.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in rows))
-    return {
-        "base_model": model_dir,
-        "sequence_len": 256,
-        "micro_batch_size": 6,
-        "max_steps": 1,
-        "learning_rate": 1e-3,
-        "output_dir": str(tmp_path / "out"),
-        "shuffle_dataset": False,
-        "datasets": [{"path": str(data)}],
-        "plugins": {"environment": ["tools", "agent"], "agent": {"function": "mixed_envs.agent"}},
-        "episodes": {"max_turns": 2, "max_tokens_per_turn": 6},
-        "trl": {
+    write_rows(tmp_path / "train.jsonl", rows)
+    return raw_config(
+        model_dir,
+        tmp_path,
+        sequence_len=256,
+        micro_batch_size=6,
+        max_steps=1,
+        learning_rate=1e-3,
+        shuffle_dataset=False,
+        plugins={"environment": ["tools", "agent"], "agent": {"function": "mixed_envs.agent"}},
+        episodes={"max_turns": 2, "max_tokens_per_turn": 6},
+        trl={
             "num_generations": 2,
             "max_completion_length": 40,
             "environment_factory": {"counter": "mixed_envs.Counter", "echo": "mixed_envs.Echo"},
         },
-    }
+    )
 
 
 def rows(*names: str) -> list[dict]:
@@ -103,12 +100,11 @@ def mixed_envs(tmp_path: Path):
     sys.modules.pop("mixed_envs", None)
 
 
-def test_rows_choose_among_factory_classes_and_an_agent(smollm2_dir: str, tmp_path: Path, mixed_envs) -> None:
-    model_dir = build_tiny_model(smollm2_dir, tmp_path / "tiny")
-    cfg = validate(mixed_config(tmp_path, model_dir, rows("counter", "echo", "agent")))
+def test_rows_choose_among_factory_classes_and_an_agent(tiny_model_dir: str, tmp_path: Path, mixed_envs) -> None:
+    cfg = validate(mixed_config(tmp_path, tiny_model_dir, rows("counter", "echo", "agent")))
     assert run_training(cfg) == "completed"
     assert cfg.trl.reward_funcs == ["environment"]
-    row = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    row = metrics(tmp_path / "out")[0]
     for name in ("counter", "echo", "agent"):
         assert row[f"environments/{name}/episodes"] == 2.0, name
         assert row[f"environments/{name}/failures"] == 0.0

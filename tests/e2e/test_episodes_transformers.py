@@ -11,13 +11,12 @@ the episode plumbing is the point, not what the model says.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, metrics, raw_config
 
 from grpo_core.config.loader import validate
 from grpo_core.host import plugin_host
@@ -43,24 +42,23 @@ def guess_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_transformers_rollout_runs_episodes_and_a_rewriting_template_is_counted(
     tiny_model_dir: str, tmp_path: Path, guess_site: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "out"
     cfg = validate(
-        {
-            "base_model": tiny_model_dir,
-            "adapter": "lora",
-            "lora_r": 8,
-            "sequence_len": 256,
-            "chat_template": FORGETFUL_TEMPLATE,
-            "datasets": [{"path": str(GUESS / "data" / "train.jsonl")}],
-            "micro_batch_size": 4,
-            "max_steps": 1,
-            "learning_rate": 1e-4,
-            "output_dir": str(out),
-            "seed": 2,
-            "plugins": {"environment": "guess_number"},
-            "episodes": {"max_turns": 2, "max_tokens_per_turn": 5},
-            "trl": {"num_generations": 4, "max_completion_length": 64},
-        }
+        raw_config(
+            tiny_model_dir,
+            tmp_path,
+            dataset=str(GUESS / "data" / "train.jsonl"),
+            adapter="lora",
+            lora_r=8,
+            sequence_len=256,
+            chat_template=FORGETFUL_TEMPLATE,
+            micro_batch_size=4,
+            max_steps=1,
+            learning_rate=1e-4,
+            seed=2,
+            plugins={"environment": "guess_number"},
+            episodes={"max_turns": 2, "max_tokens_per_turn": 5},
+            trl={"num_generations": 4, "max_completion_length": 64},
+        )
     )
     sys.path.insert(0, str(guess_site))
     plugin_host.rescan()
@@ -70,7 +68,7 @@ def test_transformers_rollout_runs_episodes_and_a_rewriting_template_is_counted(
         sys.path.remove(str(guess_site))
         sys.modules.pop("grpo_guess_number", None)
         plugin_host.rescan()
-    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    row = metrics(tmp_path / "out")[0]
     assert row["episodes/turns_mean"] > 1  # the environment answered, so the model had further turns
     replied = row["episodes/environment_tokens_mean"] > 0
     assert replied and row["episodes/template_mismatch"] >= 1
@@ -95,27 +93,26 @@ def test_turn_credit_trains_guessing_games_end_to_end(
         return real(settings, logps, advantages, mask, **kwargs)
 
     monkeypatch.setattr(builtin_loss, "policy_loss", recording)
-    out = tmp_path / "out"
     cfg = validate(
-        {
-            "base_model": smollm2_dir,
-            "adapter": "lora",
-            "lora_r": 8,
-            "sequence_len": 256,
-            "datasets": [{"path": str(GUESS / "data" / "train.jsonl")}],
-            "micro_batch_size": 4,
-            "max_steps": 1,
-            "learning_rate": 1e-4,
-            "output_dir": str(out),
-            "seed": 5,
-            "plugins": {
+        raw_config(
+            smollm2_dir,
+            tmp_path,
+            dataset=str(GUESS / "data" / "train.jsonl"),
+            adapter="lora",
+            lora_r=8,
+            sequence_len=256,
+            micro_batch_size=4,
+            max_steps=1,
+            learning_rate=1e-4,
+            seed=5,
+            plugins={
                 "environment": "guess_number",
                 "advantage_aggregation": "turn_returns",
                 "guess_number": {"hint_reward": 0.2, "closeness": 0.5},
             },
-            "episodes": {"max_turns": 3, "max_tokens_per_turn": 4},
-            "trl": {"num_generations": 4, "max_completion_length": 48, "scale_rewards": "none"},
-        }
+            episodes={"max_turns": 3, "max_tokens_per_turn": 4},
+            trl={"num_generations": 4, "max_completion_length": 48, "scale_rewards": "none"},
+        )
     )
     sys.path.insert(0, str(guess_site))
     plugin_host.rescan()
@@ -125,7 +122,7 @@ def test_turn_credit_trains_guessing_games_end_to_end(
         sys.path.remove(str(guess_site))
         sys.modules.pop("grpo_guess_number", None)
         plugin_host.rescan()
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(tmp_path / "out")
     assert len(rows) == 1 and rows[0]["episodes/turns_mean"] > 1 and rows[0]["grad_norm"] > 0
     assert seen and all(advantages.dim() == 2 for advantages, _ in seen)  # [B, C]: per token
     credited = 0

@@ -187,13 +187,13 @@ def _pypi_reachable() -> bool:
         return False
 
 
-@pytest.mark.skipif(
-    not _pypi_reachable(), reason="scripts/gpu_wheels.sh downloads from PyPI, which is unreachable here"
-)
-def test_the_wheel_script_builds_the_folder_under_the_limit(smollm2_dir: str) -> None:
-    """For real, into a cache folder kept between runs (a re-run downloads
-    nothing): one wheel per pinned package, for Python 3.12 x86_64, the
-    SmolLM2-shaped config and tokenizer, under 64 MiB."""
+@pytest.fixture(scope="module")
+def wheel_folder(smollm2_dir: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """scripts/gpu_wheels.sh run once for this file's tests, for real, into a
+    cache folder kept between runs (a re-run downloads nothing): the folder and
+    the script's finished process."""
+    if not _pypi_reachable():
+        pytest.skip("scripts/gpu_wheels.sh downloads from PyPI, which is unreachable here")
     from grpo_core.modeling.model_files import cache_root
 
     dest = cache_root() / "gpu-wheels"
@@ -206,6 +206,15 @@ def test_the_wheel_script_builds_the_folder_under_the_limit(smollm2_dir: str) ->
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return dest, done
+
+
+def test_the_wheel_script_builds_the_folder_under_the_limit(
+    wheel_folder: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """One wheel per pinned package, for Python 3.12 x86_64, the SmolLM2-shaped
+    config and tokenizer, under 64 MiB."""
+    dest, done = wheel_folder
     assert re.search(r"MiB in total \(limit 64 MiB\)", done.stdout), done.stdout
     wheels = sorted(dest.glob("*.whl"))
     by_name: dict[str, list[str]] = {}
@@ -225,27 +234,15 @@ def test_the_wheel_script_builds_the_folder_under_the_limit(smollm2_dir: str) ->
     assert unmet_needs(dest) == ({}, [])
 
 
-@pytest.mark.skipif(
-    not _pypi_reachable(), reason="scripts/gpu_wheels.sh downloads from PyPI, which is unreachable here"
-)
-def test_the_wheels_install_as_gpu_check_sh_installs_them_there(smollm2_dir: str, tmp_path: Path) -> None:
+def test_the_wheels_install_as_gpu_check_sh_installs_them_there(
+    wheel_folder: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
     """gpu_check.sh's two installs, as far as this machine can do them: the
     wheels into a target for CPython 3.12 on x86-64 Linux (pip checks each
     tag, and installs nothing else: --no-index, --no-deps), then grpo itself
     built by the carried setuptools alone (--no-build-isolation), its entry
     points included."""
-    from grpo_core.modeling.model_files import cache_root
-
-    dest = cache_root() / "gpu-wheels"
-    built = subprocess.run(
-        ["bash", str(WHEEL_SCRIPT)],
-        env={**os.environ, "GPU_WHEELS_DIR": str(dest), "PY": sys.executable},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert built.returncode == 0, built.stderr[-3000:]
+    dest, _ = wheel_folder
     site = tmp_path / "site"
     tags = [
         "--python-version",

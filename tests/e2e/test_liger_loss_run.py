@@ -18,7 +18,7 @@ def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(
     """The trainer's wiring (hidden states, head, IS weights, old log-probs of
     num_iterations = 2): 2 steps on the tiny model, same losses and grad norms."""
     pytest.importorskip("liger_kernel.chunked_loss", reason="liger-kernel is not installed (gpu extra)")
-    from helpers import metrics, run_workdir
+    from helpers import metrics, raw_config, run_workdir
 
     from grpo_core.config.loader import validate
     from grpo_core.training.run import run_training
@@ -32,19 +32,18 @@ def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(
 
     def run(out: str, liger: bool) -> list[dict]:
         cfg = validate(
-            {
-                "base_model": model,
-                "adapter": None,
-                "datasets": [{"path": str(tmp_path / "train.jsonl")}],
-                "sequence_len": 64,
-                "micro_batch_size": 4,
-                "gradient_accumulation_steps": 2,
-                "max_steps": 2,
-                "learning_rate": 5e-3,
-                "lr_scheduler": "constant",
-                "output_dir": str(tmp_path / out),
-                "seed": 3,
-                "trl": {
+            raw_config(
+                model,
+                tmp_path,
+                out=out,
+                sequence_len=64,
+                micro_batch_size=4,
+                gradient_accumulation_steps=2,
+                max_steps=2,
+                learning_rate=5e-3,
+                lr_scheduler="constant",
+                seed=3,
+                trl={
                     "num_generations": 4,
                     "max_completion_length": 4,
                     "reward_funcs": ["liger_rewards.even_first"],
@@ -52,7 +51,7 @@ def test_a_run_with_the_liger_loss_trains_like_the_builtin_one(
                     "beta": 0.04,
                     "use_liger_loss": liger,
                 },
-            }
+            )
         )
         assert run_training(cfg) == "completed"
         return metrics(tmp_path / out)

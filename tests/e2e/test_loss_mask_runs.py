@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import metrics, run_workdir, weights
+from helpers import merged, metrics, raw_config, run_workdir, weights
 
 from grpo_core.contract.errors import GrpoError
 from grpo_core.contract.types import Prompt
@@ -91,30 +91,27 @@ def _run(rundir: tuple[Path, str], name: str, func: str, monkeypatch: pytest.Mon
     tmp, model = rundir
     monkeypatch.syspath_prepend(str(tmp))
     top = trl.pop("top", {})
-    cfg = validate(
-        {
-            "base_model": model,
-            "adapter": None,
-            "datasets": [{"path": str(tmp / "train.jsonl")}],
-            "sequence_len": 64,
-            "micro_batch_size": 4,
-            "gradient_accumulation_steps": 2,
-            "max_steps": 2,
-            "learning_rate": 5e-3,
-            "lr_scheduler": "constant",
-            "output_dir": str(tmp / name),
-            "seed": 3,
-            "save_steps": 100,
-            **top,
-            "trl": {
-                "num_generations": 4,
-                "max_completion_length": 16,
-                "rollout_func": f"mask_env.{func}",
-                "reward_funcs": ["mask_env.env_reward"],
-                **trl,
-            },
-        }
+    raw = raw_config(
+        model,
+        tmp,
+        out=name,
+        sequence_len=64,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=2,
+        learning_rate=5e-3,
+        lr_scheduler="constant",
+        seed=3,
+        save_steps=100,
+        trl={
+            "num_generations": 4,
+            "max_completion_length": 16,
+            "rollout_func": f"mask_env.{func}",
+            "reward_funcs": ["mask_env.env_reward"],
+            **trl,
+        },
     )
+    cfg = validate(merged(raw, **top))
     assert run_training(cfg) == "completed"
     return tmp / name
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomli_w
+from helpers import raw_config, write_toml
 
 from grpo_core.interface.cli import main
 
@@ -49,26 +49,25 @@ GENERATIONS = 4
 VAL = 2
 
 
-def write_config(root: Path, model_dir: str, name: str = "config.toml", **top) -> Path:
-    cfg = {
-        "base_model": model_dir,
-        "adapter": "lora",
-        "lora_r": 8,
-        "lora_alpha": 16,
-        "datasets": [{"path": str(root / "train.jsonl")}],
-        "val_set_size": VAL,
-        "eval_steps": 1,
-        "sequence_len": 128,
-        "micro_batch_size": 4,
-        "gradient_accumulation_steps": 2,
-        "max_steps": STEPS,
-        "learning_rate": 1e-3,
-        "lr_scheduler": "constant",
-        "output_dir": str(root / "out"),
-        "seed": 8,  # even_tokens varies within every group: step 1 trains (entropy, the alert, the adapter moves)
-        "report_to": ["tensorboard", "wandb", "mlflow"],
+def write_config(root: Path, model_dir: str) -> Path:
+    raw = raw_config(
+        model_dir,
+        root,
+        adapter="lora",
+        lora_r=8,
+        lora_alpha=16,
+        val_set_size=VAL,
+        eval_steps=1,
+        sequence_len=128,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=STEPS,
+        learning_rate=1e-3,
+        lr_scheduler="constant",
+        seed=8,  # even_tokens varies within every group: step 1 trains (entropy, the alert, the adapter moves)
+        report_to=["tensorboard", "wandb", "mlflow"],
         # thresholds that make alerts fire deterministically on 2 steps
-        "alerts": {
+        alerts={
             "window": 1,
             "entropy_max": 1e-4,
             "grad_norm_max": 1e-9,
@@ -76,7 +75,7 @@ def write_config(root: Path, model_dir: str, name: str = "config.toml", **top) -
             "reward_zero_steps": 1,
             "reward_zero_eps": 100.0,
         },
-        "trl": {
+        trl={
             "num_generations": GENERATIONS,
             "max_completion_length": 8,
             "reward_funcs": ["tiny_rewards.last_digit_even", "tiny_rewards.even_tokens"],
@@ -85,11 +84,8 @@ def write_config(root: Path, model_dir: str, name: str = "config.toml", **top) -
             "log_completions": True,
             "num_completions_to_print": 2,
         },
-    }
-    cfg.update(top)
-    path = root / name
-    path.write_text(tomli_w.dumps(cfg), encoding="utf-8")
-    return path
+    )
+    return write_toml(root / "config.toml", raw)
 
 
 def env_for(root: Path) -> dict[str, str]:

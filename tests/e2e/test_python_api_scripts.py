@@ -1,8 +1,10 @@
 """``grpo.train`` from a user's script, for real: the example of
 docs/from-trl.md runs as written, a script in TRL's style (reward function
 objects, a ``datasets.Dataset``) trains end to end, and a script hands its own
-environment class and tools as objects. SmolLM2, the transformers rollout,
-separate Python processes started as a user would start their script. What
+environment class and tools as objects. The transformers rollout, separate
+Python processes started as a user would start their script; the example on
+SmolLM2 as the page names it, the other two on the tiny random model (what they
+check is plumbing: the arguments taken, the files and metrics written). What
 ``grpo.train`` refuses before loading anything is tests/unit/test_python_api.py.
 """
 
@@ -101,12 +103,12 @@ print(json.dumps({"status": result.status, "output_dir": str(result.output_dir),
 '''
 
 
-def test_trl_style_script_trains_end_to_end(tmp_path: Path, smollm2_dir: str) -> None:
+def test_trl_style_script_trains_end_to_end(tmp_path: Path, tiny_model_dir: str) -> None:
     config = tmp_path / "config.toml"
     config.write_text(
         textwrap.dedent(
             f"""
-            base_model = {json.dumps(smollm2_dir)}
+            base_model = {json.dumps(tiny_model_dir)}
             adapter = "lora"
             micro_batch_size = 8        # 2 prompts x 4 completions: the whole dataset per step
             num_epochs = 1              # no max_steps: one epoch of 2 prompts = 1 step
@@ -122,7 +124,7 @@ def test_trl_style_script_trains_end_to_end(tmp_path: Path, smollm2_dir: str) ->
     )
     script = tmp_path / "train_trl_style.py"
     script.write_text(TRL_STYLE, encoding="utf-8")
-    result = run_script(script, tmp_path, str(config), smollm2_dir)
+    result = run_script(script, tmp_path, str(config), tiny_model_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["status"] == "completed"
@@ -178,7 +180,7 @@ print(json.dumps({"status": result.status, "metrics": result.metrics(),
 '''
 
 
-def test_a_script_passes_its_own_environment_class_and_tools_as_objects(tmp_path: Path, smollm2_dir: str) -> None:
+def test_a_script_passes_its_own_environment_class_and_tools_as_objects(tmp_path: Path, tiny_model_dir: str) -> None:
     """TRL scripts pass ``environment_factory=MyEnv, tools=[f]`` defined in the
     script itself (``__main__``); grpo.train takes them as TRL does, through
     the tools environment and the transformers rollout."""
@@ -187,7 +189,7 @@ def test_a_script_passes_its_own_environment_class_and_tools_as_objects(tmp_path
     config = tmp_path / "config.toml"
     config.write_text(
         textwrap.dedent(f"""
-        base_model = {json.dumps(smollm2_dir)}
+        base_model = {json.dumps(tiny_model_dir)}
         adapter = "lora"
         lora_r = 4
         sequence_len = 512

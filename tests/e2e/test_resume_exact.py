@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import metrics, run_workdir, weights
+from helpers import merged, metrics, raw_config, run_workdir, weights
 
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
@@ -30,36 +30,34 @@ REWARDS = (
 
 
 def config(tmp: Path, model: str, out: str, **top):
-    return validate(
-        {
-            "base_model": model,
-            "adapter": None,
-            "datasets": [{"path": str(tmp / "train.jsonl")}],
-            "sequence_len": 64,
-            "micro_batch_size": 8,
-            "gradient_accumulation_steps": 2,
-            "max_steps": 7,
-            "learning_rate": 5e-3,
-            "lr_scheduler": "cosine",
-            "warmup_steps": 2,
-            "optimizer": "adamw_torch_fused",
-            "weight_decay": 0.01,
-            "output_dir": str(tmp / out),
-            "seed": 5,
-            "save_steps": 3,
-            **top,
-            "trl": {
-                "num_generations": 4,
-                "max_completion_length": 4,
-                "reward_funcs": ["resume_rewards.rare"],
-                "temperature": 1.0,
-                "num_iterations": 2,
-                "replay_buffer_size": 4,
-                "reroll_start_fraction": 0.0,
-                "reroll_max_groups": 1,
-            },
-        }
+    raw = raw_config(
+        model,
+        tmp,
+        out=out,
+        adapter=None,
+        sequence_len=64,
+        micro_batch_size=8,
+        gradient_accumulation_steps=2,
+        max_steps=7,
+        learning_rate=5e-3,
+        lr_scheduler="cosine",
+        warmup_steps=2,
+        optimizer="adamw_torch_fused",
+        weight_decay=0.01,
+        seed=5,
+        save_steps=3,
+        trl={
+            "num_generations": 4,
+            "max_completion_length": 4,
+            "reward_funcs": ["resume_rewards.rare"],
+            "temperature": 1.0,
+            "num_iterations": 2,
+            "replay_buffer_size": 4,
+            "reroll_start_fraction": 0.0,
+            "reroll_max_groups": 1,
+        },
     )
+    return validate(merged(raw, **top))
 
 
 def test_split_run_equals_straight_run(tiny_model_dir: str, tmp_path: Path, monkeypatch) -> None:
@@ -102,31 +100,29 @@ def test_resume_restores_the_global_rng_dropout_sees_it(tiny_model_dir: str, tmp
     model = tiny_model_dir
 
     def dropout_config(out: str, **top):
-        return validate(
-            {
-                "base_model": model,
-                "adapter": "lora",
-                "lora_r": 4,
-                "lora_alpha": 8,
-                "lora_dropout": 0.5,
-                "datasets": [{"path": str(tmp_path / "train.jsonl")}],
-                "sequence_len": 64,
-                "micro_batch_size": 8,
-                "max_steps": 4,
-                "learning_rate": 5e-2,
-                "optimizer": "adamw_torch",
-                "output_dir": str(tmp_path / out),
-                "seed": 5,
-                "save_steps": 2,
-                **top,
-                "trl": {
-                    "num_generations": 4,
-                    "max_completion_length": 4,
-                    "reward_funcs": ["resume_rewards.rare"],
-                    "temperature": 1.0,
-                },
-            }
+        raw = raw_config(
+            model,
+            tmp_path,
+            out=out,
+            adapter="lora",
+            lora_r=4,
+            lora_alpha=8,
+            lora_dropout=0.5,
+            sequence_len=64,
+            micro_batch_size=8,
+            max_steps=4,
+            learning_rate=5e-2,
+            optimizer="adamw_torch",
+            seed=5,
+            save_steps=2,
+            trl={
+                "num_generations": 4,
+                "max_completion_length": 4,
+                "reward_funcs": ["resume_rewards.rare"],
+                "temperature": 1.0,
+            },
         )
+        return validate(merged(raw, **top))
 
     assert run_training(dropout_config("straight")) == "completed"
     resumed = dropout_config("resumed", resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2"))
@@ -192,34 +188,32 @@ def even(completion_ids, **kwargs):
 
 
 def async_config(tmp: Path, model: str, out: str, depth: int, iterations: int, **top):
-    return validate(
-        {
-            "base_model": model,
-            "adapter": None,
-            "datasets": [{"path": str(tmp / "train.jsonl")}],
-            "sequence_len": 64,
-            "micro_batch_size": 8,
-            "gradient_accumulation_steps": 1,
-            "max_steps": 7,
-            "learning_rate": 5e-3,
-            "optimizer": "adamw_torch",
-            "output_dir": str(tmp / out),
-            "seed": 5,
-            "save_steps": 3,
-            **top,
-            "trl": {
-                "num_generations": 4,
-                "max_completion_length": 4,
-                "reward_funcs": ["async_env.even"],
-                "rollout_func": "async_env.frozen",
-                "temperature": 1.0,
-                "num_iterations": iterations,
-                "async_prefetch": True,
-                "prefetch_depth": depth,
-                "log_completions": True,
-            },
-        }
+    raw = raw_config(
+        model,
+        tmp,
+        out=out,
+        adapter=None,
+        sequence_len=64,
+        micro_batch_size=8,
+        gradient_accumulation_steps=1,
+        max_steps=7,
+        learning_rate=5e-3,
+        optimizer="adamw_torch",
+        seed=5,
+        save_steps=3,
+        trl={
+            "num_generations": 4,
+            "max_completion_length": 4,
+            "reward_funcs": ["async_env.even"],
+            "rollout_func": "async_env.frozen",
+            "temperature": 1.0,
+            "num_iterations": iterations,
+            "async_prefetch": True,
+            "prefetch_depth": depth,
+            "log_completions": True,
+        },
     )
+    return validate(merged(raw, **top))
 
 
 def calls(log: Path) -> list[dict]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import metrics, run_workdir
+from helpers import metrics, raw_config, run_workdir
 from plugin_set import failing_sync_source, write_distribution
 
 from grpo_core.config.loader import validate
@@ -48,24 +48,22 @@ def test_a_failed_sync_after_step_2_keeps_step_2s_metrics(
     model = tiny_model_dir
     out = tmp_path / "out"
     cfg = validate(
-        {
-            "base_model": model,
-            "adapter": None,
-            "datasets": [{"path": str(tmp_path / "train.jsonl")}],
-            "sequence_len": 64,
-            "micro_batch_size": 8,
-            "max_steps": 4,
-            "learning_rate": 1e-3,
-            "output_dir": str(out),
-            "seed": 1,
-            "plugins": {"weight_sync": "fails_at_2"},
-            "trl": {
+        raw_config(
+            model,
+            tmp_path,
+            sequence_len=64,
+            micro_batch_size=8,
+            max_steps=4,
+            learning_rate=1e-3,
+            seed=1,
+            plugins={"weight_sync": "fails_at_2"},
+            trl={
                 "num_generations": 4,
                 "max_completion_length": 4,
                 "reward_funcs": ["record_rewards.even"],
                 "temperature": 1.0,
             },
-        }
+        )
     )
 
     with pytest.raises(PluginError, match="(?s)version 2.*stopped at step 2; checkpoint saved") as info:

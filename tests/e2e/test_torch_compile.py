@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import metrics, run_workdir
+from helpers import merged, metrics, raw_config, run_workdir
 
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
@@ -29,32 +29,30 @@ LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-5
 
 
 def config(tmp: Path, model: str, out: str, adapter: str | None, **top) -> object:
-    return validate(
-        {
-            "base_model": model,
-            "adapter": adapter,
-            "lora_r": 4,
-            "lora_alpha": 8,
-            "datasets": [{"path": str(tmp / "train.jsonl")}],
-            "sequence_len": 64,
-            "micro_batch_size": 4,
-            "gradient_accumulation_steps": 2,
-            "max_steps": 2,
-            "learning_rate": 5e-3,
-            "lr_scheduler": "constant",
-            "output_dir": str(tmp / out),
-            "seed": 3,
-            "save_steps": 1,
-            **top,
-            "trl": {
-                "num_generations": 4,
-                "max_completion_length": 4,
-                "reward_funcs": ["compile_rewards.even_first"],
-                "temperature": 1.0,
-                "num_iterations": 2,
-            },
-        }
+    raw = raw_config(
+        model,
+        tmp,
+        out=out,
+        adapter=adapter,
+        lora_r=4,
+        lora_alpha=8,
+        sequence_len=64,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=2,
+        learning_rate=5e-3,
+        lr_scheduler="constant",
+        seed=3,
+        save_steps=1,
+        trl={
+            "num_generations": 4,
+            "max_completion_length": 4,
+            "reward_funcs": ["compile_rewards.even_first"],
+            "temperature": 1.0,
+            "num_iterations": 2,
+        },
     )
+    return validate(merged(raw, **top))
 
 
 @pytest.fixture()

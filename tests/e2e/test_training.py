@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import metrics, run_workdir
+from helpers import merged, metrics, raw_config, run_workdir
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.errors import RewardError
@@ -55,32 +55,28 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def tiny_config(workdir: Path, model_dir: str, **overrides) -> dict:
-    trl = {
-        "num_generations": 4,
-        "max_completion_length": 8,
-        "reward_funcs": ["tiny_rewards.last_digit_even", "tiny_rewards.even_tokens"],
-        "reward_weights": [1.0, 0.5],
-        "temperature": 1.0,
-    }
-    trl.update(overrides.pop("trl", {}))
-    cfg = {
-        "base_model": model_dir,
-        "adapter": "lora",
-        "lora_r": 8,
-        "lora_alpha": 16,
-        "datasets": [{"path": str(workdir / "train.jsonl")}],
-        "sequence_len": 128,
-        "micro_batch_size": 4,
-        "gradient_accumulation_steps": 2,
-        "max_steps": 2,
-        "learning_rate": 1e-3,
-        "lr_scheduler": "constant",
-        "output_dir": str(workdir / "out"),
-        "seed": 7,
-        "trl": trl,
-    }
-    cfg.update(overrides)
-    return cfg
+    base = raw_config(
+        model_dir,
+        workdir,
+        adapter="lora",
+        lora_r=8,
+        lora_alpha=16,
+        sequence_len=128,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=2,
+        learning_rate=1e-3,
+        lr_scheduler="constant",
+        seed=7,
+        trl={
+            "num_generations": 4,
+            "max_completion_length": 8,
+            "reward_funcs": ["tiny_rewards.last_digit_even", "tiny_rewards.even_tokens"],
+            "reward_weights": [1.0, 0.5],
+            "temperature": 1.0,
+        },
+    )
+    return merged(base, **overrides)
 
 
 REQUIRED_METRICS = {

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import HUB_OFFLINE, REPO, TESTS
+from helpers import HUB_OFFLINE, REPO, TESTS, minimal_config
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -32,20 +32,8 @@ REFERENCE_OPTIONS = TESTS / "data" / "reference_options.json"
 
 
 def minimal(**top: Any) -> dict[str, Any]:
-    """The smallest config that passes every check."""
-    data: dict[str, Any] = {
-        "base_model": "some/model",
-        "datasets": [{"path": "my-org/arith"}],  # a hub id: not checked on disk
-        "micro_batch_size": 4,
-        "gradient_accumulation_steps": 2,
-        "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
-    }
-    for key, value in top.items():
-        if key == "trl":
-            data["trl"] = {**data["trl"], **value}
-        else:
-            data[key] = value
-    return data
+    """The smallest config that passes every check (helpers.minimal_config), 2 micro-batches a step."""
+    return minimal_config(**{"gradient_accumulation_steps": 2, **top})
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

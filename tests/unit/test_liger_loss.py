@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import minimal_config
 
 from grpo_core.contract.types import PolicyLossInputs
 from grpo_core.optimization.loss import LossSettings
@@ -135,15 +136,7 @@ def test_liger_matches_builtin_loss_and_gradients(settings: LossSettings) -> Non
 def _cfg(tmp_path: Path, **trl):
     from grpo_core.config.loader import validate
 
-    (tmp_path / "train.jsonl").write_text('{"prompt": "hi"}\n')
-    return validate(
-        {
-            "base_model": "org/model",  # a hub id: the config check does not look for it offline
-            "datasets": [{"path": str(tmp_path / "train.jsonl")}],
-            "micro_batch_size": 4,
-            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_liger_loss": True, **trl},
-        }
-    )
+    return validate(minimal_config(trl={"use_liger_loss": True, **trl}))
 
 
 def test_config_check_refuses_liger_without_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

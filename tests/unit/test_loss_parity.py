@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import minimal_config
 
 from grpo_core.config.loader import apply_effective_defaults
 from grpo_core.config.schema import GRPOConfig
@@ -354,17 +355,8 @@ def test_trl_warnings_and_refusal_for_luspo_and_vespo(tmp_path):
         LossSettings(loss_type="luspo", importance_sampling_level="sequence")
         LossSettings(loss_type="vespo")
 
-    (tmp_path / "train.jsonl").write_text('{"prompt": "hi"}\n')
-
     def cfg(**trl):
-        return validate(
-            {
-                "base_model": "org/model",  # a hub id: the config check does not look for it offline
-                "datasets": [{"path": str(tmp_path / "train.jsonl")}],
-                "micro_batch_size": 4,
-                "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], **trl},
-            }
-        )
+        return validate(minimal_config(trl=trl))
 
     assert any("luspo" in w for w in check_run_config(cfg(loss_type="luspo")))
     assert not any("luspo" in w for w in check_run_config(cfg(loss_type="luspo", importance_sampling_level="sequence")))

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import minimal_config
 
 from grpo_core.config.loader import validate
 from grpo_core.config.schema import AlertSettings
@@ -23,16 +24,7 @@ from grpo_core.observability.alerts import HealthMonitor
 from grpo_core.observability.tracking import TrackerSet, requested_trackers
 from grpo_core.validation.run_check import check_run_config
 
-
-def minimal(**top: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "base_model": "some/model",
-        "datasets": [{"path": "my-org/arith"}],
-        "micro_batch_size": 4,
-        "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
-    }
-    data.update(top)
-    return data
+minimal = minimal_config
 
 
 # --------------------------------------------------------------------------- config

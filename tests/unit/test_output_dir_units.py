@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import minimal_config
 
 from grpo_core.checkpointing import lineage
 from grpo_core.config.loader import validate
@@ -35,15 +36,7 @@ from grpo_core.validation.run_check import check_run_config
 
 
 def minimal(out: Path, **top: Any) -> dict[str, Any]:
-    return {
-        "base_model": "some/model",
-        "datasets": [{"path": "my-org/arith"}],
-        "micro_batch_size": 4,
-        "gradient_accumulation_steps": 2,
-        "output_dir": str(out),
-        "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
-        **top,
-    }
+    return minimal_config(**{"gradient_accumulation_steps": 2, "output_dir": str(out), **top})
 
 
 def fake_checkpoint(out: Path, step: int) -> Path:

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, merged, minimal_config
 
 from grpo_core.contract.types import Completion, EpisodeStats, Prompt, RolloutGroup, ScoredGroup
 from grpo_plugins.advantages import STD_EPS, SumThenNormalize, TurnReturns
@@ -381,17 +381,7 @@ def test_the_loss_trains_each_turn_with_its_own_advantage() -> None:
 def _config(tmp_path, **over):
     from grpo_core.config.loader import validate
 
-    (tmp_path / "train.jsonl").write_text('{"prompt": "hi"}\n')
-    cfg = {
-        "base_model": "org/model",  # a hub id: the check does not look for it offline
-        "datasets": [{"path": str(tmp_path / "train.jsonl")}],
-        "micro_batch_size": 4,
-        "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"]},
-        "plugins": {"advantage_aggregation": "turn_returns"},
-    }
-    for key, value in over.items():
-        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
-    return validate(cfg)
+    return validate(merged(minimal_config(plugins={"advantage_aggregation": "turn_returns"}), **over))
 
 
 def test_config_check_refuses_turn_credit_by_name(tmp_path) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import GRPO, merged, no_traceback, write_toml
+from helpers import GRPO, merged, no_traceback, raw_config, write_toml
 
 MODEL_LOADING = "loading model from"  # grpo_core.training.run logs it right before the weights load
 RUN_TIMEOUT_S = 600.0  # one tiny run takes 10-40 s; generous for a loaded machine
@@ -146,27 +146,26 @@ def populate(workdir: Path) -> Path:
 
 
 def base_config(workdir: Path, model_dir: str) -> dict[str, Any]:
-    return {
-        "base_model": model_dir,
-        "adapter": "lora",
-        "lora_r": 4,
-        "lora_alpha": 8,
-        "sequence_len": 128,
-        "micro_batch_size": 4,  # 2 prompts x 2 completions per step
-        "gradient_accumulation_steps": 1,
-        "max_steps": 2,
-        "learning_rate": 1e-3,
-        "lr_scheduler": "constant",
-        "output_dir": str(workdir / "out"),
-        "seed": 7,
-        "datasets": [{"path": str(workdir / "train.jsonl")}],
-        "trl": {
+    return raw_config(
+        model_dir,
+        workdir,
+        adapter="lora",
+        lora_r=4,
+        lora_alpha=8,
+        sequence_len=128,
+        micro_batch_size=4,  # 2 prompts x 2 completions per step
+        gradient_accumulation_steps=1,
+        max_steps=2,
+        learning_rate=1e-3,
+        lr_scheduler="constant",
+        seed=7,
+        trl={
             "num_generations": 2,
             "max_completion_length": 8,
             "temperature": 1.0,
             "reward_funcs": ["faulty_rewards.good"],
         },
-    }
+    )
 
 
 def write_config(workdir: Path, model_dir: str, name: str = "config.toml", **overrides: Any) -> Path:

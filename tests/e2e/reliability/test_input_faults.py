@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 from fault_harness import Runner, assert_clean_failure, assert_no_model_loaded, populate, write_dataset
-from tiny_model import build_tiny_model
 
 GSM8K_TRANSFORM = """
 def prompt_transform(cfg, *args, **kwargs):
@@ -47,10 +46,10 @@ def digest(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def saved_run(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: str) -> Iterator[Runner]:
+def saved_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> Iterator[Runner]:
     """One real run (LoRA r=4, alpha 8) that saved checkpoint-1 and checkpoint-2."""
     root = tmp_path_factory.mktemp("inputs")
-    runner = Runner(populate(root / "work"), build_tiny_model(smollm2_dir, root / "tiny"))
+    runner = Runner(populate(root / "work"), tiny_model_dir)
     try:
         code, output = runner.run(runner.config(max_steps=2, save_steps=1))
         assert code == 0, output[-6000:]

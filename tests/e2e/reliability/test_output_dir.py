@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 from fault_harness import GRPO, GrpoProcess, Runner, assert_clean_failure, assert_no_model_loaded, metrics, populate
-from tiny_model import build_tiny_model
 
 from grpo_core.checkpointing.checkpoint import list_checkpoints
 from grpo_core.checkpointing.lineage import read_lineage
@@ -58,8 +57,8 @@ def hold(completions, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: str) -> str:
-    return build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("tiny-outdir"))
+def tiny_dir(tiny_model_dir: str) -> str:
+    return tiny_model_dir  # the session's (read only): these runs write in their own output_dir
 
 
 @pytest.fixture()

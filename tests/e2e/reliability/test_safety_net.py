@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 from fault_harness import Runner, assert_clean_failure, populate
 from plugin_set import write_distribution
-from tiny_model import build_tiny_model
 
 from grpo_core.checkpointing.checkpoint import list_checkpoints, read_checkpoint
 
@@ -96,8 +95,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: str) -> str:
-    return build_tiny_model(smollm2_dir, tmp_path_factory.mktemp("tiny") / "model")
+def tiny_dir(tiny_model_dir: str) -> str:
+    return tiny_model_dir  # the session's (read only): these runs write in their own output_dir
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,13 @@ import json
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
-from vllm_session import SERVER_TABLE
+from helpers import metrics, run_workdir
+from vllm_session import server_run
 
 from grpo_core.config.loader import validate
 from grpo_core.contract.types import Prompt, SamplingSettings
@@ -72,6 +76,39 @@ def sampled_runs(group, completion, recording: Recording) -> list[list[int]]:
         runs.append(answer_ids)
         start = end
     return runs
+
+
+AgentRun = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def agent_run(vllm_server, smollm2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AgentRun:
+    """``agent_run(module, source, rows, **keys)`` -> the first metrics record of a 1-step LoRA run on SmolLM2
+    against the session's server, on ``rows`` in order, with ``source`` importable as ``module``
+    (forgotten after the run); ``keys`` as ``helpers.merged`` takes them."""
+
+    def run(module: str, source: str, rows: list[dict[str, Any]], **keys: Any) -> dict[str, Any]:
+        run_workdir(tmp_path, rows, {module: textwrap.dedent(source)}, monkeypatch)
+        cfg = validate(
+            server_run(
+                smollm2_dir,
+                tmp_path,
+                vllm_server.base_url,
+                "train.jsonl",
+                sequence_len=512,
+                shuffle_dataset=False,
+                max_steps=1,
+                learning_rate=1e-4,
+                **keys,
+            )
+        )
+        try:
+            assert run_training(cfg) == "completed"
+        finally:
+            sys.modules.pop(module, None)
+        return metrics(tmp_path / "out")[0]
+
+    return run
 
 
 def chatty(row, *, base_url, api_key, model):
@@ -203,51 +240,21 @@ def _quietly(client, model, messages):
 # default tier drives the same faults through the same driver, endpoint and openai client on the transformers
 # rollout (tests/e2e/test_agent_environment.py::test_misbehaving_agents_end_only_their_episode_with_a_named_error).
 @pytest.mark.extended
-def test_a_run_with_misbehaving_agents_completes_and_names_each(
-    vllm_server, smollm2_dir, tmp_path, capfd: pytest.CaptureFixture[str]
-):
-    (tmp_path / "unruly.py").write_text(textwrap.dedent(UNRULY))
-    data = tmp_path / "train.jsonl"
+def test_a_run_with_misbehaving_agents_completes_and_names_each(agent_run: AgentRun, capfd: pytest.CaptureFixture[str]):
     behaviours = ["raise", "hang", "silent", "late", "malformed", "good", "good", "good"]
-    data.write_text(
-        "\n".join(
-            json.dumps({"prompt": [{"role": "user", "content": f"Question {i}: what is {i} + 1?"}], "behave": b})
-            for i, b in enumerate(behaviours)
-        )
+    rows = [
+        {"prompt": [{"role": "user", "content": f"Question {i}: what is {i} + 1?"}], "behave": b}
+        for i, b in enumerate(behaviours)
+    ]
+    row = agent_run(
+        "unruly",
+        UNRULY,
+        rows,
+        micro_batch_size=16,
+        seed=3,
+        plugins={"environment": "agent", "agent": {"function": "unruly.run", "timeout": 30}},
+        trl={"num_generations": 2, "max_completion_length": 64},
     )
-    out = tmp_path / "out"
-    cfg = validate(
-        {
-            "base_model": smollm2_dir,
-            "adapter": "lora",
-            "lora_r": 8,
-            "sequence_len": 512,
-            "datasets": [{"path": str(data)}],
-            "shuffle_dataset": False,
-            "micro_batch_size": 16,
-            "max_steps": 1,
-            "learning_rate": 1e-4,
-            "output_dir": str(out),
-            "seed": 3,
-            "vllm": dict(SERVER_TABLE),
-            "plugins": {"environment": "agent", "agent": {"function": "unruly.run", "timeout": 30}},
-            "trl": {
-                "use_vllm": True,
-                "vllm_managed": False,
-                "vllm_server_base_url": vllm_server.base_url,
-                "vllm_server_timeout": 60,
-                "num_generations": 2,
-                "max_completion_length": 64,
-            },
-        }
-    )
-    sys.path.insert(0, str(tmp_path))
-    try:
-        assert run_training(cfg) == "completed"
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("unruly", None)
-    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     # one episode of each of 5 prompts misbehaves: 5 failed episodes of 16, each logged once
     assert row["episodes/errors"] == 5.0
     assert row["episodes/ended_by_timeout"] == pytest.approx(1 / 16)
@@ -307,52 +314,26 @@ def agent(row, *, base_url, api_key, model):
 '''
 
 
-def test_a_mixed_run_trains_each_environment(vllm_server, smollm2_dir, tmp_path):
+def test_a_mixed_run_trains_each_environment(agent_run: AgentRun):
     """Two environment_factory classes by table and the agent environment in
     one run on SmolLM2 through the server, with per-environment metrics."""
-    (tmp_path / "mixed.py").write_text(MIXED)
-    data = tmp_path / "train.jsonl"
     names = ["adder", "shouter", "agent"]
-    data.write_text(
-        "\n".join(
-            json.dumps({"prompt": [{"role": "user", "content": f"What is 2 + {i}? ({n})"}], "environment": n})
+    row = agent_run(
+        "mixed",
+        MIXED,
+        [
+            {"prompt": [{"role": "user", "content": f"What is 2 + {i}? ({n})"}], "environment": n}
             for i, n in enumerate(names)
-        )
+        ],
+        micro_batch_size=6,
+        plugins={"environment": ["tools", "agent"], "agent": {"function": "mixed.agent"}},
+        episodes={"max_turns": 2, "max_tokens_per_turn": 24},
+        trl={
+            "num_generations": 2,
+            "max_completion_length": 96,
+            "environment_factory": {"adder": "mixed.Adder", "shouter": "mixed.Shouter"},
+        },
     )
-    out = tmp_path / "out"
-    cfg = validate(
-        {
-            "base_model": smollm2_dir,
-            "adapter": "lora",
-            "lora_r": 8,
-            "sequence_len": 512,
-            "datasets": [{"path": str(data)}],
-            "shuffle_dataset": False,
-            "micro_batch_size": 6,
-            "max_steps": 1,
-            "learning_rate": 1e-4,
-            "output_dir": str(out),
-            "vllm": dict(SERVER_TABLE),
-            "plugins": {"environment": ["tools", "agent"], "agent": {"function": "mixed.agent"}},
-            "episodes": {"max_turns": 2, "max_tokens_per_turn": 24},
-            "trl": {
-                "use_vllm": True,
-                "vllm_managed": False,
-                "vllm_server_base_url": vllm_server.base_url,
-                "vllm_server_timeout": 60,
-                "num_generations": 2,
-                "max_completion_length": 96,
-                "environment_factory": {"adder": "mixed.Adder", "shouter": "mixed.Shouter"},
-            },
-        }
-    )
-    sys.path.insert(0, str(tmp_path))
-    try:
-        assert run_training(cfg) == "completed"
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("mixed", None)
-    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     for name in names:
         assert row[f"environments/{name}/episodes"] == 2.0 and row[f"environments/{name}/failures"] == 0.0
         assert 0.0 <= row[f"environments/{name}/solve_rate"] <= 1.0

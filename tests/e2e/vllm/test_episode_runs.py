@@ -10,18 +10,19 @@ malformed or raise) each end only their own episode, and the run goes on.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import REPO, no_traceback
-from vllm_session import SERVER_TABLE
+from helpers import REPO, merged, metrics, no_traceback
+from vllm_session import server_run
 
 from grpo_core.config.loader import validate
+from grpo_core.config.schema import GRPOConfig
 from grpo_core.host import plugin_host
 from grpo_core.training.run import run_training
 
@@ -33,37 +34,44 @@ GUESS = ROOT / "examples" / "guess-number"
 FAULTS = ROOT / "tests" / "plugin_packages" / "grpo-env-faults"
 
 
-def episode_run(smollm2_dir: str, out: Path, base_url: str, data: Path, **tables: object) -> dict:
-    trl = {
-        "use_vllm": True,
-        "vllm_managed": False,
-        "vllm_server_base_url": base_url,
-        "vllm_server_timeout": 60,
-        "num_generations": 4,
-        "max_completion_length": 96,
-        **tables.pop("trl", {}),
-    }
-    return {
-        "base_model": smollm2_dir,
-        "adapter": "lora",
-        "lora_r": 8,
-        "sequence_len": 512,
-        "datasets": [{"path": str(data)}],
-        "micro_batch_size": 8,
-        "gradient_accumulation_steps": 1,
-        "max_steps": 2,
-        "learning_rate": 1e-4,
-        "output_dir": str(out),
-        "seed": 5,
-        "vllm": dict(SERVER_TABLE),
-        "episodes": {"max_turns": 3, "max_tokens_per_turn": 24, **tables.pop("episodes", {})},
-        "trl": trl,
-        **tables,
-    }
+def episode_config(smollm2_dir: str, workdir: Path, base_url: str, data: Path, **tables: object) -> dict:
+    """A 1-step LoRA run of 2 prompts x 4 episodes of up to 3 turns, sampled by the server at ``base_url``;
+    output in ``workdir/out``; ``tables`` as ``helpers.merged`` takes them. One step: what these runs check
+    is each episode's plumbing; a second step would sample the same way through the synced adapter, which
+    the runs that set ``max_steps`` (prefetch and resume, rollout_func) and tests/e2e/vllm/test_vllm_training.py
+    check."""
+    base = server_run(
+        smollm2_dir,
+        workdir,
+        base_url,
+        data,
+        sequence_len=512,
+        micro_batch_size=8,
+        gradient_accumulation_steps=1,
+        max_steps=1,
+        learning_rate=1e-4,
+        seed=5,
+        episodes={"max_turns": 3, "max_tokens_per_turn": 24},
+        trl={"num_generations": 4, "max_completion_length": 96},
+    )
+    return merged(base, **tables)
 
 
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+EpisodeRun = Callable[..., tuple[GRPOConfig, list[dict[str, Any]]]]
+
+
+@pytest.fixture
+def episode_run(vllm_server, smollm2_dir: str, tmp_path: Path) -> EpisodeRun:
+    """``episode_run(data, *folders, **tables)`` -> ``(cfg, metrics rows)``: ``episode_config``'s run in the
+    test's ``tmp_path``, trained to completion with ``folders`` importable (``importable``)."""
+
+    def run(data: Path, *folders: Path, **tables: object) -> tuple[GRPOConfig, list[dict[str, Any]]]:
+        cfg = validate(episode_config(smollm2_dir, tmp_path, vllm_server.base_url, data, **tables))
+        with importable(*folders):
+            assert run_training(cfg) == "completed"
+        return cfg, metrics(tmp_path / "out")
+
+    return run
 
 
 USER_MODULES = ("calculator", "rewards", "guess_env", "two_turns", "killer", "grpo_guess_number", "grpo_env_faults")
@@ -104,57 +112,40 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
-def test_tools_run_with_the_calculator(vllm_server, smollm2_dir: str, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    cfg = validate(
-        episode_run(
-            smollm2_dir,
-            out,
-            vllm_server.base_url,
-            CALCULATOR / "data" / "train.jsonl",
-            trl={
-                "tools": ["calculator.calculate"],
-                "max_tool_calling_iterations": 2,
-                "reward_funcs": ["rewards.final_answer_correct"],
-            },
-            plugins={"tools": {"format": "python"}},
-        )
+def test_tools_run_with_the_calculator(episode_run: EpisodeRun) -> None:
+    _, rows = episode_run(
+        CALCULATOR / "data" / "train.jsonl",
+        CALCULATOR,
+        trl={
+            "tools": ["calculator.calculate"],
+            "max_tool_calling_iterations": 2,
+            "reward_funcs": ["rewards.final_answer_correct"],
+        },
+        plugins={"tools": {"format": "python"}},
     )
-    with importable(CALCULATOR):
-        assert run_training(cfg) == "completed"
-    rows = metrics(out)
-    assert len(rows) == 2
+    assert len(rows) == 1
     for row in rows:
         assert row["episodes/turns_mean"] >= 1 and "episodes/tool_calls_mean" in row
         assert "rewards/final_answer_correct/mean" in row and row["episodes/errors"] == 0
         assert row["episodes/model_tokens_mean"] > 0
 
 
-def test_malformed_and_failing_tool_calls_are_answered_and_counted(
-    vllm_server, smollm2_dir: str, tmp_path: Path
-) -> None:
+def test_malformed_and_failing_tool_calls_are_answered_and_counted(episode_run: EpisodeRun) -> None:
     # Guided decoding makes every turn a tool call: half cannot be parsed, half raise in the tool.
-    out = tmp_path / "out"
-    cfg = validate(
-        episode_run(
-            smollm2_dir,
-            out,
-            vllm_server.base_url,
-            CALCULATOR / "data" / "train.jsonl",
-            trl={
-                "tools": ["calculator.calculate"],
-                "max_tool_calling_iterations": 1,
-                "reward_funcs": ["rewards.final_answer_correct"],
-                "vllm_guided_decoding_regex": (
-                    r'<tool_call>(calculate\(expression="1/0"\)|calculate\(expression=)</tool_call>'
-                ),
-            },
-            plugins={"tools": {"format": "python"}},
-        )
+    _, rows = episode_run(
+        CALCULATOR / "data" / "train.jsonl",
+        CALCULATOR,
+        trl={
+            "tools": ["calculator.calculate"],
+            "max_tool_calling_iterations": 1,
+            "reward_funcs": ["rewards.final_answer_correct"],
+            "vllm_guided_decoding_regex": (
+                r'<tool_call>(calculate\(expression="1/0"\)|calculate\(expression=)</tool_call>'
+            ),
+        },
+        plugins={"tools": {"format": "python"}},
     )
-    with importable(CALCULATOR):
-        assert run_training(cfg) == "completed"
-    for row in metrics(out):
+    for row in rows:
         episodes = 8
         assert row["episodes/tool_calls_mean"] == 1.0  # one round each, then the limit ends the episode
         assert row["episodes/tool_failures"] == episodes  # every call was answered with an error, none crashed
@@ -188,51 +179,35 @@ def guesses_made(completions, environments, **kwargs):
 
 
 def test_trl_environment_factory_trains_with_get_reward_and_environments(
-    vllm_server, smollm2_dir: str, tmp_path: Path
+    episode_run: EpisodeRun, tmp_path: Path
 ) -> None:
     (tmp_path / "guess_env.py").write_text(GUESS_ENV)
-    out = tmp_path / "out"
-    cfg = validate(
-        episode_run(
-            smollm2_dir,
-            out,
-            vllm_server.base_url,
-            GUESS / "data" / "train.jsonl",
-            trl={
-                "environment_factory": "guess_env.GuessGame",
-                "reward_funcs": ["guess_env.guesses_made"],
-                "reward_weights": [0.1],
-                "max_tool_calling_iterations": 2,
-            },
-        )
+    cfg, rows = episode_run(
+        GUESS / "data" / "train.jsonl",
+        tmp_path,
+        trl={
+            "environment_factory": "guess_env.GuessGame",
+            "reward_funcs": ["guess_env.guesses_made"],
+            "reward_weights": [0.1],
+            "max_tool_calling_iterations": 2,
+        },
     )
-    with importable(tmp_path):
-        assert run_training(cfg) == "completed"
     # get_reward joined the rewards as 'environment' (weight 1), beside the listed function
     assert cfg.trl.reward_funcs == ["guess_env.guesses_made", "environment"] and cfg.trl.reward_weights == [0.1, 1.0]
-    for row in metrics(out):
+    for row in rows:
         assert "rewards/environment/mean" in row and "rewards/guesses_made/mean" in row
         # guesses_made read each episode's own environment: it equals the calls that ran
         assert row["rewards/guesses_made/mean"] <= row["episodes/tool_calls_mean"] + 1e-9
 
 
-def test_an_installed_environment_plugin_trains(
-    vllm_server, smollm2_dir: str, tmp_path: Path, plugin_site: Path
-) -> None:
-    out = tmp_path / "out"
-    cfg = validate(
-        episode_run(
-            smollm2_dir,
-            out,
-            vllm_server.base_url,
-            GUESS / "data" / "train.jsonl",
-            plugins={"environment": "guess_number", "guess_number": {"turn_penalty": 0.2}},
-            episodes={"max_turns": 4, "max_tokens_per_turn": 8},
-        )
+def test_an_installed_environment_plugin_trains(episode_run: EpisodeRun, plugin_site: Path) -> None:
+    _, rows = episode_run(
+        GUESS / "data" / "train.jsonl",
+        plugin_site,
+        plugins={"environment": "guess_number", "guess_number": {"turn_penalty": 0.2}},
+        episodes={"max_turns": 4, "max_tokens_per_turn": 8},
     )
-    with importable(plugin_site):
-        assert run_training(cfg) == "completed"
-    for row in metrics(out):
+    for row in rows:
         assert "rewards/environment/mean" in row and row["episodes/turns_mean"] >= 1
         assert row["episodes/environment_tokens_mean"] > 0 or row["episodes/turns_max"] == 1
 
@@ -245,32 +220,23 @@ def test_an_installed_environment_plugin_trains(
     ],
 )
 def test_an_environment_that_fails_ends_only_its_episodes(
-    vllm_server,
-    smollm2_dir: str,
-    tmp_path: Path,
+    episode_run: EpisodeRun,
     plugin_site: Path,
     capfd: pytest.CaptureFixture[str],
     environment: str,
     ending: str,
     words: str,
 ) -> None:
-    out = tmp_path / "out"
-    cfg = validate(
-        episode_run(
-            smollm2_dir,
-            out,
-            vllm_server.base_url,
-            GUESS / "data" / "train.jsonl",
-            plugins={"environment": environment},
-            episodes={"step_timeout": 3.0, "max_tokens_per_turn": 8},
-        )
+    _, rows = episode_run(
+        GUESS / "data" / "train.jsonl",
+        plugin_site,
+        plugins={"environment": environment},
+        episodes={"step_timeout": 3.0, "max_tokens_per_turn": 8},
     )
-    with importable(plugin_site):
-        assert run_training(cfg) == "completed"
     printed = capfd.readouterr()
     assert words in printed.out + printed.err
     no_traceback(printed.out + printed.err)
-    for row in metrics(out):
+    for row in rows:
         # sample 0 of each of the 2 prompts failed; the other 6 episodes played to the end
         assert row[f"episodes/ended_by_{ending}"] == pytest.approx(2 / 8)
         assert row["episodes/errors"] == 2 and row["episodes/ended_by_environment"] == pytest.approx(6 / 8)
@@ -283,9 +249,9 @@ def test_episodes_with_async_prefetch_streaming_replay_and_resume(
     # async_prefetch scores in reward workers (subprocesses): the environment's reward reaches them
     # as plain data; prefetched episode batches are saved in the checkpoint and trained after the resume.
     out = tmp_path / "out"
-    table = episode_run(
+    table = episode_config(
         smollm2_dir,
-        out,
+        tmp_path,
         vllm_server.base_url,
         GUESS / "data" / "train.jsonl",
         plugins={"environment": "guess_number"},
@@ -296,6 +262,7 @@ def test_episodes_with_async_prefetch_streaming_replay_and_resume(
             "streaming_min_groups": 1,
             "replay_buffer_size": 4,
         },
+        max_steps=2,
         save_steps=2,
     )
     with importable(plugin_site):
@@ -311,37 +278,27 @@ def test_episodes_with_async_prefetch_streaming_replay_and_resume(
     assert rows[-1]["episodes/turns_mean"] >= 1
 
 
-def test_the_openenv_adapter_trains_against_a_real_openenv_server(
-    vllm_server, smollm2_dir: str, tmp_path: Path
-) -> None:
+def test_the_openenv_adapter_trains_against_a_real_openenv_server(episode_run: EpisodeRun, tmp_path: Path) -> None:
     # grpo starts the OpenEnv environment server (uvicorn, a free loopback port) and stops it at
     # the end; every episode is its own WebSocket session; the server's reward is the episode's.
     pytest.importorskip("openenv")
     serve = (
         "{python} -m uvicorn openenv_guess_env:app --app-dir " + str(ROOT / "tests") + " --host {host} --port {port}"
     )
-    out = tmp_path / "out"
-    cfg = validate(
-        episode_run(
-            smollm2_dir,
-            out,
-            vllm_server.base_url,
-            GUESS / "data" / "train.jsonl",
-            plugins={
-                "environment": "openenv",
-                "openenv": {"command": serve, "observation_field": "text", "env": {"MAX_CONCURRENT_ENVS": "16"}},
-            },
-            episodes={"max_turns": 3, "max_tokens_per_turn": 6},
-        )
+    cfg, rows = episode_run(
+        GUESS / "data" / "train.jsonl",
+        plugins={
+            "environment": "openenv",
+            "openenv": {"command": serve, "observation_field": "text", "env": {"MAX_CONCURRENT_ENVS": "16"}},
+        },
+        episodes={"max_turns": 3, "max_tokens_per_turn": 6},
     )
-    assert run_training(cfg) == "completed"
     assert cfg.trl.reward_funcs == ["environment"]
-    rows = metrics(out)
-    assert len(rows) == 2
+    assert len(rows) == 1
     for row in rows:
         assert row["episodes/errors"] == 0 and row["episodes/turns_mean"] >= 1
         assert "rewards/environment/mean" in row and row["episodes/environment_tokens_mean"] > 0
-    assert (out / "openenv-server.log").is_file()
+    assert (tmp_path / "out" / "openenv-server.log").is_file()
 
 
 TWO_TURNS = '''
@@ -377,9 +334,9 @@ def test_rollout_func_generates_through_the_engine(vllm_server, smollm2_dir: str
     (tmp_path / "two_turns.py").write_text(TWO_TURNS)
     out = tmp_path / "out"
     cfg = validate(
-        episode_run(
+        episode_config(
             smollm2_dir,
-            out,
+            tmp_path,
             vllm_server.base_url,
             GUESS / "data" / "train.jsonl",
             trl={
@@ -387,6 +344,7 @@ def test_rollout_func_generates_through_the_engine(vllm_server, smollm2_dir: str
                 "reward_funcs": ["two_turns.length_reward"],
                 "vllm_lora_sync": True,
             },
+            max_steps=2,  # step 2 samples through the adapter synced after step 1
         )
     )
     from grpo_core.config.implementations import chosen_implementations
@@ -458,9 +416,9 @@ def test_a_killed_openenv_server_is_restarted_and_the_run_goes_on(
         )
     out = tmp_path / "out"
     cfg = validate(
-        episode_run(
+        episode_config(
             smollm2_dir,
-            out,
+            tmp_path,
             vllm_server.base_url,
             GUESS / "data" / "train.jsonl",
             plugins={

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, grpo, no_traceback, write_toml
 from pip_target import install_into_target
+from vllm_session import server_run
 
 pytestmark = pytest.mark.vllm
 
@@ -30,35 +31,25 @@ def contract_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_config(tmp_path: Path, smollm2_dir: str, base_url: str, **aggregation: object) -> Path:
-    cfg = {
-        "base_model": smollm2_dir,
-        "adapter": "lora",
-        "lora_r": 8,
-        "sequence_len": 256,
-        "datasets": [{"path": str(ROOT / "examples" / "arithmetic" / "data" / "train.jsonl")}],
-        "micro_batch_size": 8,
-        "max_steps": 2,
-        "learning_rate": 1e-3,
-        "lr_scheduler": "constant",
-        "seed": 5,
-        "output_dir": str(tmp_path / "out"),
-        "vllm": {"api_key": "test-key-123"},
-        "trl": {
-            "use_vllm": True,
-            "vllm_managed": False,
-            "vllm_server_base_url": base_url,
-            "num_generations": 4,
-            "max_completion_length": 12,
-            "reward_funcs": ["alternating_rewards.alternating"],
-            "vllm_server_timeout": 60,
-        },
-        "plugins": {
+    cfg = server_run(
+        smollm2_dir,
+        tmp_path,
+        base_url,
+        ROOT / "examples" / "arithmetic" / "data" / "train.jsonl",
+        sequence_len=256,
+        micro_batch_size=8,
+        max_steps=2,
+        learning_rate=1e-3,
+        lr_scheduler="constant",
+        seed=5,
+        trl={"num_generations": 4, "max_completion_length": 12, "reward_funcs": ["alternating_rewards.alternating"]},
+        plugins={
             "weight_sync": "timed_full",
             "advantage_aggregation": "scaled_group",
             "timed_full": {"folder": "my-weights"},
             "scaled_group": {"scale": 0.5, **aggregation},
         },
-    }
+    )
     # a reward that varies within every group (0, 1, 0, 1), so every step trains and syncs
     (tmp_path / "alternating_rewards.py").write_text(
         "def alternating(completion_ids, **kwargs):\n    return [float(i % 2) for i in range(len(completion_ids))]\n"
@@ -96,6 +87,11 @@ def test_third_party_sync_and_aggregation_drive_a_real_run(
     assert len(calls) == 2 and all(c["scale"] == 0.5 for c in calls)  # [plugins.scaled_group] reached the factory
 
 
+# extended: a second real run of this file through the server (17 s emulating an AVX2-only machine) whose path, a
+# third-party distribution's hook raising (one error line naming the hook, implementation and distribution, the
+# traceback in grpo-error.log, a checkpoint), the default tier runs on the tiny model
+# (tests/e2e/reliability/test_safety_net.py::test_a_plugin_hook_that_raises and ::test_a_weight_sync_that_raises)
+@pytest.mark.extended
 def test_a_raising_plugin_hook_stops_with_one_error_and_a_checkpoint(
     vllm_server, smollm2_dir: str, contract_site: Path, tmp_path: Path
 ) -> None:

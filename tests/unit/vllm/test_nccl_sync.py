@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import minimal_config
 from tiny_model import random_llama
 
 pytest.importorskip("vllm.distributed.weight_transfer.nccl_engine", reason="needs vLLM >= 0.32 (weight-transfer API)")
@@ -207,16 +208,7 @@ def test_nccl_sync_is_refused_without_cuda(tmp_path: Path, monkeypatch: pytest.M
     from grpo_core.validation.run_check import check_run_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # faked: whatever this machine has
-    (tmp_path / "x.jsonl").write_text('{"prompt": "hi"}\n')
-    cfg = validate(
-        {
-            "base_model": "org/model",  # a hub id: the config check does not look for it offline
-            "datasets": [{"path": str(tmp_path / "x.jsonl")}],
-            "micro_batch_size": 4,
-            "plugins": {"weight_sync": "nccl"},
-            "trl": {"num_generations": 4, "reward_funcs": ["last_number_match"], "use_vllm": True},
-        }
-    )
+    cfg = validate(minimal_config(plugins={"weight_sync": "nccl"}, trl={"use_vllm": True}))
     with pytest.raises(ConfigError, match=r"weight sync 'nccl'.*no CUDA device.*full_filesystem"):
         check_run_config(cfg)
 
