@@ -350,6 +350,34 @@ def _async_checks(cfg: GRPOConfig, traits: ChosenTraits, errors: list[str], warn
 OUTPUT_PENALTIES = ("presence_penalty", "frequency_penalty")
 
 
+def continuation_problems(cfg: GRPOConfig, key: str, cut: str) -> list[str]:
+    """What a generation continued as a new request (prompt + the ids so far)
+    cannot carry: vLLM applies these to each request's own output, so the
+    continuation would not be the same sampling (``cut`` says how it is cut)."""
+    trl = cfg.trl
+    problems = []
+    if trl.vllm_guided_decoding_regex:
+        problems.append(
+            f"{key} cannot run with trl.vllm_guided_decoding_regex: {cut}, and vLLM would start the regular "
+            "expression again there. Remove one of the two."
+        )
+    extra = trl.generation_kwargs or {}
+    penalties = [k for k in OUTPUT_PENALTIES if extra.get(k)]
+    if penalties:
+        problems.append(
+            f"{key} cannot run with trl.generation_kwargs {penalties}: vLLM counts them over the output only, and "
+            f"{cut} with its output so far in the prompt. Remove them, or use repetition_penalty (it counts prompt "
+            "and output alike)."
+        )
+    if extra.get("stop"):
+        problems.append(
+            f"{key} cannot run with trl.generation_kwargs 'stop' (stop strings): vLLM looks for them in each "
+            f"request's output, and {cut}, so one that straddles the cut would be missed. Use stop token ids "
+            "(trl.generation_kwargs stop_token_ids) instead."
+        )
+    return problems
+
+
 def in_flight_problems(cfg: GRPOConfig) -> list[str]:
     """What ``trl.in_flight_weight_updates`` cannot run with: a generation
     cut by a pause goes on as a new request whose prompt ends with the
@@ -362,19 +390,9 @@ def in_flight_problems(cfg: GRPOConfig) -> list[str]:
             "trl.in_flight_weight_updates needs trl.async_prefetch = true: without it nothing is generating while "
             "the weights are synced, so there is nothing to update in flight."
         )
-    if trl.vllm_guided_decoding_regex:
-        problems.append(
-            "trl.in_flight_weight_updates cannot run with trl.vllm_guided_decoding_regex: a generation cut by a "
-            "weight update goes on as a new request, and vLLM would start the regular expression again there. "
-            "Remove one of the two."
-        )
-    penalties = [k for k in OUTPUT_PENALTIES if (trl.generation_kwargs or {}).get(k)]
-    if penalties:
-        problems.append(
-            f"trl.in_flight_weight_updates cannot run with trl.generation_kwargs {penalties}: vLLM counts them over "
-            "the output only, and a generation cut by a weight update goes on with its output so far in the prompt. "
-            "Remove them, or use repetition_penalty (it counts prompt and output alike)."
-        )
+    problems += continuation_problems(
+        cfg, "trl.in_flight_weight_updates", "a generation cut by a weight update goes on as a new request"
+    )
     return problems
 
 
@@ -402,25 +420,7 @@ def partial_rollout_problems(cfg: GRPOConfig, world: int, multi_call: bool) -> l
             "which varies from batch to batch and cannot always be shared out evenly. Train with one process, or "
             f"remove {key}."
         )
-    if trl.vllm_guided_decoding_regex:
-        problems.append(
-            f"{key} cannot run with trl.vllm_guided_decoding_regex: a sample continued in a later batch is a new "
-            "request, and vLLM would start the regular expression again there. Remove one of the two."
-        )
-    extra = trl.generation_kwargs or {}
-    penalties = [k for k in OUTPUT_PENALTIES if extra.get(k)]
-    if penalties:
-        problems.append(
-            f"{key} cannot run with trl.generation_kwargs {penalties}: vLLM counts them over the output only, and a "
-            "sample continued in a later batch has its output so far in the prompt. Remove them, or use "
-            "repetition_penalty (it counts prompt and output alike)."
-        )
-    if extra.get("stop"):
-        problems.append(
-            f"{key} cannot run with trl.generation_kwargs 'stop' (stop strings): vLLM looks for them in each "
-            "request's output, and one that straddles the cut between two batches would be missed. Use stop token "
-            "ids (trl.generation_kwargs stop_token_ids) instead."
-        )
+    problems += continuation_problems(cfg, key, "a sample continued in a later batch is a new request")
     return problems
 
 

@@ -92,6 +92,7 @@ def config(tmp_path: Path, **trl: object):
         ({"use_vllm": True, "vllm_mode": "colocate", "async_prefetch": True}, "rollout 'vllm_colocate'"),
         ({"use_vllm": True, "async_prefetch": True, "vllm_guided_decoding_regex": "[0-9]+"}, "guided_decoding_regex"),
         ({"use_vllm": True, "async_prefetch": True, "generation_kwargs": {"presence_penalty": 0.5}}, "presence_pen"),
+        ({"use_vllm": True, "async_prefetch": True, "generation_kwargs": {"stop": ["\n\n"]}}, "stop strings"),
     ],
 )
 def test_engines_and_settings_that_cannot_update_in_flight_are_refused_by_name(
