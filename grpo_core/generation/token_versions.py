@@ -8,8 +8,9 @@ each token, not of the batch: a token sampled by version u and trained on
 by a trainer at version t is ``t - u`` versions stale. Its importance weight
 already uses its own sampler log-prob (the IS correction is per token).
 
-The bound: no token may be more than ``trl.prefetch_depth`` versions behind
-the trainer (the bound async prefetch keeps per batch). A sample whose
+The bound: no token may be more than ``trl.prefetch_depth`` batches behind
+the trainer, ``prefetch_depth x steps_per_batch`` versions (the bound async
+prefetch keeps per batch; a batch feeds ``steps_per_batch`` optimizer steps). A sample whose
 **oldest** policy token is older than that is dropped from training
 (loss mask and advantage zeroed, so it trains nothing and counts in no
 normaliser; its group's other samples keep the advantages they were given)
@@ -37,14 +38,13 @@ from grpo_core.contract.types import Completion, ScoredGroup
 def token_staleness_bound(
     prefetch_depth: int, steps_per_batch: int, max_completion_length: int, partial_budget: int | None
 ) -> int:
-    """The most versions a policy token may be behind the trainer:
-    ``prefetch_depth``, plus, with partial rollouts, the versions the
-    batches a sample may span add (``steps_per_batch`` for each batch after
-    its first, ``ceil(max_completion_length / budget)`` batches at most)."""
-    if partial_budget is None:
-        return prefetch_depth
-    spans = math.ceil(max_completion_length / partial_budget)
-    return prefetch_depth + (spans - 1) * steps_per_batch
+    """The most versions a policy token may be behind the trainer: the
+    batches it may be behind (``prefetch_depth``, plus, with partial
+    rollouts, each batch after the first of the
+    ``ceil(max_completion_length / budget)`` a sample may span), each
+    ``steps_per_batch`` versions."""
+    spans = 1 if partial_budget is None else math.ceil(max_completion_length / partial_budget)
+    return (prefetch_depth + spans - 1) * steps_per_batch
 
 
 def versions_of(completion: Completion, group_version: int) -> list[int]:

@@ -356,7 +356,9 @@ def test_a_run_without_a_budget_refuses_a_checkpoint_with_open_samples() -> None
 def test_the_staleness_bound_grows_by_the_batches_a_sample_may_span() -> None:
     assert token_staleness_bound(1, 1, 256, None) == 1
     assert token_staleness_bound(1, 1, 256, 64) == 1 + 3  # 4 batches at most, 3 after the first
-    assert token_staleness_bound(2, 2, 100, 30) == 2 + 3 * 2
+    assert token_staleness_bound(2, 2, 100, 30) == (2 + 3) * 2
+    # a batch that feeds 3 optimizer steps is 3 versions old when trained, with or without in-flight updates
+    assert token_staleness_bound(1, 3, 256, None) == 3
     assert token_staleness_bound(1, 1, 64, 64) == 1
 
 
