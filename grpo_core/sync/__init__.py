@@ -1,1 +1,2 @@
-"""Weight syncs that prove themselves: the engine serves what was synced."""
+"""The trainer's weights into the engine: when a sync runs, that it lands between batches, and that
+the engine then serves what was synced."""
