@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from helpers import GRPO, merged, no_traceback, raw_config, write_toml
+from vllm_session import SERVER_TABLE
 
 MODEL_LOADING = "loading model from"  # grpo_core.training.run logs it right before the weights load
 RUN_TIMEOUT_S = 600.0  # one tiny run takes 10-40 s; generous for a loaded machine
@@ -349,3 +350,26 @@ def checkpoint_step(path: Path) -> int:
 
 def complete_checkpoint(output_dir: Path, step: int) -> Callable[[], bool]:
     return lambda: (output_dir / f"checkpoint-{step}" / "trainer_state.json").is_file()
+
+
+def async_server_settings(url: str, max_steps: int, **trl: Any) -> dict[str, Any]:
+    """The overrides of an async run against the session's vLLM server at
+    ``url`` that checkpoints every step and logs every completion (what the
+    kill -9 resume tests read), with ``trl`` added to its ``[trl]`` table."""
+    return {
+        "max_steps": max_steps,
+        "save_steps": 1,
+        "logging_steps": 1,
+        "vllm": dict(SERVER_TABLE),
+        "trl": {
+            "use_vllm": True,
+            "vllm_lora_sync": True,
+            "vllm_managed": False,
+            "vllm_server_base_url": url,
+            "vllm_server_timeout": 120,
+            "async_prefetch": True,
+            "prefetch_depth": 1,
+            "log_completions": True,
+            **trl,
+        },
+    }

