@@ -17,6 +17,7 @@ that forward.
 from __future__ import annotations
 
 import pytest
+from test_inflight_updates import DECISIVE, logprobs_of  # the sampler-vs-forward check they share
 
 from grpo_core.contract.types import Prompt, SamplingSettings
 from grpo_core.generation.partial_rollouts import PartialRollouts
@@ -27,16 +28,6 @@ pytestmark = pytest.mark.vllm
 
 BUDGET = 10
 MAX_TOKENS = 20
-DECISIVE = 0.3  # |log p(adapter) - log p(base)| above this tells the two weights apart for a token
-
-
-def logprobs_of(model, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-    import torch
-
-    ids = torch.tensor([prompt_ids + completion_ids])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
 
 
 def test_a_sample_cut_by_the_budget_goes_on_in_the_next_batch_from_its_exact_ids(
