@@ -543,7 +543,12 @@ class VLLMServerEngine:
                 continue
             if client.owned_adapters.get(model["id"]) == model.get("root"):
                 continue
-            client.unload_lora_adapter(model["id"])
+            try:
+                client.unload_lora_adapter(model["id"])
+            except EngineRequestError as exc:
+                if exc.status != 404:
+                    raise
+                continue  # gone since the list was read: another handle of the same server unloaded it
             self.log(f"vLLM: unloaded adapter '{model['id']}' left on the server by an earlier run")
         tag = client.weight_version()
         if tag is not None and tag.startswith(OWN_TAG_PREFIX + "full-") and tag != self._label:
