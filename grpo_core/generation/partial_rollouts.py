@@ -43,6 +43,7 @@ from typing import Any
 
 from grpo_core.contract.errors import GrpoError
 from grpo_core.contract.types import Completion, Prompt, RolloutGroup, SamplingSettings
+from grpo_core.generation.token_versions import versions_of
 
 Generate = Callable[[list[Prompt], int, SamplingSettings, int], list[RolloutGroup]]
 """``(prompts, num_generations, sampling, seed_offset) -> one group per prompt``: one rollout call."""
@@ -78,9 +79,7 @@ def fold(done: Completion, piece: Completion, version: int) -> Completion:
     continuation): exact ids appended, the sampler's log-probs, each new
     token's version (the piece's own when the engine recorded them, else
     ``version``), the text; ``truncated`` and ``extra`` are the piece's."""
-    versions = piece.token_versions if piece.token_versions is not None else [version] * len(piece.token_ids)
-    if len(versions) != len(piece.token_ids):
-        raise ValueError(f"a piece has {len(versions)} token versions for {len(piece.token_ids)} tokens")
+    versions = versions_of(piece, version)  # checks one per token
     logprobs = None
     if done.logprobs is not None and piece.logprobs is not None:
         if len(piece.logprobs) != len(piece.token_ids):
@@ -91,7 +90,7 @@ def fold(done: Completion, piece: Completion, version: int) -> Completion:
         token_ids=list(done.token_ids) + list(piece.token_ids),
         text=done.text + piece.text,
         logprobs=logprobs,
-        token_versions=list(done.token_versions or []) + [int(v) for v in versions],
+        token_versions=list(done.token_versions or []) + versions,
     )
 
 
