@@ -72,6 +72,8 @@ def command(arm: str, seed: int, a: argparse.Namespace, out: Path) -> list[str]:
         "plugins.guess_number.hint_reward": a.hint_reward,
         "trl.scale_rewards": json.dumps(a.scale_rewards),
     }
+    if a.learning_rate is not None:
+        sets["learning_rate"] = a.learning_rate
     argv = [grpo, "run", str(EXAMPLE / "config.toml")]
     for key, value in sets.items():
         argv += ["--set", f"{key}={value}"]
@@ -157,6 +159,7 @@ def main() -> None:
     parser.add_argument("--eval-steps", type=int, default=10)
     parser.add_argument("--micro-batch", type=int, default=8, help="one group of 8 games per micro-batch")
     parser.add_argument("--accumulation", type=int, default=4, help="4 prompts x 8 games = 32 games a step")
+    parser.add_argument("--learning-rate", type=float, default=None, help="both arms; default: the example's")
     parser.add_argument("--hint-reward", type=float, default=0.2)
     parser.add_argument("--scale-rewards", default="group", choices=["group", "batch", "none"])
     parser.add_argument("--window", type=int, default=5)
