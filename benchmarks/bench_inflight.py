@@ -19,6 +19,12 @@ weight sync lands while it generates):
   reached the server while requests ran and the sync check's probe waited instead.
 - ``inflight``: ``in_flight_weight_updates = true``. The load runs inside ``/pause?mode=abort``
   ... ``/resume``; cut requests go on from their exact ids; each token records its version.
+- ``partial``: ``partial_rollout_token_budget = --budget`` with syncs between batches: a sample
+  not finished within the budget goes on in the next batch from its exact ids, so a batch no
+  longer lasts as long as its longest sample; a prompt's group trains in the batch where its last
+  member finishes, so a step trains a varying number of groups (compare seconds per trained
+  group, and the reward by wall time, not seconds per step).
+- ``inflight_partial``: both (``partial`` with in-flight updates).
 - ``sync`` (optional, ``--arms``): no ``async_prefetch``, for reference: generation and training
   take turns, each with both cores.
 
@@ -51,7 +57,7 @@ from machine_note import RunMeter, cpu_description
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "arithmetic"
-ARMS = ("boundary", "inflight", "sync")
+ARMS = ("boundary", "inflight", "partial", "inflight_partial", "sync")
 EXPLAIN = "You are a helpful assistant. Explain your reasoning step by step, then give the number."
 
 
@@ -84,8 +90,10 @@ def command(arm: str, a: argparse.Namespace, data: Path, out: Path) -> list[str]
         "trl.reward_funcs": '["rewards.correct_answer"]',
         "trl.reward_weights": "[1.0]",
         "trl.async_prefetch": json.dumps(arm != "sync"),
-        "trl.in_flight_weight_updates": json.dumps(arm == "inflight"),
+        "trl.in_flight_weight_updates": json.dumps(arm in ("inflight", "inflight_partial")),
     }
+    if arm in ("partial", "inflight_partial"):
+        sets["trl.partial_rollout_token_budget"] = a.budget
     argv = [grpo, "run", str(EXAMPLE / "config.toml")]
     for key, value in sets.items():
         argv += ["--set", f"{key}={value}"]
@@ -134,8 +142,15 @@ def summarise(records: list[dict[str, Any]], a: argparse.Namespace) -> dict[str,
         "inflight/load_seconds",
         "inflight/resume_seconds",
         "inflight/recomputed_tokens",
+        "partial/finished_groups",
+        "partial/continued_samples",
+        "partial/open_samples",
     )
+    # groups trained per step: the partial arms' vary (the groups that finished in the batch)
+    groups = [float(r.get("partial/finished_groups", a.prompts_per_step)) for r in steps]
     return {
+        "groups_trained": sum(groups),
+        "seconds_per_group_2_on": sum(seconds[1:]) / sum(groups[1:]) if sum(groups[1:]) else None,
         "by_step": {key: column(steps, key) for key in ("reward", *keys)},
         "mean_steps_2_on": {key: mean_of(column(later, key)) for key in keys},
         "median_step_seconds_2_on": statistics.median(seconds[1:]) if len(seconds) > 1 else None,
@@ -152,14 +167,16 @@ def fmt(value: float | None, spec: str = ".2f") -> str:
 def report(results: dict[str, Any], a: argparse.Namespace) -> list[str]:
     lines = [
         f"arithmetic, long tail ({a.explain_share:g} of prompts ask for reasoning, max_completion_length "
-        f"{a.max_completion_length}), async_prefetch, {a.steps} steps, seed {a.seed}; means over steps 2..N",
+        f"{a.max_completion_length}), async_prefetch, {a.steps} steps, seed {a.seed}, partial budget {a.budget}; "
+        "means over steps 2..N",
         f"{'round':>5}{'arm':>10}{'s/step':>8}{'median':>8}{'wait gen':>9}{'fwd/bwd':>8}{'sync':>7}{'pause':>7}"
         f"{'resume':>7}{'gen s':>7}{'len':>7}{'max len':>8}{'cut':>6}{'tok stale':>10}{'max':>5}{'across':>8}"
-        f"{'recomp':>8}{'reward':>8}{'s to thr':>9}{'others':>8}",
+        f"{'recomp':>8}{'s/group':>8}{'reward':>8}{'s to thr':>9}{'others':>8}",
     ]
     for entry in results["runs"]:
         s, m, machine = entry["summary"], entry["summary"]["mean_steps_2_on"], entry["machine"]
-        stale = m["token_staleness/mean"] if entry["arm"] == "inflight" else m["staleness"]
+        per_token = entry["arm"] in ("inflight", "partial", "inflight_partial")
+        stale = m["token_staleness/mean"] if per_token else m["staleness"]
         lines.append(
             f"{entry['round']:>5}{entry['arm']:>10}{fmt(m['step_time'], '.1f'):>8}"
             f"{fmt(s['median_step_seconds_2_on'], '.1f'):>8}{fmt(m['time/rollout'], '.1f'):>9}"
@@ -169,11 +186,13 @@ def report(results: dict[str, Any], a: argparse.Namespace) -> list[str]:
             f"{fmt(m['completions/max_length'], '.0f'):>8}{fmt(m['completions/clipped_ratio']):>6}"
             f"{fmt(stale):>10}{fmt(m['token_staleness/max'], '.0f'):>5}"
             f"{fmt(m['inflight/tokens_across_update'], '.0f'):>8}{fmt(m['inflight/recomputed_tokens'], '.0f'):>8}"
+            f"{fmt(s['seconds_per_group_2_on'], '.1f'):>8}"
             f"{fmt(s['last_window_reward'], '.3f'):>8}{fmt(s['seconds_to_threshold'], '.0f'):>9}"
             f"{machine['others_cores_mean']:>8.2f}"
         )
     lines.append(
-        "tok stale: per-token staleness for inflight, the batch's (every token labelled alike) for boundary; "
+        "tok stale: per-token staleness for the inflight and partial arms, the batch's (every token labelled alike) "
+        "for boundary; s/group: step seconds per prompt group trained (steps 2..N); "
         "across/recomp: tokens per step sampled after an update in a sample begun before it / prompt tokens "
         "computed again by continuations; others: cores other work used meanwhile (of "
         f"{results['cpu']['cores']}); reward: mean of the last {a.window} steps; s to thr: step seconds until the "
@@ -189,6 +208,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--arms", nargs="+", default=list(ARMS[:2]), choices=ARMS)
     parser.add_argument("--max-completion-length", type=int, default=256)
+    parser.add_argument("--budget", type=int, default=64, help="partial arms: tokens per sample per batch")
     parser.add_argument("--explain-share", type=float, default=0.25)
     parser.add_argument("--window", type=int, default=3)
     parser.add_argument("--threshold", type=float, default=0.5, help="training reward (moving mean)")
@@ -198,6 +218,7 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     a = parser.parse_args()
     a.workdir = a.workdir.resolve()  # the runs start in the example's folder
+    a.prompts_per_step = 32 // 8  # micro_batch_size 4 x gradient_accumulation_steps 8, num_generations 8
 
     a.workdir.mkdir(parents=True, exist_ok=True)
     data = long_tail_data(a.workdir, a.explain_share)
