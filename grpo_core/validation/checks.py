@@ -656,6 +656,67 @@ def _unimplemented(cfg: GRPOConfig) -> list[NotImplementedYet]:
     return [NotImplementedYet(item.key, item.detail) for item in NOT_IMPLEMENTED if item.is_set(cfg)]
 
 
+def engine_capability_problems(cfg: GRPOConfig, classes: ChosenClasses) -> list[str]:
+    """What the chosen rollout's engine cannot do for the chosen weight sync
+    and options: each capability is a name the rollout class declares
+    (``engine_capabilities``), read once here."""
+    problems: list[str] = []
+    offered: set[str] = set()
+    rollout_ref = ""
+    if "rollout" in classes:
+        rollout, rollout_cls = classes["rollout"]
+        offered = declared(rollout_cls, BY_NAME["rollout"], "engine_capabilities")
+        rollout_ref = f"rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])})"
+    if "weight_sync" in classes:
+        sync, sync_cls = classes["weight_sync"]
+        required = declared(sync_cls, BY_NAME["weight_sync"], "required_capabilities")
+        sync_ref = f"weight sync '{sync.name}' ({source_key(cfg, BY_NAME['weight_sync'])})"
+        missing = required - offered
+        if "rollout" in classes and missing:
+            problems.append(
+                f"{sync_ref} needs {sorted(missing)} from the rollout's inference engine, but {rollout_ref} offers "
+                f"{sorted(offered) or 'none'}: choose a weight sync made for that rollout (see `grpo plugins`), or "
+                "remove plugins.weight_sync to get the default one."
+            )
+        if cfg.trl.in_flight_weight_updates and CONTROL_ENDPOINTS in required:
+            problems.append(
+                f"trl.in_flight_weight_updates pauses the engine around the weight sync's load calls, but {sync_ref} "
+                "drives the servers itself through their control endpoints, so no pause would bracket its update: "
+                "choose a sync that loads through the engine (full_filesystem, lora_filesystem, full_http, "
+                "lora_http), or set trl.in_flight_weight_updates = false."
+            )
+    if "rollout" not in classes:
+        return problems
+    if cfg.trl.in_flight_weight_updates and PAUSES_GENERATION not in offered:
+        problems.append(
+            f"trl.in_flight_weight_updates pauses the inference engine mid-generation to load new weights, but "
+            f"{rollout_ref} declares no '{PAUSES_GENERATION}' capability. Only the vLLM server rollout has one: vLLM "
+            "in the trainer's process (vllm_mode = 'colocate') and the transformers rollout generate in the "
+            "trainer's own process and refuse trl.async_prefetch, so nothing is generating while their weights "
+            "change and every batch already has one version. Set trl.in_flight_weight_updates = false, or use a "
+            "vLLM server (trl.use_vllm = true, trl.vllm_mode = 'server'; managed, it is still one command)."
+        )
+    if cfg.trl.partial_rollout_token_budget and CONTINUES_FROM_IDS not in offered:
+        problems.append(
+            f"trl.partial_rollout_token_budget continues unfinished samples in a later batch from their exact ids, "
+            f"but {rollout_ref} declares no '{CONTINUES_FROM_IDS}' capability (only the vLLM server rollout, "
+            "managed or external, does; vLLM in the trainer's process and the transformers rollout are not "
+            "supported yet): remove trl.partial_rollout_token_budget, or use a vLLM server (trl.use_vllm = true, "
+            "trl.vllm_mode = 'server')."
+        )
+    if (
+        "verify_weight_sync" in cfg.model_fields_set
+        and cfg.verify_weight_sync != "never"
+        and not offered & {SCORES_TOKENS, SAMPLES_TRAINER_MODEL}
+    ):
+        problems.append(
+            f"verify_weight_sync = '{cfg.verify_weight_sync}' checks each weight sync by having the engine score "
+            f"tokens, but {rollout_ref} declares no '{SCORES_TOKENS}' capability: remove verify_weight_sync (then "
+            "unverified syncs are only logged) or set it to 'never'."
+        )
+    return problems
+
+
 def _plugin_checks(
     cfg: GRPOConfig,
     host: PluginHost,
@@ -680,59 +741,7 @@ def _plugin_checks(
             warnings += own_checks(cls, cfg, num_processes)
         except (PluginError, ConfigError) as exc:
             errors.append(str(exc))
-    if "rollout" in classes and "weight_sync" in classes:
-        (rollout, rollout_cls), (sync, sync_cls) = classes["rollout"], classes["weight_sync"]
-        offered = declared(rollout_cls, BY_NAME["rollout"], "engine_capabilities")
-        missing = declared(sync_cls, BY_NAME["weight_sync"], "required_capabilities") - offered
-        if missing:
-            errors.append(
-                f"weight sync '{sync.name}' ({source_key(cfg, BY_NAME['weight_sync'])}) needs {sorted(missing)} from "
-                f"the rollout's inference engine, but rollout '{rollout.name}' "
-                f"({source_key(cfg, BY_NAME['rollout'])}) offers {sorted(offered) or 'none'}: choose a weight sync "
-                "made for that rollout (see `grpo plugins`), or remove plugins.weight_sync to get the default one."
-            )
-    if "weight_sync" in classes and cfg.trl.in_flight_weight_updates:
-        sync, sync_cls = classes["weight_sync"]
-        if CONTROL_ENDPOINTS in declared(sync_cls, BY_NAME["weight_sync"], "required_capabilities"):
-            errors.append(
-                f"trl.in_flight_weight_updates pauses the engine around the weight sync's load calls, but weight sync "
-                f"'{sync.name}' ({source_key(cfg, BY_NAME['weight_sync'])}) drives the servers itself through their "
-                "control endpoints, so no pause would bracket its update: choose a sync that loads through the engine "
-                "(full_filesystem, lora_filesystem, full_http, lora_http), or set trl.in_flight_weight_updates = false."
-            )
-    if "rollout" in classes and cfg.trl.in_flight_weight_updates:
-        rollout, rollout_cls = classes["rollout"]
-        if PAUSES_GENERATION not in declared(rollout_cls, BY_NAME["rollout"], "engine_capabilities"):
-            errors.append(
-                f"trl.in_flight_weight_updates pauses the inference engine mid-generation to load new weights, but "
-                f"rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) declares no "
-                f"'{PAUSES_GENERATION}' capability. Only the vLLM server rollout has one: vLLM in the trainer's "
-                "process (vllm_mode = 'colocate') and the transformers rollout generate in the trainer's own process "
-                "and refuse trl.async_prefetch, so nothing is generating while their weights change and every batch "
-                "already has one version. Set trl.in_flight_weight_updates = false, or use a vLLM server "
-                "(trl.use_vllm = true, trl.vllm_mode = 'server'; managed, it is still one command)."
-            )
-    if "rollout" in classes and cfg.trl.partial_rollout_token_budget:
-        rollout, rollout_cls = classes["rollout"]
-        if CONTINUES_FROM_IDS not in declared(rollout_cls, BY_NAME["rollout"], "engine_capabilities"):
-            errors.append(
-                f"trl.partial_rollout_token_budget continues unfinished samples in a later batch from their exact "
-                f"ids, but rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) declares no "
-                f"'{CONTINUES_FROM_IDS}' capability (only the vLLM server rollout, managed or external, does; vLLM in "
-                "the trainer's process and the transformers rollout are not supported yet): remove "
-                "trl.partial_rollout_token_budget, or use a vLLM server (trl.use_vllm = true, trl.vllm_mode = "
-                "'server')."
-            )
-    if "rollout" in classes and "verify_weight_sync" in cfg.model_fields_set and cfg.verify_weight_sync != "never":
-        rollout, rollout_cls = classes["rollout"]
-        offered = declared(rollout_cls, BY_NAME["rollout"], "engine_capabilities")
-        if not offered & {SCORES_TOKENS, SAMPLES_TRAINER_MODEL}:
-            errors.append(
-                f"verify_weight_sync = '{cfg.verify_weight_sync}' checks each weight sync by having the engine score "
-                f"tokens, but rollout '{rollout.name}' ({source_key(cfg, BY_NAME['rollout'])}) declares no "
-                f"'{SCORES_TOKENS}' capability: remove verify_weight_sync (then unverified syncs are only logged) or "
-                "set it to 'never'."
-            )
+    errors += engine_capability_problems(cfg, classes)
     names_used = {info.name for info, _ in classes.values()}
     for spec in cfg.trl.reward_funcs or []:
         if split_qualified(spec)[1] in host.published(REWARD_GROUP):
