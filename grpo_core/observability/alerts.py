@@ -136,7 +136,15 @@ class HealthMonitor:
                     )
                 )
         g_now, skipped = m.get("grad_norm"), m.get("skipped_zero_adv_batches", 0.0)
-        if g_now is not None and g_now <= s.grad_norm_min and skipped == self._skipped and m.get("loss") is not None:
+        # a step with no tokens at all (partial rollouts: nothing finished in the batch) trained nothing either
+        empty = m.get("num_tokens") == 0
+        if (
+            g_now is not None
+            and g_now <= s.grad_norm_min
+            and skipped == self._skipped
+            and m.get("loss") is not None
+            and not empty
+        ):
             out.append(
                 (
                     "grad_norm_zero",

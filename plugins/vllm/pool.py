@@ -203,12 +203,20 @@ class VLLMEnginePool:
             self.drop(member, exc)
         return results
 
-    def shares(self, count: int) -> list[tuple[VLLMServerEngine, range]]:
+    def shares(self, count: int, turn: int = 0) -> list[tuple[VLLMServerEngine, range]]:
         """Split ``count`` prompt groups over the live servers: contiguous,
         near-equal slices (whole groups: a group's completions all come from
-        one server, in one request)."""
+        one server, in one request). When the split is uneven (fewer groups
+        than servers, or a remainder), which servers take the larger shares
+        rotates with ``turn`` (the rollout's call number): with streaming
+        (``trl.streaming_partial_batch``) every chunk of one group would
+        otherwise go to the first server and leave the others idle."""
         members = self.live()
-        used = members[: max(1, min(len(members), count))]
+        width = max(1, min(len(members), count))
+        if count % width or width < len(members):
+            k = turn % len(members)
+            members = members[k:] + members[:k]
+        used = members[:width]
         base, extra = divmod(count, len(used))
         out, start = [], 0
         for i, member in enumerate(used):

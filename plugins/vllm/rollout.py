@@ -331,7 +331,7 @@ class VLLMRollout:
         results: list[list[Completion] | None] = [None] * len(prompts)
         todo = list(range(len(prompts)))
         while todo:
-            shares = [(engine, [todo[i] for i in part]) for engine, part in self.engine.shares(len(todo))]
+            shares = [(engine, [todo[i] for i in part]) for engine, part in self.engine.shares(len(todo), call)]
 
             def share(engine: VLLMServerEngine, idx: list[int]) -> list[list[Completion]]:
                 return self._generate_share(engine, [prompts[i] for i in idx], idx, n, sampling, call)

@@ -218,7 +218,9 @@ def test_grad_norm_zero_only_on_steps_that_trained() -> None:
     monitor = HealthMonitor(AlertSettings(), None, echo=lambda _l: None)
     skipped = [healthy(grad_norm=0.0, skipped_zero_adv_batches=float(i + 1)) for i in range(3)]
     assert feed(monitor, skipped) == []  # the zero-advantage skip explains a zero norm
-    assert monitor.update(4, healthy(grad_norm=0.0, skipped_zero_adv_batches=3.0))[0].name == "grad_norm_zero"
+    # a batch with no samples at all (partial rollouts' first batch, every sample still open) trained nothing
+    assert monitor.update(4, healthy(grad_norm=0.0, skipped_zero_adv_batches=3.0, num_tokens=0.0)) == []
+    assert monitor.update(5, healthy(grad_norm=0.0, skipped_zero_adv_batches=3.0))[0].name == "grad_norm_zero"
 
 
 def test_alerts_can_be_silenced_or_switched_off() -> None:

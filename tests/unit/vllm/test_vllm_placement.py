@@ -192,6 +192,11 @@ def test_shares_keep_groups_whole_and_spread_them(model_dir, tmp_path) -> None:
     )  # type: ignore[list-item]
     assert [(m, list(r)) for m, r in pool.shares(7)] == [(a, [0, 1, 2]), (b, [3, 4]), (c, [5, 6])]
     assert [(m, list(r)) for m, r in pool.shares(2)] == [(a, [0]), (b, [1])]
+    # An even split keeps its order whatever the call; an uneven one rotates the larger shares with the call
+    # number, so a stream of one-group calls (trl.streaming_partial_batch) reaches every server, not the first only.
+    assert [(m, list(r)) for m, r in pool.shares(6, 1)] == [(a, [0, 1]), (b, [2, 3]), (c, [4, 5])]
+    assert [[m for m, _ in pool.shares(1, turn)] for turn in range(4)] == [[a], [b], [c], [a]]
+    assert [(m, list(r)) for m, r in pool.shares(4, 2)] == [(c, [0, 1]), (a, [2]), (b, [3])]
 
 
 def test_when_every_server_is_gone_the_last_error_is_reported(model_dir, tmp_path) -> None:
