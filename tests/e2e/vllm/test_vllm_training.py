@@ -128,8 +128,9 @@ def test_streaming_scores_chunks_while_others_generate(
 
     How far apart chunks land is up to the sampler (four alike prompts often
     land together, leaving nothing to overlap), so one chunk of each batch is
-    held back 1.5 s after the server answered it: a request that runs long.
-    The three others, scored 0.4 s each, must be scored meanwhile."""
+    held back 3 s after the server answered it: a request that runs long.
+    The three others, scored 0.4 s each, must be scored meanwhile (3 s, not
+    1.5: on a loaded machine one step's overlap came out 0.69 s with 1.5)."""
     from grpo_core.generation.producer import RolloutProducer
 
     (tmp_path / "slow_rewards.py").write_text(SLOW_REWARD)
@@ -139,7 +140,7 @@ def test_streaming_scores_chunks_while_others_generate(
     def one_chunk_runs_long(self, prompts, version, seed_offset):
         groups = real_generate(self, prompts, version, seed_offset)
         if seed_offset % 4 == 3:  # the last of the four chunks of a batch (chunk i gets base_seed + i)
-            time.sleep(1.5)
+            time.sleep(3.0)
         return groups
 
     monkeypatch.setattr(RolloutProducer, "_generate", one_chunk_runs_long)
