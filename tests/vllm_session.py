@@ -15,13 +15,18 @@ flags (a developer shortcut).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import merged, raw_config
+from helpers import GRPO, merged, raw_config
 
 from grpo_core.config.loader import validate
 
@@ -51,6 +56,35 @@ def server_run(
         model_dir, workdir, out=out, dataset=str(dataset), adapter="lora", lora_r=LORA_R, vllm=dict(SERVER_TABLE)
     )
     return merged({**raw, "trl": trl}, **keys)
+
+
+@contextlib.contextmanager
+def grpo_run_with_managed_servers(
+    config: Path, workdir: Path, servers: int, timeout: float
+) -> Iterator[tuple[subprocess.Popen[bytes], Path, list[tuple[int, Path]]]]:
+    """``grpo run CONFIG`` in the background (``workdir`` on its PYTHONPATH for
+    the config's reward modules, its output in ``workdir/run.out``), yielded
+    once its ``servers`` managed vLLM servers are ready, with each server's
+    (pid, socket path); killed on the way out if it is still running."""
+    log = workdir / "run.out"
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(workdir), os.environ.get("PYTHONPATH", "")]),
+    }
+    with open(log, "wb") as out:
+        run = subprocess.Popen([GRPO, "run", str(config)], stdout=out, stderr=subprocess.STDOUT, env=env)  # noqa: S603
+    try:
+        deadline = time.monotonic() + timeout
+        while log.read_text().count("vLLM: server ready") < servers and time.monotonic() < deadline:
+            assert run.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        started = re.findall(r"starting server \(pid (\d+)\) at unix:(\S+?),", log.read_text())
+        assert len(started) == servers, log.read_text()[-3000:]
+        yield run, log, [(int(pid), Path(socket)) for pid, socket in started]
+    finally:
+        if run.poll() is None:
+            run.kill()
 
 
 def make_config(model_dir: str, output_dir: Path, **trl: object):

@@ -16,16 +16,15 @@ run.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from helpers import GRPO, metrics, no_traceback, write_toml
+from helpers import metrics, no_traceback, write_toml
 from process_group import process_group
 from test_vllm_training import PARITY_REWARD, gone, run_config
+from vllm_session import grpo_run_with_managed_servers
 
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
@@ -92,29 +91,12 @@ def test_a_managed_pool_streams_and_takes_in_flight_updates(smollm2_dir: str, tm
     cfg["vllm"]["extra_args"] = ["--max-num-seqs", "2"]
     cfg["verify_weight_sync"] = "first"  # with "every" each sync's probe waits for the batch generating (its warning)
     config = write_toml(tmp_path / "config.toml", cfg)
-    log = tmp_path / "run.out"
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-    }
     started_at = time.monotonic()
-    with open(log, "wb") as out:
-        run = subprocess.Popen([GRPO, "run", str(config)], stdout=out, stderr=subprocess.STDOUT, env=env)  # noqa: S603
-    try:
-        deadline = time.monotonic() + 1200
-        while log.read_text().count("vLLM: server ready") < 2 and time.monotonic() < deadline:
-            assert run.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.5)
+    with grpo_run_with_managed_servers(config, tmp_path, servers=2, timeout=1200) as (run, log, started):
         print(f"both servers ready after {time.monotonic() - started_at:.0f} s")
-        started = re.findall(r"starting server \(pid (\d+)\) at unix:(\S+?),", log.read_text())
-        assert len(started) == 2, log.read_text()[-3000:]
-        groups = [process_group(int(pid)) for pid, _ in started]
+        groups = [process_group(pid) for pid, _ in started]
         print("resident memory of each server (API server, engine core, worker):", [rss_mib(g) for g in groups])
         assert run.wait(timeout=1800) == 0, log.read_text()[-3000:]
-    finally:
-        if run.poll() is None:
-            run.kill()
     print(f"run finished after {time.monotonic() - started_at:.0f} s")
     output = log.read_text()
     no_traceback(output)
@@ -144,7 +126,7 @@ def test_a_managed_pool_streams_and_takes_in_flight_updates(smollm2_dir: str, tm
     assert output.count("managed server stopped") == 2
     leftover = [pid for group in groups for pid in group if not gone(pid)]
     assert leftover == [], leftover
-    assert not any(Path(s).parent.exists() for _, s in started)
+    assert not any(socket.parent.exists() for _, socket in started)
 
 
 BUDGET = 64

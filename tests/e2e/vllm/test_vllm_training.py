@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import GRPO, REPO, metrics, no_traceback, write_toml
 from process_group import process_group
-from vllm_session import server_run
+from vllm_session import grpo_run_with_managed_servers, server_run
 
 from grpo_core.config.loader import validate
 from grpo_core.training.run import run_training
@@ -420,31 +420,14 @@ def test_grpo_run_manages_two_data_parallel_servers(smollm2_dir: str, tmp_path: 
     cfg["max_steps"] = 2  # micro_batch_size 8 / num_generations 4: two prompt groups per step
     cfg["vllm"]["data_parallel_size"] = 2
     config = write_toml(tmp_path / "config.toml", cfg)
-    log = tmp_path / "run.out"
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-    }
-    with open(log, "wb") as out:
-        run = subprocess.Popen([GRPO, "run", str(config)], stdout=out, stderr=subprocess.STDOUT, env=env)  # noqa: S603
-    try:
-        deadline = time.monotonic() + 900
-        while log.read_text().count("vLLM: server ready") < 2 and time.monotonic() < deadline:
-            assert run.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.2)
-        started = re.findall(r"starting server \(pid (\d+)\) at unix:(\S+?),", log.read_text())
-        assert len(started) == 2, log.read_text()[-3000:]
-        pids = [int(pid) for pid, _ in started]
-        sockets = [Path(s) for _, s in started]
+    with grpo_run_with_managed_servers(config, tmp_path, servers=2, timeout=900) as (run, log, started):
+        pids = [pid for pid, _ in started]
+        sockets = [socket for _, socket in started]
         assert len(set(pids)) == 2 and len({s.parent for s in sockets}) == 2
         groups = [process_group(pid) for pid in pids]
         assert all(len(group) >= 2 for group in groups), groups  # each: its API server and its engine core
         held = {port for group in groups for _, port in tcp_listeners(group)}  # the engine cores' gloo ports
         assert run.wait(timeout=900) == 0, log.read_text()[-3000:]
-    finally:
-        if run.poll() is None:
-            run.kill()
     output = log.read_text()
     no_traceback(output)
     assert output.count("managed server stopped") == 2
