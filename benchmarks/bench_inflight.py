@@ -48,12 +48,11 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from machine_note import RunMeter, cpu_description
+from machine_note import cpu_description, metered_run
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "arithmetic"
@@ -231,12 +230,8 @@ def main() -> None:
             print(" ".join(argv), flush=True)
             if a.dry_run:
                 continue
-            with RunMeter() as meter:
-                subprocess.run(argv, check=True, cwd=EXAMPLE)
-            records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-            results["runs"].append(
-                {"round": k + 1, "arm": arm, "summary": summarise(records, a), "machine": meter.record}
-            )
+            records, machine = metered_run(argv, out, EXAMPLE)
+            results["runs"].append({"round": k + 1, "arm": arm, "summary": summarise(records, a), "machine": machine})
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(results, indent=1))  # after every run: a stopped invocation keeps what it has
     if not a.dry_run:

@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from machine_note import RunMeter, cpu_description
+from machine_note import cpu_description, metered_run
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "guess-number"
@@ -195,11 +195,9 @@ def main() -> None:
                 print(f"seed {seed} {arm}: kept from {a.out} (--reuse)", flush=True)
                 continue
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
-            with RunMeter() as meter:
-                subprocess.run(argv, check=True, env=env, cwd=EXAMPLE)
-            records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            records, machine = metered_run(argv, out, EXAMPLE, env)
             results["runs"].setdefault(str(seed), {})[arm] = summarise(records, a)
-            results["machine"].setdefault(str(seed), {})[arm] = meter.record
+            results["machine"].setdefault(str(seed), {})[arm] = machine
             results["order"].append(f"seed{seed}-{arm}")
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(results, indent=1))  # after every run: a stopped invocation keeps what it has

@@ -9,9 +9,11 @@ hypervisor's steal, and the load average at both ends.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import resource
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,17 @@ def _machine_ticks() -> tuple[int, int]:
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def metered_run(
+    argv: list[str], output_dir: Path, cwd: Path, env: dict[str, str] | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run one ``grpo run`` (``argv``) to its end under a :class:`RunMeter`:
+    the records of its ``output_dir/metrics.jsonl`` and the meter's record."""
+    with RunMeter() as meter:
+        subprocess.run(argv, check=True, env=env, cwd=cwd)  # noqa: S603
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    return records, meter.record
 
 
 class RunMeter:
